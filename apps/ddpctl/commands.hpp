@@ -1,0 +1,19 @@
+// Each ddpctl subcommand registers itself on the CLI and returns how to run it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace ddpctl {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command add_launch_command(CLI::App& root);
+Command add_doctor_command(CLI::App& root);
+Command add_store_command(CLI::App& root);
+
+}  // namespace ddpctl

@@ -1,0 +1,37 @@
+// ddpctl entry point: parse, dispatch, turn uncaught errors into one clear line and exit 2.
+#include "commands.hpp"
+#include "common/log.hpp"
+
+#include <iostream>
+#include <vector>
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddpctl: launch and supervise PyTorch DDP / NCCL training jobs"};
+  app.set_version_flag("--version", "ddpctl 0.1.0");
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
+
+  std::vector<ddpctl::Command> commands{
+      ddpctl::add_launch_command(app),
+      ddpctl::add_doctor_command(app),
+      ddpctl::add_store_command(app),
+  };
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (verbose) ddp::log::set_level(spdlog::level::debug);
+
+  try {
+    for (auto& c : commands) {
+      if (c.app && c.app->parsed()) return c.run();
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "ddpctl: " << e.what() << "\n";
+    return 2;
+  }
+  return 2;
+}

@@ -1,0 +1,11 @@
+# ddp_unit_test(NAME SOURCES... LIBS ...): one GoogleTest binary, registered per test case, label "unit".
+function(ddp_unit_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  include(GoogleTest)
+  gtest_discover_tests(${name} PROPERTIES LABELS unit
+    ENVIRONMENT "DDP_SOURCE_DIR=${CMAKE_SOURCE_DIR};DDP_BINARY_DIR=${CMAKE_BINARY_DIR}"
+    DISCOVERY_TIMEOUT 30)
+endfunction()

@@ -1,0 +1,55 @@
+#include "common/duration.hpp"
+
+#include <cctype>
+#include <fmt/format.h>
+
+namespace ddp {
+
+std::optional<Millis> parse_duration(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  long long total_ms = 0;
+  std::size_t i = 0;
+  bool any_unit = false;
+  while (i < text.size()) {
+    std::size_t start = i;
+    long long value = 0;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      value = value * 10 + (text[i] - '0');
+      if (value > 1'000'000'000LL) return std::nullopt;  // far beyond any sane timeout
+      ++i;
+    }
+    if (i == start) return std::nullopt;
+    std::size_t ustart = i;
+    while (i < text.size() && std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+    std::string_view unit = text.substr(ustart, i - ustart);
+    long long mult;
+    if (unit.empty()) {
+      if (any_unit || i != text.size()) return std::nullopt;  // "5" alone means seconds
+      mult = 1000;
+    } else if (unit == "ms") {
+      mult = 1;
+    } else if (unit == "s") {
+      mult = 1000;
+    } else if (unit == "m") {
+      mult = 60'000;
+    } else if (unit == "h") {
+      mult = 3'600'000;
+    } else {
+      return std::nullopt;
+    }
+    any_unit = any_unit || !unit.empty();
+    total_ms += value * mult;
+  }
+  return Millis(total_ms);
+}
+
+std::string format_duration(Millis d) {
+  auto ms = d.count();
+  if (ms % 1000 != 0) return fmt::format("{}ms", ms);
+  auto s = ms / 1000;
+  if (s % 3600 == 0 && s) return fmt::format("{}h", s / 3600);
+  if (s % 60 == 0 && s) return fmt::format("{}m", s / 60);
+  return fmt::format("{}s", s);
+}
+
+}  // namespace ddp

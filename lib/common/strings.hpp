@@ -1,0 +1,27 @@
+// Small string helpers shared by the parsers (job file, cpulists, hostlists, env).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp {
+
+std::vector<std::string_view> split(std::string_view s, char sep);
+std::string_view trim(std::string_view s);
+std::string join(const std::vector<std::string>& parts, std::string_view sep);
+bool starts_with(std::string_view s, std::string_view prefix);
+
+// Levenshtein distance, for "did you mean" hints.
+std::size_t edit_distance(std::string_view a, std::string_view b);
+// The candidate nearest to `word` if it is plausibly a typo of it (distance <= max(2, len/3)).
+std::optional<std::string> nearest(std::string_view word, const std::vector<std::string>& candidates);
+
+// Strict decimal integer parse of the whole string (no sign for unsigned callers to misuse).
+std::optional<long long> parse_int(std::string_view s);
+
+// Shell-style quoting for showing argv to humans (never used to build a command).
+std::string shell_quote(std::string_view s);
+
+}  // namespace ddp

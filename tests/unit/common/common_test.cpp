@@ -1,0 +1,51 @@
+#include "common/duration.hpp"
+#include "common/strings.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace ddp;
+using namespace std::chrono_literals;
+
+TEST(Duration, ParsesUnitsAndBareSeconds) {
+  EXPECT_EQ(parse_duration("30s"), Millis(30s));
+  EXPECT_EQ(parse_duration("10m"), Millis(10min));
+  EXPECT_EQ(parse_duration("1h30m"), Millis(90min));
+  EXPECT_EQ(parse_duration("250ms"), Millis(250));
+  EXPECT_EQ(parse_duration("5"), Millis(5s));
+  EXPECT_EQ(parse_duration("0s"), Millis(0));
+}
+
+TEST(Duration, RejectsGarbage) {
+  for (const char* bad : {"", "s", "5x", "-5s", "5 s", "1.5s", "5m3", "99999999999999s"}) {
+    EXPECT_FALSE(parse_duration(bad).has_value()) << bad;
+  }
+}
+
+TEST(Duration, FormatsRoundTrip) {
+  EXPECT_EQ(format_duration(Millis(30s)), "30s");
+  EXPECT_EQ(format_duration(Millis(10min)), "10m");
+  EXPECT_EQ(format_duration(Millis(250)), "250ms");
+  EXPECT_EQ(parse_duration(format_duration(Millis(7200s))), Millis(7200s));
+}
+
+TEST(Strings, NearestFindsTypos) {
+  std::vector<std::string> keys{"nproc_per_node", "command", "restart", "workdir"};
+  EXPECT_EQ(nearest("nproc_per_nod", keys), "nproc_per_node");
+  EXPECT_EQ(nearest("comand", keys), "command");
+  EXPECT_FALSE(nearest("totally_unrelated", keys).has_value());
+}
+
+TEST(Strings, ParseIntIsStrict) {
+  EXPECT_EQ(parse_int("42"), 42);
+  EXPECT_EQ(parse_int("-3"), -3);
+  EXPECT_FALSE(parse_int("4x").has_value());
+  EXPECT_FALSE(parse_int("").has_value());
+  EXPECT_FALSE(parse_int(" 4").has_value());
+}
+
+TEST(Strings, ShellQuote) {
+  EXPECT_EQ(shell_quote("plain-arg"), "plain-arg");
+  EXPECT_EQ(shell_quote("two words"), "'two words'");
+  EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
+  EXPECT_EQ(shell_quote(""), "''");
+}
