@@ -26,6 +26,9 @@
 //           3  failure, after the "error: " line (bad flags included) when stdout still works;
 //           anything else (a signal, an exit before any line): a crash; report it as such.
 //
+// PR_SET_PDEATHSIG fires when the *thread* that forked the holder exits, not only the process:
+// spawn it from a thread that lives as long as the launcher (its main or event-loop thread).
+//
 // The launcher: spawn it per attempt, read one line with a deadline (normally well under a
 // second; NCCL scans interfaces first), set DDP_NCCL_UNIQUE_ID=<hex> in every worker's env,
 // and close the holder's stdin (or SIGTERM it) when the attempt ends, then reap it. The next

@@ -100,6 +100,7 @@ def test_id_holder_serves_on_loopback_and_goes_away_on_eof():
         # A listener of the holder (NCCL's bootstrap root) on the workers' NCCL interface.
         assert connects(addr["ip"], addr["port"])
         assert proc.poll() is None, "a stray connection must not kill the holder"
+        assert connects(addr["ip"], addr["port"]), "nor stop its root from accepting"
 
         proc.stdin.close()
         assert finish(proc) == 0
