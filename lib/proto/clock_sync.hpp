@@ -1,0 +1,44 @@
+// Clock offset between the coordinator and an agent, from ping/pong exchanges at handshake.
+//
+// The coordinator stamps t0 and sends it; the agent stamps t1 on arrival (its clock) and echoes
+// both; the coordinator stamps t2 on receipt. Assuming symmetric paths, the agent's clock was
+// t1 when ours read (t0 + t2) / 2, so offset = t1 - (t0 + t2) / 2, within +/- (t2 - t0) / 2.
+// Of several samples the one with the shortest round trip has the tightest bound and wins.
+// Agent times are mapped into the coordinator's clock as t_agent - offset.
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+namespace ddp::proto {
+
+using Micros = std::chrono::microseconds;
+
+struct ClockSample {
+  Micros t0, t1, t2;
+};
+
+struct ClockOffset {
+  Micros offset{0};       // agent clock minus coordinator clock
+  Micros uncertainty{0};  // half the round trip
+  Micros rtt{0};
+};
+
+// nullopt for a sample that cannot be right (t2 before t0).
+std::optional<ClockOffset> offset_from(const ClockSample& s);
+
+class ClockSync {
+ public:
+  // False (and ignored) for an impossible sample.
+  bool add(const ClockSample& s);
+  std::optional<ClockOffset> best() const { return best_; }
+  int samples() const { return samples_; }
+  // An agent time in the coordinator's clock (identity until a sample arrived).
+  Micros to_local(Micros agent_time) const { return agent_time - (best_ ? best_->offset : Micros{0}); }
+
+ private:
+  std::optional<ClockOffset> best_;
+  int samples_ = 0;
+};
+
+}  // namespace ddp::proto

@@ -1,0 +1,33 @@
+// The few cryptographic primitives the protocol needs, over OpenSSL's libcrypto: HMAC-SHA256,
+// SHA-256, constant-time comparison, hex, and fresh nonces (the one impure helper, for edges).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::proto {
+
+inline constexpr std::size_t kDigestBytes = 32;
+inline constexpr std::size_t kNonceBytes = 32;
+using Digest = std::array<std::uint8_t, kDigestBytes>;
+using Nonce = std::array<std::uint8_t, kNonceBytes>;
+
+Digest hmac_sha256(std::string_view key, std::string_view data);
+Digest sha256(std::string_view data);
+
+// Constant-time for equal lengths (CRYPTO_memcmp); different lengths are simply unequal.
+bool equal_ct(std::string_view a, std::string_view b);
+
+std::string to_hex(std::string_view bytes);
+std::optional<std::string> from_hex(std::string_view hex);
+inline std::string_view as_bytes(const Digest& d) { return {reinterpret_cast<const char*>(d.data()), d.size()}; }
+
+// 32 bytes from the OS CSPRNG (RAND_bytes). Session state machines take nonces as input; this is
+// for the edge that builds them. Throws if the CSPRNG fails, which must never be papered over.
+Nonce random_nonce();
+
+}  // namespace ddp::proto
