@@ -1,0 +1,388 @@
+// Decoder and encoders of the c10d TCPStore wire protocol (see protocol.hpp for the policy).
+#include "store/protocol.hpp"
+
+#include <array>
+#include <stdexcept>
+#include <string>
+
+namespace ddp::store {
+namespace {
+
+// Wire numbering, indexed by opcode.
+constexpr std::array kV1Ops{
+    Op::set,        Op::compare_set, Op::get,        Op::add,       Op::check,
+    Op::wait,       Op::get_num_keys, Op::watch_key, Op::delete_key,
+    // Not in 1.13: early 2.x clients (no VALIDATE) numbered these after DELETE_KEY.
+    Op::append,     Op::multi_get,   Op::multi_set,  Op::cancel_wait,
+};
+constexpr std::array kV2Ops{
+    Op::validate,  Op::set,        Op::compare_set, Op::get,        Op::add,
+    Op::check,     Op::wait,       Op::get_num_keys, Op::delete_key, Op::append,
+    Op::multi_get, Op::multi_set,  Op::cancel_wait, Op::ping,       Op::queue_push,
+    Op::queue_pop, Op::queue_len,  Op::list_keys,   Op::barrier,
+};
+
+constexpr uint8_t kMagicBytes[4] = {0xCE, 0xF7, 0x85, 0x3C};  // kValidateMagic, little-endian
+
+enum class Kind : uint8_t { none, key, value, value2, number, word, batch_keys, batch_pairs };
+
+// The arguments of each operation after its opcode byte, in wire order.
+struct Shape {
+  Kind a = Kind::none, b = Kind::none, c = Kind::none;
+};
+
+Shape shape_of(Op op) {
+  switch (op) {
+    case Op::validate:
+    case Op::ping: return {Kind::word};
+    case Op::set:
+    case Op::append:
+    case Op::queue_push: return {Kind::key, Kind::value};
+    case Op::compare_set: return {Kind::key, Kind::value, Kind::value2};
+    case Op::get:
+    case Op::watch_key:
+    case Op::delete_key:
+    case Op::queue_pop:
+    case Op::queue_len: return {Kind::key};
+    case Op::add:
+    case Op::barrier: return {Kind::key, Kind::number};
+    case Op::check:
+    case Op::wait:
+    case Op::multi_get: return {Kind::batch_keys};
+    case Op::multi_set: return {Kind::batch_pairs};
+    case Op::get_num_keys:
+    case Op::cancel_wait:
+    case Op::list_keys: return {};
+  }
+  return {};
+}
+
+Kind kind_at(const Shape& s, uint8_t i) { return i == 0 ? s.a : i == 1 ? s.b : i == 2 ? s.c : Kind::none; }
+
+// Bookkeeping cost of one batch entry beyond its bytes (a std::string header).
+constexpr std::size_t kItemOverhead = sizeof(std::string);
+
+}  // namespace
+
+std::string_view to_string(Protocol p) {
+  switch (p) {
+    case Protocol::unknown: return "unknown";
+    case Protocol::v1: return "1.13";
+    case Protocol::v2: return "2.x";
+  }
+  return "?";
+}
+
+std::string_view to_string(Op op) {
+  static constexpr std::array<std::string_view, 20> names{
+      "VALIDATE",  "SET",         "COMPARE_SET", "GET",       "ADD",        "CHECK",     "WAIT",
+      "GETNUMKEYS", "WATCH_KEY",  "DELETE_KEY",  "APPEND",    "MULTI_GET",  "MULTI_SET", "CANCEL_WAIT",
+      "PING",      "QUEUE_PUSH",  "QUEUE_POP",   "QUEUE_LEN", "LIST_KEYS",  "BARRIER"};
+  auto i = static_cast<std::size_t>(op);
+  return i < names.size() ? names[i] : "?";
+}
+
+void Request::clear() {
+  op = Op::set;
+  key.clear();
+  value.clear();
+  value2.clear();
+  keys.clear();
+  values.clear();
+  number = 0;
+  word = 0;
+}
+
+int opcode_of(Protocol p, Op op) {
+  auto find = [op](const auto& table) {
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      if (table[i] == op) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  switch (p) {
+    case Protocol::v1: return find(kV1Ops);
+    case Protocol::v2: return find(kV2Ops);
+    case Protocol::unknown: break;
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoder
+
+Decoder::Decoder(Limits limits) : limits_(limits), budget_(limits.max_connection_bytes) {}
+
+bool Decoder::fail(std::string message) {
+  error_ = std::move(message);
+  return false;
+}
+
+bool Decoder::begin_request(uint8_t opcode) {
+  cur_.clear();
+  held_ = 0;
+  step_ = 0;
+  items_left_ = 0;
+  field_ = Field::none;
+  if (protocol_ == Protocol::v1 && opcode < kV1Ops.size()) {
+    cur_.op = kV1Ops[opcode];
+  } else if (protocol_ == Protocol::v2 && opcode < kV2Ops.size()) {
+    cur_.op = kV2Ops[opcode];
+  } else {
+    return fail("unknown opcode " + std::to_string(opcode) + " for the " +
+                std::string(to_string(protocol_)) + " protocol, PyTorch 2.0-2.5?");
+  }
+  return after_field();
+}
+
+std::size_t Decoder::max_len_for(Field f) const {
+  return (f == Field::key || f == Field::keys_item) ? limits_.max_key_bytes : limits_.max_value_bytes;
+}
+
+std::string* Decoder::bytes_target() {
+  switch (field_) {
+    case Field::key: return &cur_.key;
+    case Field::value: return &cur_.value;
+    case Field::value2: return &cur_.value2;
+    case Field::keys_item: return &cur_.keys.back();
+    case Field::values_item: return &cur_.values.back();
+    default: return nullptr;
+  }
+}
+
+bool Decoder::start_integer(Stage s, Field f) {
+  stage_ = s;
+  field_ = f;
+  have_ = 0;
+  return true;
+}
+
+bool Decoder::start_bytes(Field f) {
+  if (f == Field::keys_item) cur_.keys.emplace_back();
+  if (f == Field::values_item) cur_.values.emplace_back();
+  stage_ = Stage::len;
+  field_ = f;
+  have_ = 0;
+  return true;
+}
+
+// Sets up the next field of the current request, or marks it complete.
+bool Decoder::after_field() {
+  Shape shape = shape_of(cur_.op);
+  Kind kind = kind_at(shape, step_);
+  if (kind != Kind::none) {
+    ++step_;
+    switch (kind) {
+      case Kind::key: return start_bytes(Field::key);
+      case Kind::value: return start_bytes(Field::value);
+      case Kind::value2: return start_bytes(Field::value2);
+      case Kind::number: return start_integer(Stage::i64, Field::number);
+      case Kind::word: return start_integer(Stage::u32, Field::word);
+      case Kind::batch_keys:
+      case Kind::batch_pairs: return start_integer(Stage::count, Field::count);
+      case Kind::none: break;
+    }
+  }
+  if (cur_.op == Op::multi_set && field_ == Field::keys_item) return start_bytes(Field::values_item);
+  if (items_left_ > 0) {
+    --items_left_;
+    return start_bytes(Field::keys_item);
+  }
+  done_ = true;
+  stage_ = Stage::opcode;
+  field_ = Field::none;
+  return true;
+}
+
+Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
+  if (!error_.empty()) return Status::error;
+  for (;;) {
+    if (done_) {
+      done_ = false;
+      out = std::move(cur_);
+      cur_.clear();
+      held_ = 0;
+      return Status::request;
+    }
+    if (in.empty()) return Status::need_more;
+
+    bool ok = true;
+    switch (stage_) {
+      case Stage::detect: {
+        uint8_t b = in.front();
+        in = in.subspan(1);
+        if (have_ == 0 && b != 0x00) {
+          protocol_ = Protocol::v1;
+          ok = begin_request(b);
+          break;
+        }
+        if (have_ == 0 || b == kMagicBytes[have_ - 1]) {
+          scratch_[have_++] = b;
+          if (have_ == 5) {  // 00 CE F7 85 3C: a 2.x VALIDATE
+            protocol_ = Protocol::v2;
+            cur_.clear();
+            cur_.op = Op::validate;
+            cur_.word = kValidateMagic;
+            done_ = true;
+            stage_ = Stage::opcode;
+            have_ = 0;
+          }
+          break;
+        }
+        // A 0x00 not followed by the magic: a 1.13 SET. Replay what we held through it (a SET
+        // needs at least 17 bytes, so no request can complete inside these 5).
+        uint8_t held[5];
+        std::size_t n = 0;
+        for (uint8_t i = 1; i < have_; ++i) held[n++] = scratch_[i];
+        held[n++] = b;
+        have_ = 0;
+        protocol_ = Protocol::v1;
+        ok = begin_request(0x00);
+        if (ok) {
+          std::span<const uint8_t> replay(held, n);
+          Request unused;
+          ok = next(replay, unused) != Status::error;
+        }
+        break;
+      }
+      case Stage::opcode: {
+        uint8_t b = in.front();
+        in = in.subspan(1);
+        ok = begin_request(b);
+        break;
+      }
+      case Stage::u32:
+      case Stage::i64:
+      case Stage::len:
+      case Stage::count: {
+        const uint8_t width = stage_ == Stage::u32 ? 4 : 8;
+        std::size_t take = std::min<std::size_t>(width - have_, in.size());
+        for (std::size_t i = 0; i < take; ++i) scratch_[have_++] = in[i];
+        in = in.subspan(take);
+        if (have_ < width) break;
+        have_ = 0;
+        if (stage_ == Stage::u32) {
+          cur_.word = get_u32(scratch_);
+          ok = after_field();
+        } else if (stage_ == Stage::i64) {
+          cur_.number = static_cast<int64_t>(get_u64(scratch_));
+          ok = after_field();
+        } else if (stage_ == Stage::count) {
+          uint64_t n = get_u64(scratch_);
+          if (n > limits_.max_batch_keys) {
+            ok = fail(std::string(to_string(cur_.op)) + " of " + std::to_string(n) +
+                      " keys exceeds the limit of " + std::to_string(limits_.max_batch_keys));
+            break;
+          }
+          const std::size_t per_item = cur_.op == Op::multi_set ? 2 * kItemOverhead : kItemOverhead;
+          if (held_ + n * per_item > budget_) {
+            ok = fail(std::string(to_string(cur_.op)) + " of " + std::to_string(n) +
+                      " keys exceeds the connection's memory cap of " + std::to_string(budget_) + " bytes");
+            break;
+          }
+          held_ += n * per_item;
+          items_left_ = n;
+          ok = after_field();
+        } else {  // len
+          uint64_t n = get_u64(scratch_);
+          const std::size_t max = max_len_for(field_);
+          const bool is_key = field_ == Field::key || field_ == Field::keys_item;
+          if (n > max) {
+            ok = fail(std::string(to_string(cur_.op)) + (is_key ? " key" : " value") + " of " +
+                      std::to_string(n) + " bytes exceeds the limit of " + std::to_string(max));
+            break;
+          }
+          if (held_ + n > budget_) {
+            ok = fail(std::string(to_string(cur_.op)) + " would hold " + std::to_string(held_ + n) +
+                      " bytes, more than the connection's memory cap of " + std::to_string(budget_));
+            break;
+          }
+          held_ += n;
+          remaining_ = n;
+          if (n == 0) {
+            ok = after_field();
+          } else {
+            stage_ = Stage::bytes;
+          }
+        }
+        break;
+      }
+      case Stage::bytes: {
+        std::size_t take = std::min<uint64_t>(remaining_, in.size());
+        bytes_target()->append(reinterpret_cast<const char*>(in.data()), take);
+        in = in.subspan(take);
+        remaining_ -= take;
+        if (remaining_ == 0) ok = after_field();
+        break;
+      }
+    }
+    if (!ok) return Status::error;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoders
+
+void put_u8(std::string& out, uint8_t v) { out.push_back(static_cast<char>(v)); }
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+void put_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+void put_i64(std::string& out, int64_t v) { put_u64(out, static_cast<uint64_t>(v)); }
+
+void put_bytes(std::string& out, std::string_view bytes) {
+  put_u64(out, bytes.size());
+  out.append(bytes);
+}
+
+uint32_t get_u32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+std::string encode_request(Protocol p, const Request& r) {
+  int code = opcode_of(p, r.op);
+  if (code < 0) {
+    throw std::invalid_argument(std::string(to_string(r.op)) + " does not exist in the " +
+                                std::string(to_string(p)) + " protocol");
+  }
+  std::string out;
+  put_u8(out, static_cast<uint8_t>(code));
+  Shape shape = shape_of(r.op);
+  for (uint8_t i = 0; i < 3; ++i) {
+    switch (kind_at(shape, i)) {
+      case Kind::none: break;
+      case Kind::key: put_bytes(out, r.key); break;
+      case Kind::value: put_bytes(out, r.value); break;
+      case Kind::value2: put_bytes(out, r.value2); break;
+      case Kind::number: put_i64(out, r.number); break;
+      case Kind::word: put_u32(out, r.word); break;
+      case Kind::batch_keys:
+        put_u64(out, r.keys.size());
+        for (const auto& k : r.keys) put_bytes(out, k);
+        break;
+      case Kind::batch_pairs:
+        if (r.keys.size() != r.values.size()) throw std::invalid_argument("MULTI_SET keys/values differ in length");
+        put_u64(out, r.keys.size());
+        for (std::size_t j = 0; j < r.keys.size(); ++j) {
+          put_bytes(out, r.keys[j]);
+          put_bytes(out, r.values[j]);
+        }
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace ddp::store

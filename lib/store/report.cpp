@@ -1,0 +1,91 @@
+// Formatting of the store's wait report (see report.hpp).
+#include "store/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace ddp::store {
+
+std::string format_rank_list(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(ranks[i]);
+    if (j > i) out += fmt::format("{}{}", j == i + 1 ? "," : "-", ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string format_wait_report(const WaitReport& report, int world_size, Clock::time_point now) {
+  struct Line {
+    Clock::time_point oldest;
+    std::string text;
+  };
+  std::vector<Line> lines;
+  for (const auto& wk : report.waited) {
+    if (wk.waiters.empty()) continue;
+    Clock::time_point oldest = wk.waiters.front().since;
+    std::vector<int> ranks, pids;
+    std::size_t unknown = 0;
+    for (const auto& w : wk.waiters) {
+      oldest = std::min(oldest, w.since);
+      if (w.rank) {
+        ranks.push_back(*w.rank);
+      } else if (w.pid) {
+        pids.push_back(*w.pid);
+      } else {
+        ++unknown;
+      }
+    }
+    const std::size_t n = wk.waiters.size();
+    std::string who = world_size > 0 ? fmt::format("{}/{} ranks", n, world_size)
+                                     : fmt::format("{} client{}", n, n == 1 ? "" : "s");
+    auto secs = std::chrono::duration_cast<std::chrono::seconds>(now - oldest).count();
+    if (secs < 0) secs = 0;
+    std::string text = fmt::format("{} {} on `{}` for {} s", who,
+                                   wk.barrier ? "in a barrier" : "waiting", wk.key, secs);
+    std::vector<std::string> named;
+    if (!ranks.empty()) named.push_back(fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", format_rank_list(ranks)));
+    if (!pids.empty()) {
+      std::sort(pids.begin(), pids.end());
+      std::string list;
+      for (int p : pids) {
+        if (!list.empty()) list += ',';
+        list += std::to_string(p);
+      }
+      named.push_back(fmt::format("{} {}", pids.size() == 1 ? "pid" : "pids", list));
+    }
+    if (unknown > 0 && !named.empty()) named.push_back(fmt::format("{} unidentified", unknown));
+    if (!named.empty()) {
+      text += " (";
+      for (std::size_t i = 0; i < named.size(); ++i) {
+        if (i > 0) text += "; ";
+        text += named[i];
+      }
+      text += ")";
+    }
+    if (wk.barrier) {
+      text += "; barrier not reached";
+    } else if (wk.deleted) {
+      text += "; it was set, then deleted";
+    } else {
+      text += "; set by nobody";
+    }
+    lines.push_back({oldest, std::move(text)});
+  }
+  std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) { return a.oldest < b.oldest; });
+  std::string out;
+  for (const auto& l : lines) {
+    if (!out.empty()) out += '\n';
+    out += l.text;
+  }
+  return out;
+}
+
+}  // namespace ddp::store

@@ -1,0 +1,100 @@
+// The c10d TCPStore-compatible server: Boost.Asio edge over the pure decoder (protocol.hpp) and
+// store semantics (state.hpp). Unmodified PyTorch 1.13 and 2.6+ workers are its clients.
+//
+// Use (all calls on the io_context's thread; the server never blocks it):
+//
+//   boost::asio::io_context io;
+//   ddp::store::Server store(io, {.host = "127.0.0.1", .port = 29500, .allowed_peers = {"10.0.0.2"}});
+//   store.start();                       // binds + listens now; throws StoreError (port in use, ...)
+//   store.set_rank_resolver({.candidate_pids = ..., .rank_of_pid = ...});   // optional
+//   ... io.run() ...                     // the launcher's own loop
+//   store.reset();                       // between attempts: fresh keyspace, clients dropped
+//   log(format_wait_report(store.waiters(), world_size, Clock::now()));      // on a timeout
+//   store.stop();                        // or just destroy it
+//
+// Policy:
+//  - One thread (the caller's io_context) owns everything, so every operation is atomic with
+//    respect to the others, as in PyTorch's servers. Waits are event-driven: a client's WAIT is
+//    answered from inside the SET that completes it; nothing polls.
+//  - Sockets are non-blocking; reads go into one shared buffer when the socket is readable, so
+//    an idle connection (every 1.13 client keeps one) costs no buffer. Replies are written at
+//    once when the kernel takes them, else queued. A connection whose queued replies pass 4 MiB
+//    is not read from until they drain (TCP pushes back on that client only); one whose request
+//    plus queued output would pass Limits::max_connection_bytes is closed.
+//  - A bad client (undecodable bytes, a limit exceeded, ADD on a non-number, a wrong VALIDATE)
+//    is closed and logged with its peer address and pid; no other client notices. An exception
+//    while serving one connection (std::bad_alloc) closes that connection only.
+//  - Accepts dual-stack when host is "::"; SO_REUSEADDR; backlog 4096 (the kernel caps it at
+//    net.core.somaxconn); TCP_NODELAY on every client.
+//  - Access: loopback always; other peers only when their address is in allowed_peers.
+//    Refusals are logged with the peer's address.
+#pragma once
+
+#include "store/peers.hpp"
+#include "store/protocol.hpp"
+#include "store/report.hpp"
+
+#include <boost/asio/io_context.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::store {
+
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";          // an address or name; "::" = all, dual-stack
+  uint16_t port = 29500;                    // 0: any free port (see port())
+  std::vector<std::string> allowed_peers;   // addresses besides loopback that may connect
+  Limits limits;
+};
+
+struct ServerStats {
+  std::size_t connections = 0;     // open now
+  uint64_t accepted = 0;           // since start
+  uint64_t refused = 0;            // not in the allow-list
+  uint64_t closed_bad = 0;         // closed for a protocol or limit violation
+  uint64_t requests = 0;
+};
+
+class Server {
+ public:
+  Server(boost::asio::io_context& io, ServerOptions options);  // does not bind
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and listens. Throws StoreError with what to do, e.g. "store port 29500 on 127.0.0.1
+  // is already in use (another job or torchrun?); choose store.port or --master-port".
+  void start();
+  uint16_t port() const;          // the bound port (after start)
+  std::string address() const;    // "127.0.0.1:29500", "[::]:29500"
+
+  // A new attempt: drops every key, queue, waiter and client connection. Keeps listening.
+  void reset();
+  // Stops listening and closes every connection. Idempotent; the destructor calls it.
+  void stop();
+
+  // Replaces the allow-list (addresses; throws StoreError on one that does not parse).
+  void set_allowed_peers(const std::vector<std::string>& peers);
+  void set_rank_resolver(RankResolver resolver);
+
+  // Who waits for what, since when; ranks named through the resolver where possible (this may
+  // read /proc for loopback clients that sent no PING). Cheap when nobody waits.
+  WaitReport waiters() const;
+  ServerStats stats() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::store

@@ -1,0 +1,396 @@
+// The store's semantics (see state.hpp for the policy).
+#include "store/state.hpp"
+
+#include <algorithm>
+
+namespace ddp::store {
+namespace {
+
+// Enough to tell "deleted" from "never set" for every key of a realistic job's waits.
+constexpr std::size_t kMaxDeletedRemembered = 64 * 1024;
+
+std::string bytes_reply(std::string_view value) {
+  std::string out;
+  out.reserve(8 + value.size());
+  put_bytes(out, value);
+  return out;
+}
+
+}  // namespace
+
+void Effects::clear() {
+  reply.clear();
+  pushes.clear();
+  close_reason.clear();
+  gave_up_wait = false;
+}
+
+std::optional<int64_t> parse_like_stoll(std::string_view s) {
+  std::size_t i = 0;
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; };
+  while (i < s.size() && is_space(s[i])) ++i;
+  bool negative = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) {
+    negative = s[i] == '-';
+    ++i;
+  }
+  if (i == s.size() || s[i] < '0' || s[i] > '9') return std::nullopt;
+  // Accumulate as a negative number so that INT64_MIN fits.
+  int64_t v = 0;
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i) {
+    int digit = s[i] - '0';
+    if (v < (INT64_MIN + digit) / 10) return std::nullopt;  // out of range: stoll throws
+    v = v * 10 - digit;
+  }
+  if (!negative) {
+    if (v == INT64_MIN) return std::nullopt;
+    v = -v;
+  }
+  return v;
+}
+
+const std::string* State::find(const std::string& key) const {
+  auto it = kv_.find(key);
+  return it == kv_.end() ? nullptr : &it->second;
+}
+
+std::size_t State::queue_length(const std::string& key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() ? 0 : it->second.size();
+}
+
+std::optional<uint32_t> State::client_pid(ClientId id) const {
+  auto it = clients_.find(id);
+  return it == clients_.end() ? std::nullopt : it->second.pid;
+}
+
+bool State::is_waiting(ClientId id) const {
+  auto it = clients_.find(id);
+  return it != clients_.end() && it->second.wait.active;
+}
+
+bool State::exists(const std::string& key) const {
+  return kv_.contains(key) || queues_.contains(key);  // queues_ holds non-empty queues only
+}
+
+std::vector<KeyWaiters> State::waiters() const {
+  std::vector<KeyWaiters> out;
+  for (const auto& [key, ids] : waiting_) {
+    KeyWaiters kw;
+    kw.key = key;
+    kw.deleted = deleted_.contains(key);
+    for (ClientId id : ids) {
+      auto it = clients_.find(id);
+      if (it == clients_.end() || !it->second.wait.active) continue;
+      kw.barrier = kw.barrier || it->second.wait.barrier;
+      kw.clients.emplace_back(id, it->second.wait.since);
+    }
+    if (!kw.clients.empty()) out.push_back(std::move(kw));
+  }
+  std::sort(out.begin(), out.end(), [](const KeyWaiters& a, const KeyWaiters& b) { return a.key < b.key; });
+  return out;
+}
+
+void State::drop_wait(ClientId id, Client& c) {
+  if (!c.wait.active) return;
+  for (const auto& key : c.wait.keys) {
+    auto it = waiting_.find(key);
+    if (it == waiting_.end()) continue;
+    auto& ids = it->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+    if (ids.empty()) waiting_.erase(it);
+  }
+  c.wait = Wait{};
+}
+
+void State::disconnect(ClientId id) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  drop_wait(id, it->second);
+  for (const auto& key : it->second.watched) {
+    auto w = watchers_.find(key);
+    if (w == watchers_.end()) continue;
+    auto& ids = w->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+    if (ids.empty()) watchers_.erase(w);
+  }
+  clients_.erase(it);
+}
+
+void State::reset() {
+  kv_.clear();
+  queues_.clear();
+  waiting_.clear();
+  watchers_.clear();
+  clients_.clear();
+  deleted_.clear();
+}
+
+void State::wake_all(const std::string& key, Effects& out) {
+  auto it = waiting_.find(key);
+  if (it == waiting_.end()) return;
+  std::vector<ClientId> ids = std::move(it->second);
+  waiting_.erase(it);
+  for (ClientId id : ids) {
+    auto c = clients_.find(id);
+    if (c == clients_.end() || !c->second.wait.active) continue;
+    auto& wait = c->second.wait;
+    if (wait.remaining > 0) --wait.remaining;
+    if (wait.remaining == 0) {
+      // Its other keys' lists no longer name it (they were all woken before this one).
+      drop_wait(id, c->second);
+      out.pushes.emplace_back(id, std::string(1, static_cast<char>(kStopWaiting)));
+    }
+  }
+}
+
+void State::wake_one(const std::string& key, Effects& out) {
+  auto it = waiting_.find(key);
+  if (it == waiting_.end()) return;
+  auto& ids = it->second;
+  // Prefer a waiter that this push completes; else the first in line.
+  auto chosen = ids.begin();
+  for (auto i = ids.begin(); i != ids.end(); ++i) {
+    auto c = clients_.find(*i);
+    if (c != clients_.end() && c->second.wait.remaining == 1) {
+      chosen = i;
+      break;
+    }
+  }
+  ClientId id = *chosen;
+  ids.erase(chosen);
+  if (ids.empty()) waiting_.erase(it);
+  auto c = clients_.find(id);
+  if (c == clients_.end() || !c->second.wait.active) return;
+  auto& wait = c->second.wait;
+  if (wait.remaining > 0) --wait.remaining;
+  if (wait.remaining == 0) {
+    drop_wait(id, c->second);
+    out.pushes.emplace_back(id, std::string(1, static_cast<char>(kStopWaiting)));
+  }
+}
+
+void State::notify_watchers(const std::string& key, uint8_t type, std::string_view old_value,
+                            std::string_view new_value, Effects& out) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  std::string msg;
+  put_u8(msg, type);
+  put_bytes(msg, key);
+  put_bytes(msg, old_value);
+  put_bytes(msg, new_value);
+  for (ClientId id : it->second) out.pushes.emplace_back(id, msg);
+}
+
+void State::do_set(std::string key, std::string value, Effects& out) {
+  if (watchers_.empty()) {
+    auto [it, inserted] = kv_.try_emplace(std::move(key));
+    it->second = std::move(value);
+    if (inserted) wake_all(it->first, out);
+    return;
+  }
+  auto [it, inserted] = kv_.try_emplace(std::move(key));
+  std::string old = std::exchange(it->second, std::move(value));
+  notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
+  if (inserted) wake_all(it->first, out);
+}
+
+void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& out) {
+  Client& me = clients_[from];
+  if (me.wait.active && req.op != Op::cancel_wait) {
+    drop_wait(from, me);
+    out.gave_up_wait = true;
+  }
+
+  switch (req.op) {
+    case Op::validate:
+      if (req.word != kValidateMagic) out.close_reason = "bad VALIDATE magic (not a PyTorch 2.x client?)";
+      return;
+
+    case Op::ping:
+      me.pid = req.word;
+      put_u32(out.reply, req.word);
+      return;
+
+    case Op::set:
+      do_set(std::move(req.key), std::move(req.value), out);
+      return;
+
+    case Op::multi_set:
+      for (std::size_t i = 0; i < req.keys.size(); ++i) do_set(std::move(req.keys[i]), std::move(req.values[i]), out);
+      return;
+
+    case Op::append: {
+      auto [it, inserted] = kv_.try_emplace(std::move(req.key));
+      std::string old = watchers_.empty() ? std::string() : it->second;
+      it->second.append(req.value);
+      notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
+      if (inserted) wake_all(it->first, out);
+      return;
+    }
+
+    case Op::compare_set: {
+      auto it = kv_.find(req.key);
+      if (it == kv_.end()) {
+        if (req.value.empty()) {
+          auto [ins, _] = kv_.emplace(std::move(req.key), req.value2);
+          notify_watchers(ins->first, kWatchKeyCreated, req.value, ins->second, out);
+          out.reply = bytes_reply(ins->second);
+          wake_all(ins->first, out);
+        } else {
+          out.reply = bytes_reply(req.value);  // PyTorch's documented "lie"
+        }
+        return;
+      }
+      if (it->second == req.value) {
+        it->second = std::move(req.value2);
+        notify_watchers(it->first, kWatchKeyUpdated, req.value, it->second, out);
+      }
+      out.reply = bytes_reply(it->second);
+      return;
+    }
+
+    case Op::get: {
+      auto it = kv_.find(req.key);
+      out.reply = bytes_reply(it == kv_.end() ? std::string_view() : std::string_view(it->second));
+      return;
+    }
+
+    case Op::multi_get:
+      for (const auto& k : req.keys) {
+        auto it = kv_.find(k);
+        put_bytes(out.reply, it == kv_.end() ? std::string_view() : std::string_view(it->second));
+      }
+      return;
+
+    case Op::add: {
+      auto [it, inserted] = kv_.try_emplace(std::move(req.key));
+      int64_t sum = req.number;
+      if (!inserted) {
+        auto current = parse_like_stoll(it->second);
+        if (!current) {
+          out.close_reason = "ADD on key `" + it->first + "` whose value is not a decimal number";
+          return;
+        }
+        sum = static_cast<int64_t>(static_cast<uint64_t>(*current) + static_cast<uint64_t>(req.number));
+      }
+      std::string old = watchers_.empty() ? std::string() : std::move(it->second);
+      it->second = std::to_string(sum);
+      put_i64(out.reply, sum);
+      notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
+      if (inserted) wake_all(it->first, out);
+      return;
+    }
+
+    case Op::check: {
+      bool all = std::all_of(req.keys.begin(), req.keys.end(), [this](const std::string& k) { return exists(k); });
+      put_u8(out.reply, all ? kCheckReady : kCheckNotReady);
+      return;
+    }
+
+    case Op::wait: {
+      std::size_t missing = 0;
+      for (const auto& k : req.keys) missing += exists(k) ? 0 : 1;
+      if (missing == 0) {
+        put_u8(out.reply, kStopWaiting);
+        return;
+      }
+      me.wait.active = true;
+      me.wait.barrier = false;
+      me.wait.since = now;
+      me.wait.remaining = missing;
+      me.wait.keys.clear();
+      me.wait.keys.reserve(missing);
+      for (auto& k : req.keys) {
+        if (exists(k)) continue;
+        waiting_[k].push_back(from);
+        me.wait.keys.push_back(std::move(k));
+      }
+      return;
+    }
+
+    case Op::cancel_wait:
+      drop_wait(from, me);
+      put_u8(out.reply, kWaitCanceled);
+      return;
+
+    case Op::get_num_keys:
+      put_i64(out.reply, static_cast<int64_t>(kv_.size()));
+      return;
+
+    case Op::delete_key: {
+      auto it = kv_.find(req.key);
+      if (it == kv_.end()) {
+        put_i64(out.reply, 0);
+        return;
+      }
+      notify_watchers(it->first, kWatchKeyDeleted, it->second, std::string_view(), out);
+      kv_.erase(it);
+      if (deleted_.size() < kMaxDeletedRemembered) deleted_.insert(req.key);
+      put_i64(out.reply, 1);
+      return;
+    }
+
+    case Op::watch_key:
+      watchers_[req.key].push_back(from);
+      me.watched.push_back(std::move(req.key));
+      put_u8(out.reply, kWatchCallbackRegistered);
+      return;
+
+    case Op::queue_push: {
+      queues_[req.key].push_back(std::move(req.value));
+      wake_one(req.key, out);
+      return;
+    }
+
+    case Op::queue_pop: {
+      auto it = queues_.find(req.key);
+      if (it == queues_.end()) {
+        put_i64(out.reply, 0);
+        return;
+      }
+      put_i64(out.reply, static_cast<int64_t>(it->second.size()));
+      put_bytes(out.reply, it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) queues_.erase(it);
+      return;
+    }
+
+    case Op::queue_len:
+      put_i64(out.reply, static_cast<int64_t>(queue_length(req.key)));
+      return;
+
+    case Op::list_keys:
+      put_i64(out.reply, static_cast<int64_t>(kv_.size()));
+      for (const auto& [k, _] : kv_) put_bytes(out.reply, k);
+      return;
+
+    case Op::barrier: {
+      auto [it, inserted] = kv_.try_emplace(req.key);
+      int64_t count = 1;
+      if (!inserted) {
+        auto current = parse_like_stoll(it->second);
+        if (!current) {
+          out.close_reason = "BARRIER on key `" + it->first + "` whose value is not a decimal number";
+          return;
+        }
+        count = static_cast<int64_t>(static_cast<uint64_t>(*current) + 1);
+      }
+      it->second = std::to_string(count);
+      if (count >= req.number) {
+        wake_all(it->first, out);
+        put_u8(out.reply, kStopWaiting);
+        return;
+      }
+      me.wait.active = true;
+      me.wait.barrier = true;
+      me.wait.since = now;
+      me.wait.remaining = 1;
+      me.wait.keys.assign(1, req.key);
+      waiting_[req.key].push_back(from);
+      return;
+    }
+  }
+}
+
+}  // namespace ddp::store

@@ -1,0 +1,123 @@
+// The store's contents and its semantics: the key/value map, queues, WAIT and BARRIER waiters,
+// and 1.13 WATCH_KEY watchers. Events in (a decoded request from a client, a disconnect),
+// effects out (reply bytes for that client, pushes for others, or "close this client").
+//
+// Policy, matching PyTorch's servers (../shared/reference/torchrun.md 4.5) where they agree:
+//  - WAIT replies STOP_WAITING at once when every key exists; otherwise the client is registered
+//    on each key still missing and answered when the last of them appears (SET, ADD, APPEND,
+//    MULTI_SET, a COMPARE_SET that creates the key, a QUEUE_PUSH for one waiter).
+//  - A key "exists" for CHECK and WAIT when it is in the map or is a non-empty queue.
+//  - CANCEL_WAIT drops the client's wait and replies WAIT_CANCELED, even when STOP_WAITING was
+//    already sent (the client expects that race). Any other request from a client that still
+//    has a wait registered means it gave up (a 1.13 client's recv timed out): its wait is
+//    dropped first, so no stale STOP_WAITING byte can arrive as the answer to a later request.
+//  - ADD parses the stored value the way std::stoll does (leading blanks, sign, digits, rest
+//    ignored), adds with two's-complement wrap-around, and stores std::to_string of the sum. A
+//    value with no number in front closes that client, as in PyTorch.
+//  - COMPARE_SET: missing + expected empty -> store desired, return desired; missing + expected
+//    non-empty -> return expected, store nothing; present -> replace iff equal to expected,
+//    return the value now stored.
+//  - GET/MULTI_GET of a missing key return an empty value (the libuv server's answer; the legacy
+//    server dropped the connection). Clients WAIT before they GET, so this only shows after a
+//    DELETE_KEY race.
+//  - DELETE_KEY returns the i64 number erased; GETNUMKEYS and LIST_KEYS see the map only.
+//  - QUEUE_POP replies the queue's length before the pop, then the popped value if there was
+//    one. A push wakes one waiter (one that waits for nothing else, if any).
+//  - BARRIER increments the decimal counter at its key; at >= world size it wakes every waiter
+//    on the key and replies STOP_WAITING, below it parks the client as a waiter on the key.
+//  - WATCH_KEY (1.13, on the client's second connection) replies KEY_CALLBACK_REGISTERED and,
+//    until that connection closes, pushes u8 type + key + old + new on every SET, ADD, APPEND,
+//    COMPARE_SET that changes the value, and DELETE_KEY of the key.
+//  - A wrong VALIDATE magic closes the client.
+//
+// Exception safety: apply() either completes or throws std::bad_alloc; each key's update is
+// all-or-nothing, so a throw leaves a consistent map (a MULTI_SET may be half applied). Nothing
+// here throws for any input bytes; bad input becomes Effects::close_reason.
+#pragma once
+
+#include "store/protocol.hpp"
+#include "store/report.hpp"
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace ddp::store {
+
+using ClientId = uint64_t;
+
+// What one event made the store do. The caller reuses one Effects, clear()ing it in between.
+struct Effects {
+  std::string reply;                                     // for the client that sent the request
+  std::vector<std::pair<ClientId, std::string>> pushes;  // for other clients, in this order
+  std::string close_reason;                              // non-empty: close the requester
+  bool gave_up_wait = false;                             // an implicit cancel happened (for logs)
+  void clear();
+};
+
+// One waited key, with the clients still waiting for it (in the order they arrived).
+struct KeyWaiters {
+  std::string key;
+  bool barrier = false;
+  bool deleted = false;
+  std::vector<std::pair<ClientId, Clock::time_point>> clients;
+};
+
+class State {
+ public:
+  // Applies one request from `from`; fields of `req` may be moved from.
+  void apply(ClientId from, Request& req, Clock::time_point now, Effects& out);
+  // The client's connection closed: its waits and watches are dropped.
+  void disconnect(ClientId id);
+  // A new attempt: no keys, queues, waiters, watchers or client records.
+  void reset();
+
+  std::size_t num_keys() const { return kv_.size(); }
+  const std::string* find(const std::string& key) const;
+  std::size_t queue_length(const std::string& key) const;
+  std::optional<uint32_t> client_pid(ClientId id) const;   // from its PING
+  bool is_waiting(ClientId id) const;
+  std::vector<KeyWaiters> waiters() const;
+
+ private:
+  struct Wait {
+    bool active = false;
+    bool barrier = false;
+    std::size_t remaining = 0;
+    std::vector<std::string> keys;  // the keys it was registered on
+    Clock::time_point since{};
+  };
+  struct Client {
+    std::optional<uint32_t> pid;
+    Wait wait;
+    std::vector<std::string> watched;
+  };
+
+  bool exists(const std::string& key) const;
+  void drop_wait(ClientId id, Client& c);
+  // Wakes every waiter registered on `key`.
+  void wake_all(const std::string& key, Effects& out);
+  void wake_one(const std::string& key, Effects& out);
+  void notify_watchers(const std::string& key, uint8_t type, std::string_view old_value,
+                       std::string_view new_value, Effects& out);
+  void do_set(std::string key, std::string value, Effects& out);
+
+  std::unordered_map<std::string, std::string> kv_;
+  std::unordered_map<std::string, std::deque<std::string>> queues_;  // non-empty queues only
+  std::unordered_map<std::string, std::vector<ClientId>> waiting_;   // key -> clients, in order
+  std::unordered_map<std::string, std::vector<ClientId>> watchers_;  // key -> callback connections
+  std::unordered_map<ClientId, Client> clients_;
+  // Keys deleted in this attempt (bounded), so a report can tell "deleted" from "never set".
+  std::unordered_set<std::string> deleted_;
+};
+
+// std::stoll's reading of a decimal value: leading whitespace, optional sign, at least one
+// digit, the rest ignored; nullopt where std::stoll would throw.
+std::optional<int64_t> parse_like_stoll(std::string_view s);
+
+}  // namespace ddp::store
