@@ -81,7 +81,7 @@ WorkerEnv parse_worker_env(const EnvLookup& lookup, const EnvOptions& options) {
   if (max_restarts) env.max_restarts = *max_restarts;
   env.run_id = r.text("TORCHELASTIC_RUN_ID", false).value_or("");
   env.job_id = r.text("DDP_JOB_ID", false).value_or("");
-  env.node_name = r.text("DDP_NODE_NAME", false).value_or("");
+  env.node_name = r.text("DDP_NODE", false).value_or("");
 
   if (id_hex) {
     auto id = nccl::unique_id_from_hex(*id_hex);

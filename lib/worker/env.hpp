@@ -30,7 +30,7 @@ struct WorkerEnv {
   int max_restarts = 0;       // TORCHELASTIC_MAX_RESTARTS
   std::string run_id;         // TORCHELASTIC_RUN_ID
   std::string job_id;         // DDP_JOB_ID (ddpctl only)
-  std::string node_name;      // DDP_NODE_NAME (ddpctl only)
+  std::string node_name;      // DDP_NODE (ddpctl only)
   std::optional<nccl::UniqueId> nccl_unique_id;  // DDP_NCCL_UNIQUE_ID (job asked for one)
 };
 

@@ -36,7 +36,7 @@ Env full_env() {
           {"TORCHELASTIC_MAX_RESTARTS", "3"},
           {"TORCHELASTIC_RUN_ID", "run-7"},
           {"DDP_JOB_ID", "job-42"},
-          {"DDP_NODE_NAME", "node2"},
+          {"DDP_NODE", "node2"},
           {"DDP_NCCL_UNIQUE_ID", std::string(254, '0') + "ff"}};
 }
 
