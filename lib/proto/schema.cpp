@@ -295,6 +295,9 @@ Parsed parse_message(std::string_view json_bytes, const Sender& sender) {
   }
   if (auto e = validate(j, sender)) {
     p.error = std::move(e);
+    // Callers may still want to know what it claimed to be (e.g. a session message sent
+    // before authentication deserves "not yet", not "wrong sender").
+    if (j.is_object() && j.contains("type") && j["type"].is_string()) p.message.type = j["type"].get<std::string>();
     return p;
   }
   p.message.type = j["type"].get<std::string>();

@@ -56,7 +56,8 @@ std::optional<Phase> phase_of(std::string_view type);
 // Validates a decoded object as sent by `sender`.
 std::optional<ProtoError> validate(const nlohmann::json& message, const Sender& sender);
 
-// Parses one JSON body (depth-checked first) and validates it.
+// Parses one JSON body (depth-checked first) and validates it. On a validation error,
+// message.type still holds the claimed type when there was one.
 Parsed parse_message(std::string_view json_bytes, const Sender& sender);
 
 // {"type": type, "v": version, ...fields}.

@@ -178,16 +178,16 @@ Effects Session::on_frame(std::string body) {
 Effects Session::on_handshake_frame(std::string_view body) {
   // Before authentication the peer's role is not established, only its side.
   auto parsed = parse_message(body, Sender{peer_side(), ""});
-  if (!parsed.ok()) return fail(parsed.error->code, parsed.error->message, parsed.error->hint);
   const auto& m = parsed.message;
+  if (phase_of(m.type) == Phase::session) {
+    return fail(ErrorCode::unexpected, "'" + m.type + "' before authentication finished",
+                "complete the hello/auth handshake first");
+  }
+  if (!parsed.ok()) return fail(parsed.error->code, parsed.error->message, parsed.error->hint);
   if (m.type == "error") {
     auto reason = "peer refused: " + m.body["code"].get<std::string>() + ": " + m.body["message"].get<std::string>();
     if (m.body.contains("hint")) reason += " (" + m.body["hint"].get<std::string>() + ")";
     return drop(std::move(reason));
-  }
-  if (phase_of(m.type) == Phase::session) {
-    return fail(ErrorCode::unexpected, "'" + m.type + "' before authentication finished",
-                "complete the hello/auth handshake first");
   }
   switch (state_) {
     case State::await_hello:
