@@ -1,17 +1,120 @@
-// Placeholder until its issue lands: the command exists and says plainly that it is not built yet.
+// ddpctl doctor: this node's facts as a table (or JSON), and a consistency preflight across
+// nodes described by facts files.
+//
+//   ddpctl doctor                     discover this node, print it, check it alone
+//   ddpctl doctor --json              this node as JSON in the facts model (save it as a facts file)
+//   ddpctl doctor --facts a.json --facts b.json
+//                                     compare saved nodes; --json then prints {nodes, findings}
+//   --sysfs-root DIR (or DDP_SYSFS_ROOT)  discover from a copied or fixture sysfs/procfs tree
+//   --gpu-job / --cpu-job             what the job needs (default: GPUs iff any node has one)
+//   --rdma / --no-rdma                whether the job must use RDMA (default: if all nodes have it)
+//
+// Exit status: 0 no error-level finding, 1 an error-level finding, 2 bad usage or unreadable
+// input. Findings go to stdout with the table, to stderr when stdout carries JSON.
 #include "commands.hpp"
 
+#include "facts/consistency.hpp"
+#include "facts/discover.hpp"
+#include "facts/report.hpp"
+
 #include <iostream>
+#include <memory>
 
 namespace ddpctl {
 
+namespace {
+
+struct DoctorArgs {
+  bool json = false;
+  std::vector<std::string> facts_files;
+  std::string sysfs_root;
+  std::string nodes;
+  bool gpu_job = false, cpu_job = false, rdma = false, no_rdma = false, no_nvml = false;
+  int world_size = 0;
+};
+
+int run_doctor(const DoctorArgs& a) {
+  namespace F = ddp::facts;
+  if (!a.nodes.empty()) {
+    std::cerr << "ddpctl doctor: --nodes is not supported yet: it needs ddp-agentd on each node (multi-node issue);\n"
+                 "  meanwhile run `ddpctl doctor --json > NODE.json` on each node and `ddpctl doctor --facts A.json --facts B.json ...`\n";
+    return 2;
+  }
+  if (!a.facts_files.empty() && !a.sysfs_root.empty()) {
+    std::cerr << "ddpctl doctor: --facts and --sysfs-root exclude each other (a facts file replaces discovery)\n";
+    return 2;
+  }
+
+  std::vector<F::NodeFacts> nodes;
+  std::vector<std::string> notes;
+  try {
+    if (a.facts_files.empty()) {
+      auto opt = F::discover_options_from_env();
+      if (!a.sysfs_root.empty()) opt.root = a.sysfs_root;
+      opt.use_nvml = !a.no_nvml;
+      nodes.push_back(F::discover(opt));
+    } else {
+      for (const auto& file : a.facts_files) nodes.push_back(F::load_facts_file(file, &notes));
+    }
+  } catch (const F::FactsError& e) {
+    std::cerr << "ddpctl doctor: " << e.what() << "\n";
+    return 2;
+  }
+  for (const auto& n : notes) std::cerr << "note: " << n << "\n";
+
+  auto job = F::default_job_needs(nodes);
+  if (a.gpu_job) job.gpu = true;
+  if (a.cpu_job) job.gpu = false;
+  if (a.rdma) job.rdma = true;
+  if (a.no_rdma) job.rdma = false;
+  if (a.world_size > 0) job.world_size = a.world_size;
+  auto findings = F::check_consistency(nodes, job);
+  const int rc = F::has_errors(findings) ? 1 : 0;
+
+  if (a.json) {
+    if (nodes.size() == 1) {
+      std::cout << F::to_json(nodes.front()).dump(2) << "\n";
+      for (const auto& f : findings)
+        if (f.severity != F::Severity::info) std::cerr << F::to_string(f.severity) << ": " << f.message << " [" << f.code << "]\n";
+    } else {
+      nlohmann::json out{{"nodes", nlohmann::json::array()}, {"findings", nlohmann::json::array()}};
+      for (const auto& n : nodes) out["nodes"].push_back(F::to_json(n));
+      for (const auto& f : findings) out["findings"].push_back(F::to_json(f));
+      out["ok"] = rc == 0;
+      std::cout << out.dump(2) << "\n";
+    }
+    return rc;
+  }
+
+  if (nodes.size() == 1) {
+    std::cout << F::format_node(nodes.front());
+  } else {
+    std::cout << F::format_nodes_summary(nodes);
+  }
+  std::cout << "\nchecks (" << (job.gpu ? "GPU job" : "CPU job") << ", " << nodes.size() << " node" << (nodes.size() == 1 ? "" : "s") << ")\n"
+            << F::format_findings(findings);
+  return rc;
+}
+
+}  // namespace
+
 Command add_doctor_command(CLI::App& root) {
-  auto* sub = root.add_subcommand("doctor", "not yet available");
-  sub->allow_extras();
-  return {sub, [] {
-            std::cerr << "ddpctl doctor: not supported yet\n";
-            return 2;
-          }};
+  auto args = std::make_shared<DoctorArgs>();
+  auto* sub = root.add_subcommand("doctor", "show this node's facts and check nodes for mismatches before a launch");
+  sub->add_flag("--json", args->json, "print JSON in the node-facts model (several nodes: {nodes, findings})");
+  sub->add_option("--facts", args->facts_files, "a facts file (from `ddpctl doctor --json`) instead of discovery; repeat, one per node")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--sysfs-root", args->sysfs_root, "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)")
+      ->check(CLI::ExistingDirectory);
+  sub->add_option("--nodes", args->nodes, "gather live facts from these nodes (not supported yet: needs ddp-agentd)");
+  auto* gpu = sub->add_flag("--gpu-job", args->gpu_job, "judge as a GPU (NCCL) job (default: if any node has a GPU)");
+  sub->add_flag("--cpu-job", args->cpu_job, "judge as a CPU (gloo) job: GPUs, drivers and NCCL are not required")->excludes(gpu);
+  auto* rdma = sub->add_flag("--rdma", args->rdma, "the job must use RDMA (InfiniBand/RoCE) on every node");
+  sub->add_flag("--no-rdma", args->no_rdma, "the job will not use RDMA (NCCL_IB_DISABLE=1)")->excludes(rdma);
+  sub->add_option("--world-size", args->world_size, "ranks in the job, for the open-files check (default: GPUs, or one per node)")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--no-nvml", args->no_nvml, "do not load NVML; read sysfs/procfs only");
+  return {sub, [args] { return run_doctor(*args); }};
 }
 
 }  // namespace ddpctl
