@@ -205,7 +205,7 @@ class Checker {
     if (multi && !no_nic.empty())
       add(Severity::warning, "no-nic", "no usable physical NIC found on " + join(no_nic, ", "), no_nic);
     if (multi && without_ib.empty() && !with_ib.empty()) add(Severity::info, "nic-kind", "common NIC kind: ib (RDMA) on all nodes");
-    else if (multi && no_nic.empty()) add(Severity::info, "nic-kind", "common NIC kind: eth (sockets)");
+    else if (multi && no_nic.empty() && with_ib.empty()) add(Severity::info, "nic-kind", "common NIC kind: eth (sockets)");
   }
 
   void limits() {

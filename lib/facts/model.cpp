@@ -168,6 +168,12 @@ class Reader {
     throw FactsError(source_ + ": " + (path_.empty() ? std::string() : path_ + ": ") + what);
   }
 
+  // An error at a field of this object: "file: gpus[3].pci_bus_id: what".
+  [[noreturn]] void fail_key(const std::string& key, const std::string& what) const { fail_path(at(key), what); }
+  [[noreturn]] void fail_path(const std::string& path, const std::string& what) const {
+    throw FactsError(source_ + ": " + path + ": " + what);
+  }
+
   std::string at(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
 
   const json* find(const std::string& key) {
@@ -199,7 +205,7 @@ class Reader {
 
   std::optional<std::uint64_t> count(const std::string& key) {
     auto v = integer(key);
-    if (v && *v < 0) fail(at(key) + ": expected a non-negative integer, got " + std::to_string(*v));
+    if (v && *v < 0) fail_key(key, "expected a non-negative integer, got " + std::to_string(*v));
     return v ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(*v)) : std::nullopt;
   }
 
@@ -211,7 +217,7 @@ class Reader {
       if (x.is_string() && x.get<std::string>() == "unlimited") return std::nullopt;
       if (x.is_number_unsigned()) return x.get<std::uint64_t>();
       if (x.is_number_integer() && x.get<long long>() >= 0) return static_cast<std::uint64_t>(x.get<long long>());
-      fail(where + ": expected a non-negative integer or \"unlimited\", got " + x.dump());
+      fail_path(where, "expected a non-negative integer or \"unlimited\", got " + x.dump());
     };
     if (v->is_object()) {
       Reader r(*v, source_, at(key), notes_);
@@ -251,7 +257,7 @@ class Reader {
   [[noreturn]] void wrong(const std::string& key, const char* expected, const json& v) const {
     std::string shown = v.dump();
     if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
-    fail(at(key) + ": expected " + expected + ", got " + type_of(v) + " " + shown);
+    fail_key(key, std::string("expected ") + expected + ", got " + type_of(v) + " " + shown);
   }
 
   const json& j_;
@@ -263,13 +269,13 @@ class Reader {
 int numa_of(Reader& r, const std::string& key) {
   auto v = r.integer(key);
   if (!v) return 0;
-  if (*v < -1 || *v > kMaxCpuId) r.fail(r.at(key) + ": NUMA node out of range: " + std::to_string(*v));
+  if (*v < -1 || *v > kMaxCpuId) r.fail_key(key, "NUMA node out of range: " + std::to_string(*v));
   return *v < 0 ? 0 : static_cast<int>(*v);  // -1: no NUMA information, i.e. node 0
 }
 
 std::optional<std::string> cpulist_of(Reader& r, const std::string& key, bool required) {
   auto s = r.str(key, required);
-  if (s && !parse_cpulist(*s)) r.fail(r.at(key) + ": not a cpulist (like \"0-55,112-167\"): \"" + *s + "\"");
+  if (s && !parse_cpulist(*s)) r.fail_key(key, "not a cpulist (like \"0-55,112-167\"): \"" + *s + "\"");
   return s;
 }
 
@@ -277,7 +283,7 @@ std::string bus_id_of(Reader& r, const std::string& key, bool required, std::opt
   auto s = r.str(key, required);
   if (!s) return {};
   auto n = normalize_pci_bus_id(*s);
-  if (!n) r.fail(r.at(key) + ": not a PCI bus id (like \"0000:18:00.0\"): \"" + *s + "\"");
+  if (!n) r.fail_key(key, "not a PCI bus id (like \"0000:18:00.0\"): \"" + *s + "\"");
   if (out) *out = *n;
   return *n;
 }
@@ -286,7 +292,7 @@ std::vector<std::string> strings_of(Reader& r, const std::string& key) {
   std::vector<std::string> out;
   const auto& a = r.array(key, false);
   for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].is_string()) r.fail(r.at(key) + "[" + std::to_string(i) + "]: expected a string, got " + a[i].dump());
+    if (!a[i].is_string()) r.fail_path(r.at(key) + "[" + std::to_string(i) + "]", "expected a string, got " + a[i].dump());
     out.push_back(a[i].get<std::string>());
   }
   return out;
@@ -301,14 +307,14 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
   if (auto v = top.integer("facts_version"); v && *v > kFactsVersion && notes)
     notes->push_back(source + ": written by a newer ddpctl (facts_version " + std::to_string(*v) + "); fields it added are ignored");
   f.hostname = *top.str("hostname", true);
-  if (f.hostname.empty()) top.fail("hostname: must not be empty");
+  if (f.hostname.empty()) top.fail_key("hostname", "must not be empty");
 
   const auto& numa = top.array("numa_nodes", true);
   for (std::size_t i = 0; i < numa.size(); ++i) {
     Reader r(numa[i], source, "numa_nodes[" + std::to_string(i) + "]", notes);
     NumaNode n;
     auto id = r.integer("id", true);
-    if (*id < 0 || *id > kMaxCpuId) r.fail("id: out of range: " + std::to_string(*id));
+    if (*id < 0 || *id > kMaxCpuId) r.fail_key("id", "out of range: " + std::to_string(*id));
     n.id = static_cast<int>(*id);
     n.cpus = *cpulist_of(r, "cpus", true);
     r.finish();
@@ -320,7 +326,7 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     Reader r(gpus[i], source, "gpus[" + std::to_string(i) + "]", notes);
     Gpu g;
     auto idx = r.integer("index", true);
-    if (*idx < 0 || *idx > 4096) r.fail("index: out of range: " + std::to_string(*idx));
+    if (*idx < 0 || *idx > 4096) r.fail_key("index", "out of range: " + std::to_string(*idx));
     g.index = static_cast<int>(*idx);
     g.uuid = r.str("uuid");
     g.name = r.str("name");
@@ -342,9 +348,9 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     auto kind = r.str("kind", true);
     if (*kind == "ib") n.kind = NicKind::ib;
     else if (*kind == "eth") n.kind = NicKind::eth;
-    else r.fail("kind: expected \"ib\" or \"eth\", got \"" + *kind + "\"");
+    else r.fail_key("kind", "expected \"ib\" or \"eth\", got \"" + *kind + "\"");
     if (auto p = r.integer("port")) {
-      if (*p < 1 || *p > 255) r.fail("port: out of range: " + std::to_string(*p));
+      if (*p < 1 || *p > 255) r.fail_key("port", "out of range: " + std::to_string(*p));
       n.port = static_cast<int>(*p);
     }
     n.link_layer = r.str("link_layer");

@@ -1,0 +1,175 @@
+// Consistency: planted mismatches are found and name nodes and values; clean sets pass; the
+// job decides what matters.
+#include "facts/consistency.hpp"
+#include "facts/report.hpp"
+#include "test_util.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+using namespace ddp::facts;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::vector<NodeFacts> load(std::initializer_list<const char*> names) {
+  std::vector<NodeFacts> out;
+  for (auto n : names) out.push_back(load_facts_file(facts_test::facts_fixture(n)));
+  return out;
+}
+
+const Finding* find(const std::vector<Finding>& fs, const std::string& code) {
+  for (const auto& f : fs)
+    if (f.code == code) return &f;
+  return nullptr;
+}
+
+std::string codes(const std::vector<Finding>& fs) {
+  std::string out;
+  for (const auto& f : fs) out += std::string(to_string(f.severity)) + ":" + f.code + " ";
+  return out;
+}
+
+std::vector<Finding> check(const std::vector<NodeFacts>& nodes) { return check_consistency(nodes, default_job_needs(nodes)); }
+
+}  // namespace
+
+TEST(Consistency, CleanSetsPass) {
+  for (auto set : {load({"dgx-a", "dgx-b"}), load({"cpu-a", "cpu-b"}), load({"dgx-a"}), load({"cpu-a", "cpu-future"})}) {
+    auto fs = check(set);
+    EXPECT_FALSE(has_errors(fs)) << codes(fs);
+    for (const auto& f : fs) EXPECT_EQ(f.severity, Severity::info) << f.message;
+  }
+}
+
+TEST(Consistency, DriverMismatchNamesNodesAndValues) {
+  auto fs = check(load({"dgx-a", "dgx-b", "dgx-driver"}));
+  ASSERT_TRUE(has_errors(fs));
+  auto* f = find(fs, "driver-version-mismatch");
+  ASSERT_NE(f, nullptr) << codes(fs);
+  EXPECT_EQ(f->severity, Severity::error);
+  EXPECT_THAT(f->message, HasSubstr("550.54.15 on dgx-a, dgx-b; 535.161.08 on dgx-c"));
+}
+
+TEST(Consistency, MissingGpu) {
+  auto fs = check(load({"dgx-a", "dgx-gpu-missing"}));
+  auto* f = find(fs, "gpu-count-mismatch");
+  ASSERT_NE(f, nullptr) << codes(fs);
+  EXPECT_EQ(f->severity, Severity::error);
+  EXPECT_THAT(f->message, HasSubstr("7 GPUs on dgx-d"));
+  EXPECT_THAT(f->message, HasSubstr("8 GPUs on dgx-a"));
+}
+
+TEST(Consistency, NcclMismatch) {
+  auto fs = check(load({"dgx-a", "dgx-b", "dgx-nccl"}));
+  auto* f = find(fs, "nccl-version-mismatch");
+  ASSERT_NE(f, nullptr) << codes(fs);
+  EXPECT_EQ(f->severity, Severity::error);
+  EXPECT_THAT(f->message, HasSubstr("2.21.5 on dgx-a, dgx-b; 2.19.3 on dgx-e"));
+  EXPECT_THAT(f->nodes, ::testing::UnorderedElementsAre("dgx-a", "dgx-b", "dgx-e"));
+}
+
+TEST(Consistency, NodeWithoutIb) {
+  auto fs = check(load({"dgx-a", "dgx-no-ib"}));
+  auto* f = find(fs, "nic-kind-mismatch");
+  ASSERT_NE(f, nullptr) << codes(fs);
+  EXPECT_EQ(f->severity, Severity::error);
+  EXPECT_THAT(f->message, HasSubstr("RDMA (ib) on dgx-a but not on dgx-f"));
+  EXPECT_THAT(f->nodes, ::testing::ElementsAre("dgx-f"));
+  // A job that turned RDMA off does not care.
+  JobNeeds job;
+  job.rdma = false;
+  EXPECT_FALSE(has_errors(check_consistency(load({"dgx-a", "dgx-no-ib"}), job)));
+}
+
+TEST(Consistency, JudgedAgainstTheJob) {
+  auto mixed = load({"dgx-a", "cpu-a"});
+  auto gpu = check_consistency(mixed, default_job_needs(mixed));  // any GPU -> GPU job
+  EXPECT_NE(find(gpu, "gpu-missing"), nullptr) << codes(gpu);
+  EXPECT_THAT(find(gpu, "gpu-missing")->message, HasSubstr("cpu-a has none"));
+  JobNeeds cpu_job;
+  cpu_job.gpu = false;
+  auto cpu = check_consistency(mixed, cpu_job);
+  EXPECT_FALSE(has_errors(cpu)) << codes(cpu);
+  EXPECT_EQ(find(cpu, "gpu-missing"), nullptr);
+  // A CPU job with differing drivers: info, not an error.
+  auto drv = check_consistency(load({"dgx-a", "dgx-driver"}), cpu_job);
+  EXPECT_EQ(find(drv, "driver-version-mismatch")->severity, Severity::info);
+  // RDMA demanded: a node without it is an error even alone.
+  JobNeeds rdma;
+  rdma.rdma = true;
+  auto r = check_consistency(load({"cpu-a"}), JobNeeds{false, true, std::nullopt});
+  EXPECT_NE(find(r, "rdma-missing"), nullptr) << codes(r);
+}
+
+TEST(Consistency, LimitsThatBite) {
+  auto nodes = load({"dgx-a", "dgx-b"});
+  nodes[1].limits.memlock = Limit{8u << 20, 8u << 20};
+  nodes[1].limits.shm_bytes = 64u << 20;
+  nodes[0].limits.nofile = Limit{200, 200};
+  auto fs = check(nodes);
+  auto* m = find(fs, "memlock-low");
+  ASSERT_NE(m, nullptr) << codes(fs);
+  EXPECT_EQ(m->severity, Severity::error);
+  EXPECT_THAT(m->message, HasSubstr("dgx-b: locked-memory limit 8 MiB"));
+  auto* s = find(fs, "shm-small");
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->severity, Severity::error);
+  EXPECT_THAT(s->message, HasSubstr("dgx-b: /dev/shm is 64 MiB"));
+  auto* n = find(fs, "nofile-low");
+  ASSERT_NE(n, nullptr);
+  EXPECT_EQ(n->severity, Severity::error);
+  EXPECT_THAT(n->message, HasSubstr("dgx-a: open-files limit 200 is below 288"));  // 2*16 + 256
+
+  // Finite but large memlock: a warning. nofile 1024: a warning. CPU node: small shm is a warning.
+  nodes = load({"dgx-a", "dgx-b"});
+  nodes[0].limits.memlock = Limit{64ull << 30, 64ull << 30};
+  nodes[0].limits.nofile = Limit{1024, 4096};
+  fs = check(nodes);
+  EXPECT_FALSE(has_errors(fs)) << codes(fs);
+  EXPECT_EQ(find(fs, "memlock-finite")->severity, Severity::warning);
+  EXPECT_EQ(find(fs, "nofile-low")->severity, Severity::warning);
+  auto cpu = load({"cpu-a"});
+  cpu[0].limits.shm_bytes = 64u << 20;
+  fs = check(cpu);
+  EXPECT_EQ(find(fs, "shm-small")->severity, Severity::warning);
+  EXPECT_EQ(find(fs, "memlock-low"), nullptr);  // no RDMA there
+}
+
+TEST(Consistency, DuplicatesAndDownPorts) {
+  auto fs = check(load({"dgx-a", "dgx-a"}));
+  EXPECT_NE(find(fs, "duplicate-node"), nullptr) << codes(fs);
+  EXPECT_NE(find(fs, "duplicate-gpu"), nullptr);
+  EXPECT_TRUE(has_errors(fs));
+
+  auto nodes = load({"dgx-a", "dgx-b"});
+  nodes[1].nics[3].state = "down";
+  fs = check(nodes);
+  auto* d = find(fs, "ib-port-down");
+  ASSERT_NE(d, nullptr) << codes(fs);
+  EXPECT_EQ(d->severity, Severity::warning);
+  EXPECT_THAT(d->message, HasSubstr("dgx-b: RDMA ports not active: mlx5_3:1 (down)"));
+  EXPECT_THAT(find(fs, "ib-port-count")->message, HasSubstr("7 active on dgx-b"));
+}
+
+TEST(Consistency, MixedGpuModelsWarn) {
+  auto nodes = load({"dgx-a", "dgx-b"});
+  for (auto& g : nodes[1].gpus) g.name = "NVIDIA A100-SXM4-80GB";
+  auto fs = check(nodes);
+  EXPECT_FALSE(has_errors(fs));
+  EXPECT_THAT(find(fs, "gpu-model-mismatch")->message, HasSubstr("NVIDIA A100-SXM4-80GB on dgx-b"));
+}
+
+TEST(Report, RendersTablesAndVerdict) {
+  auto nodes = load({"dgx-a", "dgx-nccl"});
+  auto table = format_node(nodes[0]);
+  EXPECT_THAT(table, HasSubstr("node dgx-a"));
+  EXPECT_THAT(table, HasSubstr("0000:18:00.0"));
+  EXPECT_THAT(table, HasSubstr("mlx5_0:1"));
+  EXPECT_THAT(table, HasSubstr("400 Gb/s"));
+  EXPECT_THAT(format_nodes_summary(nodes), HasSubstr("8x NVIDIA H100 80GB HBM3"));
+  auto text = format_findings(check(nodes));
+  EXPECT_THAT(text, HasSubstr("error    NCCL versions differ"));
+  EXPECT_THAT(text, HasSubstr("1 error(s)"));
+  EXPECT_THAT(format_findings({}), HasSubstr("ok: no problems found"));
+}
