@@ -17,6 +17,8 @@
 #include "facts/discover.hpp"
 #include "facts/report.hpp"
 
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -42,6 +44,15 @@ int run_doctor(const DoctorArgs& a) {
   }
   if (!a.facts_files.empty() && !a.sysfs_root.empty()) {
     std::cerr << "ddpctl doctor: --facts and --sysfs-root exclude each other (a facts file replaces discovery)\n";
+    return 2;
+  }
+
+  // A root that does not exist would read as an empty node; say so instead.
+  std::string root = a.sysfs_root;
+  if (root.empty())
+    if (const char* env = std::getenv("DDP_SYSFS_ROOT")) root = env;
+  if (a.facts_files.empty() && !root.empty() && !std::filesystem::is_directory(root)) {
+    std::cerr << "ddpctl doctor: sysfs root " << root << " is not a directory\n";
     return 2;
   }
 
@@ -103,9 +114,8 @@ Command add_doctor_command(CLI::App& root) {
   auto* sub = root.add_subcommand("doctor", "show this node's facts and check nodes for mismatches before a launch");
   sub->add_flag("--json", args->json, "print JSON in the node-facts model (several nodes: {nodes, findings})");
   sub->add_option("--facts", args->facts_files, "a facts file (from `ddpctl doctor --json`) instead of discovery; repeat, one per node")
-      ->check(CLI::ExistingFile);
-  sub->add_option("--sysfs-root", args->sysfs_root, "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)")
-      ->check(CLI::ExistingDirectory);
+      ->take_all();
+  sub->add_option("--sysfs-root", args->sysfs_root, "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)");
   sub->add_option("--nodes", args->nodes, "gather live facts from these nodes (not supported yet: needs ddp-agentd)");
   auto* gpu = sub->add_flag("--gpu-job", args->gpu_job, "judge as a GPU (NCCL) job (default: if any node has a GPU)");
   sub->add_flag("--cpu-job", args->cpu_job, "judge as a CPU (gloo) job: GPUs, drivers and NCCL are not required")->excludes(gpu);

@@ -141,3 +141,12 @@ def test_bad_input_and_unsupported_nodes():
         assert bad in r.stderr and "gpus[0].pci_bus_id" in r.stderr
     finally:
         os.unlink(bad)
+
+
+def test_missing_inputs_are_usage_errors():
+    r = doctor("--facts", "/nonexistent/node.json")
+    assert r.returncode == 2
+    assert "/nonexistent/node.json: cannot read facts file" in r.stderr
+    r = doctor("--sysfs-root", "/nonexistent/root")
+    assert r.returncode == 2
+    assert "not a directory" in r.stderr
