@@ -1,17 +1,111 @@
-// Placeholder until its issue lands: the command exists and says plainly that it is not built yet.
+// `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N]`: a standalone
+// c10d TCPStore-compatible server (the one launches embed), until SIGINT/SIGTERM.
+// Prints "listening on HOST:PORT" on stdout once it listens (port 0 picks a free port).
+// SIGUSR1 logs who waits for what; standalone, ranks come from the clients' RANK variable.
 #include "commands.hpp"
 
+#include "common/log.hpp"
+#include "store/report.hpp"
+#include "store/server.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <unistd.h>
+
+#include <csignal>
 #include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
 
 namespace ddpctl {
+namespace {
+
+struct ServeArgs {
+  std::string listen = "127.0.0.1:29500";
+  std::vector<std::string> allow;
+  int world_size = 0;
+};
+
+// "HOST:PORT", "[V6]:PORT".
+std::pair<std::string, uint16_t> parse_listen(const std::string& text) {
+  std::string host, port;
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      throw std::runtime_error("--listen `" + text + "`: expected [ADDRESS]:PORT");
+    }
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    auto colon = text.rfind(':');
+    if (colon == std::string::npos) throw std::runtime_error("--listen `" + text + "`: expected HOST:PORT");
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  if (host.empty()) throw std::runtime_error("--listen `" + text + "`: the host is empty (use 0.0.0.0 or ::)");
+  char* end = nullptr;
+  long p = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || p < 0 || p > 65535) {
+    throw std::runtime_error("--listen `" + text + "`: the port must be 0..65535");
+  }
+  return {host, static_cast<uint16_t>(p)};
+}
+
+int serve(const ServeArgs& args) {
+  auto [host, port] = parse_listen(args.listen);
+  boost::asio::io_context io;
+  ddp::store::Server server(io, {.host = host, .port = port, .allowed_peers = args.allow});
+  const pid_t self = getpid();
+  server.set_rank_resolver({
+      .candidate_pids =
+          [self] {
+            auto pids = ddp::store::all_pids();
+            std::erase(pids, self);
+            return pids;
+          },
+      .rank_of_pid = [](pid_t pid) { return ddp::store::rank_from_environ(pid); },
+  });
+  server.start();
+  std::cout << "listening on " << server.address() << std::endl;
+
+  auto log = ddp::log::get("store");
+  boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
+  stop_signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    log->info("store stopping on signal {}", sig);
+    server.stop();
+    io.stop();
+  });
+  boost::asio::signal_set report_signal(io, SIGUSR1);
+  std::function<void()> arm_report = [&] {
+    report_signal.async_wait([&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      auto report = server.waiters();
+      auto text = ddp::store::format_wait_report(report, args.world_size, ddp::store::Clock::now());
+      log->info("store: {} connections, {} keys; {}", report.connections, report.keys,
+                text.empty() ? "nobody is waiting" : "waiting:\n" + text);
+      arm_report();
+    });
+  };
+  arm_report();
+  io.run();
+  return 0;
+}
+
+}  // namespace
 
 Command add_store_command(CLI::App& root) {
-  auto* sub = root.add_subcommand("store", "not yet available");
-  sub->allow_extras();
-  return {sub, [] {
-            std::cerr << "ddpctl store: not supported yet\n";
-            return 2;
-          }};
+  auto* sub = root.add_subcommand("store", "c10d TCPStore-compatible store server");
+  sub->require_subcommand(1);
+  auto args = std::make_shared<ServeArgs>();
+  auto* serve_cmd = sub->add_subcommand("serve", "serve a store until SIGINT/SIGTERM (SIGUSR1: log who waits)");
+  serve_cmd->add_option("--listen", args->listen, "HOST:PORT to listen on ([::]:PORT for dual-stack; port 0: any)")
+      ->capture_default_str();
+  serve_cmd->add_option("--allow", args->allow, "address of a peer allowed besides loopback (repeatable)");
+  serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
+  return {sub, [args] { return serve(*args); }};
 }
 
 }  // namespace ddpctl
