@@ -1,0 +1,136 @@
+#include "contract/contract.hpp"
+
+#include "common/strings.hpp"
+
+#include <fmt/format.h>
+
+namespace ddp::contract {
+
+const std::vector<std::string>& scrubbed_variables() {
+  // Why each: a worker reading these would take another launcher's or another job's identity.
+  static const std::vector<std::string> v{
+      // torchrun / torch.distributed contract, set fresh by us
+      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+      "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_*",
+      "PET_*",  // torchrun's flag variables (PET_NPROC_PER_NODE, ...)
+      "NCCL_COMM_ID",  // would make NCCL bootstrap against a stale root
+      "DDP_*",    // ours, from an enclosing ddpctl job
+      "SLURM_*", "SLURMD_*",  // SLURM's step identity
+      "OMPI_*", "PMI_*", "PMIX_*", "MV2_*", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",  // MPI launchers
+      "LOCAL_SIZE", "NODE_RANK", "GLOBAL_RANK",  // Lightning / DeepSpeed style identities
+      "CROSS_RANK", "CROSS_SIZE",  // horovod
+  };
+  return v;
+}
+
+static bool matches(const std::string& name, const std::string& pattern) {
+  if (!pattern.empty() && pattern.back() == '*') return starts_with(name, std::string_view(pattern).substr(0, pattern.size() - 1));
+  return name == pattern;
+}
+
+bool is_scrubbed(const std::string& name) {
+  for (const auto& p : scrubbed_variables()) {
+    if (matches(name, p)) return true;
+  }
+  return false;
+}
+
+Env scrub(const Env& inherited) {
+  Env out;
+  for (const auto& [k, v] : inherited) {
+    if (!is_scrubbed(k)) out.emplace(k, v);
+  }
+  return out;
+}
+
+bool matches_forward(const std::string& name, const std::vector<std::string>& patterns) {
+  for (const auto& p : patterns) {
+    if (matches(name, p)) return true;
+  }
+  return false;
+}
+
+std::string rank_log_file(const std::string& attempt_dir, int rank) { return fmt::format("{}/rank-{}.log", attempt_dir, rank); }
+std::string rank_error_file(const std::string& attempt_dir, int rank) {
+  return fmt::format("{}/rank-{}.error.json", attempt_dir, rank);
+}
+
+Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env& inherited, int local_rank) {
+  Env env = scrub(inherited);
+
+  // Defaults, which the inherited environment or the job may already have chosen.
+  auto set_default = [&env](const std::string& k, const std::string& v) { env.try_emplace(k, v); };
+  if (node.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");  // as torchrun: N ranks x all cores thrash
+  set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  set_default("NCCL_ASYNC_ERROR_HANDLING", "1");  // PyTorch 1.13's name
+  if (node.local_mode) {
+    set_default("NCCL_SOCKET_IFNAME", "lo");
+    set_default("GLOO_SOCKET_IFNAME", "lo");
+  }
+  for (const auto& [k, v] : spec.env) env[k] = v;  // the job's own choice wins over defaults
+
+  const int rank = node.rank_base + local_rank;
+  env["RANK"] = std::to_string(rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(node.world_size);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(node.local_world_size);
+  env["GROUP_RANK"] = std::to_string(node.node_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(node.nnodes);
+  env["ROLE_NAME"] = "default";
+  env["ROLE_RANK"] = std::to_string(rank);
+  env["ROLE_WORLD_SIZE"] = std::to_string(node.world_size);
+  env["MASTER_ADDR"] = node.master_addr;
+  env["MASTER_PORT"] = std::to_string(node.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(node.restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = node.job_id;
+  env["TORCHELASTIC_USE_AGENT_STORE"] = node.use_agent_store ? "True" : "False";
+  env["TORCHELASTIC_ERROR_FILE"] = rank_error_file(node.attempt_dir, rank);
+  env["DDP_JOB_ID"] = node.job_id;
+  env["DDP_NODE"] = node.node_name;
+  env["DDP_NODE_RANK"] = std::to_string(node.node_rank);
+  env["DDP_ATTEMPT"] = std::to_string(node.restart_count);
+  if (node.nccl_unique_id_hex) env["DDP_NCCL_UNIQUE_ID"] = *node.nccl_unique_id_hex;
+  return env;
+}
+
+std::vector<std::string> worker_argv(const jobspec::JobSpec& spec) {
+  if (spec.shell) return {"/bin/sh", "-c", spec.command.at(0)};
+  return spec.command;
+}
+
+Plan make_plan(const jobspec::JobSpec& spec, const NodeContext& node, const Env& inherited) {
+  Plan plan;
+  plan.job_id = node.job_id;
+  plan.world_size = node.world_size;
+  const auto argv = worker_argv(spec);
+  for (int lr = 0; lr < node.local_world_size; ++lr) {
+    RankPlan r;
+    r.rank = node.rank_base + lr;
+    r.local_rank = lr;
+    r.node = node.node_name;
+    r.argv = argv;
+    r.env = worker_env(spec, node, inherited, lr);
+    r.log_file = rank_log_file(node.attempt_dir, r.rank);
+    r.error_file = rank_error_file(node.attempt_dir, r.rank);
+    plan.ranks.push_back(std::move(r));
+  }
+  return plan;
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : plan.ranks) {
+    ranks.push_back({{"rank", r.rank},
+                     {"local_rank", r.local_rank},
+                     {"node", r.node},
+                     {"argv", r.argv},
+                     {"env", r.env},
+                     {"log_file", r.log_file},
+                     {"error_file", r.error_file},
+                     {"binding", r.binding}});
+  }
+  return {{"job_id", plan.job_id}, {"world_size", plan.world_size}, {"ranks", ranks}};
+}
+
+}  // namespace ddp::contract

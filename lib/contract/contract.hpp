@@ -1,0 +1,80 @@
+// The worker environment contract (torchrun-compatible) and the per-rank launch plan.
+//
+// Pure: inputs are the job spec, what the node knows (NodeContext) and the environment the
+// launcher inherited; the output is each rank's argv and complete environment. No I/O.
+//
+// Precedence, lowest first: the inherited environment (scrubbed of other launchers' variables),
+// our defaults (OMP_NUM_THREADS, *_SOCKET_IFNAME, async error handling), the job's `env:`,
+// then the contract variables themselves, which nobody overrides (the job file may not set them).
+#pragma once
+
+#include "jobspec/jobspec.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::contract {
+
+using Env = std::map<std::string, std::string>;
+
+struct NodeContext {
+  std::string job_id;
+  std::string node_name;
+  int node_rank = 0;
+  int nnodes = 1;
+  int local_world_size = 1;
+  int rank_base = 0;  // global rank of this node's local rank 0
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  std::uint16_t master_port = 29500;
+  int restart_count = 0;
+  bool use_agent_store = true;
+  bool local_mode = true;  // single node on loopback: socket interfaces default to lo
+  std::optional<std::string> nccl_unique_id_hex;
+  std::string attempt_dir;  // <logs>/<job-id>/attempt-<n>
+};
+
+// Variables of other launchers (or stale ones of ours) that would mislead a worker.
+// Exact names, and prefixes written with a trailing '*'.
+const std::vector<std::string>& scrubbed_variables();
+bool is_scrubbed(const std::string& name);
+Env scrub(const Env& inherited);
+
+// Whether `name` matches an env_forward entry (exact, or NAME_* prefix pattern).
+bool matches_forward(const std::string& name, const std::vector<std::string>& patterns);
+
+std::string rank_log_file(const std::string& attempt_dir, int rank);
+std::string rank_error_file(const std::string& attempt_dir, int rank);
+
+// The complete environment of one worker.
+Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env& inherited, int local_rank);
+
+struct RankPlan {
+  int rank = 0;
+  int local_rank = 0;
+  std::string node;
+  std::vector<std::string> argv;
+  Env env;
+  std::string log_file;
+  std::string error_file;
+  nlohmann::json binding = nlohmann::json::object();
+};
+
+struct Plan {
+  std::string job_id;
+  int world_size = 0;
+  std::vector<RankPlan> ranks;
+};
+
+// argv of the job's command ("/bin/sh -c STRING" when the job gave a string).
+std::vector<std::string> worker_argv(const jobspec::JobSpec& spec);
+
+Plan make_plan(const jobspec::JobSpec& spec, const NodeContext& node, const Env& inherited);
+nlohmann::json to_json(const Plan& plan);
+
+}  // namespace ddp::contract

@@ -1,0 +1,358 @@
+#include "jobspec/jobspec.hpp"
+
+#include "common/strings.hpp"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace ddp::jobspec {
+
+std::string Diagnostic::to_string() const {
+  if (line > 0) return fmt::format("{}:{}:{}: error: {}", file, line, column, message);
+  return fmt::format("{}: error: {}", file, message);
+}
+
+static std::string join_diagnostics(const std::vector<Diagnostic>& d) {
+  std::string out;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    if (i) out += "\n";
+    out += d[i].to_string();
+  }
+  return out;
+}
+
+JobSpecError::JobSpecError(std::vector<Diagnostic> diagnostics)
+    : std::runtime_error(join_diagnostics(diagnostics)), diagnostics_(std::move(diagnostics)) {}
+
+namespace {
+
+// Keys we know. Those in `not_yet` belong to features of later issues.
+const std::vector<std::string> kTopKeys{
+    "name",    "nnodes",  "hosts", "nproc_per_node", "command", "workdir", "env",  "env_forward",
+    "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous"};
+const std::map<std::string, std::string> kNotYet{
+    {"hosts", "hosts need the multi-node launch (ddp-agentd); run on this machine or pass nothing"},
+    {"container", "workers inside containers arrive with the containers issue"},
+    {"binding", "GPU/NUMA/NIC binding arrives with the binding issue"},
+    {"rendezvous", "rendezvous timeouts belong to the multi-node launch"},
+};
+
+// Environment variables that ddpctl owns: a job may not set them (the value would be a lie).
+const std::set<std::string> kReservedEnv{
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "DDP_JOB_ID", "DDP_NODE",
+    "DDP_NODE_RANK", "DDP_NCCL_UNIQUE_ID", "DDP_ATTEMPT"};
+
+class Parser {
+ public:
+  explicit Parser(std::string file) : file_(std::move(file)) {}
+
+  void error(const YAML::Mark& m, std::string msg) {
+    diags_.push_back({file_, m.line >= 0 ? m.line + 1 : 0, m.column >= 0 ? m.column + 1 : 0, std::move(msg)});
+  }
+  void error(const YAML::Node& n, std::string msg) { error(n.Mark(), std::move(msg)); }
+
+  static std::string describe(const YAML::Node& n) {
+    switch (n.Type()) {
+      case YAML::NodeType::Map: return "a mapping";
+      case YAML::NodeType::Sequence: return "a list";
+      case YAML::NodeType::Null: return "nothing";
+      case YAML::NodeType::Scalar: return fmt::format("'{}'", n.Scalar());
+      default: return "an undefined value";
+    }
+  }
+
+  std::optional<std::string> string(const YAML::Node& n, std::string_view key) {
+    if (!n.IsScalar()) {
+      error(n, fmt::format("{}: expected a string, got {}", key, describe(n)));
+      return std::nullopt;
+    }
+    return n.Scalar();
+  }
+
+  std::optional<long long> integer(const YAML::Node& n, std::string_view key, long long lo, long long hi) {
+    std::optional<long long> v;
+    if (n.IsScalar()) v = parse_int(n.Scalar());
+    if (!v || *v < lo || *v > hi) {
+      error(n, fmt::format("{}: expected an integer from {} to {}, got {}", key, lo, hi, describe(n)));
+      return std::nullopt;
+    }
+    return v;
+  }
+
+  std::optional<Millis> duration(const YAML::Node& n, std::string_view key) {
+    std::optional<Millis> d;
+    if (n.IsScalar()) d = parse_duration(n.Scalar());
+    if (!d) {
+      error(n, fmt::format("{}: expected a duration such as 30s, 10m, 1h or 500ms, got {}", key, describe(n)));
+    }
+    return d;
+  }
+
+  std::optional<std::uint64_t> size(const YAML::Node& n, std::string_view key) {
+    if (n.IsScalar()) {
+      static const std::regex re(R"(^(\d{1,15})\s*(B|KiB|MiB|GiB|KB|MB|GB)?$)");
+      std::smatch m;
+      const std::string s = n.Scalar();
+      if (std::regex_match(s, m, re)) {
+        std::uint64_t v = std::stoull(m[1]);
+        std::string u = m[2];
+        std::uint64_t mult = u == "KiB" ? 1ull << 10 : u == "MiB" ? 1ull << 20 : u == "GiB" ? 1ull << 30
+                             : u == "KB" ? 1000 : u == "MB" ? 1000'000 : u == "GB" ? 1000'000'000 : 1;
+        return v * mult;
+      }
+    }
+    error(n, fmt::format("{}: expected a size such as 100MiB or 1GiB, got {}", key, describe(n)));
+    return std::nullopt;
+  }
+
+  // Iterates a mapping, checking keys against `known` (with a hint for typos) and duplicates.
+  template <typename F>
+  void mapping(const YAML::Node& n, std::string_view where, const std::vector<std::string>& known, F&& on_key) {
+    if (!n.IsMap()) {
+      error(n, fmt::format("{}: expected a mapping with keys {}, got {}", where, join(known, ", "), describe(n)));
+      return;
+    }
+    std::set<std::string> seen;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const YAML::Node& k = it->first;
+      if (!k.IsScalar()) {
+        error(k, fmt::format("{}: keys must be plain names", where));
+        continue;
+      }
+      const std::string key = k.Scalar();
+      const std::string path = where.empty() ? key : fmt::format("{}.{}", where, key);
+      if (!seen.insert(key).second) {
+        error(k, fmt::format("duplicate key '{}'", path));
+        continue;
+      }
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        auto hint = nearest(key, known);
+        error(k, fmt::format("unknown key '{}'{}; expected one of: {}", path,
+                             hint ? fmt::format(" (did you mean '{}'?)", *hint) : "", join(known, ", ")));
+        continue;
+      }
+      on_key(key, k, it->second);
+    }
+  }
+
+  JobSpec parse(const std::string& text) {
+    JobSpec spec;
+    spec.file = file_;
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::ParserException& e) {
+      error(e.mark, fmt::format("not valid YAML: {}", e.msg));
+      throw JobSpecError(diags_);
+    }
+    if (!root.IsDefined() || root.IsNull()) {
+      diags_.push_back({file_, 0, 0, "the job file is empty; it needs at least a 'command'"});
+      throw JobSpecError(diags_);
+    }
+    bool have_command = false;
+    mapping(root, "", kTopKeys, [&](const std::string& key, const YAML::Node& k, const YAML::Node& v) {
+      if (auto ny = kNotYet.find(key); ny != kNotYet.end()) {
+        error(k, fmt::format("'{}' is not supported yet: {}", key, ny->second));
+        return;
+      }
+      if (key == "name") {
+        if (auto s = string(v, key)) {
+          static const std::regex re("^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$");
+          if (!std::regex_match(*s, re)) {
+            error(v, fmt::format("name: expected 1-64 characters of letters, digits, '.', '_' or '-' "
+                                 "(it names log folders), got '{}'", *s));
+          } else {
+            spec.name = *s;
+          }
+        }
+      } else if (key == "nnodes") {
+        parse_nnodes(v, spec);
+      } else if (key == "nproc_per_node") {
+        if (v.IsScalar() && (v.Scalar() == "cpu" || v.Scalar() == "gpu")) {
+          spec.nproc.kind = v.Scalar() == "cpu" ? Nproc::Kind::cpu : Nproc::Kind::gpu;
+        } else if (v.IsScalar() && parse_int(v.Scalar())) {
+          if (auto n = integer(v, key, 1, 4096)) spec.nproc = {Nproc::Kind::count, static_cast<int>(*n)};
+        } else {
+          error(v, fmt::format("nproc_per_node: expected an integer, 'cpu' or 'gpu', got {}", describe(v)));
+        }
+      } else if (key == "command") {
+        have_command = true;
+        parse_command(v, spec);
+      } else if (key == "workdir") {
+        if (auto s = string(v, key)) {
+          if (s->empty()) error(v, "workdir: expected a directory, got an empty string");
+          else spec.workdir = *s;
+        }
+      } else if (key == "env") {
+        parse_env(v, spec);
+      } else if (key == "env_forward") {
+        parse_env_forward(v, spec);
+      } else if (key == "restart") {
+        mapping(v, "restart", {"max_restarts", "backoff"}, [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
+          if (rk == "max_restarts") {
+            if (auto n = integer(rv, "restart.max_restarts", 0, 1000)) spec.max_restarts = static_cast<int>(*n);
+          } else if (auto d = duration(rv, "restart.backoff")) {
+            spec.restart_backoff = *d;
+          }
+        });
+      } else if (key == "logs") {
+        mapping(v, "logs", {"dir", "max_size"}, [&](const std::string& lk, const YAML::Node&, const YAML::Node& lv) {
+          if (lk == "dir") {
+            if (auto s = string(lv, "logs.dir")) {
+              if (s->empty()) error(lv, "logs.dir: expected a directory, got an empty string");
+              else spec.log_dir = *s;
+            }
+          } else if (auto sz = size(lv, "logs.max_size")) {
+            if (*sz < 4096) error(lv, "logs.max_size: expected at least 4KiB");
+            else spec.log_max_bytes = *sz;
+          }
+        });
+      } else if (key == "store") {
+        mapping(v, "store", {"port"}, [&](const std::string&, const YAML::Node&, const YAML::Node& sv) {
+          if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) spec.store_port = static_cast<std::uint16_t>(*n);
+        });
+      } else if (key == "stop") {
+        mapping(v, "stop", {"grace"}, [&](const std::string&, const YAML::Node&, const YAML::Node& sv) {
+          if (auto d = duration(sv, "stop.grace")) spec.stop_grace = *d;
+        });
+      } else if (key == "nccl") {
+        mapping(v, "nccl", {"unique_id"}, [&](const std::string&, const YAML::Node&, const YAML::Node& nv) {
+          if (nv.IsScalar() && (nv.Scalar() == "auto" || nv.Scalar() == "on" || nv.Scalar() == "off")) {
+            spec.nccl_unique_id = nv.Scalar() == "auto" ? NcclUniqueId::automatic
+                                  : nv.Scalar() == "on" ? NcclUniqueId::on : NcclUniqueId::off;
+          } else {
+            error(nv, fmt::format("nccl.unique_id: expected auto, on or off, got {}", describe(nv)));
+          }
+        });
+      }
+    });
+    if (root.IsMap() && !have_command) {
+      diags_.push_back({file_, 1, 1, "missing key 'command': expected the worker's argv, e.g. command: [python3, train.py]"});
+    }
+    if (!diags_.empty()) throw JobSpecError(diags_);
+    return spec;
+  }
+
+ private:
+  void parse_nnodes(const YAML::Node& v, JobSpec& spec) {
+    if (!v.IsScalar()) {
+      error(v, fmt::format("nnodes: expected an integer or MIN:MAX, got {}", describe(v)));
+      return;
+    }
+    auto parts = split(v.Scalar(), ':');
+    std::optional<long long> lo = parse_int(parts[0]), hi = parts.size() == 2 ? parse_int(parts[1]) : lo;
+    if (parts.size() > 2 || !lo || !hi || *lo < 1 || *hi < *lo || *hi > 65536) {
+      error(v, fmt::format("nnodes: expected an integer N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {}", describe(v)));
+      return;
+    }
+    if (*hi > 1) {
+      error(v, fmt::format("nnodes: {} is not supported yet: more than one node needs the multi-node launch "
+                           "(--nodes with ddp-agentd); a local launch runs 1 node", v.Scalar()));
+      return;
+    }
+    spec.nnodes_min = static_cast<int>(*lo);
+    spec.nnodes_max = static_cast<int>(*hi);
+  }
+
+  void parse_command(const YAML::Node& v, JobSpec& spec) {
+    if (v.IsScalar()) {
+      if (trim(v.Scalar()).empty()) {
+        error(v, "command: expected a list such as [python3, train.py] (or a shell command string), got an empty string");
+        return;
+      }
+      spec.shell = true;
+      spec.command = {v.Scalar()};
+      return;
+    }
+    if (!v.IsSequence() || v.size() == 0) {
+      error(v, fmt::format("command: expected a non-empty list such as [python3, train.py], got {}", describe(v)));
+      return;
+    }
+    for (const auto& item : v) {
+      if (!item.IsScalar()) {
+        error(item, fmt::format("command: every item must be a string, got {}", describe(item)));
+        return;
+      }
+      spec.command.push_back(item.Scalar());
+    }
+    if (spec.command[0].empty()) error(v[0], "command: the program (first item) is empty");
+  }
+
+  void parse_env(const YAML::Node& v, JobSpec& spec) {
+    if (!v.IsMap()) {
+      error(v, fmt::format("env: expected a mapping of NAME: value, got {}", describe(v)));
+      return;
+    }
+    static const std::regex name_re("^[A-Za-z_][A-Za-z0-9_]*$");
+    std::set<std::string> seen;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const auto& k = it->first;
+      const auto& val = it->second;
+      if (!k.IsScalar() || !std::regex_match(k.Scalar(), name_re)) {
+        error(k, fmt::format("env: expected a variable name (letters, digits, '_'), got {}", describe(k)));
+        continue;
+      }
+      if (!seen.insert(k.Scalar()).second) {
+        error(k, fmt::format("duplicate key 'env.{}'", k.Scalar()));
+        continue;
+      }
+      if (kReservedEnv.contains(k.Scalar())) {
+        error(k, fmt::format("env.{}: set by ddpctl for every worker (see the environment contract); "
+                             "remove it from env", k.Scalar()));
+        continue;
+      }
+      if (!val.IsScalar()) {
+        error(val, fmt::format("env.{}: expected a string value, got {}", k.Scalar(), describe(val)));
+        continue;
+      }
+      spec.env.emplace_back(k.Scalar(), val.Scalar());
+    }
+  }
+
+  void parse_env_forward(const YAML::Node& v, JobSpec& spec) {
+    if (!v.IsSequence()) {
+      error(v, fmt::format("env_forward: expected a list of variable names or NAME_* patterns, got {}", describe(v)));
+      return;
+    }
+    static const std::regex re(R"(^[A-Za-z_][A-Za-z0-9_]*\*?$)");
+    spec.env_forward.clear();
+    for (const auto& item : v) {
+      if (!item.IsScalar() || !std::regex_match(item.Scalar(), re)) {
+        error(item, fmt::format("env_forward: expected a variable name or a NAME_* pattern, got {}", describe(item)));
+        continue;
+      }
+      spec.env_forward.push_back(item.Scalar());
+    }
+  }
+
+  std::string file_;
+  std::vector<Diagnostic> diags_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& known_top_level_keys() { return kTopKeys; }
+
+JobSpec parse_job_yaml(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
+
+JobSpec load_job_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw JobSpecError({{path, 0, 0, fmt::format("cannot read the job file: {}", std::strerror(errno))}});
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().size() > (4u << 20)) throw JobSpecError({{path, 0, 0, "the job file is larger than 4 MiB"}});
+  return parse_job_yaml(ss.str(), path);
+}
+
+}  // namespace ddp::jobspec

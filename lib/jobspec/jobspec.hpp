@@ -1,0 +1,78 @@
+// The job file (train.yaml): its model and its strict parser.
+//
+// Policy: every problem is a Diagnostic with file, line, column (1-based) and what was
+// expected; all problems of a file are collected before failing, so a user fixes them in one
+// go. Unknown keys are errors with the nearest known key as a hint; keys of features that are
+// not built yet are recognised and refused with "not supported yet", never ignored.
+// Relative paths (workdir, logs.dir) are kept as written; the launcher resolves them against
+// its own working directory.
+#pragma once
+
+#include "common/duration.hpp"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::jobspec {
+
+struct Diagnostic {
+  std::string file;
+  int line = 0;    // 1-based; 0 when the problem has no position (e.g. an unreadable file)
+  int column = 0;  // 1-based
+  std::string message;
+
+  std::string to_string() const;  // "train.yaml:3:5: error: ..."
+};
+
+class JobSpecError : public std::runtime_error {
+ public:
+  explicit JobSpecError(std::vector<Diagnostic> diagnostics);
+  const std::vector<Diagnostic>& diagnostics() const { return diagnostics_; }
+
+ private:
+  std::vector<Diagnostic> diagnostics_;
+};
+
+// nproc_per_node: an integer, "cpu" (one per CPU the launcher may use) or "gpu" (one per GPU
+// that discovery found).
+struct Nproc {
+  enum class Kind { count, cpu, gpu };
+  Kind kind = Kind::count;
+  int count = 1;
+};
+
+enum class NcclUniqueId { automatic, on, off };
+
+struct JobSpec {
+  std::string file;  // where it came from, for messages
+  std::string name = "job";
+  int nnodes_min = 1;
+  int nnodes_max = 1;
+  Nproc nproc;
+  std::vector<std::string> command;  // argv; run directly, no shell
+  bool shell = false;                // command was a string: run as /bin/sh -c '<string>'
+  std::optional<std::string> workdir;
+  std::vector<std::pair<std::string, std::string>> env;  // in file order
+  std::vector<std::string> env_forward{"PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "NCCL_*"};
+  int max_restarts = 0;
+  Millis restart_backoff{1000};
+  std::string log_dir = "./logs";
+  std::uint64_t log_max_bytes = 100ull << 20;  // per rank file, then rotated once
+  std::uint16_t store_port = 29500;
+  NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
+  Millis stop_grace{30'000};
+};
+
+// Parses YAML text; `file` names it in diagnostics. Throws JobSpecError.
+JobSpec parse_job_yaml(const std::string& text, const std::string& file);
+// Reads and parses a file. Throws JobSpecError (also for an unreadable file).
+JobSpec load_job_file(const std::string& path);
+
+// The keys the parser knows at the top level (for hints and docs).
+const std::vector<std::string>& known_top_level_keys();
+
+}  // namespace ddp::jobspec

@@ -1,0 +1,54 @@
+#include "launch/attempt.hpp"
+
+#include <fmt/format.h>
+#include <stdexcept>
+#include <string.h>
+
+namespace ddp::launch {
+
+std::string WorkerExit::describe() const {
+  if (!started) return "was not started";
+  if (signal != 0) {
+    const char* abbrev = ::sigabbrev_np(signal);
+    return abbrev ? fmt::format("was killed by SIG{}", abbrev) : fmt::format("was killed by signal {}", signal);
+  }
+  return fmt::format("exited with code {}", exit_code);
+}
+
+AttemptTracker::AttemptTracker(int nranks) : exits_(static_cast<std::size_t>(nranks)), live_(nranks) {
+  if (nranks <= 0) throw std::invalid_argument("an attempt needs at least one rank");
+}
+
+Decision AttemptTracker::on_exit(const WorkerExit& e) {
+  if (e.rank < 0 || static_cast<std::size_t>(e.rank) >= exits_.size() || exits_[e.rank] || finished()) {
+    return Decision::none;  // not ours, or reported twice: ignore
+  }
+  exits_[e.rank] = e;
+  --live_;
+  if (phase_ == Phase::running && e.failed()) {
+    first_failure_ = e;
+    phase_ = Phase::stopping;
+    if (live_ == 0) {
+      phase_ = Phase::failed;
+      return Decision::finished;
+    }
+    return Decision::stop_all;
+  }
+  if (live_ == 0) {
+    if (phase_ == Phase::running) phase_ = Phase::succeeded;
+    else phase_ = stop_requested_ && !first_failure_ ? Phase::stopped : Phase::failed;
+    return Decision::finished;
+  }
+  return Decision::none;
+}
+
+Decision AttemptTracker::on_stop_requested(int signal) {
+  if (finished()) return Decision::none;
+  if (!stop_requested_) stop_signal_ = signal;
+  stop_requested_ = true;
+  if (phase_ == Phase::stopping) return Decision::none;
+  phase_ = Phase::stopping;
+  return Decision::stop_all;
+}
+
+}  // namespace ddp::launch

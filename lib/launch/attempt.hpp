@@ -1,0 +1,65 @@
+// One attempt's bookkeeping, as a pure state machine: worker exits and stop requests in,
+// decisions out. No clocks (times are given), no processes, no I/O.
+//
+//   running --first non-zero exit--> stopping(failed)   (caller: SIGTERM all, grace, SIGKILL)
+//   running --stop requested------> stopping(stopped)
+//   running --all exited 0--------> succeeded
+//   stopping --all exited---------> failed | stopped
+// Exits while stopping are consequences, never "the failure"; the first failure is by time.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace ddp::launch {
+
+using SysTime = std::chrono::system_clock::time_point;
+
+struct WorkerExit {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;     // the signal that killed it, 0 if it exited
+  SysTime when{};
+  bool started = true;  // false: never started because another rank failed first
+  bool failed() const { return started && (signal != 0 || exit_code != 0); }
+  std::string describe() const;  // "exited with code 1" / "was killed by SIGSEGV"
+};
+
+enum class Phase { running, stopping, succeeded, failed, stopped };
+
+enum class Decision {
+  none,      // keep going
+  stop_all,  // a first failure: stop every other worker now
+  finished,  // the attempt is over; see phase()
+};
+
+class AttemptTracker {
+ public:
+  explicit AttemptTracker(int nranks);
+
+  Decision on_exit(const WorkerExit& e);
+  // A stop from outside (Ctrl-C, SIGTERM). Returns stop_all unless already stopping/finished.
+  Decision on_stop_requested(int signal);
+
+  Phase phase() const { return phase_; }
+  bool finished() const { return phase_ == Phase::succeeded || phase_ == Phase::failed || phase_ == Phase::stopped; }
+  int live() const { return live_; }
+  const std::optional<WorkerExit>& first_failure() const { return first_failure_; }
+  const std::vector<std::optional<WorkerExit>>& exits() const { return exits_; }
+  int stop_signal() const { return stop_signal_; }
+
+ private:
+  std::vector<std::optional<WorkerExit>> exits_;
+  int live_;
+  Phase phase_ = Phase::running;
+  bool stop_requested_ = false;
+  int stop_signal_ = 0;
+  std::optional<WorkerExit> first_failure_;
+};
+
+}  // namespace ddp::launch

@@ -1,0 +1,41 @@
+// The local launch: one node, no daemon. ddpctl itself plays coordinator, agent and shepherd:
+// it starts nproc_per_node workers with the environment contract, streams and files their
+// output, stops everyone at the first failure, restarts from checkpoint while restarts remain,
+// and leaves nothing running.
+#pragma once
+
+#include "contract/contract.hpp"
+#include "jobspec/jobspec.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <set>
+#include <string>
+
+namespace ddp::launch {
+
+struct LaunchOptions {
+  jobspec::JobSpec spec;               // CLI overrides already applied
+  std::string job_id;                  // empty: <name>-<date>-<time>-<random>
+  std::set<int> show_ranks;            // terminal filter; empty: all ranks
+  bool quiet = false;                  // no worker output on the terminal
+  std::optional<std::string> result_json;
+};
+
+class LaunchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Resolves what the spec leaves open (nproc cpu, workdir, log dir, job id) and returns the
+// node's context for attempt `attempt`. Throws LaunchError with a clear message.
+contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt);
+
+// `ddpctl launch --dry-run`: the plan as JSON; starts nothing, binds nothing.
+nlohmann::json dry_run(LaunchOptions opts);
+
+// Runs the job to the end; returns ddpctl's exit status (0 only if every rank exited 0).
+int run_local(LaunchOptions opts);
+
+}  // namespace ddp::launch

@@ -1,0 +1,59 @@
+// What a user reads when a job ends: the first failure named, its last output and error file,
+// as text for the terminal and as JSON for --result-json.
+#pragma once
+
+#include "launch/attempt.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launch {
+
+// A worker's TORCHELASTIC_ERROR_FILE, as torch.distributed.elastic's @record writes it:
+// {"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
+// Other JSON shapes are kept raw; a file over 1 MiB is not read.
+struct ErrorFile {
+  std::string path;
+  std::string message;
+  std::string traceback;
+  std::string raw;  // when the shape is unknown
+};
+std::optional<ErrorFile> read_error_file(const std::string& path);
+std::optional<ErrorFile> parse_error_file(const std::string& path, const std::string& content);
+
+struct RankFailure {
+  WorkerExit exit;
+  std::string node;
+  std::vector<std::string> last_lines;
+  std::optional<ErrorFile> error_file;
+  std::string log_file;
+};
+
+struct AttemptReport {
+  int attempt = 0;
+  SysTime started{};
+  SysTime ended{};
+  Phase phase = Phase::running;
+  std::optional<RankFailure> first_failure;
+  std::vector<WorkerExit> exits;      // every rank's exit, rank order
+  std::vector<std::string> notes;     // e.g. the store's "who waits for what"
+  std::string log_dir;
+};
+
+struct JobReport {
+  std::string job_id;
+  std::string status;  // "succeeded" | "failed" | "stopped"
+  int exit_code = 0;   // ddpctl's own exit status
+  int restarts = 0;
+  std::vector<AttemptReport> attempts;
+};
+
+std::string format_attempt(const AttemptReport& a, int max_restarts);
+nlohmann::json to_json(const JobReport& r);
+
+std::string format_time(SysTime t);  // "10:30:05.123" local time
+
+}  // namespace ddp::launch

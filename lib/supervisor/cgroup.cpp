@@ -1,0 +1,168 @@
+#include "supervisor/cgroup.hpp"
+
+#include "common/log.hpp"
+#include "common/strings.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <fstream>
+#include <sstream>
+
+namespace ddp::supervisor {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Mount points in mountinfo escape space, tab, newline and backslash as octal.
+std::string unescape_mount(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size()) {
+      int v = 0;
+      bool ok = true;
+      for (int k = 1; k <= 3; ++k) {
+        char c = s[i + k];
+        if (c < '0' || c > '7') ok = false;
+        v = v * 8 + (c - '0');
+      }
+      if (ok) {
+        out += static_cast<char>(v);
+        i += 3;
+        continue;
+      }
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+std::optional<std::string> base_dir() {
+  auto mount = cgroup2_mount_from_mountinfo(read_file("/proc/self/mountinfo"));
+  auto own = own_cgroup2_path(read_file("/proc/self/cgroup"));
+  if (!mount || !own) return std::nullopt;
+  return *own == "/" ? *mount : *mount + *own;
+}
+
+}  // namespace
+
+std::optional<std::string> cgroup2_mount_from_mountinfo(std::string_view mountinfo) {
+  for (auto line : split(mountinfo, '\n')) {
+    // "36 25 0:30 / /sys/fs/cgroup/unified rw,... shared:9 - cgroup2 cgroup2 rw,nsdelegate"
+    auto dash = line.find(" - ");
+    if (dash == std::string_view::npos) continue;
+    auto after = split(line.substr(dash + 3), ' ');
+    if (after.empty() || after[0] != "cgroup2") continue;
+    auto before = split(line.substr(0, dash), ' ');
+    if (before.size() < 5 || before[3] != "/") continue;  // a bind of a sub-tree: skip
+    return unescape_mount(before[4]);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> own_cgroup2_path(std::string_view proc_self_cgroup) {
+  for (auto line : split(proc_self_cgroup, '\n')) {
+    if (starts_with(line, "0::")) {
+      auto p = std::string(trim(line.substr(3)));
+      if (p.empty() || p[0] != '/') return std::nullopt;
+      // "(deleted)" or a cgroup namespace root we cannot see from here
+      if (p.find(" (deleted)") != std::string::npos) return std::nullopt;
+      return p;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Cgroup> Cgroup::create(const std::string& tag) {
+  auto log = log::get("supervisor");
+  auto base = base_dir();
+  if (!base) {
+    log->debug("no cgroup v2 found; using the subreaper walk to find workers' processes");
+    return std::nullopt;
+  }
+  std::string path = fmt::format("{}/ddpctl-{}-{}", *base, ::getpid(), tag);
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    log->debug("cannot create cgroup {}: {}; using the subreaper walk", path, std::strerror(errno));
+    return std::nullopt;
+  }
+  int fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    log->debug("cannot open {}/cgroup.procs: {}; using the subreaper walk", path, std::strerror(errno));
+    ::rmdir(path.c_str());
+    return std::nullopt;
+  }
+  log->debug("workers of this attempt run in cgroup {}", path);
+  return Cgroup(path, fd);
+}
+
+Cgroup::Cgroup(Cgroup&& other) noexcept : path_(std::move(other.path_)), procs_fd_(std::exchange(other.procs_fd_, -1)) {
+  other.path_.clear();
+}
+
+Cgroup::~Cgroup() {
+  if (procs_fd_ >= 0) ::close(procs_fd_);
+  if (path_.empty()) return;
+  if (!empty()) kill_all();
+  // rmdir fails with EBUSY until the killed processes are gone; they are (SIGKILL is final) by
+  // the time the launcher destroys the cgroup after reaping, but give the kernel a moment.
+  for (int i = 0; i < 200 && ::rmdir(path_.c_str()) != 0 && errno == EBUSY; ++i) ::usleep(5000);
+}
+
+std::vector<pid_t> Cgroup::pids() const {
+  std::vector<pid_t> out;
+  std::ifstream in(path_ + "/cgroup.procs");
+  pid_t p;
+  while (in >> p) out.push_back(p);
+  return out;
+}
+
+void Cgroup::signal_all(int sig) const {
+  for (pid_t p : pids()) ::kill(p, sig);
+}
+
+void Cgroup::kill_all() const {
+  int fd = ::open((path_ + "/cgroup.kill").c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    bool ok = ::write(fd, "1", 1) == 1;
+    ::close(fd);
+    if (ok) return;
+  }
+  signal_all(SIGKILL);
+}
+
+void Cgroup::sweep_stale() {
+  auto base = base_dir();
+  if (!base) return;
+  DIR* d = ::opendir(base->c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (auto* e = ::readdir(d)) {
+    std::string_view name = e->d_name;
+    if (!starts_with(name, "ddpctl-")) continue;
+    auto parts = split(name, '-');
+    if (parts.size() < 3) continue;
+    auto pid = parse_int(parts[1]);
+    if (!pid || *pid == ::getpid()) continue;
+    std::string comm = read_file(fmt::format("/proc/{}/comm", *pid));
+    if (trim(comm) == "ddpctl" || trim(comm) == "ddp-agentd") continue;  // its owner still runs
+    stale.push_back(*base + "/" + std::string(name));
+  }
+  ::closedir(d);
+  for (const auto& path : stale) {
+    log::get("supervisor")->warn("killing processes left in {} by a launcher that no longer runs", path);
+    Cgroup stale_group(path, -1);  // its destructor kills what is left and removes it
+  }
+}
+
+}  // namespace ddp::supervisor

@@ -1,0 +1,154 @@
+#include "supervisor/output.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <utility>
+#include <filesystem>
+#include <fmt/format.h>
+
+namespace ddp::supervisor {
+
+std::vector<std::string> LineSplitter::feed(std::string_view data) {
+  std::vector<std::string> lines;
+  while (!data.empty()) {
+    auto nl = data.find('\n');
+    std::string_view chunk = nl == std::string_view::npos ? data : data.substr(0, nl);
+    // Cut before growing past the limit, so memory per stream stays bounded.
+    while (partial_.size() + chunk.size() >= kMaxLine) {
+      std::size_t take = kMaxLine - partial_.size();
+      partial_.append(chunk.substr(0, take));
+      lines.push_back(std::move(partial_));
+      partial_.clear();
+      chunk.remove_prefix(take);
+    }
+    partial_.append(chunk);
+    if (nl == std::string_view::npos) break;
+    if (!partial_.empty() && partial_.back() == '\r') partial_.pop_back();
+    lines.push_back(std::move(partial_));
+    partial_.clear();
+    data.remove_prefix(nl + 1);
+  }
+  return lines;
+}
+
+std::vector<std::string> LineSplitter::finish() {
+  if (partial_.empty()) return {};
+  std::vector<std::string> out{std::move(partial_)};
+  partial_.clear();
+  return out;
+}
+
+void LastLines::add(std::string line) {
+  lines_.push_back(std::move(line));
+  while (lines_.size() > max_) lines_.pop_front();
+}
+
+static std::string utc_timestamp() {
+  auto now = std::chrono::system_clock::now();
+  auto secs = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                     tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+}
+
+RankLogFile::RankLogFile(std::string path, std::uint64_t max_bytes)
+    : path_(std::move(path)), max_bytes_(max_bytes), out_(path_, std::ios::app) {}
+
+void RankLogFile::rotate_if_needed(std::size_t next) {
+  if (written_ + next <= max_bytes_) return;
+  out_.close();
+  std::error_code ec;
+  std::filesystem::rename(path_, path_ + ".1", ec);
+  out_.open(path_, std::ios::trunc);
+  written_ = 0;
+  out_ << utc_timestamp() << " ddp| (older output rotated to " << path_ << ".1)\n";
+}
+
+void RankLogFile::write(Stream s, std::string_view line) {
+  auto ts = utc_timestamp();
+  rotate_if_needed(ts.size() + line.size() + 6);
+  out_ << ts << (s == Stream::out ? " out| " : " err| ") << line << '\n';
+  written_ += ts.size() + line.size() + 6;
+}
+
+void RankLogFile::note(std::string_view text) {
+  auto ts = utc_timestamp();
+  rotate_if_needed(ts.size() + text.size() + 6);
+  out_ << ts << " ddp| " << text << '\n';
+  out_.flush();
+  written_ += ts.size() + text.size() + 6;
+}
+
+TerminalSink::TerminalSink(std::size_t max_queued_bytes) : max_queued_bytes_(max_queued_bytes) {
+  thread_ = std::thread([this] { run(); });
+}
+
+TerminalSink::~TerminalSink() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void TerminalSink::write(Stream s, std::string line) {
+  {
+    std::lock_guard lock(mu_);
+    if (queued_bytes_ + line.size() > max_queued_bytes_) {
+      ++dropped_;
+      return;
+    }
+    queued_bytes_ += line.size();
+    queue_.emplace_back(s, std::move(line));
+  }
+  cv_.notify_one();
+}
+
+void TerminalSink::flush() {
+  std::unique_lock lock(mu_);
+  drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
+static void write_fd(int fd, const std::string& s) {
+  std::size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed terminal: nothing more to do
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+void TerminalSink::run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty() && stop_) return;
+    // Take a batch, write it without the lock; group by stream to keep writes few.
+    auto batch = std::move(queue_);
+    queue_.clear();
+    queued_bytes_ = 0;
+    auto dropped = std::exchange(dropped_, 0);
+    busy_ = true;
+    lock.unlock();
+    std::string out_buf, err_buf;
+    if (dropped) err_buf += fmt::format("ddpctl: {} lines not shown (terminal too slow); they are in the log files\n", dropped);
+    for (auto& [s, line] : batch) {
+      auto& buf = s == Stream::out ? out_buf : err_buf;
+      buf += line;
+      buf += '\n';
+    }
+    if (!err_buf.empty()) write_fd(2, err_buf);
+    if (!out_buf.empty()) write_fd(1, out_buf);
+    lock.lock();
+    busy_ = false;
+    if (queue_.empty()) drained_.notify_all();
+  }
+}
+
+}  // namespace ddp::supervisor

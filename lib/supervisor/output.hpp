@@ -1,0 +1,88 @@
+// Worker output: line splitting, per-rank log files, the live terminal stream, last lines.
+//
+// Policy: a worker must never block on its output. ddpctl drains every pipe as data arrives;
+// log files are plain appends; the terminal is fed by its own thread through a bounded queue,
+// so a stuck terminal (a paused `less`, a full ssh window) costs dropped terminal lines, counted
+// and announced, never a blocked worker. Lines longer than kMaxLine are cut into pieces.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace ddp::supervisor {
+
+inline constexpr std::size_t kMaxLine = 64 * 1024;
+
+class LineSplitter {
+ public:
+  // Appends data; returns the complete lines (without '\n'), cutting any line at kMaxLine.
+  std::vector<std::string> feed(std::string_view data);
+  // The unterminated rest, if any (at EOF).
+  std::vector<std::string> finish();
+
+ private:
+  std::string partial_;
+};
+
+// Keeps the last N lines (for failure reports).
+class LastLines {
+ public:
+  explicit LastLines(std::size_t n = 20) : max_(n) {}
+  void add(std::string line);
+  std::vector<std::string> lines() const { return {lines_.begin(), lines_.end()}; }
+
+ private:
+  std::size_t max_;
+  std::deque<std::string> lines_;
+};
+
+enum class Stream { out, err };
+
+// One rank's log file: "2026-12-02T10:30:00.123Z out| text". Rotated once (to .1) at the cap,
+// so the newest output (the part that explains a failure) is always kept.
+class RankLogFile {
+ public:
+  RankLogFile(std::string path, std::uint64_t max_bytes);
+  void write(Stream s, std::string_view line);
+  void note(std::string_view text);  // a line of ddpctl's own, e.g. "exited with code 1"
+  const std::string& path() const { return path_; }
+
+ private:
+  void rotate_if_needed(std::size_t next);
+  std::string path_;
+  std::uint64_t max_bytes_;
+  std::uint64_t written_ = 0;
+  std::ofstream out_;
+};
+
+class TerminalSink {
+ public:
+  explicit TerminalSink(std::size_t max_queued_bytes = 8u << 20);
+  ~TerminalSink();  // drains what is queued, then joins
+  TerminalSink(const TerminalSink&) = delete;
+  TerminalSink& operator=(const TerminalSink&) = delete;
+
+  void write(Stream s, std::string line);  // line includes its prefix, no newline
+  void flush();                            // waits until the queue is written
+
+ private:
+  void run();
+  std::mutex mu_;
+  std::condition_variable cv_, drained_;
+  std::deque<std::pair<Stream, std::string>> queue_;
+  std::size_t queued_bytes_ = 0;
+  std::size_t max_queued_bytes_;
+  std::uint64_t dropped_ = 0;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddp::supervisor

@@ -1,0 +1,203 @@
+#include "supervisor/process.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <fstream>
+#include <unordered_map>
+#include <utility>
+
+#include "common/strings.hpp"
+
+namespace ddp::supervisor {
+namespace {
+
+bool is_executable_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+struct Pipe {
+  int r = -1, w = -1;
+  Pipe() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw SpawnError(fmt::format("pipe: {}", std::strerror(errno)));
+    r = fds[0];
+    w = fds[1];
+  }
+  void close_r() { if (r >= 0) ::close(r), r = -1; }
+  void close_w() { if (w >= 0) ::close(w), w = -1; }
+  ~Pipe() { close_r(); close_w(); }
+};
+
+// Async-signal-safe write of the whole buffer.
+void write_all(int fd, const void* buf, size_t n) {
+  const char* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> resolve_executable(const std::string& argv0, const std::string& path_var,
+                                              const std::string& workdir) {
+  if (argv0.empty()) return std::nullopt;
+  if (argv0.find('/') != std::string::npos) {
+    std::string p = argv0[0] == '/' ? argv0 : workdir + "/" + argv0;
+    return is_executable_file(p) ? std::optional(p) : std::nullopt;
+  }
+  const std::string search = path_var.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_var;
+  for (auto dir : split(search, ':')) {
+    std::string d = dir.empty() ? std::string(".") : std::string(dir);
+    if (d[0] != '/') d = workdir + "/" + d;
+    std::string p = d + "/" + argv0;
+    if (is_executable_file(p)) return p;
+  }
+  return std::nullopt;
+}
+
+Spawned spawn(const SpawnSpec& spec) {
+  if (spec.argv.empty()) throw SpawnError("empty command");
+  auto path_it = spec.env.find("PATH");
+  auto exe = resolve_executable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second, spec.workdir);
+  if (!exe) {
+    throw SpawnError(fmt::format("cannot run '{}': no such executable (PATH={}, workdir={})", spec.argv[0],
+                                 path_it == spec.env.end() ? "<unset>" : path_it->second, spec.workdir));
+  }
+
+  // Everything the child touches is built here, before fork.
+  std::vector<std::string> env_strings;
+  env_strings.reserve(spec.env.size());
+  for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = spec.argv;
+  for (auto& s : argv_copy) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw SpawnError(fmt::format("/dev/null: {}", std::strerror(errno)));
+  std::optional<Pipe> out, err;
+  if (spec.capture_output) {
+    out.emplace();
+    err.emplace();
+  }
+  Pipe status;  // exec-failure report: [stage byte][errno int]
+  const pid_t parent = ::getpid();
+  const char* workdir = spec.workdir.c_str();
+  const char* path = exe->c_str();
+
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    ::close(devnull);
+    throw SpawnError(fmt::format("fork: {}", std::strerror(e)));
+  }
+  if (pid == 0) {
+    auto fail = [&](char stage) {
+      int e = errno;
+      char buf[1 + sizeof(int)];
+      buf[0] = stage;
+      std::memcpy(buf + 1, &e, sizeof e);
+      write_all(status.w, buf, sizeof buf);
+      ::_exit(127);
+    };
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+    if (spec.cgroup_procs_fd >= 0 && ::write(spec.cgroup_procs_fd, "0", 1) != 1) fail('c');
+    if (::dup2(devnull, 0) < 0) fail('d');
+    if (out && (::dup2(out->w, 1) < 0 || ::dup2(err->w, 2) < 0)) fail('d');
+    if (::chdir(workdir) != 0) fail('w');
+    ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+    ::execve(path, argv.data(), envp.data());
+    fail('e');
+  }
+
+  ::close(devnull);
+  status.close_w();
+  if (out) {
+    out->close_w();
+    err->close_w();
+  }
+  char buf[1 + sizeof(int)];
+  ssize_t n;
+  do {
+    n = ::read(status.r, buf, sizeof buf);
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof buf)) {
+    int e;
+    std::memcpy(&e, buf + 1, sizeof e);
+    // The child exits 127 at once; the caller's reaper collects it.
+    const char* what = buf[0] == 'w' ? "cannot enter the working directory"
+                       : buf[0] == 'c' ? "cannot join the job's cgroup"
+                       : buf[0] == 'd' ? "cannot set up stdio"
+                                       : "exec failed";
+    throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", spec.argv[0], what,
+                                 buf[0] == 'w' ? spec.workdir : *exe, std::strerror(e)));
+  }
+  Spawned s;
+  s.pid = pid;
+  if (out) {
+    s.stdout_fd = std::exchange(out->r, -1);
+    s.stderr_fd = std::exchange(err->r, -1);
+  }
+  return s;
+}
+
+std::vector<pid_t> descendants_of(pid_t root) {
+  std::unordered_multimap<pid_t, pid_t> children;
+  DIR* d = ::opendir("/proc");
+  if (!d) return {};
+  while (auto* e = ::readdir(d)) {
+    auto pid = parse_int(e->d_name);
+    if (!pid) continue;
+    std::ifstream f(fmt::format("/proc/{}/stat", *pid));
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; parse from the last ')'.
+    auto close = line.rfind(')');
+    if (close == std::string::npos || close + 4 > line.size()) continue;
+    auto fields = split(std::string_view(line).substr(close + 2), ' ');
+    if (fields.size() < 2) continue;
+    if (auto ppid = parse_int(fields[1])) children.emplace(static_cast<pid_t>(*ppid), static_cast<pid_t>(*pid));
+  }
+  ::closedir(d);
+  std::vector<pid_t> out, frontier{root};
+  while (!frontier.empty()) {
+    pid_t p = frontier.back();
+    frontier.pop_back();
+    auto [b, e] = children.equal_range(p);
+    for (auto it = b; it != e; ++it) {
+      out.push_back(it->second);
+      frontier.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+std::string signal_name(int sig) {
+  if (const char* abbrev = ::sigabbrev_np(sig)) return fmt::format("SIG{}", abbrev);
+  return fmt::format("signal {}", sig);
+}
+
+}  // namespace ddp::supervisor

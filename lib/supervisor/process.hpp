@@ -1,0 +1,58 @@
+// Starting workers and finding every process they left behind.
+//
+// Policy: a worker runs in its own process group (so a terminal's Ctrl-C reaches ddpctl, which
+// then stops workers in order), with stdin on /dev/null, stdout/stderr on pipes, every inherited
+// signal disposition and mask reset, PR_SET_PDEATHSIG(SIGKILL) as a second belt if ddpctl dies,
+// and every descriptor beyond 0-2 closed at exec. Everything the child needs is prepared before
+// fork(), so the child only makes async-signal-safe calls. An exec failure is reported back
+// through a close-on-exec pipe, so "No such file" or "Permission denied" is known at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::supervisor {
+
+class SpawnError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SpawnSpec {
+  std::vector<std::string> argv;            // argv[0] is resolved against PATH of `env`
+  std::map<std::string, std::string> env;   // the complete environment
+  std::string workdir;                      // chdir before exec
+  int cgroup_procs_fd = -1;                 // if >= 0, the child moves itself into this cgroup
+  bool capture_output = true;               // false: inherit ddpctl's stdout/stderr
+};
+
+struct Spawned {
+  pid_t pid = -1;
+  int stdout_fd = -1;  // read ends (O_CLOEXEC), owned by the caller; -1 if not captured
+  int stderr_fd = -1;
+};
+
+// Finds argv0 the way execvp would, using `path_var` (the worker's PATH) and `workdir` for
+// relative names with a slash. Returns nullopt if nothing executable is found.
+std::optional<std::string> resolve_executable(const std::string& argv0, const std::string& path_var,
+                                              const std::string& workdir);
+
+// Forks and execs. Throws SpawnError naming the program and the reason on failure.
+Spawned spawn(const SpawnSpec& spec);
+
+// All live descendants of `root` (children, grandchildren, ...) by walking /proc. Processes that
+// re-parented to `root` as subreaper count. Zombies are included (they still need reaping).
+std::vector<pid_t> descendants_of(pid_t root);
+
+// Makes this process a child subreaper: orphaned descendants re-parent to it, not to init.
+void become_subreaper();
+
+// "SIGTERM" for 15, etc.
+std::string signal_name(int sig);
+
+}  // namespace ddp::supervisor

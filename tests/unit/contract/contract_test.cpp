@@ -1,0 +1,163 @@
+#include "contract/contract.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace ddp;
+using namespace ddp::contract;
+
+namespace {
+jobspec::JobSpec spec_of(const std::string& yaml) { return jobspec::parse_job_yaml(yaml, "t.yaml"); }
+
+NodeContext node4() {
+  NodeContext n;
+  n.job_id = "job-1";
+  n.node_name = "vm";
+  n.local_world_size = 4;
+  n.world_size = 4;
+  n.master_port = 29511;
+  n.restart_count = 2;
+  n.attempt_dir = "/logs/job-1/attempt-2";
+  return n;
+}
+}  // namespace
+
+TEST(Contract, TorchrunVariables) {
+  auto spec = spec_of("command: [python3, t.py]\nrestart: {max_restarts: 3}\n");
+  auto env = worker_env(spec, node4(), {{"PATH", "/usr/bin"}}, 3);
+  EXPECT_EQ(env["RANK"], "3");
+  EXPECT_EQ(env["LOCAL_RANK"], "3");
+  EXPECT_EQ(env["WORLD_SIZE"], "4");
+  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
+  EXPECT_EQ(env["GROUP_RANK"], "0");
+  EXPECT_EQ(env["GROUP_WORLD_SIZE"], "1");
+  EXPECT_EQ(env["ROLE_NAME"], "default");
+  EXPECT_EQ(env["ROLE_RANK"], "3");
+  EXPECT_EQ(env["ROLE_WORLD_SIZE"], "4");
+  EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+  EXPECT_EQ(env["MASTER_PORT"], "29511");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
+  EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "3");
+  EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job-1");
+  EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
+  EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], "/logs/job-1/attempt-2/rank-3.error.json");
+  EXPECT_EQ(env["DDP_JOB_ID"], "job-1");
+  EXPECT_EQ(env["DDP_NODE"], "vm");
+  EXPECT_EQ(env["PATH"], "/usr/bin");
+  EXPECT_EQ(env.count("DDP_NCCL_UNIQUE_ID"), 0u);
+}
+
+TEST(Contract, GlobalRanksFromBase) {
+  auto spec = spec_of("command: [x]\n");
+  auto n = node4();
+  n.node_rank = 1;
+  n.nnodes = 2;
+  n.rank_base = 4;
+  n.world_size = 8;
+  auto env = worker_env(spec, n, {}, 2);
+  EXPECT_EQ(env["RANK"], "6");
+  EXPECT_EQ(env["LOCAL_RANK"], "2");
+  EXPECT_EQ(env["GROUP_RANK"], "1");
+  EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+  EXPECT_EQ(env["WORLD_SIZE"], "8");
+}
+
+TEST(Contract, DefaultsAndWhoWins) {
+  auto spec = spec_of("command: [x]\n");
+  auto env = worker_env(spec, node4(), {}, 0);
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  EXPECT_EQ(env["NCCL_ASYNC_ERROR_HANDLING"], "1");
+  EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "lo");
+  EXPECT_EQ(env["GLOO_SOCKET_IFNAME"], "lo");
+
+  // inherited values win over our defaults
+  env = worker_env(spec, node4(), {{"OMP_NUM_THREADS", "8"}, {"NCCL_SOCKET_IFNAME", "eth0"}}, 0);
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "8");
+  EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "eth0");
+
+  // the job's env wins over both
+  auto spec2 = spec_of("command: [x]\nenv: {OMP_NUM_THREADS: '4', TORCH_NCCL_ASYNC_ERROR_HANDLING: '0'}\n");
+  env = worker_env(spec2, node4(), {{"OMP_NUM_THREADS", "8"}}, 0);
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "4");
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
+}
+
+TEST(Contract, OmpThreadsOnlyWithSeveralRanks) {
+  auto spec = spec_of("command: [x]\n");
+  auto n = node4();
+  n.local_world_size = 1;
+  n.world_size = 1;
+  EXPECT_EQ(worker_env(spec, n, {}, 0).count("OMP_NUM_THREADS"), 0u);
+}
+
+TEST(Contract, NoLoopbackDefaultsOffLocalMode) {
+  auto spec = spec_of("command: [x]\n");
+  auto n = node4();
+  n.local_mode = false;
+  auto env = worker_env(spec, n, {}, 0);
+  EXPECT_EQ(env.count("NCCL_SOCKET_IFNAME"), 0u);
+  EXPECT_EQ(env.count("GLOO_SOCKET_IFNAME"), 0u);
+}
+
+TEST(Contract, ScrubsOtherLaunchers) {
+  auto spec = spec_of("command: [x]\n");
+  Env inherited{{"SLURM_PROCID", "5"},   {"SLURM_JOB_ID", "77"}, {"PET_NPROC_PER_NODE", "8"}, {"RANK", "9"},
+                {"LOCAL_RANK", "9"},     {"NCCL_COMM_ID", "1.2.3.4:5"}, {"OMPI_COMM_WORLD_RANK", "3"},
+                {"PMI_RANK", "2"},       {"TORCHELASTIC_RUN_ID", "old"}, {"DDP_NCCL_UNIQUE_ID", "00"},
+                {"HOME", "/root"},       {"NCCL_DEBUG", "INFO"}, {"MASTER_ADDR", "10.0.0.1"}};
+  auto env = worker_env(spec, node4(), inherited, 1);
+  for (const char* gone : {"SLURM_PROCID", "SLURM_JOB_ID", "PET_NPROC_PER_NODE", "NCCL_COMM_ID", "OMPI_COMM_WORLD_RANK",
+                           "PMI_RANK", "DDP_NCCL_UNIQUE_ID"}) {
+    EXPECT_EQ(env.count(gone), 0u) << gone;
+  }
+  EXPECT_EQ(env["RANK"], "1");
+  EXPECT_EQ(env["LOCAL_RANK"], "1");
+  EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job-1");
+  EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+  EXPECT_EQ(env["HOME"], "/root");
+  EXPECT_EQ(env["NCCL_DEBUG"], "INFO");
+}
+
+TEST(Contract, ScrubListIsNotEmptyAndMatchesPrefixes) {
+  EXPECT_TRUE(is_scrubbed("SLURM_ANYTHING"));
+  EXPECT_TRUE(is_scrubbed("RANK"));
+  EXPECT_FALSE(is_scrubbed("RANKING"));
+  EXPECT_FALSE(is_scrubbed("PATH"));
+  EXPECT_FALSE(is_scrubbed("CUDA_VISIBLE_DEVICES"));
+}
+
+TEST(Contract, ForwardPatterns) {
+  std::vector<std::string> p{"PATH", "NCCL_*"};
+  EXPECT_TRUE(matches_forward("PATH", p));
+  EXPECT_TRUE(matches_forward("NCCL_DEBUG", p));
+  EXPECT_FALSE(matches_forward("PATHS", p));
+  EXPECT_FALSE(matches_forward("HOME", p));
+}
+
+TEST(Contract, NcclIdWhenGiven) {
+  auto n = node4();
+  n.nccl_unique_id_hex = std::string(256, 'a');
+  auto env = worker_env(spec_of("command: [x]\n"), n, {}, 0);
+  EXPECT_EQ(env["DDP_NCCL_UNIQUE_ID"], std::string(256, 'a'));
+}
+
+TEST(Contract, PlanHasEveryRank) {
+  auto plan = make_plan(spec_of("command: [python3, t.py, --x]\n"), node4(), {});
+  ASSERT_EQ(plan.ranks.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(plan.ranks[i].rank, i);
+    EXPECT_EQ(plan.ranks[i].argv, (std::vector<std::string>{"python3", "t.py", "--x"}));
+    EXPECT_EQ(plan.ranks[i].log_file, "/logs/job-1/attempt-2/rank-" + std::to_string(i) + ".log");
+  }
+  auto j = to_json(plan);
+  EXPECT_EQ(j["ranks"].size(), 4u);
+  EXPECT_EQ(j["ranks"][2]["env"]["RANK"], "2");
+  EXPECT_EQ(j["ranks"][2]["local_rank"], 2);
+  EXPECT_EQ(j["ranks"][2]["node"], "vm");
+  EXPECT_TRUE(j["ranks"][2].contains("binding"));
+}
+
+TEST(Contract, ShellCommand) {
+  auto plan = make_plan(spec_of("command: echo hi && exit 3\n"), node4(), {});
+  EXPECT_EQ(plan.ranks[0].argv, (std::vector<std::string>{"/bin/sh", "-c", "echo hi && exit 3"}));
+}

@@ -1,0 +1,182 @@
+#include "jobspec/jobspec.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace ddp::jobspec;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Parses and expects failure; returns the diagnostics.
+std::vector<Diagnostic> errors_of(const std::string& yaml) {
+  try {
+    parse_job_yaml(yaml, "train.yaml");
+  } catch (const JobSpecError& e) {
+    return e.diagnostics();
+  }
+  ADD_FAILURE() << "expected an error for:\n" << yaml;
+  return {};
+}
+
+void expect_error(const std::string& yaml, int line, int column, const std::string& fragment) {
+  auto d = errors_of(yaml);
+  ASSERT_FALSE(d.empty());
+  bool found = false;
+  for (const auto& x : d) {
+    if (x.line == line && x.column == column && x.message.find(fragment) != std::string::npos) found = true;
+  }
+  std::string all;
+  for (const auto& x : d) all += x.to_string() + "\n";
+  EXPECT_TRUE(found) << "wanted " << line << ":" << column << " '" << fragment << "' in:\n" << all;
+}
+
+}  // namespace
+
+TEST(JobSpec, FullExampleParses) {
+  auto s = parse_job_yaml(R"(
+name: resnet50-ddp
+nnodes: 1
+nproc_per_node: 4
+command: [python3, train_ddp.py, --epochs, "90"]
+workdir: /workspace
+env: {NCCL_DEBUG: WARN, SEED: 7}
+env_forward: [PATH, "NCCL_*"]
+restart: {max_restarts: 3, backoff: 2s}
+logs: {dir: ./logs, max_size: 10MiB}
+store: {port: 29600}
+stop: {grace: 5s}
+nccl: {unique_id: off}
+)", "train.yaml");
+  EXPECT_EQ(s.name, "resnet50-ddp");
+  EXPECT_EQ(s.nproc.kind, Nproc::Kind::count);
+  EXPECT_EQ(s.nproc.count, 4);
+  EXPECT_EQ(s.command, (std::vector<std::string>{"python3", "train_ddp.py", "--epochs", "90"}));
+  EXPECT_FALSE(s.shell);
+  EXPECT_EQ(s.workdir, "/workspace");
+  ASSERT_EQ(s.env.size(), 2u);
+  EXPECT_EQ(s.env[0], (std::pair<std::string, std::string>{"NCCL_DEBUG", "WARN"}));
+  EXPECT_EQ(s.env[1].second, "7");
+  EXPECT_EQ(s.env_forward, (std::vector<std::string>{"PATH", "NCCL_*"}));
+  EXPECT_EQ(s.max_restarts, 3);
+  EXPECT_EQ(s.restart_backoff, ddp::Millis(2s));
+  EXPECT_EQ(s.log_dir, "./logs");
+  EXPECT_EQ(s.log_max_bytes, 10u << 20);
+  EXPECT_EQ(s.store_port, 29600);
+  EXPECT_EQ(s.stop_grace, ddp::Millis(5s));
+  EXPECT_EQ(s.nccl_unique_id, NcclUniqueId::off);
+}
+
+TEST(JobSpec, DefaultsForAMinimalFile) {
+  auto s = parse_job_yaml("command: [python3, train.py]\n", "t.yaml");
+  EXPECT_EQ(s.name, "job");
+  EXPECT_EQ(s.nproc.count, 1);
+  EXPECT_EQ(s.max_restarts, 0);
+  EXPECT_EQ(s.store_port, 29500);
+  EXPECT_EQ(s.stop_grace, ddp::Millis(30s));
+  EXPECT_EQ(s.log_dir, "./logs");
+  EXPECT_FALSE(s.workdir.has_value());
+  EXPECT_EQ(s.nccl_unique_id, NcclUniqueId::automatic);
+  EXPECT_EQ(s.env_forward.size(), 5u);
+}
+
+TEST(JobSpec, NprocCpuAndGpu) {
+  EXPECT_EQ(parse_job_yaml("command: [x]\nnproc_per_node: cpu\n", "t").nproc.kind, Nproc::Kind::cpu);
+  EXPECT_EQ(parse_job_yaml("command: [x]\nnproc_per_node: gpu\n", "t").nproc.kind, Nproc::Kind::gpu);
+}
+
+TEST(JobSpec, CommandStringMeansShell) {
+  auto s = parse_job_yaml("command: python3 train.py && echo done\n", "t");
+  EXPECT_TRUE(s.shell);
+  ASSERT_EQ(s.command.size(), 1u);
+  EXPECT_EQ(s.command[0], "python3 train.py && echo done");
+}
+
+TEST(JobSpec, MissingCommand) { expect_error("name: x\n", 1, 1, "missing key 'command'"); }
+
+TEST(JobSpec, UnknownKeyWithHint) {
+  expect_error("command: [x]\nnproc_per_nod: 4\n", 2, 1, "did you mean 'nproc_per_node'");
+  expect_error("command: [x]\nrestart: {max_restart: 2}\n", 2, 11, "did you mean 'max_restarts'");
+  expect_error("command: [x]\nlogs:\n  dri: /tmp\n", 3, 3, "did you mean 'dir'");
+  expect_error("command: [x]\nfrobnicate: 1\n", 2, 1, "unknown key 'frobnicate'");
+}
+
+TEST(JobSpec, WrongTypes) {
+  expect_error("command: [x]\nnproc_per_node: four\n", 2, 17, "expected an integer, 'cpu' or 'gpu'");
+  expect_error("command: [x]\nnproc_per_node: 0\n", 2, 17, "from 1 to 4096");
+  expect_error("command: [x]\nnproc_per_node: [1]\n", 2, 17, "got a list");
+  expect_error("command: {a: b}\n", 1, 10, "expected a non-empty list");
+  expect_error("command: []\n", 1, 10, "expected a non-empty list");
+  expect_error("command: [x, [y]]\n", 1, 14, "every item must be a string");
+  expect_error("command: [x]\nrestart: 3\n", 2, 10, "expected a mapping");
+  expect_error("command: [x]\nrestart: {max_restarts: -1}\n", 2, 25, "from 0 to 1000");
+  expect_error("command: [x]\nstop: {grace: soon}\n", 2, 15, "expected a duration");
+  expect_error("command: [x]\nstore: {port: 70000}\n", 2, 15, "from 0 to 65535");
+  expect_error("command: [x]\nenv: [A, B]\n", 2, 6, "expected a mapping of NAME: value");
+  expect_error("command: [x]\nenv: {A: [1]}\n", 2, 10, "expected a string value");
+  expect_error("command: [x]\nenv: {1A: x}\n", 2, 7, "expected a variable name");
+  expect_error("command: [x]\nlogs: {max_size: huge}\n", 2, 18, "expected a size");
+  expect_error("command: [x]\nname: \"a b\"\n", 2, 7, "letters, digits");
+  expect_error("command: [x]\nnccl: {unique_id: maybe}\n", 2, 19, "expected auto, on or off");
+  expect_error("command: [x]\nworkdir: [a]\n", 2, 10, "expected a string");
+  expect_error("command: [x]\nenv_forward: [\"a b\"]\n", 2, 15, "NAME_* pattern");
+}
+
+TEST(JobSpec, ReservedEnvIsRefused) {
+  expect_error("command: [x]\nenv: {RANK: '3'}\n", 2, 7, "set by ddpctl");
+  expect_error("command: [x]\nenv:\n  MASTER_PORT: '1'\n", 3, 3, "set by ddpctl");
+}
+
+TEST(JobSpec, DuplicateKeys) {
+  expect_error("command: [x]\nname: a\nname: b\n", 3, 1, "duplicate key 'name'");
+}
+
+TEST(JobSpec, LaterFeaturesAreNotSupportedYet) {
+  expect_error("command: [x]\ncontainer: {runtime: docker}\n", 2, 1, "'container' is not supported yet");
+  expect_error("command: [x]\nbinding: {gpu: auto}\n", 2, 1, "'binding' is not supported yet");
+  expect_error("command: [x]\nrendezvous: {join_timeout: 1m}\n", 2, 1, "'rendezvous' is not supported yet");
+  expect_error("command: [x]\nhosts: [a, b]\n", 2, 1, "'hosts' is not supported yet");
+  expect_error("command: [x]\nnnodes: 2\n", 2, 9, "not supported yet");
+}
+
+TEST(JobSpec, NnodesForms) {
+  EXPECT_EQ(parse_job_yaml("command: [x]\nnnodes: 1\n", "t").nnodes_max, 1);
+  EXPECT_EQ(parse_job_yaml("command: [x]\nnnodes: '1:1'\n", "t").nnodes_min, 1);
+  expect_error("command: [x]\nnnodes: 0\n", 2, 9, "MIN:MAX");
+  expect_error("command: [x]\nnnodes: 3:2\n", 2, 9, "MIN:MAX");
+  expect_error("command: [x]\nnnodes: a:b\n", 2, 9, "MIN:MAX");
+}
+
+TEST(JobSpec, SyntaxErrorHasPosition) {
+  auto d = errors_of("command: [x\nname: y\n");
+  ASSERT_FALSE(d.empty());
+  EXPECT_NE(d[0].message.find("not valid YAML"), std::string::npos);
+  EXPECT_GT(d[0].line, 0);
+}
+
+TEST(JobSpec, NotAMappingAtTop) {
+  expect_error("- a\n- b\n", 1, 1, "expected a mapping");
+  auto d = errors_of("");
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].message.find("empty"), std::string::npos);
+}
+
+TEST(JobSpec, AllErrorsAtOnce) {
+  auto d = errors_of("nproc_per_node: x\nrestart: {max_restarts: y}\nbogus: 1\n");
+  EXPECT_EQ(d.size(), 4u);  // nproc, max_restarts, bogus, missing command
+}
+
+TEST(JobSpec, DiagnosticFormat) {
+  Diagnostic d{"train.yaml", 3, 5, "boom"};
+  EXPECT_EQ(d.to_string(), "train.yaml:3:5: error: boom");
+  Diagnostic n{"train.yaml", 0, 0, "unreadable"};
+  EXPECT_EQ(n.to_string(), "train.yaml: error: unreadable");
+}
+
+TEST(JobSpec, UnreadableFile) {
+  try {
+    load_job_file("/nonexistent/job.yaml");
+    FAIL();
+  } catch (const JobSpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/job.yaml: error: cannot read"), std::string::npos);
+  }
+}

@@ -1,0 +1,98 @@
+#include "launch/attempt.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+using namespace ddp::launch;
+using namespace std::chrono_literals;
+
+namespace {
+SysTime t(int ms) { return SysTime(std::chrono::milliseconds(1'000'000 + ms)); }
+WorkerExit ok(int rank, int ms) { return {rank, rank, 100 + rank, 0, 0, t(ms)}; }
+WorkerExit code(int rank, int c, int ms) { return {rank, rank, 100 + rank, c, 0, t(ms)}; }
+WorkerExit sig(int rank, int s, int ms) { return {rank, rank, 100 + rank, 0, s, t(ms)}; }
+}  // namespace
+
+TEST(Attempt, AllSucceed) {
+  AttemptTracker a(3);
+  EXPECT_EQ(a.on_exit(ok(0, 1)), Decision::none);
+  EXPECT_EQ(a.on_exit(ok(2, 2)), Decision::none);
+  EXPECT_EQ(a.on_exit(ok(1, 3)), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::succeeded);
+  EXPECT_FALSE(a.first_failure());
+}
+
+TEST(Attempt, FirstFailureStopsEveryoneAndIsRemembered) {
+  AttemptTracker a(3);
+  EXPECT_EQ(a.on_exit(code(1, 3, 10)), Decision::stop_all);
+  EXPECT_EQ(a.phase(), Phase::stopping);
+  // the others die of our SIGTERM: consequences, not the failure
+  EXPECT_EQ(a.on_exit(sig(0, SIGTERM, 20)), Decision::none);
+  EXPECT_EQ(a.on_exit(sig(2, SIGTERM, 21)), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::failed);
+  ASSERT_TRUE(a.first_failure());
+  EXPECT_EQ(a.first_failure()->rank, 1);
+  EXPECT_EQ(a.first_failure()->exit_code, 3);
+}
+
+TEST(Attempt, SuccessAfterAFailureStillFails) {
+  AttemptTracker a(2);
+  a.on_exit(sig(0, SIGSEGV, 1));
+  EXPECT_EQ(a.on_exit(ok(1, 2)), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::failed);
+  EXPECT_EQ(a.first_failure()->signal, SIGSEGV);
+}
+
+TEST(Attempt, LastRankFailingFinishesAtOnce) {
+  AttemptTracker a(2);
+  a.on_exit(ok(0, 1));
+  EXPECT_EQ(a.on_exit(code(1, 1, 2)), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::failed);
+}
+
+TEST(Attempt, StopRequestedGivesStopped) {
+  AttemptTracker a(2);
+  EXPECT_EQ(a.on_stop_requested(SIGINT), Decision::stop_all);
+  EXPECT_EQ(a.on_stop_requested(SIGINT), Decision::none);  // a second Ctrl-C is the caller's business
+  a.on_exit(sig(0, SIGTERM, 1));
+  EXPECT_EQ(a.on_exit(code(1, 143, 2)), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::stopped);
+  EXPECT_FALSE(a.first_failure());
+  EXPECT_EQ(a.stop_signal(), SIGINT);
+}
+
+TEST(Attempt, StopAfterFailureKeepsTheFailure) {
+  AttemptTracker a(2);
+  a.on_exit(code(0, 2, 1));
+  EXPECT_EQ(a.on_stop_requested(SIGTERM), Decision::none);
+  a.on_exit(sig(1, SIGTERM, 2));
+  EXPECT_EQ(a.phase(), Phase::failed);
+  EXPECT_EQ(a.first_failure()->rank, 0);
+}
+
+TEST(Attempt, DuplicateAndForeignExitsIgnored) {
+  AttemptTracker a(2);
+  a.on_exit(ok(0, 1));
+  EXPECT_EQ(a.on_exit(code(0, 1, 2)), Decision::none);  // rank 0 again
+  EXPECT_EQ(a.on_exit(code(7, 1, 2)), Decision::none);  // not a rank of ours
+  EXPECT_EQ(a.live(), 1);
+  EXPECT_EQ(a.phase(), Phase::running);
+}
+
+TEST(Attempt, NeverStartedRanksAreNotFailures) {
+  AttemptTracker a(3);
+  EXPECT_EQ(a.on_exit(code(0, 127, 1)), Decision::stop_all);
+  WorkerExit ns{2, 2, -1, 0, 0, t(2)};
+  ns.started = false;
+  EXPECT_EQ(a.on_exit(ns), Decision::none);
+  EXPECT_EQ(ns.describe(), "was not started");
+  EXPECT_EQ(a.on_exit(sig(1, SIGTERM, 3)), Decision::finished);
+  EXPECT_EQ(a.first_failure()->rank, 0);
+}
+
+TEST(Attempt, Describe) {
+  EXPECT_EQ(code(0, 3, 0).describe(), "exited with code 3");
+  EXPECT_EQ(sig(0, SIGKILL, 0).describe(), "was killed by SIGKILL");
+}
+
+TEST(Attempt, ZeroRanksIsAnError) { EXPECT_THROW(AttemptTracker(0), std::invalid_argument); }

@@ -1,0 +1,126 @@
+#include "supervisor/cgroup.hpp"
+#include "supervisor/output.hpp"
+#include "supervisor/process.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace ddp::supervisor;
+
+TEST(LineSplitter, SplitsAcrossChunks) {
+  LineSplitter s;
+  EXPECT_TRUE(s.feed("hel").empty());
+  auto l = s.feed("lo\nwor");
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0], "hello");
+  l = s.feed("ld\r\n\n");
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0], "world");
+  EXPECT_EQ(l[1], "");
+  EXPECT_TRUE(s.finish().empty());
+  s.feed("tail");
+  EXPECT_EQ(s.finish(), std::vector<std::string>{"tail"});
+}
+
+TEST(LineSplitter, CutsHugeLines) {
+  LineSplitter s;
+  std::string big(kMaxLine * 2 + 10, 'x');
+  auto l = s.feed(big);
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0].size(), kMaxLine);
+  auto rest = s.finish();
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].size(), 10u);
+}
+
+TEST(LastLines, KeepsTheLastN) {
+  LastLines l(3);
+  for (int i = 0; i < 10; ++i) l.add(std::to_string(i));
+  EXPECT_EQ(l.lines(), (std::vector<std::string>{"7", "8", "9"}));
+}
+
+TEST(Cgroup, MountFromMountinfo) {
+  const char* hybrid =
+      "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+      "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+      "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,nsdelegate\n";
+  EXPECT_EQ(cgroup2_mount_from_mountinfo(hybrid), "/sys/fs/cgroup/unified");
+  const char* v2 = "25 20 0:22 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n";
+  EXPECT_EQ(cgroup2_mount_from_mountinfo(v2), "/sys/fs/cgroup");
+  const char* v1 = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n";
+  EXPECT_FALSE(cgroup2_mount_from_mountinfo(v1));
+  const char* escaped = "41 31 0:38 / /mnt/my\\040cg rw - cgroup2 cgroup2 rw\n";
+  EXPECT_EQ(cgroup2_mount_from_mountinfo(escaped), "/mnt/my cg");
+  const char* bind = "41 31 0:38 /sub /mnt/x rw - cgroup2 cgroup2 rw\n";
+  EXPECT_FALSE(cgroup2_mount_from_mountinfo(bind));
+}
+
+TEST(Cgroup, OwnPath) {
+  EXPECT_EQ(own_cgroup2_path("12:cpu:/a\n0::/user.slice/x.scope\n"), "/user.slice/x.scope");
+  EXPECT_EQ(own_cgroup2_path("0::/\n"), "/");
+  EXPECT_FALSE(own_cgroup2_path("4:memory:/x\n"));
+}
+
+TEST(Process, ResolveExecutable) {
+  EXPECT_EQ(resolve_executable("sh", "/nonexistent:/bin", "/"), "/bin/sh");
+  EXPECT_FALSE(resolve_executable("no-such-program-xyz", "/bin:/usr/bin", "/"));
+  EXPECT_EQ(resolve_executable("/bin/sh", "", "/"), "/bin/sh");
+  EXPECT_FALSE(resolve_executable("/etc/passwd", "", "/"));  // not executable
+}
+
+TEST(Process, SpawnCapturesAndReportsExecFailure) {
+  SpawnSpec s;
+  s.argv = {"/bin/sh", "-c", "echo out; echo err >&2; exit 3"};
+  s.env = {{"PATH", "/bin:/usr/bin"}};
+  s.workdir = "/";
+  auto sp = spawn(s);
+  char buf[64] = {};
+  ssize_t n = ::read(sp.stdout_fd, buf, sizeof buf - 1);
+  EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "out\n");
+  n = ::read(sp.stderr_fd, buf, sizeof buf - 1);
+  EXPECT_EQ(std::string(buf, n > 0 ? n : 0), "err\n");
+  int status = 0;
+  ASSERT_EQ(::waitpid(sp.pid, &status, 0), sp.pid);
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_EQ(::getpgid(0) == sp.pid, false);
+  ::close(sp.stdout_fd);
+  ::close(sp.stderr_fd);
+
+  s.workdir = "/nonexistent-dir";
+  try {
+    spawn(s);
+    FAIL();
+  } catch (const SpawnError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot enter the working directory"), std::string::npos) << e.what();
+  }
+  int st;
+  while (::waitpid(-1, &st, 0) > 0) {
+  }
+}
+
+TEST(Process, DescendantsSeeGrandchildren) {
+  SpawnSpec s;
+  s.argv = {"/bin/sh", "-c", "sleep 30 & sleep 30 & wait"};
+  s.env = {{"PATH", "/bin:/usr/bin"}};
+  s.workdir = "/";
+  s.capture_output = false;
+  auto sp = spawn(s);
+  std::vector<pid_t> d;
+  for (int i = 0; i < 200 && d.size() < 3; ++i) {
+    ::usleep(10000);
+    d = descendants_of(::getpid());
+  }
+  EXPECT_GE(d.size(), 3u);  // sh and two sleeps
+  for (pid_t p : d) ::kill(p, SIGKILL);
+  int st;
+  while (::waitpid(-1, &st, 0) > 0) {
+  }
+  EXPECT_TRUE(descendants_of(::getpid()).empty());
+}
+
+TEST(Process, SignalNames) {
+  EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
+  EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
+}
