@@ -7,12 +7,18 @@
 #include "supervisor/cgroup.hpp"
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
+#include "launch/worker_group.hpp"
+#include "nccl/holder_protocol.hpp"
+#include "store/peers.hpp"
+#include "store/report.hpp"
+#include "store/server.hpp"
 
 #include <boost/asio.hpp>
 #include <fmt/format.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -29,9 +35,6 @@ namespace ddp::launch {
 
 namespace asio = boost::asio;
 namespace fs = std::filesystem;
-using supervisor::LastLines;
-using supervisor::LineSplitter;
-using supervisor::RankLogFile;
 using supervisor::Stream;
 
 namespace {
@@ -68,31 +71,6 @@ int usable_cpus() {
   return static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-// MASTER_PORT must be free before any worker starts: a clash found by rank 0 minutes later,
-// inside init_process_group, is the classic 3 a.m. puzzle. Port 0 asks for a free port.
-std::uint16_t check_port(const std::string& addr, std::uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw LaunchError(fmt::format("socket: {}", std::strerror(errno)));
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 1) != 0) {
-    int e = errno;
-    ::close(fd);
-    throw LaunchError(fmt::format(
-        "MASTER_PORT {} on {} is not available ({}): another job, a leftover worker or torchrun holds it. "
-        "Set store.port in the job file (0 picks a free port) or pass --master-port",
-        port, addr, std::strerror(e)));
-  }
-  socklen_t len = sizeof sa;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
-
 }  // namespace
 
 contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
@@ -125,7 +103,7 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   node.master_addr = "127.0.0.1";
   node.master_port = spec.store_port;
   node.restart_count = attempt;
-  node.use_agent_store = false;  // until ddpctl serves the store itself, rank 0 hosts it
+  node.use_agent_store = true;  // ddpctl serves the store; no worker binds MASTER_PORT
   node.attempt_dir = fmt::format("{}/{}/attempt-{}", spec.log_dir, opts.job_id, attempt);
   return node;
 }
@@ -137,24 +115,101 @@ nlohmann::json dry_run(LaunchOptions opts) {
 
 namespace {
 
-// One captured pipe of one worker. Shared with its pending read, so an attempt can end (and
-// its workers be dropped) while a cancelled read is still on its way back.
-struct PipeReader : std::enable_shared_from_this<PipeReader> {
-  PipeReader(asio::io_context& io, int fd, Stream s) : sd(io, fd), stream(s) {}
-  asio::posix::stream_descriptor sd;
-  Stream stream;
-  LineSplitter splitter;
-  std::array<char, 64 * 1024> buf{};
-  bool open = true;
-};
+// The NCCL id holder of one attempt (apps/ddp-ncclid; protocol in nccl/holder_protocol.hpp):
+// started with rank 0's environment so that it loads the same libnccl and binds the same
+// NCCL_SOCKET_IFNAME as the workers; it prints the id, then keeps NCCL's bootstrap root alive
+// until its stdin closes.
+class NcclHolder {
+ public:
+  static std::optional<NcclHolder> start(const contract::Env& env, const std::string& workdir,
+                                         jobspec::NcclUniqueId mode) {
+    auto log = log::get("nccl");
+    if (mode == jobspec::NcclUniqueId::off) return std::nullopt;
+    auto fail = [&](const std::string& why) -> std::optional<NcclHolder> {
+      if (mode == jobspec::NcclUniqueId::on) throw LaunchError(why);
+      log->debug("no NCCL unique id for this job: {}", why);
+      return std::nullopt;
+    };
+    auto exe = holder_binary();
+    if (!exe) return fail("ddp-ncclid was not found beside ddpctl");
+    supervisor::SpawnSpec s;
+    s.argv = {*exe, "--expect-parent", std::to_string(::getpid())};
+    s.env = env;
+    s.workdir = workdir;
+    s.stdin_pipe = true;
+    s.own_process_group = false;
+    supervisor::Spawned sp;
+    try {
+      sp = supervisor::spawn(s);
+    } catch (const supervisor::SpawnError& e) {
+      return fail(e.what());
+    }
+    NcclHolder h(sp);
+    auto line = h.read_line(std::chrono::seconds(30));
+    auto id = nccl::holder::parse_line(line);
+    if (!id) {
+      h.stop();
+      return fail(line.empty() ? "ddp-ncclid gave no id within 30 s" : std::string(trim(line)));
+    }
+    h.hex_ = std::string(trim(line));
+    log->debug("NCCL unique id from ddp-ncclid pid {}", sp.pid);
+    return h;
+  }
 
-struct Worker {
-  contract::RankPlan plan;
-  pid_t pid = -1;
-  bool reaped = false;
-  std::shared_ptr<PipeReader> out, err;
-  LastLines last{20};
-  std::unique_ptr<RankLogFile> log;
+  NcclHolder(NcclHolder&& o) noexcept : pid_(std::exchange(o.pid_, -1)), in_(std::exchange(o.in_, -1)),
+                                        out_(std::exchange(o.out_, -1)), err_(std::exchange(o.err_, -1)),
+                                        hex_(std::move(o.hex_)) {}
+  NcclHolder& operator=(NcclHolder&&) = delete;
+  ~NcclHolder() { stop(); }
+
+  pid_t pid() const { return pid_; }
+  const std::string& hex() const { return hex_; }
+
+  // Closing stdin is the holder's stop; SIGTERM as well, in case it is stuck. Reaped by the
+  // launcher's SIGCHLD loop like any stray.
+  void stop() {
+    for (int* fd : {&in_, &out_, &err_}) {
+      if (*fd >= 0) ::close(*fd), *fd = -1;
+    }
+    if (pid_ > 0) ::kill(pid_, SIGTERM), pid_ = -1;
+  }
+
+ private:
+  explicit NcclHolder(const supervisor::Spawned& sp) : pid_(sp.pid), in_(sp.stdin_fd), out_(sp.stdout_fd), err_(sp.stderr_fd) {}
+
+  static std::optional<std::string> holder_binary() {
+    std::error_code ec;
+    auto self = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      auto p = self.parent_path() / std::string(nccl::holder::kBinaryName);
+      if (fs::exists(p, ec)) return p.string();
+    }
+    const char* path = std::getenv("PATH");
+    return supervisor::resolve_executable(std::string(nccl::holder::kBinaryName), path ? path : "", "/");
+  }
+
+  std::string read_line(std::chrono::milliseconds deadline) {
+    std::string line;
+    auto until = std::chrono::steady_clock::now() + deadline;
+    while (line.find('\n') == std::string::npos && line.size() < 4096) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{out_, POLLIN, 0};
+      int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      char buf[512];
+      ssize_t n = ::read(out_, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      line.append(buf, static_cast<std::size_t>(n));
+    }
+    return line.substr(0, line.find('\n'));
+  }
+
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1, err_ = -1;
+  std::string hex_;
 };
 
 class LocalLauncher {
@@ -164,16 +219,12 @@ class LocalLauncher {
         signals_(io_, SIGINT, SIGTERM, SIGHUP),
         user_signals_(io_, SIGUSR1, SIGUSR2),
         sigchld_(io_, SIGCHLD),
-        grace_timer_(io_),
         backoff_timer_(io_),
-        drain_timer_(io_),
         log_(log::get("launch")) {}
 
   int run() {
     // Resolve everything that can be wrong before a single worker starts.
     contract::NodeContext node = resolve_node_context(opts_, 0);
-    node.master_port = check_port(node.master_addr, node.master_port);
-    opts_.spec.store_port = node.master_port;
     auto first = contract::make_plan(opts_.spec, node, inherited_);
     const auto& r0 = first.ranks.at(0);
     auto path = r0.env.count("PATH") ? r0.env.at("PATH") : "";
@@ -181,6 +232,20 @@ class LocalLauncher {
       throw LaunchError(fmt::format("cannot run '{}': no such executable (PATH={}, workdir={})", r0.argv.at(0), path,
                                     *opts_.spec.workdir));
     }
+    // The job's store: served here, for the whole job, so it outlives any worker.
+    store::ServerOptions so;
+    so.host = node.master_addr;
+    so.port = opts_.spec.store_port;
+    store_.emplace(io_, so);
+    try {
+      store_->start();
+    } catch (const store::StoreError& e) {
+      throw LaunchError(fmt::format("{}. Set store.port in the job file (0 picks a free port) or pass --master-port",
+                                    e.what()));
+    }
+    opts_.spec.store_port = store_->port();
+    store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
+
     report_.job_id = opts_.job_id;
     supervisor::become_subreaper();
     supervisor::Cgroup::sweep_stale();
@@ -188,8 +253,9 @@ class LocalLauncher {
     wait_signals();
     wait_user_signals();
     wait_sigchld();
-    log_->info("job {}: {} worker{} of '{}', logs in {}/{}", opts_.job_id, first.ranks.size(),
-               first.ranks.size() == 1 ? "" : "s", join(r0.argv, " "), opts_.spec.log_dir, opts_.job_id);
+    log_->info("job {}: {} worker{} of '{}', store on {}, logs in {}/{}", opts_.job_id, first.ranks.size(),
+               first.ranks.size() == 1 ? "" : "s", join(r0.argv, " "), store_->address(), opts_.spec.log_dir,
+               opts_.job_id);
     start_attempt(0);
     io_.run();
     terminal_.flush();
@@ -203,239 +269,67 @@ class LocalLauncher {
   }
 
  private:
-  // ---- attempts -------------------------------------------------------------------------
   void start_attempt(int attempt) {
     attempt_ = attempt;
+    store_->reset();  // a fresh keyspace: nothing of the last attempt can confuse this one
     auto node = resolve_node_context(opts_, attempt);
     node.master_port = opts_.spec.store_port;
-    auto plan = contract::make_plan(opts_.spec, node, inherited_);
-    attempt_report_ = AttemptReport{};
-    attempt_report_.attempt = attempt;
-    attempt_report_.started = std::chrono::system_clock::now();
-    attempt_report_.log_dir = node.attempt_dir;
+    node.use_agent_store = true;
     std::error_code ec;
     fs::create_directories(node.attempt_dir, ec);
     if (ec) throw LaunchError(fmt::format("cannot create the log directory {}: {}", node.attempt_dir, ec.message()));
 
-    tracker_.emplace(static_cast<int>(plan.ranks.size()));
-    cgroup_.reset();
-    if (auto cg = supervisor::Cgroup::create(fmt::format("a{}", attempt))) cgroup_.emplace(std::move(*cg));
-    cleanup_started_ = false;
-    drain_started_ = false;
-    workers_.clear();
-    for (auto& rp : plan.ranks) {
-      auto w = std::make_unique<Worker>();
-      w->log = std::make_unique<RankLogFile>(rp.log_file, opts_.spec.log_max_bytes);
-      w->plan = std::move(rp);
-      workers_.push_back(std::move(w));
+    // A new NCCL unique id for every attempt, from a holder started with rank 0's environment.
+    holder_.reset();
+    auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
+    if (auto h = NcclHolder::start(env0, *opts_.spec.workdir, opts_.spec.nccl_unique_id)) {
+      holder_.emplace(std::move(*h));
+      node.nccl_unique_id_hex = holder_->hex();
     }
-    for (auto& w : workers_) {
-      if (tracker_->phase() == Phase::running) {
-        spawn_worker(*w);
-        continue;
+
+    auto plan = contract::make_plan(opts_.spec, node, inherited_);
+    GroupOptions go{attempt, *opts_.spec.workdir, opts_.spec.stop_grace, opts_.spec.log_max_bytes};
+    GroupCallbacks cb;
+    cb.on_line = [this](int rank, Stream s, const std::string& line) {
+      if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(rank))) {
+        terminal_.write(s, fmt::format("[{}] {}", rank, line));
       }
-      // An earlier rank could not start (or a stop came in): this one never runs.
-      w->reaped = true;
-      WorkerExit ex{w->plan.rank, w->plan.local_rank, -1, 0, 0, std::chrono::system_clock::now()};
-      ex.started = false;
-      tracker_->on_exit(ex);
-    }
-    maybe_finish_attempt();
-  }
-
-  void spawn_worker(Worker& w) {
-    supervisor::SpawnSpec s;
-    s.argv = w.plan.argv;
-    s.env = w.plan.env;
-    s.workdir = *opts_.spec.workdir;
-    s.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
-    try {
-      auto sp = supervisor::spawn(s);
-      w.pid = sp.pid;
-      w.out = std::make_shared<PipeReader>(io_, sp.stdout_fd, Stream::out);
-      w.err = std::make_shared<PipeReader>(io_, sp.stderr_fd, Stream::err);
-      read_pipe(w, w.out);
-      read_pipe(w, w.err);
-      w.log->note(fmt::format("started pid {} (attempt {}): {}", sp.pid, attempt_, join(w.plan.argv, " ")));
-      log_->debug("rank {} started as pid {}", w.plan.rank, sp.pid);
-    } catch (const supervisor::SpawnError& e) {
-      // The child (if any) exits 127 and is reaped as a stranger; the rank counts as failed.
-      w.reaped = true;
-      w.last.add(e.what());
-      w.log->note(e.what());
-      WorkerExit ex{w.plan.rank, w.plan.local_rank, -1, 127, 0, std::chrono::system_clock::now()};
-      on_worker_exit(w, ex);
-    }
-  }
-
-  void read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p) {
-    Worker* wp = &w;
-    p->sd.async_read_some(asio::buffer(p->buf), [this, wp, p](boost::system::error_code ec, std::size_t n) {
-      if (!p->open) return;
-      if (!ec) {
-        for (auto& line : p->splitter.feed(std::string_view(p->buf.data(), n))) emit_line(*wp, p->stream, std::move(line));
-        read_pipe(*wp, p);
-        return;
-      }
-      for (auto& line : p->splitter.finish()) emit_line(*wp, p->stream, std::move(line));
-      close_pipe(*p);
-      maybe_finish_attempt();
-    });
-  }
-
-  void close_pipe(PipeReader& p) {
-    if (!p.open) return;
-    p.open = false;
-    boost::system::error_code ignored;
-    p.sd.close(ignored);
-  }
-
-  void emit_line(Worker& w, Stream s, std::string line) {
-    w.log->write(s, line);
-    if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(w.plan.rank))) {
-      terminal_.write(s, fmt::format("[{}] {}", w.plan.rank, line));
-    }
-    w.last.add(std::move(line));
-  }
-
-  bool pipes_open() const {
-    for (const auto& w : workers_) {
-      if ((w->out && w->out->open) || (w->err && w->err->open)) return true;
-    }
-    return false;
-  }
-
-  // ---- exits and stops --------------------------------------------------------------------
-  void wait_sigchld() {
-    sigchld_.async_wait([this](boost::system::error_code ec, int) {
-      if (ec || done_) return;
-      reap();
-      if (!done_) wait_sigchld();
-    });
-  }
-
-  void reap() {
-    while (true) {
-      int status = 0;
-      pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
-      auto now = std::chrono::system_clock::now();
-      for (auto& w : workers_) {
-        if (w->pid != pid || w->reaped) continue;
-        w->reaped = true;
-        WorkerExit ex{w->plan.rank, w->plan.local_rank, pid, 0, 0, now};
-        if (WIFSIGNALED(status)) ex.signal = WTERMSIG(status);
-        else ex.exit_code = WEXITSTATUS(status);
-        w->log->note(ex.describe());
-        on_worker_exit(*w, ex);
-      }
-      // Anything else was an orphan that re-parented to us (we are its subreaper): reaped, done.
-    }
-    maybe_finish_attempt();
-  }
-
-  void on_worker_exit(Worker& w, const WorkerExit& ex) {
-    log_->debug("rank {} (pid {}) {}", w.plan.rank, ex.pid, ex.describe());
-    if (tracker_->on_exit(ex) == Decision::stop_all) {
+    };
+    cb.on_first_failure = [this](const WorkerExit& ex) {
       log_->error("rank {} {}; stopping the other ranks", ex.rank, ex.describe());
-      stop_workers();
-    }
+      note_waiters();
+    };
+    cb.on_finished = [this](AttemptReport r) { finish_attempt(std::move(r)); };
+    world_size_ = static_cast<int>(plan.ranks.size());
+    notes_.clear();
+    group_ = std::make_unique<WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
+    if (holder_) group_->keep(holder_->pid());
+    group_->start();
   }
 
-  void stop_workers() {
-    signal_everything(SIGTERM);
-    grace_timer_.expires_after(opts_.spec.stop_grace);
-    grace_timer_.async_wait([this](boost::system::error_code ec) {
-      if (ec) return;
-      auto left = live_processes();
-      if (!left.empty()) log_->warn("{} process(es) still running after the {} grace period: SIGKILL", left.size(),
-                                    format_duration(opts_.spec.stop_grace));
-      signal_everything(SIGKILL);
-    });
+  // Who waits for what, at the moment it explains the most (before the others are stopped).
+  void note_waiters() {
+    if (!store_) return;
+    auto text = store::format_wait_report(store_->waiters(), world_size_, store::Clock::now());
+    if (text.empty()) return;
+    for (auto line : split(text, '\n')) notes_.push_back(fmt::format("store: {}", line));
   }
 
-  std::vector<pid_t> live_processes() const {
-    auto d = supervisor::descendants_of(::getpid());
-    return d;
-  }
-
-  // The worker itself, its process group, its cgroup and every descendant we are subreaper of:
-  // a grandchild that called setsid() escapes the group but not the other two.
-  void signal_everything(int sig) {
-    for (const auto& w : workers_) {
-      if (w->pid > 0 && !w->reaped) {
-        ::kill(-w->pid, sig);
-        ::kill(w->pid, sig);
-      }
-    }
-    if (cgroup_) {
-      if (sig == SIGKILL) cgroup_->kill_all();
-      else cgroup_->signal_all(sig);
-    }
-    for (pid_t p : supervisor::descendants_of(::getpid())) ::kill(p, sig);
-  }
-
-  void maybe_finish_attempt() {
-    if (!tracker_ || !tracker_->finished()) return;
-    for (const auto& w : workers_) {
-      if (w->pid > 0 && !w->reaped) return;
-    }
-    // Every rank is gone. Anything still running (an orphaned grandchild, a daemonized helper)
-    // is stopped the same way, so that nothing outlives the attempt.
-    if (!supervisor::descendants_of(::getpid()).empty()) {
-      if (!cleanup_started_) {
-        cleanup_started_ = true;
-        log_->info("stopping processes the workers left behind");
-        stop_workers();
-      }
-      return;
-    }
-    // Every writer is gone, so the pipes are at EOF; give the reads a moment to drain.
-    if (pipes_open()) {
-      if (!drain_started_) {
-        drain_started_ = true;
-        drain_timer_.expires_after(std::chrono::seconds(2));
-        drain_timer_.async_wait([this](boost::system::error_code ec) {
-          if (ec) return;
-          for (auto& w : workers_) {
-            if (w->out) close_pipe(*w->out);
-            if (w->err) close_pipe(*w->err);
-          }
-          maybe_finish_attempt();
-        });
-      }
-      return;
-    }
-    finish_attempt();
-  }
-
-  void finish_attempt() {
-    grace_timer_.cancel();
-    drain_timer_.cancel();
-    cgroup_.reset();
-    auto phase = tracker_->phase();
-    attempt_report_.ended = std::chrono::system_clock::now();
-    attempt_report_.phase = phase;
-    for (const auto& e : tracker_->exits()) {
-      if (e) attempt_report_.exits.push_back(*e);
-    }
-    if (const auto& ff = tracker_->first_failure()) {
-      auto& w = *workers_.at(static_cast<std::size_t>(ff->rank));
-      RankFailure f{*ff, w.plan.node, w.last.lines(), read_error_file(w.plan.error_file), w.plan.log_file};
-      attempt_report_.first_failure = f;
-    }
-    report_.attempts.push_back(attempt_report_);
-    tracker_.reset();
+  void finish_attempt(AttemptReport r) {
+    group_.reset();
+    holder_.reset();
+    r.notes.insert(r.notes.end(), notes_.begin(), notes_.end());
+    report_.attempts.push_back(r);
     terminal_.flush();
 
-    if (phase == Phase::succeeded) {
+    if (r.phase == Phase::succeeded) {
       report_.status = "succeeded";
       report_.exit_code = 0;
       log_->info("job {} succeeded{}", opts_.job_id,
                  attempt_ ? fmt::format(" after {} restart{}", attempt_, attempt_ == 1 ? "" : "s") : "");
       return done();
     }
-    std::fputs(format_attempt(attempt_report_, opts_.spec.max_restarts).c_str(), stderr);
+    std::fputs(format_attempt(r, opts_.spec.max_restarts).c_str(), stderr);
     if (stop_signal_) {
       report_.status = "stopped";
       report_.exit_code = 128 + stop_signal_;
@@ -467,24 +361,45 @@ class LocalLauncher {
     user_signals_.cancel(ignored);
     sigchld_.cancel(ignored);
     backoff_timer_.cancel();
+    if (store_) store_->stop();
   }
 
-  // ---- signals to ddpctl -------------------------------------------------------------------
+  void wait_sigchld() {
+    sigchld_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec || done_) return;
+      reap();
+      if (!done_) wait_sigchld();
+    });
+  }
+
+  // We are subreaper: every process of ours that ends is reaped here, workers and strays alike.
+  void reap() {
+    bool any = false;
+    while (true) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      any = true;
+      if (group_) group_->on_reaped(pid, status, std::chrono::system_clock::now());
+    }
+    if (any && group_) group_->check_finished();
+  }
+
   void wait_signals() {
     signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec) return;
       if (stop_signal_) {
         log_->warn("{} again: killing every worker now", supervisor::signal_name(sig));
-        signal_everything(SIGKILL);
+        if (group_) group_->kill_now();
       } else {
         stop_signal_ = sig;
         log_->warn("{}: stopping the job (SIGTERM, then SIGKILL after {}; again to kill now)",
                    supervisor::signal_name(sig), format_duration(opts_.spec.stop_grace));
-        if (tracker_) {
-          if (tracker_->on_stop_requested(sig) == Decision::stop_all) stop_workers();
+        if (group_) {
+          note_waiters();  // a user stopping a hang wants to know what it hung on
+          group_->request_stop(sig);
         } else {
           // Between attempts (backoff): nothing runs; end here.
-          backoff_timer_.cancel();
           report_.status = "stopped";
           report_.exit_code = 128 + sig;
           done();
@@ -500,9 +415,7 @@ class LocalLauncher {
       if (ec) return;
       // Schedulers warn of preemption with SIGUSR1/2: pass it on as it is, to every worker.
       log_->info("{}: passing it to the workers", supervisor::signal_name(sig));
-      for (const auto& w : workers_) {
-        if (w->pid > 0 && !w->reaped) ::kill(w->pid, sig);
-      }
+      if (group_) group_->forward(sig);
       if (!done_) wait_user_signals();
     });
   }
@@ -511,19 +424,18 @@ class LocalLauncher {
   contract::Env inherited_ = current_environment();
   asio::io_context io_;
   asio::signal_set signals_, user_signals_, sigchld_;
-  asio::steady_timer grace_timer_, backoff_timer_, drain_timer_;
+  asio::steady_timer backoff_timer_;
   supervisor::TerminalSink terminal_;
   std::shared_ptr<spdlog::logger> log_;
 
+  std::optional<store::Server> store_;
+  std::optional<NcclHolder> holder_;
+  std::unique_ptr<WorkerGroup> group_;
   int attempt_ = 0;
-  std::optional<AttemptTracker> tracker_;
-  std::optional<supervisor::Cgroup> cgroup_;
-  std::vector<std::unique_ptr<Worker>> workers_;
-  bool cleanup_started_ = false;
-  bool drain_started_ = false;
+  int world_size_ = 0;
   int stop_signal_ = 0;
   bool done_ = false;
-  AttemptReport attempt_report_;
+  std::vector<std::string> notes_;
   JobReport report_;
 };
 

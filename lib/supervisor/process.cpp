@@ -90,7 +90,8 @@ Spawned spawn(const SpawnSpec& spec) {
 
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) throw SpawnError(fmt::format("/dev/null: {}", std::strerror(errno)));
-  std::optional<Pipe> out, err;
+  std::optional<Pipe> out, err, in;
+  if (spec.stdin_pipe) in.emplace();
   if (spec.capture_output) {
     out.emplace();
     err.emplace();
@@ -115,7 +116,7 @@ Spawned spawn(const SpawnSpec& spec) {
       write_all(status.w, buf, sizeof buf);
       ::_exit(127);
     };
-    ::setpgid(0, 0);
+    if (spec.own_process_group) ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
     sigset_t none;
@@ -123,7 +124,7 @@ Spawned spawn(const SpawnSpec& spec) {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
     if (spec.cgroup_procs_fd >= 0 && ::write(spec.cgroup_procs_fd, "0", 1) != 1) fail('c');
-    if (::dup2(devnull, 0) < 0) fail('d');
+    if (::dup2(in ? in->r : devnull, 0) < 0) fail('d');
     if (out && (::dup2(out->w, 1) < 0 || ::dup2(err->w, 2) < 0)) fail('d');
     if (::chdir(workdir) != 0) fail('w');
     ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
@@ -133,6 +134,7 @@ Spawned spawn(const SpawnSpec& spec) {
 
   ::close(devnull);
   status.close_w();
+  if (in) in->close_r();
   if (out) {
     out->close_w();
     err->close_w();
@@ -155,6 +157,7 @@ Spawned spawn(const SpawnSpec& spec) {
   }
   Spawned s;
   s.pid = pid;
+  if (in) s.stdin_fd = std::exchange(in->w, -1);
   if (out) {
     s.stdout_fd = std::exchange(out->r, -1);
     s.stderr_fd = std::exchange(err->r, -1);

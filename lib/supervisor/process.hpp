@@ -29,12 +29,15 @@ struct SpawnSpec {
   std::string workdir;                      // chdir before exec
   int cgroup_procs_fd = -1;                 // if >= 0, the child moves itself into this cgroup
   bool capture_output = true;               // false: inherit ddpctl's stdout/stderr
+  bool stdin_pipe = false;                  // true: stdin is a pipe (write end returned), else /dev/null
+  bool own_process_group = true;            // false: stay in ddpctl's group (helpers)
 };
 
 struct Spawned {
   pid_t pid = -1;
   int stdout_fd = -1;  // read ends (O_CLOEXEC), owned by the caller; -1 if not captured
   int stderr_fd = -1;
+  int stdin_fd = -1;   // write end (O_CLOEXEC) when stdin_pipe
 };
 
 // Finds argv0 the way execvp would, using `path_var` (the worker's PATH) and `workdir` for

@@ -1,0 +1,276 @@
+#include "launch/worker_group.hpp"
+
+#include "common/log.hpp"
+#include "common/strings.hpp"
+#include "supervisor/process.hpp"
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace ddp::launch {
+
+namespace asio = boost::asio;
+using supervisor::Stream;
+
+// One captured pipe of one worker. Shared with its pending read, so the group can end while a
+// cancelled read is still on its way back.
+struct WorkerGroup::PipeReader {
+  PipeReader(asio::io_context& io, int fd, Stream s) : sd(io, fd), stream(s) {}
+  asio::posix::stream_descriptor sd;
+  Stream stream;
+  supervisor::LineSplitter splitter;
+  std::array<char, 64 * 1024> buf{};
+  bool open = true;
+};
+
+struct WorkerGroup::Worker {
+  contract::RankPlan plan;
+  pid_t pid = -1;
+  bool reaped = false;
+  std::shared_ptr<PipeReader> out, err;
+  supervisor::LastLines last{20};
+  std::unique_ptr<supervisor::RankLogFile> log;
+};
+
+WorkerGroup::WorkerGroup(asio::io_context& io, contract::Plan plan, std::string attempt_dir, GroupOptions opts,
+                         GroupCallbacks cb)
+    : io_(io),
+      plan_(std::move(plan)),
+      attempt_dir_(std::move(attempt_dir)),
+      opts_(std::move(opts)),
+      cb_(std::move(cb)),
+      tracker_(static_cast<int>(plan_.ranks.size())),
+      grace_timer_(io),
+      drain_timer_(io) {}
+
+WorkerGroup::~WorkerGroup() {
+  // An owner that drops a running group (an exception, a lost coordinator) still kills the tree.
+  if (!finished_) signal_everything(SIGKILL);
+  for (auto& w : workers_) {
+    if (w->out) close_pipe(*w->out);
+    if (w->err) close_pipe(*w->err);
+  }
+}
+
+std::vector<pid_t> WorkerGroup::worker_pids() const {
+  std::vector<pid_t> out;
+  for (const auto& w : workers_) {
+    if (w->pid > 0 && !w->reaped) out.push_back(w->pid);
+  }
+  return out;
+}
+
+void WorkerGroup::start() {
+  report_.attempt = opts_.attempt;
+  report_.started = std::chrono::system_clock::now();
+  report_.log_dir = attempt_dir_;
+  if (auto cg = supervisor::Cgroup::create(fmt::format("a{}", opts_.attempt))) cgroup_.emplace(std::move(*cg));
+  for (auto& rp : plan_.ranks) {
+    auto w = std::make_unique<Worker>();
+    w->log = std::make_unique<supervisor::RankLogFile>(rp.log_file, opts_.log_max_bytes);
+    w->plan = rp;
+    workers_.push_back(std::move(w));
+  }
+  for (auto& w : workers_) {
+    if (tracker_.phase() == Phase::running) {
+      spawn_worker(*w);
+      continue;
+    }
+    // An earlier rank could not start (or a stop came in): this one never runs.
+    w->reaped = true;
+    WorkerExit ex{w->plan.rank, w->plan.local_rank, -1, 0, 0, std::chrono::system_clock::now()};
+    ex.started = false;
+    tracker_.on_exit(ex);
+  }
+  check_finished();
+}
+
+void WorkerGroup::spawn_worker(Worker& w) {
+  supervisor::SpawnSpec s;
+  s.argv = w.plan.argv;
+  s.env = w.plan.env;
+  s.workdir = opts_.workdir;
+  s.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
+  try {
+    auto sp = supervisor::spawn(s);
+    w.pid = sp.pid;
+    w.out = std::make_shared<PipeReader>(io_, sp.stdout_fd, Stream::out);
+    w.err = std::make_shared<PipeReader>(io_, sp.stderr_fd, Stream::err);
+    read_pipe(w, w.out);
+    read_pipe(w, w.err);
+    w.log->note(fmt::format("started pid {} (attempt {}): {}", sp.pid, opts_.attempt, join(w.plan.argv, " ")));
+  } catch (const supervisor::SpawnError& e) {
+    // The child (if one was forked) exits 127 and is reaped as a stranger; the rank has failed.
+    w.reaped = true;
+    w.last.add(e.what());
+    w.log->note(e.what());
+    on_exit(w, WorkerExit{w.plan.rank, w.plan.local_rank, -1, 127, 0, std::chrono::system_clock::now()});
+  }
+}
+
+void WorkerGroup::read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p) {
+  Worker* wp = &w;
+  p->sd.async_read_some(asio::buffer(p->buf), [this, wp, p](boost::system::error_code ec, std::size_t n) {
+    if (!p->open) return;
+    auto emit = [&](std::string line) {
+      wp->log->write(p->stream, line);
+      if (cb_.on_line) cb_.on_line(wp->plan.rank, p->stream, line);
+      wp->last.add(std::move(line));
+    };
+    if (!ec) {
+      for (auto& line : p->splitter.feed(std::string_view(p->buf.data(), n))) emit(std::move(line));
+      read_pipe(*wp, p);
+      return;
+    }
+    for (auto& line : p->splitter.finish()) emit(std::move(line));
+    close_pipe(*p);
+    check_finished();
+  });
+}
+
+void WorkerGroup::close_pipe(PipeReader& p) {
+  if (!p.open) return;
+  p.open = false;
+  boost::system::error_code ignored;
+  p.sd.close(ignored);
+}
+
+bool WorkerGroup::pipes_open() const {
+  for (const auto& w : workers_) {
+    if ((w->out && w->out->open) || (w->err && w->err->open)) return true;
+  }
+  return false;
+}
+
+bool WorkerGroup::on_reaped(pid_t pid, int status, SysTime when) {
+  for (auto& w : workers_) {
+    if (w->pid != pid || w->reaped) continue;
+    w->reaped = true;
+    WorkerExit ex{w->plan.rank, w->plan.local_rank, pid, 0, 0, when};
+    if (WIFSIGNALED(status)) ex.signal = WTERMSIG(status);
+    else ex.exit_code = WEXITSTATUS(status);
+    w->log->note(ex.describe());
+    on_exit(*w, ex);
+    return true;
+  }
+  return false;
+}
+
+void WorkerGroup::on_exit(Worker& w, const WorkerExit& ex) {
+  log::get("launch")->debug("rank {} (pid {}) {}", w.plan.rank, ex.pid, ex.describe());
+  if (tracker_.on_exit(ex) == Decision::stop_all) {
+    if (cb_.on_first_failure) cb_.on_first_failure(ex);
+    stop_all();
+  }
+}
+
+void WorkerGroup::request_stop(int signal) {
+  if (tracker_.on_stop_requested(signal) == Decision::stop_all) stop_all();
+}
+
+void WorkerGroup::kill_now() { signal_everything(SIGKILL); }
+
+void WorkerGroup::forward(int signal) {
+  for (pid_t p : worker_pids()) ::kill(p, signal);
+}
+
+void WorkerGroup::stop_all() {
+  signal_everything(SIGTERM);
+  if (stopping_) return;  // the grace period already runs
+  stopping_ = true;
+  grace_timer_.expires_after(opts_.stop_grace);
+  grace_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    auto left = strays().size();
+    if (left) {
+      log::get("launch")->warn("{} process(es) still running after the {} grace period: SIGKILL", left,
+                               format_duration(opts_.stop_grace));
+    }
+    signal_everything(SIGKILL);
+  });
+}
+
+// The worker, its process group, its cgroup and every descendant we are subreaper of: a
+// grandchild that called setsid() escapes the group but not the other two.
+void WorkerGroup::signal_everything(int sig) {
+  for (pid_t p : worker_pids()) {
+    ::kill(-p, sig);
+    ::kill(p, sig);
+  }
+  if (cgroup_) {
+    if (sig == SIGKILL) cgroup_->kill_all();
+    else cgroup_->signal_all(sig);
+  }
+  for (pid_t p : strays()) ::kill(p, sig);
+}
+
+std::vector<pid_t> WorkerGroup::strays() const {
+  std::vector<pid_t> out;
+  for (pid_t p : supervisor::descendants_of(::getpid())) {
+    if (std::find(keep_.begin(), keep_.end(), p) == keep_.end()) out.push_back(p);
+  }
+  return out;
+}
+
+void WorkerGroup::check_finished() {
+  if (finished_ || !tracker_.finished()) return;
+  if (!worker_pids().empty()) return;
+  // Every rank is gone. Anything still running (an orphaned grandchild, a daemonized helper)
+  // is stopped the same way, so that nothing outlives the attempt.
+  if (!strays().empty()) {
+    if (!cleanup_started_) {
+      cleanup_started_ = true;
+      log::get("launch")->info("stopping processes the workers left behind");
+      stop_all();
+    }
+    return;
+  }
+  // Every writer is gone, so the pipes are at EOF; give the reads a moment to drain.
+  if (pipes_open()) {
+    if (!drain_started_) {
+      drain_started_ = true;
+      drain_timer_.expires_after(std::chrono::seconds(2));
+      drain_timer_.async_wait([this](boost::system::error_code ec) {
+        if (ec) return;
+        for (auto& w : workers_) {
+          if (w->out) close_pipe(*w->out);
+          if (w->err) close_pipe(*w->err);
+        }
+        check_finished();
+      });
+    }
+    return;
+  }
+  finish();
+}
+
+void WorkerGroup::finish() {
+  finished_ = true;
+  grace_timer_.cancel();
+  drain_timer_.cancel();
+  cgroup_.reset();
+  report_.ended = std::chrono::system_clock::now();
+  report_.phase = tracker_.phase();
+  for (const auto& e : tracker_.exits()) {
+    if (e) report_.exits.push_back(*e);
+  }
+  if (const auto& ff = tracker_.first_failure()) {
+    for (const auto& w : workers_) {
+      if (w->plan.rank != ff->rank) continue;
+      report_.first_failure =
+          RankFailure{*ff, w->plan.node, w->last.lines(), read_error_file(w->plan.error_file), w->plan.log_file};
+    }
+  }
+  // Post, so the owner may destroy this group from inside its callback.
+  asio::post(io_, [cb = cb_.on_finished, report = report_] {
+    if (cb) cb(report);
+  });
+}
+
+}  // namespace ddp::launch

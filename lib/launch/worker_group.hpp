@@ -1,0 +1,96 @@
+// One attempt's workers on one node: the shepherd's job. Spawns every rank of a plan, files and
+// forwards their output, tracks exits, stops the whole tree (process groups, the attempt's
+// cgroup, and every descendant the launcher is subreaper of), and says when the attempt is over:
+// every rank reaped, nothing left running, every pipe drained.
+//
+// Used by the local launcher (ddpctl) and, per node, by the agent. It owns no signals: the
+// owner reaps children (SIGCHLD) and hands each reaped pid to on_reaped().
+#pragma once
+
+#include "contract/contract.hpp"
+#include "launch/attempt.hpp"
+#include "launch/report.hpp"
+#include "supervisor/cgroup.hpp"
+#include "supervisor/output.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace ddp::launch {
+
+struct GroupOptions {
+  int attempt = 0;
+  std::string workdir;
+  Millis stop_grace{30'000};
+  std::uint64_t log_max_bytes = 100ull << 20;
+};
+
+struct GroupCallbacks {
+  // Every output line of every rank (already written to the rank's log file).
+  std::function<void(int rank, supervisor::Stream, const std::string& line)> on_line;
+  // Called once when a rank fails first (the group is already stopping the others).
+  std::function<void(const WorkerExit&)> on_first_failure;
+  // Called once, when the attempt is completely over.
+  std::function<void(AttemptReport)> on_finished;
+};
+
+class WorkerGroup {
+ public:
+  WorkerGroup(boost::asio::io_context& io, contract::Plan plan, std::string attempt_dir, GroupOptions opts,
+              GroupCallbacks cb);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  void start();
+  // A stop from outside (Ctrl-C, a coordinator's stop): SIGTERM, grace, SIGKILL.
+  void request_stop(int signal);
+  void kill_now();             // a second Ctrl-C
+  void forward(int signal);    // SIGUSR1/SIGUSR2: to every live worker, as it is
+  // The owner reaped `pid` with wait status `status`; returns false if it is not a worker.
+  bool on_reaped(pid_t pid, int status, SysTime when);
+  // After the owner reaped a batch (workers or strays): re-check whether the attempt is over.
+  void check_finished();
+
+  std::vector<pid_t> worker_pids() const;
+  // A helper of the attempt (the NCCL id holder) that the descendant walk must leave alone;
+  // its owner stops it after the group has finished.
+  void keep(pid_t pid) { keep_.push_back(pid); }
+  bool finished() const { return finished_; }
+
+ private:
+  struct Worker;
+  struct PipeReader;
+  void spawn_worker(Worker& w);
+  void read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p);
+  void close_pipe(PipeReader& p);
+  void on_exit(Worker& w, const WorkerExit& ex);
+  void stop_all();
+  void signal_everything(int sig);
+  bool pipes_open() const;
+  void finish();
+  std::vector<pid_t> strays() const;  // descendants of ours that are not kept helpers
+
+  boost::asio::io_context& io_;
+  contract::Plan plan_;
+  std::string attempt_dir_;
+  GroupOptions opts_;
+  GroupCallbacks cb_;
+  AttemptTracker tracker_;
+  std::optional<supervisor::Cgroup> cgroup_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  boost::asio::steady_timer grace_timer_, drain_timer_;
+  AttemptReport report_;
+  bool stopping_ = false;
+  bool cleanup_started_ = false;
+  bool drain_started_ = false;
+  bool finished_ = false;
+  std::vector<pid_t> keep_;
+};
+
+}  // namespace ddp::launch
