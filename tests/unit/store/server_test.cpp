@@ -1,0 +1,300 @@
+// The Asio server over loopback: byte fixtures replayed, bad clients closed while others carry
+// on, limits, reset, the wait report (pid from PING, pid through /proc), port-in-use error,
+// the allow-list decision.
+#include "loopback.hpp"
+
+#include "store/peers.hpp"
+#include "store/protocol.hpp"
+#include "store/report.hpp"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+using namespace ddp::store;
+using namespace ddp::store::testing;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string enc(Protocol p, Request r) { return encode_request(p, r); }
+Request req(Op op, std::string key = {}, std::string value = {}) {
+  Request r;
+  r.op = op;
+  r.key = std::move(key);
+  r.value = std::move(value);
+  return r;
+}
+Request wait_req(std::vector<std::string> keys) {
+  Request r;
+  r.op = Op::wait;
+  r.keys = std::move(keys);
+  return r;
+}
+std::string i64(int64_t v) {
+  std::string s;
+  put_i64(s, v);
+  return s;
+}
+std::string validate() { return std::string("\x00\xCE\xF7\x85\x3C", 5); }
+
+std::vector<std::string> fixture_files() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(DDP_STORE_FIXTURES)) {
+    if (e.path().extension() == ".txt") out.push_back(e.path().stem().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+class StoreFixtures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StoreFixtures, Replays) {
+  std::ifstream f(std::string(DDP_STORE_FIXTURES) + "/" + GetParam() + ".txt");
+  std::stringstream text;
+  text << f.rdbuf();
+  auto steps = parse_fixture(text.str());
+  ASSERT_FALSE(steps.empty());
+  ServerThread st;
+  EXPECT_EQ(replay_fixture(steps, st.port()), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, StoreFixtures, ::testing::ValuesIn(fixture_files()),
+                         [](const auto& info) { return info.param; });
+
+TEST(StoreFixtureFormat, ParsesTokens) {
+  auto steps = parse_fixture("# c\n2> 0a ff \"ab\" s\"x\" u8:7 u32:0x01020304 i64:-1 # tail\n< quiet\n3< eof\n> close\n");
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_EQ(steps[0].conn, 2);
+  EXPECT_EQ(steps[0].bytes, std::string("\x0a\xff" "ab" "\x01\0\0\0\0\0\0\0x" "\x07" "\x04\x03\x02\x01"
+                                        "\xff\xff\xff\xff\xff\xff\xff\xff", 26));
+  EXPECT_EQ(steps[1].kind, FixtureStep::Kind::expect_quiet);
+  EXPECT_EQ(steps[2].kind, FixtureStep::Kind::expect_eof);
+  EXPECT_EQ(steps[2].conn, 3);
+  EXPECT_EQ(steps[3].kind, FixtureStep::Kind::close);
+  EXPECT_THROW(parse_fixture("> abc\n"), std::runtime_error);
+  EXPECT_THROW(parse_fixture("hello\n"), std::runtime_error);
+}
+
+TEST(StoreServer, GarbageFromOneClientDoesNotDisturbAnother) {
+  ServerThread st;
+  RawClient good(st.port()), bad(st.port());
+  good.send(enc(Protocol::v1, req(Op::set, "/k", "v")));
+  good.send(enc(Protocol::v1, wait_req({"/later"})));
+  bad.send(std::string("\xFF\xFE garbage", 10));
+  EXPECT_TRUE(bad.closed_by_peer());
+  RawClient setter(st.port());
+  setter.send(enc(Protocol::v1, req(Op::set, "/later", "x")));
+  EXPECT_EQ(good.recv(1), std::string(1, '\0'));
+  good.send(enc(Protocol::v1, req(Op::get, "/k")));
+  EXPECT_EQ(good.recv(9), std::string("\x01\0\0\0\0\0\0\0v", 9));
+  EXPECT_EQ(st.call([&] { return st.server().stats().closed_bad; }), 1u);
+}
+
+TEST(StoreServer, ManyWaitersReleasedByOneSet) {
+  ServerThread st;
+  std::vector<std::unique_ptr<RawClient>> waiters;
+  for (int i = 0; i < 64; ++i) {
+    waiters.push_back(std::make_unique<RawClient>(st.port()));
+    waiters.back()->send(validate() + enc(Protocol::v2, wait_req({"/go"})));
+  }
+  // All registered before the SET (the report says so).
+  for (int tries = 0; tries < 200; ++tries) {
+    auto r = st.call([&] { return st.server().waiters(); });
+    if (!r.waited.empty() && r.waited[0].waiters.size() == 64) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  RawClient setter(st.port());
+  setter.send(validate() + enc(Protocol::v2, req(Op::set, "/go", "1")));
+  for (auto& w : waiters) EXPECT_EQ(w->recv(1), std::string(1, '\0'));
+}
+
+TEST(StoreServer, WaiterThatVanishesIsForgotten) {
+  ServerThread st;
+  {
+    RawClient w(st.port());
+    w.send(enc(Protocol::v1, wait_req({"/k"})));
+    EXPECT_TRUE(w.quiet(50ms));
+  }
+  for (int tries = 0; tries < 200 && st.call([&] { return st.server().stats().connections; }) > 0; ++tries) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(st.call([&] { return st.server().waiters(); }).waited.empty());
+  RawClient c(st.port());
+  c.send(enc(Protocol::v1, req(Op::set, "/k", "v")) + enc(Protocol::v1, req(Op::get_num_keys)));
+  EXPECT_EQ(c.recv(8), i64(1));
+}
+
+TEST(StoreServer, SlowReaderPastTheMemoryCapIsClosed) {
+  Limits lim;
+  lim.max_connection_bytes = 1 << 20;
+  lim.max_value_bytes = 1 << 20;
+  ServerThread st({.host = "127.0.0.1", .port = 0, .limits = lim});
+  RawClient c(st.port());
+  c.send(enc(Protocol::v1, req(Op::set, "/big", std::string(600 * 1024, 'x'))));
+  // 40 GETs of 600 KiB = 24 MiB of replies that this client never reads.
+  std::string gets;
+  for (int i = 0; i < 40; ++i) gets += enc(Protocol::v1, req(Op::get, "/big"));
+  c.send(gets);
+  EXPECT_TRUE(c.closed_by_peer(10s));
+  RawClient other(st.port());
+  other.send(enc(Protocol::v1, req(Op::get_num_keys)));
+  EXPECT_EQ(other.recv(8), i64(1));
+}
+
+TEST(StoreServer, ResetDropsKeysWaitersAndClients) {
+  ServerThread st;
+  RawClient a(st.port());
+  a.send(enc(Protocol::v1, req(Op::set, "/k", "v")) + enc(Protocol::v1, wait_req({"/never"})));
+  EXPECT_TRUE(a.quiet(50ms));
+  st.call([&] {
+    st.server().reset();
+    return 0;
+  });
+  EXPECT_TRUE(a.closed_by_peer());
+  RawClient b(st.port());
+  b.send(enc(Protocol::v1, req(Op::get_num_keys)));
+  EXPECT_EQ(b.recv(8), i64(0));
+  EXPECT_TRUE(st.call([&] { return st.server().waiters(); }).waited.empty());
+}
+
+TEST(StoreServer, WaitReportNamesThePidFromPingAndTheRank) {
+  ServerThread st;
+  st.call([&] {
+    st.server().set_rank_resolver({.rank_of_pid = [](pid_t p) -> std::optional<int> {
+      if (p == 4242) return 3;
+      return std::nullopt;
+    }});
+    return 0;
+  });
+  RawClient c(st.port());
+  Request ping;
+  ping.op = Op::ping;
+  ping.word = 4242;
+  c.send(validate() + enc(Protocol::v2, ping));
+  EXPECT_EQ(c.recv(4), std::string("\x92\x10\0\0", 4));
+  c.send(enc(Protocol::v2, wait_req({"/default_pg/0//cuda//0"})));
+  WaitReport r;
+  for (int tries = 0; tries < 200 && r.waited.empty(); ++tries) {
+    r = st.call([&] { return st.server().waiters(); });
+    if (r.waited.empty()) std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(r.waited.size(), 1u);
+  ASSERT_EQ(r.waited[0].waiters.size(), 1u);
+  EXPECT_EQ(r.waited[0].waiters[0].pid, 4242);
+  EXPECT_EQ(r.waited[0].waiters[0].rank, 3);
+  EXPECT_EQ(r.connections, 1u);
+  auto text = format_wait_report(r, 4, r.waited[0].waiters[0].since + 300s);
+  EXPECT_EQ(text, "1/4 ranks waiting on `/default_pg/0//cuda//0` for 300 s (rank 3); set by nobody");
+}
+
+TEST(StoreServer, WaitReportFindsAOneThirteenClientsPidThroughProc) {
+  ServerThread st;
+  const pid_t self = getpid();
+  st.call([&] {
+    st.server().set_rank_resolver({
+        .candidate_pids = [self] { return std::vector<pid_t>{1, self}; },
+        .rank_of_pid = [self](pid_t p) -> std::optional<int> {
+          if (p == self) return 7;
+          return std::nullopt;
+        },
+    });
+    return 0;
+  });
+  RawClient c(st.port());
+  c.send(enc(Protocol::v1, wait_req({"/k"})));
+  WaitReport r;
+  for (int tries = 0; tries < 200 && r.waited.empty(); ++tries) {
+    r = st.call([&] { return st.server().waiters(); });
+    if (r.waited.empty()) std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(r.waited.size(), 1u);
+  EXPECT_EQ(r.waited[0].waiters[0].pid, self);
+  EXPECT_EQ(r.waited[0].waiters[0].rank, 7);
+  EXPECT_EQ(r.waited[0].waiters[0].peer, "127.0.0.1:" + std::to_string(c.local_port()));
+}
+
+TEST(StoreServer, PidsOwningConnectionFindsOurOwnSocket) {
+  ServerThread st;
+  RawClient c(st.port());
+  boost::asio::ip::tcp::endpoint client(boost::asio::ip::make_address("127.0.0.1"), c.local_port());
+  boost::asio::ip::tcp::endpoint server(boost::asio::ip::make_address("127.0.0.1"), st.port());
+  std::vector<pid_t> self{getpid()};
+  EXPECT_EQ(pids_owning_connection(client, server, self), self);
+  // Reversed, it is the server's socket (also ours here), matched by its own line.
+  std::vector<pid_t> none{1};
+  EXPECT_TRUE(pids_owning_connection(client, server, none).empty());
+}
+
+TEST(StoreServer, PortInUseSaysWhatToDo) {
+  ServerThread st;
+  boost::asio::io_context io;
+  Server second(io, {.host = "127.0.0.1", .port = st.port()});
+  try {
+    second.start();
+    FAIL() << "bound a port in use";
+  } catch (const StoreError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("store port " + std::to_string(st.port()) + " on 127.0.0.1 is already in use"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("--master-port"), std::string::npos);
+  }
+}
+
+TEST(StoreServer, DualStackWhenListeningOnAny) {
+  boost::asio::io_context probe;
+  boost::asio::ip::tcp::acceptor a(probe);
+  boost::system::error_code ec;
+  a.open(boost::asio::ip::tcp::v6(), ec);
+  if (ec) GTEST_SKIP() << "no IPv6 here";
+  ServerThread st({.host = "::", .port = 0});
+  EXPECT_EQ(st.call([&] { return st.server().address(); }), "[::]:" + std::to_string(st.port()));
+  RawClient c(st.port());  // IPv4 loopback into the "::" listener
+  c.send(enc(Protocol::v1, req(Op::get_num_keys)));
+  EXPECT_EQ(c.recv(8), i64(0));
+}
+
+TEST(StoreServer, BadAllowListEntryIsRefusedAtConstruction) {
+  boost::asio::io_context io;
+  EXPECT_THROW(Server(io, {.allowed_peers = {"node1"}}), StoreError);
+}
+
+TEST(StoreAccess, LoopbackAlwaysOthersOnlyWhenListed) {
+  using boost::asio::ip::make_address;
+  std::vector<boost::asio::ip::address> allowed{make_address("10.0.0.2"), make_address("fd00::5")};
+  EXPECT_TRUE(peer_allowed(make_address("127.0.0.1"), {}));
+  EXPECT_TRUE(peer_allowed(make_address("127.3.4.5"), {}));
+  EXPECT_TRUE(peer_allowed(make_address("::1"), {}));
+  EXPECT_TRUE(peer_allowed(make_address("::ffff:127.0.0.1"), {}));
+  EXPECT_FALSE(peer_allowed(make_address("10.0.0.2"), {}));
+  EXPECT_TRUE(peer_allowed(make_address("10.0.0.2"), allowed));
+  EXPECT_TRUE(peer_allowed(make_address("::ffff:10.0.0.2"), allowed));
+  EXPECT_FALSE(peer_allowed(make_address("10.0.0.3"), allowed));
+  EXPECT_TRUE(peer_allowed(make_address("fd00::5"), allowed));
+  EXPECT_FALSE(peer_allowed(make_address("fd00::6"), allowed));
+}
+
+TEST(StoreAccess, FormatsEndpoints) {
+  using boost::asio::ip::make_address;
+  using boost::asio::ip::tcp;
+  EXPECT_EQ(format_endpoint(tcp::endpoint(make_address("::ffff:10.1.2.3"), 80)), "10.1.2.3:80");
+  EXPECT_EQ(format_endpoint(tcp::endpoint(make_address("::1"), 80)), "[::1]:80");
+}
+
+TEST(StoreAccess, RankFromEnviron) {
+  // Our own environment, as the test runner set it, through /proc.
+  const char* rank = std::getenv("RANK");
+  if (rank) {
+    EXPECT_EQ(rank_from_environ(getpid()), std::atoi(rank));
+  } else {
+    EXPECT_EQ(rank_from_environ(getpid()), std::nullopt);
+  }
+  EXPECT_EQ(rank_from_environ(0), std::nullopt);
+}
