@@ -1,0 +1,54 @@
+"""Shared helpers for integration tests: where the binaries are, writing job files, running
+ddpctl, and checking that processes are really gone."""
+import os
+import subprocess
+import time
+from pathlib import Path
+
+BINARY_DIR = Path(os.environ.get("DDP_BINARY_DIR", Path(__file__).resolve().parents[2] / "build"))
+SOURCE_DIR = Path(os.environ.get("DDP_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
+PYTHON = "/usr/bin/python3"  # Debian's, with torch; the first python3 on PATH may lack it
+
+
+def write_job(tmp: Path, text: str, name="job.yaml") -> Path:
+    p = tmp / name
+    p.write_text(text)
+    return p
+
+
+def launch(job: Path, *args, env=None, timeout=120, cwd=None):
+    """Runs `ddpctl launch` to the end; returns CompletedProcess (stdout, stderr as text)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([DDPCTL, "launch", str(job), "--master-port", "0", *args], cwd=cwd or job.parent,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def start_launch(job: Path, *args, env=None, cwd=None):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.Popen([DDPCTL, "launch", str(job), "--master-port", "0", *args], cwd=cwd or job.parent,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def alive(pid: int) -> bool:
+    """True if pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_pids(directory: Path, pattern="*.pid"):
+    return [int(p.read_text().strip()) for p in directory.glob(pattern) if p.read_text().strip()]

@@ -1,0 +1,256 @@
+"""The local launch end to end: real processes, real signals, real PyTorch (gloo on CPU)."""
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddptest import DDPCTL, PYTHON, SOURCE_DIR, alive, launch, read_pids, start_launch, wait_for, write_job
+
+TRAIN = SOURCE_DIR / "examples" / "python" / "train_ddp.py"
+
+
+def py_job(tmp: Path, script: str, nproc=2, extra=""):
+    s = tmp / "worker.py"
+    s.write_text(script)
+    return write_job(tmp, f"nproc_per_node: {nproc}\ncommand: [{PYTHON}, {s}]\nstop: {{grace: 1s}}\n{extra}")
+
+
+def test_contract_seen_from_inside_workers(tmp_path):
+    job = py_job(tmp_path, """
+import json, os
+r = os.environ["RANK"]
+json.dump(dict(os.environ), open(f"env-{r}.json", "w"))
+""", nproc=3)
+    polluted = {"SLURM_PROCID": "7", "SLURM_JOB_ID": "1", "RANK": "99", "LOCAL_RANK": "5", "PET_NNODES": "4",
+                "NCCL_COMM_ID": "10.0.0.1:1234", "OMPI_COMM_WORLD_RANK": "3", "MY_OWN_VAR": "kept"}
+    r = launch(job, "--job-id", "contract-1", env=polluted)
+    assert r.returncode == 0, r.stderr
+    envs = [json.loads((tmp_path / f"env-{i}.json").read_text()) for i in range(3)]
+    port = envs[0]["MASTER_PORT"]
+    assert int(port) > 0
+    for i, e in enumerate(envs):
+        assert e["RANK"] == str(i) and e["LOCAL_RANK"] == str(i)
+        assert e["WORLD_SIZE"] == "3" and e["LOCAL_WORLD_SIZE"] == "3"
+        assert e["GROUP_RANK"] == "0" and e["GROUP_WORLD_SIZE"] == "1"
+        assert e["ROLE_NAME"] == "default" and e["ROLE_RANK"] == str(i) and e["ROLE_WORLD_SIZE"] == "3"
+        assert e["MASTER_ADDR"] == "127.0.0.1" and e["MASTER_PORT"] == port
+        assert e["TORCHELASTIC_RESTART_COUNT"] == "0" and e["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert e["TORCHELASTIC_RUN_ID"] == "contract-1" and e["DDP_JOB_ID"] == "contract-1"
+        assert e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert e["TORCHELASTIC_ERROR_FILE"].endswith(f"contract-1/attempt-0/rank-{i}.error.json")
+        assert e["OMP_NUM_THREADS"] == "1"
+        assert e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and e["NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert e["NCCL_SOCKET_IFNAME"] == "lo" and e["GLOO_SOCKET_IFNAME"] == "lo"
+        for gone in ("SLURM_PROCID", "SLURM_JOB_ID", "PET_NNODES", "NCCL_COMM_ID", "OMPI_COMM_WORLD_RANK"):
+            assert gone not in e, gone
+        assert e["MY_OWN_VAR"] == "kept"
+    # the log files hold each rank's output, under <dir>/<job-id>/attempt-<n>/
+    assert (tmp_path / "logs" / "contract-1" / "attempt-0" / "rank-2.log").exists()
+
+
+def test_failing_rank_stops_everyone_and_nothing_survives(tmp_path):
+    # Rank 1 fails. The others each start a grandchild that ignores SIGTERM and calls setsid(),
+    # and themselves ignore SIGTERM: only the grace period's SIGKILL, through the cgroup or the
+    # subreaper walk, can end them.
+    job = py_job(tmp_path, """
+import os, signal, sys, time
+r = int(os.environ["RANK"])
+if r == 1:
+    time.sleep(0.5)
+    print("rank 1 gives up", flush=True)
+    sys.exit(3)
+if os.fork() == 0:
+    os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.fork() == 0:
+        open(f"grandchild-{r}.pid", "w").write(str(os.getpid()))
+        while True: time.sleep(1)
+    os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(f"worker-{r}.pid", "w").write(str(os.getpid()))
+while True: time.sleep(1)
+""", nproc=3)
+    result = tmp_path / "result.json"
+    r = launch(job, "--result-json", str(result), timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "first failure: rank 1" in r.stderr and "exited with code 3" in r.stderr
+    assert "rank 1 gives up" in r.stderr  # its last lines are in the report
+    pids = read_pids(tmp_path)
+    assert len(pids) == 4, pids  # two workers, two grandchildren
+    for pid in pids:
+        assert not alive(pid), f"pid {pid} outlived the job"
+    res = json.loads(result.read_text())
+    assert res["status"] == "failed" and res["exit_code"] == 1
+    ff = res["attempts"][0]["first_failure"]
+    assert ff["rank"] == 1 and ff["exit_code"] == 3 and ff["signal"] is None
+    assert "rank 1 gives up" in ff["last_lines"]
+
+
+def test_restart_counts_and_succeeds(tmp_path):
+    job = py_job(tmp_path, """
+import os, sys
+n = os.environ["TORCHELASTIC_RESTART_COUNT"]
+open(f"seen-{os.environ['RANK']}-{n}", "w").write(os.environ["DDP_ATTEMPT"])
+sys.exit(1 if n == "0" and os.environ["RANK"] == "0" else 0)
+""", extra="restart: {max_restarts: 3, backoff: 100ms}\n")
+    result = tmp_path / "r.json"
+    r = launch(job, "--result-json", str(result))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "seen-0-0").exists() and (tmp_path / "seen-0-1").exists()
+    assert not (tmp_path / "seen-0-2").exists()
+    res = json.loads(result.read_text())
+    assert res["status"] == "succeeded" and res["restarts"] == 1
+    assert [a["result"] for a in res["attempts"]] == ["failed", "succeeded"]
+
+
+def test_restarts_run_out(tmp_path):
+    job = py_job(tmp_path, "import sys; sys.exit(2)\n", nproc=1, extra="restart: {max_restarts: 2, backoff: 50ms}\n")
+    result = tmp_path / "r.json"
+    r = launch(job, "--result-json", str(result))
+    assert r.returncode == 1
+    assert len(json.loads(result.read_text())["attempts"]) == 3
+    assert "failed after 2 restarts" in r.stderr
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_stop_signal_stops_job_without_spending_a_restart(tmp_path, sig, code):
+    job = py_job(tmp_path, """
+import os, time
+open(f"worker-{os.environ['RANK']}.pid", "w").write(str(os.getpid()))
+while True: time.sleep(1)
+""", extra="restart: {max_restarts: 3}\n")
+    result = tmp_path / "r.json"
+    p = start_launch(job, "--result-json", str(result))
+    wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 2, what="workers to start")
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == code, err
+    for pid in read_pids(tmp_path):
+        assert not alive(pid)
+    res = json.loads(result.read_text())
+    assert res["status"] == "stopped" and len(res["attempts"]) == 1 and res["restarts"] == 0
+
+
+def test_sigusr1_is_passed_to_workers(tmp_path):
+    job = py_job(tmp_path, """
+import os, signal, time
+r = os.environ["RANK"]
+signal.signal(signal.SIGUSR1, lambda *_: open(f"usr1-{r}", "w").write("got it"))
+open(f"ready-{r}", "w").write("")
+deadline = time.time() + 20
+while not os.path.exists(f"usr1-{r}") and time.time() < deadline: time.sleep(0.05)
+""")
+    p = start_launch(job)
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 2, what="workers to be ready")
+    p.send_signal(signal.SIGUSR1)
+    p.communicate(timeout=30)
+    assert p.returncode == 0
+    assert (tmp_path / "usr1-0").read_text() == "got it" and (tmp_path / "usr1-1").exists()
+
+
+def test_error_file_is_in_the_report(tmp_path):
+    job = py_job(tmp_path, """
+import os
+from torch.distributed.elastic.multiprocessing.errors import record
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        raise ValueError("the learning rate is nan")
+main()
+""")
+    result = tmp_path / "r.json"
+    r = launch(job, "--result-json", str(result))
+    assert r.returncode == 1
+    assert "ValueError: the learning rate is nan" in r.stderr
+    ff = json.loads(result.read_text())["attempts"][0]["first_failure"]
+    assert ff["rank"] == 1 and "the learning rate is nan" in ff["error_file"]["message"]
+    assert "Traceback" in ff["error_file"]["traceback"] or "line" in ff["error_file"]["traceback"]
+
+
+def test_port_taken_is_reported_before_any_worker(tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    job = py_job(tmp_path, "open('started', 'w').write('')\n")
+    r = subprocess.run([DDPCTL, "launch", str(job), "--master-port", str(port)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30)
+    s.close()
+    assert r.returncode == 2
+    assert str(port) in r.stderr and "store.port" in r.stderr
+    assert not (tmp_path / "started").exists()
+
+
+def test_bad_job_file_names_line_and_column(tmp_path):
+    job = write_job(tmp_path, "command: [x]\nnproc_per_nod: 4\n")
+    r = launch(job)
+    assert r.returncode == 2
+    assert f"{job}:2:1: error: unknown key 'nproc_per_nod' (did you mean 'nproc_per_node'?)" in r.stderr
+
+
+def test_missing_program_is_clear(tmp_path):
+    job = write_job(tmp_path, "command: [no-such-trainer-xyz]\n")
+    r = launch(job)
+    assert r.returncode == 2
+    assert "cannot run 'no-such-trainer-xyz': no such executable" in r.stderr
+
+
+def test_dry_run_plans_and_starts_nothing(tmp_path):
+    job = py_job(tmp_path, "open('started', 'w').write('')\n", nproc=4)
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", str(job), "--job-id", "dry"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert [x["rank"] for x in plan["ranks"]] == [0, 1, 2, 3]
+    assert plan["ranks"][3]["env"]["LOCAL_RANK"] == "3"
+    assert plan["ranks"][0]["argv"][0] == PYTHON
+    assert "binding" in plan["ranks"][0]
+    assert not (tmp_path / "started").exists() and not (tmp_path / "logs").exists()
+
+
+def test_ranks_filter_and_log_files(tmp_path):
+    job = py_job(tmp_path, "import os; print('hello from', os.environ['RANK'])\n", nproc=3)
+    r = launch(job, "--ranks", "2", "--job-id", "filt")
+    assert r.returncode == 0
+    assert "[2] hello from 2" in r.stdout and "[0]" not in r.stdout and "[1]" not in r.stdout
+    log = (tmp_path / "logs" / "filt" / "attempt-0" / "rank-0.log").read_text()
+    assert "out| hello from 0" in log and "exited with code 0" in log
+
+
+def test_pytorch_ddp_ranks_end_with_identical_parameters(tmp_path):
+    job = write_job(tmp_path, f"""nproc_per_node: 3
+command: [{PYTHON}, {TRAIN}, --epochs, "3", --dump-params, "{tmp_path}/params-{{rank}}.json"]
+""")
+    r = launch(job, timeout=300)
+    assert r.returncode == 0, r.stderr
+    params = [json.loads((tmp_path / f"params-{i}.json").read_text())["params"] for i in range(3)]
+    assert len(params[0]) > 100
+    assert params[0] == params[1] == params[2]
+    losses = [float(line.split()[-1]) for line in r.stdout.splitlines() if "loss" in line]
+    assert len(losses) == 3 and losses[-1] < losses[0]  # it learns
+
+
+def test_restart_from_checkpoint_matches_uninterrupted_run(tmp_path):
+    def run(name, crash):
+        d = tmp_path / name
+        d.mkdir()
+        args = f'--epochs, "4", --dump-params, "{d}/params-{{rank}}.json"' + (', --crash, "1:2"' if crash else "")
+        job = write_job(d, f"nproc_per_node: 2\ncommand: [{PYTHON}, {TRAIN}, {args}]\n"
+                           "restart: {max_restarts: 1, backoff: 100ms}\nstop: {grace: 5s}\n")
+        r = launch(job, "--result-json", str(d / "r.json"), timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r, json.loads((d / "params-0.json").read_text())["params"], json.loads((d / "r.json").read_text())
+
+    _, clean, clean_res = run("clean", crash=False)
+    r, resumed, res = run("crashed", crash=True)
+    assert len(clean_res["attempts"]) == 1
+    assert len(res["attempts"]) == 2 and res["attempts"][0]["first_failure"]["rank"] == 1
+    assert "resumed from" in r.stdout
+    assert len(clean) == len(resumed)
+    for a, b in zip(clean, resumed):
+        assert abs(a - b) <= 1e-6 * max(1.0, abs(a)), (a, b)
