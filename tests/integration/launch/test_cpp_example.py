@@ -1,0 +1,20 @@
+"""The libtorch C++ DDP example (c10d TCPStore client + gloo) through ddpctl's store."""
+import re
+
+import pytest
+
+from ddptest import BINARY_DIR, launch, write_job
+
+EXAMPLE = BINARY_DIR / "bin" / "ddp_cpp_example"
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(), reason="built only with libtorch (DDP_WITH_TORCH)")
+def test_cpp_ddp_ranks_agree_and_learn(tmp_path):
+    job = write_job(tmp_path, f"nproc_per_node: 3\ncommand: [{EXAMPLE}, '15']\n")
+    r = launch(job, timeout=120)
+    assert r.returncode == 0, r.stderr
+    sums = {int(m.group(1)): m.group(2) for m in re.finditer(r"rank (\d) parameter checksum (\S+)", r.stdout)}
+    assert sorted(sums) == [0, 1, 2]
+    assert len(set(sums.values())) == 1, sums
+    losses = [float(m.group(1)) for m in re.finditer(r"loss (\S+)", r.stdout)]
+    assert losses[-1] < losses[0] / 10
