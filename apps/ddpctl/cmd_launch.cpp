@@ -22,6 +22,7 @@ struct LaunchArgs {
   std::string job_id;
   std::string result_json;
   std::string nodes;
+  std::string facts;
   bool dry_run = false;
   bool quiet = false;
 };
@@ -41,6 +42,7 @@ Command add_launch_command(CLI::App& root) {
   sub->add_option("--job-id", args->job_id, "the job id (default: <name>-<date>-<time>-<random>)");
   sub->add_option("--result-json", args->result_json, "write the job's result (first failure, exits) as JSON here");
   sub->add_option("--nodes", args->nodes, "run on these nodes (multi-node: not supported yet)");
+  sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery");
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 
@@ -62,6 +64,7 @@ Command add_launch_command(CLI::App& root) {
             if (args->log_dir) opts.spec.log_dir = *args->log_dir;
             if (args->master_port) opts.spec.store_port = static_cast<std::uint16_t>(*args->master_port);
             opts.job_id = args->job_id;
+            if (!args->facts.empty()) opts.facts_file = args->facts;
             opts.quiet = args->quiet;
             if (!args->result_json.empty()) opts.result_json = args->result_json;
             for (auto part : ddp::split(args->ranks, ',')) {

@@ -8,6 +8,8 @@
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
 #include "launch/worker_group.hpp"
+#include "facts/discover.hpp"
+#include "facts/model.hpp"
 #include "nccl/holder_protocol.hpp"
 #include "store/peers.hpp"
 #include "store/report.hpp"
@@ -73,12 +75,30 @@ int usable_cpus() {
 
 }  // namespace
 
+// The node's facts, read once: from --facts, else discovered (NVML or sysfs).
+static const facts::NodeFacts& node_facts(const LaunchOptions& opts) {
+  static std::optional<facts::NodeFacts> cached;
+  if (!cached) {
+    try {
+      cached = opts.facts_file ? facts::load_facts_file(*opts.facts_file) : facts::discover(facts::discover_options_from_env());
+    } catch (const std::exception& e) {
+      throw LaunchError(e.what());
+    }
+  }
+  return *cached;
+}
+
 contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   auto& spec = opts.spec;
   if (spec.nproc.kind == jobspec::Nproc::Kind::cpu) {
     spec.nproc = {jobspec::Nproc::Kind::count, usable_cpus()};
   } else if (spec.nproc.kind == jobspec::Nproc::Kind::gpu) {
-    throw LaunchError("nproc_per_node: gpu is not supported yet (it arrives with node facts discovery)");
+    const auto& f = node_facts(opts);
+    if (f.gpus.empty()) {
+      throw LaunchError(fmt::format("nproc_per_node: gpu, but {} has no GPU{} (see `ddpctl doctor`); use a number or cpu",
+                                    f.hostname, opts.facts_file ? " in " + *opts.facts_file : ""));
+    }
+    spec.nproc = {jobspec::Nproc::Kind::count, static_cast<int>(facts::gpu_count(f))};
   }
   std::error_code ec;
   const fs::path cwd = fs::current_path();
@@ -97,7 +117,7 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
 
   contract::NodeContext node;
   node.job_id = opts.job_id;
-  node.node_name = hostname();
+  node.node_name = opts.facts_file ? node_facts(opts).hostname : hostname();
   node.local_world_size = spec.nproc.count;
   node.world_size = spec.nproc.count;
   node.master_addr = "127.0.0.1";

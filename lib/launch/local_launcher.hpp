@@ -21,6 +21,7 @@ struct LaunchOptions {
   std::set<int> show_ranks;            // terminal filter; empty: all ranks
   bool quiet = false;                  // no worker output on the terminal
   std::optional<std::string> result_json;
+  std::optional<std::string> facts_file;  // describe the node from this facts file, not discovery
 };
 
 class LaunchError : public std::runtime_error {

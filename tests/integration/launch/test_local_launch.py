@@ -254,3 +254,23 @@ def test_restart_from_checkpoint_matches_uninterrupted_run(tmp_path):
     assert len(clean) == len(resumed)
     for a, b in zip(clean, resumed):
         assert abs(a - b) <= 1e-6 * max(1.0, abs(a)), (a, b)
+
+
+def test_nproc_gpu_from_a_facts_file(tmp_path):
+    job = write_job(tmp_path, "nproc_per_node: gpu\ncommand: [python3, train.py]\n")
+    facts = SOURCE_DIR / "tests" / "fixtures" / "facts" / "dgx-a.json"
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", str(job), "--facts", str(facts)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert len(plan["ranks"]) == 8 and {x["node"] for x in plan["ranks"]} == {"dgx-a"}
+    assert plan["ranks"][7]["env"]["LOCAL_WORLD_SIZE"] == "8"
+
+
+def test_nproc_gpu_without_gpus_is_a_clear_error(tmp_path):
+    job = write_job(tmp_path, "nproc_per_node: gpu\ncommand: [python3, train.py]\n")
+    facts = SOURCE_DIR / "tests" / "fixtures" / "facts" / "cpu-a.json"
+    r = subprocess.run([DDPCTL, "launch", str(job), "--facts", str(facts)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2
+    assert "nproc_per_node: gpu, but" in r.stderr and "has no GPU" in r.stderr
