@@ -37,10 +37,8 @@ const std::vector<std::string> kTopKeys{
     "name",    "nnodes",  "hosts", "nproc_per_node", "command", "workdir", "env",  "env_forward",
     "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous"};
 const std::map<std::string, std::string> kNotYet{
-    {"hosts", "hosts need the multi-node launch (ddp-agentd); run on this machine or pass nothing"},
     {"container", "workers inside containers arrive with the containers issue"},
     {"binding", "GPU/NUMA/NIC binding arrives with the binding issue"},
-    {"rendezvous", "rendezvous timeouts belong to the multi-node launch"},
 };
 
 // Environment variables that ddpctl owns: a job may not set them (the value would be a lie).
@@ -176,6 +174,12 @@ class Parser {
         }
       } else if (key == "nnodes") {
         parse_nnodes(v, spec);
+      } else if (key == "hosts") {
+        parse_hosts(v, spec);
+      } else if (key == "rendezvous") {
+        mapping(v, "rendezvous", {"join_timeout", "last_call"}, [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
+          if (auto d = duration(rv, "rendezvous." + rk)) (rk == "join_timeout" ? spec.join_timeout : spec.last_call) = *d;
+        });
       } else if (key == "nproc_per_node") {
         if (v.IsScalar() && (v.Scalar() == "cpu" || v.Scalar() == "gpu")) {
           spec.nproc.kind = v.Scalar() == "cpu" ? Nproc::Kind::cpu : Nproc::Kind::gpu;
@@ -254,13 +258,29 @@ class Parser {
       error(v, fmt::format("nnodes: expected an integer N >= 1 or MIN:MAX with 1 <= MIN <= MAX, got {}", describe(v)));
       return;
     }
-    if (*hi > 1) {
-      error(v, fmt::format("nnodes: {} is not supported yet: more than one node needs the multi-node launch "
-                           "(--nodes with ddp-agentd); a local launch runs 1 node", v.Scalar()));
-      return;
-    }
     spec.nnodes_min = static_cast<int>(*lo);
     spec.nnodes_max = static_cast<int>(*hi);
+  }
+
+  // hosts: a list of names (host or host:port), or one SLURM-style string; the launcher expands
+  // and checks it (lib/hostlist), so the file and --nodes give the same errors.
+  void parse_hosts(const YAML::Node& v, JobSpec& spec) {
+    if (v.IsScalar() && !trim(v.Scalar()).empty()) {
+      spec.hosts = {v.Scalar()};
+      return;
+    }
+    if (!v.IsSequence() || v.size() == 0) {
+      error(v, fmt::format("hosts: expected a list of node names such as [node1, node2] or a host list "
+                           "such as 'node[1-4]', got {}", describe(v)));
+      return;
+    }
+    for (const auto& item : v) {
+      if (!item.IsScalar() || trim(item.Scalar()).empty()) {
+        error(item, fmt::format("hosts: every item must be a node name, got {}", describe(item)));
+        return;
+      }
+      spec.hosts.push_back(item.Scalar());
+    }
   }
 
   void parse_command(const YAML::Node& v, JobSpec& spec) {

@@ -65,6 +65,10 @@ struct JobSpec {
   std::uint16_t store_port = 29500;
   NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
   Millis stop_grace{30'000};
+  // Multi-node (--nodes / ddp-agentd): the job file's hosts (--nodes wins) and rendezvous timing.
+  std::vector<std::string> hosts;
+  Millis join_timeout{600'000};
+  Millis last_call{5'000};
 };
 
 // Parses YAML text; `file` names it in diagnostics. Throws JobSpecError.

@@ -133,9 +133,22 @@ TEST(JobSpec, DuplicateKeys) {
 TEST(JobSpec, LaterFeaturesAreNotSupportedYet) {
   expect_error("command: [x]\ncontainer: {runtime: docker}\n", 2, 1, "'container' is not supported yet");
   expect_error("command: [x]\nbinding: {gpu: auto}\n", 2, 1, "'binding' is not supported yet");
-  expect_error("command: [x]\nrendezvous: {join_timeout: 1m}\n", 2, 1, "'rendezvous' is not supported yet");
-  expect_error("command: [x]\nhosts: [a, b]\n", 2, 1, "'hosts' is not supported yet");
-  expect_error("command: [x]\nnnodes: 2\n", 2, 9, "not supported yet");
+}
+
+TEST(JobSpec, MultiNodeKeys) {
+  auto s = parse_job_yaml("command: [x]\nnnodes: 2\nhosts: [a, 'b:29411']\nrendezvous: {join_timeout: 1m, last_call: 2s}\n", "t");
+  EXPECT_EQ(s.nnodes_min, 2);
+  EXPECT_EQ(s.nnodes_max, 2);
+  EXPECT_EQ(s.hosts, (std::vector<std::string>{"a", "b:29411"}));
+  EXPECT_EQ(s.join_timeout, ddp::Millis(60000));
+  EXPECT_EQ(s.last_call, ddp::Millis(2000));
+  EXPECT_EQ(parse_job_yaml("command: [x]\nhosts: 'n[1-4]'\n", "t").hosts, (std::vector<std::string>{"n[1-4]"}));
+  auto e = parse_job_yaml("command: [x]\nnnodes: '2:4'\n", "t");
+  EXPECT_EQ(e.nnodes_min, 2);
+  EXPECT_EQ(e.nnodes_max, 4);
+  expect_error("command: [x]\nhosts: []\n", 2, 8, "hosts: expected a list");
+  expect_error("command: [x]\nrendezvous: {join_timeout: soon}\n", 2, 28, "rendezvous.join_timeout: expected a duration");
+  expect_error("command: [x]\nrendezvous: {last_cal: 1s}\n", 2, 14, "did you mean 'last_call'");
 }
 
 TEST(JobSpec, NnodesForms) {

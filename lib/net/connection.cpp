@@ -1,0 +1,216 @@
+// The Asio edge of one protocol connection (see connection.hpp).
+#include "net/connection.hpp"
+
+#include "common/log.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/write.hpp>
+#include <fmt/format.h>
+
+#include <pwd.h>
+#include <unistd.h>
+
+namespace ddp::net {
+
+namespace asio = boost::asio;
+
+namespace {
+// After a drop, how long queued frames (the error that explains it) may take to leave.
+constexpr auto kLinger = std::chrono::seconds(2);
+}  // namespace
+
+std::shared_ptr<Connection> Connection::make(tcp::socket socket, proto::Session session, std::string label,
+                                             std::string log_subsystem, Millis handshake_timeout) {
+  return std::shared_ptr<Connection>(
+      new Connection(std::move(socket), std::move(session), std::move(label), std::move(log_subsystem), handshake_timeout));
+}
+
+Connection::Connection(tcp::socket socket, proto::Session session, std::string label, std::string log_subsystem,
+                       Millis handshake_timeout)
+    : socket_(std::move(socket)),
+      session_(std::move(session)),
+      label_(std::move(label)),
+      log_subsystem_(std::move(log_subsystem)),
+      handshake_timeout_(handshake_timeout),
+      timer_(socket_.get_executor()) {
+  boost::system::error_code ec;
+  remote_ = socket_.remote_endpoint(ec);
+  local_ = socket_.local_endpoint(ec);
+  socket_.set_option(tcp::no_delay(true), ec);
+}
+
+Connection::~Connection() {
+  boost::system::error_code ignored;
+  socket_.close(ignored);
+}
+
+void Connection::start(ConnectionHandlers handlers) {
+  handlers_ = std::move(handlers);
+  timer_.expires_after(handshake_timeout_);
+  timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (ec || self->closing_ || self->closed_ || self->session_.established()) return;
+    self->apply(self->session_.on_handshake_timeout());
+  });
+  read();
+  apply(session_.start());
+}
+
+void Connection::read() {
+  socket_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+    if (self->closed_ || self->closing_) return;
+    if (ec) {
+      std::string why = ec == asio::error::eof ? "the peer closed the connection" : "connection lost: " + ec.message();
+      if (!self->session_.established()) why += " during the handshake";
+      self->closed(why);
+      return;
+    }
+    self->apply(self->session_.on_bytes(std::string_view(self->buf_.data(), n)));
+    if (!self->closed_ && !self->closing_) self->read();
+  });
+}
+
+void Connection::apply(proto::Effects effects) {
+  for (auto& e : effects) {
+    if (closed_) return;
+    if (auto* s = std::get_if<proto::Send>(&e)) {
+      queue(std::move(s->bytes));
+    } else if (auto* est = std::get_if<proto::Established>(&e)) {
+      timer_.cancel();
+      was_established_ = true;
+      if (handlers_.on_established) handlers_.on_established(est->peer);
+    } else if (auto* d = std::get_if<proto::Deliver>(&e)) {
+      if (!closing_ && handlers_.on_message) handlers_.on_message(std::move(d->message));
+    } else if (auto* drop = std::get_if<proto::Drop>(&e)) {
+      if (closing_) continue;
+      closing_ = true;
+      close_reason_ = drop->reason;
+      timer_.cancel();
+      if (out_.empty() && !writing_) {
+        finish_close();
+      } else {
+        timer_.expires_after(kLinger);
+        timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+          if (!ec) self->finish_close();
+        });
+      }
+    }
+  }
+}
+
+bool Connection::send(const nlohmann::json& message) {
+  if (!established()) return false;
+  try {
+    queue(session_.seal(message));
+  } catch (const std::exception& e) {
+    // A message our own schema refuses is a bug on this side; the peer must not pay for it.
+    log::get(log_subsystem_)->error("{}: not sent: {}", label_, e.what());
+    return false;
+  }
+  return true;
+}
+
+void Connection::refuse(proto::ErrorCode code, const std::string& message, const std::string& hint) {
+  if (closed_ || closing_) return;
+  apply(session_.refuse(code, message, hint));
+}
+
+void Connection::close(const std::string& reason) {
+  if (closed_) return;
+  closed(reason);
+}
+
+void Connection::queue(std::string frame) {
+  if (closed_) return;
+  queued_bytes_ += frame.size();
+  out_.push_back(std::move(frame));
+  if (!writing_) write();
+}
+
+void Connection::write() {
+  if (out_.empty() || closed_) {
+    writing_ = false;
+    if (closing_ && !closed_) finish_close();
+    return;
+  }
+  writing_ = true;
+  asio::async_write(socket_, asio::buffer(out_.front()), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    if (self->closed_) return;
+    self->queued_bytes_ -= self->out_.front().size();
+    self->out_.pop_front();
+    if (ec) {
+      self->writing_ = false;
+      self->closed(self->closing_ ? self->close_reason_ : "connection lost while writing: " + ec.message());
+      return;
+    }
+    self->write();
+  });
+}
+
+void Connection::finish_close() {
+  if (closed_) return;
+  closed(close_reason_);
+}
+
+void Connection::closed(const std::string& reason) {
+  closed_ = true;
+  closing_ = true;
+  timer_.cancel();
+  boost::system::error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  out_.clear();
+  queued_bytes_ = 0;
+  // A peer that never authenticated is worth a warning (a wrong token, a scanner, a stray).
+  log::get(log_subsystem_)->log(was_established_ ? spdlog::level::info : spdlog::level::warn, "{}: connection closed: {}",
+                                label_, reason);
+  if (auto cb = std::move(handlers_.on_closed)) {
+    handlers_ = {};
+    cb(reason);
+  } else {
+    handlers_ = {};
+  }
+}
+
+void dial(asio::io_context& io, const std::string& host, std::uint16_t port, Millis timeout,
+          std::function<void(boost::system::error_code, tcp::socket)> done) {
+  struct State {
+    explicit State(asio::io_context& io) : resolver(io), socket(io), timer(io) {}
+    tcp::resolver resolver;
+    tcp::socket socket;
+    asio::steady_timer timer;
+    bool timed_out = false;
+    std::function<void(boost::system::error_code, tcp::socket)> done;
+  };
+  auto st = std::make_shared<State>(io);
+  st->done = std::move(done);
+  st->timer.expires_after(timeout);
+  st->timer.async_wait([st](boost::system::error_code ec) {
+    if (ec) return;
+    st->timed_out = true;
+    st->resolver.cancel();
+    boost::system::error_code ignored;
+    st->socket.close(ignored);
+  });
+  st->resolver.async_resolve(host, std::to_string(port), [st](boost::system::error_code ec, tcp::resolver::results_type r) {
+    if (ec) {
+      st->timer.cancel();
+      return st->done(st->timed_out ? asio::error::timed_out : ec, tcp::socket(st->socket.get_executor()));
+    }
+    asio::async_connect(st->socket, r, [st](boost::system::error_code ec, const tcp::endpoint&) {
+      st->timer.cancel();
+      if (st->timed_out) ec = asio::error::timed_out;
+      st->done(ec, std::move(st->socket));
+    });
+  });
+}
+
+std::string local_user() {
+  const uid_t uid = ::geteuid();
+  struct passwd pw {};
+  struct passwd* res = nullptr;
+  char buf[4096];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res && res->pw_name) return res->pw_name;
+  return fmt::format("uid {}", uid);
+}
+
+}  // namespace ddp::net

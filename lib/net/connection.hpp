@@ -1,0 +1,95 @@
+// One protocol connection over TCP: the Asio edge around a proto::Session.
+//
+// Owns the socket, the handshake deadline, the write queue and the read loop; carries out the
+// session's effects in order (Send: queue the frame; Established/Deliver: hand to the owner;
+// Drop: flush what is queued, e.g. the error frame that explains the drop, then close and log
+// the reason with the peer's name). Every callback runs on the io_context's thread.
+//
+// Lifetime: pending operations hold a shared_ptr, so an owner may forget a connection inside
+// its own on_closed. on_closed fires exactly once, for a drop by either side or close().
+#pragma once
+
+#include "common/duration.hpp"
+#include "proto/session.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace ddp::net {
+
+using tcp = boost::asio::ip::tcp;
+
+struct ConnectionHandlers {
+  std::function<void(const proto::PeerInfo&)> on_established;
+  std::function<void(proto::Message)> on_message;
+  std::function<void(const std::string& reason)> on_closed;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  // `label` names the peer in every log line ("n2 (10.0.0.2:29410)"); `log_subsystem` picks the logger.
+  static std::shared_ptr<Connection> make(tcp::socket socket, proto::Session session, std::string label,
+                                          std::string log_subsystem, Millis handshake_timeout);
+  ~Connection();
+
+  // Starts reading and the handshake (a client sends its hello now).
+  void start(ConnectionHandlers handlers);
+  // Seals and queues an application message; false when the session is not established (or gone).
+  bool send(const nlohmann::json& message);
+  // Refuses the peer (an 'error' frame with code and message), then closes.
+  void refuse(proto::ErrorCode code, const std::string& message, const std::string& hint = "");
+  // Closes from our side without telling the peer (it sees EOF).
+  void close(const std::string& reason);
+
+  proto::Session& session() { return session_; }
+  bool established() const { return session_.established() && !closing_; }
+  bool open() const { return !closed_; }
+  const std::string& label() const { return label_; }
+  void set_label(std::string label) { label_ = std::move(label); }
+  // Bytes queued for the peer and not yet written (output backpressure for the agent).
+  std::size_t queued_bytes() const { return queued_bytes_; }
+  tcp::endpoint remote_endpoint() const { return remote_; }
+  tcp::endpoint local_endpoint() const { return local_; }
+
+ private:
+  Connection(tcp::socket socket, proto::Session session, std::string label, std::string log_subsystem,
+             Millis handshake_timeout);
+  void read();
+  void apply(proto::Effects effects);
+  void queue(std::string frame);
+  void write();
+  void finish_close();
+  void closed(const std::string& reason);
+
+  tcp::socket socket_;
+  proto::Session session_;
+  std::string label_;
+  std::string log_subsystem_;
+  Millis handshake_timeout_;
+  boost::asio::steady_timer timer_;  // handshake deadline, then the linger after a drop
+  tcp::endpoint remote_, local_;
+  ConnectionHandlers handlers_;
+  std::deque<std::string> out_;
+  std::size_t queued_bytes_ = 0;
+  bool writing_ = false;
+  bool closing_ = false;  // a drop: flush the queue, then close
+  bool closed_ = false;
+  bool was_established_ = false;
+  std::string close_reason_;
+  std::array<char, 64 * 1024> buf_{};
+};
+
+// Resolves and connects with a deadline; `done` gets an error or the connected socket.
+void dial(boost::asio::io_context& io, const std::string& host, std::uint16_t port, Millis timeout,
+          std::function<void(boost::system::error_code, tcp::socket)> done);
+
+// The local user's name, for hello and job messages ("uid 1234" when it has no name).
+std::string local_user();
+
+}  // namespace ddp::net

@@ -1,0 +1,32 @@
+// Token files on disk: where they are looked for, and the checks before a secret is trusted.
+//
+// Policy: a token file readable or writable by group or others is refused (its secret may
+// already be known), as ssh refuses a private key; every error names the file and says what to
+// do. The format is proto/keyring.hpp's.
+#pragma once
+
+#include "proto/keyring.hpp"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::net {
+
+class TokenError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Reads, checks (regular file, mode 0600 or stricter) and parses. Throws TokenError.
+proto::Keyring load_token_file(const std::string& path);
+
+// Where a client (ddpctl) looks, in order: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token
+// (else ~/.config/ddpctl/token), /etc/ddpctl/token.
+std::vector<std::string> client_token_candidates();
+// The first candidate that exists; throws TokenError listing where it looked.
+std::string find_client_token_file();
+
+inline constexpr const char* kAgentTokenFile = "/etc/ddpctl/token";
+
+}  // namespace ddp::net

@@ -1,0 +1,145 @@
+// The job payload codec and --nodes entries (see wire.hpp).
+#include "net/wire.hpp"
+
+#include "hostlist/hostlist.hpp"
+
+#include <fmt/format.h>
+
+#include <set>
+
+namespace ddp::net {
+
+using nlohmann::json;
+
+namespace {
+
+const char* nproc_kind(jobspec::Nproc::Kind k) {
+  switch (k) {
+    case jobspec::Nproc::Kind::cpu: return "cpu";
+    case jobspec::Nproc::Kind::gpu: return "gpu";
+    default: return "count";
+  }
+}
+
+template <class T>
+T get(const json& j, const char* key) {
+  if (!j.contains(key)) throw WireError(fmt::format("job spec: missing '{}'", key));
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    throw WireError(fmt::format("job spec: '{}' has the wrong type", key));
+  }
+}
+
+}  // namespace
+
+json to_json(const JobPayload& p) {
+  const auto& s = p.spec;
+  json env = json::array();
+  for (const auto& [k, v] : s.env) env.push_back({k, v});
+  json j{{"file", s.file},
+         {"name", s.name},
+         {"nnodes_min", s.nnodes_min},
+         {"nnodes_max", s.nnodes_max},
+         {"nproc", {{"kind", nproc_kind(s.nproc.kind)}, {"count", s.nproc.count}}},
+         {"command", s.command},
+         {"shell", s.shell},
+         {"env", env},
+         {"env_forward", s.env_forward},
+         {"max_restarts", s.max_restarts},
+         {"restart_backoff_ms", s.restart_backoff.count()},
+         {"log_dir", s.log_dir},
+         {"log_max_bytes", s.log_max_bytes},
+         {"store_port", s.store_port},
+         {"nccl_unique_id", s.nccl_unique_id == jobspec::NcclUniqueId::on    ? "on"
+                            : s.nccl_unique_id == jobspec::NcclUniqueId::off ? "off"
+                                                                             : "auto"},
+         {"stop_grace_ms", s.stop_grace.count()},
+         {"forward_env", p.forward_env}};
+  if (s.workdir) j["workdir"] = *s.workdir;
+  return j;
+}
+
+JobPayload payload_from_json(const json& j) {
+  if (!j.is_object()) throw WireError("job spec: expected an object");
+  JobPayload p;
+  auto& s = p.spec;
+  s.file = get<std::string>(j, "file");
+  s.name = get<std::string>(j, "name");
+  s.nnodes_min = get<int>(j, "nnodes_min");
+  s.nnodes_max = get<int>(j, "nnodes_max");
+  const auto& n = j.contains("nproc") ? j.at("nproc") : json();
+  if (!n.is_object()) throw WireError("job spec: missing 'nproc'");
+  const auto kind = get<std::string>(n, "kind");
+  if (kind == "cpu") s.nproc.kind = jobspec::Nproc::Kind::cpu;
+  else if (kind == "gpu") s.nproc.kind = jobspec::Nproc::Kind::gpu;
+  else if (kind == "count") s.nproc.kind = jobspec::Nproc::Kind::count;
+  else throw WireError(fmt::format("job spec: nproc.kind '{}' is not cpu, gpu or count", kind));
+  s.nproc.count = get<int>(n, "count");
+  if (s.nproc.kind == jobspec::Nproc::Kind::count && (s.nproc.count < 1 || s.nproc.count > 4096)) {
+    throw WireError(fmt::format("job spec: nproc.count {} is outside 1-4096", s.nproc.count));
+  }
+  s.command = get<std::vector<std::string>>(j, "command");
+  if (s.command.empty() || s.command[0].empty()) throw WireError("job spec: 'command' is empty");
+  s.shell = get<bool>(j, "shell");
+  if (j.contains("workdir")) s.workdir = get<std::string>(j, "workdir");
+  for (const auto& kv : get<json>(j, "env")) {
+    if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) {
+      throw WireError("job spec: 'env' items must be [name, value] pairs of strings");
+    }
+    s.env.emplace_back(kv[0].get<std::string>(), kv[1].get<std::string>());
+  }
+  s.env_forward = get<std::vector<std::string>>(j, "env_forward");
+  s.max_restarts = get<int>(j, "max_restarts");
+  s.restart_backoff = Millis(get<long long>(j, "restart_backoff_ms"));
+  s.log_dir = get<std::string>(j, "log_dir");
+  s.log_max_bytes = get<std::uint64_t>(j, "log_max_bytes");
+  s.store_port = get<std::uint16_t>(j, "store_port");
+  const auto nccl = get<std::string>(j, "nccl_unique_id");
+  s.nccl_unique_id = nccl == "on" ? jobspec::NcclUniqueId::on
+                     : nccl == "off" ? jobspec::NcclUniqueId::off
+                                     : jobspec::NcclUniqueId::automatic;
+  s.stop_grace = Millis(get<long long>(j, "stop_grace_ms"));
+  if (s.stop_grace.count() < 0 || s.restart_backoff.count() < 0) throw WireError("job spec: negative duration");
+  p.forward_env = get<std::map<std::string, std::string>>(j, "forward_env");
+  return p;
+}
+
+std::map<std::string, std::string> forwarded_env(const std::map<std::string, std::string>& launcher_env,
+                                                 const std::vector<std::string>& patterns) {
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : launcher_env) {
+    for (const auto& p : patterns) {
+      const bool prefix = !p.empty() && p.back() == '*';
+      if (prefix ? k.rfind(p.substr(0, p.size() - 1), 0) == 0 : k == p) {
+        out.emplace(k, v);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<NodeEntry> node_entries(const std::vector<std::string>& hosts, std::uint16_t default_port) {
+  std::vector<NodeEntry> out;
+  std::map<std::string, int> per_host;
+  std::set<std::pair<std::string, std::uint16_t>> seen;
+  for (const auto& h : hosts) {
+    auto ep = hostlist::parse_endpoint(h);
+    if (!ep.ok()) throw WireError(fmt::format("node '{}': {}", h, ep.error->to_string()));
+    NodeEntry e{"", ep.endpoint.host, ep.endpoint.port.value_or(default_port)};
+    if (!seen.insert({e.host, e.port}).second) {
+      throw WireError(fmt::format("node '{}' is listed twice (as {}:{})", h, e.host, e.port));
+    }
+    ++per_host[e.host];
+    out.push_back(std::move(e));
+  }
+  for (auto& e : out) {
+    const bool v6 = e.host.find(':') != std::string::npos;
+    e.name = per_host[e.host] > 1 ? (v6 ? fmt::format("[{}]:{}", e.host, e.port) : fmt::format("{}:{}", e.host, e.port))
+                                  : e.host;
+  }
+  return out;
+}
+
+}  // namespace ddp::net

@@ -1,0 +1,92 @@
+// Two Connections over loopback on port 0, in one io_context: handshake, messages both ways,
+// a wrong key refused with a clear reason on both sides, and a silent peer timed out.
+#include "net/connection.hpp"
+
+#include <boost/asio.hpp>
+#include <gtest/gtest.h>
+
+using namespace ddp::net;
+using namespace ddp::proto;
+namespace asio = boost::asio;
+
+namespace {
+
+Key key(char c) { return Key{"default", std::string(40, c)}; }
+
+struct Pair {
+  asio::io_context io;
+  tcp::acceptor acceptor{io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)};
+  std::shared_ptr<Connection> server, client;
+  std::string server_closed, client_closed;
+  std::vector<std::string> server_got, client_got;
+  bool server_est = false, client_est = false;
+
+  void run(Key client_key, ddp::Millis handshake = ddp::Millis(2000), bool silent_client = false) {
+    acceptor.async_accept([&](boost::system::error_code ec, tcp::socket s) {
+      ASSERT_FALSE(ec);
+      ServerConfig sc;
+      sc.role = Role::agent;
+      sc.keys = Keyring({key('s')});
+      sc.nonce = random_nonce();
+      sc.accept_roles = {Role::coordinator};
+      server = Connection::make(std::move(s), Session::server(sc), "client-peer", "test", handshake);
+      server->start({[&](const PeerInfo&) { server_est = true; },
+                     [&](Message m) {
+                       server_got.push_back(m.type);
+                       server->send(server->session().message("heartbeat"));
+                     },
+                     [&](const std::string& r) { server_closed = r; }});
+    });
+    tcp::socket cs(io);
+    cs.connect(acceptor.local_endpoint());
+    if (silent_client) {
+      io.run_for(std::chrono::seconds(3));
+      return;
+    }
+    ClientConfig cc;
+    cc.role = Role::coordinator;
+    cc.user = "u";
+    cc.key = client_key;
+    cc.nonce = random_nonce();
+    client = Connection::make(std::move(cs), Session::client(cc), "server-peer", "test", handshake);
+    client->start({[&](const PeerInfo&) {
+                     client_est = true;
+                     client->send(client->session().message("time_ping", {{"t0_us", 1}}));
+                   },
+                   [&](Message m) {
+                     client_got.push_back(m.type);
+                     client->close("done");
+                   },
+                   [&](const std::string& r) { client_closed = r; }});
+    io.run_for(std::chrono::seconds(3));
+  }
+};
+
+}  // namespace
+
+TEST(Connection, HandshakeAndMessagesBothWays) {
+  Pair p;
+  p.run(key('s'));
+  EXPECT_TRUE(p.server_est);
+  EXPECT_TRUE(p.client_est);
+  EXPECT_EQ(p.server_got, std::vector<std::string>{"time_ping"});
+  EXPECT_EQ(p.client_got, std::vector<std::string>{"heartbeat"});
+  EXPECT_EQ(p.client_closed, "done");
+  EXPECT_NE(p.server_closed.find("closed"), std::string::npos) << p.server_closed;
+}
+
+TEST(Connection, WrongKeyIsRefusedAndBothSidesSayWhy) {
+  Pair p;
+  p.run(key('x'));
+  EXPECT_FALSE(p.server_est);
+  EXPECT_FALSE(p.client_est);
+  EXPECT_NE(p.server_closed.find("auth"), std::string::npos) << p.server_closed;
+  EXPECT_NE(p.client_closed.find("auth"), std::string::npos) << p.client_closed;
+  EXPECT_TRUE(p.server_got.empty());
+}
+
+TEST(Connection, SilentPeerTimesOutInTheHandshake) {
+  Pair p;
+  p.run(key('s'), ddp::Millis(200), /*silent_client=*/true);
+  EXPECT_NE(p.server_closed.find("timed out waiting for the peer's hello"), std::string::npos) << p.server_closed;
+}

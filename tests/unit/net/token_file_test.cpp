@@ -1,0 +1,74 @@
+// Token files: permissions are checked before a secret is trusted; errors say what to do.
+#include "net/token_file.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sys/stat.h>
+#include <unistd.h>
+
+using namespace ddp::net;
+namespace fs = std::filesystem;
+
+namespace {
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/ddp-token-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string write(const fs::path& p, const std::string& text, mode_t mode) {
+  std::ofstream(p) << text;
+  ::chmod(p.c_str(), mode);
+  return p.string();
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    load_token_file(path);
+  } catch (const TokenError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(TokenFile, LoadsA0600File) {
+  TempDir d;
+  auto p = write(d.path / "token", std::string(64, 'a') + "\n", 0600);
+  auto k = load_token_file(p);
+  ASSERT_NE(k.first(), nullptr);
+  EXPECT_EQ(k.first()->id, "default");
+}
+
+TEST(TokenFile, RefusesGroupOrWorldAccess) {
+  TempDir d;
+  auto p = write(d.path / "token", std::string(64, 'a') + "\n", 0644);
+  auto e = error_of(p);
+  EXPECT_NE(e.find("mode 0644"), std::string::npos) << e;
+  EXPECT_NE(e.find("chmod 600"), std::string::npos) << e;
+}
+
+TEST(TokenFile, MissingAndMalformed) {
+  TempDir d;
+  EXPECT_NE(error_of((d.path / "nope").string()).find("does not exist"), std::string::npos);
+  auto p = write(d.path / "short", "tooshort\n", 0600);
+  EXPECT_NE(error_of(p).find("line 1"), std::string::npos) << error_of(p);
+}
+
+TEST(TokenFile, ClientCandidatesFollowTheDocumentedOrder) {
+  ::setenv("DDP_TOKEN_FILE", "/x/token", 1);
+  ::setenv("XDG_CONFIG_HOME", "/cfg", 1);
+  auto c = client_token_candidates();
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0], "/x/token");
+  EXPECT_EQ(c[1], "/cfg/ddpctl/token");
+  EXPECT_EQ(c[2], "/etc/ddpctl/token");
+  ::unsetenv("DDP_TOKEN_FILE");
+  ::unsetenv("XDG_CONFIG_HOME");
+}

@@ -1,0 +1,67 @@
+// The job payload codec and --nodes entries.
+#include "net/wire.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace ddp::net;
+
+TEST(Wire, PayloadRoundTrips) {
+  JobPayload p;
+  p.spec = ddp::jobspec::parse_job_yaml(
+      "name: t\nnnodes: 2\nnproc_per_node: 3\ncommand: [python3, a.py, --x]\nworkdir: /w\nenv: {A: '1', B: two}\n"
+      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555}\nstop: {grace: 4s}\n",
+      "t.yaml");
+  p.forward_env = {{"PATH", "/usr/bin"}};
+  auto back = payload_from_json(nlohmann::json::parse(to_json(p).dump()));
+  EXPECT_EQ(back.spec.name, "t");
+  EXPECT_EQ(back.spec.nnodes_max, 2);
+  EXPECT_EQ(back.spec.nproc.count, 3);
+  EXPECT_EQ(back.spec.command, p.spec.command);
+  EXPECT_EQ(back.spec.workdir, "/w");
+  EXPECT_EQ(back.spec.env, p.spec.env);
+  EXPECT_EQ(back.spec.max_restarts, 2);
+  EXPECT_EQ(back.spec.restart_backoff, ddp::Millis(3000));
+  EXPECT_EQ(back.spec.store_port, 29555);
+  EXPECT_EQ(back.spec.stop_grace, ddp::Millis(4000));
+  EXPECT_EQ(back.forward_env, p.forward_env);
+}
+
+TEST(Wire, BadPayloadNamesTheField) {
+  JobPayload p;
+  p.spec.command = {"x"};
+  auto j = to_json(p);
+  j.erase("command");
+  try {
+    payload_from_json(j);
+    FAIL();
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find("'command'"), std::string::npos);
+  }
+  j = to_json(p);
+  j["nproc"]["kind"] = "tpu";
+  EXPECT_THROW(payload_from_json(j), WireError);
+  j = to_json(p);
+  j["env"] = nlohmann::json::array({nlohmann::json::array({"A"})});
+  EXPECT_THROW(payload_from_json(j), WireError);
+  EXPECT_THROW(payload_from_json(nlohmann::json::array()), WireError);
+}
+
+TEST(Wire, ForwardedEnvMatchesNamesAndPrefixes) {
+  auto f = forwarded_env({{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}, {"HOME", "h"}, {"PATHX", "no"}}, {"PATH", "NCCL_*"});
+  EXPECT_EQ(f, (std::map<std::string, std::string>{{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}}));
+}
+
+TEST(Wire, NodeEntries) {
+  auto e = node_entries({"n1", "n2:30000", "[fe80::1]:5"}, 29410);
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[0].name, "n1");
+  EXPECT_EQ(e[0].port, 29410);
+  EXPECT_EQ(e[1].name, "n2");
+  EXPECT_EQ(e[1].port, 30000);
+  EXPECT_EQ(e[2].host, "fe80::1");
+  // Two agents on one host: names carry the port so they stay apart.
+  auto same = node_entries({"127.0.0.1:1", "127.0.0.1:2"}, 29410);
+  EXPECT_EQ(same[0].name, "127.0.0.1:1");
+  EXPECT_EQ(same[1].name, "127.0.0.1:2");
+  EXPECT_THROW(node_entries({"a", "a:29410"}, 29410), WireError);
+}
