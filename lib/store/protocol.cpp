@@ -129,8 +129,8 @@ bool Decoder::begin_request(uint8_t opcode) {
   } else if (protocol_ == Protocol::v2 && opcode < kV2Ops.size()) {
     cur_.op = kV2Ops[opcode];
   } else {
-    return fail("unknown opcode " + std::to_string(opcode) + " for the " +
-                std::string(to_string(protocol_)) + " protocol, PyTorch 2.0-2.5?");
+    return fail("unknown opcode " + std::to_string(opcode) + ", PyTorch 2.0–2.5? (the connection speaks the " +
+                std::string(to_string(protocol_)) + " protocol)");
   }
   return after_field();
 }

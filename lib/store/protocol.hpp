@@ -7,7 +7,7 @@
 //    the magic 0x3C85F7CE) is 2.x (2.6+ enum); anything else is 1.13. The 1.13 family also
 //    accepts opcodes 9..12 (APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT) because early 2.x clients
 //    without VALIDATE used 1.13's enum extended that way; any other opcode is an error
-//    ("unknown opcode N, PyTorch 2.0-2.5?").
+//    ("unknown opcode N, PyTorch 2.0–2.5?").
 //  - Integers are little-endian, as PyTorch sends them (host-order memcpy on x86/arm64). We
 //    encode and decode them byte by byte, so this code means the same on any host.
 //  - Every length and count is checked against Limits the moment it is read, before a single

@@ -1,0 +1,58 @@
+"""Fixtures for the store's integration tests: `ddpctl store serve` on a free loopback port."""
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+
+BINARY_DIR = pathlib.Path(os.environ.get("DDP_BINARY_DIR", pathlib.Path(__file__).resolve().parents[3] / "build"))
+DDPCTL = BINARY_DIR / "bin" / "ddpctl"
+
+
+class StoreProcess:
+    def __init__(self, tmp_path, *extra):
+        self.log_path = tmp_path / "store.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([str(DDPCTL), "store", "serve", "--listen", "127.0.0.1:0", *extra],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline().strip()
+        assert line.startswith("listening on 127.0.0.1:"), f"unexpected first line {line!r}"
+        self.host = "127.0.0.1"
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def log_text(self):
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def wait_for_log(self, needle, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_text()
+            if needle in text:
+                return text
+            time.sleep(0.05)
+        raise AssertionError(f"{needle!r} not in the store log:\n{self.log_text()}")
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = StoreProcess(tmp_path)
+    yield s
+    assert s.alive(), "the store died during the test:\n" + s.log_text()
+    assert s.stop() == 0
