@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Our store server against PyTorch's own TCPStore server (Debian's 1.13), same load, one run.
+# Builds nothing: run scripts/build first. Prints ops/s, latency, server CPU-us per op and
+# server memory, with ratios ours/theirs.
+#   BUILD_DIR=...        build folder (default build)
+#   CLIENTS=1,16,256     client counts
+#   RUN_SECONDS=3        measured seconds per run (after 0.3 s of warm-up)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build}
+ddpctl=$build/bin/ddpctl
+load=$build/bin/store_load
+for b in "$ddpctl" "$load"; do
+  [[ -x $b ]] || { echo "run.sh: $b is missing; run scripts/build first" >&2; exit 2; }
+done
+[[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c "import torch" 2>/dev/null \
+  || { echo "run.sh: Debian's python3-torch is needed for the comparison" >&2; exit 2; }
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Starts "$@" in the background; sets $started_pid and $started_port from its first line.
+start() {
+  local out=$work/out.$#.$RANDOM
+  "$@" >"$out" 2>"$out.err" &
+  started_pid=$!
+  pids+=("$started_pid")
+  for _ in $(seq 1 300); do
+    if grep -q '^listening on ' "$out"; then
+      started_port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out" | head -n1)
+      return 0
+    fi
+    kill -0 "$started_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "run.sh: $1 did not start listening:" >&2
+  cat "$out.err" >&2
+  exit 2
+}
+
+DDP_LOG_LEVEL=warn start "$ddpctl" store serve --listen 127.0.0.1:0
+ours_pid=$started_pid ours_port=$started_port
+start /usr/bin/python3 "$root/bench/store/torch_server.py"
+torch_pid=$started_pid torch_port=$started_port
+
+echo "ours:  ddpctl store serve (pid $ours_pid, port $ours_port)"
+echo "torch: PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') TCPStore(is_master=True) (pid $torch_pid, port $torch_port)"
+echo "machine: $(nproc) cores; load generator and both servers share them"
+"$load" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
+  --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}"
