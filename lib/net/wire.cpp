@@ -57,6 +57,7 @@ json to_json(const JobPayload& p) {
          {"stop_grace_ms", s.stop_grace.count()},
          {"forward_env", p.forward_env}};
   if (s.workdir) j["workdir"] = *s.workdir;
+  if (!p.node_addresses.empty()) j["node_addresses"] = p.node_addresses;
   return j;
 }
 
@@ -102,6 +103,7 @@ JobPayload payload_from_json(const json& j) {
   s.stop_grace = Millis(get<long long>(j, "stop_grace_ms"));
   if (s.stop_grace.count() < 0 || s.restart_backoff.count() < 0) throw WireError("job spec: negative duration");
   p.forward_env = get<std::map<std::string, std::string>>(j, "forward_env");
+  if (j.contains("node_addresses")) p.node_addresses = get<std::vector<std::string>>(j, "node_addresses");
   return p;
 }
 

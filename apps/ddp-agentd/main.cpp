@@ -1,0 +1,62 @@
+// ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
+#include "agent/agent.hpp"
+#include "common/log.hpp"
+#include "hostlist/hostlist.hpp"
+#include "net/token_file.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-agentd: the ddpctl node agent (runs a job's workers on this node for an authenticated coordinator)"};
+  app.set_version_flag("--version", "ddp-agentd 0.1.0");
+  std::string listen = fmt::format("[::]:{}", ddp::agent::kDefaultPort);
+  std::string token_file = ddp::net::kAgentTokenFile;
+  std::string config;
+  bool oneshot = false, verbose = false;
+  double heartbeat_timeout_s = 6;
+  ddp::agent::AgentOptions opts;
+  app.add_option("--listen", listen, "HOST:PORT to listen on ([::]:29410: every address)");
+  app.add_option("--token-file", token_file, "the shared secret(s) coordinators must prove (mode 0600)");
+  app.add_option("--name", opts.name, "this node's name in logs (default: the hostname)");
+  app.add_option("--log-dir", opts.log_dir, "where workers' per-rank logs go on this node");
+  app.add_option("--heartbeat-timeout", heartbeat_timeout_s, "seconds of coordinator silence that stop the workers")
+      ->check(CLI::Range(0.5, 3600.0));
+  app.add_option("--config", config, "agent config file (not supported yet)");
+  app.add_flag("--oneshot", oneshot, "serve one job, then exit (not supported yet)");
+  app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (verbose) ddp::log::set_level(spdlog::level::debug);
+  if (oneshot) {
+    std::cerr << "ddp-agentd: --oneshot is not supported yet (it arrives with the SSH mode); run the daemon and stop it\n";
+    return 2;
+  }
+  if (!config.empty()) {
+    std::cerr << "ddp-agentd: --config is not supported yet; use the flags\n";
+    return 2;
+  }
+  auto ep = ddp::hostlist::parse_endpoint(listen);
+  if (!ep.ok()) {
+    std::cerr << fmt::format("ddp-agentd: --listen '{}': {}\n", listen, ep.error->to_string());
+    return 2;
+  }
+  opts.listen_host = ep.endpoint.host;
+  opts.port = ep.endpoint.port.value_or(ddp::agent::kDefaultPort);
+  opts.heartbeat_timeout = ddp::Millis(static_cast<long long>(heartbeat_timeout_s * 1000));
+  try {
+    opts.keys = ddp::net::load_token_file(token_file);
+    return ddp::agent::run_agent(std::move(opts));
+  } catch (const ddp::net::TokenError& e) {
+    std::cerr << "ddp-agentd: " << e.what() << "\n";
+    return 2;
+  } catch (const ddp::agent::AgentError& e) {
+    std::cerr << "ddp-agentd: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,607 @@
+// The agent daemon: listener, per-connection protocol handling, the one job's attempts, the
+// store on node rank 0, heartbeats, signals and reaping. See agent.hpp for the flow and policy.
+#include "agent/agent.hpp"
+
+#include "agent/interfaces.hpp"
+#include "common/log.hpp"
+#include "common/strings.hpp"
+#include "contract/contract.hpp"
+#include "facts/discover.hpp"
+#include "launch/worker_group.hpp"
+#include "net/connection.hpp"
+#include "net/wire.hpp"
+#include "store/server.hpp"
+#include "supervisor/cgroup.hpp"
+#include "supervisor/process.hpp"
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+extern char** environ;
+
+namespace ddp::agent {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using net::Connection;
+using net::tcp;
+using nlohmann::json;
+
+namespace {
+
+// Output frames carry at most 16 KiB of a line: invalid UTF-8 may triple in size when the JSON
+// is written, and the schema's bound for 'data' is 64 KiB.
+constexpr std::size_t kOutputChunk = 16 * 1024;
+// When the coordinator reads slower than workers write, output beyond this much queued is
+// dropped (counted and announced) rather than buffered without bound or blocking workers.
+constexpr std::size_t kMaxQueuedOutput = 64u << 20;
+// Tail lines in worker_exited, and the error file's fields: bounded so one frame stays small.
+constexpr std::size_t kTailLineBytes = 2048;
+constexpr std::size_t kErrorFieldBytes = 64 * 1024;
+
+std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+contract::Env own_environment() {
+  contract::Env env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string_view::npos) env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return env;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+std::string peer_label(const tcp::endpoint& ep) {
+  auto a = ep.address();
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a.is_v6() ? fmt::format("[{}]:{}", a.to_string(), ep.port()) : fmt::format("{}:{}", a.to_string(), ep.port());
+}
+
+std::string plain_address(const asio::ip::address& addr) {
+  auto a = addr;
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a.to_string();
+}
+
+std::string cut(const std::string& s, std::size_t n) { return s.size() <= n ? s : s.substr(0, n) + " ...(cut)"; }
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions opts)
+      : opts_(std::move(opts)),
+        acceptor_(io_),
+        signals_(io_, SIGINT, SIGTERM),
+        sigchld_(io_, SIGCHLD),
+        heartbeat_timer_(io_),
+        log_(log::get("agent")) {
+    if (opts_.name.empty()) opts_.name = hostname();
+  }
+
+  int run() {
+    std::error_code ec;
+    fs::create_directories(opts_.log_dir, ec);
+    if (ec) throw AgentError(fmt::format("cannot create the log directory {}: {}", opts_.log_dir, ec.message()));
+    listen();
+    supervisor::become_subreaper();
+    supervisor::Cgroup::sweep_stale();
+    facts_ = facts::discover(facts::discover_options_from_env());
+    wait_signals();
+    wait_sigchld();
+    heartbeat();
+    log_->info("ddp-agentd {} listening on {} (logs in {})", opts_.name, peer_label(acceptor_.local_endpoint()),
+               opts_.log_dir);
+    accept();
+    io_.run();
+    return 0;
+  }
+
+ private:
+  struct Peer {
+    std::shared_ptr<Connection> conn;
+    std::chrono::steady_clock::time_point last_heard;
+  };
+
+  // The one job this agent runs, owned by one coordinator connection.
+  struct Job {
+    std::shared_ptr<Connection> owner;
+    std::string job_id, node, user;
+    net::JobPayload payload;
+    int nproc = 0;
+    contract::Env inherited;  // our environment + the launcher's forwarded variables
+    // The current round's assignment.
+    std::optional<json> assign;
+    std::uint32_t round = 0;
+    std::unique_ptr<launch::WorkerGroup> group;
+    std::uint32_t group_round = 0;
+    int rank_base = 0;
+    std::set<std::uint32_t> finished_sent;  // rounds we reported attempt_finished for
+    std::set<int> exits_sent;               // local ranks whose exit went up this round
+    std::uint64_t dropped_lines = 0;
+    bool orphaned = false;  // the owner is gone: stop, then forget the job
+  };
+
+  void listen() {
+    boost::system::error_code ec;
+    auto addr = asio::ip::make_address(opts_.listen_host, ec);
+    if (ec) throw AgentError(fmt::format("--listen: '{}' is not an IP address", opts_.listen_host));
+    tcp::endpoint ep(addr, opts_.port);
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec && addr.is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      throw AgentError(fmt::format("cannot listen on {}: {}{}", peer_label(ep), ec.message(),
+                                   ec == asio::error::address_in_use ? " (is another ddp-agentd running? use --listen)" : ""));
+    }
+  }
+
+  void accept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
+      if (ec == asio::error::operation_aborted || stopping_) return;
+      if (!ec) on_accept(std::move(s));
+      accept();
+    });
+  }
+
+  void on_accept(tcp::socket s) {
+    boost::system::error_code ec;
+    auto remote = s.remote_endpoint(ec);
+    proto::ServerConfig sc;
+    sc.role = proto::Role::agent;
+    sc.name = opts_.name;
+    sc.software = "ddp-agentd 0.1.0";
+    sc.keys = opts_.keys;
+    sc.nonce = proto::random_nonce();
+    sc.accept_roles = {proto::Role::coordinator};  // only a coordinator may give us work
+    auto conn = Connection::make(std::move(s), proto::Session::server(sc), ec ? "?" : peer_label(remote), "agent",
+                                 opts_.handshake_timeout);
+    Connection* raw = conn.get();
+    peers_[raw] = Peer{conn, std::chrono::steady_clock::now()};
+    conn->start({[this, raw](const proto::PeerInfo& p) {
+                   raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(), p.name.empty() ? "?" : p.name,
+                                              p.user));
+                   log_->info("{}: authenticated with key '{}'", raw->label(), p.key_id);
+                 },
+                 [this, raw](proto::Message m) { on_message(raw, std::move(m)); },
+                 [this, raw](const std::string& reason) { on_closed(raw, reason); }});
+  }
+
+  void on_closed(Connection* raw, const std::string& reason) {
+    auto it = peers_.find(raw);
+    if (it == peers_.end()) return;
+    auto conn = it->second.conn;
+    peers_.erase(it);
+    if (job_ && job_->owner.get() == raw) {
+      log_->warn("job {}: its coordinator is gone ({}); stopping its workers", job_->job_id, reason);
+      abandon_job();
+    }
+  }
+
+  void send(Connection* c, std::string_view type, json fields) {
+    if (c && c->established()) c->send(c->session().message(type, std::move(fields)));
+  }
+
+  void on_message(Connection* c, proto::Message m) {
+    auto it = peers_.find(c);
+    if (it == peers_.end()) return;
+    it->second.last_heard = std::chrono::steady_clock::now();
+    const auto& b = m.body;
+    if (m.type == "heartbeat") return;
+    if (m.type == "time_ping") {
+      send(c, "time_pong", {{"t0_us", b["t0_us"]}, {"t1_us", now_us()}});
+      return;
+    }
+    if (m.type == "job_offer") return on_offer(c, b);
+    if (!job_ || job_->owner.get() != c) {
+      c->refuse(proto::ErrorCode::unexpected, fmt::format("'{}' for a job this agent does not hold for you", m.type));
+      return;
+    }
+    if (b.contains("job_id") && b["job_id"].get<std::string>() != job_->job_id) {
+      c->refuse(proto::ErrorCode::bad_value,
+                fmt::format("'{}' names job {}, but this connection's job is {}", m.type, b["job_id"].get<std::string>(),
+                            job_->job_id));
+      return;
+    }
+    if (m.type == "assign") return on_assign(b);
+    if (m.type == "start") return on_start(b);
+    if (m.type == "stop") return on_stop(b);
+    c->refuse(proto::ErrorCode::unexpected, fmt::format("an agent does not take '{}'", m.type));
+  }
+
+  void on_offer(Connection* c, const json& b) {
+    const auto job_id = b["job_id"].get<std::string>();
+    if (job_ && job_->owner.get() != c) {
+      c->refuse(proto::ErrorCode::unexpected,
+                fmt::format("busy: {} runs job {} for {}", opts_.name, job_->job_id, job_->owner->label()),
+                "one job at a time: wait for it to end or stop it");
+      return;
+    }
+    if (job_ && job_->group) {
+      c->refuse(proto::ErrorCode::unexpected, fmt::format("busy: job {} still has workers running", job_->job_id));
+      return;
+    }
+    net::JobPayload payload;
+    try {
+      payload = net::payload_from_json(b["spec"]);
+    } catch (const net::WireError& e) {
+      c->refuse(proto::ErrorCode::bad_value, e.what());
+      return;
+    }
+    auto job = std::make_unique<Job>();
+    job->owner = peers_.at(c).conn;
+    job->job_id = job_id;
+    job->node = b["node"].get<std::string>();
+    job->user = b["user"].get<std::string>();
+    job->inherited = own_environment();
+    for (const auto& [k, v] : payload.forward_env) job->inherited[k] = v;
+
+    // What this node offers, and whether it can run the command at all, before any rank starts.
+    json preflight{{"command", true}, {"workdir", true}};
+    std::vector<std::string> problems;
+    const auto& spec = payload.spec;
+    switch (spec.nproc.kind) {
+      case jobspec::Nproc::Kind::count: job->nproc = spec.nproc.count; break;
+      case jobspec::Nproc::Kind::cpu: job->nproc = usable_cpus(); break;
+      case jobspec::Nproc::Kind::gpu:
+        job->nproc = static_cast<int>(facts::gpu_count(facts_));
+        if (job->nproc == 0) problems.push_back(fmt::format("nproc_per_node: gpu, but {} has no GPU", opts_.name));
+        break;
+    }
+    const std::string workdir = spec.workdir.value_or("/");
+    std::error_code ec;
+    if (!fs::is_directory(workdir, ec)) {
+      preflight["workdir"] = false;
+      problems.push_back(fmt::format("workdir {} is not a directory on {}", workdir, opts_.name));
+    } else {
+      auto argv = contract::worker_argv(spec);
+      auto path = job->inherited.count("PATH") ? job->inherited.at("PATH") : "/usr/bin:/bin";
+      if (!supervisor::resolve_executable(argv.at(0), path, workdir)) {
+        preflight["command"] = false;
+        problems.push_back(fmt::format("cannot run '{}' on {}: no such executable (PATH={}, workdir={})", argv.at(0),
+                                       opts_.name, path, workdir));
+      }
+    }
+    preflight["detail"] = join(problems, "; ");
+    job->payload = std::move(payload);
+    json facts_summary{{"hostname", hostname()}, {"cpus", usable_cpus()}, {"gpus", facts::gpu_count(facts_)}};
+    log_->info("job {} offered by {} (user {}): node {}, {} worker{}{}", job_id, c->label(), job->user, job->node,
+               job->nproc, job->nproc == 1 ? "" : "s", problems.empty() ? "" : "; preflight: " + join(problems, "; "));
+    send(c, "join",
+         {{"job_id", job_id}, {"node", opts_.name}, {"nproc", job->nproc}, {"facts", facts_summary},
+          {"preflight", preflight}});
+    job_ = std::move(job);
+  }
+
+  void on_assign(const json& b) {
+    auto& job = *job_;
+    if (job.group) {
+      job.owner->refuse(proto::ErrorCode::unexpected,
+                        fmt::format("assign for round {} while round {}'s workers still run", b["round"].get<std::uint32_t>(),
+                                    job.group_round));
+      return;
+    }
+    net::JobPayload payload;
+    try {
+      payload = net::payload_from_json(b["spec"]);
+    } catch (const net::WireError& e) {
+      job.owner->refuse(proto::ErrorCode::bad_value, e.what());
+      return;
+    }
+    job.payload = std::move(payload);
+    job.assign = b;
+    job.round = b["round"].get<std::uint32_t>();
+    const auto node_rank = b["node_rank"].get<std::uint32_t>();
+    log_->info("job {} round {}: node rank {} of {}, ranks {}-{} of {}, master {}:{}", job.job_id, job.round, node_rank,
+               b["nnodes"].get<std::uint32_t>(), b["rank_base"].get<std::uint32_t>(),
+               b["rank_base"].get<std::uint32_t>() + b["local_world_size"].get<std::uint32_t>() - 1,
+               b["world_size"].get<std::uint32_t>(), b["master_addr"].get<std::string>(),
+               b["master_port"].get<std::uint32_t>());
+    if (node_rank != 0) {
+      store_.reset();
+      return;
+    }
+    // Node rank 0 serves the job's store, on the address the coordinator reached us at (which
+    // it gave the workers as MASTER_ADDR), open to the job's nodes only; fresh every round.
+    const auto host = plain_address(job.owner->local_endpoint().address());
+    const auto port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
+    try {
+      if (store_ && (store_host_ != host || store_->port() != port)) store_.reset();
+      if (!store_) {
+        store::ServerOptions so;
+        so.host = host;
+        so.port = port;
+        so.allowed_peers = job.payload.node_addresses;
+        store_.emplace(io_, so);
+        store_host_ = host;
+        store_->start();
+        log_->info("job {}: store on {} for {}", job.job_id, store_->address(), join(so.allowed_peers, ", "));
+      } else {
+        store_->set_allowed_peers(job.payload.node_addresses);
+        store_->reset();
+      }
+    } catch (const store::StoreError& e) {
+      store_.reset();
+      const std::string why = fmt::format("{} cannot serve the job's store: {}", opts_.name, e.what());
+      log_->error("job {}: {}", job.job_id, why);
+      job.finished_sent.insert(job.round);
+      send(job.owner.get(), "attempt_finished", {{"job_id", job.job_id}, {"round", job.round}, {"ok", false}, {"error", why}});
+    }
+  }
+
+  void on_start(const json& b) {
+    auto& job = *job_;
+    const auto round = b["round"].get<std::uint32_t>();
+    if (!job.assign || round != job.round || job.group || job.finished_sent.count(round)) {
+      if (!job.finished_sent.count(round)) {
+        log_->warn("job {}: start for round {} without its assignment; refusing", job.job_id, round);
+        job.finished_sent.insert(round);
+        send(job.owner.get(), "attempt_finished",
+             {{"job_id", job.job_id}, {"round", round}, {"ok", false}, {"error", "start without an assignment"}});
+      }
+      return;
+    }
+    const auto& a = *job.assign;
+    const auto& spec = job.payload.spec;
+    contract::NodeContext node;
+    node.job_id = job.job_id;
+    node.node_name = job.node;
+    node.node_rank = static_cast<int>(a["node_rank"].get<std::uint32_t>());
+    node.nnodes = static_cast<int>(a["nnodes"].get<std::uint32_t>());
+    node.local_world_size = static_cast<int>(a["local_world_size"].get<std::uint32_t>());
+    node.rank_base = static_cast<int>(a["rank_base"].get<std::uint32_t>());
+    node.world_size = static_cast<int>(a["world_size"].get<std::uint32_t>());
+    node.master_addr = a["master_addr"].get<std::string>();
+    node.master_port = static_cast<std::uint16_t>(a["master_port"].get<std::uint32_t>());
+    node.restart_count = static_cast<int>(a["restart_count"].get<std::uint32_t>());
+    node.use_agent_store = true;
+    node.local_mode = false;
+    node.attempt_dir = fmt::format("{}/{}/attempt-{}", opts_.log_dir, job.job_id, node.restart_count);
+    if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
+    std::error_code ec;
+    fs::create_directories(node.attempt_dir, ec);
+
+    // NCCL and gloo talk over the interface that carries the rendezvous, unless the job (its
+    // env: or the launcher's forwarded NCCL_* variables) chose one.
+    auto inherited = job.inherited;
+    const auto rdzv_addr = plain_address(job.owner->local_endpoint().address());
+    if (auto ifname = interface_of(rdzv_addr)) {
+      for (const char* k : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+        if (!job.payload.forward_env.count(k)) inherited[k] = *ifname;
+      }
+    } else {
+      log_->warn("job {}: no interface holds {}; NCCL and gloo pick their own", job.job_id, rdzv_addr);
+    }
+    auto plan = contract::make_plan(spec, node, inherited);
+
+    launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
+    launch::GroupCallbacks cb;
+    cb.on_line = [this](int rank, supervisor::Stream s, const std::string& line) { forward_line(rank, s, line); };
+    cb.on_first_failure = [this](const launch::WorkerExit& ex) {
+      if (!job_) return;
+      log_->warn("job {} round {}: rank {} {}; stopping this node's other workers", job_->job_id, job_->group_round,
+                 ex.rank, ex.describe());
+      send_exit(ex, nullptr);
+    };
+    cb.on_finished = [this](launch::AttemptReport r) { on_group_finished(std::move(r)); };
+    job.rank_base = node.rank_base;
+    job.exits_sent.clear();
+    job.group_round = round;
+    job.dropped_lines = 0;
+    job.group = std::make_unique<launch::WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
+    log_->info("job {} round {}: starting {} worker{} (ranks {}-{}), logs in {}", job.job_id, round, node.local_world_size,
+               node.local_world_size == 1 ? "" : "s", node.rank_base, node.rank_base + node.local_world_size - 1,
+               node.attempt_dir);
+    job.group->start();
+  }
+
+  void on_stop(const json& b) {
+    auto& job = *job_;
+    const auto round = b["round"].get<std::uint32_t>();
+    const auto grace_ms = b["grace_ms"].get<std::uint64_t>();
+    if (job.group && job.group_round == round) {
+      log_->warn("job {} round {}: stop: {}", job.job_id, round, b["reason"].get<std::string>());
+      if (grace_ms == 0) job.group->kill_now();
+      else job.group->request_stop(SIGTERM);
+      return;
+    }
+    // Nothing of that round runs here (never started, or already over): say so at once.
+    if (!job.finished_sent.count(round)) {
+      job.finished_sent.insert(round);
+      send(job.owner.get(), "attempt_finished", {{"job_id", job.job_id}, {"round", round}, {"ok", false}});
+    }
+  }
+
+  void forward_line(int rank, supervisor::Stream s, const std::string& line) {
+    if (!job_ || !job_->owner->established()) return;
+    auto& job = *job_;
+    if (job.owner->queued_bytes() > kMaxQueuedOutput) {
+      if (job.dropped_lines++ == 0) log_->warn("job {}: the coordinator reads too slowly; dropping output lines", job.job_id);
+      return;
+    }
+    const int local_rank = rank - job.rank_base;
+    const char* stream = s == supervisor::Stream::out ? "stdout" : "stderr";
+    for (std::size_t pos = 0; pos < line.size() || pos == 0; pos += kOutputChunk) {
+      send(job.owner.get(), "output",
+           {{"job_id", job.job_id}, {"round", job.group_round}, {"local_rank", local_rank}, {"stream", stream},
+            {"data", line.substr(pos, kOutputChunk)}});
+      if (line.empty()) break;
+    }
+  }
+
+  void send_exit(const launch::WorkerExit& ex, const launch::RankFailure* detail) {
+    auto& job = *job_;
+    json m{{"job_id", job.job_id},
+           {"round", job.group_round},
+           {"local_rank", ex.local_rank},
+           {"pid", ex.pid > 0 ? ex.pid : 0},
+           {"time_us", std::chrono::duration_cast<std::chrono::microseconds>(ex.when.time_since_epoch()).count()}};
+    if (ex.signal) m["signal"] = ex.signal;
+    else m["exit_code"] = ex.exit_code;
+    if (detail) {
+      json tail = json::array();
+      for (const auto& l : detail->last_lines) tail.push_back(cut(l, kTailLineBytes));
+      m["tail"] = tail;
+      if (detail->error_file) {
+        const auto& e = *detail->error_file;
+        m["error_file"] = {{"path", e.path},
+                           {"message", cut(e.message, kErrorFieldBytes)},
+                           {"traceback", cut(e.traceback, kErrorFieldBytes)},
+                           {"raw", cut(e.raw, kErrorFieldBytes)}};
+      }
+    }
+    job.exits_sent.insert(ex.local_rank);
+    send(job.owner.get(), "worker_exited", m);
+  }
+
+  void on_group_finished(launch::AttemptReport r) {
+    if (!job_) return;
+    auto& job = *job_;
+    const auto round = job.group_round;
+    job.group.reset();
+    if (job.dropped_lines) {
+      log_->warn("job {} round {}: {} output line(s) were not sent to the coordinator (still in the log files)",
+                 job.job_id, round, job.dropped_lines);
+    }
+    const launch::RankFailure* ff = r.first_failure ? &*r.first_failure : nullptr;
+    for (const auto& ex : r.exits) {
+      if (!ex.started) continue;
+      const bool first = ff && ff->exit.rank == ex.rank;
+      if (job.exits_sent.count(ex.local_rank) && !first) continue;
+      send_exit(ex, first ? ff : nullptr);
+    }
+    const bool ok = r.phase == launch::Phase::succeeded;
+    log_->info("job {} round {}: workers done ({})", job.job_id, round, ok ? "all exited 0" : "not all ok");
+    if (!job.finished_sent.count(round)) {
+      job.finished_sent.insert(round);
+      send(job.owner.get(), "attempt_finished", {{"job_id", job.job_id}, {"round", round}, {"ok", ok}});
+    }
+    if (job.orphaned) forget_job();
+    if (stopping_ && !job_) finish_shutdown();
+  }
+
+  // The owner is gone: stop the workers; the job is forgotten once they are.
+  void abandon_job() {
+    job_->orphaned = true;
+    if (job_->group) {
+      job_->group->request_stop(SIGTERM);
+    } else {
+      forget_job();
+    }
+  }
+
+  void forget_job() {
+    if (job_) log_->info("job {}: done on this node", job_->job_id);
+    job_.reset();
+    store_.reset();
+  }
+
+  void heartbeat() {
+    heartbeat_timer_.expires_after(opts_.heartbeat_interval);
+    heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      const auto now = std::chrono::steady_clock::now();
+      std::vector<std::shared_ptr<Connection>> silent;
+      for (auto& [raw, p] : peers_) {
+        if (!p.conn->established()) continue;
+        if (now - p.last_heard > opts_.heartbeat_timeout) silent.push_back(p.conn);
+        else send(raw, "heartbeat", {{"now_us", now_us()}});
+      }
+      for (auto& c : silent) {
+        c->close(fmt::format("no heartbeat from the coordinator for more than {}", format_duration(opts_.heartbeat_timeout)));
+      }
+      heartbeat();
+    });
+  }
+
+  void wait_sigchld() {
+    sigchld_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      bool any = false;
+      while (true) {
+        int status = 0;
+        pid_t pid = ::waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        any = true;
+        if (job_ && job_->group) job_->group->on_reaped(pid, status, std::chrono::system_clock::now());
+      }
+      if (any && job_ && job_->group) job_->group->check_finished();
+      wait_sigchld();
+    });
+  }
+
+  void wait_signals() {
+    signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      if (stopping_) {
+        log_->warn("{} again: killing the workers now", supervisor::signal_name(sig));
+        if (job_ && job_->group) job_->group->kill_now();
+      } else {
+        stopping_ = true;
+        log_->warn("{}: shutting down (stopping this node's workers first)", supervisor::signal_name(sig));
+        boost::system::error_code ignored;
+        acceptor_.close(ignored);
+        if (job_ && job_->group) {
+          job_->orphaned = true;
+          job_->group->request_stop(SIGTERM);
+        } else {
+          forget_job();
+          finish_shutdown();
+        }
+      }
+      wait_signals();
+    });
+  }
+
+  void finish_shutdown() {
+    for (auto& [raw, p] : std::map<Connection*, Peer>(peers_)) p.conn->close("ddp-agentd is shutting down");
+    io_.stop();
+  }
+
+  AgentOptions opts_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::signal_set signals_, sigchld_;
+  asio::steady_timer heartbeat_timer_;
+  std::shared_ptr<spdlog::logger> log_;
+  facts::NodeFacts facts_;
+  std::map<Connection*, Peer> peers_;
+  std::unique_ptr<Job> job_;
+  std::optional<store::Server> store_;
+  std::string store_host_;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+int run_agent(AgentOptions options) {
+  Agent agent(std::move(options));
+  return agent.run();
+}
+
+}  // namespace ddp::agent

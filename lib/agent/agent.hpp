@@ -1,0 +1,47 @@
+// ddp-agentd's core: one per node. Listens for coordinators, authenticates them (the token
+// file's keys; only role "coordinator" is accepted), and runs one job at a time.
+//
+// Per connection (the coordinator dials; frames in lib/proto):
+//   handshake ─▶ time_ping/time_pong ×N ─▶ job_offer ─▶ join{nproc, facts, preflight}
+//   assign{ranks, master} ─▶ (node rank 0: the job's store, reset) ─▶ start ─▶ workers
+//   output / worker_exited / attempt_finished ─▶ coordinator;  stop ─▶ SIGTERM, grace, SIGKILL
+//   heartbeat both ways, every interval.
+//
+// Policy: nothing runs without an authenticated coordinator behind it. The job's workers are
+// stopped when that coordinator says so, when its connection drops, and when its heartbeats stop
+// (heartbeat_timeout); a second coordinator's offer while a job runs gets a clear "busy". Worker
+// logs stay on the node (<log_dir>/<job>/attempt-<n>/rank-<r>.log) and every line also goes up.
+#pragma once
+
+#include "common/duration.hpp"
+#include "proto/keyring.hpp"
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace ddp::agent {
+
+inline constexpr std::uint16_t kDefaultPort = 29410;
+
+struct AgentOptions {
+  std::string listen_host = "::";  // dual-stack, all addresses
+  std::uint16_t port = kDefaultPort;
+  proto::Keyring keys;
+  std::string name;  // default: the hostname
+  std::string log_dir = "/var/log/ddpctl";
+  Millis heartbeat_interval{1000};
+  Millis heartbeat_timeout{6000};   // the coordinator's silence that stops our workers
+  Millis handshake_timeout{10000};  // an unauthenticated peer's time to finish the handshake
+};
+
+class AgentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Runs the daemon until SIGTERM/SIGINT (its workers stopped first). Throws AgentError when it
+// cannot start (port taken, log dir unusable).
+int run_agent(AgentOptions options);
+
+}  // namespace ddp::agent
