@@ -77,41 +77,62 @@ void WorkerGroup::start() {
     w->plan = rp;
     workers_.push_back(std::move(w));
   }
-  for (auto& w : workers_) {
-    if (tracker_.phase() == Phase::running) {
-      spawn_worker(*w);
+  // Fork every rank first, then collect their exec reports: the execs overlap.
+  std::vector<std::optional<supervisor::PendingSpawn>> pending(workers_.size());
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    auto& w = *workers_[i];
+    try {
+      pending[i] = supervisor::spawn_start(spawn_spec(w));
+    } catch (const supervisor::SpawnError& e) {
+      spawn_failed(w, e.what());
+      break;  // cannot fork: the machine is out of something; stop here
+    }
+  }
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    auto& w = *workers_[i];
+    if (!pending[i]) {
+      if (w.reaped) continue;
+      // Never forked because an earlier rank could not be: this one never runs.
+      w.reaped = true;
+      WorkerExit ex{w.plan.rank, w.plan.local_rank, -1, 0, 0, std::chrono::system_clock::now()};
+      ex.started = false;
+      tracker_.on_exit(ex);
       continue;
     }
-    // An earlier rank could not start (or a stop came in): this one never runs.
-    w->reaped = true;
-    WorkerExit ex{w->plan.rank, w->plan.local_rank, -1, 0, 0, std::chrono::system_clock::now()};
-    ex.started = false;
-    tracker_.on_exit(ex);
+    try {
+      started(w, supervisor::spawn_finish(*pending[i]));
+    } catch (const supervisor::SpawnError& e) {
+      spawn_failed(w, e.what());
+    }
   }
   check_finished();
 }
 
-void WorkerGroup::spawn_worker(Worker& w) {
+supervisor::SpawnSpec WorkerGroup::spawn_spec(const Worker& w) const {
   supervisor::SpawnSpec s;
   s.argv = w.plan.argv;
   s.env = w.plan.env;
   s.workdir = opts_.workdir;
   s.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
-  try {
-    auto sp = supervisor::spawn(s);
-    w.pid = sp.pid;
-    w.out = std::make_shared<PipeReader>(io_, sp.stdout_fd, Stream::out);
-    w.err = std::make_shared<PipeReader>(io_, sp.stderr_fd, Stream::err);
-    read_pipe(w, w.out);
-    read_pipe(w, w.err);
-    w.log->note(fmt::format("started pid {} (attempt {}): {}", sp.pid, opts_.attempt, join(w.plan.argv, " ")));
-  } catch (const supervisor::SpawnError& e) {
-    // The child (if one was forked) exits 127 and is reaped as a stranger; the rank has failed.
-    w.reaped = true;
-    w.last.add(e.what());
-    w.log->note(e.what());
-    on_exit(w, WorkerExit{w.plan.rank, w.plan.local_rank, -1, 127, 0, std::chrono::system_clock::now()});
-  }
+  return s;
+}
+
+void WorkerGroup::started(Worker& w, const supervisor::Spawned& sp) {
+  w.pid = sp.pid;
+  w.out = std::make_shared<PipeReader>(io_, sp.stdout_fd, Stream::out);
+  w.err = std::make_shared<PipeReader>(io_, sp.stderr_fd, Stream::err);
+  read_pipe(w, w.out);
+  read_pipe(w, w.err);
+  w.log->note(fmt::format("started pid {} (attempt {}): {}", sp.pid, opts_.attempt, join(w.plan.argv, " ")));
+}
+
+// The rank counts as failed with 127, as a shell reports a command it cannot run. A child that
+// was forked exits 127 by itself and is reaped as a stranger.
+void WorkerGroup::spawn_failed(Worker& w, const std::string& why) {
+  w.reaped = true;
+  w.last.add(why);
+  w.log->note(why);
+  on_exit(w, WorkerExit{w.plan.rank, w.plan.local_rank, -1, 127, 0, std::chrono::system_clock::now()});
 }
 
 void WorkerGroup::read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p) {

@@ -12,6 +12,7 @@
 #include "launch/report.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/output.hpp"
+#include "supervisor/process.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -66,7 +67,9 @@ class WorkerGroup {
  private:
   struct Worker;
   struct PipeReader;
-  void spawn_worker(Worker& w);
+  supervisor::SpawnSpec spawn_spec(const Worker& w) const;
+  void started(Worker& w, const supervisor::Spawned& sp);
+  void spawn_failed(Worker& w, const std::string& why);
   void read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p);
   void close_pipe(PipeReader& p);
   void on_exit(Worker& w, const WorkerExit& ex);

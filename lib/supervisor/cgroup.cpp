@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
 #include <fstream>
@@ -86,6 +87,10 @@ std::optional<std::string> own_cgroup2_path(std::string_view proc_self_cgroup) {
 
 std::optional<Cgroup> Cgroup::create(const std::string& tag) {
   auto log = log::get("supervisor");
+  if (const char* off = std::getenv("DDP_NO_CGROUP"); off && *off && std::string_view(off) != "0") {
+    log->debug("DDP_NO_CGROUP is set: using the subreaper walk to find workers' processes");
+    return std::nullopt;
+  }
   auto base = base_dir();
   if (!base) {
     log->debug("no cgroup v2 found; using the subreaper walk to find workers' processes");

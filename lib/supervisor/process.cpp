@@ -68,7 +68,7 @@ std::optional<std::string> resolve_executable(const std::string& argv0, const st
   return std::nullopt;
 }
 
-Spawned spawn(const SpawnSpec& spec) {
+PendingSpawn spawn_start(const SpawnSpec& spec) {
   if (spec.argv.empty()) throw SpawnError("empty command");
   auto path_it = spec.env.find("PATH");
   auto exe = resolve_executable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second, spec.workdir);
@@ -139,30 +139,47 @@ Spawned spawn(const SpawnSpec& spec) {
     out->close_w();
     err->close_w();
   }
+  PendingSpawn p;
+  p.spawned.pid = pid;
+  if (in) p.spawned.stdin_fd = std::exchange(in->w, -1);
+  if (out) {
+    p.spawned.stdout_fd = std::exchange(out->r, -1);
+    p.spawned.stderr_fd = std::exchange(err->r, -1);
+  }
+  p.status_fd = std::exchange(status.r, -1);
+  p.program = spec.argv[0];
+  p.exe = *exe;
+  p.workdir = spec.workdir;
+  return p;
+}
+
+Spawned spawn_finish(PendingSpawn& p) {
   char buf[1 + sizeof(int)];
   ssize_t n;
   do {
-    n = ::read(status.r, buf, sizeof buf);
+    n = ::read(p.status_fd, buf, sizeof buf);
   } while (n < 0 && errno == EINTR);
+  ::close(std::exchange(p.status_fd, -1));
   if (n == static_cast<ssize_t>(sizeof buf)) {
     int e;
     std::memcpy(&e, buf + 1, sizeof e);
+    for (int fd : {p.spawned.stdout_fd, p.spawned.stderr_fd, p.spawned.stdin_fd}) {
+      if (fd >= 0) ::close(fd);
+    }
     // The child exits 127 at once; the caller's reaper collects it.
     const char* what = buf[0] == 'w' ? "cannot enter the working directory"
                        : buf[0] == 'c' ? "cannot join the job's cgroup"
                        : buf[0] == 'd' ? "cannot set up stdio"
                                        : "exec failed";
-    throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", spec.argv[0], what,
-                                 buf[0] == 'w' ? spec.workdir : *exe, std::strerror(e)));
+    throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", p.program, what, buf[0] == 'w' ? p.workdir : p.exe,
+                                 std::strerror(e)));
   }
-  Spawned s;
-  s.pid = pid;
-  if (in) s.stdin_fd = std::exchange(in->w, -1);
-  if (out) {
-    s.stdout_fd = std::exchange(out->r, -1);
-    s.stderr_fd = std::exchange(err->r, -1);
-  }
-  return s;
+  return p.spawned;
+}
+
+Spawned spawn(const SpawnSpec& spec) {
+  auto pending = spawn_start(spec);
+  return spawn_finish(pending);
 }
 
 std::vector<pid_t> descendants_of(pid_t root) {

@@ -48,6 +48,17 @@ std::optional<std::string> resolve_executable(const std::string& argv0, const st
 // Forks and execs. Throws SpawnError naming the program and the reason on failure.
 Spawned spawn(const SpawnSpec& spec);
 
+// The same in two halves, so that N workers are forked back to back and their exec()s overlap
+// instead of each waiting for the last: start() forks (throws only if it cannot), finish()
+// learns whether exec succeeded (throws SpawnError if not; the child then exits 127).
+struct PendingSpawn {
+  Spawned spawned;
+  int status_fd = -1;  // read end of the exec-report pipe
+  std::string program, exe, workdir;
+};
+PendingSpawn spawn_start(const SpawnSpec& spec);
+Spawned spawn_finish(PendingSpawn& pending);
+
 // All live descendants of `root` (children, grandchildren, ...) by walking /proc. Processes that
 // re-parented to `root` as subreaper count. Zombies are included (they still need reaping).
 std::vector<pid_t> descendants_of(pid_t root);
