@@ -66,7 +66,9 @@ struct ServerStats {
 
 class Server {
  public:
-  Server(boost::asio::io_context& io, ServerOptions options);  // does not bind
+  // Does not bind. Throws StoreError when an allowed_peers entry is not an IP address.
+  Server(boost::asio::io_context& io, ServerOptions options);
+  // Closes everything (stop()). Destroy the Server before its io_context.
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
