@@ -2,12 +2,20 @@
 #include "commands.hpp"
 #include "common/strings.hpp"
 #include "jobspec/jobspec.hpp"
+#include "coordinator/coordinator.hpp"
+#include "hostlist/hostlist.hpp"
 #include "launch/local_launcher.hpp"
+#include "net/connection.hpp"
+#include "net/token_file.hpp"
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <random>
+
+extern char** environ;
 
 namespace ddpctl {
 
@@ -25,7 +33,95 @@ struct LaunchArgs {
   std::string facts;
   bool dry_run = false;
   bool quiet = false;
+  std::string token_file;
 };
+
+// The multi-node launch (--nodes, or the job file's hosts:): the embedded coordinator drives
+// ddp-agentd on every node. nullopt: a local launch.
+std::optional<int> maybe_run_multi_node(const LaunchArgs& args) {
+  namespace fs = std::filesystem;
+  ddp::jobspec::JobSpec spec;
+  try {
+    spec = ddp::jobspec::load_job_file(args.job_file);
+  } catch (const ddp::jobspec::JobSpecError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  const std::string list = !args.nodes.empty() ? args.nodes : ddp::join(spec.hosts, ",");
+  if (list.empty()) {
+    if (spec.nnodes_max > 1) {
+      std::cerr << fmt::format("ddpctl launch: {}: nnodes {} needs nodes to run on: pass --nodes (e.g. --nodes "
+                               "node[1-{}]) or list hosts: in the job file; each node runs ddp-agentd\n",
+                               spec.file, spec.nnodes_max, spec.nnodes_max);
+      return 2;
+    }
+    return std::nullopt;
+  }
+  auto fail = [](const std::string& msg) {
+    std::cerr << "ddpctl launch: " << msg << "\n";
+    return 2;
+  };
+  if (args.dry_run) return fail("--dry-run with --nodes is not supported yet (the plan depends on every node's facts)");
+  if (!args.facts.empty()) return fail("--facts with --nodes is not supported yet");
+  auto hosts = ddp::hostlist::expand(list);
+  if (!hosts.ok()) return fail(fmt::format("--nodes '{}': {}", list, hosts.error->to_string()));
+  if (spec.nnodes_max > 1 && hosts.hosts.size() < static_cast<std::size_t>(spec.nnodes_min)) {
+    return fail(fmt::format("nnodes {} in {} needs at least {} nodes, but {} were given", spec.nnodes_min == spec.nnodes_max
+                                ? std::to_string(spec.nnodes_max) : fmt::format("{}:{}", spec.nnodes_min, spec.nnodes_max),
+                            spec.file, spec.nnodes_min, hosts.hosts.size()));
+  }
+  if (spec.nnodes_max == 1 && hosts.hosts.size() > 1) {
+    // No nnodes in the file: the host list decides.
+    spec.nnodes_min = spec.nnodes_max = static_cast<int>(hosts.hosts.size());
+  }
+  if (args.nproc) spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args.nproc};
+  if (args.max_restarts) spec.max_restarts = *args.max_restarts;
+  if (args.log_dir) spec.log_dir = *args.log_dir;
+  if (args.master_port) spec.store_port = static_cast<std::uint16_t>(*args.master_port);
+  // Relative paths mean the launcher's working directory; agents get them absolute.
+  const fs::path cwd = fs::current_path();
+  fs::path workdir = spec.workdir ? fs::path(*spec.workdir) : cwd;
+  if (workdir.is_relative()) workdir = cwd / workdir;
+  spec.workdir = workdir.lexically_normal().string();
+  fs::path logs = spec.log_dir;
+  if (logs.is_relative()) logs = cwd / logs;
+  spec.log_dir = logs.lexically_normal().string();
+
+  ddp::coordinator::CoordinatorOptions opts;
+  opts.spec = spec;
+  opts.nodes = hosts.hosts;
+  opts.quiet = args.quiet;
+  if (!args.result_json.empty()) opts.result_json = args.result_json;
+  for (auto part : ddp::split(args.ranks, ',')) {
+    if (ddp::trim(part).empty()) continue;
+    auto r = ddp::parse_int(ddp::trim(part));
+    if (!r || *r < 0) return fail(fmt::format("--ranks: expected rank numbers such as 0,3, got '{}'", part));
+    opts.show_ranks.insert(static_cast<int>(*r));
+  }
+  opts.user = ddp::net::local_user();
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (auto eq = kv.find('='); eq != std::string_view::npos) opts.launcher_env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  if (args.job_id.empty()) {
+    auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm tm{};
+    ::localtime_r(&t, &tm);
+    std::random_device rd;
+    opts.job_id = fmt::format("{}-{:04}{:02}{:02}-{:02}{:02}{:02}-{:04x}", spec.name, tm.tm_year + 1900, tm.tm_mon + 1,
+                              tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, rd() & 0xffff);
+  } else {
+    opts.job_id = args.job_id;
+  }
+  try {
+    opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+    return ddp::coordinator::run_coordinator(std::move(opts));
+  } catch (const ddp::net::TokenError& e) {
+    return fail(e.what());
+  } catch (const ddp::coordinator::CoordinatorError& e) {
+    return fail(e.what());
+  }
+}
 }  // namespace
 
 Command add_launch_command(CLI::App& root) {
@@ -41,17 +137,15 @@ Command add_launch_command(CLI::App& root) {
   sub->add_option("--ranks", args->ranks, "show only these ranks' output on the terminal, e.g. 0,3 (files get all)");
   sub->add_option("--job-id", args->job_id, "the job id (default: <name>-<date>-<time>-<random>)");
   sub->add_option("--result-json", args->result_json, "write the job's result (first failure, exits) as JSON here");
-  sub->add_option("--nodes", args->nodes, "run on these nodes (multi-node: not supported yet)");
+  sub->add_option("--nodes", args->nodes, "run on these nodes, each running ddp-agentd: node1,node2:29410,node[3-8]");
+  sub->add_option("--token-file", args->token_file,
+                  "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
   sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery");
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 
   return {sub, [args] {
-            if (!args->nodes.empty()) {
-              std::cerr << "ddpctl launch: --nodes is not supported yet: multi-node launches need ddp-agentd "
-                           "(the multi-node issue); without --nodes the job runs on this machine\n";
-              return 2;
-            }
+            if (auto rc = maybe_run_multi_node(*args)) return *rc;
             ddp::launch::LaunchOptions opts;
             try {
               opts.spec = ddp::jobspec::load_job_file(args->job_file);

@@ -1,0 +1,601 @@
+// The coordinator edge: agent connections, clock probes, the rendezvous machine's events and
+// effects, the live stream, per-rank files on the launching machine, reports and the exit
+// status. See coordinator.hpp for the flow and policy.
+#include "coordinator/coordinator.hpp"
+
+#include "common/log.hpp"
+#include "common/strings.hpp"
+#include "launch/report.hpp"
+#include "net/connection.hpp"
+#include "net/wire.hpp"
+#include "proto/clock_sync.hpp"
+#include "rendezvous/rendezvous.hpp"
+#include "supervisor/output.hpp"
+#include "supervisor/process.hpp"
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+namespace ddp::coordinator {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+namespace rdzv = ddp::rendezvous;
+using net::Connection;
+using net::tcp;
+using nlohmann::json;
+
+namespace {
+
+// Clock probes per agent; the one with the shortest round trip wins (proto/clock_sync.hpp).
+constexpr int kClockProbes = 3;
+// Redial backoff for an agent that is not reachable (yet): 0.5 s doubling to 5 s.
+constexpr auto kRedialMin = std::chrono::milliseconds(500);
+constexpr auto kRedialMax = std::chrono::milliseconds(5000);
+
+rdzv::TimePoint now() {
+  return std::chrono::duration_cast<rdzv::Micros>(std::chrono::system_clock::now().time_since_epoch());
+}
+
+launch::SysTime to_sys(rdzv::TimePoint t) { return launch::SysTime(std::chrono::duration_cast<launch::SysTime::duration>(t)); }
+
+std::string plain_address(const asio::ip::address& addr) {
+  auto a = addr;
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a.to_string();
+}
+
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorOptions opts)
+      : opts_(std::move(opts)),
+        signals_(io_, SIGINT, SIGTERM, SIGHUP),
+        tick_timer_(io_),
+        heartbeat_timer_(io_),
+        log_(log::get("coord")),
+        rdzv_(make_config(), now()) {}
+
+  int run() {
+    payload_.spec = opts_.spec;
+    payload_.forward_env = net::forwarded_env(opts_.launcher_env, opts_.spec.env_forward);
+    for (auto& e : entries_) {
+      auto n = std::make_unique<Node>(io_);
+      n->entry = e;
+      nodes_.emplace(e.name, std::move(n));
+    }
+    report_.job_id = opts_.job_id;
+    report_.status = "failed";
+    report_.exit_code = 1;
+    log_->info("job {}: {} node{} ({}), rendezvous: {}", opts_.job_id, entries_.size(), entries_.size() == 1 ? "" : "s",
+               join(hosts_, ", "), rdzv_.status());
+    wait_signals();
+    heartbeat();
+    for (auto& [name, n] : nodes_) dial(*n);
+    arm_tick();
+    io_.run();
+    terminal_.flush();
+    if (opts_.result_json) {
+      std::ofstream out(*opts_.result_json);
+      out << launch::to_json(report_).dump(2) << "\n";
+      if (!out) log_->error("cannot write the result file {}", *opts_.result_json);
+    }
+    return report_.exit_code;
+  }
+
+ private:
+  struct Node {
+    explicit Node(asio::io_context& io) : redial(io) {}
+    net::NodeEntry entry;
+    std::shared_ptr<Connection> conn;
+    std::string address;  // the agent's address as we reached it
+    proto::ClockSync sync;
+    int pings = 0;
+    bool joined = false;
+    int dial_failures = 0;
+    asio::steady_timer redial;
+  };
+
+  struct Placement {  // a member's share of the current round
+    std::uint32_t node_rank = 0, rank_base = 0, local_world_size = 0;
+  };
+
+  struct ExitInfo {
+    launch::WorkerExit exit;
+    std::string node;
+    std::vector<std::string> tail;
+    std::optional<launch::ErrorFile> error_file;
+  };
+
+  struct RankFiles {
+    std::unique_ptr<supervisor::RankLogFile> file;
+    supervisor::LastLines last{20};
+  };
+
+  rdzv::Config make_config() {
+    entries_ = net::node_entries(opts_.nodes, 29410);
+    rdzv::Config c;
+    c.job_id = opts_.job_id;
+    for (const auto& e : entries_) hosts_.push_back(e.name);
+    c.hosts = hosts_;
+    c.min_nodes = static_cast<std::uint32_t>(opts_.spec.nnodes_min);
+    c.max_nodes = static_cast<std::uint32_t>(opts_.spec.nnodes_max);
+    c.join_timeout = opts_.spec.join_timeout;
+    c.last_call = opts_.spec.last_call;
+    c.heartbeat_timeout = opts_.heartbeat_timeout;
+    c.stop_timeout = opts_.spec.stop_grace + std::chrono::seconds(5);
+    c.max_restarts = static_cast<std::uint32_t>(opts_.spec.max_restarts);
+    c.backoff_initial = opts_.spec.restart_backoff;
+    c.backoff_max = std::max<rdzv::Micros>(opts_.spec.restart_backoff, std::chrono::seconds(30));
+    return c;
+  }
+
+  std::string label(const Node& n) const { return fmt::format("{} ({}:{})", n.entry.name, n.entry.host, n.entry.port); }
+
+  // ---- connections ----
+
+  void dial(Node& n) {
+    if (done_) return;
+    net::dial(io_, n.entry.host, n.entry.port, opts_.dial_timeout, [this, &n](boost::system::error_code ec, tcp::socket s) {
+      if (done_) return;
+      if (ec) {
+        auto lvl = n.dial_failures == 0 ? spdlog::level::warn : spdlog::level::debug;
+        log_->log(lvl, "{}: cannot reach the agent: {}; retrying", label(n), ec.message());
+        return schedule_redial(n);
+      }
+      connect(n, std::move(s));
+    });
+  }
+
+  void schedule_redial(Node& n) {
+    if (done_) return;
+    auto delay = kRedialMin * (1 << std::min(n.dial_failures, 4));
+    ++n.dial_failures;
+    n.redial.expires_after(std::min<std::chrono::milliseconds>(delay, kRedialMax));
+    n.redial.async_wait([this, &n](boost::system::error_code ec) {
+      if (!ec) dial(n);
+    });
+  }
+
+  void connect(Node& n, tcp::socket s) {
+    proto::ClientConfig cc;
+    cc.role = proto::Role::coordinator;
+    cc.user = opts_.user;
+    cc.name = "ddpctl";
+    cc.software = "ddpctl 0.1.0";
+    cc.key = *opts_.keys.first();
+    cc.nonce = proto::random_nonce();
+    cc.expect_server = proto::Role::agent;
+    boost::system::error_code ec;
+    n.address = plain_address(s.remote_endpoint(ec).address());
+    n.conn = Connection::make(std::move(s), proto::Session::client(cc), label(n), "coord", std::chrono::seconds(10));
+    n.pings = 0;
+    n.sync = {};
+    Connection* raw = n.conn.get();
+    n.conn->start({[this, &n](const proto::PeerInfo& p) {
+                     log_->debug("{}: authenticated (agent '{}', {})", label(n), p.name, p.software);
+                     n.dial_failures = 0;
+                     ping(n);
+                   },
+                   [this, &n](proto::Message m) { on_message(n, std::move(m)); },
+                   [this, &n, raw](const std::string& reason) { on_closed(n, raw, reason); }});
+  }
+
+  void on_closed(Node& n, Connection* raw, const std::string& reason) {
+    if (n.conn.get() != raw) return;
+    const bool was_established = n.conn->session().peer().version != 0 || n.joined;
+    n.conn.reset();
+    if (done_) return;
+    if (reason.find("auth:") != std::string::npos && rdzv_.state() == rdzv::State::joining && rdzv_.round().value == 1) {
+      return fatal(fmt::format("{} refused us: {}. The token file ({}) must hold the same secret as the agent's "
+                               "(/etc/ddpctl/token or its --token-file)",
+                               label(n), reason, opts_.keys.first()->id == "default" ? "--token-file" : "key " + opts_.keys.first()->id));
+    }
+    if (n.joined) {
+      n.joined = false;
+      handle(rdzv::NodeLeft{n.entry.name, reason});
+    } else if (!was_established) {
+      log_->debug("{}: {}", label(n), reason);
+    }
+    schedule_redial(n);
+  }
+
+  void send(Node& n, std::string_view type, json fields) {
+    if (n.conn && n.conn->established()) n.conn->send(n.conn->session().message(type, std::move(fields)));
+  }
+
+  void ping(Node& n) {
+    send(n, "time_ping", {{"t0_us", now().count()}});
+  }
+
+  void on_message(Node& n, proto::Message m) {
+    const auto& b = m.body;
+    if (m.type == "heartbeat") {
+      if (n.joined) handle(rdzv::Heartbeat{n.entry.name});
+      return;
+    }
+    if (m.type == "time_pong") {
+      n.sync.add({rdzv::Micros(b["t0_us"].get<std::int64_t>()), rdzv::Micros(b["t1_us"].get<std::int64_t>()), now()});
+      if (++n.pings < kClockProbes) return ping(n);
+      const auto off = n.sync.best().value_or(proto::ClockOffset{});
+      log_->debug("{}: clock offset {} us (+/- {} us)", label(n), off.offset.count(), off.uncertainty.count());
+      send(n, "job_offer",
+           {{"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}, {"spec", net::to_json(payload_)}});
+      return;
+    }
+    if (m.type == "join") return on_join(n, b);
+    if (!n.joined) return;
+    if (m.type == "output") return on_output(n, b);
+    if (m.type == "worker_exited") return on_worker_exited(n, b);
+    if (m.type == "attempt_finished") {
+      const auto round = rdzv::Round{b["round"].get<std::uint32_t>()};
+      if (b.contains("error")) {
+        const auto err = b["error"].get<std::string>();
+        log_->error("{}: {}", n.entry.name, err);
+        notes_.push_back(fmt::format("{}: {}", n.entry.name, err));
+      }
+      handle(rdzv::AttemptFinished{n.entry.name, round, b["ok"].get<bool>()});
+      return;
+    }
+    if (m.type == "worker_started" || m.type == "status") return;
+    n.conn->refuse(proto::ErrorCode::unexpected, fmt::format("a coordinator does not take '{}' from an agent", m.type));
+  }
+
+  void on_join(Node& n, const json& b) {
+    if (b["job_id"].get<std::string>() != opts_.job_id) {
+      n.conn->refuse(proto::ErrorCode::bad_value, "join for another job");
+      return;
+    }
+    if (b.contains("preflight")) {
+      const auto& p = b["preflight"];
+      auto detail = p.value("detail", std::string());
+      if (!p.value("command", true) || !p.value("workdir", true) || !detail.empty()) {
+        return fatal(fmt::format("preflight failed on {}: {}", n.entry.name, detail.empty() ? "command or workdir missing" : detail));
+      }
+    }
+    const auto nproc = b["nproc"].get<std::uint32_t>();
+    const auto agent_name = b["node"].get<std::string>();
+    log_->info("{} joined: agent '{}', {} worker{}", label(n), agent_name, nproc, nproc == 1 ? "" : "s");
+    n.joined = true;
+    const auto off = n.sync.best().value_or(proto::ClockOffset{});
+    handle(rdzv::NodeJoined{n.entry.name, nproc, off.offset});
+  }
+
+  // ---- the live stream and per-rank files ----
+
+  std::optional<int> global_rank(const std::string& node, std::uint32_t round, std::uint32_t local_rank) const {
+    if (round != round_.value) return std::nullopt;
+    auto it = placement_.find(node);
+    if (it == placement_.end() || local_rank >= it->second.local_world_size) return std::nullopt;
+    return static_cast<int>(it->second.rank_base + local_rank);
+  }
+
+  RankFiles& files_of(int rank) {
+    auto& f = rank_files_[rank];
+    if (!f.file) {
+      f.file = std::make_unique<supervisor::RankLogFile>(contract_log(rank), opts_.spec.log_max_bytes);
+    }
+    return f;
+  }
+
+  std::string contract_log(int rank) const { return fmt::format("{}/rank-{}.log", attempt_dir_, rank); }
+
+  void on_output(Node& n, const json& b) {
+    const auto local_rank = b["local_rank"].get<std::uint32_t>();
+    auto rank = global_rank(n.entry.name, b["round"].get<std::uint32_t>(), local_rank);
+    if (!rank) return;  // a straggler of an earlier round
+    const auto s = b["stream"].get<std::string>() == "stderr" ? supervisor::Stream::err : supervisor::Stream::out;
+    auto line = b["data"].get<std::string>();
+    auto& f = files_of(*rank);
+    f.file->write(s, line);
+    if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(*rank))) {
+      terminal_.write(s, fmt::format("[{}:{}] {}", n.entry.name, *rank, line));
+    }
+    f.last.add(std::move(line));
+  }
+
+  void on_worker_exited(Node& n, const json& b) {
+    const auto round = b["round"].get<std::uint32_t>();
+    const auto local_rank = b["local_rank"].get<std::uint32_t>();
+    auto rank = global_rank(n.entry.name, round, local_rank);
+    if (!rank) return;
+    const auto agent_time = rdzv::Micros(b["time_us"].get<std::int64_t>());
+    auto key = std::make_pair(n.entry.name, local_rank);
+    auto& info = exits_[key];
+    const bool first = info.node.empty();
+    info.node = n.entry.name;
+    info.exit.rank = *rank;
+    info.exit.local_rank = static_cast<int>(local_rank);
+    info.exit.pid = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
+    info.exit.signal = b.contains("signal") ? static_cast<int>(b["signal"].get<std::uint32_t>()) : 0;
+    info.exit.exit_code = b.contains("exit_code") ? static_cast<int>(b["exit_code"].get<std::int64_t>()) : 0;
+    info.exit.when = to_sys(n.sync.to_local(agent_time));
+    if (b.contains("tail")) info.tail = b["tail"].get<std::vector<std::string>>();
+    if (b.contains("error_file") && b["error_file"].is_object()) {
+      const auto& e = b["error_file"];
+      info.error_file = launch::ErrorFile{e.value("path", ""), e.value("message", ""), e.value("traceback", ""),
+                                          e.value("raw", "")};
+    }
+    if (!first) return;
+    if (info.exit.failed()) failures_.push_back(key);
+    rdzv::WorkerExited ev{n.entry.name, rdzv::Round{round}, rdzv::LocalRank{local_rank}, std::nullopt, std::nullopt,
+                          agent_time, static_cast<std::uint32_t>(info.exit.pid)};
+    if (info.exit.signal) ev.signal = info.exit.signal;
+    else ev.exit_code = info.exit.exit_code;
+    handle(ev);
+  }
+
+  // ---- the rendezvous machine ----
+
+  void handle(const rdzv::Event& e) {
+    if (done_) return;
+    apply(rdzv_.handle(e, now()));
+    arm_tick();
+  }
+
+  void arm_tick() {
+    if (done_) return;
+    auto d = rdzv_.next_deadline();
+    if (!d) return;
+    auto wait = std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1);
+    tick_timer_.expires_after(wait);
+    tick_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) handle(rdzv::Tick{});
+    });
+  }
+
+  void apply(rdzv::Effects effects) {
+    for (auto& e : effects) {
+      if (done_) return;
+      std::visit([this](auto& x) { on_effect(x); }, e);
+    }
+  }
+
+  void on_effect(rdzv::AssignRanks& a) {
+    round_ = a.round;
+    placement_.clear();
+    exits_.clear();
+    failures_.clear();
+    notes_.clear();
+    rank_files_.clear();
+    stop_issued_.reset();
+    attempt_dir_ = fmt::format("{}/{}/attempt-{}", opts_.spec.log_dir, opts_.job_id, a.restart_count);
+    std::error_code ec;
+    fs::create_directories(attempt_dir_, ec);
+    if (ec) log_->warn("cannot create {} for the launcher's copy of the logs: {}", attempt_dir_, ec.message());
+    cur_ = launch::AttemptReport{};
+    cur_.attempt = static_cast<int>(a.restart_count);
+    cur_.started = std::chrono::system_clock::now();
+    cur_.log_dir = attempt_dir_;
+    attempt_open_ = true;
+
+    auto payload = payload_;
+    for (const auto& na : a.nodes) payload.node_addresses.push_back(nodes_.at(na.node)->address);
+    const auto& master = nodes_.at(a.nodes.at(0).node)->address;
+    std::vector<std::string> shares;
+    for (const auto& na : a.nodes) {
+      placement_[na.node] = Placement{na.node_rank.value, na.rank_base.value, na.local_world_size};
+      shares.push_back(fmt::format("{}: ranks {}-{}", na.node, na.rank_base.value, na.rank_base.value + na.local_world_size - 1));
+      send(*nodes_.at(na.node), "assign",
+           {{"job_id", opts_.job_id},
+            {"run_id", opts_.job_id},
+            {"user", opts_.user},
+            {"round", a.round.value},
+            {"restart_count", a.restart_count},
+            {"max_restarts", opts_.spec.max_restarts},
+            {"node_rank", na.node_rank.value},
+            {"nnodes", a.nodes.size()},
+            {"rank_base", na.rank_base.value},
+            {"local_world_size", na.local_world_size},
+            {"world_size", a.world_size},
+            {"master_addr", master},
+            {"master_port", opts_.spec.store_port},
+            {"spec", net::to_json(payload)}});
+    }
+    log_->info("round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}:{}", a.round.value, a.restart_count,
+               a.world_size, a.nodes.size(), join(shares, "; "), master, opts_.spec.store_port);
+  }
+
+  void on_effect(rdzv::StartAttempt& s) {
+    for (const auto& m : rdzv_.members()) send(*nodes_.at(m), "start", {{"job_id", opts_.job_id}, {"round", s.round.value}});
+  }
+
+  void on_effect(rdzv::StopAll& s) {
+    stop_issued_ = now();
+    log_->warn("stopping every node's workers: {}", s.reason);
+    for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), s.round, s.reason, opts_.spec.stop_grace);
+  }
+
+  void send_stop(Node& n, rdzv::Round round, const std::string& reason, Millis grace) {
+    send(n, "stop",
+         {{"job_id", opts_.job_id}, {"round", round.value}, {"reason", reason.substr(0, 4000)},
+          {"grace_ms", static_cast<std::uint64_t>(grace.count())}});
+  }
+
+  void on_effect(rdzv::RestartScheduled& r) {
+    close_attempt(launch::Phase::failed, std::nullopt);
+    log_->warn("{}", r.reason);
+    report_.restarts = static_cast<int>(r.restart_count);
+  }
+
+  void on_effect(rdzv::JobFailed& f) {
+    report_.restarts = static_cast<int>(f.restart_count);
+    if (f.kind == rdzv::JobFailed::Kind::stopped) {
+      close_attempt(launch::Phase::stopped, f.first_failure);
+      report_.status = "stopped";
+      report_.exit_code = 128 + (stop_signal_ ? stop_signal_ : SIGTERM);
+      log_->warn("job {} stopped{}", opts_.job_id, stop_signal_ ? " by " + supervisor::signal_name(stop_signal_) : "");
+    } else {
+      close_attempt(launch::Phase::failed, f.first_failure);
+      report_.status = "failed";
+      report_.exit_code = 1;
+      log_->error("job {} failed: {}", opts_.job_id, f.message);
+    }
+    finish();
+  }
+
+  void on_effect(rdzv::JobSucceeded& s) {
+    close_attempt(launch::Phase::succeeded, std::nullopt);
+    report_.status = "succeeded";
+    report_.exit_code = 0;
+    report_.restarts = static_cast<int>(s.restart_count);
+    log_->info("job {} succeeded{}", opts_.job_id,
+               s.restart_count ? fmt::format(" after {} restart{}", s.restart_count, s.restart_count == 1 ? "" : "s") : "");
+    finish();
+  }
+
+  void on_effect(rdzv::RejectNode& r) {
+    log_->error("{}", r.reason);
+    auto& n = *nodes_.at(r.node);
+    n.joined = false;
+    if (n.conn) n.conn->refuse(proto::ErrorCode::unexpected, r.reason);
+  }
+
+  void on_effect(rdzv::DropNode& d) {
+    log_->warn("giving up on {}: {}", d.node, d.reason);
+    auto& n = *nodes_.at(d.node);
+    n.joined = false;
+    if (n.conn) n.conn->close(d.reason);
+  }
+
+  void on_effect(rdzv::Progress& p) { log_->info("{}", p.message); }
+
+  // The attempt's report: exits by rank, the first failure by mapped time (exits stamped after
+  // the stop went out are its consequences, unless nothing came before them).
+  void close_attempt(launch::Phase phase, const std::optional<rdzv::Failure>& from_rdzv) {
+    if (!attempt_open_) return;
+    attempt_open_ = false;
+    terminal_.flush();
+    cur_.ended = std::chrono::system_clock::now();
+    cur_.phase = phase;
+    std::vector<ExitInfo*> all;
+    for (auto& [k, v] : exits_) all.push_back(&v);
+    std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->exit.rank < b->exit.rank; });
+    for (auto* e : all) cur_.exits.push_back(e->exit);
+
+    const ExitInfo* first = nullptr;
+    if (from_rdzv && from_rdzv->local_rank) {
+      auto it = exits_.find({from_rdzv->node, from_rdzv->local_rank->value});
+      if (it != exits_.end()) first = &it->second;
+    }
+    if (!first) {
+      for (std::size_t i = 0; i < failures_.size(); ++i) {
+        const auto& e = exits_.at(failures_[i]);
+        const bool cause = i == 0 || !stop_issued_ || e.exit.when <= to_sys(*stop_issued_);
+        if (cause && (!first || e.exit.when < first->exit.when)) first = &e;
+      }
+    }
+    if (first && phase != launch::Phase::succeeded) {
+      auto lines = first->tail;
+      if (lines.empty()) {
+        if (auto it = rank_files_.find(first->exit.rank); it != rank_files_.end()) lines = it->second.last.lines();
+      }
+      cur_.first_failure = launch::RankFailure{first->exit, first->node, lines, first->error_file, contract_log(first->exit.rank)};
+    } else if (from_rdzv && !from_rdzv->local_rank) {
+      notes_.push_back(from_rdzv->describe());
+    }
+    cur_.notes = notes_;
+    report_.attempts.push_back(cur_);
+    if (phase != launch::Phase::succeeded) std::fputs(launch::format_attempt(cur_, opts_.spec.max_restarts).c_str(), stderr);
+  }
+
+  void fatal(const std::string& message) {
+    log_->error("{}", message);
+    // Nothing has started when this happens (auth and preflight come before any assignment);
+    // closing the connections makes every agent forget the job.
+    report_.status = "failed";
+    report_.exit_code = 2;
+    finish();
+  }
+
+  void finish() {
+    if (done_) return;
+    done_ = true;
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    tick_timer_.cancel();
+    heartbeat_timer_.cancel();
+    for (auto& [name, n] : nodes_) {
+      n->redial.cancel();
+      if (n->conn) n->conn->close("the job is over");
+    }
+    io_.stop();
+  }
+
+  void heartbeat() {
+    heartbeat_timer_.expires_after(opts_.heartbeat_interval);
+    heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || done_) return;
+      for (auto& [name, n] : nodes_) send(*n, "heartbeat", {{"now_us", now().count()}});
+      heartbeat();
+    });
+  }
+
+  void wait_signals() {
+    signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec || done_) return;
+      if (stop_signal_) {
+        log_->warn("{} again: killing every node's workers now", supervisor::signal_name(sig));
+        for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), round_, "killed by the user", Millis(0));
+      } else {
+        stop_signal_ = sig;
+        log_->warn("{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)",
+                   supervisor::signal_name(sig), format_duration(opts_.spec.stop_grace));
+        handle(rdzv::StopRequested{supervisor::signal_name(sig)});
+      }
+      wait_signals();
+    });
+  }
+
+  CoordinatorOptions opts_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  asio::steady_timer tick_timer_, heartbeat_timer_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::vector<net::NodeEntry> entries_;
+  std::vector<std::string> hosts_;
+  rdzv::Rendezvous rdzv_;
+  net::JobPayload payload_;
+  std::map<std::string, std::unique_ptr<Node>> nodes_;
+  supervisor::TerminalSink terminal_;
+
+  rdzv::Round round_{0};
+  std::map<std::string, Placement> placement_;
+  std::map<std::pair<std::string, std::uint32_t>, ExitInfo> exits_;
+  std::vector<std::pair<std::string, std::uint32_t>> failures_;  // in arrival order
+  std::optional<rdzv::TimePoint> stop_issued_;
+  std::vector<std::string> notes_;
+  std::map<int, RankFiles> rank_files_;
+  std::string attempt_dir_;
+  launch::AttemptReport cur_;
+  bool attempt_open_ = false;
+  launch::JobReport report_;
+  int stop_signal_ = 0;
+  bool done_ = false;
+};
+
+}  // namespace
+
+int run_coordinator(CoordinatorOptions options) {
+  if (options.nodes.empty()) throw CoordinatorError("no nodes to run on");
+  if (options.keys.empty()) throw CoordinatorError("no key to authenticate with");
+  if (options.spec.store_port == 0) {
+    throw CoordinatorError("store.port 0 (a free port) is not supported with --nodes yet: give a fixed port");
+  }
+  if (options.spec.nccl_unique_id == jobspec::NcclUniqueId::on) {
+    throw CoordinatorError("nccl.unique_id: on is not supported with --nodes yet (PyTorch's NCCL process group "
+                           "makes its own id through the store; leave it auto)");
+  }
+  try {
+    Coordinator c(std::move(options));
+    return c.run();
+  } catch (const net::WireError& e) {
+    throw CoordinatorError(e.what());
+  }
+}
+
+}  // namespace ddp::coordinator

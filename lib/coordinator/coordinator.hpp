@@ -1,0 +1,53 @@
+// The multi-node launch's coordinator, embedded in `ddpctl launch --nodes`: the I/O edge around
+// the pure rendezvous machine (lib/rendezvous).
+//
+//   per node: dial ─▶ handshake (role coordinator) ─▶ time_ping ×3 (clock offset) ─▶ job_offer
+//             ◀─ join{nproc, preflight} ─▶ NodeJoined ... rendezvous effects:
+//   AssignRanks ─▶ assign to every member (MASTER_ADDR = node rank 0's address as we reached it)
+//   StartAttempt ─▶ start;  StopAll ─▶ stop;  DropNode ─▶ close;  job result ─▶ exit status
+//   ◀─ output (printed "[node:rank] line", filed per rank), worker_exited, attempt_finished
+//
+// Policy: agents are redialled while the job lives (a lost agent may come back for a later
+// round); a refused token is fatal at once (it will not fix itself). Ctrl-C / SIGTERM stop every
+// node's workers and end with 128+signal; a second one kills them now. Every timeout says what
+// it waited for (the rendezvous machine's messages).
+#pragma once
+
+#include "common/duration.hpp"
+#include "jobspec/jobspec.hpp"
+#include "proto/keyring.hpp"
+
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::coordinator {
+
+struct CoordinatorOptions {
+  jobspec::JobSpec spec;           // resolved: workdir and log_dir absolute
+  std::vector<std::string> nodes;  // expanded --nodes entries (host, host:port, [v6]:port)
+  proto::Keyring keys;
+  std::string job_id;
+  std::string user;
+  std::set<int> show_ranks;  // terminal filter; empty: all
+  bool quiet = false;
+  std::optional<std::string> result_json;
+  std::map<std::string, std::string> launcher_env;
+  Millis heartbeat_interval{1000};
+  Millis heartbeat_timeout{6000};
+  Millis dial_timeout{5000};
+};
+
+class CoordinatorError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Runs the job to its end; returns ddpctl's exit status (0 all ranks 0; 1 failed; 128+sig when
+// stopped by a signal; 2 when it could not start, e.g. a refused token or a failed preflight).
+int run_coordinator(CoordinatorOptions options);
+
+}  // namespace ddp::coordinator
