@@ -1,0 +1,218 @@
+"""Simulated hosts for the multi-node tests: one network namespace per host, joined by a bridge.
+
+Each host gets its own namespace (veth 'eth0' on a bridge, an address in a test-private
+10.213.X.0/24 chosen per run), its own hostname (unshare --uts, plus /etc/netns/NS/hosts naming
+every host) and a private /tmp (unshare --mount + tmpfs), so logs and error files reach the
+launcher only through the protocol. The launcher (ddpctl) runs in a namespace of its own.
+
+The network rule: nothing here connects from the root namespace to a namespace address. As a
+guard, the root namespace gets a blackhole route for the run's /24, so a mistake fails instead of
+leaving the machine. Everything made here is torn down by what it is (the pids we started, the
+namespaces, links, route and /etc/netns folders we named); never by process name.
+"""
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+SRC = os.environ.get("DDP_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+BUILD = os.environ.get("DDP_BINARY_DIR", os.path.join(SRC, "build"))
+BIN = os.path.join(BUILD, "bin")
+AGENT_PORT = 29410
+
+
+def _run(*cmd, check=True):
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=check, timeout=30)
+
+
+def netns_unavailable():
+    """A reason to skip, or None when namespaces work here."""
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    for tool in ("ip", "unshare", "mount"):
+        if not shutil.which(tool):
+            return f"'{tool}' not found"
+    name = f"ddpprobe{os.getpid() % 100000}"
+    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"ip netns add is not permitted here: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    for b in ("ddpctl", "ddp-agentd"):
+        if not os.access(os.path.join(BIN, b), os.X_OK):
+            return f"{b} is not built in {BIN} (set DDP_BINARY_DIR)"
+    return None
+
+
+class Host:
+    def __init__(self, cluster, index, name):
+        self.cluster = cluster
+        self.name = name
+        self.ns = f"{cluster.tag}{name}"[:15]
+        self.veth = f"v{cluster.tag}{index}"[:15]
+        self.addr = f"10.213.{cluster.subnet}.{10 + index}"
+
+    def wrap(self, argv):
+        """argv run on this host: its netns (with /etc/netns hosts), hostname and private /tmp."""
+        inner = f"hostname {self.name} && mount -t tmpfs tmpfs /tmp && exec \"$@\""
+        return ["ip", "netns", "exec", self.ns, "unshare", "--uts", "--mount", "--propagation", "private",
+                "sh", "-c", inner, "sh", *argv]
+
+    def popen(self, argv, **kw):
+        p = subprocess.Popen(self.wrap(argv), start_new_session=True, **kw)
+        self.cluster.procs.append(p)
+        return p
+
+    def run(self, argv, timeout=30, **kw):
+        return subprocess.run(self.wrap(argv), capture_output=True, text=True, timeout=timeout, **kw)
+
+    def ns_pids(self):
+        r = _run("ip", "netns", "pids", self.ns, check=False)
+        return [int(x) for x in r.stdout.split()]
+
+
+class Cluster:
+    """Hosts n1..nN and 'ctl' (the launcher's). Use as a context manager."""
+
+    def __init__(self, nodes=2):
+        self.tag = f"d{os.getpid() % 1000}{random.randrange(100)}"
+        self.subnet = random.randrange(1, 254)
+        self.bridge = f"b{self.tag}"[:15]
+        self.hosts = [Host(self, i + 1, f"n{i + 1}") for i in range(nodes)]
+        self.ctl = Host(self, 0, "ctl")
+        self.procs = []
+        self.agents = {}
+        # Shared files (token, job files, worker scripts, results): outside /tmp, which is private per host.
+        self.dir = tempfile.mkdtemp(prefix="ddp-multinode-", dir="/var/tmp")
+        os.chmod(self.dir, 0o755)
+        # The binaries are "installed" in the shared folder: the build folder may sit under /tmp,
+        # which every simulated host replaces with its own.
+        self.bin = os.path.join(self.dir, "bin")
+        os.makedirs(self.bin)
+        for b in ("ddpctl", "ddp-agentd", "ddp-ncclid"):
+            if os.path.exists(os.path.join(BIN, b)):
+                shutil.copy2(os.path.join(BIN, b), self.bin)
+        self.token = os.path.join(self.dir, "token")
+        self._write_token(self.token, os.urandom(32).hex())
+        self._made = []
+
+    def _write_token(self, path, secret):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+
+    def write_token(self, name, secret=None):
+        path = os.path.join(self.dir, name)
+        self._write_token(path, secret or os.urandom(32).hex())
+        return path
+
+    def __enter__(self):
+        try:
+            self._setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.teardown()
+
+    def _setup(self):
+        _run("ip", "route", "add", "blackhole", f"10.213.{self.subnet}.0/24")
+        self._made.append(("route", f"10.213.{self.subnet}.0/24"))
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self._made.append(("link", self.bridge))
+        _run("ip", "link", "set", self.bridge, "up")
+        hosts_file = "127.0.0.1 localhost\n" + "".join(f"{h.addr} {h.name}\n" for h in [self.ctl] + self.hosts)
+        for h in [self.ctl] + self.hosts:
+            _run("ip", "netns", "add", h.ns)
+            self._made.append(("netns", h.ns))
+            etc = f"/etc/netns/{h.ns}"
+            os.makedirs(etc, exist_ok=True)
+            self._made.append(("etc", etc))
+            with open(os.path.join(etc, "hosts"), "w") as f:
+                f.write(hosts_file)
+            with open(os.path.join(etc, "hostname"), "w") as f:
+                f.write(h.name + "\n")
+            _run("ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.ns)
+            self._made.append(("link", h.veth))
+            _run("ip", "link", "set", h.veth, "master", self.bridge)
+            _run("ip", "link", "set", h.veth, "up")
+            _run("ip", "-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", "eth0")
+            _run("ip", "-n", h.ns, "link", "set", "eth0", "up")
+            _run("ip", "-n", h.ns, "link", "set", "lo", "up")
+
+    def teardown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for kind, name in reversed(self._made):
+            if kind == "netns":
+                # Whatever still runs inside a namespace we made (a leaked worker) goes with it.
+                for pid in _run("ip", "netns", "pids", name, check=False).stdout.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                _run("ip", "netns", "del", name, check=False)
+            elif kind == "link":
+                _run("ip", "link", "del", name, check=False)
+            elif kind == "route":
+                _run("ip", "route", "del", "blackhole", name, check=False)
+            elif kind == "etc":
+                shutil.rmtree(name, ignore_errors=True)
+        self._made.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- agents and the launcher ----
+
+    def start_agent(self, host, token=None, extra=()):
+        log = open(os.path.join(self.dir, f"agent-{host.name}.log"), "ab")
+        p = host.popen([os.path.join(self.bin, "ddp-agentd"), "--listen", f"{host.addr}:{AGENT_PORT}",
+                        "--token-file", token or self.token, "--log-dir", "/tmp/ddp-logs",
+                        "--heartbeat-timeout", "3", *extra],
+                       stdout=log, stderr=subprocess.STDOUT)
+        self.agents[host.name] = p
+        self.wait_listening(host)
+        return p
+
+    def wait_listening(self, host, timeout=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            r = _run("ip", "netns", "exec", host.ns, "ss", "-ltnH", f"sport = :{AGENT_PORT}", check=False)
+            if r.stdout.strip():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"ddp-agentd on {host.name} is not listening after {timeout} s:\n" + self.agent_log(host))
+
+    def agent_log(self, host):
+        try:
+            with open(os.path.join(self.dir, f"agent-{host.name}.log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def nodes_arg(self, hosts=None):
+        return ",".join(h.addr for h in (hosts or self.hosts))
+
+    def launch(self, job_file, *args, token=None, hosts=None):
+        """Starts ddpctl launch in the launcher's namespace; returns the Popen (text pipes)."""
+        argv = [os.path.join(self.bin, "ddpctl"), "launch", "--nodes", self.nodes_arg(hosts),
+                "--token-file", token or self.token, *args, job_file]
+        return self.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.dir)
+
+    def write(self, name, text):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o755)
+        return path

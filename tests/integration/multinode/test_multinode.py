@@ -1,0 +1,231 @@
+"""Multi-node launches across simulated hosts (issue 5): ddp-agentd on n1 and n2, ddpctl on a
+host of its own, everything over the authenticated protocol (simcluster.py has the rules).
+
+Each test bounds its waits; the cluster fixture tears down every process and namespace it made.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import simcluster  # noqa: E402
+
+SKIP = simcluster.netns_unavailable()
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+PY = "/usr/bin/python3"
+LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
+
+CONTRACT_WORKER = r'''
+import json, os, socket, sys, time
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+        "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DDP_NODE"]
+env = {k: os.environ.get(k) for k in keys}
+env["hostname"] = socket.gethostname()
+env["pid"] = os.getpid()
+print("CONTRACT " + json.dumps(env), flush=True)
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+if mode == "fail-rank-3":
+    if env["RANK"] == "3":
+        time.sleep(1.0)
+        print("rank 3 gives up", file=sys.stderr, flush=True)
+        sys.exit(7)
+    time.sleep(120)
+elif mode == "sleep":
+    time.sleep(120)
+'''
+
+
+@pytest.fixture
+def cluster():
+    with simcluster.Cluster(nodes=2) as c:
+        yield c
+
+
+def job(c, name, command, extra=""):
+    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: 2\ncommand: {json.dumps(command)}\n"
+                                   f"store: {{port: 29500}}\nstop: {{grace: 3s}}\n{extra}")
+
+
+def finish(p, timeout=90):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return p.returncode, out, err
+
+
+def contracts(out):
+    by_rank = {}
+    for line in out.splitlines():
+        m = LINE.match(line)
+        if m and m["text"].startswith("CONTRACT "):
+            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
+    return by_rank
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def wait_for_contracts(p, n, timeout=60):
+    """Reads ddpctl's stdout until n ranks printed their contract; returns {rank: (node, env)} and the lines."""
+    seen, lines = {}, []
+    deadline = time.time() + timeout
+    os.set_blocking(p.stdout.fileno(), True)
+    while len(seen) < n and time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        seen.update(contracts(line))
+    assert len(seen) == n, f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}"
+    return seen
+
+
+def test_contract_across_two_nodes(cluster):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    rc, out, err = finish(c.launch(job(c, "contract", [PY, worker]), "--result-json", os.path.join(c.dir, "r.json")))
+    assert rc == 0, err
+    by_rank = contracts(out)
+    assert sorted(by_rank) == [0, 1, 2, 3], out + err
+    n1, n2 = c.hosts
+    for rank, (node, env) in by_rank.items():
+        host = n1 if rank < 2 else n2
+        assert node == host.addr
+        assert env["hostname"] == host.name
+        assert env["RANK"] == str(rank)
+        assert env["LOCAL_RANK"] == str(rank % 2)
+        assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == ("0" if rank < 2 else "1") and env["GROUP_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == n1.addr and env["MASTER_PORT"] == "29500"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert len({env["TORCHELASTIC_RUN_ID"] for _, env in by_rank.values()}) == 1
+    result = json.load(open(os.path.join(c.dir, "r.json")))
+    assert result["status"] == "succeeded" and result["exit_code"] == 0
+    assert sorted(e["rank"] for e in result["attempts"][0]["exits"]) == [0, 1, 2, 3]
+
+
+def test_gloo_ddp_across_two_nodes_through_the_agent_store(cluster):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    train = os.path.join(simcluster.SRC, "examples", "python", "train_ddp.py")
+    params = os.path.join(c.dir, "params-{rank}.json")
+    cmd = [PY, train, "--epochs", "2", "--dump-params", params, "--checkpoint", os.path.join(c.dir, "ckpt", "{run_id}.pt")]
+    rc, out, err = finish(c.launch(job(c, "ddp", cmd)), timeout=180)
+    assert rc == 0, out + err
+    dumps = [json.load(open(params.format(rank=r))) for r in range(4)]
+    assert all(d["world_size"] == 4 for d in dumps)
+    assert all(d["params"] == dumps[0]["params"] for d in dumps), "ranks ended with different parameters"
+    assert re.search(r"^\[10\.213\.\d+\.11:0\] epoch 1 loss", out, re.M), out
+
+
+def test_rank_failure_on_node2_stops_node1_and_is_named(cluster):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    p = c.launch(job(c, "fail", [PY, worker, "fail-rank-3"]), "--result-json", os.path.join(c.dir, "r.json"))
+    started = time.time()
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 1, err
+    assert time.time() - started < 30, "failure propagation took too long"
+    n2 = c.hosts[1]
+    assert f"first failure: rank 3 (local rank 1, node {n2.addr}" in err, err
+    assert "exited with code 7" in err and "rank 3 gives up" in err, err
+    pids = [env["pid"] for _, env in contracts(out).values()]
+    assert len(pids) == 4
+    assert wait_gone(pids) == [], "workers left running after the job failed"
+    result = json.load(open(os.path.join(c.dir, "r.json")))
+    ff = result["attempts"][0]["first_failure"]
+    assert ff["rank"] == 3 and ff["node"] == n2.addr and ff["exit_code"] == 7
+
+
+def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    p = c.launch(job(c, "kill", [PY, worker, "sleep"]))
+    seen = wait_for_contracts(p, 4)
+    os.kill(c.agents["n2"].pid, signal.SIGKILL)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 1, err
+    assert f"{c.hosts[1].addr}" in err and "lost" in err, err
+    pids = [env["pid"] for _, env in seen.values()]
+    # Node 1's workers are stopped by its agent; node 2's die with theirs (PDEATHSIG).
+    assert wait_gone(pids) == [], "workers left running after an agent was killed"
+    assert c.agents["n1"].poll() is None, "the surviving agent must keep serving"
+
+
+def test_wrong_token_is_refused_and_the_agent_serves_the_next_client(cluster):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    bad = c.write_token("bad-token")
+    rc, out, err = finish(c.launch(job(c, "badtoken", [PY, worker]), token=bad), timeout=30)
+    assert rc == 2, err
+    assert "refused us" in err and "auth" in err and "token file" in err, err
+    assert "CONTRACT" not in out
+    for h in c.hosts:
+        assert c.agents[h.name].poll() is None
+    log = c.agent_log(c.hosts[0])
+    assert "auth" in log, log
+    rc, out, err = finish(c.launch(job(c, "goodtoken", [PY, worker])), timeout=60)
+    assert rc == 0, err
+    assert sorted(contracts(out)) == [0, 1, 2, 3]
+
+
+def test_sigint_to_ddpctl_stops_every_node(cluster):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    p = c.launch(job(c, "sigint", [PY, worker, "sleep"]), "--result-json", os.path.join(c.dir, "r.json"))
+    seen = wait_for_contracts(p, 4)
+    os.kill(p.pid, signal.SIGINT)
+    rc, out, err = finish(p, timeout=30)
+    assert rc == 128 + signal.SIGINT, err
+    pids = [env["pid"] for _, env in seen.values()]
+    assert wait_gone(pids, timeout=5) == [], "workers left running after Ctrl-C"
+    assert json.load(open(os.path.join(c.dir, "r.json")))["status"] == "stopped"
+    for h in c.hosts:
+        assert c.agents[h.name].poll() is None
+
+
+def test_timeout_names_the_missing_node(cluster):
+    c = cluster
+    c.start_agent(c.hosts[0])  # n2 has no agent
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    rc, out, err = finish(c.launch(job(c, "missing", [PY, worker], "rendezvous: {join_timeout: 3s}\n")), timeout=30)
+    assert rc == 1, err
+    assert f"1/2 nodes joined; missing: {c.hosts[1].addr}" in err, err
