@@ -40,6 +40,10 @@ if mode == "fail-rank-3":
     time.sleep(120)
 elif mode == "sleep":
     time.sleep(120)
+elif mode == "fail-first-attempt":
+    if env["RANK"] == "3" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
+        time.sleep(0.5)
+        sys.exit(7)
 '''
 
 
@@ -229,3 +233,38 @@ def test_timeout_names_the_missing_node(cluster):
     rc, out, err = finish(c.launch(job(c, "missing", [PY, worker], "rendezvous: {join_timeout: 3s}\n")), timeout=30)
     assert rc == 1, err
     assert f"1/2 nodes joined; missing: {c.hosts[1].addr}" in err, err
+
+
+def test_failure_with_a_restart_left_restarts_every_node(cluster):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    p = c.launch(job(c, "restart", [PY, worker, "fail-first-attempt"], "restart: {max_restarts: 1, backoff: 200ms}\n"),
+                 "--result-json", os.path.join(c.dir, "r.json"))
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 0, err
+    result = json.load(open(os.path.join(c.dir, "r.json")))
+    assert result["restarts"] == 1 and result["status"] == "succeeded"
+    assert result["attempts"][0]["first_failure"]["rank"] == 3
+    restarts = {env["TORCHELASTIC_RESTART_COUNT"] for line in out.splitlines() for _, env in contracts(line).values()}
+    assert restarts == {"0", "1"}, out
+
+
+@pytest.mark.parametrize("how", ["sigkill", "link-down"])
+def test_launcher_gone_leaves_nothing_running(cluster, how):
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    p = c.launch(job(c, "gone", [PY, worker, "sleep"]))
+    seen = wait_for_contracts(p, 4)
+    if how == "sigkill":
+        os.kill(p.pid, signal.SIGKILL)  # the agents see the connection close
+    else:
+        subprocess.run(["ip", "link", "set", c.ctl.veth, "down"], check=True)  # only heartbeats tell
+    pids = [env["pid"] for _, env in seen.values()]
+    # heartbeat timeout (3 s) + stop grace (3 s) + slack
+    assert wait_gone(pids, timeout=12) == [], f"workers left running after the launcher went away ({how})"
+    for h in c.hosts:
+        assert c.agents[h.name].poll() is None
