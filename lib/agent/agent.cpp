@@ -398,9 +398,6 @@ class Agent {
       log_->warn("job {}: no interface holds {}; NCCL and gloo pick their own", job.job_id, rdzv_addr);
     }
     auto plan = contract::make_plan(spec, node, inherited);
-    // WorkerGroup's tracker indexes ranks from 0 (launch/attempt.cpp): number this node's share
-    // by local rank inside the group. The environment and log file names keep the global ranks.
-    for (auto& r : plan.ranks) r.rank = r.local_rank;
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
     launch::GroupCallbacks cb;
@@ -447,7 +444,7 @@ class Agent {
       if (job.dropped_lines++ == 0) log_->warn("job {}: the coordinator reads too slowly; dropping output lines", job.job_id);
       return;
     }
-    const int local_rank = rank;  // the group numbers by local rank (see on_start)
+    const int local_rank = rank - job.rank_base;  // the group reports global ranks
     const char* stream = s == supervisor::Stream::out ? "stdout" : "stderr";
     for (std::size_t pos = 0; pos < line.size() || pos == 0; pos += kOutputChunk) {
       send(job.owner.get(), "output",

@@ -121,7 +121,8 @@ class Parser {
     }
     std::set<std::string> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
-      const YAML::Node& k = it->first;
+      // yaml-cpp's iterator yields a temporary pair: copy the nodes (cheap handles), never bind references.
+      const YAML::Node k = it->first;
       if (!k.IsScalar()) {
         error(k, fmt::format("{}: keys must be plain names", where));
         continue;
@@ -138,7 +139,7 @@ class Parser {
                              hint ? fmt::format(" (did you mean '{}'?)", *hint) : "", join(known, ", ")));
         continue;
       }
-      on_key(key, k, it->second);
+      on_key(key, k, YAML::Node(it->second));
     }
   }
 
@@ -315,8 +316,8 @@ class Parser {
     static const std::regex name_re("^[A-Za-z_][A-Za-z0-9_]*$");
     std::set<std::string> seen;
     for (auto it = v.begin(); it != v.end(); ++it) {
-      const auto& k = it->first;
-      const auto& val = it->second;
+      const YAML::Node k = it->first;
+      const YAML::Node val = it->second;
       if (!k.IsScalar() || !std::regex_match(k.Scalar(), name_re)) {
         error(k, fmt::format("env: expected a variable name (letters, digits, '_'), got {}", describe(k)));
         continue;

@@ -20,10 +20,13 @@ AttemptTracker::AttemptTracker(int nranks) : exits_(static_cast<std::size_t>(nra
 }
 
 Decision AttemptTracker::on_exit(const WorkerExit& e) {
-  if (e.rank < 0 || static_cast<std::size_t>(e.rank) >= exits_.size() || exits_[e.rank] || finished()) {
+  // Indexed by local rank: on a node whose first global rank is not 0, global ranks do not
+  // start at 0, but local ranks always do.
+  const auto slot = static_cast<std::size_t>(e.local_rank);
+  if (e.local_rank < 0 || slot >= exits_.size() || exits_[slot] || finished()) {
     return Decision::none;  // not ours, or reported twice: ignore
   }
-  exits_[e.rank] = e;
+  exits_[slot] = e;
   --live_;
   if (phase_ == Phase::running && e.failed()) {
     first_failure_ = e;

@@ -40,7 +40,7 @@ enum class Decision {
 
 class AttemptTracker {
  public:
-  explicit AttemptTracker(int nranks);
+  explicit AttemptTracker(int nranks);  // exits are matched by local rank, 0..nranks-1
 
   Decision on_exit(const WorkerExit& e);
   // A stop from outside (Ctrl-C, SIGTERM). Returns stop_all unless already stopping/finished.

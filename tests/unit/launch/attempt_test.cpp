@@ -90,6 +90,14 @@ TEST(Attempt, NeverStartedRanksAreNotFailures) {
   EXPECT_EQ(a.first_failure()->rank, 0);
 }
 
+TEST(Attempt, SecondNodeRanksAreMatchedByLocalRank) {
+  // node rank 1 of a 2x2 job: global ranks 2 and 3, local ranks 0 and 1
+  AttemptTracker a(2);
+  EXPECT_EQ(a.on_exit(WorkerExit{2, 0, 10, 0, 0, t(1)}), Decision::none);
+  EXPECT_EQ(a.on_exit(WorkerExit{3, 1, 11, 0, 0, t(2)}), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::succeeded);
+}
+
 TEST(Attempt, Describe) {
   EXPECT_EQ(code(0, 3, 0).describe(), "exited with code 3");
   EXPECT_EQ(sig(0, SIGKILL, 0).describe(), "was killed by SIGKILL");
