@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--torchrun-repeats", type=int, default=3)
     ap.add_argument("--ddpctl", default=str(ROOT / "build" / "bin" / "ddpctl"))
+    ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter whose torchrun is measured")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
@@ -61,7 +62,7 @@ def main():
     print(f"# launch of N /bin/true workers; median of {args.repeats} (torchrun: {args.torchrun_repeats}) runs")
     print(f"# machine: {os.cpu_count()} CPUs, {os.uname().release}")
     print()
-    print(f"| N | floor (sh fork+exec) | ddpctl | ddpctl, no NCCL id | torchrun 1.13 | ddpctl / torchrun (wall) | ddpctl / torchrun (RSS) |")
+    print(f"| N | floor (sh fork+exec) | ddpctl | ddpctl, no NCCL id | torchrun | ddpctl / torchrun (wall) | ddpctl / torchrun (RSS) |")
     print(f"|---|---|---|---|---|---|---|")
     for n in (1, 4, 16):
         for nccl in ("auto", "off"):
@@ -72,7 +73,7 @@ def main():
                    args.repeats, env)
         ours_off = run("ddpctl", [args.ddpctl, "launch", "-q", "--master-port", "0", f"job-{n}-off.yaml"], tmp,
                        args.repeats, env)
-        theirs = run("torchrun", ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
+        theirs = run("torchrun", [args.python, "-m", "torch.distributed.run", "--standalone",
                                   "--nproc_per_node", str(n), "--no_python", "--redirects", "1", "--tee", "1",
                                   "--monitor_interval", "0.1", "--log_dir", str(tmp / "tr"), "/bin/true"],
                      tmp, args.torchrun_repeats)

@@ -13,8 +13,9 @@ load=$build/bin/store_load
 for b in "$ddpctl" "$load"; do
   [[ -x $b ]] || { echo "run.sh: $b is missing; run scripts/build first" >&2; exit 2; }
 done
-[[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c "import torch" 2>/dev/null \
-  || { echo "run.sh: Debian's python3-torch is needed for the comparison" >&2; exit 2; }
+python=${PYTHON:-/usr/bin/python3}
+"$python" -c "import torch" 2>/dev/null \
+  || { echo "run.sh: $python has no torch (set PYTHON=...)" >&2; exit 2; }
 
 work=$(mktemp -d)
 pids=()
@@ -46,11 +47,11 @@ start() {
 
 DDP_LOG_LEVEL=warn start "$ddpctl" store serve --listen 127.0.0.1:0
 ours_pid=$started_pid ours_port=$started_port
-start /usr/bin/python3 "$root/bench/store/torch_server.py"
+start "$python" "$root/bench/store/torch_server.py"
 torch_pid=$started_pid torch_port=$started_port
 
 echo "ours:  ddpctl store serve (pid $ours_pid, port $ours_port)"
-echo "torch: PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') TCPStore(is_master=True) (pid $torch_pid, port $torch_port)"
+echo "torch: PyTorch $("$python" -c 'import torch; print(torch.__version__)') TCPStore(is_master=True) (pid $torch_pid, port $torch_port)"
 echo "machine: $(nproc) cores; load generator and both servers share them"
 "$load" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
   --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}"
