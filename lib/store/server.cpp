@@ -253,7 +253,7 @@ void Connection::close(const std::string& reason, bool bad) {
     ++s.stats.closed_bad;
     s.log->warn("closing {}: {}", name(), reason);
   } else if (was_waiting) {
-    s.log->info("{} went away while waiting ({})", name(), reason);
+    s.log->debug("{} went away while waiting ({})", name(), reason);
   } else {
     s.log->debug("{} closed after {} requests: {}", name(), requests, reason);
   }
@@ -380,7 +380,7 @@ void Server::start() {
   s.bound_host = addr.is_v6() ? fmt::format("[{}]", addr.to_string()) : addr.to_string();
   s.running = true;
   s.do_accept();
-  s.log->info("store listening on {} (PyTorch 1.13 and 2.x clients)", address());
+  s.log->debug("store listening on {} (PyTorch 1.13 and 2.x clients)", address());
 }
 
 uint16_t Server::port() const { return impl_->bound_port; }
@@ -392,7 +392,7 @@ void Server::reset() {
   const std::size_t keys = s.state.num_keys(), clients = s.conns.size();
   s.close_all();
   s.state.reset();
-  s.log->info("store reset for a new attempt: dropped {} keys and {} connections", keys, clients);
+  s.log->debug("store reset for a new attempt: dropped {} keys and {} connections", keys, clients);
 }
 
 void Server::stop() {

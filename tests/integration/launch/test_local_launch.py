@@ -1,5 +1,6 @@
 """The local launch end to end: real processes, real signals, real PyTorch (gloo on CPU)."""
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -274,3 +275,38 @@ def test_nproc_gpu_without_gpus_is_a_clear_error(tmp_path):
                        text=True, timeout=30)
     assert r.returncode == 2
     assert "nproc_per_node: gpu, but" in r.stderr and "has no GPU" in r.stderr
+
+
+def test_a_sigkilled_launchers_leftovers_are_swept_by_the_next_launch(tmp_path):
+    # ddpctl is SIGKILLed: its workers die by PDEATHSIG, but a grandchild that called setsid()
+    # survives in the attempt's cgroup. The next launch on this machine kills it.
+    job = py_job(tmp_path, """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    open("grandchild.pid", "w").write(str(os.getpid()))
+    while True: time.sleep(1)
+open("worker.pid", "w").write(str(os.getpid()))
+while True: time.sleep(1)
+""", nproc=1)
+    p = start_launch(job)
+    wait_for(lambda: (tmp_path / "grandchild.pid").exists() and (tmp_path / "worker.pid").exists(), what="worker")
+    worker = int((tmp_path / "worker.pid").read_text())
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    in_cgroup = "ddpctl-" in open(f"/proc/{grandchild}/cgroup").read()
+    p.kill()
+    p.wait(10)
+    wait_for(lambda: not alive(worker), what="the worker to die with its launcher (PDEATHSIG)")
+    try:
+        if not in_cgroup:
+            pytest.skip("no writable cgroup v2 here: a SIGKILLed launcher's setsid() grandchildren cannot be found")
+        assert alive(grandchild)
+        other = tmp_path / "other"
+        other.mkdir()
+        r = launch(write_job(other, "command: [/bin/true]\n"))
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: not alive(grandchild), timeout=10, what="the sweep to kill the leftover")
+        assert "by a launcher that no longer runs" in r.stderr
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
