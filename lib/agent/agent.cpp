@@ -3,6 +3,7 @@
 #include "agent/agent.hpp"
 
 #include "agent/interfaces.hpp"
+#include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "contract/contract.hpp"
@@ -26,7 +27,6 @@
 #include <map>
 #include <set>
 
-extern char** environ;
 
 namespace ddp::agent {
 
@@ -53,28 +53,8 @@ std::int64_t now_us() {
       .count();
 }
 
-contract::Env own_environment() {
-  contract::Env env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string_view::npos) env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
-  }
-  return env;
-}
 
-std::string hostname() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof buf - 1);
-  return buf;
-}
 
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-}
 
 std::string peer_label(const tcp::endpoint& ep) {
   auto a = ep.address();
@@ -99,7 +79,7 @@ class Agent {
         sigchld_(io_, SIGCHLD),
         heartbeat_timer_(io_),
         log_(log::get("agent")) {
-    if (opts_.name.empty()) opts_.name = hostname();
+    if (opts_.name.empty()) opts_.name = own_hostname();
   }
 
   int run() {
@@ -289,7 +269,7 @@ class Agent {
     }
     preflight["detail"] = join(problems, "; ");
     job->payload = std::move(payload);
-    json facts_summary{{"hostname", hostname()}, {"cpus", usable_cpus()}, {"gpus", facts::gpu_count(facts_)}};
+    json facts_summary{{"hostname", own_hostname()}, {"cpus", usable_cpus()}, {"gpus", facts::gpu_count(facts_)}};
     log_->info("job {} offered by {} (user {}): node {}, {} worker{}{}", job_id, c->label(), job->user, job->node,
                job->nproc, job->nproc == 1 ? "" : "s", problems.empty() ? "" : "; preflight: " + join(problems, "; "));
     send(c, "join",

@@ -1,5 +1,6 @@
 #include "launch/local_launcher.hpp"
 
+#include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "launch/attempt.hpp"
@@ -31,7 +32,6 @@
 #include <fstream>
 #include <random>
 
-extern char** environ;
 
 namespace ddp::launch {
 
@@ -41,15 +41,6 @@ using supervisor::Stream;
 
 namespace {
 
-contract::Env current_environment() {
-  contract::Env env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string_view::npos) env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
-  }
-  return env;
-}
 
 std::string make_job_id(const std::string& name) {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -60,18 +51,7 @@ std::string make_job_id(const std::string& name) {
                      tm.tm_hour, tm.tm_min, tm.tm_sec, rd() & 0xffff);
 }
 
-std::string hostname() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof buf - 1);
-  return buf;
-}
 
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-}
 
 }  // namespace
 
@@ -117,7 +97,7 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
 
   contract::NodeContext node;
   node.job_id = opts.job_id;
-  node.node_name = opts.facts_file ? node_facts(opts).hostname : hostname();
+  node.node_name = opts.facts_file ? node_facts(opts).hostname : own_hostname();
   node.local_world_size = spec.nproc.count;
   node.world_size = spec.nproc.count;
   node.master_addr = "127.0.0.1";
@@ -130,7 +110,7 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
 
 nlohmann::json dry_run(LaunchOptions opts) {
   auto node = resolve_node_context(opts, 0);
-  return contract::to_json(contract::make_plan(opts.spec, node, current_environment()));
+  return contract::to_json(contract::make_plan(opts.spec, node, own_environment()));
 }
 
 namespace {
@@ -441,7 +421,7 @@ class LocalLauncher {
   }
 
   LaunchOptions opts_;
-  contract::Env inherited_ = current_environment();
+  contract::Env inherited_ = own_environment();
   asio::io_context io_;
   asio::signal_set signals_, user_signals_, sigchld_;
   asio::steady_timer backoff_timer_;
