@@ -300,13 +300,13 @@ while True: time.sleep(1)
     try:
         if not in_cgroup:
             pytest.skip("no writable cgroup v2 here: a SIGKILLed launcher's setsid() grandchildren cannot be found")
-        assert alive(grandchild)
+        # (a launch of another test running beside this one may sweep it first: either way,
+        # after the next launch it must be gone, and nothing else here would kill it)
         other = tmp_path / "other"
         other.mkdir()
         r = launch(write_job(other, "command: [/bin/true]\n"))
         assert r.returncode == 0, r.stderr
         wait_for(lambda: not alive(grandchild), timeout=10, what="the sweep to kill the leftover")
-        assert "by a launcher that no longer runs" in r.stderr
     finally:
         if alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
