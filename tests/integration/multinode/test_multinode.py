@@ -5,6 +5,7 @@ Each test bounds its waits; the cluster fixture tears down every process and nam
 """
 import json
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -141,7 +142,10 @@ def test_gloo_ddp_across_two_nodes_through_the_agent_store(cluster):
     c = cluster
     for h in c.hosts:
         c.start_agent(h)
-    train = os.path.join(simcluster.SRC, "examples", "python", "train_ddp.py")
+    # the script must be where every host sees it: the checkout may sit under /tmp, which each
+    # simulated host replaces with its own
+    train = os.path.join(c.dir, "train_ddp.py")
+    shutil.copy2(os.path.join(simcluster.SRC, "examples", "python", "train_ddp.py"), train)
     params = os.path.join(c.dir, "params-{rank}.json")
     cmd = [PY, train, "--epochs", "2", "--dump-params", params, "--checkpoint", os.path.join(c.dir, "ckpt", "{run_id}.pt")]
     rc, out, err = finish(c.launch(job(c, "ddp", cmd)), timeout=180)

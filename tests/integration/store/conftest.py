@@ -15,8 +15,11 @@ class StoreProcess:
     def __init__(self, tmp_path, *extra):
         self.log_path = tmp_path / "store.log"
         self.log = open(self.log_path, "w")
+        # debug: the tests read the per-client lines (a waiter that went away, ...), which are
+        # below info so that a launch's failure output stays short
         self.proc = subprocess.Popen([str(DDPCTL), "store", "serve", "--listen", "127.0.0.1:0", *extra],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=dict(os.environ, DDP_LOG_LEVEL="debug"))
         line = self.proc.stdout.readline().strip()
         assert line.startswith("listening on 127.0.0.1:"), f"unexpected first line {line!r}"
         self.host = "127.0.0.1"
