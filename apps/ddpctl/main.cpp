@@ -2,10 +2,15 @@
 #include "commands.hpp"
 #include "common/log.hpp"
 
+#include <csignal>
 #include <iostream>
 #include <vector>
 
 int main(int argc, char** argv) {
+  // `ddpctl launch job.yaml | grep loss`, then Ctrl-C: grep is gone, and the next line written
+  // must fail with EPIPE, not kill ddpctl in the middle of stopping workers. Workers get every
+  // signal reset to its default before exec.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ddpctl: launch and supervise PyTorch DDP / NCCL training jobs"};
   app.set_version_flag("--version", "ddpctl 0.1.0");
   app.require_subcommand(1);

@@ -5,6 +5,9 @@
 
 namespace ddp {
 
+// 1000 days: far beyond any timeout, far below what steady_clock arithmetic can overflow.
+constexpr long long kMaxMillis = 1000LL * 24 * 3600 * 1000;
+
 std::optional<Millis> parse_duration(std::string_view text) {
   if (text.empty()) return std::nullopt;
   long long total_ms = 0;
@@ -39,6 +42,7 @@ std::optional<Millis> parse_duration(std::string_view text) {
     }
     any_unit = any_unit || !unit.empty();
     total_ms += value * mult;
+    if (total_ms > kMaxMillis) return std::nullopt;
   }
   return Millis(total_ms);
 }

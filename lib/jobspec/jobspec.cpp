@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstring>
+#include <sys/stat.h>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -105,7 +106,7 @@ class Parser {
         std::string u = m[2];
         std::uint64_t mult = u == "KiB" ? 1ull << 10 : u == "MiB" ? 1ull << 20 : u == "GiB" ? 1ull << 30
                              : u == "KB" ? 1000 : u == "MB" ? 1000'000 : u == "GB" ? 1000'000'000 : 1;
-        return v * mult;
+        if (v <= (1ull << 50) / mult) return v * mult;  // beyond a petabyte is a typo, and would overflow
       }
     }
     error(n, fmt::format("{}: expected a size such as 100MiB or 1GiB, got {}", key, describe(n)));
@@ -366,14 +367,22 @@ const std::vector<std::string>& known_top_level_keys() { return kTopKeys; }
 JobSpec parse_job_yaml(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
 
 JobSpec load_job_file(const std::string& path) {
+  constexpr std::size_t kMaxJobFile = 4u << 20;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw JobSpecError({{path, 0, 0, fmt::format("cannot read the job file: {}", std::strerror(errno))}});
+  }
+  if (!S_ISREG(st.st_mode)) throw JobSpecError({{path, 0, 0, "the job file is not a regular file"}});
+  if (static_cast<std::size_t>(st.st_size) > kMaxJobFile) throw JobSpecError({{path, 0, 0, "the job file is larger than 4 MiB"}});
   std::ifstream in(path);
   if (!in) {
     throw JobSpecError({{path, 0, 0, fmt::format("cannot read the job file: {}", std::strerror(errno))}});
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().size() > (4u << 20)) throw JobSpecError({{path, 0, 0, "the job file is larger than 4 MiB"}});
-  return parse_job_yaml(ss.str(), path);
+  std::string text(kMaxJobFile + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxJobFile) throw JobSpecError({{path, 0, 0, "the job file is larger than 4 MiB"}});
+  return parse_job_yaml(text, path);
 }
 
 }  // namespace ddp::jobspec

@@ -121,8 +121,8 @@ namespace {
 // until its stdin closes.
 class NcclHolder {
  public:
-  static std::optional<NcclHolder> start(const contract::Env& env, const std::string& workdir,
-                                         jobspec::NcclUniqueId mode) {
+  static std::optional<NcclHolder> start(asio::io_context& io, contract::Env env, const std::string& workdir,
+                                         const std::string& attempt_dir, jobspec::NcclUniqueId mode) {
     auto log = log::get("nccl");
     if (mode == jobspec::NcclUniqueId::off) return std::nullopt;
     auto fail = [&](const std::string& why) -> std::optional<NcclHolder> {
@@ -132,9 +132,12 @@ class NcclHolder {
     };
     auto exe = holder_binary();
     if (!exe) return fail("ddp-ncclid was not found beside ddpctl");
+    // NCCL's own log lines (NCCL_DEBUG=INFO) go to stdout by default, where the id is: keep
+    // them in a file of the attempt unless the job chose a place.
+    env.try_emplace("NCCL_DEBUG_FILE", attempt_dir + "/ddp-ncclid.nccl.log");
     supervisor::SpawnSpec s;
     s.argv = {*exe, "--expect-parent", std::to_string(::getpid())};
-    s.env = env;
+    s.env = std::move(env);
     s.workdir = workdir;
     s.stdin_pipe = true;
     s.own_process_group = false;
@@ -145,20 +148,29 @@ class NcclHolder {
       return fail(e.what());
     }
     NcclHolder h(sp);
-    auto line = h.read_line(std::chrono::seconds(30));
-    auto id = nccl::holder::parse_line(line);
-    if (!id) {
-      h.stop();
-      return fail(line.empty() ? "ddp-ncclid gave no id within 30 s" : std::string(trim(line)));
+    std::string last;
+    for (int i = 0; i < 64; ++i) {  // the id line, past any stray lines before it
+      auto line = h.read_line(std::chrono::seconds(30));
+      if (line.empty()) break;
+      if (auto id = nccl::holder::parse_line(line)) {
+        h.hex_ = std::string(trim(line));
+        break;
+      }
+      last = line;
+      if (starts_with(line, nccl::holder::kErrorPrefix)) break;
     }
-    h.hex_ = std::string(trim(line));
+    if (h.hex_.empty()) {
+      h.stop();
+      return fail(last.empty() ? "ddp-ncclid gave no id within 30 s" : std::string(trim(last)));
+    }
+    h.drain(io);  // from now on nobody needs its output, but it must never block on a full pipe
     log->debug("NCCL unique id from ddp-ncclid pid {}", sp.pid);
     return h;
   }
 
   NcclHolder(NcclHolder&& o) noexcept : pid_(std::exchange(o.pid_, -1)), in_(std::exchange(o.in_, -1)),
                                         out_(std::exchange(o.out_, -1)), err_(std::exchange(o.err_, -1)),
-                                        hex_(std::move(o.hex_)) {}
+                                        hex_(std::move(o.hex_)), drains_(std::move(o.drains_)) {}
   NcclHolder& operator=(NcclHolder&&) = delete;
   ~NcclHolder() { stop(); }
 
@@ -168,6 +180,11 @@ class NcclHolder {
   // Closing stdin is the holder's stop; SIGTERM as well, in case it is stuck. Reaped by the
   // launcher's SIGCHLD loop like any stray.
   void stop() {
+    for (auto& d : drains_) {
+      boost::system::error_code ignored;
+      d->sd.close(ignored);
+    }
+    drains_.clear();
     for (int* fd : {&in_, &out_, &err_}) {
       if (*fd >= 0) ::close(*fd), *fd = -1;
     }
@@ -188,8 +205,9 @@ class NcclHolder {
     return supervisor::resolve_executable(std::string(nccl::holder::kBinaryName), path ? path : "", "/");
   }
 
+  // One line of the holder's stdout (bounded at 4 KiB); "" at EOF or when the deadline passes.
   std::string read_line(std::chrono::milliseconds deadline) {
-    std::string line;
+    std::string& line = pending_;
     auto until = std::chrono::steady_clock::now() + deadline;
     while (line.find('\n') == std::string::npos && line.size() < 4096) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
@@ -204,12 +222,34 @@ class NcclHolder {
       if (n <= 0) break;
       line.append(buf, static_cast<std::size_t>(n));
     }
-    return line.substr(0, line.find('\n'));
+    auto nl = line.find('\n');
+    std::string out = line.substr(0, nl);
+    line.erase(0, nl == std::string::npos ? line.size() : nl + 1);
+    return out;
+  }
+
+  struct Drain {
+    explicit Drain(asio::io_context& io, int fd) : sd(io, fd) {}
+    asio::posix::stream_descriptor sd;
+    std::array<char, 4096> buf{};
+  };
+  static void discard(const std::shared_ptr<Drain>& d) {
+    d->sd.async_read_some(asio::buffer(d->buf), [d](boost::system::error_code ec, std::size_t) {
+      if (!ec) discard(d);
+    });
+  }
+  void drain(asio::io_context& io) {
+    for (int* fd : {&out_, &err_}) {
+      drains_.push_back(std::make_shared<Drain>(io, std::exchange(*fd, -1)));
+      discard(drains_.back());
+    }
   }
 
   pid_t pid_ = -1;
   int in_ = -1, out_ = -1, err_ = -1;
   std::string hex_;
+  std::string pending_;  // read from stdout, not yet returned as a line
+  std::vector<std::shared_ptr<Drain>> drains_;
 };
 
 class LocalLauncher {
@@ -282,7 +322,7 @@ class LocalLauncher {
     // A new NCCL unique id for every attempt, from a holder started with rank 0's environment.
     holder_.reset();
     auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
-    if (auto h = NcclHolder::start(env0, *opts_.spec.workdir, opts_.spec.nccl_unique_id)) {
+    if (auto h = NcclHolder::start(io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id)) {
       holder_.emplace(std::move(*h));
       node.nccl_unique_id_hex = holder_->hex();
     }

@@ -72,6 +72,7 @@ void WorkerGroup::start() {
   report_.log_dir = attempt_dir_;
   if (auto cg = supervisor::Cgroup::create(fmt::format("a{}", opts_.attempt))) cgroup_.emplace(std::move(*cg));
   for (auto& rp : plan_.ranks) {
+    ::unlink(rp.error_file.c_str());  // an earlier run's (same --job-id) must not explain this one
     auto w = std::make_unique<Worker>();
     w->log = std::make_unique<supervisor::RankLogFile>(rp.log_file, opts_.log_max_bytes);
     w->plan = rp;

@@ -101,7 +101,14 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   const char* workdir = spec.workdir.c_str();
   const char* path = exe->c_str();
 
+  // Block every signal across fork(): until the child has reset the handlers it inherited
+  // (Asio's, which write to a self-pipe shared with us), a signal it receives must not be
+  // taken for one sent to ddpctl.
+  sigset_t all, saved;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &saved);
   pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
     int e = errno;
     ::close(devnull);
@@ -119,10 +126,10 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
     if (spec.own_process_group) ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
+    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);  // handlers first, then unblock
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
     if (spec.cgroup_procs_fd >= 0 && ::write(spec.cgroup_procs_fd, "0", 1) != 1) fail('c');
     if (::dup2(in ? in->r : devnull, 0) < 0) fail('d');
     if (out && (::dup2(out->w, 1) < 0 || ::dup2(err->w, 2) < 0)) fail('d');
