@@ -502,10 +502,11 @@ void Rendezvous::tick_backoff(const Event&) {
   if (state_ == State::backoff && restart_at_ && now_ >= *restart_at_) open_round();
 }
 
-void Rendezvous::exit_running(const Event& e) {
-  const auto& x = std::get<WorkerExited>(e);
-  if (x.round != round_ || !is_member(x.node) || !nodes_.count(x.node)) return;
-  if (!x.signal && x.exit_code.value_or(0) == 0) return;  // a rank finishing early is fine
+// A failing worker exit of this round as a Failure, its time mapped to the coordinator's clock;
+// nullopt for exits of other rounds, of non-members, and clean exits (a rank finishing early).
+std::optional<Failure> Rendezvous::failure_of(const WorkerExited& x) const {
+  if (x.round != round_ || !is_member(x.node) || !nodes_.count(x.node)) return std::nullopt;
+  if (!x.signal && x.exit_code.value_or(0) == 0) return std::nullopt;
   const auto& n = nodes_.at(x.node);
   Failure f;
   f.kind = Failure::Kind::worker_exit;
@@ -517,27 +518,19 @@ void Rendezvous::exit_running(const Event& e) {
   f.signal = x.signal;
   f.pid = x.pid;
   f.time = x.agent_time - n.offset;
-  const auto reason = f.describe();
-  record_failure(std::move(f));
+  return f;
+}
+
+void Rendezvous::exit_running(const Event& e) {
+  auto f = failure_of(std::get<WorkerExited>(e));
+  if (!f) return;
+  const auto reason = f->describe();
+  record_failure(std::move(*f));
   begin_stop(reason);
 }
 
 void Rendezvous::exit_stopping(const Event& e) {
-  const auto& x = std::get<WorkerExited>(e);
-  if (x.round != round_ || !is_member(x.node) || !nodes_.count(x.node)) return;
-  if (!x.signal && x.exit_code.value_or(0) == 0) return;
-  const auto& n = nodes_.at(x.node);
-  Failure f;
-  f.kind = Failure::Kind::worker_exit;
-  f.node = x.node;
-  f.node_rank = n.node_rank;
-  f.local_rank = x.local_rank;
-  f.rank = GlobalRank{n.rank_base.value + x.local_rank.value};
-  f.exit_code = x.exit_code;
-  f.signal = x.signal;
-  f.pid = x.pid;
-  f.time = x.agent_time - n.offset;
-  record_failure(std::move(f));
+  if (auto f = failure_of(std::get<WorkerExited>(e))) record_failure(std::move(*f));
 }
 
 void Rendezvous::finished_running(const Event& e) {

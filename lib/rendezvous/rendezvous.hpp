@@ -200,6 +200,7 @@ class Rendezvous {
   void tick_running(const Event&);
   void tick_stopping(const Event&);
   void tick_backoff(const Event&);
+  std::optional<Failure> failure_of(const WorkerExited& x) const;
   void exit_running(const Event&);
   void exit_stopping(const Event&);
   void finished_running(const Event&);
