@@ -522,15 +522,7 @@ class Agent {
   void wait_sigchld() {
     sigchld_.async_wait([this](boost::system::error_code ec, int) {
       if (ec) return;
-      bool any = false;
-      while (true) {
-        int status = 0;
-        pid_t pid = ::waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) break;
-        any = true;
-        if (job_ && job_->group) job_->group->on_reaped(pid, status, std::chrono::system_clock::now());
-      }
-      if (any && job_ && job_->group) job_->group->check_finished();
+      launch::reap_children(job_ ? job_->group.get() : nullptr);
       wait_sigchld();
     });
   }

@@ -407,22 +407,9 @@ class LocalLauncher {
   void wait_sigchld() {
     sigchld_.async_wait([this](boost::system::error_code ec, int) {
       if (ec || done_) return;
-      reap();
+      reap_children(group_.get());
       if (!done_) wait_sigchld();
     });
-  }
-
-  // We are subreaper: every process of ours that ends is reaped here, workers and strays alike.
-  void reap() {
-    bool any = false;
-    while (true) {
-      int status = 0;
-      pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
-      any = true;
-      if (group_) group_->on_reaped(pid, status, std::chrono::system_clock::now());
-    }
-    if (any && group_) group_->check_finished();
   }
 
   void wait_signals() {

@@ -83,7 +83,7 @@ void WorkerGroup::start() {
   for (std::size_t i = 0; i < workers_.size(); ++i) {
     auto& w = *workers_[i];
     try {
-      pending[i] = supervisor::spawn_start(spawn_spec(w));
+      pending[i].emplace(supervisor::spawn_start(spawn_spec(w)));
     } catch (const supervisor::SpawnError& e) {
       spawn_failed(w, e.what());
       break;  // cannot fork: the machine is out of something; stop here
@@ -293,6 +293,18 @@ void WorkerGroup::finish() {
   asio::post(io_, [cb = cb_.on_finished, report = report_] {
     if (cb) cb(report);
   });
+}
+
+void reap_children(WorkerGroup* group) {
+  bool any = false;
+  while (true) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    any = true;
+    if (group) group->on_reaped(pid, status, std::chrono::system_clock::now());
+  }
+  if (any && group) group->check_finished();
 }
 
 }  // namespace ddp::launch

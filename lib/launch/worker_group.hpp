@@ -96,4 +96,9 @@ class WorkerGroup {
   std::vector<pid_t> keep_;
 };
 
+// The owner's SIGCHLD handler: reaps every exited child of this process (as subreaper, workers
+// and orphaned strays alike), hands each to `group` (may be null), then lets it re-check
+// whether its attempt is over.
+void reap_children(WorkerGroup* group);
+
 }  // namespace ddp::launch

@@ -85,6 +85,23 @@ std::optional<std::string> own_cgroup2_path(std::string_view proc_self_cgroup) {
   return std::nullopt;
 }
 
+std::optional<unsigned long long> start_time_from_stat(std::string_view stat_line) {
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; count from the last ')'.
+  auto close = stat_line.rfind(')');
+  if (close == std::string_view::npos || close + 2 > stat_line.size()) return std::nullopt;
+  auto fields = split(trim(stat_line.substr(close + 2)), ' ');
+  if (fields.size() < 20) return std::nullopt;  // fields[0] is field 3 (state), so 22 is [19]
+  auto v = parse_int(fields[19]);
+  if (!v || *v < 0) return std::nullopt;
+  return static_cast<unsigned long long>(*v);
+}
+
+namespace {
+std::optional<unsigned long long> start_time_of(long long pid) {
+  return start_time_from_stat(read_file(fmt::format("/proc/{}/stat", pid)));
+}
+}  // namespace
+
 std::optional<Cgroup> Cgroup::create(const std::string& tag) {
   auto log = log::get("supervisor");
   if (const char* off = std::getenv("DDP_NO_CGROUP"); off && *off && std::string_view(off) != "0") {
@@ -96,7 +113,7 @@ std::optional<Cgroup> Cgroup::create(const std::string& tag) {
     log->debug("no cgroup v2 found; using the subreaper walk to find workers' processes");
     return std::nullopt;
   }
-  std::string path = fmt::format("{}/ddpctl-{}-{}", *base, ::getpid(), tag);
+  std::string path = fmt::format("{}/ddpctl-{}-{}-{}", *base, ::getpid(), start_time_of(::getpid()).value_or(0), tag);
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
     log->debug("cannot create cgroup {}: {}; using the subreaper walk", path, std::strerror(errno));
     return std::nullopt;
@@ -156,11 +173,12 @@ void Cgroup::sweep_stale() {
     std::string_view name = e->d_name;
     if (!starts_with(name, "ddpctl-")) continue;
     auto parts = split(name, '-');
-    if (parts.size() < 3) continue;
+    if (parts.size() < 4) continue;
     auto pid = parse_int(parts[1]);
-    if (!pid || *pid == ::getpid()) continue;
-    std::string comm = read_file(fmt::format("/proc/{}/comm", *pid));
-    if (trim(comm) == "ddpctl" || trim(comm) == "ddp-agentd") continue;  // its owner still runs
+    auto started = parse_int(parts[2]);
+    if (!pid || !started || *pid == ::getpid()) continue;
+    auto now = start_time_of(*pid);
+    if (now && static_cast<long long>(*now) == *started) continue;  // its owner still runs
     stale.push_back(*base + "/" + std::string(name));
   }
   ::closedir(d);

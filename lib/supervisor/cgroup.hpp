@@ -3,7 +3,7 @@
 //
 // Policy: the cgroup2 mount is found from /proc/self/mountinfo (never a hard-coded path), our
 // own cgroup from /proc/self/cgroup; the attempt's cgroup is created beside ddpctl as
-// "ddpctl-<launcher pid>-<tag>". No controllers are enabled (we only need membership and
+// "ddpctl-<launcher pid>-<its start time>-<tag>", so that a reused pid is never taken for the owner. No controllers are enabled (we only need membership and
 // cgroup.kill). If anything is missing or read-only the caller falls back to the subreaper
 // walk, which works everywhere. Stale cgroups of a launcher that was SIGKILLed are swept by the
 // next launch.
@@ -22,6 +22,8 @@ namespace ddp::supervisor {
 // Pure parsers, exposed for tests.
 std::optional<std::string> cgroup2_mount_from_mountinfo(std::string_view mountinfo);
 std::optional<std::string> own_cgroup2_path(std::string_view proc_self_cgroup);
+// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot).
+std::optional<unsigned long long> start_time_from_stat(std::string_view stat_line);
 
 class Cgroup {
  public:

@@ -109,9 +109,9 @@ void TerminalSink::write(Stream s, std::string line) {
   cv_.notify_one();
 }
 
-void TerminalSink::flush() {
+bool TerminalSink::flush(std::chrono::milliseconds limit) {
   std::unique_lock lock(mu_);
-  drained_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  return drained_.wait_for(lock, limit, [this] { return queue_.empty() && !busy_; });
 }
 
 static void write_fd(int fd, const std::string& s) {

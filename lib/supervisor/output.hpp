@@ -6,6 +6,7 @@
 // and announced, never a blocked worker. Lines longer than kMaxLine are cut into pieces.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -70,7 +71,9 @@ class TerminalSink {
   TerminalSink& operator=(const TerminalSink&) = delete;
 
   void write(Stream s, std::string line);  // line includes its prefix, no newline
-  void flush();                            // waits until the queue is written
+  // Waits until the queue is written, at most `limit` (a paused terminal must not hold up the
+  // launcher's event loop); returns false if it gave up.
+  bool flush(std::chrono::milliseconds limit = std::chrono::milliseconds(2000));
 
  private:
   void run();

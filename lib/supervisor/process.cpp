@@ -88,8 +88,6 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   for (auto& s : argv_copy) argv.push_back(s.data());
   argv.push_back(nullptr);
 
-  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (devnull < 0) throw SpawnError(fmt::format("/dev/null: {}", std::strerror(errno)));
   std::optional<Pipe> out, err, in;
   if (spec.stdin_pipe) in.emplace();
   if (spec.capture_output) {
@@ -97,6 +95,9 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
     err.emplace();
   }
   Pipe status;  // exec-failure report: [stage byte][errno int]
+  // Opened last: nothing after it can throw before fork, so it cannot leak.
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw SpawnError(fmt::format("/dev/null: {}", std::strerror(errno)));
   const pid_t parent = ::getpid();
   const char* workdir = spec.workdir.c_str();
   const char* path = exe->c_str();
@@ -160,6 +161,16 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   return p;
 }
 
+PendingSpawn::PendingSpawn(PendingSpawn&& o) noexcept
+    : spawned(std::exchange(o.spawned, Spawned{})), status_fd(std::exchange(o.status_fd, -1)),
+      program(std::move(o.program)), exe(std::move(o.exe)), workdir(std::move(o.workdir)) {}
+
+PendingSpawn::~PendingSpawn() {
+  for (int fd : {status_fd, spawned.stdout_fd, spawned.stderr_fd, spawned.stdin_fd}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
 Spawned spawn_finish(PendingSpawn& p) {
   char buf[1 + sizeof(int)];
   ssize_t n;
@@ -170,10 +181,7 @@ Spawned spawn_finish(PendingSpawn& p) {
   if (n == static_cast<ssize_t>(sizeof buf)) {
     int e;
     std::memcpy(&e, buf + 1, sizeof e);
-    for (int fd : {p.spawned.stdout_fd, p.spawned.stderr_fd, p.spawned.stdin_fd}) {
-      if (fd >= 0) ::close(fd);
-    }
-    // The child exits 127 at once; the caller's reaper collects it.
+    // The child exits 127 at once; the caller's reaper collects it. Its pipes close with `p`.
     const char* what = buf[0] == 'w' ? "cannot enter the working directory"
                        : buf[0] == 'c' ? "cannot join the job's cgroup"
                        : buf[0] == 'd' ? "cannot set up stdio"
@@ -181,7 +189,7 @@ Spawned spawn_finish(PendingSpawn& p) {
     throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", p.program, what, buf[0] == 'w' ? p.workdir : p.exe,
                                  std::strerror(e)));
   }
-  return p.spawned;
+  return std::exchange(p.spawned, Spawned{});  // the caller owns the fds now
 }
 
 Spawned spawn(const SpawnSpec& spec) {

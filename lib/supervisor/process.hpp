@@ -55,6 +55,13 @@ struct PendingSpawn {
   Spawned spawned;
   int status_fd = -1;  // read end of the exec-report pipe
   std::string program, exe, workdir;
+
+  PendingSpawn() = default;
+  PendingSpawn(PendingSpawn&& o) noexcept;
+  PendingSpawn& operator=(PendingSpawn&&) = delete;
+  PendingSpawn(const PendingSpawn&) = delete;
+  PendingSpawn& operator=(const PendingSpawn&) = delete;
+  ~PendingSpawn();  // closes whatever spawn_finish() did not hand over (the child exits on EPIPE/EOF)
 };
 PendingSpawn spawn_start(const SpawnSpec& spec);
 Spawned spawn_finish(PendingSpawn& pending);

@@ -63,6 +63,15 @@ TEST(Cgroup, OwnPath) {
   EXPECT_FALSE(own_cgroup2_path("4:memory:/x\n"));
 }
 
+TEST(Cgroup, StartTimeFromStat) {
+  // comm with spaces and parentheses; field 22 (starttime) is 987654
+  const char* line = "1234 (my (odd) prog) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 987654 1000 200";
+  EXPECT_EQ(start_time_from_stat(line), 987654ull);
+  EXPECT_FALSE(start_time_from_stat("1234 (x) S 1 2 3"));
+  EXPECT_FALSE(start_time_from_stat(""));
+  EXPECT_TRUE(start_time_from_stat(std::string(1, ' ') + "1 (init) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0").has_value());
+}
+
 TEST(Process, ResolveExecutable) {
   EXPECT_EQ(resolve_executable("sh", "/nonexistent:/bin", "/"), "/bin/sh");
   EXPECT_FALSE(resolve_executable("no-such-program-xyz", "/bin:/usr/bin", "/"));
