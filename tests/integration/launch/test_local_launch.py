@@ -282,22 +282,26 @@ def test_a_sigkilled_launchers_leftovers_are_swept_by_the_next_launch(tmp_path):
     # survives in the attempt's cgroup. The next launch on this machine kills it.
     job = py_job(tmp_path, """
 import os, time
+def publish(name, pid):  # atomically: the test must never read a half-written file
+    open(name + ".tmp", "w").write(str(pid))
+    os.rename(name + ".tmp", name)
 if os.fork() == 0:
     os.setsid()
-    open("grandchild.pid", "w").write(str(os.getpid()))
+    publish("grandchild.pid", os.getpid())
     while True: time.sleep(1)
-open("worker.pid", "w").write(str(os.getpid()))
+publish("worker.pid", os.getpid())
 while True: time.sleep(1)
 """, nproc=1)
     p = start_launch(job)
-    wait_for(lambda: (tmp_path / "grandchild.pid").exists() and (tmp_path / "worker.pid").exists(), what="worker")
-    worker = int((tmp_path / "worker.pid").read_text())
-    grandchild = int((tmp_path / "grandchild.pid").read_text())
-    in_cgroup = "ddpctl-" in open(f"/proc/{grandchild}/cgroup").read()
-    p.kill()
-    p.wait(10)
-    wait_for(lambda: not alive(worker), what="the worker to die with its launcher (PDEATHSIG)")
+    grandchild = None
     try:
+        wait_for(lambda: (tmp_path / "grandchild.pid").exists() and (tmp_path / "worker.pid").exists(), what="worker")
+        worker = int((tmp_path / "worker.pid").read_text())
+        grandchild = int((tmp_path / "grandchild.pid").read_text())
+        in_cgroup = "ddpctl-" in open(f"/proc/{grandchild}/cgroup").read()
+        p.kill()
+        p.wait(10)
+        wait_for(lambda: not alive(worker), what="the worker to die with its launcher (PDEATHSIG)")
         if not in_cgroup:
             pytest.skip("no writable cgroup v2 here: a SIGKILLed launcher's setsid() grandchildren cannot be found")
         # (a launch of another test running beside this one may sweep it first: either way,
@@ -308,5 +312,34 @@ while True: time.sleep(1)
         assert r.returncode == 0, r.stderr
         wait_for(lambda: not alive(grandchild), timeout=10, what="the sweep to kill the leftover")
     finally:
-        if alive(grandchild):
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        if grandchild and alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_reader_that_goes_away_does_not_kill_the_launcher(tmp_path):
+    # `ddpctl launch job.yaml | grep loss`, then Ctrl-C: grep is gone before ddpctl has stopped
+    # the workers. ddpctl must still stop them in order and exit 143, not die of SIGPIPE.
+    job = py_job(tmp_path, """
+import os, sys, time
+open(f"worker-{os.environ['RANK']}.pid", "w").write(str(os.getpid()))
+while True:
+    print("still training", flush=True)
+    time.sleep(0.01)
+""")
+    p = start_launch(job)
+    try:
+        wait_for(lambda: len(read_pids(tmp_path)) == 2, what="workers to start")
+        p.stdout.close()  # the reader goes away
+        p.stderr.close()
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 143
+        for pid in read_pids(tmp_path):
+            assert not alive(pid)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
