@@ -53,5 +53,7 @@ torch_pid=$started_pid torch_port=$started_port
 echo "ours:  ddpctl store serve (pid $ours_pid, port $ours_port)"
 echo "torch: PyTorch $("$python" -c 'import torch; print(torch.__version__)') TCPStore(is_master=True) (pid $torch_pid, port $torch_port)"
 echo "machine: $(nproc) cores; load generator and both servers share them"
-"$load" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
+# The wire numbering the comparison server speaks: 1.13's for torch 1.x, 2.x's (VALIDATE first) after.
+protocol=${PROTOCOL:-$("$python" -c 'import torch; print(2 if int(torch.__version__.split(".")[0]) >= 2 else 1)')}
+"$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
   --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}"

@@ -1,4 +1,4 @@
-// store_load: a load generator for c10d TCPStore servers, speaking the PyTorch 1.13 protocol
+// store_load: a load generator for c10d TCPStore servers, speaking the PyTorch 1.13 or 2.x protocol
 // (what Debian's PyTorch server speaks), run against several servers side by side.
 //
 //   store_load --target ours=127.0.0.1:29500:PID --target torch=127.0.0.1:29501:PID
@@ -132,6 +132,10 @@ struct Client {
 
 constexpr std::size_t kValueBytes = 32;
 
+// --protocol 1 (PyTorch 1.13's numbering; what 1.13's server speaks) or 2 (the 2.x numbering,
+// with the VALIDATE frame first; what 2.x servers, libuv's included, speak).
+Protocol g_protocol = Protocol::v1;
+
 // Threads, each driving its share of the clients through epoll: every client has one request
 // outstanding at a time, as a PyTorch client does, but an idle client costs no thread wakeup,
 // so the machine's two cores go to the servers rather than to 256 sleeping load threads.
@@ -147,7 +151,7 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
   add.op = Op::add;
   add.key = "/bench/counter";
   add.number = 1;
-  const std::string add_b = encode_request(Protocol::v1, add);
+  const std::string add_b = encode_request(g_protocol, add);
   for (int ti = 0; ti < nthreads; ++ti) {
     threads.emplace_back([&, ti] {
       bool arrived = false;
@@ -156,6 +160,12 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
         for (int i = ti; i < clients; i += nthreads) {
           Client c;
           c.conn = std::make_unique<Conn>(t);
+          if (g_protocol == Protocol::v2) {
+            Request validate;
+            validate.op = Op::validate;
+            validate.word = 0x3C85F7CE;
+            c.conn->send(encode_request(g_protocol, validate));  // no reply
+          }
           const std::string key = "/bench/" + std::to_string(i);
           Request set, get, wait;
           set.op = Op::set;
@@ -165,9 +175,9 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
           get.key = key;
           wait.op = Op::wait;
           wait.keys = {key};
-          c.set_b = encode_request(Protocol::v1, set);
-          c.get_b = encode_request(Protocol::v1, get);
-          c.wait_b = encode_request(Protocol::v1, wait);
+          c.set_b = encode_request(g_protocol, set);
+          c.get_b = encode_request(g_protocol, get);
+          c.wait_b = encode_request(g_protocol, wait);
           mine.push_back(std::move(c));
         }
         int ep = epoll_create1(0);
@@ -305,6 +315,10 @@ int main(int argc, char** argv) try {
       while (std::getline(ss, item, ',')) clients.push_back(std::stoi(item));
     } else if (a == "--threads") {
       threads = std::stoi(next());
+    } else if (a == "--protocol") {
+      auto v = next();
+      if (v != "1" && v != "2") throw std::runtime_error("--protocol: 1 (PyTorch 1.13) or 2 (2.x)");
+      g_protocol = v == "1" ? Protocol::v1 : Protocol::v2;
     } else if (a == "--seconds") {
       seconds = std::stod(next());
     } else {
@@ -315,9 +329,9 @@ int main(int argc, char** argv) try {
 
   std::vector<long> rss0;
   for (auto& t : targets) rss0.push_back(status_kib(t.pid, "VmRSS:"));
-  std::printf("store_load: PyTorch 1.13 protocol; per client a loop of SET, WAIT(existing), GET, ADD(shared);\n"
+  std::printf("store_load: PyTorch %s protocol; per client a loop of SET, WAIT(existing), GET, ADD(shared);\n"
               "  one request outstanding per client; clients spread over up to %d epoll threads; %.1f s per run\n",
-              threads, seconds);
+              g_protocol == Protocol::v1 ? "1.13" : "2.x", threads, seconds);
   std::printf("%8s  %-8s %12s %10s %10s %12s\n", "clients", "server", "ops/s", "p50 us", "p99 us", "cpu us/op");
   for (int n : clients) {
     std::vector<RunResult> rs;
