@@ -62,7 +62,9 @@ struct RankPlan {
   Env env;
   std::string log_file;
   std::string error_file;
-  nlohmann::json binding = nlohmann::json::object();
+  nlohmann::json binding = nlohmann::json::object();  // lib/binding's plan of this rank, as shown
+  std::vector<int> cpus;              // applied before exec (sched_setaffinity); empty: not bound
+  std::optional<int> mem_node;        // preferred memory node before exec; nullopt: not set
 };
 
 struct Plan {

@@ -39,7 +39,6 @@ const std::vector<std::string> kTopKeys{
     "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous"};
 const std::map<std::string, std::string> kNotYet{
     {"container", "workers inside containers arrive with the containers issue"},
-    {"binding", "GPU/NUMA/NIC binding arrives with the binding issue"},
 };
 
 // Environment variables that ddpctl owns: a job may not set them (the value would be a lie).
@@ -230,6 +229,8 @@ class Parser {
         mapping(v, "stop", {"grace"}, [&](const std::string&, const YAML::Node&, const YAML::Node& sv) {
           if (auto d = duration(sv, "stop.grace")) spec.stop_grace = *d;
         });
+      } else if (key == "binding") {
+        parse_binding(v, spec);
       } else if (key == "nccl") {
         mapping(v, "nccl", {"unique_id"}, [&](const std::string&, const YAML::Node&, const YAML::Node& nv) {
           if (nv.IsScalar() && (nv.Scalar() == "auto" || nv.Scalar() == "on" || nv.Scalar() == "off")) {
@@ -266,6 +267,25 @@ class Parser {
 
   // hosts: a list of names (host or host:port), or one SLURM-style string; the launcher expands
   // and checks it (lib/hostlist), so the file and --nodes give the same errors.
+  // binding: {gpu: auto|none|isolate, numa: auto|none|node|exclusive, nic: auto|none}
+  void parse_binding(const YAML::Node& v, JobSpec& spec) {
+    mapping(v, "binding", {"gpu", "numa", "nic"}, [&](const std::string& bk, const YAML::Node&, const YAML::Node& bv) {
+      const std::vector<std::string> allowed = bk == "gpu"    ? std::vector<std::string>{"auto", "none", "isolate"}
+                                               : bk == "numa" ? std::vector<std::string>{"auto", "none", "node", "exclusive"}
+                                                              : std::vector<std::string>{"auto", "none"};
+      const std::string value = bv.IsScalar() ? bv.Scalar() : std::string();
+      auto it = std::find(allowed.begin(), allowed.end(), value);
+      if (!bv.IsScalar() || it == allowed.end()) {
+        error(bv, fmt::format("binding.{}: expected {}, got {}", bk, join(allowed, ", "), describe(bv)));
+        return;
+      }
+      const auto pos = it - allowed.begin();
+      if (bk == "gpu") spec.binding.gpu = static_cast<GpuBinding>(pos);
+      else if (bk == "numa") spec.binding.numa = static_cast<NumaBinding>(pos);
+      else spec.binding.nic = static_cast<NicBinding>(pos);
+    });
+  }
+
   void parse_hosts(const YAML::Node& v, JobSpec& spec) {
     if (v.IsScalar() && !trim(v.Scalar()).empty()) {
       spec.hosts = {v.Scalar()};

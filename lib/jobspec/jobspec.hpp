@@ -47,6 +47,18 @@ struct Nproc {
 
 enum class NcclUniqueId { automatic, on, off };
 
+// binding: how each rank is placed on the node (planned by lib/binding from the node's facts).
+// `automatic` is the default of each; `none` turns that part off.
+enum class GpuBinding { automatic, none, isolate };                // isolate: one visible GPU per rank
+enum class NumaBinding { automatic, none, node, exclusive };      // exclusive: split a node's CPUs
+enum class NicBinding { automatic, none };
+struct BindingSpec {
+  GpuBinding gpu = GpuBinding::automatic;
+  NumaBinding numa = NumaBinding::automatic;
+  NicBinding nic = NicBinding::automatic;
+  bool all_none() const { return gpu == GpuBinding::none && numa == NumaBinding::none && nic == NicBinding::none; }
+};
+
 struct JobSpec {
   std::string file;  // where it came from, for messages
   std::string name = "job";
@@ -64,6 +76,7 @@ struct JobSpec {
   std::uint64_t log_max_bytes = 100ull << 20;  // per rank file, then rotated once
   std::uint16_t store_port = 29500;
   NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
+  BindingSpec binding;
   Millis stop_grace{30'000};
   // Multi-node (--nodes / ddp-agentd): the job file's hosts (--nodes wins) and rendezvous timing.
   std::vector<std::string> hosts;

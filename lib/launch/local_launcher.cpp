@@ -1,5 +1,6 @@
 #include "launch/local_launcher.hpp"
 
+#include "binding/binding.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -31,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 
 namespace ddp::launch {
@@ -55,12 +57,15 @@ std::string make_job_id(const std::string& name) {
 
 }  // namespace
 
-// The node's facts, read once: from --facts, else discovered (NVML or sysfs).
+// The node's facts, read once: from --facts, else discovered (NVML or sysfs). Launching needs
+// the topology only, so libnccl and libcuda (versions) are not loaded into the launcher.
 static const facts::NodeFacts& node_facts(const LaunchOptions& opts) {
   static std::optional<facts::NodeFacts> cached;
   if (!cached) {
     try {
-      cached = opts.facts_file ? facts::load_facts_file(*opts.facts_file) : facts::discover(facts::discover_options_from_env());
+      auto discover_options = facts::discover_options_from_env();
+      discover_options.load_libraries = false;
+      cached = opts.facts_file ? facts::load_facts_file(*opts.facts_file) : facts::discover(discover_options);
     } catch (const std::exception& e) {
       throw LaunchError(e.what());
     }
@@ -108,9 +113,64 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   return node;
 }
 
+// The CPUs this launcher may run on: what a worker may be bound to.
+static std::vector<int> own_affinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
+}
+
+// The job's binding (lib/binding) laid onto a plan: each rank's CUDA_VISIBLE_DEVICES and
+// NCCL_IB_HCA (a value the rank already has, from the job's env or forwarded, wins), the CPUs
+// and memory node the child applies before exec, and the JSON the plan shows. Planned for the
+// --facts node when given (then this machine's affinity mask does not narrow it), else for this one.
+static void apply_binding(contract::Plan& plan, const LaunchOptions& opts) {
+  const auto& want = opts.spec.binding;
+  if (want.all_none()) return;
+  const facts::NodeFacts* f = nullptr;
+  try {
+    f = &node_facts(opts);
+  } catch (const LaunchError& e) {
+    if (opts.facts_file) throw;
+    log::get("launch")->warn("no binding: cannot discover this node ({}); set binding: {{gpu: none, numa: none, nic: none}} "
+                             "to silence this", e.what());
+    return;
+  }
+  std::optional<std::vector<int>> allowed;
+  if (!opts.facts_file) allowed = own_affinity();
+  const auto b = binding::plan_binding(*f, static_cast<int>(plan.ranks.size()), want, allowed);
+  for (auto& r : plan.ranks) {
+    const auto& rb = b.ranks.at(static_cast<std::size_t>(r.local_rank));
+    auto shown = binding::to_json(rb);
+    std::string reason = rb.reason();
+    auto set_env = [&](const std::string& key, const std::optional<std::string>& value) {
+      if (!value) return;
+      if (auto it = r.env.find(key); it != r.env.end()) {
+        if (it->second != *value) reason += fmt::format("; {} kept as the job's env sets it", key);
+        return;
+      }
+      r.env[key] = *value;
+    };
+    set_env("CUDA_VISIBLE_DEVICES", rb.cuda_visible_devices);
+    set_env("NCCL_IB_HCA", b.nccl_ib_hca);
+    shown["reason"] = reason;
+    shown["nccl_ib_hca"] = b.nccl_ib_hca ? nlohmann::json(*b.nccl_ib_hca) : nlohmann::json(nullptr);
+    r.binding = std::move(shown);
+    r.cpus = rb.cpus;
+    r.mem_node = rb.cpus.empty() ? std::nullopt : rb.numa_node;
+  }
+}
+
 nlohmann::json dry_run(LaunchOptions opts) {
   auto node = resolve_node_context(opts, 0);
-  return contract::to_json(contract::make_plan(opts.spec, node, own_environment()));
+  auto plan = contract::make_plan(opts.spec, node, own_environment());
+  apply_binding(plan, opts);
+  return contract::to_json(plan);
 }
 
 namespace {
@@ -328,6 +388,7 @@ class LocalLauncher {
     }
 
     auto plan = contract::make_plan(opts_.spec, node, inherited_);
+    apply_binding(plan, opts_);
     GroupOptions go{attempt, *opts_.spec.workdir, opts_.spec.stop_grace, opts_.spec.log_max_bytes};
     GroupCallbacks cb;
     cb.on_line = [this](int rank, Stream s, const std::string& line) {

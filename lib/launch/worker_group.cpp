@@ -115,6 +115,8 @@ supervisor::SpawnSpec WorkerGroup::spawn_spec(const Worker& w) const {
   s.env = w.plan.env;
   s.workdir = opts_.workdir;
   s.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
+  s.cpus = w.plan.cpus;
+  s.mem_node = w.plan.mem_node;
   return s;
 }
 

@@ -4,9 +4,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -101,6 +104,22 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   const pid_t parent = ::getpid();
   const char* workdir = spec.workdir.c_str();
   const char* path = exe->c_str();
+  // The CPU mask and memory node mask, built here: the child may not allocate.
+  std::optional<cpu_set_t> cpu_mask;
+  if (!spec.cpus.empty()) {
+    cpu_mask.emplace();
+    CPU_ZERO(&*cpu_mask);
+    for (int c : spec.cpus) {
+      if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &*cpu_mask);
+    }
+  }
+  constexpr int kMaxMemNode = 1024;  // the kernel's MAX_NUMNODES on common configurations
+  std::array<unsigned long, kMaxMemNode / (8 * sizeof(unsigned long))> mem_mask{};
+  const bool set_mem = spec.mem_node && *spec.mem_node >= 0 && *spec.mem_node < kMaxMemNode;
+  if (set_mem) {
+    const auto bits = 8 * sizeof(unsigned long);
+    mem_mask[static_cast<std::size_t>(*spec.mem_node) / bits] |= 1ul << (static_cast<std::size_t>(*spec.mem_node) % bits);
+  }
 
   // Block every signal across fork(): until the child has reset the handlers it inherited
   // (Asio's, which write to a self-pipe shared with us), a signal it receives must not be
@@ -132,6 +151,12 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     if (spec.cgroup_procs_fd >= 0 && ::write(spec.cgroup_procs_fd, "0", 1) != 1) fail('c');
+    // Placement after joining the cgroup (whose cpuset bounds it); errors leave the worker unbound.
+    if (cpu_mask) (void)::sched_setaffinity(0, sizeof *cpu_mask, &*cpu_mask);
+    if (set_mem) {
+      constexpr long kMpolPreferred = 1;  // <linux/mempolicy.h>; raw syscall, no libnuma
+      (void)::syscall(SYS_set_mempolicy, kMpolPreferred, mem_mask.data(), static_cast<unsigned long>(kMaxMemNode));
+    }
     if (::dup2(in ? in->r : devnull, 0) < 0) fail('d');
     if (out && (::dup2(out->w, 1) < 0 || ::dup2(err->w, 2) < 0)) fail('d');
     if (::chdir(workdir) != 0) fail('w');

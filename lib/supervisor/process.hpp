@@ -31,6 +31,11 @@ struct SpawnSpec {
   bool capture_output = true;               // false: inherit ddpctl's stdout/stderr
   bool stdin_pipe = false;                  // true: stdin is a pipe (write end returned), else /dev/null
   bool own_process_group = true;            // false: stay in ddpctl's group (helpers)
+  // Placement, applied in the child before exec. Best effort: the planner already limits `cpus`
+  // to what the launcher may use, and if the kernel still refuses, the worker runs unbound
+  // rather than not at all.
+  std::vector<int> cpus;                    // sched_setaffinity; empty: inherit
+  std::optional<int> mem_node;              // set_mempolicy(MPOL_PREFERRED, node); nullopt: inherit
 };
 
 struct Spawned {

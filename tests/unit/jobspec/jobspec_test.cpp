@@ -132,7 +132,25 @@ TEST(JobSpec, DuplicateKeys) {
 
 TEST(JobSpec, LaterFeaturesAreNotSupportedYet) {
   expect_error("command: [x]\ncontainer: {runtime: docker}\n", 2, 1, "'container' is not supported yet");
-  expect_error("command: [x]\nbinding: {gpu: auto}\n", 2, 1, "'binding' is not supported yet");
+}
+
+TEST(JobSpec, Binding) {
+  auto d = parse_job_yaml("command: [x]\n", "t");
+  EXPECT_EQ(d.binding.gpu, GpuBinding::automatic);
+  EXPECT_EQ(d.binding.numa, NumaBinding::automatic);
+  EXPECT_EQ(d.binding.nic, NicBinding::automatic);
+  auto s = parse_job_yaml("command: [x]\nbinding: {gpu: isolate, numa: exclusive, nic: none}\n", "t");
+  EXPECT_EQ(s.binding.gpu, GpuBinding::isolate);
+  EXPECT_EQ(s.binding.numa, NumaBinding::exclusive);
+  EXPECT_EQ(s.binding.nic, NicBinding::none);
+  EXPECT_FALSE(s.binding.all_none());
+  auto n = parse_job_yaml("command: [x]\nbinding:\n  gpu: none\n  numa: none\n  nic: none\n", "t");
+  EXPECT_TRUE(n.binding.all_none());
+  expect_error("command: [x]\nbinding: {gpu: all}\n", 2, 16, "binding.gpu: expected auto, none, isolate, got 'all'");
+  expect_error("command: [x]\nbinding:\n  numa: socket\n", 3, 9, "binding.numa: expected auto, none, node, exclusive");
+  expect_error("command: [x]\nbinding: {nic: [mlx5_0]}\n", 2, 16, "binding.nic: expected auto, none, got a list");
+  expect_error("command: [x]\nbinding: {cpu: auto}\n", 2, 11, "unknown key 'binding.cpu'");
+  expect_error("command: [x]\nbinding: isolate\n", 2, 10, "binding: expected a mapping");
 }
 
 TEST(JobSpec, MultiNodeKeys) {

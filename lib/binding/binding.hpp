@@ -1,0 +1,60 @@
+// Topology-aware binding: where each local rank of a node runs, planned from the node's facts.
+//
+// Pure: facts, the number of local ranks, the job's `binding:` and the CPUs the launcher may use
+// in; one RankBinding per local rank out. Nothing here touches the machine; the launcher puts
+// the variables into each rank's environment and applies `cpus` (sched_setaffinity) and
+// `mem_node` (a preferred memory policy) in the child before exec.
+//
+// Policy:
+//  - GPUs: rank r gets the r-th GPU in PCI bus id order (stable, unlike CUDA's default order).
+//    CUDA_VISIBLE_DEVICES lists every GPU of the job by UUID in local-rank order, so an unchanged
+//    `torch.cuda.set_device(LOCAL_RANK)` opens the rank's own GPU; `isolate` lists only its own.
+//    Ranks beyond the GPU count get no GPU binding (said in `reason`).
+//  - CPUs: the CPUs of the GPU's NUMA node (GPU-less ranks: NUMA nodes round-robin), intersected
+//    with `allowed`, so that applying them cannot fail for lack of permission. `exclusive` splits
+//    a node's CPUs evenly among the ranks that share it.
+//  - NIC: the nearest NIC (longest common PCI path, i.e. the same switch, else the same NUMA
+//    node), spread so that no two ranks share one while another on their node is idle. It is
+//    informational; NCCL_IB_HCA is job-wide: "=" and every IB device (with its port) of the node,
+//    so NCCL still sees every rail and chooses per GPU itself.
+#pragma once
+
+#include "facts/model.hpp"
+#include "jobspec/jobspec.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::binding {
+
+using BindingSpec = jobspec::BindingSpec;
+
+struct RankBinding {
+  int local_rank = 0;
+  std::optional<int> gpu;                           // facts index of the rank's GPU
+  std::optional<std::string> cuda_visible_devices;  // nullopt: leave the variable alone
+  std::optional<int> numa_node;                     // nullopt: no NUMA binding
+  std::vector<int> cpus;                            // empty: no CPU binding
+  std::optional<std::string> nic;
+  std::vector<std::string> reasons;                 // why, one short clause each
+
+  std::string reason() const;  // reasons joined with "; "
+};
+
+struct Plan {
+  std::vector<RankBinding> ranks;
+  std::optional<std::string> nccl_ib_hca;  // "=mlx5_0:1,mlx5_1:1"; nullopt: no IB device or nic: none
+};
+
+// `allowed`: the CPUs the launcher may use (its affinity mask); nullopt when planning for
+// recorded facts of another node, where this machine's mask means nothing.
+Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& spec,
+                  const std::optional<std::vector<int>>& allowed = std::nullopt);
+
+// {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "nic", "reason"}; null where unset.
+nlohmann::json to_json(const RankBinding& rank);
+
+}  // namespace ddp::binding

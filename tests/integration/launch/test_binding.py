@@ -1,0 +1,79 @@
+"""Binding end to end: the plan `--dry-run` shows for a recorded DGX node, and CPUs applied for
+real to local workers (checked from inside them with sched_getaffinity)."""
+import json
+import os
+import subprocess
+
+from ddptest import DDPCTL, PYTHON, SOURCE_DIR, launch, write_job
+
+
+def dry_run(tmp_path, job, *args):
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", str(job), *args], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_dry_run_on_dgx_facts_shows_per_rank_binding(tmp_path):
+    job = write_job(tmp_path, "nproc_per_node: gpu\ncommand: [python3, train.py]\n")
+    facts = SOURCE_DIR / "tests" / "fixtures" / "facts" / "dgx-a.json"
+    plan = dry_run(tmp_path, job, "--facts", str(facts))
+    ranks = plan["ranks"]
+    assert len(ranks) == 8
+    uuids = [g["uuid"] for g in sorted(json.loads(facts.read_text())["gpus"], key=lambda g: g["pci_bus_id"])]
+    for r in ranks:
+        b = r["binding"]
+        assert r["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(uuids) == b["cuda_visible_devices"]
+        assert r["env"]["NCCL_IB_HCA"].startswith("=mlx5_0:1,")
+        assert b["gpu"] == r["local_rank"]
+        assert b["numa_node"] == (0 if r["local_rank"] < 4 else 1)
+    assert len({r["binding"]["nic"] for r in ranks}) == 8
+    assert {r["binding"]["cpus"] for r in ranks} == {"0-55,112-167", "56-111,168-223"}
+
+    job = write_job(tmp_path, "nproc_per_node: gpu\ncommand: [python3, train.py]\n"
+                    "binding: {gpu: isolate, numa: exclusive}\nenv: {NCCL_IB_HCA: mlx5_0}\n")
+    ranks = dry_run(tmp_path, job, "--facts", str(facts))["ranks"]
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in ranks] == uuids
+    assert len({r["binding"]["cpus"] for r in ranks}) == 8  # distinct shares
+    assert all(r["env"]["NCCL_IB_HCA"] == "mlx5_0" for r in ranks)  # the job's env wins
+
+    job = write_job(tmp_path, "nproc_per_node: 2\ncommand: [python3, train.py]\n"
+                    "binding: {gpu: none, numa: none, nic: none}\n")
+    ranks = dry_run(tmp_path, job, "--facts", str(facts))["ranks"]
+    assert all(r["binding"] == {} and "CUDA_VISIBLE_DEVICES" not in r["env"] for r in ranks)
+
+
+def test_workers_run_on_their_planned_cpus(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    script = tmp_path / "worker.py"
+    script.write_text("import os\n"
+                      "lr = os.environ['LOCAL_RANK']\n"
+                      "cpus = sorted(os.sched_getaffinity(0))\n"
+                      "open(f'cpus.{lr}', 'w').write(','.join(map(str, cpus)))\n"
+                      "try:\n"
+                      "    heap = [l.split()[1] for l in open('/proc/self/numa_maps') if ' heap ' in l]\n"
+                      "except OSError:\n"
+                      "    heap = []\n"
+                      "open(f'policy.{lr}', 'w').write(heap[0] if heap else '')\n")
+    job = write_job(tmp_path, f"nproc_per_node: 2\ncommand: [{PYTHON}, {script}]\nbinding: {{numa: exclusive}}\n")
+    plan = dry_run(tmp_path, job)
+    r = launch(job)
+    assert r.returncode == 0, r.stderr
+    got = {}
+    for rank in plan["ranks"]:
+        lr = rank["local_rank"]
+        cpus = [int(c) for c in (tmp_path / f"cpus.{lr}").read_text().split(",")]
+        planned = rank["binding"]["cpus"]
+        assert planned is not None, rank["binding"]
+        expect = set()
+        for part in planned.split(","):
+            lo, _, hi = part.partition("-")
+            expect.update(range(int(lo), int(hi or lo) + 1))
+        assert cpus == sorted(expect), (lr, cpus, planned)
+        assert set(cpus) <= set(allowed)
+        policy = (tmp_path / f"policy.{lr}").read_text()
+        if policy:  # /proc/self/numa_maps exists (CONFIG_NUMA): the memory policy prefers the node
+            assert policy == f"prefer:{rank['binding']['numa_node']}", policy
+        got[lr] = cpus
+    if len(allowed) >= 2:
+        assert not set(got[0]) & set(got[1])  # exclusive: one share each
