@@ -2,7 +2,10 @@
 real to local workers (checked from inside them with sched_getaffinity)."""
 import json
 import os
+import shutil
 import subprocess
+
+import pytest
 
 from ddptest import DDPCTL, PYTHON, SOURCE_DIR, launch, write_job
 
@@ -77,3 +80,26 @@ def test_workers_run_on_their_planned_cpus(tmp_path):
         got[lr] = cpus
     if len(allowed) >= 2:
         assert not set(got[0]) & set(got[1])  # exclusive: one share each
+
+
+def test_binding_follows_numa_nodes_of_a_fixture_tree(tmp_path):
+    """This machine's two CPUs split into two NUMA nodes (a sysfs tree through DDP_SYSFS_ROOT):
+    the two CPU-only ranks go round-robin, one node and so one CPU each."""
+    if not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")
+    root = tmp_path / "root"
+    shutil.copytree(SOURCE_DIR / "tests" / "fixtures" / "sysfs" / "cpu-only", root, symlinks=True)
+    for node, cpu in ((0, "0"), (1, "1")):
+        d = root / "sys" / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpulist").write_text(cpu + "\n")
+    script = tmp_path / "worker.py"
+    script.write_text("import os\n"
+                      "lr = os.environ['LOCAL_RANK']\n"
+                      "line = [l for l in open('/proc/self/status') if l.startswith('Cpus_allowed_list')][0]\n"
+                      "open(f'cpus.{lr}', 'w').write(line.split(':')[1].strip())\n")
+    job = write_job(tmp_path, f"nproc_per_node: 2\ncommand: [{PYTHON}, {script}]\n")
+    r = launch(job, env={"DDP_SYSFS_ROOT": str(root)})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cpus.0").read_text() == "0"
+    assert (tmp_path / "cpus.1").read_text() == "1"
