@@ -38,15 +38,8 @@ struct LaunchArgs {
 
 // The multi-node launch (--nodes, or the job file's hosts:): the embedded coordinator drives
 // ddp-agentd on every node. nullopt: a local launch.
-std::optional<int> maybe_run_multi_node(const LaunchArgs& args) {
+std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::JobSpec spec) {
   namespace fs = std::filesystem;
-  ddp::jobspec::JobSpec spec;
-  try {
-    spec = ddp::jobspec::load_job_file(args.job_file);
-  } catch (const ddp::jobspec::JobSpecError& e) {
-    std::cerr << e.what() << "\n";
-    return 2;
-  }
   const std::string list = !args.nodes.empty() ? args.nodes : ddp::join(spec.hosts, ",");
   if (list.empty()) {
     if (spec.nnodes_max > 1) {
@@ -145,7 +138,6 @@ Command add_launch_command(CLI::App& root) {
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 
   return {sub, [args] {
-            if (auto rc = maybe_run_multi_node(*args)) return *rc;
             ddp::launch::LaunchOptions opts;
             try {
               opts.spec = ddp::jobspec::load_job_file(args->job_file);
@@ -153,6 +145,7 @@ Command add_launch_command(CLI::App& root) {
               std::cerr << e.what() << "\n";
               return 2;
             }
+            if (auto rc = maybe_run_multi_node(*args, opts.spec)) return *rc;
             if (args->nproc) opts.spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args->nproc};
             if (args->max_restarts) opts.spec.max_restarts = *args->max_restarts;
             if (args->log_dir) opts.spec.log_dir = *args->log_dir;

@@ -398,10 +398,13 @@ JobSpec load_job_file(const std::string& path) {
   if (!in) {
     throw JobSpecError({{path, 0, 0, fmt::format("cannot read the job file: {}", std::strerror(errno))}});
   }
-  std::string text(kMaxJobFile + 1, '\0');
+  // Sized from stat, plus one byte to notice a file that grew while it was read.
+  std::string text(static_cast<std::size_t>(st.st_size) + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > kMaxJobFile) throw JobSpecError({{path, 0, 0, "the job file is larger than 4 MiB"}});
+  if (text.size() > static_cast<std::size_t>(st.st_size)) {
+    throw JobSpecError({{path, 0, 0, "the job file changed while it was read"}});
+  }
   return parse_job_yaml(text, path);
 }
 
