@@ -515,6 +515,11 @@ NodeFacts discover(const DiscoverOptions& opt) {
   f.numa_nodes = discover_numa(fs);
   discover_gpus(fs, opt, f);
   discover_nics(fs, f);
+  if (opt.topology_only) {
+    log->debug("discovered the topology of {}: {} NUMA node(s), {} GPU(s), {} NIC(s)", f.hostname, f.numa_nodes.size(),
+               f.gpus.size(), f.nics.size());
+    return f;
+  }
   if (fs.is_live() && opt.load_libraries) {
     if (auto n = native::query_nccl(opt.nccl_library)) {
       f.versions.nccl = n->version;

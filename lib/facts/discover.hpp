@@ -36,6 +36,9 @@ struct DiscoverOptions {
   bool use_nvml = true;                     // try libnvidia-ml.so.1 (only when root is "/")
   bool load_libraries = true;               // try libnccl.so.2 / libcuda.so.1 (only when root is "/")
   std::string nccl_library = "libnccl.so.2";
+  // Only what placement needs (NUMA nodes, GPUs, NICs): no versions, limits, runtimes or torch.
+  // The launcher plans bindings on every launch; this keeps that off its start-up path.
+  bool topology_only = false;
 };
 
 // Defaults, with root from DDP_SYSFS_ROOT when set.

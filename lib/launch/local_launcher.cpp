@@ -57,14 +57,17 @@ std::string make_job_id(const std::string& name) {
 
 }  // namespace
 
-// The node's facts, read once: from --facts, else discovered (NVML or sysfs). Launching needs
-// the topology only, so libnccl and libcuda (versions) are not loaded into the launcher.
+// The node's facts, read once: from --facts, else discovered. Launching needs the topology only
+// (procfs/sysfs: NVML's initialisation costs far more than a launch), so neither NVML nor
+// libnccl nor libcuda is loaded into the launcher; `ddpctl doctor` reports the rest.
 static const facts::NodeFacts& node_facts(const LaunchOptions& opts) {
   static std::optional<facts::NodeFacts> cached;
   if (!cached) {
     try {
       auto discover_options = facts::discover_options_from_env();
       discover_options.load_libraries = false;
+      discover_options.use_nvml = false;
+      discover_options.topology_only = true;
       cached = opts.facts_file ? facts::load_facts_file(*opts.facts_file) : facts::discover(discover_options);
     } catch (const std::exception& e) {
       throw LaunchError(e.what());
