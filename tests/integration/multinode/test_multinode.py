@@ -206,8 +206,12 @@ def test_wrong_token_is_refused_and_the_agent_serves_the_next_client(cluster):
     assert "CONTRACT" not in out
     for h in c.hosts:
         assert c.agents[h.name].poll() is None
-    log = c.agent_log(c.hosts[0])
-    assert "auth" in log, log
+    # The agent that checked the proof first logs the refusal; ddpctl then gives up, so another
+    # agent may only see a connection closed mid-handshake.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any("auth" in c.agent_log(h) for h in c.hosts):
+        time.sleep(0.05)
+    assert any("auth" in c.agent_log(h) for h in c.hosts), [c.agent_log(h) for h in c.hosts]
     rc, out, err = finish(c.launch(job(c, "goodtoken", [PY, worker])), timeout=60)
     assert rc == 0, err
     assert sorted(contracts(out)) == [0, 1, 2, 3]
