@@ -1,6 +1,8 @@
 // ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
 #include "agent/agent.hpp"
 #include "common/log.hpp"
+#include "common/strings.hpp"
+#include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
 #include "net/token_file.hpp"
 
@@ -24,6 +26,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-dir", opts.log_dir, "where workers' per-rank logs go on this node");
   app.add_option("--heartbeat-timeout", heartbeat_timeout_s, "seconds of coordinator silence that stop the workers")
       ->check(CLI::Range(0.5, 3600.0));
+  std::string gpus, cpus;
+  app.add_option("--gpus", gpus, "the GPUs this agent manages: indices in PCI bus order, UUIDs or PCI bus ids (default: all)");
+  app.add_option("--cpus", cpus, "the CPUs this agent manages, a cpulist like 0-15,32-47 (default: its affinity)");
   app.add_option("--config", config, "agent config file (not supported yet)");
   app.add_flag("--oneshot", oneshot, "serve one job, then exit (not supported yet)");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
@@ -48,6 +53,17 @@ int main(int argc, char** argv) {
   }
   opts.listen_host = ep.endpoint.host;
   opts.port = ep.endpoint.port.value_or(ddp::agent::kDefaultPort);
+  if (!gpus.empty()) {
+    opts.gpus.emplace();
+    for (auto g : ddp::split(gpus, ',')) opts.gpus->emplace_back(ddp::trim(g));
+  }
+  if (!cpus.empty()) {
+    opts.cpus = ddp::facts::parse_cpulist(cpus);
+    if (!opts.cpus || opts.cpus->empty()) {
+      std::cerr << fmt::format("ddp-agentd: --cpus '{}': expected a cpulist like 0-15,32-47\n", cpus);
+      return 2;
+    }
+  }
   opts.heartbeat_timeout = ddp::Millis(static_cast<long long>(heartbeat_timeout_s * 1000));
   try {
     opts.keys = ddp::net::load_token_file(token_file);

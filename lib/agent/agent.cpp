@@ -3,11 +3,13 @@
 #include "agent/agent.hpp"
 
 #include "agent/interfaces.hpp"
+#include "binding/binding.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "contract/contract.hpp"
 #include "facts/discover.hpp"
+#include "launch/bind.hpp"
 #include "launch/worker_group.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
@@ -82,6 +84,53 @@ class Agent {
     if (opts_.name.empty()) opts_.name = own_hostname();
   }
 
+  // The GPUs and CPUs this agent manages (--gpus, --cpus), checked against the node.
+  void manage_share() {
+    if (opts_.gpus) {
+      try {
+        facts_ = binding::restrict_gpus(std::move(facts_), *opts_.gpus);
+      } catch (const std::invalid_argument& e) {
+        throw AgentError(fmt::format("--gpus: {}", e.what()));
+      }
+    }
+    cpus_ = own_affinity();
+    if (opts_.cpus) {
+      const std::set<int> mine(cpus_.begin(), cpus_.end());
+      for (int c : *opts_.cpus) {
+        if (!mine.count(c)) {
+          throw AgentError(fmt::format("--cpus: CPU {} is not available to ddp-agentd (its affinity is {})", c,
+                                       facts::format_cpulist(cpus_)));
+        }
+      }
+      cpus_ = *opts_.cpus;
+    }
+    if (opts_.gpus || opts_.cpus) {
+      log_->info("managing {} GPU{} and CPUs {}", facts_.gpus.size(), facts_.gpus.size() == 1 ? "" : "s",
+                 facts::format_cpulist(cpus_));
+    }
+  }
+
+  // The job's binding for this node's ranks, planned from the agent's (narrowed) facts. The
+  // coordinator's `nccl_ib_hca` is the set every node shares; without it no node sets one. An
+  // agent given --gpus/--cpus keeps its workers inside that share even under `binding: none`.
+  void bind(contract::Plan& plan, const jobspec::BindingSpec& want, std::optional<std::string> job_ib_hca) {
+    if (!want.all_none()) {
+      auto b = binding::plan_binding(facts_, static_cast<int>(plan.ranks.size()), want, cpus_);
+      b.nccl_ib_hca = want.nic == jobspec::NicBinding::none ? std::nullopt : std::move(job_ib_hca);
+      launch::lay_binding(plan, b);
+    }
+    const bool uuids = std::all_of(facts_.gpus.begin(), facts_.gpus.end(), [](const auto& g) { return g.uuid.has_value(); });
+    std::string managed;
+    for (const auto& g : facts_.gpus) {
+      managed += managed.empty() ? "" : ",";
+      managed += uuids ? *g.uuid : std::to_string(g.index);
+    }
+    for (auto& r : plan.ranks) {
+      if (opts_.gpus && !r.env.count("CUDA_VISIBLE_DEVICES")) r.env["CUDA_VISIBLE_DEVICES"] = managed;
+      if (opts_.cpus && r.cpus.empty()) r.cpus = cpus_;
+    }
+  }
+
   int run() {
     std::error_code ec;
     fs::create_directories(opts_.log_dir, ec);
@@ -90,6 +139,7 @@ class Agent {
     supervisor::become_subreaper();
     supervisor::Cgroup::sweep_stale();
     facts_ = facts::discover(facts::discover_options_from_env());
+    manage_share();
     wait_signals();
     wait_sigchld();
     heartbeat();
@@ -247,7 +297,7 @@ class Agent {
     const auto& spec = payload.spec;
     switch (spec.nproc.kind) {
       case jobspec::Nproc::Kind::count: job->nproc = spec.nproc.count; break;
-      case jobspec::Nproc::Kind::cpu: job->nproc = usable_cpus(); break;
+      case jobspec::Nproc::Kind::cpu: job->nproc = static_cast<int>(cpus_.size()); break;
       case jobspec::Nproc::Kind::gpu:
         job->nproc = static_cast<int>(facts::gpu_count(facts_));
         if (job->nproc == 0) problems.push_back(fmt::format("nproc_per_node: gpu, but {} has no GPU", opts_.name));
@@ -269,7 +319,10 @@ class Agent {
     }
     preflight["detail"] = join(problems, "; ");
     job->payload = std::move(payload);
-    json facts_summary{{"hostname", own_hostname()}, {"cpus", usable_cpus()}, {"gpus", facts::gpu_count(facts_)}};
+    json facts_summary{{"hostname", own_hostname()},
+                       {"cpus", cpus_.size()},
+                       {"gpus", facts::gpu_count(facts_)},
+                       {"ib_hcas", binding::ib_hcas(facts_)}};
     log_->info("job {} offered by {} (user {}): node {}, {} worker{}{}", job_id, c->label(), job->user, job->node,
                job->nproc, job->nproc == 1 ? "" : "s", problems.empty() ? "" : "; preflight: " + join(problems, "; "));
     send(c, "join",
@@ -378,6 +431,7 @@ class Agent {
       log_->warn("job {}: no interface holds {}; NCCL and gloo pick their own", job.job_id, rdzv_addr);
     }
     auto plan = contract::make_plan(spec, node, inherited);
+    bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
     launch::GroupCallbacks cb;
@@ -561,7 +615,8 @@ class Agent {
   asio::signal_set signals_, sigchld_;
   asio::steady_timer heartbeat_timer_;
   std::shared_ptr<spdlog::logger> log_;
-  facts::NodeFacts facts_;
+  facts::NodeFacts facts_;  // narrowed to the GPUs this agent manages
+  std::vector<int> cpus_;    // the CPUs it manages: its affinity, narrowed by --cpus
   std::map<Connection*, Peer> peers_;
   std::unique_ptr<Job> job_;
   std::optional<store::Server> store_;

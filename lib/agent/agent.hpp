@@ -17,8 +17,10 @@
 #include "proto/keyring.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ddp::agent {
 
@@ -33,6 +35,11 @@ struct AgentOptions {
   Millis heartbeat_interval{1000};
   Millis heartbeat_timeout{6000};   // the coordinator's silence that stops our workers
   Millis handshake_timeout{10000};  // an unauthenticated peer's time to finish the handshake
+  // The share of the node this agent manages (--gpus, --cpus): for sharing a node between
+  // agents, or simulating several nodes on one machine. nullopt: every GPU, every CPU of the
+  // agent's affinity. GPUs by index in PCI order, UUID or PCI bus id (binding::restrict_gpus).
+  std::optional<std::vector<std::string>> gpus;
+  std::optional<std::vector<int>> cpus;
 };
 
 class AgentError : public std::runtime_error {

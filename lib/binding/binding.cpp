@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <stdexcept>
 
 namespace ddp::binding {
 namespace {
@@ -177,15 +178,7 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
   std::vector<const facts::Nic*> ib, eth;
   for (const auto& n : facts.nics) (n.kind == facts::NicKind::ib ? ib : eth).push_back(&n);
   std::sort(ib.begin(), ib.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  if (!ib.empty()) {
-    std::string hca = "=";
-    for (std::size_t i = 0; i < ib.size(); ++i) {
-      if (i) hca += ',';
-      hca += ib[i]->name;
-      if (ib[i]->port) hca += fmt::format(":{}", *ib[i]->port);
-    }
-    plan.nccl_ib_hca = hca;
-  }
+  plan.nccl_ib_hca = common_ib_hca({ib_hcas(facts)});
 
   // The nearest NIC per rank: NCCL's rails are the IB devices; without any, the Ethernet ones.
   std::vector<const facts::Nic*> cands;
@@ -224,6 +217,60 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
                                                                : fmt::format("no usable NIC on NUMA node {}", node)));
   }
   return plan;
+}
+
+std::vector<std::string> ib_hcas(const facts::NodeFacts& facts) {
+  std::vector<std::string> out;
+  for (const auto& n : facts.nics) {
+    if (n.kind != facts::NicKind::ib) continue;
+    out.push_back(n.port ? fmt::format("{}:{}", n.name, *n.port) : n.name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::string> common_ib_hca(const std::vector<std::vector<std::string>>& per_node) {
+  if (per_node.empty()) return std::nullopt;
+  std::set<std::string> common(per_node[0].begin(), per_node[0].end());
+  for (std::size_t i = 1; i < per_node.size(); ++i) {
+    const std::set<std::string> mine(per_node[i].begin(), per_node[i].end());
+    std::erase_if(common, [&](const std::string& e) { return !mine.count(e); });
+  }
+  if (common.empty()) return std::nullopt;
+  std::string out = "=";
+  for (const auto& e : common) {
+    if (out.size() > 1) out += ',';
+    out += e;
+  }
+  return out;
+}
+
+facts::NodeFacts restrict_gpus(facts::NodeFacts facts, const std::vector<std::string>& selectors) {
+  std::vector<facts::Gpu> by_bus = facts.gpus;
+  std::stable_sort(by_bus.begin(), by_bus.end(), [](const auto& a, const auto& b) { return a.pci_bus_id < b.pci_bus_id; });
+  std::set<std::size_t> keep;
+  for (const auto& sel : selectors) {
+    std::optional<std::size_t> hit;
+    const bool numeric = !sel.empty() && std::all_of(sel.begin(), sel.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (numeric && sel.size() <= 4) {
+      const auto i = std::stoul(sel);
+      if (i < by_bus.size()) hit = i;
+    } else {
+      const auto bus = facts::normalize_pci_bus_id(sel);
+      for (std::size_t i = 0; i < by_bus.size() && !hit; ++i) {
+        if ((by_bus[i].uuid && *by_bus[i].uuid == sel) || (bus && by_bus[i].pci_bus_id == *bus)) hit = i;
+      }
+    }
+    if (!hit) {
+      throw std::invalid_argument(fmt::format("GPU '{}' is not on this node ({} GPU{}{})", sel, by_bus.size(),
+                                              by_bus.size() == 1 ? "" : "s",
+                                              by_bus.empty() ? "" : "; name one by index in PCI order, UUID or PCI bus id"));
+    }
+    if (!keep.insert(*hit).second) throw std::invalid_argument(fmt::format("GPU '{}' is named twice", sel));
+  }
+  facts.gpus.clear();
+  for (auto i : keep) facts.gpus.push_back(by_bus[i]);
+  return facts;
 }
 
 nlohmann::json to_json(const RankBinding& rb) {

@@ -54,6 +54,20 @@ struct Plan {
 Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& spec,
                   const std::optional<std::vector<int>>& allowed = std::nullopt);
 
+// NCCL_IB_HCA entries of a node: each InfiniBand/RoCE device with its port ("mlx5_0:1"), sorted.
+std::vector<std::string> ib_hcas(const facts::NodeFacts& facts);
+
+// The job-wide NCCL_IB_HCA of a multi-node job: "=" and the entries every node has, in sorted
+// order; nullopt when the nodes share none (NCCL then picks per node, or uses sockets where a
+// node has no IB device). An entry one node lacks is left out: NCCL would try it on every node.
+std::optional<std::string> common_ib_hca(const std::vector<std::vector<std::string>>& per_node);
+
+// The node's facts narrowed to the GPUs an agent manages (`ddp-agentd --gpus`). A selector is
+// an index in PCI bus id order ("0"), a UUID ("GPU-8a1f...") or a PCI bus id ("0000:18:00.0",
+// "18:00.0"); the kept GPUs stay in PCI order. Throws std::invalid_argument naming a selector
+// that matches no GPU, or one GPU named twice.
+facts::NodeFacts restrict_gpus(facts::NodeFacts facts, const std::vector<std::string>& selectors);
+
 // {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "nic", "reason"}; null where unset.
 nlohmann::json to_json(const RankBinding& rank);
 

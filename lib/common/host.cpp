@@ -32,4 +32,15 @@ int usable_cpus() {
   return static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
 }
 
+std::vector<int> own_affinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace ddp

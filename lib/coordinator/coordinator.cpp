@@ -3,6 +3,7 @@
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
 
+#include "binding/binding.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "launch/report.hpp"
@@ -96,6 +97,7 @@ class Coordinator {
     proto::ClockSync sync;
     int pings = 0;
     bool joined = false;
+    std::vector<std::string> ib_hcas;  // the node's NCCL_IB_HCA entries, from its join
     int dial_failures = 0;
     asio::steady_timer redial;
   };
@@ -259,6 +261,17 @@ class Coordinator {
     }
     const auto nproc = b["nproc"].get<std::uint32_t>();
     const auto agent_name = b["node"].get<std::string>();
+    n.ib_hcas.clear();
+    if (b.contains("facts") && b["facts"].contains("ib_hcas")) {
+      const auto& h = b["facts"]["ib_hcas"];
+      const bool ok = h.is_array() && h.size() <= 256 &&
+                      std::all_of(h.begin(), h.end(), [](const json& e) { return e.is_string() && e.get_ref<const std::string&>().size() <= 64; });
+      if (!ok) {
+        n.conn->refuse(proto::ErrorCode::bad_value, "join: facts.ib_hcas must be a list of at most 256 short strings");
+        return;
+      }
+      for (const auto& e : h) n.ib_hcas.push_back(e.get<std::string>());
+    }
     log_->info("{} joined: agent '{}', {} worker{}", label(n), agent_name, nproc, nproc == 1 ? "" : "s");
     n.joined = true;
     const auto off = n.sync.best().value_or(proto::ClockOffset{});
@@ -376,12 +389,14 @@ class Coordinator {
     auto payload = payload_;
     for (const auto& na : a.nodes) payload.node_addresses.push_back(nodes_.at(na.node)->address);
     const auto& master = nodes_.at(a.nodes.at(0).node)->address;
+    std::vector<std::vector<std::string>> hcas;
+    for (const auto& na : a.nodes) hcas.push_back(nodes_.at(na.node)->ib_hcas);
+    const auto ib_hca = binding::common_ib_hca(hcas);
     std::vector<std::string> shares;
     for (const auto& na : a.nodes) {
       placement_[na.node] = Placement{na.node_rank.value, na.rank_base.value, na.local_world_size};
       shares.push_back(fmt::format("{}: ranks {}-{}", na.node, na.rank_base.value, na.rank_base.value + na.local_world_size - 1));
-      send(*nodes_.at(na.node), "assign",
-           {{"job_id", opts_.job_id},
+      json assign{{"job_id", opts_.job_id},
             {"run_id", opts_.job_id},
             {"user", opts_.user},
             {"round", a.round.value},
@@ -394,7 +409,9 @@ class Coordinator {
             {"world_size", a.world_size},
             {"master_addr", master},
             {"master_port", opts_.spec.store_port},
-            {"spec", net::to_json(payload)}});
+            {"spec", net::to_json(payload)}};
+      if (ib_hca) assign["nccl_ib_hca"] = *ib_hca;
+      send(*nodes_.at(na.node), "assign", std::move(assign));
     }
     log_->info("round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}:{}", a.round.value, a.restart_count,
                a.world_size, a.nodes.size(), join(shares, "; "), master, opts_.spec.store_port);

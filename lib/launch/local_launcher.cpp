@@ -1,6 +1,7 @@
 #include "launch/local_launcher.hpp"
 
 #include "binding/binding.hpp"
+#include "launch/bind.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -116,22 +117,8 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   return node;
 }
 
-// The CPUs this launcher may run on: what a worker may be bound to.
-static std::vector<int> own_affinity() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> out;
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  }
-  return out;
-}
-
-// The job's binding (lib/binding) laid onto a plan: each rank's CUDA_VISIBLE_DEVICES and
-// NCCL_IB_HCA (a value the rank already has, from the job's env or forwarded, wins), the CPUs
-// and memory node the child applies before exec, and the JSON the plan shows. Planned for the
-// --facts node when given (then this machine's affinity mask does not narrow it), else for this one.
+// The job's binding (lib/binding), planned for the --facts node when given (then this machine's
+// affinity mask does not narrow it), else for this one, and laid onto the plan (launch/bind.hpp).
 static void apply_binding(contract::Plan& plan, const LaunchOptions& opts) {
   const auto& want = opts.spec.binding;
   if (want.all_none()) return;
@@ -146,27 +133,7 @@ static void apply_binding(contract::Plan& plan, const LaunchOptions& opts) {
   }
   std::optional<std::vector<int>> allowed;
   if (!opts.facts_file) allowed = own_affinity();
-  const auto b = binding::plan_binding(*f, static_cast<int>(plan.ranks.size()), want, allowed);
-  for (auto& r : plan.ranks) {
-    const auto& rb = b.ranks.at(static_cast<std::size_t>(r.local_rank));
-    auto shown = binding::to_json(rb);
-    std::string reason = rb.reason();
-    auto set_env = [&](const std::string& key, const std::optional<std::string>& value) {
-      if (!value) return;
-      if (auto it = r.env.find(key); it != r.env.end()) {
-        if (it->second != *value) reason += fmt::format("; {} kept as the job's env sets it", key);
-        return;
-      }
-      r.env[key] = *value;
-    };
-    set_env("CUDA_VISIBLE_DEVICES", rb.cuda_visible_devices);
-    set_env("NCCL_IB_HCA", b.nccl_ib_hca);
-    shown["reason"] = reason;
-    shown["nccl_ib_hca"] = b.nccl_ib_hca ? nlohmann::json(*b.nccl_ib_hca) : nlohmann::json(nullptr);
-    r.binding = std::move(shown);
-    r.cpus = rb.cpus;
-    r.mem_node = rb.cpus.empty() ? std::nullopt : rb.numa_node;
-  }
+  lay_binding(plan, binding::plan_binding(*f, static_cast<int>(plan.ranks.size()), want, allowed));
 }
 
 nlohmann::json dry_run(LaunchOptions opts) {

@@ -175,9 +175,10 @@ class Cluster:
 
     # ---- agents and the launcher ----
 
-    def start_agent(self, host, token=None, extra=()):
+    def start_agent(self, host, token=None, extra=(), env=None):
         log = open(os.path.join(self.dir, f"agent-{host.name}.log"), "ab")
-        p = host.popen([os.path.join(self.bin, "ddp-agentd"), "--listen", f"{host.addr}:{AGENT_PORT}",
+        prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+        p = host.popen([*prefix, os.path.join(self.bin, "ddp-agentd"), "--listen", f"{host.addr}:{AGENT_PORT}",
                         "--token-file", token or self.token, "--log-dir", "/tmp/ddp-logs",
                         "--heartbeat-timeout", "3", *extra],
                        stdout=log, stderr=subprocess.STDOUT)

@@ -193,3 +193,50 @@ TEST(Binding, NoneTurnsPartsOff) {
   EXPECT_FALSE(q.nccl_ib_hca);
   EXPECT_EQ(q.ranks[0].nic, "eno1");  // eno2 is down
 }
+
+TEST(Binding, IbHcasOfANode) {
+  EXPECT_THAT(binding::ib_hcas(fixture("dgx-a")),
+              ElementsAre("mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1", "mlx5_7:1"));
+  EXPECT_TRUE(binding::ib_hcas(fixture("dgx-no-ib")).empty());
+}
+
+TEST(Binding, CommonIbHcaIsTheIntersection) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(binding::common_ib_hca({V{"mlx5_1:1", "mlx5_0:1"}}), "=mlx5_0:1,mlx5_1:1");
+  EXPECT_EQ(binding::common_ib_hca({V{"mlx5_0:1", "mlx5_1:1", "mlx5_2:1"}, V{"mlx5_2:1", "mlx5_0:1"}, V{"mlx5_0:1", "mlx5_2:1", "mlx5_3:1"}}),
+            "=mlx5_0:1,mlx5_2:1");
+  // The same device on another port is another rail.
+  EXPECT_EQ(binding::common_ib_hca({V{"mlx5_0:1"}, V{"mlx5_0:2"}}), std::nullopt);
+  // A node without IB: nothing in common, NCCL_IB_HCA is left alone.
+  EXPECT_EQ(binding::common_ib_hca({V{"mlx5_0:1"}, V{}}), std::nullopt);
+  EXPECT_EQ(binding::common_ib_hca({}), std::nullopt);
+}
+
+TEST(Binding, RestrictGpusBySelector) {
+  auto f = fixture("dgx-a");
+  std::reverse(f.gpus.begin(), f.gpus.end());  // selection is by PCI order, not discovery order
+  auto two = binding::restrict_gpus(f, {"6", uuid(2)});
+  ASSERT_EQ(two.gpus.size(), 2u);
+  EXPECT_EQ(two.gpus[0].uuid, uuid(2));  // kept in PCI order
+  EXPECT_EQ(two.gpus[1].uuid, uuid(6));
+  auto p = plan_binding(two, 2, {});
+  EXPECT_EQ(p.ranks[0].cuda_visible_devices, uuid(2) + "," + uuid(6));
+  EXPECT_EQ(p.ranks[0].numa_node, 0);
+  EXPECT_EQ(p.ranks[1].numa_node, 1);
+
+  const auto bus = f.gpus.back().pci_bus_id;  // the first in PCI order, after the reverse
+  auto by_bus = binding::restrict_gpus(f, {bus.substr(5)});  // "18:00.0" without the domain
+  ASSERT_EQ(by_bus.gpus.size(), 1u);
+  EXPECT_EQ(by_bus.gpus[0].pci_bus_id, bus);
+
+  EXPECT_TRUE(binding::restrict_gpus(f, {}).gpus.empty());
+  try {
+    binding::restrict_gpus(f, {"8"});
+    FAIL() << "GPU 8 of 8 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("GPU '8' is not on this node (8 GPUs"));
+  }
+  EXPECT_THROW(binding::restrict_gpus(f, {"GPU-nope"}), std::invalid_argument);
+  EXPECT_THROW(binding::restrict_gpus(f, {"1", "1"}), std::invalid_argument);
+  EXPECT_THROW(binding::restrict_gpus(f, {"0", f.gpus.back().pci_bus_id}), std::invalid_argument);  // the same GPU twice
+}
