@@ -3,6 +3,8 @@
 #include "common/strings.hpp"
 #include "jobspec/jobspec.hpp"
 #include "coordinator/coordinator.hpp"
+#include "coordinator/dry_run.hpp"
+#include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
 #include "launch/local_launcher.hpp"
 #include "net/connection.hpp"
@@ -36,6 +38,26 @@ struct LaunchArgs {
   std::string token_file;
 };
 
+// --dry-run --nodes ... --facts F1[,F2...]: every node's plan from recorded facts.
+int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::CoordinatorOptions& opts) {
+  try {
+    auto entries = ddp::net::node_entries(opts.nodes, 29410);
+    std::vector<ddp::facts::NodeFacts> facts;
+    for (auto f : ddp::split(args.facts, ',')) facts.push_back(ddp::facts::load_facts_file(std::string(ddp::trim(f))));
+    if (facts.size() == 1) facts.resize(entries.size(), facts[0]);
+    if (facts.size() != entries.size()) {
+      std::cerr << fmt::format("ddpctl launch: --facts names {} files for {} nodes: give one per node, or one for all\n",
+                               facts.size(), entries.size());
+      return 2;
+    }
+    std::cout << ddp::coordinator::dry_run_plan(opts.spec, entries, facts, opts.job_id, opts.launcher_env).dump(2) << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "ddpctl launch: " << e.what() << "\n";
+    return 2;
+  }
+}
+
 // The multi-node launch (--nodes, or the job file's hosts:): the embedded coordinator drives
 // ddp-agentd on every node. nullopt: a local launch.
 std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::JobSpec spec) {
@@ -54,8 +76,11 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     std::cerr << "ddpctl launch: " << msg << "\n";
     return 2;
   };
-  if (args.dry_run) return fail("--dry-run with --nodes is not supported yet (the plan depends on every node's facts)");
-  if (!args.facts.empty()) return fail("--facts with --nodes is not supported yet");
+  if (!args.facts.empty() && !args.dry_run) return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
+  if (args.dry_run && args.facts.empty()) {
+    return fail("--dry-run with --nodes needs --facts: one facts file per node (comma-separated, in --nodes order) or "
+                "one for every node, e.g. from `ddpctl doctor --json` on each node (live facts from the agents are not yet)");
+  }
   auto hosts = ddp::hostlist::expand(list);
   if (!hosts.ok()) return fail(fmt::format("--nodes '{}': {}", list, hosts.error->to_string()));
   if (spec.nnodes_max > 1 && hosts.hosts.size() < static_cast<std::size_t>(spec.nnodes_min)) {
@@ -106,6 +131,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   } else {
     opts.job_id = args.job_id;
   }
+  if (args.dry_run) return print_multi_node_plan(args, opts);
   try {
     opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
     return ddp::coordinator::run_coordinator(std::move(opts));
@@ -133,7 +159,8 @@ Command add_launch_command(CLI::App& root) {
   sub->add_option("--nodes", args->nodes, "run on these nodes, each running ddp-agentd: node1,node2:29410,node[3-8]");
   sub->add_option("--token-file", args->token_file,
                   "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
-  sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery");
+  sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery; "
+                  "with --nodes and --dry-run: one file per node, comma-separated, or one for all");
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 

@@ -103,3 +103,48 @@ def test_binding_follows_numa_nodes_of_a_fixture_tree(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "cpus.0").read_text() == "0"
     assert (tmp_path / "cpus.1").read_text() == "1"
+
+
+def test_dry_run_with_nodes_plans_every_node_from_its_facts(tmp_path):
+    """--nodes with --dry-run --facts: the rank assignment the rendezvous makes (node ranks in
+    --nodes order, rank bases from each node's own count), each node's binding, and NCCL_IB_HCA
+    as the IB devices every node has."""
+    fixtures = SOURCE_DIR / "tests" / "fixtures" / "facts"
+    b = json.loads((fixtures / "dgx-b.json").read_text())
+    b["nics"] = [n for n in b["nics"] if n["name"] != "mlx5_3"]  # one rail down on node b
+    b_file = tmp_path / "b.json"
+    b_file.write_text(json.dumps(b))
+    job = write_job(tmp_path, "nproc_per_node: gpu\ncommand: [python3, train.py]\n")
+    facts = f"{fixtures / 'dgx-a.json'},{b_file},{fixtures / 'cpu-a.json'}"
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "a,b", "--facts", facts, str(job)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--facts names 3 files for 2 nodes" in r.stderr, r.stderr
+
+    plan = dry_run(tmp_path, job, "--nodes", "a,b", "--facts", f"{fixtures / 'dgx-a.json'},{b_file}")
+    assert plan["world_size"] == 16 and plan["nnodes"] == 2 and plan["master_addr"] == "a"
+    hca = "=" + ",".join(f"mlx5_{i}:1" for i in range(8) if i != 3)
+    assert plan["nccl_ib_hca"] == hca
+    ranks = []
+    for node_rank, node in enumerate(plan["nodes"]):
+        assert node["node"] == "ab"[node_rank] and node["node_rank"] == node_rank
+        assert node["rank_base"] == 8 * node_rank
+        for rank in node["plan"]["ranks"]:
+            env = rank["env"]
+            assert env["GROUP_RANK"] == str(node_rank) and env["WORLD_SIZE"] == "16" and env["MASTER_ADDR"] == "a"
+            assert env["NCCL_IB_HCA"] == hca
+            assert rank["binding"]["gpu"] == rank["local_rank"]
+            ranks.append(rank["rank"])
+    assert ranks == list(range(16))
+
+    # A CPU node cannot take nproc_per_node: gpu; one facts file stands for every node.
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "a,c", "--facts",
+                        f"{fixtures / 'dgx-a.json'},{fixtures / 'cpu-a.json'}", str(job)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "nproc_per_node: gpu, but c has no GPU" in r.stderr, r.stderr
+    plan = dry_run(tmp_path, job, "--nodes", "node[1-3]", "--facts", str(fixtures / "dgx-no-ib.json"))
+    assert plan["world_size"] == 24 and plan["nccl_ib_hca"] is None
+    assert [n["node"] for n in plan["nodes"]] == ["node1", "node2", "node3"]
+
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "a,b", str(job)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--dry-run with --nodes needs --facts" in r.stderr, r.stderr

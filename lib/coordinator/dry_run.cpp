@@ -1,0 +1,88 @@
+#include "coordinator/dry_run.hpp"
+
+#include "binding/binding.hpp"
+#include "contract/contract.hpp"
+#include "launch/bind.hpp"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace ddp::coordinator {
+
+namespace {
+
+int workers_on(const jobspec::JobSpec& spec, const facts::NodeFacts& f, const std::string& node) {
+  switch (spec.nproc.kind) {
+    case jobspec::Nproc::Kind::count: return spec.nproc.count;
+    case jobspec::Nproc::Kind::gpu:
+      if (f.gpus.empty()) throw std::invalid_argument(fmt::format("nproc_per_node: gpu, but {} has no GPU in its facts", node));
+      return static_cast<int>(f.gpus.size());
+    case jobspec::Nproc::Kind::cpu: {
+      std::size_t cpus = 0;
+      for (const auto& n : f.numa_nodes) cpus += facts::parse_cpulist(n.cpus).value_or(std::vector<int>{}).size();
+      if (cpus == 0) throw std::invalid_argument(fmt::format("nproc_per_node: cpu, but {}'s facts list no CPUs", node));
+      return static_cast<int>(cpus);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net::NodeEntry>& nodes,
+                            const std::vector<facts::NodeFacts>& facts, const std::string& job_id,
+                            const std::map<std::string, std::string>& launcher_env) {
+  if (facts.size() != nodes.size()) {
+    throw std::invalid_argument(fmt::format("{} facts for {} nodes", facts.size(), nodes.size()));
+  }
+  std::vector<int> nproc;
+  int world = 0;
+  std::vector<std::vector<std::string>> hcas;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    nproc.push_back(workers_on(spec, facts[i], nodes[i].name));
+    world += nproc.back();
+    hcas.push_back(binding::ib_hcas(facts[i]));
+  }
+  const auto job_ib_hca = binding::common_ib_hca(hcas);
+  contract::Env inherited;
+  for (const auto& [k, v] : launcher_env) {
+    if (contract::matches_forward(k, spec.env_forward)) inherited[k] = v;
+  }
+
+  nlohmann::json out{{"job_id", job_id}, {"world_size", world}, {"nnodes", nodes.size()},
+                     {"master_addr", nodes.empty() ? "" : nodes[0].host}, {"master_port", spec.store_port},
+                     {"nccl_ib_hca", job_ib_hca ? nlohmann::json(*job_ib_hca) : nlohmann::json(nullptr)},
+                     {"notes", {"the agent sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that carries "
+                                "the rendezvous on each node, unless the job sets them",
+                                "each node adds its own environment; only the launcher's forwarded variables are shown",
+                                "MASTER_ADDR is node rank 0's address as the launcher reaches it",
+                                "log and error files are shown under the agents' default --log-dir, /var/log/ddpctl"}}};
+  int base = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    contract::NodeContext node;
+    node.job_id = job_id;
+    node.node_name = nodes[i].name;
+    node.node_rank = static_cast<int>(i);
+    node.nnodes = static_cast<int>(nodes.size());
+    node.local_world_size = nproc[i];
+    node.rank_base = base;
+    node.world_size = world;
+    node.master_addr = nodes[0].host;
+    node.master_port = spec.store_port;
+    node.local_mode = false;
+    node.attempt_dir = fmt::format("/var/log/ddpctl/{}/attempt-0", job_id);  // the agent's default --log-dir
+    auto plan = contract::make_plan(spec, node, inherited);
+    if (!spec.binding.all_none()) {
+      auto b = binding::plan_binding(facts[i], nproc[i], spec.binding);
+      b.nccl_ib_hca = spec.binding.nic == jobspec::NicBinding::none ? std::nullopt : job_ib_hca;
+      launch::lay_binding(plan, b);
+    }
+    out["nodes"].push_back({{"node", nodes[i].name}, {"node_rank", i}, {"hostname", facts[i].hostname},
+                            {"rank_base", base}, {"plan", contract::to_json(plan)}});
+    base += nproc[i];
+  }
+  return out;
+}
+
+}  // namespace ddp::coordinator
