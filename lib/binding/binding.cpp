@@ -210,6 +210,9 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
     const facts::Nic* pick = *std::min_element(cands.begin(), cands.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
     ++uses[pick];
     rb.nic = pick->name;
+    if (spec.nic == NicBinding::rank && pick->kind == facts::NicKind::ib) {
+      rb.nccl_ib_hca = pick->port ? fmt::format("={}:{}", pick->name, *pick->port) : "=" + pick->name;
+    }
     const int aff = g ? pci_affinity(g->sysfs_path, pick->sysfs_path) : 0;
     rb.reasons.push_back(fmt::format("NIC {}: {}", pick->name,
                                      aff >= 2 ? "same PCI switch as the GPU"
@@ -280,6 +283,7 @@ nlohmann::json to_json(const RankBinding& rb) {
           {"numa_node", rb.numa_node ? json(*rb.numa_node) : json(nullptr)},
           {"cpus", rb.cpus.empty() ? json(nullptr) : json(facts::format_cpulist(rb.cpus))},
           {"nic", rb.nic ? json(*rb.nic) : json(nullptr)},
+          {"nccl_ib_hca", rb.nccl_ib_hca ? json(*rb.nccl_ib_hca) : json(nullptr)},
           {"reason", rb.reason()}};
 }
 

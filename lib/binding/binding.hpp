@@ -16,7 +16,8 @@
 //  - NIC: the nearest NIC (longest common PCI path, i.e. the same switch, else the same NUMA
 //    node), spread so that no two ranks share one while another on their node is idle. It is
 //    informational; NCCL_IB_HCA is job-wide: "=" and every IB device (with its port) of the node,
-//    so NCCL still sees every rail and chooses per GPU itself.
+//    so NCCL still sees every rail and chooses per GPU itself. `nic: rank` (opt-in, until a
+//    multi-GPU measurement shows it helps) restricts each rank to its own nearest IB device.
 #pragma once
 
 #include "facts/model.hpp"
@@ -39,6 +40,7 @@ struct RankBinding {
   std::optional<int> numa_node;                     // nullopt: no NUMA binding
   std::vector<int> cpus;                            // empty: no CPU binding
   std::optional<std::string> nic;
+  std::optional<std::string> nccl_ib_hca;           // nic: rank only: "=mlx5_3:1", the rank's own HCA
   std::vector<std::string> reasons;                 // why, one short clause each
 
   std::string reason() const;  // reasons joined with "; "
@@ -68,7 +70,7 @@ std::optional<std::string> common_ib_hca(const std::vector<std::vector<std::stri
 // that matches no GPU, or one GPU named twice.
 facts::NodeFacts restrict_gpus(facts::NodeFacts facts, const std::vector<std::string>& selectors);
 
-// {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "nic", "reason"}; null where unset.
+// {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "nic", "nccl_ib_hca" (nic: rank), "reason"}; null where unset.
 nlohmann::json to_json(const RankBinding& rank);
 
 }  // namespace ddp::binding

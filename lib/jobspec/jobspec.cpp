@@ -267,12 +267,12 @@ class Parser {
 
   // hosts: a list of names (host or host:port), or one SLURM-style string; the launcher expands
   // and checks it (lib/hostlist), so the file and --nodes give the same errors.
-  // binding: {gpu: auto|none|isolate, numa: auto|none|node|exclusive, nic: auto|none}
+  // binding: {gpu: auto|none|isolate, numa: auto|none|node|exclusive, nic: auto|none|rank}
   void parse_binding(const YAML::Node& v, JobSpec& spec) {
     mapping(v, "binding", {"gpu", "numa", "nic"}, [&](const std::string& bk, const YAML::Node&, const YAML::Node& bv) {
       const std::vector<std::string> allowed = bk == "gpu"    ? std::vector<std::string>{"auto", "none", "isolate"}
                                                : bk == "numa" ? std::vector<std::string>{"auto", "none", "node", "exclusive"}
-                                                              : std::vector<std::string>{"auto", "none"};
+                                                              : std::vector<std::string>{"auto", "none", "rank"};
       const std::string value = bv.IsScalar() ? bv.Scalar() : std::string();
       auto it = std::find(allowed.begin(), allowed.end(), value);
       if (!bv.IsScalar() || it == allowed.end()) {

@@ -51,7 +51,7 @@ enum class NcclUniqueId { automatic, on, off };
 // `automatic` is the default of each; `none` turns that part off.
 enum class GpuBinding { automatic, none, isolate };                // isolate: one visible GPU per rank
 enum class NumaBinding { automatic, none, node, exclusive };      // exclusive: split a node's CPUs
-enum class NicBinding { automatic, none };
+enum class NicBinding { automatic, none, rank };  // rank: NCCL_IB_HCA per rank (opt-in)
 struct BindingSpec {
   GpuBinding gpu = GpuBinding::automatic;
   NumaBinding numa = NumaBinding::automatic;

@@ -18,9 +18,10 @@ void lay_binding(contract::Plan& plan, const binding::Plan& b) {
       r.env[key] = *value;
     };
     set_env("CUDA_VISIBLE_DEVICES", rb.cuda_visible_devices);
-    set_env("NCCL_IB_HCA", b.nccl_ib_hca);
+    const auto& hca = rb.nccl_ib_hca ? rb.nccl_ib_hca : b.nccl_ib_hca;
+    set_env("NCCL_IB_HCA", hca);
     shown["reason"] = reason;
-    shown["nccl_ib_hca"] = b.nccl_ib_hca ? nlohmann::json(*b.nccl_ib_hca) : nlohmann::json(nullptr);
+    shown["nccl_ib_hca"] = hca ? nlohmann::json(*hca) : nlohmann::json(nullptr);
     r.binding = std::move(shown);
     r.cpus = rb.cpus;
     r.mem_node = rb.cpus.empty() ? std::nullopt : rb.numa_node;

@@ -1,10 +1,12 @@
 // The job payload codec and --nodes entries (see wire.hpp).
 #include "net/wire.hpp"
 
+#include "common/strings.hpp"
 #include "hostlist/hostlist.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 namespace ddp::net {
@@ -31,6 +33,17 @@ T get(const json& j, const char* key) {
   }
 }
 
+// binding: values in the enums' order, as the job file spells them.
+const std::vector<std::string> kGpuBinding{"auto", "none", "isolate"};
+const std::vector<std::string> kNumaBinding{"auto", "none", "node", "exclusive"};
+const std::vector<std::string> kNicBinding{"auto", "none", "rank"};
+
+std::size_t enum_index(const std::vector<std::string>& names, const std::string& v, const char* what) {
+  auto it = std::find(names.begin(), names.end(), v);
+  if (it == names.end()) throw WireError(fmt::format("job spec: {} '{}' is not one of {}", what, v, join(names, ", ")));
+  return static_cast<std::size_t>(it - names.begin());
+}
+
 }  // namespace
 
 json to_json(const JobPayload& p) {
@@ -55,6 +68,9 @@ json to_json(const JobPayload& p) {
                             : s.nccl_unique_id == jobspec::NcclUniqueId::off ? "off"
                                                                              : "auto"},
          {"stop_grace_ms", s.stop_grace.count()},
+         {"binding", {{"gpu", kGpuBinding.at(static_cast<std::size_t>(s.binding.gpu))},
+                      {"numa", kNumaBinding.at(static_cast<std::size_t>(s.binding.numa))},
+                      {"nic", kNicBinding.at(static_cast<std::size_t>(s.binding.nic))}}},
          {"forward_env", p.forward_env}};
   if (s.workdir) j["workdir"] = *s.workdir;
   if (!p.node_addresses.empty()) j["node_addresses"] = p.node_addresses;
@@ -102,6 +118,13 @@ JobPayload payload_from_json(const json& j) {
                                      : jobspec::NcclUniqueId::automatic;
   s.stop_grace = Millis(get<long long>(j, "stop_grace_ms"));
   if (s.stop_grace.count() < 0 || s.restart_backoff.count() < 0) throw WireError("job spec: negative duration");
+  if (j.contains("binding")) {
+    const auto& b = j.at("binding");
+    if (!b.is_object()) throw WireError("job spec: 'binding' must be an object");
+    s.binding.gpu = static_cast<jobspec::GpuBinding>(enum_index(kGpuBinding, get<std::string>(b, "gpu"), "binding.gpu"));
+    s.binding.numa = static_cast<jobspec::NumaBinding>(enum_index(kNumaBinding, get<std::string>(b, "numa"), "binding.numa"));
+    s.binding.nic = static_cast<jobspec::NicBinding>(enum_index(kNicBinding, get<std::string>(b, "nic"), "binding.nic"));
+  }
   p.forward_env = get<std::map<std::string, std::string>>(j, "forward_env");
   if (j.contains("node_addresses")) p.node_addresses = get<std::vector<std::string>>(j, "node_addresses");
   return p;

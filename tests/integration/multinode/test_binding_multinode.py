@@ -58,7 +58,7 @@ def test_each_agent_binds_its_share_and_the_ib_hcas_all_nodes_have(cluster):
     c.start_agent(n2, extra=["--cpus", "0"], env={"DDP_SYSFS_ROOT": dgx_tree(c, "tree2", drop_hca="mlx5_7")})
     worker = c.write("bound.py", WORKER)
     job = c.write("bound.yaml", f"name: bound\nnproc_per_node: gpu\ncommand: [{PY}, {worker}]\n"
-                                "store: {port: 29500}\nbinding: {numa: node}\n")
+                                "store: {port: 29500}\nbinding: {gpu: isolate, numa: node, nic: rank}\n")
     p = c.launch(job)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, out + err
@@ -70,14 +70,31 @@ def test_each_agent_binds_its_share_and_the_ib_hcas_all_nodes_have(cluster):
             got[b["rank"]] = b
     # nproc_per_node: gpu counts the GPUs each agent manages: 2 on n1, all 8 on n2.
     assert sorted(got) == list(range(10)), out + err
-    common = "=" + ",".join(f"mlx5_{i}:1" for i in range(7))
+    # The job's binding crossed the wire: gpu: isolate (one GPU each), nic: rank (each rank's own
+    # rail: the IB device on its GPU's PCI switch).
     for r in (0, 1):
-        assert got[r]["cuda"] == f"{UUID.format(4)},{UUID.format(5)}", got[r]
+        assert got[r]["cuda"] == UUID.format(4 + r), got[r]
         assert got[r]["cpus"] == "1", got[r]
+        assert got[r]["hca"] == f"=mlx5_{4 + r}:1", got[r]
     for r in range(2, 10):
-        assert got[r]["cuda"] == ",".join(UUID.format(i) for i in range(8)), got[r]
+        assert got[r]["cuda"] == UUID.format(r - 2), got[r]
         assert got[r]["cpus"] == "0", got[r]  # NUMA node 0 or 1, narrowed to the CPU the agent manages
-    assert all(b["hca"] == common for b in got.values()), {r: b["hca"] for r, b in got.items()}
+    # n2 lacks mlx5_7: its rank 7 takes another rail of its NUMA node
+    assert got[9]["hca"] in {f"=mlx5_{i}:1" for i in (4, 5, 6)}, got[9]
+
+
+def test_ib_hca_is_what_every_node_has(cluster):
+    c = cluster
+    n1, n2 = c.hosts
+    c.start_agent(n1, env={"DDP_SYSFS_ROOT": dgx_tree(c, "tree1")})
+    c.start_agent(n2, env={"DDP_SYSFS_ROOT": dgx_tree(c, "tree2", drop_hca="mlx5_7")})
+    worker = c.write("bound.py", WORKER)
+    job = c.write("hca.yaml", f"name: hca\nnproc_per_node: 1\ncommand: [{PY}, {worker}]\nstore: {{port: 29500}}\n")
+    p = c.launch(job)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, out + err
+    hcas = [json.loads(m.group(1))["hca"] for m in re.finditer(r"^\[[^\]]+\] BOUND (.*)$", out, re.M)]
+    assert hcas == ["=" + ",".join(f"mlx5_{i}:1" for i in range(7))] * 2, out + err
 
 
 def test_agent_refuses_a_gpu_it_does_not_have(cluster):

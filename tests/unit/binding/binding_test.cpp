@@ -240,3 +240,20 @@ TEST(Binding, RestrictGpusBySelector) {
   EXPECT_THROW(binding::restrict_gpus(f, {"1", "1"}), std::invalid_argument);
   EXPECT_THROW(binding::restrict_gpus(f, {"0", f.gpus.back().pci_bus_id}), std::invalid_argument);  // the same GPU twice
 }
+
+TEST(Binding, PerRankHcaIsOptIn) {
+  auto f = fixture("dgx-a");
+  auto shared = plan_binding(f, 8, {});
+  EXPECT_FALSE(shared.ranks[3].nccl_ib_hca);
+  BindingSpec spec;
+  spec.nic = NicBinding::rank;
+  auto p = plan_binding(f, 8, spec);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(p.ranks[r].nccl_ib_hca, "=mlx5_" + std::to_string(r) + ":1") << r;  // its own rail only
+  }
+  EXPECT_EQ(p.nccl_ib_hca, shared.nccl_ib_hca);  // the node-wide value is still known
+  EXPECT_EQ(binding::to_json(p.ranks[2])["nccl_ib_hca"], "=mlx5_2:1");
+  // No IB device: nothing to restrict to.
+  auto eth = plan_binding(fixture("dgx-no-ib"), 2, spec);
+  EXPECT_FALSE(eth.ranks[0].nccl_ib_hca);
+}

@@ -145,10 +145,12 @@ TEST(JobSpec, Binding) {
   EXPECT_EQ(s.binding.nic, NicBinding::none);
   EXPECT_FALSE(s.binding.all_none());
   auto n = parse_job_yaml("command: [x]\nbinding:\n  gpu: none\n  numa: none\n  nic: none\n", "t");
+  auto r = parse_job_yaml("command: [x]\nbinding: {nic: rank}\n", "t");
+  EXPECT_EQ(r.binding.nic, NicBinding::rank);
   EXPECT_TRUE(n.binding.all_none());
   expect_error("command: [x]\nbinding: {gpu: all}\n", 2, 16, "binding.gpu: expected auto, none, isolate, got 'all'");
   expect_error("command: [x]\nbinding:\n  numa: socket\n", 3, 9, "binding.numa: expected auto, none, node, exclusive");
-  expect_error("command: [x]\nbinding: {nic: [mlx5_0]}\n", 2, 16, "binding.nic: expected auto, none, got a list");
+  expect_error("command: [x]\nbinding: {nic: [mlx5_0]}\n", 2, 16, "binding.nic: expected auto, none, rank, got a list");
   expect_error("command: [x]\nbinding: {cpu: auto}\n", 2, 11, "unknown key 'binding.cpu'");
   expect_error("command: [x]\nbinding: isolate\n", 2, 10, "binding: expected a mapping");
 }

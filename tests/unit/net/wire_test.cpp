@@ -9,7 +9,8 @@ TEST(Wire, PayloadRoundTrips) {
   JobPayload p;
   p.spec = ddp::jobspec::parse_job_yaml(
       "name: t\nnnodes: 2\nnproc_per_node: 3\ncommand: [python3, a.py, --x]\nworkdir: /w\nenv: {A: '1', B: two}\n"
-      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555}\nstop: {grace: 4s}\n",
+      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555}\nstop: {grace: 4s}\n"
+      "binding: {gpu: isolate, numa: exclusive, nic: rank}\n",
       "t.yaml");
   p.forward_env = {{"PATH", "/usr/bin"}};
   auto back = payload_from_json(nlohmann::json::parse(to_json(p).dump()));
@@ -24,6 +25,9 @@ TEST(Wire, PayloadRoundTrips) {
   EXPECT_EQ(back.spec.store_port, 29555);
   EXPECT_EQ(back.spec.stop_grace, ddp::Millis(4000));
   EXPECT_EQ(back.forward_env, p.forward_env);
+  EXPECT_EQ(back.spec.binding.gpu, ddp::jobspec::GpuBinding::isolate);
+  EXPECT_EQ(back.spec.binding.numa, ddp::jobspec::NumaBinding::exclusive);
+  EXPECT_EQ(back.spec.binding.nic, ddp::jobspec::NicBinding::rank);
 }
 
 TEST(Wire, BadPayloadNamesTheField) {
@@ -44,6 +48,14 @@ TEST(Wire, BadPayloadNamesTheField) {
   j["env"] = nlohmann::json::array({nlohmann::json::array({"A"})});
   EXPECT_THROW(payload_from_json(j), WireError);
   EXPECT_THROW(payload_from_json(nlohmann::json::array()), WireError);
+  j = to_json(p);
+  j["binding"]["numa"] = "far";
+  try {
+    payload_from_json(j);
+    FAIL();
+  } catch (const WireError& e) {
+    EXPECT_STREQ(e.what(), "job spec: binding.numa 'far' is not one of auto, none, node, exclusive");
+  }
 }
 
 TEST(Wire, ForwardedEnvMatchesNamesAndPrefixes) {
