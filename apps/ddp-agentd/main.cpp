@@ -1,5 +1,6 @@
 // ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
 #include "agent/agent.hpp"
+#include "agentconfig/agentconfig.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "facts/model.hpp"
@@ -9,7 +10,28 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
+
+namespace {
+
+// The config file's values for every setting whose flag was not given (a flag wins).
+void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app, std::string& listen,
+                  std::string& token_file, double& heartbeat_timeout_s, ddp::agent::AgentOptions& opts) {
+  auto unset = [&](const char* flag) { return app.count(flag) == 0; };
+  if (cfg.listen && unset("--listen")) listen = *cfg.listen;
+  if (cfg.token_file && unset("--token-file")) token_file = *cfg.token_file;
+  if (cfg.log_dir && unset("--log-dir")) opts.log_dir = *cfg.log_dir;
+  if (cfg.name && unset("--name")) opts.name = *cfg.name;
+  if (cfg.heartbeat_timeout && unset("--heartbeat-timeout")) heartbeat_timeout_s = cfg.heartbeat_timeout->count() / 1000.0;
+  opts.allowed_users = cfg.allowed_users;
+  if (cfg.container_runtime) opts.container_runtime = ddp::agentconfig::to_string(*cfg.container_runtime);
+  // --gpus / --cpus, parsed below, replace these when given.
+  opts.gpus = cfg.gpus;
+  opts.cpus = cfg.cpus;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ddp-agentd: the ddpctl node agent (runs a job's workers on this node for an authenticated coordinator)"};
@@ -29,7 +51,9 @@ int main(int argc, char** argv) {
   std::string gpus, cpus;
   app.add_option("--gpus", gpus, "the GPUs this agent manages: indices in PCI bus order, UUIDs or PCI bus ids (default: all)");
   app.add_option("--cpus", cpus, "the CPUs this agent manages, a cpulist like 0-15,32-47 (default: its affinity)");
-  app.add_option("--config", config, "agent config file (not supported yet)");
+  app.add_option("--config", config,
+                 fmt::format("agent config file (default: {}, when it exists); flags win over it",
+                             ddp::agentconfig::kDefaultPath));
   app.add_flag("--oneshot", oneshot, "serve one job, then exit (not supported yet)");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
   try {
@@ -42,9 +66,15 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-agentd: --oneshot is not supported yet (it arrives with the SSH mode); run the daemon and stop it\n";
     return 2;
   }
+  // The default file is optional; one named with --config must be there.
+  if (config.empty() && std::filesystem::exists(ddp::agentconfig::kDefaultPath)) config = ddp::agentconfig::kDefaultPath;
   if (!config.empty()) {
-    std::cerr << "ddp-agentd: --config is not supported yet; use the flags\n";
-    return 2;
+    try {
+      apply_config(ddp::agentconfig::load_agent_config(config), app, listen, token_file, heartbeat_timeout_s, opts);
+    } catch (const ddp::agentconfig::ConfigError& e) {
+      std::cerr << e.what() << "\n";
+      return 2;
+    }
   }
   auto ep = ddp::hostlist::parse_endpoint(listen);
   if (!ep.ok()) {

@@ -13,6 +13,7 @@
 #include "launch/worker_group.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
+#include "sdnotify/sdnotify.hpp"
 #include "store/server.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/process.hpp"
@@ -80,6 +81,7 @@ class Agent {
         signals_(io_, SIGINT, SIGTERM),
         sigchld_(io_, SIGCHLD),
         heartbeat_timer_(io_),
+        watchdog_timer_(io_),
         log_(log::get("agent")) {
     if (opts_.name.empty()) opts_.name = own_hostname();
   }
@@ -145,6 +147,8 @@ class Agent {
     heartbeat();
     log_->info("ddp-agentd {} listening on {} (logs in {})", opts_.name, peer_label(acceptor_.local_endpoint()),
                opts_.log_dir);
+    notify_.ready(idle_status());
+    watchdog();
     accept();
     io_.run();
     return 0;
@@ -276,6 +280,13 @@ class Agent {
       c->refuse(proto::ErrorCode::unexpected, fmt::format("busy: job {} still has workers running", job_->job_id));
       return;
     }
+    if (const auto user = b["user"].get<std::string>(); !opts_.allowed_users.empty() &&
+        std::find(opts_.allowed_users.begin(), opts_.allowed_users.end(), user) == opts_.allowed_users.end()) {
+      log_->warn("job {} from {}: user {} is not in allowed_users; refused", job_id, c->label(), user);
+      c->refuse(proto::ErrorCode::auth, fmt::format("{} does not accept jobs from user '{}'", opts_.name, user),
+                "the node's /etc/ddpctl/agent.yaml lists the users it accepts (allowed_users)");
+      return;
+    }
     net::JobPayload payload;
     try {
       payload = net::payload_from_json(b["spec"]);
@@ -329,6 +340,7 @@ class Agent {
          {{"job_id", job_id}, {"node", opts_.name}, {"nproc", job->nproc}, {"facts", facts_summary},
           {"preflight", preflight}});
     job_ = std::move(job);
+    notify_.status(fmt::format("running job {} for {} (user {})", job_->job_id, c->label(), job_->user));
   }
 
   void on_assign(const json& b) {
@@ -553,6 +565,7 @@ class Agent {
     if (job_) log_->info("job {}: done on this node", job_->job_id);
     job_.reset();
     store_.reset();
+    if (!stopping_) notify_.status(idle_status());
   }
 
   void heartbeat() {
@@ -573,6 +586,21 @@ class Agent {
     });
   }
 
+  std::string idle_status() const {
+    return fmt::format("idle, listening on {}", peer_label(acceptor_.local_endpoint()));
+  }
+
+  // Pings systemd's watchdog from this loop, so a stuck loop is what stops the pings.
+  void watchdog() {
+    const auto interval = notify_.watchdog_interval();
+    if (!interval) return;
+    notify_.watchdog();
+    watchdog_timer_.expires_after(*interval);
+    watchdog_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) watchdog();
+    });
+  }
+
   void wait_sigchld() {
     sigchld_.async_wait([this](boost::system::error_code ec, int) {
       if (ec) return;
@@ -590,6 +618,8 @@ class Agent {
       } else {
         stopping_ = true;
         log_->warn("{}: shutting down (stopping this node's workers first)", supervisor::signal_name(sig));
+        notify_.stopping(fmt::format("{}: stopping{}", supervisor::signal_name(sig),
+                                     job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
         boost::system::error_code ignored;
         acceptor_.close(ignored);
         if (job_ && job_->group) {
@@ -613,7 +643,8 @@ class Agent {
   asio::io_context io_;
   tcp::acceptor acceptor_;
   asio::signal_set signals_, sigchld_;
-  asio::steady_timer heartbeat_timer_;
+  asio::steady_timer heartbeat_timer_, watchdog_timer_;
+  sdnotify::Notifier notify_;
   std::shared_ptr<spdlog::logger> log_;
   facts::NodeFacts facts_;  // narrowed to the GPUs this agent manages
   std::vector<int> cpus_;    // the CPUs it manages: its affinity, narrowed by --cpus

@@ -40,6 +40,11 @@ struct AgentOptions {
   // agent's affinity. GPUs by index in PCI order, UUID or PCI bus id (binding::restrict_gpus).
   std::optional<std::vector<std::string>> gpus;
   std::optional<std::vector<int>> cpus;
+  // From /etc/ddpctl/agent.yaml. A job offer whose user is not listed is refused (empty: any
+  // user the token admits); jobs still run as the agent's own user.
+  std::vector<std::string> allowed_users;
+  // Passed through, not consumed yet: the runtime for containerised jobs.
+  std::string container_runtime;
 };
 
 class AgentError : public std::runtime_error {

@@ -19,6 +19,7 @@ const std::vector<std::string>& scrubbed_variables() {
       "OMPI_*", "PMI_*", "PMIX_*", "MV2_*", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",  // MPI launchers
       "LOCAL_SIZE", "NODE_RANK", "GLOBAL_RANK",  // Lightning / DeepSpeed style identities
       "CROSS_RANK", "CROSS_SIZE",  // horovod
+      "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",  // systemd's, for the agent's service alone
   };
   return v;
 }

@@ -1,0 +1,60 @@
+// The agent's config file (/etc/ddpctl/agent.yaml): its model and its strict parser.
+//
+// Policy: the same as the job file's (lib/jobspec): every problem is a Diagnostic with file,
+// line and column and what was expected, all problems are reported at once, an unknown key is
+// an error with the nearest known key as a hint. Every field is optional: what the file leaves
+// out keeps ddp-agentd's default, and a flag given on the command line wins over the file
+// (ddp-agentd's main merges them).
+#pragma once
+
+#include "common/duration.hpp"
+#include "jobspec/jobspec.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::agentconfig {
+
+using jobspec::Diagnostic;
+
+class ConfigError : public std::runtime_error {
+ public:
+  explicit ConfigError(std::vector<Diagnostic> diagnostics);
+  const std::vector<Diagnostic>& diagnostics() const { return diagnostics_; }
+
+ private:
+  std::vector<Diagnostic> diagnostics_;
+};
+
+inline constexpr const char* kDefaultPath = "/etc/ddpctl/agent.yaml";
+
+enum class ContainerRuntime { podman, docker, none };
+
+struct AgentConfig {
+  std::string file;
+  std::optional<std::string> listen;      // HOST:PORT, checked with lib/hostlist's endpoint syntax
+  std::optional<std::string> token_file;
+  std::optional<std::string> log_dir;
+  std::optional<std::string> name;
+  std::optional<Millis> heartbeat_timeout;  // 500ms .. 1h, as --heartbeat-timeout
+  // Submitting users (the job's `user`) this agent accepts jobs from; empty: everyone the token
+  // admits. A policy check on what the authenticated coordinator declares, not a login.
+  std::vector<std::string> allowed_users;
+  std::optional<ContainerRuntime> container_runtime;
+  // The GPUs (indices in PCI bus order, UUIDs or PCI bus ids, as --gpus) and CPUs (a kernel
+  // cpulist, as --cpus) this agent manages; absent: all of the node's.
+  std::optional<std::vector<std::string>> gpus;
+  std::optional<std::vector<int>> cpus;
+};
+
+// Parses YAML text; `file` names it in diagnostics. Throws ConfigError.
+AgentConfig parse_agent_config(const std::string& text, const std::string& file);
+// Reads and parses a file. Throws ConfigError (also for an unreadable file).
+AgentConfig load_agent_config(const std::string& path);
+
+const char* to_string(ContainerRuntime r);
+
+}  // namespace ddp::agentconfig

@@ -1,0 +1,128 @@
+#include "agentconfig/agentconfig.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+using namespace ddp::agentconfig;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<Diagnostic> errors_of(const std::string& yaml) {
+  try {
+    parse_agent_config(yaml, "agent.yaml");
+  } catch (const ConfigError& e) {
+    return e.diagnostics();
+  }
+  ADD_FAILURE() << "expected an error for:\n" << yaml;
+  return {};
+}
+
+void expect_error(const std::string& yaml, int line, int column, const std::string& fragment) {
+  auto d = errors_of(yaml);
+  bool found = false;
+  std::string all;
+  for (const auto& x : d) {
+    if (x.line == line && x.column == column && x.message.find(fragment) != std::string::npos) found = true;
+    all += x.to_string() + "\n";
+  }
+  EXPECT_TRUE(found) << "wanted " << line << ":" << column << " '" << fragment << "' in:\n" << all;
+}
+
+}  // namespace
+
+TEST(AgentConfig, EveryKeyParses) {
+  auto c = parse_agent_config(R"(
+listen: "[::]:29420"
+token_file: /etc/ddpctl/other-token
+log_dir: /srv/ddp/logs
+name: gpu-01
+heartbeat_timeout: 10s
+allowed_users: [alice, bob]
+container_runtime: podman
+gpus: [0, GPU-5c1f7e2a-0000-0000-0000-000000000001, "0000:3b:00.0"]
+cpus: 0-3,8
+)",
+                              "agent.yaml");
+  EXPECT_EQ(c.listen, "[::]:29420");
+  EXPECT_EQ(c.token_file, "/etc/ddpctl/other-token");
+  EXPECT_EQ(c.log_dir, "/srv/ddp/logs");
+  EXPECT_EQ(c.name, "gpu-01");
+  EXPECT_EQ(c.heartbeat_timeout, 10s);
+  EXPECT_EQ(c.allowed_users, (std::vector<std::string>{"alice", "bob"}));
+  EXPECT_EQ(c.container_runtime, ContainerRuntime::podman);
+  EXPECT_EQ(c.gpus, (std::vector<std::string>{"0", "GPU-5c1f7e2a-0000-0000-0000-000000000001", "0000:3b:00.0"}));
+  EXPECT_EQ(c.cpus, (std::vector<int>{0, 1, 2, 3, 8}));
+}
+
+TEST(AgentConfig, EmptyFileKeepsEveryDefault) {
+  for (const char* text : {"", "# only a comment\n", "~\n"}) {
+    auto c = parse_agent_config(text, "agent.yaml");
+    EXPECT_FALSE(c.listen || c.token_file || c.log_dir || c.name || c.heartbeat_timeout || c.container_runtime ||
+                 c.gpus || c.cpus) << text;
+    EXPECT_TRUE(c.allowed_users.empty());
+  }
+}
+
+TEST(AgentConfig, GpusAllMeansUnrestricted) {
+  EXPECT_FALSE(parse_agent_config("gpus: all\n", "agent.yaml").gpus.has_value());
+}
+
+TEST(AgentConfig, UnknownKeyGetsAHint) {
+  expect_error("listen: \"[::]:1\"\nlog_dri: /x\n", 2, 1, "unknown key 'log_dri' (did you mean 'log_dir'?)");
+}
+
+TEST(AgentConfig, EveryBadValueIsReportedAtItsPosition) {
+  const std::string yaml =
+      "listen: nothere:99999\n"           // 1
+      "token_file: relative/token\n"       // 2
+      "heartbeat_timeout: 100ms\n"         // 3
+      "allowed_users: [alice, Root!]\n"    // 4
+      "container_runtime: lxc\n"           // 5
+      "gpus: [0, [1], 0]\n"                // 6
+      "cpus: 3-1\n"                        // 7
+      "name: 'has space'\n"                // 8
+      "log_dir: [a]\n";                    // 9
+  auto d = errors_of(yaml);
+  EXPECT_EQ(d.size(), 10u);
+  expect_error(yaml, 1, 9, "listen: expected HOST:PORT");
+  expect_error(yaml, 2, 13, "token_file: expected an absolute path, got 'relative/token'");
+  expect_error(yaml, 3, 20, "heartbeat_timeout: expected a duration from 500ms to 1h");
+  expect_error(yaml, 4, 24, "allowed_users: expected a user name, got 'Root!'");
+  expect_error(yaml, 5, 20, "container_runtime: expected podman, docker or none, got 'lxc'");
+  expect_error(yaml, 6, 11, "gpus: expected a GPU index, UUID or PCI bus id, got a list");
+  expect_error(yaml, 6, 16, "gpus: GPU 0 is listed twice");
+  expect_error(yaml, 7, 7, "cpus: expected a CPU list");
+  expect_error(yaml, 8, 7, "name: expected 1-64 letters");
+  expect_error(yaml, 9, 10, "log_dir: expected a string, got a list");
+}
+
+TEST(AgentConfig, DuplicateKeyAndWrongShapes) {
+  expect_error("name: a\nname: b\n", 2, 1, "duplicate key 'name'");
+  expect_error("- listen\n", 1, 1, "expected a mapping with keys listen");
+  expect_error("allowed_users: alice\n", 1, 16, "allowed_users: expected a list of user names");
+  expect_error("gpus: 0\n", 1, 7, "gpus: expected 'all' or a list");
+  expect_error("listen: [\n", 2, 1, "not valid YAML");
+}
+
+TEST(AgentConfig, UnreadableFileNamesIt) {
+  try {
+    load_agent_config("/nonexistent/agent.yaml");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/agent.yaml: error: cannot read the agent config"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The default config the ddp-agentd package installs must stay valid, and must not change any
+// default by being present.
+TEST(AgentConfig, ShippedDefaultIsValidAndChangesNothing) {
+  const char* src = std::getenv("DDP_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  auto c = load_agent_config(std::string(src) + "/packaging/agent.yaml");
+  EXPECT_FALSE(c.listen || c.token_file || c.log_dir || c.name || c.heartbeat_timeout || c.container_runtime ||
+               c.gpus || c.cpus);
+}
