@@ -15,6 +15,8 @@
 #include "supervisor/process.hpp"
 
 #include <boost/asio.hpp>
+
+#include <sys/resource.h>
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -64,6 +66,7 @@ class Coordinator {
   int run() {
     payload_.spec = opts_.spec;
     payload_.forward_env = net::forwarded_env(opts_.launcher_env, opts_.spec.env_forward);
+    offer_spec_ = net::to_json(payload_);
     for (auto& e : entries_) {
       auto n = std::make_unique<Node>(io_);
       n->entry = e;
@@ -181,7 +184,13 @@ class Coordinator {
     n.conn->start({[this, &n](const proto::PeerInfo& p) {
                      log_->debug("{}: authenticated (agent '{}', {})", label(n), p.name, p.software);
                      n.dial_failures = 0;
+                     // The offer goes out behind the first probe, not after the last: the join
+                     // then comes back with at least one sample in (frames keep their order), and
+                     // the later probes refine the offset used to order exits, without costing
+                     // the rendezvous two round trips per node.
                      ping(n);
+                     send(n, "job_offer",
+                          {{"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}, {"spec", offer_spec_}});
                    },
                    [this, &n](proto::Message m) { on_message(n, std::move(m)); },
                    [this, &n, raw](const std::string& reason) { on_closed(n, raw, reason); }});
@@ -225,8 +234,6 @@ class Coordinator {
       if (++n.pings < kClockProbes) return ping(n);
       const auto off = n.sync.best().value_or(proto::ClockOffset{});
       log_->debug("{}: clock offset {} us (+/- {} us)", label(n), off.offset.count(), off.uncertainty.count());
-      send(n, "job_offer",
-           {{"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}, {"spec", net::to_json(payload_)}});
       return;
     }
     if (m.type == "join") return on_join(n, b);
@@ -272,7 +279,8 @@ class Coordinator {
       }
       for (const auto& e : h) n.ib_hcas.push_back(e.get<std::string>());
     }
-    log_->info("{} joined: agent '{}', {} worker{}", label(n), agent_name, nproc, nproc == 1 ? "" : "s");
+    log_->log(nodes_.size() <= 32 ? spdlog::level::info : spdlog::level::debug, "{} joined: agent '{}', {} worker{}", label(n),
+              agent_name, nproc, nproc == 1 ? "" : "s");
     n.joined = true;
     const auto off = n.sync.best().value_or(proto::ClockOffset{});
     handle(rdzv::NodeJoined{n.entry.name, nproc, off.offset});
@@ -386,8 +394,12 @@ class Coordinator {
     cur_.log_dir = attempt_dir_;
     attempt_open_ = true;
 
+    // The spec once for every node; only node rank 0 (the store's host) gets the job's node
+    // addresses, its allow-list: in every assign they made the round's traffic O(N^2).
+    const json& spec = offer_spec_;
     auto payload = payload_;
     for (const auto& na : a.nodes) payload.node_addresses.push_back(nodes_.at(na.node)->address);
+    const json spec_rank0 = net::to_json(payload);
     const auto& master = nodes_.at(a.nodes.at(0).node)->address;
     std::vector<std::vector<std::string>> hcas;
     for (const auto& na : a.nodes) hcas.push_back(nodes_.at(na.node)->ib_hcas);
@@ -409,7 +421,7 @@ class Coordinator {
             {"world_size", a.world_size},
             {"master_addr", master},
             {"master_port", opts_.spec.store_port},
-            {"spec", net::to_json(payload)}};
+            {"spec", na.node_rank.value == 0 ? spec_rank0 : spec}};
       if (ib_hca) assign["nccl_ib_hca"] = *ib_hca;
       send(*nodes_.at(na.node), "assign", std::move(assign));
     }
@@ -479,7 +491,14 @@ class Coordinator {
     if (n.conn) n.conn->close(d.reason);
   }
 
-  void on_effect(rdzv::Progress& p) { log_->info("{}", p.message); }
+  // Progress at most once a second (a large job joins thousands of nodes within one); the
+  // rest at debug level.
+  void on_effect(rdzv::Progress& p) {
+    const auto t = std::chrono::steady_clock::now();
+    const bool show = t - last_progress_ >= std::chrono::seconds(1);
+    if (show) last_progress_ = t;
+    log_->log(show ? spdlog::level::info : spdlog::level::debug, "{}", p.message);
+  }
 
   // The attempt's report: exits by rank, the first failure by mapped time (exits stamped after
   // the stop went out are its consequences, unless nothing came before them).
@@ -577,6 +596,8 @@ class Coordinator {
   std::vector<std::string> hosts_;
   rdzv::Rendezvous rdzv_;
   net::JobPayload payload_;
+  json offer_spec_;  // payload_ as job_offer carries it, encoded once
+  std::chrono::steady_clock::time_point last_progress_{};
   std::map<std::string, std::unique_ptr<Node>> nodes_;
   supervisor::TerminalSink terminal_;
 
@@ -606,6 +627,19 @@ int run_coordinator(CoordinatorOptions options) {
   if (options.spec.nccl_unique_id == jobspec::NcclUniqueId::on) {
     throw CoordinatorError("nccl.unique_id: on is not supported with --nodes yet (PyTorch's NCCL process group "
                            "makes its own id through the store; leave it auto)");
+  }
+  // One socket per node: a large job needs more descriptors than the usual soft limit of 1024.
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      rl.rlim_cur < options.nodes.size() * 2 + 256) {
+    const rlim_t want = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < options.nodes.size() + 64) {
+      throw CoordinatorError(fmt::format("{} nodes need more open files than this process may have ({}; ulimit -Hn)",
+                                         options.nodes.size(), rl.rlim_cur));
+    }
+    log::get("coordinator")->debug("open-files limit raised from {} to {} for {} nodes", want, rl.rlim_cur, options.nodes.size());
   }
   try {
     Coordinator c(std::move(options));

@@ -82,7 +82,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed_ = false;
   bool was_established_ = false;
   std::string close_reason_;
-  std::array<char, 64 * 1024> buf_{};
+  std::array<char, 64 * 1024> buf_;  // not zeroed: a 64 KiB memset per connection showed at 4096 nodes
 };
 
 // Resolves and connects with a deadline; `done` gets an error or the connected socket.

@@ -151,13 +151,21 @@ Rendezvous::Rendezvous(Config config, TimePoint now) : config_(std::move(config)
   config_.min_nodes = std::min(config_.min_nodes, config_.max_nodes);
   round_ = Round{1};
   join_deadline_ = now + config_.join_timeout;
+  for (std::size_t i = 0; i < config_.hosts.size(); ++i) {
+    host_index_.emplace(config_.hosts[i], i);
+    absent_.insert(i);
+  }
 }
 
 Effects Rendezvous::handle(const Event& event, TimePoint now) {
   now_ = std::max(now_, now);  // an edge's clock never makes us go back in time
   out_.clear();
   if (state_ != State::succeeded && state_ != State::failed) {
-    if (auto it = nodes_.find(node_of(event)); it != nodes_.end()) it->second.last_seen = now_;
+    if (auto it = nodes_.find(node_of(event)); it != nodes_.end()) {
+      seen_.erase({it->second.last_seen, it->first});
+      it->second.last_seen = now_;
+      seen_.emplace(now_, it->first);
+    }
   }
   for (const auto& row : kTable) {
     if ((row.state && *row.state != state_) || (row.event != kAnyEvent && row.event != event.index())) continue;
@@ -169,9 +177,7 @@ Effects Rendezvous::handle(const Event& event, TimePoint now) {
 
 // ---- helpers ----
 
-bool Rendezvous::is_member(const std::string& node) const {
-  return std::find(members_.begin(), members_.end(), node) != members_.end();
-}
+bool Rendezvous::is_member(const std::string& node) const { return member_set_.count(node) > 0; }
 
 std::vector<std::string> Rendezvous::present() const {
   std::vector<const Node*> v;
@@ -184,19 +190,13 @@ std::vector<std::string> Rendezvous::present() const {
 
 std::string Rendezvous::joined_summary() const {
   std::vector<std::string> missing;
-  for (const auto& h : config_.hosts) {
-    if (!nodes_.count(h)) missing.push_back(h);
-  }
+  for (auto it = absent_.begin(); it != absent_.end() && missing.size() < 8; ++it) missing.push_back(config_.hosts[*it]);
   const bool exact = config_.min_nodes == config_.max_nodes && config_.max_nodes == config_.hosts.size();
   std::string s = std::to_string(nodes_.size()) + "/" +
                   std::to_string(exact ? config_.max_nodes : config_.hosts.size()) + " nodes joined";
   if (!exact) s += " (need " + std::to_string(config_.min_nodes) + "-" + std::to_string(config_.max_nodes) + ")";
   if (!missing.empty()) {
-    if (missing.size() > 8) {
-      auto more = missing.size() - 8;
-      missing.resize(8);
-      missing.push_back("and " + std::to_string(more) + " more");
-    }
+    if (absent_.size() > 8) missing.push_back("and " + std::to_string(absent_.size() - 8) + " more");
     s += "; missing: " + join(missing, ", ");
   }
   return s;
@@ -238,7 +238,7 @@ std::optional<TimePoint> Rendezvous::next_deadline() const {
   auto consider = [&](std::optional<TimePoint> t) {
     if (t && (!d || *t < *d)) d = t;
   };
-  for (const auto& [name, n] : nodes_) consider(n.last_seen + config_.heartbeat_timeout);
+  if (!seen_.empty()) consider(seen_.begin()->first + config_.heartbeat_timeout);
   if (state_ == State::joining) {
     consider(join_deadline_);
     consider(last_call_deadline_);
@@ -258,6 +258,7 @@ void Rendezvous::open_round() {
   round_ = Round{round_.value + 1};
   state_ = State::joining;
   members_.clear();
+  member_set_.clear();
   finished_.clear();
   finished_ok_.clear();
   failures_.clear();
@@ -288,9 +289,11 @@ void Rendezvous::maybe_complete() {
 
 void Rendezvous::complete_round() {
   // Node ranks follow the host list; beyond MAX, the later hosts stand by.
-  auto order = present();
+  const auto all = present();
+  auto order = all;
   if (order.size() > config_.max_nodes) order.resize(config_.max_nodes);
   members_ = order;
+  member_set_ = {members_.begin(), members_.end()};
   AssignRanks a{round_, restart_count_, 0, {}};
   std::uint32_t base = 0;
   for (std::uint32_t i = 0; i < members_.size(); ++i) {
@@ -310,8 +313,8 @@ void Rendezvous::complete_round() {
   membership_change_ = false;
   out_.push_back(std::move(a));
   out_.push_back(StartAttempt{round_, restart_count_});
-  for (const auto& p : present()) {
-    if (!is_member(p)) out_.push_back(Progress{p + " stands by: round " + std::to_string(round_.value) + " is full"});
+  for (std::size_t i = members_.size(); i < all.size(); ++i) {
+    out_.push_back(Progress{all[i] + " stands by: round " + std::to_string(round_.value) + " is full"});
   }
 }
 
@@ -336,6 +339,8 @@ void Rendezvous::lose(const std::string& node, const std::string& reason, bool d
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return;
   Node n = it->second;
+  seen_.erase({n.last_seen, node});
+  absent_.insert(n.host_index);
   nodes_.erase(it);
   const bool member = is_member(node) && (state_ == State::running || state_ == State::stopping);
   if (!member) {
@@ -365,8 +370,9 @@ void Rendezvous::lose(const std::string& node, const std::string& reason, bool d
 
 void Rendezvous::check_heartbeats() {
   std::vector<std::pair<std::string, Micros>> silent;
-  for (const auto& [name, n] : nodes_) {
-    if (now_ - n.last_seen >= config_.heartbeat_timeout) silent.emplace_back(name, now_ - n.last_seen);
+  for (const auto& [seen, name] : seen_) {
+    if (now_ - seen < config_.heartbeat_timeout) break;
+    silent.emplace_back(name, now_ - seen);
   }
   for (const auto& [name, quiet] : silent) {
     if (state_ == State::succeeded || state_ == State::failed) return;
@@ -416,8 +422,8 @@ void Rendezvous::fail_job(JobFailed::Kind kind, std::string message) {
 
 void Rendezvous::admit(const Event& e) {
   const auto& j = std::get<NodeJoined>(e);
-  auto host = std::find(config_.hosts.begin(), config_.hosts.end(), j.node);
-  if (host == config_.hosts.end()) {
+  auto host = host_index_.find(j.node);
+  if (host == host_index_.end()) {
     std::vector<std::string> shown(config_.hosts.begin(),
                                    config_.hosts.begin() + static_cast<long>(std::min<std::size_t>(8, config_.hosts.size())));
     if (config_.hosts.size() > 8) shown.push_back("...");
@@ -432,8 +438,9 @@ void Rendezvous::admit(const Event& e) {
     out_.push_back(RejectNode{j.node, j.node + " offers no workers (nproc 0)"});
     return;
   }
-  nodes_.emplace(j.node, Node{j.node, static_cast<std::size_t>(host - config_.hosts.begin()), j.nproc, j.clock_offset,
-                              now_, std::nullopt, GlobalRank{0}});
+  nodes_.emplace(j.node, Node{j.node, host->second, j.nproc, j.clock_offset, now_, std::nullopt, GlobalRank{0}});
+  seen_.emplace(now_, j.node);
+  absent_.erase(host->second);
   if (state_ == State::joining) {
     const auto before = out_.size();
     maybe_complete();

@@ -29,6 +29,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -231,6 +233,11 @@ class Rendezvous {
   Effects out_;
   std::map<std::string, Node> nodes_;  // connected and joined
   std::vector<std::string> members_;   // current round, node-rank order
+  // Indexes that keep every event O(log N), so thousands of nodes join in well under a second:
+  std::unordered_map<std::string, std::size_t> host_index_;  // config_.hosts position
+  std::set<std::size_t> absent_;                             // hosts (by index) not joined
+  std::set<std::pair<TimePoint, std::string>> seen_;         // nodes_ by last_seen
+  std::unordered_set<std::string> member_set_;               // members_
   std::set<std::string> finished_;     // members that reported AttemptFinished this round
   std::set<std::string> finished_ok_;
   Round round_{0};

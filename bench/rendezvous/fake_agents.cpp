@@ -1,0 +1,145 @@
+// fake_agents: N agents in one process speaking the real protocol (lib/proto over lib/net), for
+// the rendezvous-at-scale benchmark (bench/rendezvous/run.py). Each listens on 127.0.0.1:BASE+i,
+// authenticates the coordinator with the token file, answers time pings, joins with one worker,
+// and on `start` reports that worker started and exited 0, so the job succeeds. Everything
+// else about a node (facts, processes, logs) is left out: this measures the coordinator and the
+// protocol, not worker start-up.
+//
+//   fake_agents --count N --base-port P --token-file F --out times.json
+// prints "ready" once every port listens; writes {first_accept_us, last_assign_us, assigned,
+// finished} (system clock, microseconds) when every agent's job is done or its link is gone.
+#include "net/connection.hpp"
+#include "net/token_file.hpp"
+
+#include <CLI/CLI.hpp>
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+namespace asio = boost::asio;
+using ddp::net::Connection;
+using ddp::net::tcp;
+using nlohmann::json;
+
+namespace {
+
+std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct Bench {
+  asio::io_context io;
+  ddp::proto::Keyring keys;
+  int count = 0;
+  std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
+  std::int64_t first_accept_us = 0, last_assign_us = 0;
+  // When each step was last reached by any agent: where the time goes.
+  std::int64_t last_accept_us = 0, last_established_us = 0, last_offer_us = 0;
+  int assigned = 0, finished = 0, closed = 0;
+
+  void accept(int i) {
+    acceptors[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket s) {
+      if (ec) return;
+      if (!first_accept_us) first_accept_us = now_us();
+      last_accept_us = now_us();
+      serve(i, std::move(s));
+      // One coordinator per agent: the acceptor closes, as a busy agent would refuse a second.
+      acceptors[i]->close();
+    });
+  }
+
+  void serve(int i, tcp::socket s) {
+    ddp::proto::ServerConfig sc;
+    sc.role = ddp::proto::Role::agent;
+    sc.name = fmt::format("fake{}", i);
+    sc.software = "fake_agents";
+    sc.keys = keys;
+    sc.nonce = ddp::proto::random_nonce();
+    sc.accept_roles = {ddp::proto::Role::coordinator};
+    auto conn = Connection::make(std::move(s), ddp::proto::Session::server(sc), sc.name, "bench", ddp::Millis(60000));
+    Connection* raw = conn.get();
+    conn->start({[this](const ddp::proto::PeerInfo&) { last_established_us = now_us(); },
+                 [this, raw, i](ddp::proto::Message m) { on_message(*raw, i, m); },
+                 [this](const std::string&) {
+                   if (++closed == count) io.stop();
+                 }});
+  }
+
+  void send(Connection& c, const char* type, json fields) { c.send(c.session().message(type, std::move(fields))); }
+
+  void on_message(Connection& c, int i, const ddp::proto::Message& m) {
+    const auto& b = m.body;
+    if (m.type == "time_ping") {
+      send(c, "time_pong", {{"t0_us", b["t0_us"]}, {"t1_us", now_us()}});
+    } else if (m.type == "job_offer") {
+      last_offer_us = now_us();
+      send(c, "join", {{"job_id", b["job_id"]}, {"node", fmt::format("fake{}", i)}, {"nproc", 1}});
+    } else if (m.type == "assign") {
+      last_assign_us = now_us();
+      ++assigned;
+    } else if (m.type == "start") {
+      const json job = b["job_id"], round = b["round"];
+      send(c, "worker_started", {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}});
+      send(c, "worker_exited",
+           {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}, {"exit_code", 0}, {"time_us", now_us()}});
+      send(c, "attempt_finished", {{"job_id", job}, {"round", round}, {"ok", true}});
+      ++finished;
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fake_agents: N protocol-speaking agents for the rendezvous benchmark"};
+  Bench bench;
+  int base_port = 0;
+  std::string token_file, out;
+  app.add_option("--count", bench.count)->required()->check(CLI::Range(1, 16384));
+  app.add_option("--base-port", base_port)->required()->check(CLI::Range(1024, 65535));
+  app.add_option("--token-file", token_file)->required();
+  app.add_option("--out", out)->required();
+  CLI11_PARSE(app, argc, argv);
+
+  // Two descriptors per agent (listener, connection): raise the soft limit as far as allowed.
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < static_cast<rlim_t>(2 * bench.count + 32)) {
+    std::cerr << fmt::format("fake_agents: {} agents need {} descriptors; the limit is {}\n", bench.count,
+                             2 * bench.count + 32, rl.rlim_cur);
+    return 2;
+  }
+  bench.keys = ddp::net::load_token_file(token_file);
+  for (int i = 0; i < bench.count; ++i) {
+    auto a = std::make_unique<tcp::acceptor>(bench.io);
+    tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), static_cast<std::uint16_t>(base_port + i));
+    a->open(ep.protocol());
+    a->set_option(asio::socket_base::reuse_address(true));
+    a->bind(ep);
+    a->listen(64);
+    bench.acceptors.push_back(std::move(a));
+    bench.accept(i);
+  }
+  std::cout << "ready" << std::endl;
+  bench.io.run();
+  std::ofstream(out) << json{{"first_accept_us", bench.first_accept_us},
+                             {"last_assign_us", bench.last_assign_us},
+                             {"last_accept_us", bench.last_accept_us},
+                             {"last_established_us", bench.last_established_us},
+                             {"last_offer_us", bench.last_offer_us},
+                             {"assigned", bench.assigned},
+                             {"finished", bench.finished}}
+                            .dump()
+                     << "\n";
+  return 0;
+}

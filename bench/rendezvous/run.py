@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Rendezvous at scale: N agents speaking the real protocol over loopback (fake_agents, one
+process) join one coordinator (`ddpctl launch --nodes`); reported per N: time from the first
+connection to the last `assign` (the rendezvous), and the whole launch (dial, handshakes,
+clock probes, rendezvous, start, every node's result) as ddpctl's wall time.
+
+    python3 bench/rendezvous/run.py [--build build] [--sizes 64,512,4096] [--repeats 3]
+
+Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 at once, so the job
+itself costs nothing; see fake_agents.cpp.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_base(count):
+    """A run of `count` ports that nothing listens on (from /proc/net/tcp), below the ephemeral range."""
+    busy = set()
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            for line in open(f).readlines()[1:]:
+                busy.add(int(line.split()[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            pass
+    base = 20000
+    while any(p in busy for p in range(base, base + count)):
+        base += count
+    if base + count > 32000:
+        sys.exit("no free run of ports below 32000")
+    return base
+
+
+def one(build, n, tmp):
+    token = os.path.join(tmp, "token")
+    base = free_base(n)
+    out = os.path.join(tmp, f"agents-{n}.json")
+    agents = subprocess.Popen([os.path.join(build, "bin", "fake_agents"), "--count", str(n), "--base-port", str(base),
+                               "--token-file", token, "--out", out], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "DDP_LOG_LEVEL": "warn"})
+    try:
+        if agents.stdout.readline().strip() != "ready":
+            sys.exit("fake_agents did not start")
+        nodes = ",".join(f"127.0.0.1:{base + i}" for i in range(n))
+        job = os.path.join(tmp, "job.yaml")
+        t0 = time.time()
+        r = subprocess.run([os.path.join(build, "bin", "ddpctl"), "launch", "-q", "--nodes", nodes, "--token-file", token,
+                            "--log-dir", os.path.join(tmp, "logs"), job], capture_output=True, text=True, timeout=300)
+        wall = time.time() - t0
+        if r.returncode != 0:
+            sys.exit(f"ddpctl failed with {r.returncode}:\n{r.stderr[-3000:]}")
+        agents.wait(timeout=60)
+    finally:
+        if agents.poll() is None:
+            agents.kill()
+            agents.wait()
+    got = json.load(open(out))
+    if got["assigned"] != n or got["finished"] != n:
+        sys.exit(f"only {got['assigned']} of {n} agents were assigned, {got['finished']} finished")
+    return (got["last_assign_us"] - got["first_accept_us"]) / 1e6, wall
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--sizes", default="64,512,4096")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ddp-rdzv-bench-") as tmp:
+        fd = os.open(os.path.join(tmp, "token"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, (os.urandom(32).hex() + "\n").encode())
+        os.close(fd)
+        with open(os.path.join(tmp, "job.yaml"), "w") as f:
+            f.write("name: rdzv-bench\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {port: 29500}\n")
+        print(f"{'nodes':>6} {'rendezvous (median)':>20} {'whole launch (median)':>22}   runs")
+        for n in (int(x) for x in args.sizes.split(",")):
+            runs = [one(args.build, n, tmp) for _ in range(args.repeats)]
+            rdzv = statistics.median(r[0] for r in runs)
+            wall = statistics.median(r[1] for r in runs)
+            print(f"{n:>6} {rdzv * 1000:>17.1f} ms {wall * 1000:>19.1f} ms   "
+                  + ", ".join(f"{a * 1000:.0f}/{b * 1000:.0f}" for a, b in runs), flush=True)
+
+
+if __name__ == "__main__":
+    main()
