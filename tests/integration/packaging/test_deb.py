@@ -1,0 +1,134 @@
+"""The .deb packages: built by scripts/package, inspected with dpkg-deb, and installed with
+`apt-get install ./x.deb` into a fresh Debian 12 chroot (debootstrap, cached as a tarball under
+the build folder so reruns skip it), where the commands run and `systemd-analyze verify` checks
+the installed unit. Needs root, debootstrap and Debian's mirror (scripts/setup installs
+debootstrap; the mirror is reachable here and in CI). The chroot's mounts live in a private
+mount namespace, so nothing is left mounted."""
+import fcntl
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ddptest import BINARY_DIR, SOURCE_DIR
+
+MIRROR = "http://deb.debian.org/debian"
+CACHE = BINARY_DIR / "debootstrap" / "bookworm-minbase-systemd.tar"
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap and chroot need root"),
+    pytest.mark.skipif(shutil.which("debootstrap") is None, reason="debootstrap is not installed (scripts/setup)"),
+]
+
+
+def run(*argv, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    r = run(str(SOURCE_DIR / "scripts" / "package"), env=dict(os.environ, BUILD_DIR=str(BINARY_DIR)), timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = BINARY_DIR / "packages"
+    debs = {p.name.split("_")[0]: p for p in out.glob("*.deb")}
+    assert set(debs) == {"ddpctl", "ddp-agentd"}, debs
+    return debs
+
+
+def field(deb, name):
+    return run("dpkg-deb", "-f", str(deb), name).stdout.strip()
+
+
+def contents(deb):
+    return {line.split()[-1].lstrip(".") for line in run("dpkg-deb", "-c", str(deb)).stdout.splitlines()}
+
+
+def test_packages_have_their_files_and_shlibdeps_depends(packages):
+    ctl, agent = packages["ddpctl"], packages["ddp-agentd"]
+    assert {"/usr/bin/ddpctl", "/usr/bin/ddp-ncclid"} <= contents(ctl)
+    assert {"/usr/bin/ddp-agentd", "/usr/lib/systemd/system/ddp-agentd.service", "/etc/ddpctl/agent.yaml"} <= contents(agent)
+    for deb in (ctl, agent):
+        assert field(deb, "Version") == "0.1.0" and field(deb, "Architecture") == "amd64"
+        depends = field(deb, "Depends")
+        # dpkg-shlibdeps names the runtime packages of what the binaries link.
+        for lib in ("libc6 (>=", "libstdc++6", "libssl3", "libyaml-cpp0.7", "libspdlog1.10"):
+            assert lib in depends, (deb.name, depends)
+        assert "-dev" not in depends, depends
+    assert "libsystemd0" in field(agent, "Depends")
+    assert "libsystemd0" not in field(ctl, "Depends")  # only the agent speaks sd_notify
+    control = run("dpkg-deb", "-I", str(agent), "conffiles").stdout
+    assert control.split() == ["/etc/ddpctl/agent.yaml"]
+
+
+def chroot_tarball():
+    """Debian 12 minbase plus systemd (for systemd-analyze) and apt lists, made once."""
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    with open(CACHE.parent / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if CACHE.exists():
+            return CACHE
+        work = CACHE.parent / "root.tmp"
+        shutil.rmtree(work, ignore_errors=True)
+        r = run("debootstrap", "--variant=minbase", "--include=systemd", "bookworm", str(work), MIRROR, timeout=1500)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        with tarfile.open(str(CACHE) + ".tmp", "w") as t:
+            t.add(work, arcname=".")
+        os.replace(str(CACHE) + ".tmp", CACHE)
+        shutil.rmtree(work)
+        return CACHE
+
+
+def in_chroot(root: Path, script: str, timeout=900):
+    """Runs `sh -c script` chrooted into root, with /proc mounted in a private mount namespace."""
+    return run("unshare", "--mount", "--propagation", "private", "sh", "-c",
+               f'mount -t proc proc "{root}/proc" && exec chroot "{root}" /bin/sh -c "$0"', script, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(packages, tmp_path_factory):
+    root = tmp_path_factory.mktemp("chroot") / "root"
+    root.mkdir()
+    with tarfile.open(chroot_tarball()) as t:
+        t.extractall(root, numeric_owner=True)
+    shutil.copy("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    for deb in packages.values():
+        shutil.copy(deb, root / "tmp" / deb.name)
+    debs = " ".join(f"/tmp/{d.name}" for d in packages.values())
+    r = in_chroot(root, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+                        f"apt-get install -y -qq --no-install-recommends {debs}")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_installed_commands_run_in_a_fresh_debian_12(installed):
+    r = in_chroot(installed, "ddpctl --version && ddp-agentd --version && ddp-agentd --help")
+    assert r.returncode == 0, r.stderr
+    assert "ddpctl 0.1.0" in r.stdout and "ddp-agentd 0.1.0" in r.stdout and "--config" in r.stdout
+    r = in_chroot(installed, "dpkg-query -W -f='${Status} ${Conffiles}\\n' ddp-agentd")
+    assert "install ok installed" in r.stdout and "/etc/ddpctl/agent.yaml" in r.stdout, r.stdout
+    # The installed agent reads the shipped config (the default path) and gets as far as the
+    # token, which only an admin can provide.
+    r = in_chroot(installed, "ddp-agentd --token-file /etc/ddpctl/missing-token")
+    assert r.returncode == 2 and "missing-token" in r.stderr and "agent.yaml" not in r.stderr, r.stderr
+
+
+def test_systemd_analyze_verify_accepts_the_installed_unit(installed):
+    # verify exits 0 even for a unit it complains about, so its output is what counts; a broken
+    # copy shows that it does complain here.
+    unit = "/usr/lib/systemd/system/ddp-agentd.service"
+    r = in_chroot(installed, f"systemd-analyze verify --man=no {unit}")
+    assert r.returncode == 0 and r.stdout + r.stderr == "", r.stdout + r.stderr
+    r = in_chroot(installed, f"sed 's/^KillMode=mixed/KillMode=bogus/' {unit} > /tmp/broken.service && "
+                             "systemd-analyze verify --man=no /tmp/broken.service")
+    assert "kill mode" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+
+
+def test_removing_the_agent_package_leaves_its_conffile_until_purge(installed):
+    r = in_chroot(installed, "apt-get remove -y -qq ddp-agentd && test ! -e /usr/bin/ddp-agentd && "
+                             "test -e /etc/ddpctl/agent.yaml && apt-get purge -y -qq ddp-agentd && "
+                             "test ! -e /etc/ddpctl/agent.yaml")
+    assert r.returncode == 0, r.stdout + r.stderr
