@@ -6,12 +6,29 @@
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
 #include "net/token_file.hpp"
+#include "shepherd/shepherd.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <iostream>
+#include <string_view>
+
+namespace {
+
+// `ddp-agentd shepherd ...`: the per-job process the agent starts (lib/shepherd), not for users.
+int shepherd_main(int argc, char** argv) {
+  std::string error;
+  auto args = ddp::shepherd::parse_args({argv + 2, argv + argc}, error);
+  if (!args) {
+    std::cerr << "ddp-agentd shepherd: " << error << " (this mode is started by ddp-agentd itself)\n";
+    return 2;
+  }
+  return ddp::shepherd::run_shepherd(*args);
+}
+
+}  // namespace
 
 namespace {
 
@@ -34,6 +51,7 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string_view(argv[1]) == "shepherd") return shepherd_main(argc, argv);
   CLI::App app{"ddp-agentd: the ddpctl node agent (runs a job's workers on this node for an authenticated coordinator)"};
   app.set_version_flag("--version", "ddp-agentd 0.1.0");
   std::string listen = fmt::format("[::]:{}", ddp::agent::kDefaultPort);

@@ -14,6 +14,7 @@
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "sdnotify/sdnotify.hpp"
+#include "shepherd/client.hpp"
 #include "store/server.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/process.hpp"
@@ -138,6 +139,9 @@ class Agent {
     fs::create_directories(opts_.log_dir, ec);
     if (ec) throw AgentError(fmt::format("cannot create the log directory {}: {}", opts_.log_dir, ec.message()));
     listen();
+    // Shepherds run this same binary; after an upgrade on disk /proc/self/exe still names ours.
+    fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    shepherd_exe_ = !ec && fs::exists(self, ec) ? self.string() : "/proc/self/exe";
     supervisor::become_subreaper();
     supervisor::Cgroup::sweep_stale();
     facts_ = facts::discover(facts::discover_options_from_env());
@@ -170,13 +174,15 @@ class Agent {
     // The current round's assignment.
     std::optional<json> assign;
     std::uint32_t round = 0;
-    std::unique_ptr<launch::WorkerGroup> group;
+    // The job's shepherd process (from its first start to the job's end) runs each round's workers.
+    std::unique_ptr<shepherd::Client> shepherd;
     std::uint32_t group_round = 0;
     int rank_base = 0;
     std::set<std::uint32_t> finished_sent;  // rounds we reported attempt_finished for
     std::set<int> exits_sent;               // local ranks whose exit went up this round
     std::uint64_t dropped_lines = 0;
     bool orphaned = false;  // the owner is gone: stop, then forget the job
+    bool running() const { return shepherd && shepherd->running(); }
   };
 
   void listen() {
@@ -276,7 +282,7 @@ class Agent {
                 "one job at a time: wait for it to end or stop it");
       return;
     }
-    if (job_ && job_->group) {
+    if (job_ && job_->running()) {
       c->refuse(proto::ErrorCode::unexpected, fmt::format("busy: job {} still has workers running", job_->job_id));
       return;
     }
@@ -345,7 +351,7 @@ class Agent {
 
   void on_assign(const json& b) {
     auto& job = *job_;
-    if (job.group) {
+    if (job.running()) {
       job.owner->refuse(proto::ErrorCode::unexpected,
                         fmt::format("assign for round {} while round {}'s workers still run", b["round"].get<std::uint32_t>(),
                                     job.group_round));
@@ -402,7 +408,7 @@ class Agent {
   void on_start(const json& b) {
     auto& job = *job_;
     const auto round = b["round"].get<std::uint32_t>();
-    if (!job.assign || round != job.round || job.group || job.finished_sent.count(round)) {
+    if (!job.assign || round != job.round || job.running() || job.finished_sent.count(round)) {
       if (!job.finished_sent.count(round)) {
         log_->warn("job {}: start for round {} without its assignment; refusing", job.job_id, round);
         job.finished_sent.insert(round);
@@ -459,21 +465,28 @@ class Agent {
     job.exits_sent.clear();
     job.group_round = round;
     job.dropped_lines = 0;
-    job.group = std::make_unique<launch::WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
     log_->info("job {} round {}: starting {} worker{} (ranks {}-{}), logs in {}", job.job_id, round, node.local_world_size,
                node.local_world_size == 1 ? "" : "s", node.rank_base, node.rank_base + node.local_world_size - 1,
                node.attempt_dir);
-    job.group->start();
+    try {
+      if (!job.shepherd) job.shepherd = std::make_unique<shepherd::Client>(io_, shepherd_exe_, job.job_id);
+      job.shepherd->start({node.attempt_dir, go, std::move(plan)}, std::move(cb));
+    } catch (const shepherd::ShepherdError& e) {
+      log_->error("job {} round {}: {}", job.job_id, round, e.what());
+      job.finished_sent.insert(round);
+      send(job.owner.get(), "attempt_finished",
+           {{"job_id", job.job_id}, {"round", round}, {"ok", false}, {"error", fmt::format("{}: {}", opts_.name, e.what())}});
+    }
   }
 
   void on_stop(const json& b) {
     auto& job = *job_;
     const auto round = b["round"].get<std::uint32_t>();
     const auto grace_ms = b["grace_ms"].get<std::uint64_t>();
-    if (job.group && job.group_round == round) {
+    if (job.running() && job.group_round == round) {
       log_->warn("job {} round {}: stop: {}", job.job_id, round, b["reason"].get<std::string>());
-      if (grace_ms == 0) job.group->kill_now();
-      else job.group->request_stop(SIGTERM);
+      if (grace_ms == 0) job.shepherd->kill_now();
+      else job.shepherd->request_stop(SIGTERM);
       return;
     }
     // Nothing of that round runs here (never started, or already over): say so at once.
@@ -529,7 +542,6 @@ class Agent {
     if (!job_) return;
     auto& job = *job_;
     const auto round = job.group_round;
-    job.group.reset();
     if (job.dropped_lines) {
       log_->warn("job {} round {}: {} output line(s) were not sent to the coordinator (still in the log files)",
                  job.job_id, round, job.dropped_lines);
@@ -554,8 +566,8 @@ class Agent {
   // The owner is gone: stop the workers; the job is forgotten once they are.
   void abandon_job() {
     job_->orphaned = true;
-    if (job_->group) {
-      job_->group->request_stop(SIGTERM);
+    if (job_->running()) {
+      job_->shepherd->request_stop(SIGTERM);
     } else {
       forget_job();
     }
@@ -604,7 +616,14 @@ class Agent {
   void wait_sigchld() {
     sigchld_.async_wait([this](boost::system::error_code ec, int) {
       if (ec) return;
-      launch::reap_children(job_ ? job_->group.get() : nullptr);
+      // Shepherds, and strays that re-parented to us (a shepherd killed with -9 leaves its
+      // workers' setsid()'d descendants to the subreaper above it).
+      while (true) {
+        int status = 0;
+        const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        if (job_ && job_->shepherd) job_->shepherd->on_reaped(pid, status);
+      }
       wait_sigchld();
     });
   }
@@ -614,7 +633,7 @@ class Agent {
       if (ec) return;
       if (stopping_) {
         log_->warn("{} again: killing the workers now", supervisor::signal_name(sig));
-        if (job_ && job_->group) job_->group->kill_now();
+        if (job_ && job_->running()) job_->shepherd->kill_now();
       } else {
         stopping_ = true;
         log_->warn("{}: shutting down (stopping this node's workers first)", supervisor::signal_name(sig));
@@ -622,9 +641,9 @@ class Agent {
                                      job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
         boost::system::error_code ignored;
         acceptor_.close(ignored);
-        if (job_ && job_->group) {
+        if (job_ && job_->running()) {
           job_->orphaned = true;
-          job_->group->request_stop(SIGTERM);
+          job_->shepherd->request_stop(SIGTERM);
         } else {
           forget_job();
           finish_shutdown();
@@ -652,6 +671,7 @@ class Agent {
   std::unique_ptr<Job> job_;
   std::optional<store::Server> store_;
   std::string store_host_;
+  std::string shepherd_exe_;
   bool stopping_ = false;
 };
 

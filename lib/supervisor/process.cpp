@@ -144,8 +144,10 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
       ::_exit(127);
     };
     if (spec.own_process_group) ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
+    if (spec.die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
+    }
     for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);  // handlers first, then unblock
     sigset_t none;
     sigemptyset(&none);
@@ -157,7 +159,7 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
       constexpr long kMpolPreferred = 1;  // <linux/mempolicy.h>; raw syscall, no libnuma
       (void)::syscall(SYS_set_mempolicy, kMpolPreferred, mem_mask.data(), static_cast<unsigned long>(kMaxMemNode));
     }
-    if (::dup2(in ? in->r : devnull, 0) < 0) fail('d');
+    if (::dup2(in ? in->r : spec.stdin_fd >= 0 ? spec.stdin_fd : devnull, 0) < 0) fail('d');
     if (out && (::dup2(out->w, 1) < 0 || ::dup2(err->w, 2) < 0)) fail('d');
     if (::chdir(workdir) != 0) fail('w');
     ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);

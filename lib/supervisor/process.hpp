@@ -30,6 +30,10 @@ struct SpawnSpec {
   int cgroup_procs_fd = -1;                 // if >= 0, the child moves itself into this cgroup
   bool capture_output = true;               // false: inherit ddpctl's stdout/stderr
   bool stdin_pipe = false;                  // true: stdin is a pipe (write end returned), else /dev/null
+  int stdin_fd = -1;                        // if >= 0 (and no stdin_pipe): the child's stdin, e.g. a socket
+  // PR_SET_PDEATHSIG(SIGKILL). Off only for a child that must outlive us long enough to clean up
+  // after itself (the shepherd, which watches its parent through a pidfd instead).
+  bool die_with_parent = true;
   bool own_process_group = true;            // false: stay in ddpctl's group (helpers)
   // Placement, applied in the child before exec. Best effort: the planner already limits `cpus`
   // to what the launcher may use, and if the kernel still refuses, the worker runs unbound

@@ -41,6 +41,27 @@ if mode == "fail-rank-3":
     time.sleep(120)
 elif mode == "sleep":
     time.sleep(120)
+elif mode == "family":
+    # What a kill of the agent must still reach: a grandchild in a session of its own that
+    # ignores SIGTERM, and a double-forked daemon (re-parented away from the worker).
+    import signal, subprocess
+    g = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "time.sleep(300)"], start_new_session=True)
+    r, w = os.pipe()
+    mid = os.fork()
+    if mid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            time.sleep(300)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(mid, 0)
+    daemon = int(os.read(r, 32))
+    print("FAMILY " + json.dumps({"worker": os.getpid(), "grandchild": g.pid, "daemon": daemon}), flush=True)
+    time.sleep(120)
 elif mode == "fail-first-attempt":
     if env["RANK"] == "3" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
         time.sleep(0.5)
@@ -177,20 +198,48 @@ def test_rank_failure_on_node2_stops_node1_and_is_named(cluster):
     assert ff["rank"] == 3 and ff["node"] == n2.addr and ff["exit_code"] == 7
 
 
+def wait_for_families(p, n, timeout=60):
+    """Reads ddpctl's stdout until n ranks printed their FAMILY line; returns {rank: (node, pids)}."""
+    seen, lines = {}, []
+    deadline = time.time() + timeout
+    os.set_blocking(p.stdout.fileno(), True)
+    while len(seen) < n and time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = LINE.match(line.rstrip("\n"))
+        if m and m["text"].startswith("FAMILY "):
+            seen[int(m["rank"])] = (m["node"], json.loads(m["text"][len("FAMILY "):]))
+    assert len(seen) == n, f"only {sorted(seen)} of {n} ranks reported their processes within {timeout} s:\n{''.join(lines)}"
+    return seen
+
+
 def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
     c = cluster
     for h in c.hosts:
         c.start_agent(h)
     worker = c.write("contract.py", CONTRACT_WORKER)
-    p = c.launch(job(c, "kill", [PY, worker, "sleep"]))
-    seen = wait_for_contracts(p, 4)
+    p = c.launch(job(c, "kill", [PY, worker, "family"]))
+    families = wait_for_families(p, 4)
+    n2 = c.hosts[1]
+    on_n2 = [pid for node, f in families.values() if node == n2.addr for pid in f.values()]
+    assert len(on_n2) == 6 and all(alive(pid) for pid in on_n2), families
     os.kill(c.agents["n2"].pid, signal.SIGKILL)
     rc, out, err = finish(p, timeout=60)
     assert rc == 1, err
-    assert f"{c.hosts[1].addr}" in err and "lost" in err, err
-    pids = [env["pid"] for _, env in seen.values()]
-    # Node 1's workers are stopped by its agent; node 2's die with theirs (PDEATHSIG).
-    assert wait_gone(pids) == [], "workers left running after an agent was killed"
+    assert f"node {n2.addr} was lost" in err, err
+    # The agent's shepherd for the job kills the whole tree it is subreaper of, then exits:
+    # nothing at all is left on n2 (its network namespace is empty).
+    assert wait_gone(on_n2) == [], "processes left running on the node whose agent was killed"
+    deadline = time.time() + 15
+    while n2.ns_pids() and time.time() < deadline:
+        time.sleep(0.1)
+    left = n2.ns_pids()
+    assert left == [], "still running on n2: " + "; ".join(
+        open(f"/proc/{pid}/cmdline").read().replace("\0", " ") for pid in left if alive(pid))
+    # Node 1's workers (and their descendants) are stopped by its agent.
+    assert wait_gone([pid for _, f in families.values() for pid in f.values()]) == []
     assert c.agents["n1"].poll() is None, "the surviving agent must keep serving"
 
 

@@ -1,0 +1,74 @@
+// The agent <-> shepherd message set, as JSON bodies of length-prefixed frames (proto/frame.hpp)
+// on a local socketpair. Pure: encoding and strict decoding, no I/O.
+//
+//   agent -> shepherd:  start {attempt_dir, options, plan}   run one attempt's workers
+//                       stop {signal}                        SIGTERM, grace, SIGKILL
+//                       kill {}                              SIGKILL now (a stop with no grace)
+//                       forward {signal}                     SIGUSR1/2 to every worker, as it is
+//   shepherd -> agent:  started {pids}                       every rank forked and exec'd (or not)
+//                       line {rank, stream, data}            one output line (already in the log file)
+//                       first_failure {exit}                 the attempt is stopping because of it
+//                       finished {report}                    the attempt is over, nothing of it runs
+//
+// The peer is our own process, but a message is still checked field by field before use: a
+// wrong one ends the conversation (and, in the shepherd, the job's processes) instead of being
+// half understood. Frames are bounded (kMaxFrameBytes): a start for a few hundred ranks, each with
+// a large environment, fits; one output line is at most 64 KiB.
+#pragma once
+
+#include "contract/contract.hpp"
+#include "launch/report.hpp"
+#include "launch/worker_group.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::shepherd {
+
+inline constexpr std::size_t kMaxFrameBytes = 16u << 20;
+
+class MessageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct StartAttempt {
+  std::string attempt_dir;
+  launch::GroupOptions options;
+  contract::Plan plan;
+};
+
+// The message's type; throws MessageError unless it is an object with a known type for `from`.
+enum class Sender { agent, shepherd };
+std::string message_type(const nlohmann::json& m, Sender from);
+
+nlohmann::json encode_start(const StartAttempt& s);
+StartAttempt decode_start(const nlohmann::json& m);
+
+nlohmann::json encode_signal(std::string_view type, int signal);  // stop, forward
+int decode_signal(const nlohmann::json& m);                        // 1..64
+
+nlohmann::json encode_started(const std::vector<pid_t>& pids);
+std::vector<pid_t> decode_started(const nlohmann::json& m);
+
+struct Line {
+  int rank = 0;
+  supervisor::Stream stream = supervisor::Stream::out;
+  std::string data;
+};
+nlohmann::json encode_line(const Line& l);
+Line decode_line(const nlohmann::json& m);
+
+nlohmann::json encode_first_failure(const launch::WorkerExit& e);
+launch::WorkerExit decode_first_failure(const nlohmann::json& m);
+
+nlohmann::json encode_finished(const launch::AttemptReport& r);
+launch::AttemptReport decode_finished(const nlohmann::json& m);
+
+// JSON text of a message; invalid UTF-8 in output lines is replaced, never an exception.
+std::string dump(const nlohmann::json& m);
+
+}  // namespace ddp::shepherd

@@ -1,0 +1,203 @@
+// The shepherd process's loop. See shepherd.hpp for why it exists and messages.hpp for what it says.
+#include "shepherd/shepherd.hpp"
+
+#include "common/log.hpp"
+#include "common/strings.hpp"
+#include "launch/worker_group.hpp"
+#include "shepherd/channel.hpp"
+#include "supervisor/process.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ddp::shepherd {
+
+namespace asio = boost::asio;
+
+namespace {
+
+// Output waiting for a slow agent beyond this is dropped (counted; the log files keep it).
+constexpr std::size_t kMaxQueued = 64u << 20;
+// After the agent is gone: the time the killed tree gets to be reaped and its pipes drained.
+constexpr auto kAbandonDeadline = std::chrono::seconds(10);
+
+class Shepherd {
+ public:
+  explicit Shepherd(const ShepherdArgs& a)
+      : args_(a), signals_(io_, SIGTERM, SIGINT, SIGHUP), sigchld_(io_, SIGCHLD), agent_(io_), deadline_(io_),
+        log_(log::get("shepherd")) {}
+
+  int run() {
+    supervisor::become_subreaper();
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, args_.agent_pid, 0));
+    if (pidfd < 0) {
+      log_->error("job {}: cannot watch the agent (pid {}): {}", args_.job_id, args_.agent_pid, std::strerror(errno));
+      return 1;
+    }
+    agent_.assign(pidfd);
+    // Opened after a possible exit of the agent: then our parent is no longer the agent.
+    if (::getppid() != args_.agent_pid) {
+      log_->error("job {}: the agent (pid {}) is already gone", args_.job_id, args_.agent_pid);
+      return 1;
+    }
+    agent_.async_wait(asio::posix::descriptor_base::wait_read, [this](boost::system::error_code ec) {
+      if (!ec) abandon(fmt::format("the agent (pid {}) is gone", args_.agent_pid));
+    });
+    wait_signals();
+    wait_sigchld();
+    channel_ = Channel::make(io_, args_.fd, Sender::agent, kMaxQueued);
+    channel_->start({[this](const std::string& type, const nlohmann::json& m) { on_message(type, m); },
+                     [this](const std::string& why) { abandon(fmt::format("the agent's channel closed ({})", why)); }});
+    io_.run();
+    return exit_code_;
+  }
+
+ private:
+  void on_message(const std::string& type, const nlohmann::json& m) {
+    if (abandoning_) return;
+    try {
+      if (type == "start") return on_start(decode_start(m));
+      if (!group_) return;  // a stop or signal for an attempt that already ended
+      if (type == "stop") group_->request_stop(decode_signal(m));
+      else if (type == "kill") group_->kill_now();
+      else if (type == "forward") group_->forward(decode_signal(m));
+    } catch (const MessageError& e) {
+      channel_->close(fmt::format("bad '{}' from the agent: {}", type, e.what()));
+    }
+  }
+
+  void on_start(StartAttempt s) {
+    if (group_) throw MessageError(fmt::format("start of attempt {} while attempt {} runs", s.options.attempt, attempt_));
+    attempt_ = s.options.attempt;
+    dropped_ = 0;
+    launch::GroupCallbacks cb;
+    cb.on_line = [this](int rank, supervisor::Stream stream, const std::string& line) {
+      if (!channel_->send(encode_line({rank, stream, line})) && dropped_++ == 0 && channel_->open()) {
+        log_->warn("job {}: the agent reads too slowly; dropping output lines (the log files keep them)", args_.job_id);
+      }
+    };
+    cb.on_first_failure = [this](const launch::WorkerExit& ex) { channel_->send(encode_first_failure(ex)); };
+    cb.on_finished = [this](launch::AttemptReport r) { on_finished(std::move(r)); };
+    group_ = std::make_unique<launch::WorkerGroup>(io_, std::move(s.plan), s.attempt_dir, s.options, std::move(cb));
+    group_->start();
+    channel_->send(encode_started(group_->worker_pids()));
+  }
+
+  void on_finished(launch::AttemptReport r) {
+    group_.reset();
+    if (dropped_) r.notes.push_back(fmt::format("{} output line(s) did not reach the agent (see the log files)", dropped_));
+    channel_->send(encode_finished(r));
+    if (abandoning_) done();
+  }
+
+  // The agent is gone (or told us to go): nothing of the job may outlive us.
+  void abandon(const std::string& why) {
+    if (abandoning_) return;
+    abandoning_ = true;
+    boost::system::error_code ignored;
+    agent_.close(ignored);
+    if (!group_) return done();
+    log_->warn("job {}: {}; killing the job's processes", args_.job_id, why);
+    exit_code_ = 1;
+    group_->request_stop(SIGKILL);  // what follows is a consequence, not a failure
+    group_->kill_now();
+    deadline_.expires_after(kAbandonDeadline);
+    deadline_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      log_->error("job {}: processes still not reaped after {} s; exiting anyway", args_.job_id, kAbandonDeadline.count());
+      done();
+    });
+  }
+
+  // The last sweep (anything of ours, however it got here), then out.
+  void done() {
+    for (int round = 0; round < 50; ++round) {
+      auto left = supervisor::descendants_of(::getpid());
+      if (left.empty()) break;
+      for (pid_t p : left) ::kill(p, SIGKILL);
+      while (::waitpid(-1, nullptr, 0) > 0) {
+      }
+    }
+    if (channel_) channel_->close("the shepherd is done");
+    io_.stop();
+  }
+
+  void wait_signals() {
+    signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      abandon(fmt::format("{} received", supervisor::signal_name(sig)));
+      wait_signals();
+    });
+  }
+
+  void wait_sigchld() {
+    sigchld_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      launch::reap_children(group_.get());
+      wait_sigchld();
+    });
+  }
+
+  ShepherdArgs args_;
+  asio::io_context io_;
+  asio::signal_set signals_, sigchld_;
+  asio::posix::stream_descriptor agent_;  // the agent's pidfd: readable once the agent has exited
+  asio::steady_timer deadline_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::shared_ptr<Channel> channel_;
+  std::unique_ptr<launch::WorkerGroup> group_;
+  int attempt_ = 0;
+  std::uint64_t dropped_ = 0;
+  bool abandoning_ = false;
+  int exit_code_ = 0;
+};
+
+}  // namespace
+
+std::optional<ShepherdArgs> parse_args(const std::vector<std::string>& args, std::string& error) {
+  ShepherdArgs a;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& k = args[i];
+    if (i + 1 >= args.size()) {
+      error = fmt::format("'{}' needs a value", k);
+      return std::nullopt;
+    }
+    const auto& v = args[++i];
+    if (k == "--agent-pid") {
+      auto n = parse_int(v);
+      if (!n || *n < 1) {
+        error = fmt::format("--agent-pid: '{}' is not a process id", v);
+        return std::nullopt;
+      }
+      a.agent_pid = static_cast<pid_t>(*n);
+    } else if (k == "--job") {
+      a.job_id = v;
+    } else {
+      error = fmt::format("unknown option '{}'", k);
+      return std::nullopt;
+    }
+  }
+  if (a.agent_pid == 0 || a.job_id.empty()) {
+    error = "--agent-pid and --job are required";
+    return std::nullopt;
+  }
+  return a;
+}
+
+int run_shepherd(const ShepherdArgs& args) {
+  Shepherd s(args);
+  return s.run();
+}
+
+}  // namespace ddp::shepherd

@@ -1,0 +1,193 @@
+#include "shepherd/messages.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace ddp;
+using namespace ddp::shepherd;
+using nlohmann::json;
+
+namespace {
+
+StartAttempt sample_start() {
+  StartAttempt s;
+  s.attempt_dir = "/logs/j/attempt-2";
+  s.options.attempt = 2;
+  s.options.workdir = "/work";
+  s.options.stop_grace = Millis(1500);
+  s.options.log_max_bytes = 1u << 20;
+  s.plan.job_id = "j";
+  s.plan.world_size = 4;
+  for (int i = 0; i < 2; ++i) {
+    contract::RankPlan r;
+    r.rank = 2 + i;
+    r.local_rank = i;
+    r.node = "n2";
+    r.argv = {"python3", "train.py", "--x"};
+    r.env = {{"RANK", std::to_string(2 + i)}, {"PATH", "/usr/bin"}};
+    r.log_file = "/logs/j/attempt-2/rank-" + std::to_string(2 + i) + ".log";
+    r.error_file = "/logs/j/attempt-2/rank-" + std::to_string(2 + i) + ".error.json";
+    r.binding = {{"gpu", i}};
+    if (i == 1) {
+      r.cpus = {0, 1};
+      r.mem_node = 0;
+    }
+    s.plan.ranks.push_back(r);
+  }
+  return s;
+}
+
+// A message through its text form, as the peer reads it.
+json wire(const json& m) { return json::parse(dump(m)); }
+
+}  // namespace
+
+TEST(ShepherdMessages, StartRoundTrips) {
+  const auto s = sample_start();
+  const auto m = wire(encode_start(s));
+  EXPECT_EQ(message_type(m, Sender::agent), "start");
+  const auto d = decode_start(m);
+  EXPECT_EQ(d.attempt_dir, s.attempt_dir);
+  EXPECT_EQ(d.options.attempt, 2);
+  EXPECT_EQ(d.options.workdir, "/work");
+  EXPECT_EQ(d.options.stop_grace, Millis(1500));
+  EXPECT_EQ(d.options.log_max_bytes, 1u << 20);
+  EXPECT_EQ(d.plan.job_id, "j");
+  EXPECT_EQ(d.plan.world_size, 4);
+  ASSERT_EQ(d.plan.ranks.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto &a = s.plan.ranks[i], &b = d.plan.ranks[i];
+    EXPECT_EQ(a.rank, b.rank);
+    EXPECT_EQ(a.local_rank, b.local_rank);
+    EXPECT_EQ(a.node, b.node);
+    EXPECT_EQ(a.argv, b.argv);
+    EXPECT_EQ(a.env, b.env);
+    EXPECT_EQ(a.log_file, b.log_file);
+    EXPECT_EQ(a.error_file, b.error_file);
+    EXPECT_EQ(a.binding, b.binding);
+    EXPECT_EQ(a.cpus, b.cpus);
+    EXPECT_EQ(a.mem_node, b.mem_node);
+  }
+}
+
+TEST(ShepherdMessages, BadStartsAreRefusedNamingTheField) {
+  auto base = encode_start(sample_start());
+  auto expect_error = [](json m, const std::string& needle) {
+    try {
+      decode_start(m);
+      FAIL() << "accepted: " << m.dump();
+    } catch (const MessageError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto m = base;
+  m.erase("plan");
+  expect_error(m, "missing field 'plan'");
+  m = base;
+  m["options"]["stop_grace_ms"] = "30s";
+  expect_error(m, "field 'stop_grace_ms': expected an integer");
+  m = base;
+  m["options"]["stop_grace_ms"] = -1;
+  expect_error(m, "out of range");
+  m = base;
+  m["plan"]["ranks"][0]["argv"] = json::array();
+  expect_error(m, "empty command");
+  m = base;
+  m["plan"]["ranks"][0]["env"]["X"] = 3;
+  expect_error(m, "X is not a string");
+  m = base;
+  m["plan"]["ranks"][1]["local_rank"] = 5;
+  expect_error(m, "local ranks must count up from 0");
+  m = base;
+  m["plan"]["ranks"] = json::array();
+  expect_error(m, "no rank to run");
+  m = base;
+  m["plan"]["ranks"][0]["cpus"] = {-1};
+  expect_error(m, "CPU numbers");
+}
+
+TEST(ShepherdMessages, TypesAreCheckedBySender) {
+  EXPECT_EQ(message_type(json{{"type", "stop"}, {"signal", 15}}, Sender::agent), "stop");
+  EXPECT_THROW(message_type(json{{"type", "finished"}}, Sender::agent), MessageError);
+  EXPECT_THROW(message_type(json{{"type", "start"}}, Sender::shepherd), MessageError);
+  EXPECT_THROW(message_type(json::array(), Sender::agent), MessageError);
+  EXPECT_THROW(message_type(json{{"type", 3}}, Sender::agent), MessageError);
+  EXPECT_THROW(message_type(json{{"kind", "stop"}}, Sender::agent), MessageError);
+}
+
+TEST(ShepherdMessages, SignalsAreBounded) {
+  EXPECT_EQ(decode_signal(wire(encode_signal("stop", 15))), 15);
+  EXPECT_THROW(decode_signal(encode_signal("stop", 0)), MessageError);
+  EXPECT_THROW(decode_signal(encode_signal("forward", 65)), MessageError);
+}
+
+TEST(ShepherdMessages, LinesKeepTheirStreamAndSurviveInvalidUtf8) {
+  auto l = decode_line(wire(encode_line({3, supervisor::Stream::err, "loss 0.5"})));
+  EXPECT_EQ(l.rank, 3);
+  EXPECT_EQ(l.stream, supervisor::Stream::err);
+  EXPECT_EQ(l.data, "loss 0.5");
+  // A worker may print any bytes; the message must still be valid JSON.
+  auto bad = decode_line(wire(encode_line({0, supervisor::Stream::out, std::string("a\xff" "b")})));
+  EXPECT_EQ(bad.data.front(), 'a');
+  EXPECT_EQ(bad.data.back(), 'b');
+  auto m = encode_line({0, supervisor::Stream::out, "x"});
+  m["stream"] = "both";
+  EXPECT_THROW(decode_line(m), MessageError);
+  m["stream"] = "out";
+  m["data"] = std::string(supervisor::kMaxLine + 1, 'x');
+  EXPECT_THROW(decode_line(m), MessageError);
+}
+
+TEST(ShepherdMessages, StartedPids) {
+  EXPECT_EQ(decode_started(wire(encode_started({10, 11}))), (std::vector<pid_t>{10, 11}));
+  EXPECT_THROW(decode_started(encode_started({0})), MessageError);
+}
+
+TEST(ShepherdMessages, FinishedReportRoundTrips) {
+  launch::AttemptReport r;
+  r.attempt = 1;
+  r.started = launch::SysTime(std::chrono::microseconds(1'700'000'000'000'001));
+  r.ended = launch::SysTime(std::chrono::microseconds(1'700'000'005'000'000));
+  r.phase = launch::Phase::failed;
+  launch::WorkerExit bad{3, 1, 4242, 7, 0, r.ended};
+  launch::WorkerExit killed{2, 0, 4241, 0, 15, r.ended};
+  launch::WorkerExit never{4, 2, -1, 0, 0, r.ended};
+  never.started = false;
+  r.exits = {killed, bad, never};
+  r.notes = {"a note"};
+  r.log_dir = "/l";
+  r.first_failure = launch::RankFailure{bad, "n2", {"x", "y"}, launch::ErrorFile{"/l/e.json", "ValueError", "tb", ""}, "/l/r.log"};
+  const auto m = wire(encode_finished(r));
+  EXPECT_EQ(message_type(m, Sender::shepherd), "finished");
+  const auto d = decode_finished(m);
+  EXPECT_EQ(d.attempt, 1);
+  EXPECT_EQ(d.started, r.started);
+  EXPECT_EQ(d.ended, r.ended);
+  EXPECT_EQ(d.phase, launch::Phase::failed);
+  ASSERT_EQ(d.exits.size(), 3u);
+  EXPECT_EQ(d.exits[0].signal, 15);
+  EXPECT_EQ(d.exits[1].exit_code, 7);
+  EXPECT_EQ(d.exits[1].pid, 4242);
+  EXPECT_FALSE(d.exits[2].started);
+  EXPECT_EQ(d.notes, r.notes);
+  ASSERT_TRUE(d.first_failure);
+  EXPECT_EQ(d.first_failure->exit.rank, 3);
+  EXPECT_EQ(d.first_failure->node, "n2");
+  EXPECT_EQ(d.first_failure->last_lines, (std::vector<std::string>{"x", "y"}));
+  ASSERT_TRUE(d.first_failure->error_file);
+  EXPECT_EQ(d.first_failure->error_file->message, "ValueError");
+  EXPECT_EQ(d.first_failure->log_file, "/l/r.log");
+
+  auto no_ff = r;
+  no_ff.first_failure.reset();
+  no_ff.phase = launch::Phase::succeeded;
+  const auto d2 = decode_finished(wire(encode_finished(no_ff)));
+  EXPECT_FALSE(d2.first_failure);
+  EXPECT_EQ(d2.phase, launch::Phase::succeeded);
+
+  auto m2 = encode_finished(r);
+  m2["report"]["phase"] = 9;
+  EXPECT_THROW(decode_finished(m2), MessageError);
+  m2 = encode_finished(r);
+  m2["report"]["exits"][0]["signal"] = 99;
+  EXPECT_THROW(decode_finished(m2), MessageError);
+}
