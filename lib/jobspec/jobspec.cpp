@@ -37,9 +37,7 @@ namespace {
 const std::vector<std::string> kTopKeys{
     "name",    "nnodes",  "hosts", "nproc_per_node", "command", "workdir", "env",  "env_forward",
     "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous"};
-const std::map<std::string, std::string> kNotYet{
-    {"container", "workers inside containers arrive with the containers issue"},
-};
+const std::map<std::string, std::string> kNotYet{};
 
 // Environment variables that ddpctl owns: a job may not set them (the value would be a lie).
 const std::set<std::string> kReservedEnv{
@@ -231,6 +229,8 @@ class Parser {
         });
       } else if (key == "binding") {
         parse_binding(v, spec);
+      } else if (key == "container") {
+        parse_container(k, v, spec);
       } else if (key == "nccl") {
         mapping(v, "nccl", {"unique_id"}, [&](const std::string&, const YAML::Node&, const YAML::Node& nv) {
           if (nv.IsScalar() && (nv.Scalar() == "auto" || nv.Scalar() == "on" || nv.Scalar() == "off")) {
@@ -242,6 +242,13 @@ class Parser {
         });
       }
     });
+    // The id holder runs on the host with the host's libnccl; a container's NCCL may differ, and
+    // an id from another NCCL version is worse than none (see README, containers).
+    if (spec.container && spec.nccl_unique_id == NcclUniqueId::on) {
+      const YAML::Node& croot = root;
+      error(croot["nccl"]["unique_id"], "nccl.unique_id: on cannot be honoured with container: the id holder would use the host's "
+                          "libnccl, not the image's; use auto or off (PyTorch's NCCL process group needs no id from ddpctl)");
+    }
     if (root.IsMap() && !have_command) {
       diags_.push_back({file_, 1, 1, "missing key 'command': expected the worker's argv, e.g. command: [python3, train.py]"});
     }
@@ -329,9 +336,84 @@ class Parser {
     if (spec.command[0].empty()) error(v[0], "command: the program (first item) is empty");
   }
 
-  void parse_env(const YAML::Node& v, JobSpec& spec) {
+  // container: {runtime, image, mounts, workdir, pull, extra_args, env}; runtime and image required.
+  void parse_container(const YAML::Node& key, const YAML::Node& v, JobSpec& spec) {
+    ContainerSpec c;
+    bool have_runtime = false, have_image = false;
+    const std::size_t before = diags_.size();
+    mapping(v, "container", {"runtime", "image", "mounts", "workdir", "pull", "extra_args", "env"},
+            [&](const std::string& ck, const YAML::Node&, const YAML::Node& cv) {
+      if (ck == "runtime" || ck == "pull") {
+        const std::vector<std::string> allowed = ck == "runtime"
+            ? std::vector<std::string>{"docker", "podman", "apptainer", "enroot"}
+            : std::vector<std::string>{"never", "missing", "always"};
+        const std::string value = cv.IsScalar() ? cv.Scalar() : std::string();
+        auto it = std::find(allowed.begin(), allowed.end(), value);
+        if (!cv.IsScalar() || it == allowed.end()) {
+          auto hint = cv.IsScalar() ? nearest(value, allowed) : std::nullopt;
+          error(cv, fmt::format("container.{}: expected {}, got {}{}", ck, join(allowed, ", "), describe(cv),
+                                hint ? fmt::format(" (did you mean '{}'?)", *hint) : ""));
+          return;
+        }
+        const auto pos = static_cast<int>(it - allowed.begin());
+        if (ck == "runtime") have_runtime = true, c.runtime = static_cast<ContainerRuntime>(pos);
+        else c.pull = static_cast<PullPolicy>(pos);
+      } else if (ck == "image") {
+        if (auto s = string(cv, "container.image")) {
+          if (trim(*s).empty()) error(cv, "container.image: expected an image reference such as pytorch-cuda:v2.6, got an empty string");
+          else have_image = true, c.image = *s;
+        }
+      } else if (ck == "workdir") {
+        if (auto s = string(cv, "container.workdir")) {
+          if (s->empty() || (*s)[0] != '/') error(cv, fmt::format("container.workdir: expected an absolute path inside the container, got {}", describe(cv)));
+          else c.workdir = *s;
+        }
+      } else if (ck == "mounts") {
+        parse_mounts(cv, c);
+      } else if (ck == "extra_args") {
+        if (!cv.IsSequence()) {
+          error(cv, fmt::format("container.extra_args: expected a list of arguments, got {}", describe(cv)));
+          return;
+        }
+        for (const auto& item : cv) {
+          if (auto s = string(item, "container.extra_args item")) c.extra_args.push_back(*s);
+        }
+      } else {
+        parse_env_map(cv, "container.env", c.env);
+      }
+    });
+    if (diags_.size() != before || !v.IsMap()) return;
+    if (!have_runtime) error(key, "container: missing key 'runtime': expected docker, podman, apptainer or enroot");
+    if (!have_image) error(key, "container: missing key 'image': expected the image to run, e.g. image: pytorch-cuda:v2.6");
+    if (have_runtime && have_image) spec.container = std::move(c);
+  }
+
+  // "SOURCE:TARGET" or "SOURCE:TARGET:ro|rw"; TARGET absolute.
+  void parse_mounts(const YAML::Node& v, ContainerSpec& c) {
+    if (!v.IsSequence()) {
+      error(v, fmt::format("container.mounts: expected a list such as [\"./:/workspace\", \"/data:/data:ro\"], got {}", describe(v)));
+      return;
+    }
+    for (const auto& item : v) {
+      if (!item.IsScalar()) {
+        error(item, fmt::format("container.mounts: every item must be SOURCE:TARGET[:ro|rw], got {}", describe(item)));
+        continue;
+      }
+      auto parts = split(item.Scalar(), ':');
+      const bool mode_ok = parts.size() == 2 || (parts.size() == 3 && (parts[2] == "ro" || parts[2] == "rw"));
+      if (!mode_ok || parts[0].empty() || parts[1].empty() || parts[1][0] != '/') {
+        error(item, fmt::format("container.mounts: expected SOURCE:TARGET[:ro|rw] with an absolute TARGET, got {}", describe(item)));
+        continue;
+      }
+      c.mounts.push_back({std::string(parts[0]), std::string(parts[1]), parts.size() == 3 && parts[2] == "ro"});
+    }
+  }
+
+  void parse_env(const YAML::Node& v, JobSpec& spec) { parse_env_map(v, "env", spec.env); }
+
+  void parse_env_map(const YAML::Node& v, const std::string& where, std::vector<std::pair<std::string, std::string>>& out) {
     if (!v.IsMap()) {
-      error(v, fmt::format("env: expected a mapping of NAME: value, got {}", describe(v)));
+      error(v, fmt::format("{}: expected a mapping of NAME: value, got {}", where, describe(v)));
       return;
     }
     static const std::regex name_re("^[A-Za-z_][A-Za-z0-9_]*$");
@@ -340,23 +422,23 @@ class Parser {
       const YAML::Node k = it->first;
       const YAML::Node val = it->second;
       if (!k.IsScalar() || !std::regex_match(k.Scalar(), name_re)) {
-        error(k, fmt::format("env: expected a variable name (letters, digits, '_'), got {}", describe(k)));
+        error(k, fmt::format("{}: expected a variable name (letters, digits, '_'), got {}", where, describe(k)));
         continue;
       }
       if (!seen.insert(k.Scalar()).second) {
-        error(k, fmt::format("duplicate key 'env.{}'", k.Scalar()));
+        error(k, fmt::format("duplicate key '{}.{}'", where, k.Scalar()));
         continue;
       }
       if (kReservedEnv.contains(k.Scalar())) {
-        error(k, fmt::format("env.{}: set by ddpctl for every worker (see the environment contract); "
-                             "remove it from env", k.Scalar()));
+        error(k, fmt::format("{}.{}: set by ddpctl for every worker (see the environment contract); "
+                             "remove it from {}", where, k.Scalar(), where));
         continue;
       }
       if (!val.IsScalar()) {
-        error(val, fmt::format("env.{}: expected a string value, got {}", k.Scalar(), describe(val)));
+        error(val, fmt::format("{}.{}: expected a string value, got {}", where, k.Scalar(), describe(val)));
         continue;
       }
-      spec.env.emplace_back(k.Scalar(), val.Scalar());
+      out.emplace_back(k.Scalar(), val.Scalar());
     }
   }
 
@@ -383,6 +465,16 @@ class Parser {
 }  // namespace
 
 const std::vector<std::string>& known_top_level_keys() { return kTopKeys; }
+
+std::string_view runtime_name(ContainerRuntime r) {
+  switch (r) {
+    case ContainerRuntime::docker: return "docker";
+    case ContainerRuntime::podman: return "podman";
+    case ContainerRuntime::apptainer: return "apptainer";
+    case ContainerRuntime::enroot: return "enroot";
+  }
+  return "?";
+}
 
 JobSpec parse_job_yaml(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
 

@@ -59,6 +59,26 @@ struct BindingSpec {
   bool all_none() const { return gpu == GpuBinding::none && numa == NumaBinding::none && nic == NicBinding::none; }
 };
 
+// container: every rank runs inside a container of `image` (lib/container builds the runtime's
+// command line). Mount sources and `workdir` inside the container are kept as written.
+enum class ContainerRuntime { docker, podman, apptainer, enroot };
+enum class PullPolicy { never, missing, always };
+struct Mount {
+  std::string source;  // on the host; relative: to the launcher's working directory
+  std::string target;  // inside the container, absolute
+  bool read_only = false;
+};
+struct ContainerSpec {
+  ContainerRuntime runtime = ContainerRuntime::podman;
+  std::string image;
+  std::vector<Mount> mounts;
+  std::optional<std::string> workdir;                    // inside; nullopt: the image's own
+  PullPolicy pull = PullPolicy::missing;
+  std::vector<std::string> extra_args;                   // before the image, as written
+  std::vector<std::pair<std::string, std::string>> env;  // inside only, in file order
+};
+std::string_view runtime_name(ContainerRuntime r);
+
 struct JobSpec {
   std::string file;  // where it came from, for messages
   std::string name = "job";
@@ -77,6 +97,7 @@ struct JobSpec {
   std::uint16_t store_port = 29500;
   NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
   BindingSpec binding;
+  std::optional<ContainerSpec> container;
   Millis stop_grace{30'000};
   // Multi-node (--nodes / ddp-agentd): the job file's hosts (--nodes wins) and rendezvous timing.
   std::vector<std::string> hosts;

@@ -130,8 +130,58 @@ TEST(JobSpec, DuplicateKeys) {
   expect_error("command: [x]\nname: a\nname: b\n", 3, 1, "duplicate key 'name'");
 }
 
-TEST(JobSpec, LaterFeaturesAreNotSupportedYet) {
-  expect_error("command: [x]\ncontainer: {runtime: docker}\n", 2, 1, "'container' is not supported yet");
+TEST(JobSpec, Container) {
+  auto s = parse_job_yaml(R"(command: [python3, train.py]
+container:
+  runtime: podman
+  image: localhost/pytorch:2
+  mounts: ["./:/workspace", "/data:/data:ro"]
+  workdir: /workspace
+  pull: never
+  extra_args: [--shm-size, 8g]
+  env: {HF_HOME: /data/hf}
+)", "t");
+  ASSERT_TRUE(s.container);
+  const auto& c = *s.container;
+  EXPECT_EQ(c.runtime, ContainerRuntime::podman);
+  EXPECT_EQ(runtime_name(c.runtime), "podman");
+  EXPECT_EQ(c.image, "localhost/pytorch:2");
+  ASSERT_EQ(c.mounts.size(), 2u);
+  EXPECT_EQ(c.mounts[0].source, "./");
+  EXPECT_EQ(c.mounts[0].target, "/workspace");
+  EXPECT_FALSE(c.mounts[0].read_only);
+  EXPECT_TRUE(c.mounts[1].read_only);
+  EXPECT_EQ(c.workdir, "/workspace");
+  EXPECT_EQ(c.pull, PullPolicy::never);
+  EXPECT_EQ(c.extra_args, (std::vector<std::string>{"--shm-size", "8g"}));
+  ASSERT_EQ(c.env.size(), 1u);
+  EXPECT_EQ(c.env[0].first, "HF_HOME");
+
+  auto d = parse_job_yaml("command: [x]\ncontainer: {runtime: docker, image: img}\n", "t");
+  EXPECT_EQ(d.container->pull, PullPolicy::missing);
+  EXPECT_FALSE(d.container->workdir);
+  EXPECT_FALSE(parse_job_yaml("command: [x]\n", "t").container);
+}
+
+TEST(JobSpec, ContainerErrors) {
+  expect_error("command: [x]\ncontainer: {runtime: docker}\n", 2, 1, "missing key 'image'");
+  expect_error("command: [x]\ncontainer: {image: i}\n", 2, 1, "missing key 'runtime'");
+  expect_error("command: [x]\ncontainer: {runtime: dokcer, image: i}\n", 2, 22, "did you mean 'docker'");
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: i, pul: never}\n", 2, 40, "did you mean 'pull'");
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: i, pull: sometimes}\n", 2, 46, "never, missing, always");
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: ''}\n", 2, 37, "empty string");
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: i, workdir: rel}\n", 2, 49, "absolute path");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: [/a]\n", 5, 12, "SOURCE:TARGET");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: ['/a:rel']\n", 5, 12, "absolute TARGET");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: ['/a:/b:rx']\n", 5, 12, "ro|rw");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: /a:/b\n", 5, 11, "expected a list");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  env: {RANK: '1'}\n", 5, 9, "container.env.RANK: set by ddpctl");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  extra_args: --x\n", 5, 15, "list of arguments");
+  expect_error("command: [x]\ncontainer: docker\n", 2, 12, "expected a mapping");
+  // The host's id holder cannot speak the image's NCCL.
+  expect_error("command: [x]\nnccl: {unique_id: on}\ncontainer: {runtime: podman, image: i}\n", 2, 19,
+               "cannot be honoured with container");
+  EXPECT_NO_THROW(parse_job_yaml("command: [x]\nnccl: {unique_id: auto}\ncontainer: {runtime: podman, image: i}\n", "t"));
 }
 
 TEST(JobSpec, Binding) {
