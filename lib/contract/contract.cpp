@@ -122,14 +122,24 @@ Plan make_plan(const jobspec::JobSpec& spec, const NodeContext& node, const Env&
 nlohmann::json to_json(const Plan& plan) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : plan.ranks) {
-    ranks.push_back({{"rank", r.rank},
+    nlohmann::json j{{"rank", r.rank},
                      {"local_rank", r.local_rank},
                      {"node", r.node},
                      {"argv", r.argv},
-                     {"env", r.env},
                      {"log_file", r.log_file},
                      {"error_file", r.error_file},
-                     {"binding", r.binding}});
+                     {"binding", r.binding}};
+    if (r.container) {
+      // The worker's environment is what it sees inside; the client's is ddpctl's, scrubbed.
+      j["env"] = r.container->env;
+      j["container"] = {{"runtime", r.container->runtime},
+                        {"image", r.container->image},
+                        {"name", r.container->name},
+                        {"env_file", r.container->env_file}};
+    } else {
+      j["env"] = r.env;
+    }
+    ranks.push_back(std::move(j));
   }
   return {{"job_id", plan.job_id}, {"world_size", plan.world_size}, {"ranks", ranks}};
 }

@@ -54,6 +54,16 @@ std::string rank_error_file(const std::string& attempt_dir, int rank);
 // The complete environment of one worker.
 Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env& inherited, int local_rank);
 
+// A rank that runs inside a container (lib/container): the spawned process is the runtime's
+// client, `env` below is the worker's environment inside, written to `env_file` (0600).
+struct ContainerRun {
+  std::string runtime;
+  std::string image;
+  std::string name;      // unique per job, attempt and rank; empty where the runtime has no names
+  std::string env_file;  // empty where the runtime takes the variables another way (enroot)
+  Env env;
+};
+
 struct RankPlan {
   int rank = 0;
   int local_rank = 0;
@@ -65,6 +75,7 @@ struct RankPlan {
   nlohmann::json binding = nlohmann::json::object();  // lib/binding's plan of this rank, as shown
   std::vector<int> cpus;              // applied before exec (sched_setaffinity); empty: not bound
   std::optional<int> mem_node;        // preferred memory node before exec; nullopt: not set
+  std::optional<ContainerRun> container;  // set: argv/env above are the runtime client's
 };
 
 struct Plan {

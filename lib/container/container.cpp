@@ -1,0 +1,260 @@
+#include "container/container.hpp"
+
+#include "common/strings.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+
+namespace ddp::container {
+
+namespace fs = std::filesystem;
+
+std::string Owner::label() const { return fmt::format("{}-{}", pid, start_time); }
+
+std::optional<Owner> parse_owner(std::string_view label) {
+  auto parts = split(label, '-');
+  if (parts.size() != 2) return std::nullopt;
+  auto pid = parse_int(parts[0]);
+  auto started = parse_int(parts[1]);
+  if (!pid || !started || *pid <= 0 || *started < 0) return std::nullopt;
+  return Owner{*pid, static_cast<unsigned long long>(*started)};
+}
+
+std::string container_name(const std::string& job_id, int attempt, int rank) {
+  // docker and podman accept [a-zA-Z0-9][a-zA-Z0-9_.-]*; a --job-id may hold anything.
+  std::string id = job_id;
+  for (char& c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '.' || c == '-';
+    if (!ok) c = '_';
+  }
+  return fmt::format("ddpctl-{}-a{}-r{}", id, attempt, rank);
+}
+
+Env forwarded_into_container(const Env& inherited, const jobspec::JobSpec& spec) {
+  static const std::vector<std::string> host_paths{"PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH"};
+  Env out;
+  for (const auto& [k, v] : inherited) {
+    if (std::find(host_paths.begin(), host_paths.end(), k) != host_paths.end()) continue;
+    if (contract::matches_forward(k, spec.env_forward)) out.emplace(k, v);
+  }
+  return out;
+}
+
+std::string env_file_text(ContainerRuntime runtime, const Env& env) {
+  std::string out;
+  for (const auto& [k, v] : env) {
+    if (v.find('\n') != std::string::npos) {
+      throw std::invalid_argument(fmt::format("the value of {} holds a newline, which no container env file can carry", k));
+    }
+    if (runtime == ContainerRuntime::apptainer) {
+      std::string quoted;
+      for (char c : v) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      out += fmt::format("{}='{}'\n", k, quoted);
+    } else {
+      out += fmt::format("{}={}\n", k, v);
+    }
+  }
+  return out;
+}
+
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::vector<int> c = cpus;
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  std::string out;
+  for (std::size_t i = 0; i < c.size();) {
+    std::size_t j = i;
+    while (j + 1 < c.size() && c[j + 1] == c[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += j == i ? std::to_string(c[i]) : fmt::format("{}-{}", c[i], c[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+namespace {
+
+// docker run / podman run. References:
+//  docker: https://docs.docker.com/reference/cli/docker/container/run/ (--env-file, --gpus,
+//    --ulimit, --cpuset-cpus/--cpuset-mems, --device, --init, --label, --pull) and
+//    https://docs.docker.com/engine/containers/gpu/; NVIDIA's container toolkit docs say a list
+//    in `device=` must itself be double-quoted ('"device=2,3"'), or docker's CSV parser splits
+//    it at the comma and keeps only the first GPU.
+//  podman: https://docs.podman.io/en/v4.3/markdown/podman-run.1.html (the same flags; --ulimit
+//    host copies the client's limits) and NVIDIA's CDI support page
+//    (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html):
+//    `--device nvidia.com/gpu=<index or UUID>` after `nvidia-ctk cdi generate`.
+std::vector<std::string> oci_run(const jobspec::ContainerSpec& spec, const RankRun& run, const HostLayout& host) {
+  const bool docker = spec.runtime == ContainerRuntime::docker;
+  std::vector<std::string> a{std::string(jobspec::runtime_name(spec.runtime)), "run", "--rm", "--init",
+                             "--name", run.name,
+                             "--label", fmt::format("{}={}", kJobLabel, run.job_id),
+                             "--label", fmt::format("{}={}", kRankLabel, run.rank),
+                             "--label", fmt::format("{}={}", kOwnerLabel, run.owner_label),
+                             "--network", "host", "--ipc", "host",
+                             "--pull=never"};  // the launcher pulled (or refused) before any rank started
+  // RDMA registers memory: it wants memlock unlimited. Where the node's hard limit is lower it
+  // cannot be raised; podman then copies the client's limits (`--ulimit host`: naming only
+  // memlock would drop containers.conf's other defaults, which this node may not grant either).
+  if (!host.memlock_hard) {
+    a.insert(a.end(), {"--ulimit", "memlock=-1:-1"});
+  } else if (docker) {
+    a.insert(a.end(), {"--ulimit", fmt::format("memlock={0}:{0}", *host.memlock_hard)});
+  } else {
+    a.insert(a.end(), {"--ulimit", "host"});
+  }
+  if (!run.cpus.empty()) a.insert(a.end(), {"--cpuset-cpus", cpu_list(run.cpus)});
+  if (run.mem_node) a.insert(a.end(), {"--cpuset-mems", std::to_string(*run.mem_node)});
+  for (const auto& d : host.rdma_devices) a.insert(a.end(), {"--device", d});
+  if (!run.gpus.empty()) {
+    if (docker) {
+      const std::string list = join(run.gpus, ",");
+      a.insert(a.end(), {"--gpus", run.gpus.size() == 1 ? "device=" + list : fmt::format("\"device={}\"", list)});
+    } else {
+      for (const auto& g : run.gpus) a.insert(a.end(), {"--device", "nvidia.com/gpu=" + g});
+    }
+  }
+  a.insert(a.end(), {"--env-file", run.env_file});
+  for (const auto& m : spec.mounts) {
+    a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", m.source, m.target, m.read_only ? ":ro" : "")});
+  }
+  if (spec.workdir) a.insert(a.end(), {"--workdir", *spec.workdir});
+  a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
+  a.push_back(spec.image);
+  a.insert(a.end(), run.argv.begin(), run.argv.end());
+  return a;
+}
+
+// apptainer exec: https://apptainer.org/docs/user/main/cli/apptainer_exec.html (--cleanenv,
+// --env-file, --nv, --pwd, --bind src:dest[:ro]). Host network, IPC and /dev are shared by
+// default; the CPU binding reaches the container because its processes are the client's
+// children and inherit its affinity.
+std::vector<std::string> apptainer_exec(const jobspec::ContainerSpec& spec, const RankRun& run) {
+  std::vector<std::string> a{"apptainer", "exec", "--cleanenv", "--env-file", run.env_file};
+  if (!run.gpus.empty()) a.push_back("--nv");
+  if (spec.workdir) a.insert(a.end(), {"--pwd", *spec.workdir});
+  for (const auto& m : spec.mounts) {
+    a.insert(a.end(), {"--bind", fmt::format("{}:{}{}", m.source, m.target, m.read_only ? ":ro" : "")});
+  }
+  a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
+  a.push_back(spec.image);
+  a.insert(a.end(), run.argv.begin(), run.argv.end());
+  return a;
+}
+
+// enroot start: https://github.com/NVIDIA/enroot/blob/master/doc/cmd/start.md (`--env KEY`
+// exports the client's value, `--mount` takes fstab fields colon-separated, an image file can be
+// started directly) and doc/image-format.md (x-create=auto makes the mount point). GPUs and HCAs
+// reach the container through enroot's standard hooks, which read NVIDIA_VISIBLE_DEVICES and
+// MELLANOX_VISIBLE_DEVICES. enroot has no working-directory flag: a shell inside changes to it.
+std::vector<std::string> enroot_start(const jobspec::ContainerSpec& spec, const RankRun& run, const HostLayout& host) {
+  std::vector<std::string> a{"enroot", "start"};
+  Env names = run.env;
+  for (const auto& [k, v] : client_env(spec, run, host)) names[k] = v;
+  for (const auto& [k, v] : names) a.insert(a.end(), {"--env", k});
+  for (const auto& m : spec.mounts) {
+    a.insert(a.end(), {"--mount", fmt::format("{}:{}:none:x-create=auto,bind{}", m.source, m.target,
+                                              m.read_only ? ",ro" : "")});
+  }
+  a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
+  a.push_back(spec.image);
+  if (spec.workdir) a.insert(a.end(), {"/bin/sh", "-c", "cd -- \"$0\" && exec \"$@\"", *spec.workdir});
+  a.insert(a.end(), run.argv.begin(), run.argv.end());
+  return a;
+}
+
+}  // namespace
+
+std::vector<std::string> run_argv(const jobspec::ContainerSpec& spec, const RankRun& run, const HostLayout& host) {
+  switch (spec.runtime) {
+    case ContainerRuntime::docker:
+    case ContainerRuntime::podman: return oci_run(spec, run, host);
+    case ContainerRuntime::apptainer: return apptainer_exec(spec, run);
+    case ContainerRuntime::enroot: return enroot_start(spec, run, host);
+  }
+  return {};
+}
+
+Env client_env(const jobspec::ContainerSpec& spec, const RankRun& run, const HostLayout& host) {
+  Env out;
+  if (spec.runtime != ContainerRuntime::enroot) return out;
+  out = run.env;
+  if (!run.gpus.empty()) out["NVIDIA_VISIBLE_DEVICES"] = join(run.gpus, ",");
+  if (!host.rdma_devices.empty()) out["MELLANOX_VISIBLE_DEVICES"] = "all";
+  return out;
+}
+
+bool has_image_store(ContainerRuntime runtime) {
+  return runtime == ContainerRuntime::docker || runtime == ContainerRuntime::podman;
+}
+
+std::vector<std::string> remove_argv(ContainerRuntime runtime, const std::vector<std::string>& names) {
+  if (!has_image_store(runtime) || names.empty()) return {};
+  // podman rm: --time 0 kills at once, --ignore skips names already gone. docker rm --force
+  // kills; a name already gone only makes it exit 1, which the caller tolerates.
+  std::vector<std::string> a{std::string(jobspec::runtime_name(runtime)), "rm", "--force"};
+  if (runtime == ContainerRuntime::podman) a.insert(a.end(), {"--ignore", "--time", "0"});
+  a.insert(a.end(), names.begin(), names.end());
+  return a;
+}
+
+std::vector<std::string> list_owned_argv(ContainerRuntime runtime) {
+  if (!has_image_store(runtime)) return {};
+  return {std::string(jobspec::runtime_name(runtime)), "ps", "--all", "--filter", fmt::format("label={}", kOwnerLabel),
+          "--format", fmt::format("{{{{.Names}}}} {{{{index .Labels \"{}\"}}}}", kOwnerLabel)};
+}
+
+std::vector<std::string> image_id_argv(ContainerRuntime runtime, const std::string& image) {
+  if (!has_image_store(runtime)) return {};
+  return {std::string(jobspec::runtime_name(runtime)), "image", "inspect", "--format", "{{.Id}}", image};
+}
+
+std::vector<std::string> pull_argv(ContainerRuntime runtime, const std::string& image) {
+  if (!has_image_store(runtime)) return {};
+  return {std::string(jobspec::runtime_name(runtime)), "pull", image};
+}
+
+void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& inherited, const HostLayout& host,
+               int attempt, const Owner& owner, const std::string& host_cwd) {
+  if (!spec.container) return;
+  jobspec::ContainerSpec cs = *spec.container;
+  for (auto& m : cs.mounts) {
+    fs::path src(m.source);
+    if (src.is_relative()) m.source = (fs::path(host_cwd) / src).lexically_normal().string();
+    if (m.source.size() > 1 && m.source.back() == '/') m.source.pop_back();
+  }
+  for (auto& r : plan.ranks) {
+    RankRun run;
+    run.name = container_name(plan.job_id, attempt, r.rank);
+    run.env_file = cs.runtime == ContainerRuntime::enroot
+                       ? std::string()
+                       : fs::path(r.log_file).replace_extension(".env").string();
+    run.argv = r.argv;
+    run.env = r.env;
+    for (const auto& [k, v] : cs.env) run.env[k] = v;
+    if (auto it = run.env.find("CUDA_VISIBLE_DEVICES"); it != run.env.end()) {
+      for (auto g : split(it->second, ',')) {
+        if (!trim(g).empty()) run.gpus.emplace_back(trim(g));
+      }
+    }
+    run.cpus = r.cpus;
+    run.mem_node = r.mem_node;
+    run.owner_label = owner.label();
+    run.job_id = plan.job_id;
+    run.rank = r.rank;
+
+    r.argv = run_argv(cs, run, host);
+    Env client = contract::scrub(inherited);
+    for (const auto& [k, v] : client_env(cs, run, host)) client[k] = v;
+    r.env = std::move(client);
+    r.container = contract::ContainerRun{std::string(jobspec::runtime_name(cs.runtime)), cs.image,
+                                         has_image_store(cs.runtime) ? run.name : std::string(), run.env_file,
+                                         std::move(run.env)};
+  }
+}
+
+}  // namespace ddp::container

@@ -1,0 +1,284 @@
+#include "container/runtime.hpp"
+
+#include "common/log.hpp"
+#include "common/strings.hpp"
+#include "supervisor/cgroup.hpp"
+#include "supervisor/process.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace ddp::container {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::optional<unsigned long long> start_time_of(long long pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(in, line)) return std::nullopt;
+  return supervisor::start_time_from_stat(line);
+}
+
+std::string first_line(const std::string& s) {
+  auto t = trim(s);
+  return std::string(t.substr(0, t.find('\n')));
+}
+
+}  // namespace
+
+HostLayout read_host_layout() {
+  HostLayout h;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/infiniband", ec)) {
+    if (e.is_character_file(ec)) h.rdma_devices.push_back(e.path().string());
+  }
+  std::sort(h.rdma_devices.begin(), h.rdma_devices.end());
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_max != RLIM_INFINITY) h.memlock_hard = rl.rlim_max;
+  return h;
+}
+
+Owner own_owner() { return Owner{::getpid(), start_time_of(::getpid()).value_or(0)}; }
+
+CommandResult run_command(const std::vector<std::string>& argv, const Env& env, std::chrono::milliseconds timeout) {
+  CommandResult r;
+  supervisor::SpawnSpec s;
+  s.argv = argv;
+  s.env = env;
+  s.workdir.assign(1, '/');  // (a literal here trips GCC 12's -Wrestrict false positive)
+  supervisor::Spawned sp;
+  try {
+    sp = supervisor::spawn(s);
+  } catch (const supervisor::SpawnError& e) {
+    r.err = e.what();
+    return r;
+  }
+  // The runtime may hand our pipes to a daemonized helper (podman's conmon), so its end is
+  // known from a pidfd, not from EOF.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, sp.pid, 0));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  constexpr std::size_t kCap = 64 * 1024;
+  bool exited = false;
+  int fds[2] = {sp.stdout_fd, sp.stderr_fd};
+  std::string* bufs[2] = {&r.out, &r.err};
+  while (!exited) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      r.timed_out = true;
+      ::kill(-sp.pid, SIGKILL);
+      ::kill(sp.pid, SIGKILL);
+      break;
+    }
+    pollfd p[3] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}, {pidfd, POLLIN, 0}};
+    // Without a pidfd (old kernels) EOF on both pipes has to do; bounded by the deadline anyway.
+    const int n = ::poll(p, pidfd >= 0 ? 3 : 2, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i] < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      ssize_t got = ::read(fds[i], buf, sizeof buf);
+      if (got > 0) {
+        if (bufs[i]->size() < kCap) bufs[i]->append(buf, static_cast<std::size_t>(std::min<ssize_t>(got, kCap)));
+      } else if (got == 0 || errno != EINTR) {
+        ::close(fds[i]);
+        fds[i] = -1;
+      }
+    }
+    if (pidfd >= 0 && (p[2].revents & POLLIN)) exited = true;
+    if (pidfd < 0 && fds[0] < 0 && fds[1] < 0) exited = true;
+  }
+  // What is already in the pipes, without waiting for writers that outlive the command.
+  for (int i = 0; i < 2; ++i) {
+    if (fds[i] < 0) continue;
+    ::fcntl(fds[i], F_SETFL, O_NONBLOCK);
+    char buf[4096];
+    ssize_t got;
+    while ((got = ::read(fds[i], buf, sizeof buf)) > 0 && bufs[i]->size() < kCap) bufs[i]->append(buf, static_cast<std::size_t>(got));
+    ::close(fds[i]);
+  }
+  if (pidfd >= 0) ::close(pidfd);
+  int status = 0;
+  while (::waitpid(sp.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  return r;
+}
+
+std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd) {
+  const std::string runtime(jobspec::runtime_name(spec.runtime));
+  auto path = client_env.count("PATH") ? client_env.at("PATH") : std::string();
+  if (!supervisor::resolve_executable(runtime, path, cwd)) {
+    throw ContainerError(fmt::format("container.runtime {}: '{}' was not found on PATH ({}); install it or pick "
+                                     "another runtime", runtime, runtime, path));
+  }
+  if (!has_image_store(spec.runtime)) {
+    // apptainer and enroot run an image file, or fetch a URI (docker://...) themselves.
+    if (spec.image.find("://") != std::string::npos) return spec.image;
+    fs::path p(spec.image);
+    if (p.is_relative()) p = fs::path(cwd) / p;
+    std::error_code ec;
+    if (!fs::exists(p, ec)) throw ContainerError(fmt::format("container.image {}: no such file on this node", p.string()));
+    return p.string();
+  }
+  using namespace std::chrono_literals;
+  auto log = log::get("container");
+  auto inspect = [&] { return run_command(image_id_argv(spec.runtime, spec.image), client_env, 60s); };
+  auto pull = [&] {
+    log->info("pulling {} with {}", spec.image, runtime);
+    auto r = run_command(pull_argv(spec.runtime, spec.image), client_env, 30min);
+    if (r.exit_code != 0) {
+      throw ContainerError(fmt::format("{} pull {} failed{}: {}", runtime, spec.image, r.timed_out ? " (after 30 min)" : "",
+                                       first_line(r.err.empty() ? r.out : r.err)));
+    }
+  };
+  if (spec.pull == jobspec::PullPolicy::always) pull();
+  auto r = inspect();
+  if (r.exit_code != 0 && spec.pull == jobspec::PullPolicy::missing) {
+    pull();
+    r = inspect();
+  }
+  if (r.exit_code != 0) {
+    throw ContainerError(fmt::format("image {} is not present on this node ({} image inspect: {}){}", spec.image, runtime,
+                                     first_line(r.err), spec.pull == jobspec::PullPolicy::never
+                                         ? "; container.pull is never: load or pull it first" : ""));
+  }
+  return first_line(r.out);
+}
+
+void write_env_files(const contract::Plan& plan, ContainerRuntime runtime) {
+  for (const auto& r : plan.ranks) {
+    if (!r.container || r.container->env_file.empty()) continue;
+    const auto& path = r.container->env_file;
+    std::string text;
+    try {
+      text = env_file_text(runtime, r.container->env);
+    } catch (const std::invalid_argument& e) {
+      throw ContainerError(fmt::format("rank {}: {}", r.rank, e.what()));
+    }
+    ::unlink(path.c_str());  // a file of an earlier run with the same --job-id, whatever its mode
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw ContainerError(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    if (!ok) throw ContainerError(fmt::format("cannot write {}", path));
+  }
+}
+
+void remove_env_files(const contract::Plan& plan) {
+  for (const auto& r : plan.ranks) {
+    if (r.container && !r.container->env_file.empty()) ::unlink(r.container->env_file.c_str());
+  }
+}
+
+std::vector<std::string> container_names(const contract::Plan& plan) {
+  std::vector<std::string> out;
+  for (const auto& r : plan.ranks) {
+    if (r.container && !r.container->name.empty()) out.push_back(r.container->name);
+  }
+  return out;
+}
+
+void remove_containers(ContainerRuntime runtime, const std::vector<std::string>& names, const Env& client_env) {
+  auto argv = remove_argv(runtime, names);
+  if (argv.empty()) return;
+  auto r = run_command(argv, client_env, std::chrono::seconds(60));
+  // docker says "No such container" for a name already gone; that is the goal, not a failure.
+  if (r.exit_code != 0 && r.err.find("No such container") == std::string::npos) {
+    log::get("container")->warn("{} failed ({}): {}", join(argv, " "), r.timed_out ? "timed out" : fmt::format("exit {}", r.exit_code),
+                                first_line(r.err));
+  }
+}
+
+void sweep_stale(ContainerRuntime runtime, const Env& client_env) {
+  auto argv = list_owned_argv(runtime);
+  if (argv.empty()) return;
+  auto r = run_command(argv, client_env, std::chrono::seconds(60));
+  if (r.exit_code != 0) return;  // no runtime to ask; nothing of ours can be there either
+  std::vector<std::string> stale;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    auto parts = split(trim(line), ' ');
+    if (parts.size() != 2) continue;
+    auto owner = parse_owner(parts[1]);
+    if (!owner || owner->pid == ::getpid()) continue;
+    auto now = start_time_of(owner->pid);
+    if (now && *now == owner->start_time) continue;  // its launcher still runs
+    stale.emplace_back(parts[0]);
+  }
+  if (stale.empty()) return;
+  log::get("container")->warn("removing {} container(s) left by a launcher that no longer runs: {}", stale.size(), join(stale, " "));
+  remove_containers(runtime, stale, client_env);
+}
+
+std::optional<Watchdog> Watchdog::start(const std::vector<std::string>& remove, const Env& env) {
+  if (remove.empty()) return std::nullopt;
+  auto path = env.count("PATH") ? env.at("PATH") : std::string();
+  auto exe = supervisor::resolve_executable(remove[0], path, "/");
+  if (!exe) throw ContainerError(fmt::format("'{}' was not found on PATH ({})", remove[0], path));
+  // Everything the child needs exists before fork(): it only makes async-signal-safe calls.
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> argv_c, envp_c;
+  for (const auto& a : remove) argv_c.push_back(const_cast<char*>(a.c_str()));
+  argv_c.push_back(nullptr);
+  for (auto& e : env_strings) envp_c.push_back(e.data());
+  envp_c.push_back(nullptr);
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw ContainerError(fmt::format("pipe: {}", std::strerror(errno)));
+  const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]), ::close(fds[1]);
+    if (devnull >= 0) ::close(devnull);
+    throw ContainerError(fmt::format("fork: {}", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    ::setsid();  // out of the launcher's process group: a terminal's Ctrl-C is the launcher's to handle
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::dup2(fds[0], 0);
+    if (devnull >= 0) ::dup2(devnull, 1), ::dup2(devnull, 2);
+    ::syscall(SYS_close_range, 3u, ~0u, 0u);
+    char c = 0;
+    ssize_t n;
+    while ((n = ::read(0, &c, 1)) < 0 && errno == EINTR) {
+    }
+    if (n == 1 && c == 'd') ::_exit(0);
+    ::chdir("/");
+    ::execve(exe->c_str(), argv_c.data(), envp_c.data());
+    ::_exit(127);
+  }
+  ::close(fds[0]);
+  if (devnull >= 0) ::close(devnull);
+  log::get("container")->debug("watchdog pid {} removes {} if this launcher dies", pid, join(remove, " "));
+  return Watchdog(pid, fds[1]);
+}
+
+Watchdog::Watchdog(Watchdog&& o) noexcept : pid_(std::exchange(o.pid_, -1)), fd_(std::exchange(o.fd_, -1)) {}
+
+Watchdog::~Watchdog() {
+  if (fd_ < 0) return;
+  const char done = 'd';
+  [[maybe_unused]] auto ignored = ::write(fd_, &done, 1);
+  ::close(fd_);
+}
+
+}  // namespace ddp::container

@@ -1,0 +1,258 @@
+// Every runtime's command line for ranks planned on a recorded 8-GPU node (tests/fixtures/facts),
+// with and without RDMA devices and an unlimited memlock: the argv a user would type by hand.
+#include "binding/binding.hpp"
+#include "container/container.hpp"
+#include "facts/model.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+using namespace ddp;
+using container::HostLayout;
+using jobspec::ContainerRuntime;
+using testing::Contains;
+using testing::ElementsAre;
+using testing::HasSubstr;
+using testing::Not;
+
+namespace {
+
+std::filesystem::path source_dir() {
+  const char* s = std::getenv("DDP_SOURCE_DIR");
+  return s ? std::filesystem::path(s) : std::filesystem::path(DDP_FALLBACK_SOURCE_DIR);
+}
+
+std::string uuid(int i) { return "GPU-6a1e5f33-9c0b-4d7e-8a21-00000000aa0" + std::to_string(i); }
+std::string all_uuids() {
+  std::string s;
+  for (int i = 0; i < 8; ++i) s += (i ? "," : "") + uuid(i);
+  return s;
+}
+
+const container::Owner kOwner{4242, 987654};
+const contract::Env kInherited{{"PATH", "/usr/bin:/bin"},
+                               {"HOME", "/root"},
+                               {"LD_LIBRARY_PATH", "/opt/host/lib"},
+                               {"NCCL_DEBUG", "INFO"},
+                               {"CONTAINERS_CONF", "/etc/ddp-test/containers.conf"},
+                               {"RANK", "7"}};  // a stale one of another launcher
+
+jobspec::JobSpec job(const std::string& container_yaml, const std::string& extra = "") {
+  return jobspec::parse_job_yaml("name: resnet\nnproc_per_node: 8\ncommand: [python3, train.py, --epochs, '90']\n" +
+                                     extra + "container:\n" + container_yaml,
+                                 "train.yaml");
+}
+
+// The plan the launcher makes for dgx-a: contract from the forwarded environment, then the
+// binding's variables and CPUs, then the container.
+contract::Plan plan_for(const jobspec::JobSpec& spec, const HostLayout& host, int attempt = 0) {
+  auto f = facts::load_facts_file(source_dir() / "tests/fixtures/facts/dgx-a.json");
+  contract::NodeContext node;
+  node.job_id = "resnet-20261202-130000-ab12";
+  node.node_name = "dgx-a";
+  node.local_world_size = 8;
+  node.world_size = 8;
+  node.attempt_dir = "/var/log/ddp/resnet-20261202-130000-ab12/attempt-0";
+  auto plan = contract::make_plan(spec, node, container::forwarded_into_container(kInherited, spec));
+  auto b = binding::plan_binding(f, 8, spec.binding);
+  for (auto& r : plan.ranks) {
+    const auto& rb = b.ranks.at(static_cast<std::size_t>(r.local_rank));
+    if (rb.cuda_visible_devices) r.env["CUDA_VISIBLE_DEVICES"] = *rb.cuda_visible_devices;
+    r.cpus = rb.cpus;
+    r.mem_node = rb.numa_node;
+  }
+  container::wrap_plan(plan, spec, kInherited, host, attempt, kOwner, "/home/u/project");
+  return plan;
+}
+
+const HostLayout kIb{{"/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"}, std::nullopt};
+const HostLayout kNoIbLimited{{}, 8u << 20};
+
+const std::string kYaml = "  runtime: RT\n  image: nvcr.io/nvidia/pytorch:24.05-py3\n"
+                          "  mounts: ['./:/workspace', '/data:/data:ro']\n  workdir: /workspace\n"
+                          "  extra_args: [--shm-size, 16g]\n  env: {HF_HOME: /data/hf}\n";
+std::string yaml_for(const std::string& rt) {
+  auto s = kYaml;
+  s.replace(s.find("RT"), 2, rt);
+  return s;
+}
+
+}  // namespace
+
+TEST(Container, PodmanRankFive) {
+  auto plan = plan_for(job(yaml_for("podman")), kIb);
+  const auto& r = plan.ranks.at(5);
+  std::vector<std::string> want{
+      "podman", "run", "--rm", "--init", "--name", "ddpctl-resnet-20261202-130000-ab12-a0-r5",
+      "--label", "ddpctl.job=resnet-20261202-130000-ab12", "--label", "ddpctl.rank=5", "--label", "ddpctl.owner=4242-987654",
+      "--network", "host", "--ipc", "host", "--pull=never", "--ulimit", "memlock=-1:-1",
+      "--cpuset-cpus", "56-111,168-223", "--cpuset-mems", "1",
+      "--device", "/dev/infiniband/rdma_cm", "--device", "/dev/infiniband/uverbs0"};
+  for (int i = 0; i < 8; ++i) want.insert(want.end(), {"--device", "nvidia.com/gpu=" + uuid(i)});
+  want.insert(want.end(), {"--env-file", "/var/log/ddp/resnet-20261202-130000-ab12/attempt-0/rank-5.env",
+                           "--volume", "/home/u/project:/workspace", "--volume", "/data:/data:ro",
+                           "--workdir", "/workspace", "--shm-size", "16g", "nvcr.io/nvidia/pytorch:24.05-py3",
+                           "python3", "train.py", "--epochs", "90"});
+  EXPECT_EQ(r.argv, want);
+  ASSERT_TRUE(r.container);
+  EXPECT_EQ(r.container->runtime, "podman");
+  EXPECT_EQ(r.container->name, "ddpctl-resnet-20261202-130000-ab12-a0-r5");
+  // Inside: the contract, the binding, forwarded NCCL_*, the container's env; no host paths.
+  const auto& in = r.container->env;
+  EXPECT_EQ(in.at("RANK"), "5");
+  EXPECT_EQ(in.at("LOCAL_RANK"), "5");
+  EXPECT_EQ(in.at("WORLD_SIZE"), "8");
+  EXPECT_EQ(in.at("CUDA_VISIBLE_DEVICES"), all_uuids());
+  EXPECT_EQ(in.at("NCCL_DEBUG"), "INFO");
+  EXPECT_EQ(in.at("HF_HOME"), "/data/hf");
+  EXPECT_EQ(in.at("OMP_NUM_THREADS"), "1");
+  EXPECT_FALSE(in.count("PATH"));
+  EXPECT_FALSE(in.count("LD_LIBRARY_PATH"));
+  EXPECT_FALSE(in.count("HOME"));
+  EXPECT_FALSE(in.count("CONTAINERS_CONF"));
+  // The client: ddpctl's environment, scrubbed (podman needs CONTAINERS_CONF, not RANK).
+  EXPECT_EQ(r.env.at("CONTAINERS_CONF"), "/etc/ddp-test/containers.conf");
+  EXPECT_EQ(r.env.at("PATH"), "/usr/bin:/bin");
+  EXPECT_FALSE(r.env.count("RANK"));
+  // No variable's value is on the command line.
+  for (const auto& a : r.argv) EXPECT_THAT(a, Not(HasSubstr("MASTER_ADDR")));
+}
+
+TEST(Container, DockerQuotesTheGpuListAndKeepsTheHardMemlock) {
+  auto plan = plan_for(job(yaml_for("docker")), kNoIbLimited, 2);
+  const auto& a = plan.ranks.at(0).argv;
+  EXPECT_EQ(a.at(0), "docker");
+  EXPECT_EQ(a.at(5), "ddpctl-resnet-20261202-130000-ab12-a2-r0");
+  auto at = [&](const std::string& flag) {
+    auto it = std::find(a.begin(), a.end(), flag);
+    return it == a.end() || it + 1 == a.end() ? std::string("<absent>") : *(it + 1);
+  };
+  EXPECT_EQ(at("--gpus"), "\"device=" + all_uuids() + "\"");
+  EXPECT_EQ(at("--ulimit"), "memlock=8388608:8388608");
+  EXPECT_EQ(at("--cpuset-cpus"), "0-55,112-167");
+  EXPECT_EQ(at("--cpuset-mems"), "0");
+  EXPECT_THAT(a, Not(Contains("--device")));  // no RDMA devices, GPUs go by --gpus
+  EXPECT_EQ(at("--env-file"), "/var/log/ddp/resnet-20261202-130000-ab12/attempt-0/rank-0.env");
+}
+
+TEST(Container, IsolatedGpuIsTheOnlyOnePassed) {
+  auto spec = job(yaml_for("docker"), "binding: {gpu: isolate}\n");
+  auto plan = plan_for(spec, kIb);
+  const auto& a = plan.ranks.at(3).argv;
+  auto it = std::find(a.begin(), a.end(), "--gpus");
+  ASSERT_NE(it, a.end());
+  EXPECT_EQ(*(it + 1), "device=" + uuid(3));  // one device: no quotes needed
+  EXPECT_EQ(plan.ranks.at(3).container->env.at("CUDA_VISIBLE_DEVICES"), uuid(3));
+}
+
+TEST(Container, PodmanWithALimitedMemlockCopiesTheClientsLimits) {
+  auto plan = plan_for(job(yaml_for("podman")), kNoIbLimited);
+  const auto& a = plan.ranks.at(0).argv;
+  auto it = std::find(a.begin(), a.end(), "--ulimit");
+  ASSERT_NE(it, a.end());
+  EXPECT_EQ(*(it + 1), "host");
+}
+
+TEST(Container, Apptainer) {
+  auto plan = plan_for(job(yaml_for("apptainer")), kIb);
+  const auto& r = plan.ranks.at(2);
+  EXPECT_THAT(r.argv, ElementsAre("apptainer", "exec", "--cleanenv", "--env-file",
+                                  "/var/log/ddp/resnet-20261202-130000-ab12/attempt-0/rank-2.env", "--nv", "--pwd",
+                                  "/workspace", "--bind", "/home/u/project:/workspace", "--bind", "/data:/data:ro",
+                                  "--shm-size", "16g", "nvcr.io/nvidia/pytorch:24.05-py3", "python3", "train.py",
+                                  "--epochs", "90"));
+  EXPECT_EQ(r.container->name, "");  // no named containers: the processes are the client's children
+  EXPECT_EQ(r.container->env.at("RANK"), "2");
+}
+
+TEST(Container, Enroot) {
+  auto plan = plan_for(job(yaml_for("enroot")), kIb);
+  const auto& r = plan.ranks.at(6);
+  const auto& a = r.argv;
+  ASSERT_GE(a.size(), 2u);
+  EXPECT_EQ(a[0], "enroot");
+  EXPECT_EQ(a[1], "start");
+  // Variables go by name; their values sit in the client's environment.
+  EXPECT_THAT(a, Contains("RANK"));
+  EXPECT_THAT(a, Contains("NVIDIA_VISIBLE_DEVICES"));
+  EXPECT_THAT(a, Contains("MELLANOX_VISIBLE_DEVICES"));
+  for (const auto& x : a) EXPECT_THAT(x, Not(HasSubstr("RANK=")));
+  EXPECT_EQ(r.env.at("RANK"), "6");
+  EXPECT_EQ(r.env.at("NVIDIA_VISIBLE_DEVICES"), all_uuids());
+  EXPECT_EQ(r.env.at("MELLANOX_VISIBLE_DEVICES"), "all");
+  EXPECT_EQ(r.env.at("HF_HOME"), "/data/hf");
+  EXPECT_EQ(r.container->env_file, "");
+  std::vector<std::string> tail(a.end() - 15, a.end());
+  EXPECT_THAT(tail, ElementsAre("--mount", "/home/u/project:/workspace:none:x-create=auto,bind", "--mount",
+                                "/data:/data:none:x-create=auto,bind,ro", "--shm-size", "16g",
+                                "nvcr.io/nvidia/pytorch:24.05-py3", "/bin/sh", "-c", "cd -- \"$0\" && exec \"$@\"",
+                                "/workspace", "python3", "train.py", "--epochs", "90"));
+  // Every --env names a variable the client has.
+  for (std::size_t i = 0; i + 1 < a.size(); ++i) {
+    if (a[i] == "--env") EXPECT_TRUE(r.env.count(a[i + 1])) << a[i + 1];
+  }
+}
+
+TEST(Container, NoGpusNoGpuFlags) {
+  auto spec = job(yaml_for("podman"), "binding: {gpu: none}\n");
+  auto plan = plan_for(spec, kNoIbLimited);
+  for (const auto& a : plan.ranks.at(0).argv) EXPECT_THAT(a, Not(HasSubstr("nvidia.com/gpu")));
+  auto app = plan_for(job(yaml_for("apptainer"), "binding: {gpu: none}\n"), kNoIbLimited);
+  EXPECT_THAT(app.ranks.at(0).argv, Not(Contains("--nv")));
+}
+
+TEST(Container, ShellCommandRunsInsideTheImagesShell) {
+  auto spec = jobspec::parse_job_yaml("command: 'echo $RANK'\ncontainer: {runtime: podman, image: img}\n", "t");
+  auto plan = plan_for(spec, kNoIbLimited);
+  const auto& a = plan.ranks.at(0).argv;
+  EXPECT_THAT(std::vector<std::string>(a.end() - 4, a.end()), ElementsAre("img", "/bin/sh", "-c", "echo $RANK"));
+  EXPECT_THAT(a, Not(Contains("--workdir")));  // the image's own working directory
+}
+
+TEST(Container, EnvFileText) {
+  contract::Env env{{"A", "1"}, {"B", "it's \"x\" $y"}};
+  EXPECT_EQ(container::env_file_text(ContainerRuntime::podman, env), "A=1\nB=it's \"x\" $y\n");
+  EXPECT_EQ(container::env_file_text(ContainerRuntime::apptainer, env), "A='1'\nB='it'\\''s \"x\" $y'\n");
+  EXPECT_THROW(container::env_file_text(ContainerRuntime::docker, {{"A", "two\nlines"}}), std::invalid_argument);
+}
+
+TEST(Container, NamesAndOwners) {
+  EXPECT_EQ(container::container_name("my job/1", 3, 12), "ddpctl-my_job_1-a3-r12");
+  EXPECT_EQ(container::Owner({12, 34}).label(), "12-34");
+  auto o = container::parse_owner("12-34");
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->pid, 12);
+  EXPECT_EQ(o->start_time, 34u);
+  EXPECT_FALSE(container::parse_owner("12"));
+  EXPECT_FALSE(container::parse_owner("x-1"));
+  EXPECT_FALSE(container::parse_owner("0-1"));
+  EXPECT_EQ(container::cpu_list({3, 0, 1, 2, 8, 10, 9}), "0-3,8-10");
+  EXPECT_EQ(container::cpu_list({5}), "5");
+}
+
+TEST(Container, RuntimeCommands) {
+  EXPECT_THAT(container::remove_argv(ContainerRuntime::podman, {"a", "b"}),
+              ElementsAre("podman", "rm", "--force", "--ignore", "--time", "0", "a", "b"));
+  EXPECT_THAT(container::remove_argv(ContainerRuntime::docker, {"a"}), ElementsAre("docker", "rm", "--force", "a"));
+  EXPECT_TRUE(container::remove_argv(ContainerRuntime::apptainer, {"a"}).empty());
+  EXPECT_TRUE(container::remove_argv(ContainerRuntime::podman, {}).empty());
+  EXPECT_THAT(container::list_owned_argv(ContainerRuntime::podman),
+              ElementsAre("podman", "ps", "--all", "--filter", "label=ddpctl.owner", "--format",
+                          "{{.Names}} {{index .Labels \"ddpctl.owner\"}}"));
+  EXPECT_THAT(container::image_id_argv(ContainerRuntime::docker, "img:1"),
+              ElementsAre("docker", "image", "inspect", "--format", "{{.Id}}", "img:1"));
+  EXPECT_THAT(container::pull_argv(ContainerRuntime::podman, "img:1"), ElementsAre("podman", "pull", "img:1"));
+  EXPECT_TRUE(container::image_id_argv(ContainerRuntime::enroot, "x.sqsh").empty());
+}
+
+TEST(Container, JobWithoutContainerIsLeftAlone) {
+  auto spec = jobspec::parse_job_yaml("command: [x]\n", "t");
+  contract::NodeContext node;
+  auto plan = contract::make_plan(spec, node, kInherited);
+  auto before = plan.ranks.at(0).argv;
+  container::wrap_plan(plan, spec, kInherited, kIb, 0, kOwner, "/");
+  EXPECT_EQ(plan.ranks.at(0).argv, before);
+  EXPECT_FALSE(plan.ranks.at(0).container);
+}
