@@ -2,6 +2,8 @@
 
 #include "binding/binding.hpp"
 #include "launch/bind.hpp"
+#include "container/container.hpp"
+#include "container/runtime.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -136,11 +138,25 @@ static void apply_binding(contract::Plan& plan, const LaunchOptions& opts) {
   lay_binding(plan, binding::plan_binding(*f, static_cast<int>(plan.ranks.size()), want, allowed));
 }
 
+// The environment a rank is planned from: a container's worker gets only what enters the
+// container (lib/container's policy), a host worker everything ddpctl inherited.
+static contract::Env planning_env(const jobspec::JobSpec& spec, const contract::Env& inherited) {
+  return spec.container ? container::forwarded_into_container(inherited, spec) : inherited;
+}
+
+// The whole plan of one attempt: contract, binding, then (for a container job) each rank's
+// runtime command line.
+static contract::Plan make_attempt_plan(const LaunchOptions& opts, const contract::NodeContext& node,
+                                        const contract::Env& inherited, const container::HostLayout& host, int attempt) {
+  auto plan = contract::make_plan(opts.spec, node, planning_env(opts.spec, inherited));
+  apply_binding(plan, opts);
+  container::wrap_plan(plan, opts.spec, inherited, host, attempt, container::own_owner(), fs::current_path().string());
+  return plan;
+}
+
 nlohmann::json dry_run(LaunchOptions opts) {
   auto node = resolve_node_context(opts, 0);
-  auto plan = contract::make_plan(opts.spec, node, own_environment());
-  apply_binding(plan, opts);
-  return contract::to_json(plan);
+  return contract::to_json(make_attempt_plan(opts, node, own_environment(), container::read_host_layout(), 0));
 }
 
 namespace {
@@ -152,9 +168,15 @@ namespace {
 class NcclHolder {
  public:
   static std::optional<NcclHolder> start(asio::io_context& io, contract::Env env, const std::string& workdir,
-                                         const std::string& attempt_dir, jobspec::NcclUniqueId mode) {
+                                         const std::string& attempt_dir, jobspec::NcclUniqueId mode, bool in_container) {
     auto log = log::get("nccl");
     if (mode == jobspec::NcclUniqueId::off) return std::nullopt;
+    if (in_container) {
+      // This holder would load the host's libnccl; the workers load the image's (`on` is refused
+      // by the job file parser for the same reason).
+      log->debug("no NCCL unique id for a container job: the host's libnccl may not match the image's");
+      return std::nullopt;
+    }
     auto fail = [&](const std::string& why) -> std::optional<NcclHolder> {
       if (mode == jobspec::NcclUniqueId::on) throw LaunchError(why);
       log->debug("no NCCL unique id for this job: {}", why);
@@ -298,7 +320,9 @@ class LocalLauncher {
     auto first = contract::make_plan(opts_.spec, node, inherited_);
     const auto& r0 = first.ranks.at(0);
     auto path = r0.env.count("PATH") ? r0.env.at("PATH") : "";
-    if (!supervisor::resolve_executable(r0.argv.at(0), path, *opts_.spec.workdir)) {
+    if (opts_.spec.container) {
+      prepare_containers();
+    } else if (!supervisor::resolve_executable(r0.argv.at(0), path, *opts_.spec.workdir)) {
       throw LaunchError(fmt::format("cannot run '{}': no such executable (PATH={}, workdir={})", r0.argv.at(0), path,
                                     *opts_.spec.workdir));
     }
@@ -339,6 +363,32 @@ class LocalLauncher {
   }
 
  private:
+  // A container job's preflight, before any rank starts: the runtime and the image (pulled per
+  // `pull:`), containers of launchers that died swept, the node's devices and limits read.
+  void prepare_containers() {
+    const auto& cs = *opts_.spec.container;
+    const auto client = contract::scrub(inherited_);
+    try {
+      auto id = container::prepare_image(cs, client, fs::current_path().string());
+      log_->info("container image {} ({}): {}", cs.image, jobspec::runtime_name(cs.runtime), id);
+    } catch (const container::ContainerError& e) {
+      throw LaunchError(e.what());
+    }
+    container::sweep_stale(cs.runtime, client);
+    host_ = container::read_host_layout();
+    if (host_.memlock_hard && !host_.rdma_devices.empty() && container::has_image_store(cs.runtime)) {
+      log_->warn("this node's hard memlock limit is {} KiB and cannot be raised from here: containers get it instead of "
+                 "unlimited, which RDMA may find too small (see `ddpctl doctor`)", *host_.memlock_hard / 1024);
+    }
+  }
+
+  // The attempt's containers by name, removed now (teardown); the watchdog stays until the
+  // attempt is over.
+  void remove_attempt_containers() {
+    if (!opts_.spec.container || container_names_.empty()) return;
+    container::remove_containers(opts_.spec.container->runtime, container_names_, contract::scrub(inherited_));
+  }
+
   void start_attempt(int attempt) {
     attempt_ = attempt;
     store_->reset();  // a fresh keyspace: nothing of the last attempt can confuse this one
@@ -352,14 +402,30 @@ class LocalLauncher {
     // A new NCCL unique id for every attempt, from a holder started with rank 0's environment.
     holder_.reset();
     auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
-    if (auto h = NcclHolder::start(io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id)) {
+    if (auto h = NcclHolder::start(io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id,
+                                   opts_.spec.container.has_value())) {
       holder_.emplace(std::move(*h));
       node.nccl_unique_id_hex = holder_->hex();
     }
 
-    auto plan = contract::make_plan(opts_.spec, node, inherited_);
-    apply_binding(plan, opts_);
-    GroupOptions go{attempt, *opts_.spec.workdir, opts_.spec.stop_grace, opts_.spec.log_max_bytes};
+    auto plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
+    GroupOptions go{attempt, *opts_.spec.workdir, opts_.spec.stop_grace, opts_.spec.log_max_bytes, {}};
+    if (opts_.spec.container) {
+      try {
+        container::write_env_files(plan, opts_.spec.container->runtime);
+        container_names_ = container::container_names(plan);
+        watchdog_.reset();
+        if (auto w = container::Watchdog::start(container::remove_argv(opts_.spec.container->runtime, container_names_),
+                                                contract::scrub(inherited_))) {
+          watchdog_.emplace(std::move(*w));
+        }
+      } catch (const container::ContainerError& e) {
+        container::remove_env_files(plan);
+        throw LaunchError(e.what());
+      }
+      env_files_ = plan;
+      go.teardown = [this] { remove_attempt_containers(); };
+    }
     GroupCallbacks cb;
     cb.on_line = [this](int rank, Stream s, const std::string& line) {
       if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(rank))) {
@@ -375,6 +441,7 @@ class LocalLauncher {
     notes_.clear();
     group_ = std::make_unique<WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
     if (holder_) group_->keep(holder_->pid());
+    if (watchdog_) group_->keep(watchdog_->pid());
     group_->start();
   }
 
@@ -389,6 +456,10 @@ class LocalLauncher {
   void finish_attempt(AttemptReport r) {
     group_.reset();
     holder_.reset();
+    if (env_files_) container::remove_env_files(*env_files_);
+    env_files_.reset();
+    watchdog_.reset();  // the group removed the containers: tell it all is done
+    container_names_.clear();
     r.notes.insert(r.notes.end(), notes_.begin(), notes_.end());
     report_.attempts.push_back(r);
     terminal_.flush();
@@ -488,6 +559,10 @@ class LocalLauncher {
 
   std::optional<store::Server> store_;
   std::optional<NcclHolder> holder_;
+  container::HostLayout host_;
+  std::optional<contract::Plan> env_files_;  // the attempt's plan, for its env files
+  std::vector<std::string> container_names_;
+  std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<WorkerGroup> group_;
   int attempt_ = 0;
   int world_size_ = 0;

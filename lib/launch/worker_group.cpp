@@ -51,7 +51,7 @@ WorkerGroup::WorkerGroup(asio::io_context& io, contract::Plan plan, std::string 
 
 WorkerGroup::~WorkerGroup() {
   // An owner that drops a running group (an exception, a lost coordinator) still kills the tree.
-  if (!finished_) signal_everything(SIGKILL);
+  if (!finished_) signal_everything(SIGKILL);  // (teardown included)
   for (auto& w : workers_) {
     if (w->out) close_pipe(*w->out);
     if (w->err) close_pipe(*w->err);
@@ -232,6 +232,7 @@ void WorkerGroup::signal_everything(int sig) {
     else cgroup_->signal_all(sig);
   }
   for (pid_t p : strays()) ::kill(p, sig);
+  if (sig == SIGKILL && opts_.teardown) opts_.teardown();
 }
 
 std::vector<pid_t> WorkerGroup::strays() const {
@@ -245,6 +246,12 @@ std::vector<pid_t> WorkerGroup::strays() const {
 void WorkerGroup::check_finished() {
   if (finished_ || !tracker_.finished()) return;
   if (!worker_pids().empty()) return;
+  // Every rank's client is gone; what its runtime keeps elsewhere goes now, before the strays
+  // (a container's conmon among them) are judged.
+  if (!torn_down_ && opts_.teardown) {
+    torn_down_ = true;
+    opts_.teardown();
+  }
   // Every rank is gone. Anything still running (an orphaned grandchild, a daemonized helper)
   // is stopped the same way, so that nothing outlives the attempt.
   if (!strays().empty()) {

@@ -29,6 +29,10 @@ struct GroupOptions {
   std::string workdir;
   Millis stop_grace{30'000};
   std::uint64_t log_max_bytes = 100ull << 20;
+  // Removes what the workers' runtime keeps outside this process tree (containers under a
+  // daemon, or whose client was killed): called at SIGKILL time, once every rank is reaped, and
+  // when a running group is dropped. Must be idempotent; may block briefly.
+  std::function<void()> teardown;
 };
 
 struct GroupCallbacks {
@@ -92,6 +96,7 @@ class WorkerGroup {
   bool stopping_ = false;
   bool cleanup_started_ = false;
   bool drain_started_ = false;
+  bool torn_down_ = false;  // teardown ran after the last rank was reaped
   bool finished_ = false;
   std::vector<pid_t> keep_;
 };
