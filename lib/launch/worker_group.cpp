@@ -257,7 +257,9 @@ void WorkerGroup::check_finished() {
   if (!strays().empty()) {
     if (!cleanup_started_) {
       cleanup_started_ = true;
-      log::get("launch")->info("stopping processes the workers left behind");
+      // A container runtime's helpers (podman's conmon) end just after their client: expected.
+      log::get("launch")->log(opts_.teardown ? spdlog::level::debug : spdlog::level::info,
+                              "stopping processes the workers left behind");
       stop_all();
     }
     return;

@@ -1,0 +1,235 @@
+"""Workers inside real podman containers: the contract inside, exit codes, and no container left
+after a failure, a stop, or kill -9 of ddpctl (with and without its watchdog).
+
+Podman runs with a private store and run directory under the test's temporary directory
+(CONTAINERS_CONF / CONTAINERS_STORAGE_CONF), so it never touches containers it did not create;
+containers are looked up only by the names and labels these tests' jobs gave them. The image is
+made here without a registry: busybox-static in a rootfs tarball, `podman import`ed; the torch test
+bind-mounts the host's /usr (Debian's python3-torch) into it."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ddptest import DDPCTL, SOURCE_DIR, launch, start_launch, wait_for, write_job
+
+PODMAN = shutil.which("podman")
+BUSYBOX = shutil.which("busybox")
+IMAGE = "localhost/ddptest-busybox:1"
+
+pytestmark = [
+    pytest.mark.skipif(PODMAN is None, reason="podman is not installed (scripts/setup installs it)"),
+    pytest.mark.skipif(BUSYBOX is None, reason="busybox is not installed (scripts/setup installs busybox-static)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="rootful podman needs root"),
+]
+
+
+@pytest.fixture(scope="module")
+def podman_env(tmp_path_factory):
+    """A private podman (store, run and tmp directories) and the test image in it."""
+    base = tmp_path_factory.mktemp("podman")
+    # This machine kind: root cannot raise rlimits (podman's own defaults would fail), and crun
+    # refuses its hybrid cgroups (runc works). See shared/reference/test-environment.md.
+    (base / "containers.conf").write_text(
+        '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
+        f'[engine]\nruntime = "runc"\ntmp_dir = "{base}/tmp"\n')
+    (base / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{base}/graph"\nrunroot = "{base}/run"\n')
+    env = dict(os.environ, CONTAINERS_CONF=str(base / "containers.conf"),
+               CONTAINERS_STORAGE_CONF=str(base / "storage.conf"))
+    rootfs = base / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    for d in ("usr", "etc", "tmp", "work"):
+        (rootfs / d).mkdir()
+    shutil.copy(BUSYBOX, rootfs / "bin" / "busybox")
+    for applet in ("sh", "cat", "echo", "env", "sleep", "ls", "pwd", "grep", "stat"):
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    # Debian's merged /usr: the loader is found through /lib64 once /usr is mounted.
+    (rootfs / "lib").symlink_to("usr/lib")
+    (rootfs / "lib64").symlink_to("usr/lib64")
+    tar = base / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
+    subprocess.run([PODMAN, "import", str(tar), IMAGE], env=env, check=True, capture_output=True, timeout=120)
+    yield env
+    # Only what these tests made: containers carrying our labels, then the private store.
+    names = podman(env, "ps", "--all", "--filter", "label=ddpctl.job", "--format", "{{.Names}}").split()
+    if names:
+        podman(env, "rm", "--force", "--ignore", "--time", "0", *names)
+    subprocess.run([PODMAN, "rmi", "--force", IMAGE], env=env, capture_output=True, timeout=120)
+
+
+def podman(env, *args, timeout=60):
+    return subprocess.run([PODMAN, *args], env=env, capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+
+def containers_of(env, job_id):
+    """Names of every container, running or not, labelled with this job id."""
+    out = podman(env, "ps", "--all", "--filter", f"label=ddpctl.job={job_id}", "--format", "{{.Names}}")
+    return sorted(out.split())
+
+
+def container_job(tmp: Path, command: str, nproc=2, extra="", container_extra=""):
+    return write_job(tmp, f"""name: c
+nproc_per_node: {nproc}
+command: {command}
+stop: {{grace: 3s}}
+{extra}
+container:
+  runtime: podman
+  image: {IMAGE}
+  pull: never
+  mounts: ["./:/work"]
+  workdir: /work
+{container_extra}""")
+
+
+def test_ranks_see_their_contract_inside(tmp_path, podman_env):
+    job = container_job(tmp_path, """[/bin/sh, -c, 'env > env-$RANK.txt; pwd > pwd-$RANK.txt']""",
+                        extra="env: {FROM_JOB: job}", container_extra="  env: {FROM_CONTAINER: image-side}\n")
+    host_path = podman_env["PATH"] + ":/opt/host-only/bin"
+    r = launch(job, "--job-id", "ctr-contract", env=dict(podman_env, HOST_ONLY="secret", NCCL_DEBUG="WARN", PATH=host_path))
+    assert r.returncode == 0, r.stderr
+    for rank in range(2):
+        env = dict(line.split("=", 1) for line in (tmp_path / f"env-{rank}.txt").read_text().splitlines() if "=" in line)
+        assert env["RANK"] == str(rank) and env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["TORCHELASTIC_RUN_ID"] == "ctr-contract" and env["DDP_JOB_ID"] == "ctr-contract"
+        assert env["FROM_JOB"] == "job" and env["FROM_CONTAINER"] == "image-side"
+        assert env["NCCL_DEBUG"] == "WARN"      # forwarded (NCCL_* is in env_forward)
+        assert "HOST_ONLY" not in env           # the host's environment stays outside
+        assert "CONTAINERS_CONF" not in env     # the client's, not the worker's
+        assert "/opt/host-only/bin" not in env["PATH"]  # the image's PATH, not the host's
+        assert (tmp_path / f"pwd-{rank}.txt").read_text().strip() == "/work"
+    assert containers_of(podman_env, "ctr-contract") == []
+    assert not list((tmp_path / "logs" / "ctr-contract").rglob("*.env"))  # env files go with the attempt
+
+
+def test_failing_rank_exit_code_and_teardown(tmp_path, podman_env):
+    job = container_job(tmp_path, """[/bin/sh, -c, 'if [ "$RANK" = 1 ]; then sleep 1; exit 7; fi; exec sleep 300']""")
+    t0 = time.monotonic()
+    r = launch(job, "--job-id", "ctr-fail", "--result-json", str(tmp_path / "result.json"), env=podman_env)
+    assert r.returncode == 1, r.stderr
+    assert time.monotonic() - t0 < 60  # rank 0 was stopped, not waited for
+    result = json.loads((tmp_path / "result.json").read_text())
+    ff = result["attempts"][0]["first_failure"]
+    assert ff["rank"] == 1 and ff["exit_code"] == 7
+    assert "exited with code 7" in r.stderr
+    assert containers_of(podman_env, "ctr-fail") == []
+
+
+def test_sigterm_stops_the_containers(tmp_path, podman_env):
+    job = container_job(tmp_path, """[/bin/sh, -c, 'echo up; exec sleep 300']""")
+    p = start_launch(job, "--job-id", "ctr-stop", env=podman_env)
+    try:
+        wait_for(lambda: len(containers_of(podman_env, "ctr-stop")) == 2, timeout=60, what="both containers")
+        env_files = sorted((tmp_path / "logs" / "ctr-stop" / "attempt-0").glob("*.env"))
+        assert len(env_files) == 2
+        assert all((f.stat().st_mode & 0o777) == 0o600 for f in env_files)  # the contract is not world-readable
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err
+    assert containers_of(podman_env, "ctr-stop") == []
+    assert not any(f.exists() for f in env_files)
+
+
+def own_children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except FileNotFoundError:
+        return []
+
+
+def test_kill_9_of_ddpctl_leaves_no_container(tmp_path, podman_env):
+    job = container_job(tmp_path, """[/bin/sh, -c, 'exec sleep 300']""")
+    p = start_launch(job, "--job-id", "ctr-kill9", env=podman_env)
+    try:
+        wait_for(lambda: len(containers_of(podman_env, "ctr-kill9")) == 2, timeout=60, what="both containers")
+        p.kill()
+        p.wait(timeout=30)
+        # The watchdog removes them (no later launch needed).
+        wait_for(lambda: containers_of(podman_env, "ctr-kill9") == [], timeout=60, what="containers removed")
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_next_launch_sweeps_what_a_dead_launcher_and_its_watchdog_left(tmp_path, podman_env):
+    job = container_job(tmp_path, """[/bin/sh, -c, 'exec sleep 300']""")
+    p = start_launch(job, "--job-id", "ctr-orphan", env=podman_env)
+    try:
+        wait_for(lambda: len(containers_of(podman_env, "ctr-orphan")) == 2, timeout=60, what="both containers")
+        # The watchdog is the launcher's child that is a copy of ddpctl itself (not a runtime client).
+        watchdogs = [c for c in own_children(p.pid) if cmdline(c)[:1] == [DDPCTL.encode()]]
+        assert len(watchdogs) == 1
+        os.kill(watchdogs[0], signal.SIGKILL)
+        p.kill()
+        p.wait(timeout=30)
+        time.sleep(1)  # what a watchdog would have done by now, had it lived
+        assert containers_of(podman_env, "ctr-orphan") == ["ddpctl-ctr-orphan-a0-r0", "ddpctl-ctr-orphan-a0-r1"]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    quick = container_job(tmp_path, "[/bin/sh, -c, 'exit 0']", nproc=1)
+    r = launch(quick, "--job-id", "ctr-sweeper", env=podman_env)
+    assert r.returncode == 0, r.stderr
+    assert "left by a launcher that no longer runs" in r.stderr
+    assert containers_of(podman_env, "ctr-orphan") == []
+
+
+def test_missing_image_is_an_error_before_any_rank(tmp_path, podman_env):
+    job = write_job(tmp_path, "command: [/bin/true]\ncontainer: {runtime: podman, image: localhost/no-such-image:1, pull: never}\n")
+    r = launch(job, "--job-id", "ctr-noimage", env=podman_env)
+    assert r.returncode == 2
+    assert "image localhost/no-such-image:1 is not present on this node" in r.stderr
+    assert "container.pull is never" in r.stderr
+    assert not (tmp_path / "logs" / "ctr-noimage").exists()
+
+
+def test_dry_run_shows_each_ranks_runtime_command(tmp_path, podman_env):
+    job = container_job(tmp_path, "[python3, train.py]")
+    r = subprocess.run([DDPCTL, "launch", str(job), "--dry-run", "--job-id", "ctr-dry"], env=podman_env,
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    for rank in plan["ranks"]:
+        argv = rank["argv"]
+        assert argv[:4] == ["podman", "run", "--rm", "--init"]
+        assert argv[argv.index("--name") + 1] == f"ddpctl-ctr-dry-a0-r{rank['rank']}"
+        assert f"ddpctl.job=ctr-dry" in argv and "--network" in argv and "--ipc" in argv
+        assert argv[-3:] == [IMAGE, "python3", "train.py"]
+        assert rank["container"]["name"] == f"ddpctl-ctr-dry-a0-r{rank['rank']}"
+        assert rank["env"]["RANK"] == str(rank["rank"])
+    assert containers_of(podman_env, "ctr-dry") == []
+
+
+def test_torch_ddp_inside_containers(tmp_path, podman_env):
+    """Debian's torch, bind-mounted from the host, trains with gloo across two containerized ranks."""
+    job = container_job(
+        tmp_path, f"""[/usr/bin/python3, /src/examples/python/train_ddp.py, --epochs, "2", --checkpoint, /work/ckpt.pt]""",
+        extra="env: {PYTHONUNBUFFERED: '1'}",
+        container_extra=f"""  extra_args: [--volume, "/usr:/usr:ro", --volume, "/etc/alternatives:/etc/alternatives:ro",
+               --volume, "/etc/ld.so.cache:/etc/ld.so.cache:ro", --volume, "{SOURCE_DIR}:/src:ro"]
+""")
+    r = launch(job, "--job-id", "ctr-torch", env=podman_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[0] epoch 1 loss" in r.stdout
+    assert (tmp_path / "ckpt.pt").exists()
+    assert containers_of(podman_env, "ctr-torch") == []
