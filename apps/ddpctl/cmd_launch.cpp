@@ -76,6 +76,10 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     std::cerr << "ddpctl launch: " << msg << "\n";
     return 2;
   };
+  if (spec.container) {
+    return fail(fmt::format("{}: container: with --nodes is not supported yet (agents start workers on the host); "
+                            "run a container job locally, one ddpctl per node is not a substitute", spec.file));
+  }
   if (!args.facts.empty() && !args.dry_run) return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
   if (args.dry_run && args.facts.empty()) {
     return fail("--dry-run with --nodes needs --facts: one facts file per node (comma-separated, in --nodes order) or "

@@ -203,6 +203,14 @@ def test_missing_image_is_an_error_before_any_rank(tmp_path, podman_env):
     assert not (tmp_path / "logs" / "ctr-noimage").exists()
 
 
+def test_multi_node_container_job_is_refused_not_run_on_the_host(tmp_path):
+    job = write_job(tmp_path, f"command: [/bin/true]\ncontainer: {{runtime: podman, image: {IMAGE}}}\n")
+    r = subprocess.run([DDPCTL, "launch", "--nodes", "127.0.0.1:1,127.0.0.1:2", str(job)], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2
+    assert "container: with --nodes is not supported yet" in r.stderr
+
+
 def test_dry_run_shows_each_ranks_runtime_command(tmp_path, podman_env):
     job = container_job(tmp_path, "[python3, train.py]")
     r = subprocess.run([DDPCTL, "launch", str(job), "--dry-run", "--job-id", "ctr-dry"], env=podman_env,
