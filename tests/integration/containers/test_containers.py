@@ -241,3 +241,27 @@ def test_torch_ddp_inside_containers(tmp_path, podman_env):
     assert "[0] epoch 1 loss" in r.stdout
     assert (tmp_path / "ckpt.pt").exists()
     assert containers_of(podman_env, "ctr-torch") == []
+
+
+def test_packaging_image_builds_on_a_local_base_and_its_ddpctl_launches(tmp_path, podman_env):
+    """packaging/container: bundle.sh's context, `podman build` with BASE set to the test image
+    (no registry), then the image's own ddpctl runs a 2-rank job inside it."""
+    context = tmp_path / "context"
+    subprocess.run([str(SOURCE_DIR / "packaging" / "container" / "bundle.sh"), str(Path(DDPCTL).parents[1]), str(context)],
+                   check=True, capture_output=True, timeout=120)
+    tag = "localhost/ddptest-ddpctl:1"
+    b = subprocess.run([PODMAN, "build", "--build-arg", f"BASE={IMAGE}", "-t", tag, str(context)], env=podman_env,
+                       capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr
+    try:
+        (tmp_path / "job.yaml").write_text('nproc_per_node: 2\ncommand: [/bin/sh, -c, "echo rank $RANK of $WORLD_SIZE"]\n')
+        r = subprocess.run([PODMAN, "run", "--rm", "--network", "host", "--volume", f"{tmp_path}:/job", "--workdir", "/job",
+                            tag, "ddpctl", "launch", "job.yaml", "--master-port", "0"],
+                           env=podman_env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "[0] rank 0 of 2" in r.stdout and "[1] rank 1 of 2" in r.stdout
+        v = subprocess.run([PODMAN, "run", "--rm", tag, "ddp-agentd", "--help"], env=podman_env, capture_output=True,
+                           text=True, timeout=120)
+        assert v.returncode == 0 and "node agent" in v.stdout
+    finally:
+        subprocess.run([PODMAN, "rmi", "--force", tag], env=podman_env, capture_output=True, timeout=120)
