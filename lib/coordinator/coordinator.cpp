@@ -131,7 +131,7 @@ class Coordinator {
     c.max_nodes = static_cast<std::uint32_t>(opts_.spec.nnodes_max);
     c.join_timeout = opts_.spec.join_timeout;
     c.last_call = opts_.spec.last_call;
-    c.heartbeat_timeout = opts_.heartbeat_timeout;
+    c.heartbeat_timeout = opts_.spec.heartbeat_timeout;
     c.stop_timeout = opts_.spec.stop_grace + std::chrono::seconds(5);
     c.max_restarts = static_cast<std::uint32_t>(opts_.spec.max_restarts);
     c.backoff_initial = opts_.spec.restart_backoff;

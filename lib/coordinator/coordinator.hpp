@@ -37,7 +37,6 @@ struct CoordinatorOptions {
   std::optional<std::string> result_json;
   std::map<std::string, std::string> launcher_env;
   Millis heartbeat_interval{1000};
-  Millis heartbeat_timeout{6000};
   Millis dial_timeout{5000};
 };
 

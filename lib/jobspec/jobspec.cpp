@@ -176,8 +176,14 @@ class Parser {
       } else if (key == "hosts") {
         parse_hosts(v, spec);
       } else if (key == "rendezvous") {
-        mapping(v, "rendezvous", {"join_timeout", "last_call"}, [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
-          if (auto d = duration(rv, "rendezvous." + rk)) (rk == "join_timeout" ? spec.join_timeout : spec.last_call) = *d;
+        mapping(v, "rendezvous", {"join_timeout", "last_call", "heartbeat_timeout"}, [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
+          auto d = duration(rv, "rendezvous." + rk);
+          if (!d) return;
+          if (rk == "heartbeat_timeout" && *d < Millis(1000)) {
+            error(rv, "rendezvous.heartbeat_timeout: expected at least 1s (agents send a heartbeat every second)");
+            return;
+          }
+          (rk == "join_timeout" ? spec.join_timeout : rk == "last_call" ? spec.last_call : spec.heartbeat_timeout) = *d;
         });
       } else if (key == "nproc_per_node") {
         if (v.IsScalar() && (v.Scalar() == "cpu" || v.Scalar() == "gpu")) {

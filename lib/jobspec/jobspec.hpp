@@ -103,6 +103,7 @@ struct JobSpec {
   std::vector<std::string> hosts;
   Millis join_timeout{600'000};
   Millis last_call{5'000};
+  Millis heartbeat_timeout{6'000};  // a node silent this long is lost (its agent's heartbeats)
 };
 
 // Parses YAML text; `file` names it in diagnostics. Throws JobSpecError.

@@ -212,6 +212,9 @@ TEST(JobSpec, MultiNodeKeys) {
   EXPECT_EQ(s.hosts, (std::vector<std::string>{"a", "b:29411"}));
   EXPECT_EQ(s.join_timeout, ddp::Millis(60000));
   EXPECT_EQ(s.last_call, ddp::Millis(2000));
+  EXPECT_EQ(s.heartbeat_timeout, ddp::Millis(6000));
+  EXPECT_EQ(parse_job_yaml("command: [x]\nrendezvous: {heartbeat_timeout: 3s}\n", "t").heartbeat_timeout, ddp::Millis(3000));
+  expect_error("command: [x]\nrendezvous: {heartbeat_timeout: 500ms}\n", 2, 33, "rendezvous.heartbeat_timeout: expected at least 1s");
   EXPECT_EQ(parse_job_yaml("command: [x]\nhosts: 'n[1-4]'\n", "t").hosts, (std::vector<std::string>{"n[1-4]"}));
   auto e = parse_job_yaml("command: [x]\nnnodes: '2:4'\n", "t");
   EXPECT_EQ(e.nnodes_min, 2);
