@@ -15,5 +15,6 @@ struct Command {
 Command add_launch_command(CLI::App& root);
 Command add_doctor_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
+Command add_render_command(CLI::App& root);
 
 }  // namespace ddpctl

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       ddpctl::add_launch_command(app),
       ddpctl::add_doctor_command(app),
       ddpctl::add_store_command(app),
+      ddpctl::add_render_command(app),
   };
 
   try {
