@@ -11,11 +11,37 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string_view>
 
+#include <unistd.h>
+
 namespace {
+
+// --stdio: the per-run secret is stdin's first line (never argv, which `ps` shows). Read byte
+// by byte so that nothing after the newline (the protocol's first frame) is consumed here.
+std::optional<std::string> read_secret_line() {
+  std::string line;
+  char c = 0;
+  while (line.size() <= ddp::proto::kMaxSecretChars) {
+    const ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    if (c == '\n') return line;
+    line.push_back(c);
+  }
+  return std::nullopt;
+}
+
+std::string default_stdio_log_dir() {
+  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) return fmt::format("{}/ddpctl/logs", state);
+  const char* home = std::getenv("HOME");
+  return fmt::format("{}/.local/state/ddpctl/logs", home && *home ? home : "/tmp");
+}
 
 // `ddp-agentd shepherd ...`: the per-job process the agent starts (lib/shepherd), not for users.
 int shepherd_main(int argc, char** argv) {
@@ -27,10 +53,6 @@ int shepherd_main(int argc, char** argv) {
   }
   return ddp::shepherd::run_shepherd(*args);
 }
-
-}  // namespace
-
-namespace {
 
 // The config file's values for every setting whose flag was not given (a flag wins).
 void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app, std::string& listen,
@@ -53,17 +75,19 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string_view(argv[1]) == "shepherd") return shepherd_main(argc, argv);
   CLI::App app{"ddp-agentd: the ddpctl node agent (runs a job's workers on this node for an authenticated coordinator)"};
-  app.set_version_flag("--version", "ddp-agentd 0.1.0");
+  app.set_version_flag("--version", ddp::agent::kVersion);
   std::string listen = fmt::format("[::]:{}", ddp::agent::kDefaultPort);
   std::string token_file = ddp::net::kAgentTokenFile;
   std::string config;
-  bool oneshot = false, verbose = false;
+  bool oneshot = false, stdio = false, verbose = false;
   double heartbeat_timeout_s = 6;
   ddp::agent::AgentOptions opts;
   app.add_option("--listen", listen, "HOST:PORT to listen on ([::]:29410: every address)");
   app.add_option("--token-file", token_file, "the shared secret(s) coordinators must prove (mode 0600)");
   app.add_option("--name", opts.name, "this node's name in logs (default: the hostname)");
-  app.add_option("--log-dir", opts.log_dir, "where workers' per-rank logs go on this node");
+  auto* log_dir = app.add_option("--log-dir", opts.log_dir,
+                                 "where workers' per-rank logs go on this node (default /var/log/ddpctl; with --stdio "
+                                 "$XDG_STATE_HOME/ddpctl/logs or ~/.local/state/ddpctl/logs)");
   app.add_option("--heartbeat-timeout", heartbeat_timeout_s, "seconds of coordinator silence that stop the workers")
       ->check(CLI::Range(0.5, 3600.0));
   std::string gpus, cpus;
@@ -72,7 +96,10 @@ int main(int argc, char** argv) {
   app.add_option("--config", config,
                  fmt::format("agent config file (default: {}, when it exists); flags win over it",
                              ddp::agentconfig::kDefaultPath));
-  app.add_flag("--oneshot", oneshot, "serve one job, then exit (not supported yet)");
+  app.add_flag("--oneshot", oneshot, "serve one job, then exit");
+  app.add_flag("--stdio", stdio,
+               "speak to one coordinator over stdin/stdout instead of listening (SSH mode): stdin's first line is "
+               "the run's secret; logs go to stderr; implies --oneshot");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
   try {
     app.parse(argc, argv);
@@ -80,10 +107,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (verbose) ddp::log::set_level(spdlog::level::debug);
-  if (oneshot) {
-    std::cerr << "ddp-agentd: --oneshot is not supported yet (it arrives with the SSH mode); run the daemon and stop it\n";
-    return 2;
-  }
+  opts.oneshot = oneshot || stdio;
+  opts.stdio = stdio;
   // The default file is optional; one named with --config must be there.
   if (config.empty() && std::filesystem::exists(ddp::agentconfig::kDefaultPath)) config = ddp::agentconfig::kDefaultPath;
   if (!config.empty()) {
@@ -114,7 +139,18 @@ int main(int argc, char** argv) {
   }
   opts.heartbeat_timeout = ddp::Millis(static_cast<long long>(heartbeat_timeout_s * 1000));
   try {
-    opts.keys = ddp::net::load_token_file(token_file);
+    if (stdio) {
+      auto secret = read_secret_line();
+      if (!secret || secret->size() < ddp::proto::kMinSecretChars) {
+        std::cerr << "ddp-agentd: --stdio: stdin's first line must be the run's secret (32+ characters); "
+                     "ddpctl launch --ssh writes it\n";
+        return 2;
+      }
+      opts.keys = ddp::proto::Keyring({{"ssh", *secret}});
+      if (log_dir->count() == 0) opts.log_dir = default_stdio_log_dir();
+    } else {
+      opts.keys = ddp::net::load_token_file(token_file);
+    }
     return ddp::agent::run_agent(std::move(opts));
   } catch (const ddp::net::TokenError& e) {
     std::cerr << "ddp-agentd: " << e.what() << "\n";

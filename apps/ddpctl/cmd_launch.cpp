@@ -1,5 +1,7 @@
 // ddpctl launch: parse the job file, apply flags, then dry-run or run locally.
+#include "agent/agent.hpp"
 #include "commands.hpp"
+#include "common/log.hpp"
 #include "common/strings.hpp"
 #include "jobspec/jobspec.hpp"
 #include "coordinator/coordinator.hpp"
@@ -9,6 +11,8 @@
 #include "launch/local_launcher.hpp"
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
+#include "proto/crypto.hpp"
+#include "ssh/dialer.hpp"
 
 #include <fmt/format.h>
 
@@ -36,6 +40,10 @@ struct LaunchArgs {
   bool dry_run = false;
   bool quiet = false;
   std::string token_file;
+  bool ssh = false;
+  bool ssh_accept_new = false;
+  double ssh_timeout_s = 15;
+  int ssh_parallel = 8;
 };
 
 // --dry-run --nodes ... --facts F1[,F2...]: every node's plan from recorded facts.
@@ -58,12 +66,25 @@ int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::Coordi
   }
 }
 
+// Our own ddp-agentd, the one SSH mode uploads: beside this ddpctl (build/bin, or /usr/bin).
+std::string own_agent_binary() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("ddp-agentd") : (exe.parent_path() / "ddp-agentd").string();
+}
+
 // The multi-node launch (--nodes, or the job file's hosts:): the embedded coordinator drives
 // ddp-agentd on every node. nullopt: a local launch.
 std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::JobSpec spec) {
   namespace fs = std::filesystem;
   const std::string list = !args.nodes.empty() ? args.nodes : ddp::join(spec.hosts, ",");
   if (list.empty()) {
+    if (args.ssh) {
+      std::cerr << fmt::format("ddpctl launch: --ssh needs nodes: pass --nodes (e.g. --nodes node[1-2]) or list hosts: "
+                               "in {}\n",
+                               spec.file);
+      return 2;
+    }
     if (spec.nnodes_max > 1) {
       std::cerr << fmt::format("ddpctl launch: {}: nnodes {} needs nodes to run on: pass --nodes (e.g. --nodes "
                                "node[1-{}]) or list hosts: in the job file; each node runs ddp-agentd\n",
@@ -137,11 +158,35 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   }
   if (args.dry_run) return print_multi_node_plan(args, opts);
   try {
-    opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+    if (args.ssh) {
+      // A fresh secret per run, known only to us and to the agents we start: it travels inside
+      // each SSH channel (the agent's stdin), never on a command line or in a file.
+      const auto nonce = ddp::proto::random_nonce();
+      const auto secret = ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
+      opts.keys = ddp::proto::Keyring({{"ssh", secret}});
+      ddp::ssh::DialerOptions so;
+      so.accept_new = args.ssh_accept_new;
+      so.timeout = ddp::Millis(static_cast<long long>(args.ssh_timeout_s * 1000));
+      so.max_parallel = args.ssh_parallel;
+      so.secret = secret;
+      so.agent_binary = own_agent_binary();
+      so.agent_version = ddp::agent::kVersion;
+      so.verbose_agent = ddp::log::get("ssh")->should_log(spdlog::level::debug);
+      if (!std::filesystem::exists(so.agent_binary)) {
+        return fail(fmt::format("--ssh: our ddp-agentd is not at {} (it must sit beside ddpctl, to be uploaded to nodes "
+                                "that lack it)",
+                                so.agent_binary));
+      }
+      opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::ssh::Dialer>(io, so); };
+    } else {
+      opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+    }
     return ddp::coordinator::run_coordinator(std::move(opts));
   } catch (const ddp::net::TokenError& e) {
     return fail(e.what());
   } catch (const ddp::coordinator::CoordinatorError& e) {
+    return fail(e.what());
+  } catch (const std::runtime_error& e) {
     return fail(e.what());
   }
 }
@@ -165,6 +210,15 @@ Command add_launch_command(CLI::App& root) {
                   "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
   sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery; "
                   "with --nodes and --dry-run: one file per node, comma-separated, or one for all");
+  sub->add_flag("--ssh", args->ssh,
+                "reach the nodes over SSH (~/.ssh/config, keys, ssh-agent) and run a one-shot ddp-agentd on each; no "
+                "daemon or token file needed");
+  sub->add_flag("--ssh-accept-new", args->ssh_accept_new,
+                "with --ssh: add unknown host keys to known_hosts (first contact); a changed key is still refused");
+  sub->add_option("--ssh-timeout", args->ssh_timeout_s, "with --ssh: seconds for each node's connection and login steps")
+      ->check(CLI::Range(1.0, 600.0));
+  sub->add_option("--ssh-parallel", args->ssh_parallel, "with --ssh: logins in progress at once (sshd's MaxStartups: 10)")
+      ->check(CLI::Range(1, 1000));
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 
@@ -174,6 +228,10 @@ Command add_launch_command(CLI::App& root) {
               opts.spec = ddp::jobspec::load_job_file(args->job_file);
             } catch (const ddp::jobspec::JobSpecError& e) {
               std::cerr << e.what() << "\n";
+              return 2;
+            }
+            if (!args->ssh && (args->ssh_accept_new)) {
+              std::cerr << "ddpctl launch: --ssh-accept-new needs --ssh\n";
               return 2;
             }
             if (auto rc = maybe_run_multi_node(*args, opts.spec)) return *rc;

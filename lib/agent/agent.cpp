@@ -4,6 +4,7 @@
 
 #include "agent/interfaces.hpp"
 #include "binding/binding.hpp"
+#include "agent/stdio_link.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -138,7 +139,7 @@ class Agent {
     std::error_code ec;
     fs::create_directories(opts_.log_dir, ec);
     if (ec) throw AgentError(fmt::format("cannot create the log directory {}: {}", opts_.log_dir, ec.message()));
-    listen();
+    if (!opts_.stdio) listen();
     // Shepherds run this same binary; after an upgrade on disk /proc/self/exe still names ours.
     fs::path self = fs::read_symlink("/proc/self/exe", ec);
     shepherd_exe_ = !ec && fs::exists(self, ec) ? self.string() : "/proc/self/exe";
@@ -146,14 +147,25 @@ class Agent {
     supervisor::Cgroup::sweep_stale();
     facts_ = facts::discover(facts::discover_options_from_env());
     manage_share();
+    if (opts_.stdio) {
+      // Our parent is sshd: a hang-up means the session is gone, and a write to a closed stdout
+      // must be an error to handle, not a signal that kills us before the workers are stopped.
+      signals_.add(SIGHUP);
+      ::signal(SIGPIPE, SIG_IGN);
+    }
     wait_signals();
     wait_sigchld();
     heartbeat();
-    log_->info("ddp-agentd {} listening on {} (logs in {})", opts_.name, peer_label(acceptor_.local_endpoint()),
-               opts_.log_dir);
+    if (opts_.stdio) {
+      log_->info("ddp-agentd {} serving one job over stdin/stdout (logs in {})", opts_.name, opts_.log_dir);
+      serve_stdio();
+    } else {
+      log_->info("ddp-agentd {} listening on {}{} (logs in {})", opts_.name, peer_label(acceptor_.local_endpoint()),
+                 opts_.oneshot ? " for one job" : "", opts_.log_dir);
+      accept();
+    }
     notify_.ready(idle_status());
     watchdog();
-    accept();
     io_.run();
     return 0;
   }
@@ -209,18 +221,33 @@ class Agent {
     });
   }
 
-  void on_accept(tcp::socket s) {
-    boost::system::error_code ec;
-    auto remote = s.remote_endpoint(ec);
+  proto::Session server_session() const {
     proto::ServerConfig sc;
     sc.role = proto::Role::agent;
     sc.name = opts_.name;
-    sc.software = "ddp-agentd 0.1.0";
+    sc.software = kVersion;
     sc.keys = opts_.keys;
     sc.nonce = proto::random_nonce();
     sc.accept_roles = {proto::Role::coordinator};  // only a coordinator may give us work
-    auto conn = Connection::make(std::move(s), proto::Session::server(sc), ec ? "?" : peer_label(remote), "agent",
-                                 opts_.handshake_timeout);
+    return proto::Session::server(sc);
+  }
+
+  void on_accept(tcp::socket s) {
+    boost::system::error_code ec;
+    auto remote = s.remote_endpoint(ec);
+    serve(Connection::make(std::move(s), server_session(), ec ? "?" : peer_label(remote), "agent", opts_.handshake_timeout));
+  }
+
+  // --stdio: the one coordinator is whoever writes our stdin (the launcher, through SSH). It
+  // still has to prove the per-run secret it gave us, so a stray byte stream cannot run work.
+  void serve_stdio() {
+    stdio_.emplace(io_);
+    auto conn = Connection::make(stdio_->take_socket(), server_session(), "stdio", "agent", opts_.handshake_timeout);
+    stdio_->start([this](const std::string& why) { log_->info("link ended: {}", why); });
+    serve(std::move(conn));
+  }
+
+  void serve(std::shared_ptr<Connection> conn) {
     Connection* raw = conn.get();
     peers_[raw] = Peer{conn, std::chrono::steady_clock::now()};
     conn->start({[this, raw](const proto::PeerInfo& p) {
@@ -240,6 +267,8 @@ class Agent {
     if (job_ && job_->owner.get() == raw) {
       log_->warn("job {}: its coordinator is gone ({}); stopping its workers", job_->job_id, reason);
       abandon_job();
+    } else if (opts_.stdio && !job_) {
+      finish_shutdown();  // our only coordinator left before offering a job
     }
   }
 
@@ -379,7 +408,7 @@ class Agent {
     }
     // Node rank 0 serves the job's store, on the address the coordinator reached us at (which
     // it gave the workers as MASTER_ADDR), open to the job's nodes only; fresh every round.
-    const auto host = plain_address(job.owner->local_endpoint().address());
+    const auto host = own_address();
     const auto port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
     try {
       if (store_ && (store_host_ != host || store_->port() != port)) store_.reset();
@@ -440,7 +469,7 @@ class Agent {
     // NCCL and gloo talk over the interface that carries the rendezvous, unless the job (its
     // env: or the launcher's forwarded NCCL_* variables) chose one.
     auto inherited = job.inherited;
-    const auto rdzv_addr = plain_address(job.owner->local_endpoint().address());
+    const auto rdzv_addr = own_address();
     if (auto ifname = interface_of(rdzv_addr)) {
       for (const char* k : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
         if (!job.payload.forward_env.count(k)) inherited[k] = *ifname;
@@ -574,10 +603,28 @@ class Agent {
   }
 
   void forget_job() {
+    const bool had_job = job_ != nullptr;
     if (job_) log_->info("job {}: done on this node", job_->job_id);
     job_.reset();
     store_.reset();
     if (!stopping_) notify_.status(idle_status());
+    if (had_job && (opts_.oneshot || opts_.stdio) && !stopping_) {
+      log_->info("one-shot: exiting after the job");
+      stopping_ = true;
+      boost::system::error_code ignored;
+      acceptor_.close(ignored);
+      finish_shutdown();
+    }
+  }
+
+  // The address the job's peers reach this node at: where the coordinator reached us over TCP;
+  // over stdio, the launcher's record of it (this node's entry in the job's node list, in node
+  // rank order, from the SSH server address the node reported).
+  std::string own_address() const {
+    if (auto local = job_->owner->local_endpoint()) return plain_address(local->address());
+    const auto& addrs = job_->payload.node_addresses;
+    const auto rank = job_->assign ? (*job_->assign)["node_rank"].get<std::uint32_t>() : 0;
+    return rank < addrs.size() ? addrs[rank] : std::string();
   }
 
   void heartbeat() {
@@ -670,6 +717,7 @@ class Agent {
   std::map<Connection*, Peer> peers_;
   std::unique_ptr<Job> job_;
   std::optional<store::Server> store_;
+  std::optional<StdioLink> stdio_;
   std::string store_host_;
   std::string shepherd_exe_;
   bool stopping_ = false;

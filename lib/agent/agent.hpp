@@ -11,6 +11,11 @@
 // stopped when that coordinator says so, when its connection drops, and when its heartbeats stop
 // (heartbeat_timeout); a second coordinator's offer while a job runs gets a clear "busy". Worker
 // logs stay on the node (<log_dir>/<job>/attempt-<n>/rank-<r>.log) and every line also goes up.
+//
+// One-shot (SSH mode, `--oneshot --stdio`): no listener; the launcher starts the agent through
+// SSH, writes a fresh secret as stdin's first line, then speaks the same protocol over
+// stdin/stdout. stdin's EOF (the SSH connection died), a hang-up or missed heartbeats stop the
+// workers, and the agent exits when its one job is over.
 #pragma once
 
 #include "common/duration.hpp"
@@ -25,6 +30,8 @@
 namespace ddp::agent {
 
 inline constexpr std::uint16_t kDefaultPort = 29410;
+// What `ddp-agentd --version` prints; SSH mode runs a remote agent only when it prints the same.
+inline constexpr const char* kVersion = "ddp-agentd 0.1.0";
 
 struct AgentOptions {
   std::string listen_host = "::";  // dual-stack, all addresses
@@ -45,6 +52,11 @@ struct AgentOptions {
   std::vector<std::string> allowed_users;
   // Passed through, not consumed yet: the runtime for containerised jobs.
   std::string container_runtime;
+  // Serve exactly one job, then exit (the job ends when its coordinator leaves).
+  bool oneshot = false;
+  // No listener: the one coordinator speaks over stdin/stdout (SSH mode; implies oneshot).
+  // `keys` then holds the per-run secret the launcher wrote as stdin's first line.
+  bool stdio = false;
 };
 
 class AgentError : public std::runtime_error {

@@ -67,6 +67,7 @@ class Coordinator {
     payload_.spec = opts_.spec;
     payload_.forward_env = net::forwarded_env(opts_.launcher_env, opts_.spec.env_forward);
     offer_spec_ = net::to_json(payload_);
+    if (opts_.make_dialer) dialer_ = opts_.make_dialer(io_);
     for (auto& e : entries_) {
       auto n = std::make_unique<Node>(io_);
       n->entry = e;
@@ -82,6 +83,7 @@ class Coordinator {
     for (auto& [name, n] : nodes_) dial(*n);
     arm_tick();
     io_.run();
+    dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
     terminal_.flush();
     if (opts_.result_json) {
       std::ofstream out(*opts_.result_json);
@@ -101,6 +103,7 @@ class Coordinator {
     int pings = 0;
     bool joined = false;
     std::vector<std::string> ib_hcas;  // the node's NCCL_IB_HCA entries, from its join
+    bool ever_joined = false;
     int dial_failures = 0;
     asio::steady_timer redial;
   };
@@ -122,7 +125,8 @@ class Coordinator {
   };
 
   rdzv::Config make_config() {
-    entries_ = net::node_entries(opts_.nodes, 29410);
+    // Over SSH a port in --nodes is the SSH port; none means ~/.ssh/config's (or 22).
+    entries_ = net::node_entries(opts_.nodes, opts_.make_dialer ? 0 : 29410);
     rdzv::Config c;
     c.job_id = opts_.job_id;
     for (const auto& e : entries_) hosts_.push_back(e.name);
@@ -139,12 +143,31 @@ class Coordinator {
     return c;
   }
 
-  std::string label(const Node& n) const { return fmt::format("{} ({}:{})", n.entry.name, n.entry.host, n.entry.port); }
+  std::string label(const Node& n) const {
+    if (dialer_) return dialer_->describe(n.entry);
+    return fmt::format("{} ({}:{})", n.entry.name, n.entry.host, n.entry.port);
+  }
 
   // ---- connections ----
 
   void dial(Node& n) {
     if (done_) return;
+    if (dialer_) {
+      dialer_->dial(n.entry, [this, &n](net::Dialed d) {
+        if (done_) return;
+        if (!d.error.empty()) {
+          if (!n.ever_joined && rdzv_.round().value <= 1 && rdzv_.state() == rdzv::State::joining) {
+            return fatal(d.error + "; stopping the nodes that did start");
+          }
+          log_->warn("{}; retrying", d.error);
+          return schedule_redial(n);
+        }
+        n.address = d.address;
+        start_session(n, Connection::make(std::move(*d.socket), proto::Session::client(client_config()), label(n), "coord",
+                                          std::chrono::seconds(10)));
+      });
+      return;
+    }
     net::dial(io_, n.entry.host, n.entry.port, opts_.dial_timeout, [this, &n](boost::system::error_code ec, tcp::socket s) {
       if (done_) return;
       if (ec) {
@@ -166,7 +189,7 @@ class Coordinator {
     });
   }
 
-  void connect(Node& n, tcp::socket s) {
+  proto::ClientConfig client_config() const {
     proto::ClientConfig cc;
     cc.role = proto::Role::coordinator;
     cc.user = opts_.user;
@@ -175,9 +198,18 @@ class Coordinator {
     cc.key = *opts_.keys.first();
     cc.nonce = proto::random_nonce();
     cc.expect_server = proto::Role::agent;
+    return cc;
+  }
+
+  void connect(Node& n, tcp::socket s) {
     boost::system::error_code ec;
     n.address = plain_address(s.remote_endpoint(ec).address());
-    n.conn = Connection::make(std::move(s), proto::Session::client(cc), label(n), "coord", std::chrono::seconds(10));
+    start_session(n, Connection::make(std::move(s), proto::Session::client(client_config()), label(n), "coord",
+                                      std::chrono::seconds(10)));
+  }
+
+  void start_session(Node& n, std::shared_ptr<Connection> conn) {
+    n.conn = std::move(conn);
     n.pings = 0;
     n.sync = {};
     Connection* raw = n.conn.get();
@@ -282,6 +314,7 @@ class Coordinator {
     log_->log(nodes_.size() <= 32 ? spdlog::level::info : spdlog::level::debug, "{} joined: agent '{}', {} worker{}", label(n),
               agent_name, nproc, nproc == 1 ? "" : "s");
     n.joined = true;
+    n.ever_joined = true;
     const auto off = n.sync.best().value_or(proto::ClockOffset{});
     handle(rdzv::NodeJoined{n.entry.name, nproc, off.offset});
   }
@@ -421,7 +454,9 @@ class Coordinator {
             {"world_size", a.world_size},
             {"master_addr", master},
             {"master_port", opts_.spec.store_port},
-            {"spec", na.node_rank.value == 0 ? spec_rank0 : spec}};
+            // Over SSH every agent learns its own address from the list (it has no socket
+            // address of its own): the list goes to all, as SSH launches are small.
+            {"spec", na.node_rank.value == 0 || dialer_ ? spec_rank0 : spec}};
       if (ib_hca) assign["nccl_ib_hca"] = *ib_hca;
       send(*nodes_.at(na.node), "assign", std::move(assign));
     }
@@ -599,6 +634,7 @@ class Coordinator {
   json offer_spec_;  // payload_ as job_offer carries it, encoded once
   std::chrono::steady_clock::time_point last_progress_{};
   std::map<std::string, std::unique_ptr<Node>> nodes_;
+  std::unique_ptr<net::Dialer> dialer_;  // SSH mode; destroyed before io_
   supervisor::TerminalSink terminal_;
 
   rdzv::Round round_{0};

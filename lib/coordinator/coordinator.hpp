@@ -8,16 +8,23 @@
 //   ◀─ output (printed "[node:rank] line", filed per rank), worker_exited, attempt_finished
 //
 // Policy: agents are redialled while the job lives (a lost agent may come back for a later
-// round); a refused token is fatal at once (it will not fix itself). Ctrl-C / SIGTERM stop every
+// round); a refused token is fatal at once (it will not fix itself). With a dialer (SSH mode) a
+// node that cannot be started before the job runs is fatal too: its error names it, and the
+// nodes that did start are stopped (their links close, their one-shot agents exit). Ctrl-C / SIGTERM stop every
 // node's workers and end with 128+signal; a second one kills them now. Every timeout says what
 // it waited for (the rendezvous machine's messages).
 #pragma once
 
 #include "common/duration.hpp"
 #include "jobspec/jobspec.hpp"
+#include "net/dialer.hpp"
 #include "proto/keyring.hpp"
 
+#include <boost/asio/io_context.hpp>
+
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -38,6 +45,9 @@ struct CoordinatorOptions {
   std::map<std::string, std::string> launcher_env;
   Millis heartbeat_interval{1000};
   Millis dial_timeout{5000};
+  // Set: nodes are reached through this dialer (SSH mode) instead of TCP to their agents'
+  // port; a node it cannot start before the job started fails the launch (exit 2), naming it.
+  std::function<std::unique_ptr<net::Dialer>(boost::asio::io_context&)> make_dialer;
 };
 
 class CoordinatorError : public std::runtime_error {

@@ -21,23 +21,38 @@ constexpr auto kLinger = std::chrono::seconds(2);
 
 std::shared_ptr<Connection> Connection::make(tcp::socket socket, proto::Session session, std::string label,
                                              std::string log_subsystem, Millis handshake_timeout) {
+  boost::system::error_code ec;
+  std::optional<tcp::endpoint> remote, local;
+  if (auto r = socket.remote_endpoint(ec); !ec) remote = r;
+  if (auto l = socket.local_endpoint(ec); !ec) local = l;
+  socket.set_option(tcp::no_delay(true), ec);
+  // The same descriptor as a generic stream: one read/write path for TCP and socketpairs.
+  const auto protocol = socket.local_endpoint(ec).protocol();
+  stream_socket generic(socket.get_executor());
+  if (socket.is_open()) {
+    const int fd = socket.release(ec);
+    if (!ec) generic.assign(boost::asio::generic::stream_protocol(protocol.family(), protocol.protocol()), fd, ec);
+  }
+  auto c = make(std::move(generic), std::move(session), std::move(label), std::move(log_subsystem), handshake_timeout);
+  c->remote_ = remote;
+  c->local_ = local;
+  return c;
+}
+
+std::shared_ptr<Connection> Connection::make(stream_socket socket, proto::Session session, std::string label,
+                                             std::string log_subsystem, Millis handshake_timeout) {
   return std::shared_ptr<Connection>(
       new Connection(std::move(socket), std::move(session), std::move(label), std::move(log_subsystem), handshake_timeout));
 }
 
-Connection::Connection(tcp::socket socket, proto::Session session, std::string label, std::string log_subsystem,
+Connection::Connection(stream_socket socket, proto::Session session, std::string label, std::string log_subsystem,
                        Millis handshake_timeout)
     : socket_(std::move(socket)),
       session_(std::move(session)),
       label_(std::move(label)),
       log_subsystem_(std::move(log_subsystem)),
       handshake_timeout_(handshake_timeout),
-      timer_(socket_.get_executor()) {
-  boost::system::error_code ec;
-  remote_ = socket_.remote_endpoint(ec);
-  local_ = socket_.local_endpoint(ec);
-  socket_.set_option(tcp::no_delay(true), ec);
-}
+      timer_(socket_.get_executor()) {}
 
 Connection::~Connection() {
   boost::system::error_code ignored;
@@ -156,7 +171,7 @@ void Connection::closed(const std::string& reason) {
   closing_ = true;
   timer_.cancel();
   boost::system::error_code ignored;
-  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.shutdown(stream_socket::shutdown_both, ignored);
   socket_.close(ignored);
   out_.clear();
   queued_bytes_ = 0;

@@ -1,4 +1,9 @@
-// One protocol connection over TCP: the Asio edge around a proto::Session.
+// One protocol connection over a stream socket: the Asio edge around a proto::Session.
+//
+// The stream is TCP (agents listening on the network) or one end of a socketpair whose other
+// end a pump feeds (SSH mode: the launcher's end pumps a libssh channel, the agent's end pumps
+// its stdin/stdout); the session cannot tell the difference, and neither can the owners,
+// except that only TCP has endpoints.
 //
 // Owns the socket, the handshake deadline, the write queue and the read loop; carries out the
 // session's effects in order (Send: queue the frame; Established/Deliver: hand to the owner;
@@ -12,6 +17,7 @@
 #include "common/duration.hpp"
 #include "proto/session.hpp"
 
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -19,11 +25,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace ddp::net {
 
 using tcp = boost::asio::ip::tcp;
+using stream_socket = boost::asio::generic::stream_protocol::socket;
 
 struct ConnectionHandlers {
   std::function<void(const proto::PeerInfo&)> on_established;
@@ -35,6 +43,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   // `label` names the peer in every log line ("n2 (10.0.0.2:29410)"); `log_subsystem` picks the logger.
   static std::shared_ptr<Connection> make(tcp::socket socket, proto::Session session, std::string label,
+                                          std::string log_subsystem, Millis handshake_timeout);
+  // Over a non-TCP stream (a socketpair end): no endpoints.
+  static std::shared_ptr<Connection> make(stream_socket socket, proto::Session session, std::string label,
                                           std::string log_subsystem, Millis handshake_timeout);
   ~Connection();
 
@@ -54,11 +65,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void set_label(std::string label) { label_ = std::move(label); }
   // Bytes queued for the peer and not yet written (output backpressure for the agent).
   std::size_t queued_bytes() const { return queued_bytes_; }
-  tcp::endpoint remote_endpoint() const { return remote_; }
-  tcp::endpoint local_endpoint() const { return local_; }
+  // The TCP endpoints; nullopt over a socketpair.
+  std::optional<tcp::endpoint> remote_endpoint() const { return remote_; }
+  std::optional<tcp::endpoint> local_endpoint() const { return local_; }
 
  private:
-  Connection(tcp::socket socket, proto::Session session, std::string label, std::string log_subsystem,
+  Connection(stream_socket socket, proto::Session session, std::string label, std::string log_subsystem,
              Millis handshake_timeout);
   void read();
   void apply(proto::Effects effects);
@@ -67,13 +79,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void finish_close();
   void closed(const std::string& reason);
 
-  tcp::socket socket_;
+  stream_socket socket_;
   proto::Session session_;
   std::string label_;
   std::string log_subsystem_;
   Millis handshake_timeout_;
   boost::asio::steady_timer timer_;  // handshake deadline, then the linger after a drop
-  tcp::endpoint remote_, local_;
+  std::optional<tcp::endpoint> remote_, local_;
   ConnectionHandlers handlers_;
   std::deque<std::string> out_;
   std::size_t queued_bytes_ = 0;

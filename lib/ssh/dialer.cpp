@@ -1,0 +1,238 @@
+// SSH mode's node dialer (see dialer.hpp).
+#include "ssh/dialer.hpp"
+
+#include "common/log.hpp"
+#include "ssh/policy.hpp"
+#include "ssh/session.hpp"
+
+#include <boost/asio/post.hpp>
+#include <fmt/format.h>
+#include <openssl/evp.h>
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <array>
+#include <fstream>
+#include <random>
+
+namespace ddp::ssh {
+
+namespace asio = boost::asio;
+
+namespace {
+
+// How often the pump looks at the cancel flag when neither side has anything to say.
+constexpr int kPumpPollMs = 200;
+
+bool write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+// Owns a descriptor until handed over.
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(Fd&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+  Fd& operator=(Fd&&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() { return std::exchange(fd, -1); }
+};
+
+}  // namespace
+
+std::string sha256_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("cannot read {}", path));
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  std::array<char, 64 * 1024> buf{};
+  while (in) {
+    in.read(buf.data(), buf.size());
+    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<std::size_t>(in.gcount()));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+Dialer::Dialer(asio::io_context& io, DialerOptions options)
+    : io_(io), opts_(std::move(options)), slots_(std::clamp(opts_.max_parallel, 1, 1024)) {
+  our_sha256_ = sha256_file(opts_.agent_binary);
+  utsname u{};
+  ::uname(&u);
+  our_arch_ = u.machine;
+}
+
+Dialer::~Dialer() {
+  cancel_ = true;
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+std::string Dialer::describe(const net::NodeEntry& node) const {
+  return node.port ? fmt::format("{} (ssh {}:{})", node.name, node.host, node.port) : fmt::format("{} (ssh)", node.name);
+}
+
+void Dialer::dial(const net::NodeEntry& node, std::function<void(net::Dialed)> done) {
+  threads_.emplace_back([this, node, done = std::move(done)] { run_node(node, done); });
+}
+
+bool Dialer::wait_or_cancel(Millis delay) {
+  std::unique_lock lock(mu_);
+  return !cv_.wait_for(lock, delay, [this] { return cancel_.load(); });
+}
+
+void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::Dialed)>& done) {
+  auto log = log::get("ssh");
+  auto fail = [&](const std::string& why) {
+    asio::post(io_, [done, why] { done(net::Dialed{why, std::nullopt, ""}); });
+  };
+  SessionOptions so{node.name, node.host, node.port, opts_.timeout, opts_.accept_new};
+  std::unique_ptr<Session> s;
+  std::mt19937 rng(std::random_device{}());
+  for (int attempt = 1;; ++attempt) {
+    if (cancel_) return;
+    s = std::make_unique<Session>();
+    slots_.acquire();
+    std::string err = s->connect(so);
+    ConnectFailure kind = ConnectFailure::other;
+    if (!err.empty()) {
+      kind = classify_connect_error(err);
+    } else {
+      std::string added;
+      if (auto hk = s->verify_host_key(so, &added); !hk.empty()) {
+        slots_.release();
+        return fail(hk);
+      }
+      if (!added.empty()) log->warn("{}", added);
+      err = s->authenticate();
+      if (!err.empty()) {
+        kind = classify_connect_error(err);
+        if (kind != ConnectFailure::dropped) kind = ConnectFailure::auth;
+      }
+    }
+    slots_.release();
+    if (err.empty()) break;
+    auto wait = retry_after(kind, attempt, std::uniform_real_distribution<double>(0, 1)(rng));
+    if (!wait) {
+      const auto what = kind == ConnectFailure::timeout ? fmt::format("no SSH answer within {} ms", opts_.timeout.count())
+                                                        : std::string("cannot log in");
+      return fail(fmt::format("{}: {}: {}{}", describe(node), what, err,
+                              attempt > 1 ? fmt::format(" (after {} attempts)", attempt) : ""));
+    }
+    log->warn("{}: connection dropped before login ({}); retrying in {} ms (attempt {}; sshd's MaxStartups limits "
+              "concurrent logins)",
+              describe(node), err, wait->count(), attempt + 1);
+    if (!wait_or_cancel(*wait)) return;
+  }
+
+  ssh_channel ch = nullptr;
+  std::string address;
+  try {
+    auto probe = parse_probe(s->exec(probe_command(our_sha256_)).out);
+    auto choice = choose_agent(probe, opts_.agent_version, our_arch_, our_sha256_);
+    if (choice.kind == AgentChoice::Kind::impossible) return fail(fmt::format("{}: {}", describe(node), choice.reason));
+    if (choice.kind == AgentChoice::Kind::upload) {
+      log->info("{}: {}", node.name, choice.reason);
+      s->upload(opts_.agent_binary, cache_dir(our_sha256_), "ddp-agentd");
+      const auto check = parse_probe(s->exec(probe_command(our_sha256_)).out);
+      if (check.cached_sha256 != our_sha256_) {
+        return fail(fmt::format("{}: the uploaded agent's hash is '{}', expected {}", describe(node), check.cached_sha256,
+                                our_sha256_));
+      }
+    } else {
+      log->debug("{}: {}", node.name, choice.reason);
+    }
+    address = !probe.server_address.empty() ? probe.server_address : s->peer_address();
+    if (address.empty()) return fail(fmt::format("{}: cannot tell the node's address ($SSH_CONNECTION is empty)", describe(node)));
+    ch = s->start(agent_command(choice.command, node.name, opts_.verbose_agent));
+    const auto line = opts_.secret + "\n";
+    if (ssh_channel_write(ch, line.data(), static_cast<uint32_t>(line.size())) != static_cast<int>(line.size())) {
+      throw std::runtime_error(s->error());
+    }
+  } catch (const std::exception& e) {
+    Session::close_channel(ch);
+    return fail(fmt::format("{}: cannot start the agent: {}", describe(node), e.what()));
+  }
+
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    Session::close_channel(ch);
+    return fail(fmt::format("{}: socketpair: {}", node.name, std::strerror(errno)));
+  }
+  Fd mine(fds[0]);
+  auto theirs = std::make_shared<Fd>(fds[1]);
+  asio::post(io_, [this, done, theirs, address] {
+    net::stream_socket sock(io_);
+    boost::system::error_code ec;
+    sock.assign(asio::generic::stream_protocol(AF_UNIX, 0), theirs->release(), ec);
+    done(net::Dialed{"", std::move(sock), address});
+  });
+
+  // The pump: our socketpair end <-> the agent's stdin/stdout; its stderr -> our log.
+  LineSplitter err_lines;
+  std::array<char, 32 * 1024> buf{};
+  std::string why = "the launcher is stopping";
+  while (!cancel_) {
+    pollfd p[2] = {{ssh_get_fd(s->raw()), POLLIN, 0}, {mine.fd, POLLIN, 0}};
+    ::poll(p, 2, kPumpPollMs);
+    if (p[1].revents) {
+      const ssize_t n = ::read(mine.fd, buf.data(), buf.size());
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        why = "the coordinator closed the link";
+        break;
+      }
+      if (n > 0 && ssh_channel_write(ch, buf.data(), static_cast<uint32_t>(n)) != n) {
+        why = "SSH connection lost: " + s->error();
+        break;
+      }
+    }
+    bool lost = false;
+    for (int is_err = 0; is_err < 2 && !lost; ++is_err) {
+      for (;;) {
+        const int n = ssh_channel_read_nonblocking(ch, buf.data(), buf.size(), is_err);
+        if (n == SSH_ERROR) {
+          why = "SSH connection lost: " + s->error();
+          lost = true;
+        }
+        if (n <= 0) break;
+        if (!is_err) {
+          if (!write_all(mine.fd, buf.data(), static_cast<std::size_t>(n))) {
+            why = "the coordinator closed the link";
+            lost = true;
+            break;
+          }
+        } else {
+          for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)))) log->info("[{}] {}", node.name, l);
+        }
+      }
+    }
+    if (lost) break;
+    if (ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch)) {
+      why = "the agent ended";
+      break;
+    }
+  }
+  if (auto l = err_lines.flush()) log->info("[{}] {}", node.name, *l);
+  log->debug("{}: link closed: {}", node.name, why);
+  ::shutdown(mine.fd, SHUT_RDWR);
+  Session::close_channel(ch);
+}
+
+}  // namespace ddp::ssh

@@ -1,0 +1,66 @@
+// SSH mode's way to reach a node (net::Dialer): log in with libssh, make sure a ddp-agentd of
+// our version is there (the remote PATH's, else our own uploaded over SFTP into a per-user
+// cache checked by hash), start it as `--oneshot --stdio`, hand it the run's secret on stdin,
+// then pump the channel to one end of a socketpair whose other end the coordinator's
+// Connection uses. Nothing connects back to the launcher.
+//
+// Threads: one per node (libssh is blocking; a session is used by one thread only); at most
+// `max_parallel` of them are connecting and authenticating at once, the rest wait for a slot.
+// The remote agent's stderr becomes log lines named after the node. Closing the coordinator's
+// end ends the pump, which sends EOF to the agent (it stops its workers and exits); a dead
+// launcher closes the TCP connection, and sshd closes the agent's stdin the same way.
+#pragma once
+
+#include "common/duration.hpp"
+#include "net/dialer.hpp"
+
+#include <boost/asio/io_context.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <semaphore>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddp::ssh {
+
+struct DialerOptions {
+  bool accept_new = false;
+  Millis timeout{15000};  // connect + key exchange, and each step after it
+  int max_parallel = 8;
+  std::string secret;         // the run's secret (the agent reads it from stdin)
+  std::string agent_binary;   // our ddp-agentd (uploaded when the node has none of our version)
+  std::string agent_version;  // what `ddp-agentd --version` prints
+  bool verbose_agent = false;
+};
+
+class Dialer final : public net::Dialer {
+ public:
+  // Throws std::runtime_error when our own agent binary cannot be read.
+  Dialer(boost::asio::io_context& io, DialerOptions options);
+  ~Dialer() override;  // ends every pump and joins the threads
+
+  void dial(const net::NodeEntry& node, std::function<void(net::Dialed)> done) override;
+  std::string describe(const net::NodeEntry& node) const override;
+
+ private:
+  void run_node(const net::NodeEntry& node, const std::function<void(net::Dialed)>& done);
+  bool wait_or_cancel(Millis delay);
+
+  boost::asio::io_context& io_;
+  DialerOptions opts_;
+  std::string our_sha256_, our_arch_;
+  std::counting_semaphore<1024> slots_;
+  std::atomic<bool> cancel_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+};
+
+// The hex SHA-256 of a file; throws std::runtime_error.
+std::string sha256_file(const std::string& path);
+
+}  // namespace ddp::ssh
