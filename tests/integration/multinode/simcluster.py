@@ -4,6 +4,9 @@ Each host gets its own namespace (veth 'eth0' on a bridge, an address in a test-
 10.213.X.0/24 chosen per run), its own hostname (unshare --uts, plus /etc/netns/NS/hosts naming
 every host) and a private /tmp (unshare --mount + tmpfs), so logs and error files reach the
 launcher only through the protocol. The launcher (ddpctl) runs in a namespace of its own.
+With homes=True each host (the launcher's too) also gets a private home: a folder of the run's
+bind-mounted over /root in its mount namespace, where start_sshd() puts what sshd and ssh read
+(authorized_keys, ~/.ssh/config, known_hosts, the upload cache).
 
 The network rule: nothing here connects from the root namespace to a namespace address. As a
 guard, the root namespace gets a blackhole route for the run's /24, so a mistake fails instead of
@@ -54,9 +57,15 @@ class Host:
         self.veth = f"v{cluster.tag}{index}"[:15]
         self.addr = f"10.213.{cluster.subnet}.{10 + index}"
 
+    @property
+    def home(self):
+        """This host's private home on the shared disk (its /root), or None."""
+        return os.path.join(self.cluster.dir, "home", self.name) if self.cluster.homes else None
+
     def wrap(self, argv):
-        """argv run on this host: its netns (with /etc/netns hosts), hostname and private /tmp."""
-        inner = f"hostname {self.name} && mount -t tmpfs tmpfs /tmp && exec \"$@\""
+        """argv run on this host: its netns (with /etc/netns hosts), hostname, private /tmp (and home)."""
+        home = f" && mount --bind {self.home} /root" if self.home else ""
+        inner = f"hostname {self.name} && mount -t tmpfs tmpfs /tmp{home} && exec \"$@\""
         return ["ip", "netns", "exec", self.ns, "unshare", "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", inner, "sh", *argv]
 
@@ -76,14 +85,16 @@ class Host:
 class Cluster:
     """Hosts n1..nN and 'ctl' (the launcher's). Use as a context manager."""
 
-    def __init__(self, nodes=2):
+    def __init__(self, nodes=2, homes=False):
         self.tag = f"d{os.getpid() % 1000}{random.randrange(100)}"
         self.subnet = random.randrange(1, 254)
         self.bridge = f"b{self.tag}"[:15]
         self.hosts = [Host(self, i + 1, f"n{i + 1}") for i in range(nodes)]
         self.ctl = Host(self, 0, "ctl")
+        self.homes = homes
         self.procs = []
         self.agents = {}
+        self.sshd = {}
         # Shared files (token, job files, worker scripts, results): outside /tmp, which is private per host.
         self.dir = tempfile.mkdtemp(prefix="ddp-multinode-", dir="/var/tmp")
         os.chmod(self.dir, 0o755)
@@ -94,6 +105,9 @@ class Cluster:
         for b in ("ddpctl", "ddp-agentd", "ddp-ncclid"):
             if os.path.exists(os.path.join(BIN, b)):
                 shutil.copy2(os.path.join(BIN, b), self.bin)
+        if homes:
+            for h in [self.ctl] + self.hosts:
+                os.makedirs(os.path.join(h.home, ".ssh"), mode=0o700)
         self.token = os.path.join(self.dir, "token")
         self._write_token(self.token, os.urandom(32).hex())
         self._made = []
@@ -186,14 +200,14 @@ class Cluster:
         self.wait_listening(host)
         return p
 
-    def wait_listening(self, host, timeout=10):
+    def wait_listening(self, host, timeout=10, port=AGENT_PORT):
         deadline = time.time() + timeout
         while time.time() < deadline:
-            r = _run("ip", "netns", "exec", host.ns, "ss", "-ltnH", f"sport = :{AGENT_PORT}", check=False)
+            r = _run("ip", "netns", "exec", host.ns, "ss", "-ltnH", f"sport = :{port}", check=False)
             if r.stdout.strip():
                 return
             time.sleep(0.05)
-        raise AssertionError(f"ddp-agentd on {host.name} is not listening after {timeout} s:\n" + self.agent_log(host))
+        raise AssertionError(f"nothing listens on {host.name}:{port} after {timeout} s:\n" + self.agent_log(host))
 
     def agent_log(self, host):
         try:
@@ -201,6 +215,66 @@ class Cluster:
                 return f.read()
         except OSError:
             return ""
+
+    # ---- sshd (homes=True) ----
+
+    def ssh_setup(self):
+        """The launcher's user key (in ctl's ~/.ssh), authorized on every host."""
+        key = os.path.join(self.ctl.home, ".ssh", "id_ed25519")
+        if not os.path.exists(key):
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ddptest", "-f", key)
+        pub = open(key + ".pub").read()
+        for h in self.hosts:
+            with open(os.path.join(h.home, ".ssh", "authorized_keys"), "w") as f:
+                f.write(pub)
+
+    def start_sshd(self, host, port=22, agent_on_path=True):
+        """A key-only sshd on host:port. agent_on_path: ~/.ssh/environment puts the run's bin folder
+        (our ddp-agentd) on the PATH of its sessions; else the node has no agent."""
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation folder
+        d = os.path.join(self.dir, f"sshd-{host.name}")
+        os.makedirs(d, exist_ok=True)
+        hostkey = os.path.join(d, "ssh_host_ed25519_key")
+        if not os.path.exists(hostkey):
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", hostkey)
+        conf = os.path.join(d, "sshd_config")
+        with open(conf, "w") as f:
+            f.write(f"Port {port}\nListenAddress {host.addr}\nHostKey {hostkey}\nPidFile none\n"
+                    "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+                    "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\nPermitUserEnvironment yes\n"
+                    "Subsystem sftp internal-sftp\nLogLevel VERBOSE\n")
+        env = os.path.join(host.home, ".ssh", "environment")
+        if agent_on_path:
+            with open(env, "w") as f:
+                f.write(f"PATH={self.bin}:/usr/local/bin:/usr/bin:/bin\n")
+        elif os.path.exists(env):
+            os.unlink(env)
+        log = open(os.path.join(self.dir, f"sshd-{host.name}.log"), "ab")
+        p = host.popen(["/usr/sbin/sshd", "-D", "-e", "-f", conf], stdout=log, stderr=subprocess.STDOUT)
+        self.sshd[host.name] = p
+        self.wait_listening(host, port=port)
+        return p
+
+    def host_key(self, host):
+        """(public key line, 'SHA256:...' fingerprint) of host's sshd."""
+        pub = os.path.join(self.dir, f"sshd-{host.name}", "ssh_host_ed25519_key.pub")
+        fp = _run("ssh-keygen", "-l", "-E", "sha256", "-f", pub).stdout.split()[1]
+        return open(pub).read().split()[:2], fp
+
+    def trust(self, hosts, ports=None):
+        """ctl's known_hosts: the keys of these hosts' sshd, under the names --nodes uses."""
+        with open(os.path.join(self.ctl.home, ".ssh", "known_hosts"), "w") as f:
+            for h in hosts:
+                (kind, b64), _ = self.host_key(h)
+                port = (ports or {}).get(h.name, 22)
+                name = h.name if port == 22 else f"[{h.name}]:{port}"
+                f.write(f"{name} {kind} {b64}\n")
+
+    def launch_ssh(self, job_file, *args, hosts=None):
+        """ddpctl launch --ssh from the launcher's namespace, nodes by host name."""
+        argv = [os.path.join(self.bin, "ddpctl"), "launch", "--ssh", "--nodes",
+                ",".join(h.name for h in (hosts or self.hosts)), *args, job_file]
+        return self.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.dir)
 
     def nodes_arg(self, hosts=None):
         return ",".join(h.addr for h in (hosts or self.hosts))

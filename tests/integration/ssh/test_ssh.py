@@ -1,0 +1,273 @@
+"""SSH mode (issue 6): ddpctl launch --ssh across simulated hosts, each running a key-only sshd
+with a private home and /tmp (simcluster.py, homes=True); the launcher's namespace drops every
+inbound connection, as a laptop behind NAT would. No ddp-agentd daemon and no token file: ddpctl
+logs in, starts `ddp-agentd --oneshot --stdio` and speaks the protocol inside the SSH channel.
+
+Every wait is bounded; the cluster fixture tears down what it made (pids, namespaces).
+"""
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
+import simcluster  # noqa: E402
+
+SKIP = simcluster.netns_unavailable()
+if SKIP is None and not os.access("/usr/sbin/sshd", os.X_OK):
+    SKIP = "sshd is not installed (Debian: openssh-server)"
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+PY = "/usr/bin/python3"
+LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
+
+WORKER = r'''
+import json, os, socket, sys, time
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "GLOO_SOCKET_IFNAME", "DDP_NODE"]
+env = {k: os.environ.get(k) for k in keys}
+env["hostname"] = socket.gethostname()
+env["pid"] = os.getpid()
+env["ppid"] = os.getppid()
+print("CONTRACT " + json.dumps(env), flush=True)
+if sys.argv[1:] == ["store"]:
+    # The store on node rank 0's agent, reached over the nodes' own network.
+    from torch.distributed import TCPStore
+    import datetime
+    s = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=30))
+    s.set("rank" + env["RANK"], env["hostname"])
+    s.wait(["rank" + str(r) for r in range(int(env["WORLD_SIZE"]))])
+    print("STORE ok", flush=True)
+elif sys.argv[1:] == ["sleep"]:
+    time.sleep(120)
+'''
+
+NAT_RULES = """table inet ddptest {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    iifname "lo" accept
+    ct state established,related accept
+    counter drop
+  }
+}
+"""
+
+
+@pytest.fixture
+def cluster():
+    with simcluster.Cluster(nodes=3, homes=True) as c:
+        c.ssh_setup()
+        yield c
+
+
+def behind_nat(c):
+    """The launcher's namespace refuses every inbound connection; returns a reader of the drop counter."""
+    subprocess.run(["ip", "netns", "exec", c.ctl.ns, "nft", "-f", "-"], input=NAT_RULES, text=True, check=True,
+                   capture_output=True, timeout=30)
+
+    def dropped():
+        r = subprocess.run(["ip", "netns", "exec", c.ctl.ns, "nft", "list", "table", "inet", "ddptest"],
+                           capture_output=True, text=True, check=True, timeout=30)
+        return int(re.search(r"counter packets (\d+)", r.stdout).group(1))
+    return dropped
+
+
+def job(c, name, command, nproc=1, extra=""):
+    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: {nproc}\ncommand: {json.dumps(command)}\n"
+                                   f"store: {{port: 29500}}\nstop: {{grace: 3s}}\nlogs: {{dir: /tmp/ddp-logs}}\n{extra}")
+
+
+def finish(p, timeout=90):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return p.returncode, out, err
+
+
+def contracts(out):
+    by_rank = {}
+    for line in out.splitlines():
+        m = LINE.match(line)
+        if m and m["text"].startswith("CONTRACT "):
+            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
+    return by_rank
+
+
+def wait_for_contracts(p, n, timeout=60):
+    seen, lines = {}, []
+    deadline = time.time() + timeout
+    os.set_blocking(p.stdout.fileno(), True)
+    while len(seen) < n and time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        seen.update(contracts(line))
+    if len(seen) < n:
+        p.kill()
+        _, err = p.communicate(timeout=30)
+        raise AssertionError(f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}\n{err}")
+    return seen
+
+
+def leftovers(c, host):
+    """Processes in host's namespace other than its sshd listener."""
+    return [pid for pid in host.ns_pids() if pid != c.sshd[host.name].pid]
+
+
+def wait_nothing_left(c, hosts, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = {h.name: leftovers(c, h) for h in hosts}
+        if not any(left.values()):
+            return {}
+        time.sleep(0.1)
+    return {name: [(pid, _cmdline(pid)) for pid in pids] for name, pids in left.items() if pids}
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def test_three_nodes_over_ssh_from_behind_nat_with_an_upload(cluster):
+    c = cluster
+    n1, n2, n3 = c.hosts
+    # n1 and n2 have our ddp-agentd on their PATH; n3 has none, and its sshd listens on 2222,
+    # which only the launcher's ~/.ssh/config says.
+    c.start_sshd(n1)
+    c.start_sshd(n2)
+    c.start_sshd(n3, port=2222, agent_on_path=False)
+    with open(os.path.join(c.ctl.home, ".ssh", "config"), "w") as f:
+        f.write("Host n3\n  Port 2222\n  User root\n")
+    c.trust(c.hosts, ports={"n3": 2222})
+    dropped = behind_nat(c)
+    worker = c.write("worker.py", WORKER)
+
+    rc, out, err = finish(c.launch_ssh(job(c, "ssh3", [PY, worker, "store"], nproc=2), "--result-json",
+                                       os.path.join(c.dir, "r.json")), timeout=120)
+    assert rc == 0, out + err
+    by_rank = contracts(out)
+    assert sorted(by_rank) == list(range(6)), out + err
+    for rank, (node, env) in by_rank.items():
+        host = c.hosts[rank // 2]
+        assert node == host.name
+        assert env["hostname"] == host.name
+        assert env["RANK"] == str(rank) and env["LOCAL_RANK"] == str(rank % 2)
+        assert env["WORLD_SIZE"] == "6" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == str(rank // 2) and env["GROUP_WORLD_SIZE"] == "3"
+        # MASTER_ADDR is n1's address on the nodes' network, as n1's sshd saw itself reached.
+        assert env["MASTER_ADDR"] == n1.addr and env["MASTER_PORT"] == "29500"
+        assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert out.count("STORE ok") == 6, out
+    assert json.load(open(os.path.join(c.dir, "r.json")))["status"] == "succeeded"
+    assert dropped() == 0, "something tried to connect to the launcher"
+
+    # n3 got our agent in its own cache, by hash, 0700; n1 and n2 used theirs.
+    sha = hashlib.sha256(open(os.path.join(c.bin, "ddp-agentd"), "rb").read()).hexdigest()
+    cached = os.path.join(n3.home, ".cache", "ddpctl", sha, "ddp-agentd")
+    assert os.path.exists(cached), err
+    assert hashlib.sha256(open(cached, "rb").read()).hexdigest() == sha
+    assert os.stat(cached).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.dirname(cached)).st_mode & 0o777 == 0o700
+    assert "n3: no ddp-agentd on its PATH; uploading ours" in err, err
+    for h in (n1, n2):
+        assert not os.path.exists(os.path.join(h.home, ".cache", "ddpctl", sha))
+    assert wait_nothing_left(c, c.hosts) == {}
+
+    # A second run finds the cached copy and uploads nothing.
+    inode = os.stat(cached).st_ino
+    rc, out, err = finish(c.launch_ssh(job(c, "again", [PY, worker]), "--nproc-per-node", "1"), timeout=90)
+    assert rc == 0, out + err
+    assert sorted(contracts(out)) == [0, 1, 2]
+    assert "uploading" not in err and os.stat(cached).st_ino == inode
+    assert dropped() == 0
+
+
+def test_kill_9_of_ddpctl_leaves_nothing_on_any_node(cluster):
+    c = cluster
+    hosts = c.hosts[:2]
+    for h in hosts:
+        c.start_sshd(h)
+    c.trust(hosts)
+    behind_nat(c)
+    worker = c.write("worker.py", WORKER)
+    p = c.launch_ssh(job(c, "kill9", [PY, worker, "sleep"], nproc=2), hosts=hosts)
+    seen = wait_for_contracts(p, 4)
+    agents = {env["ppid"] for _, env in seen.values()}
+    assert len(agents) == 2, "each node's workers have its one-shot agent as parent"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    # The SSH connection dies with ddpctl: each agent reads EOF on stdin, stops its workers
+    # (SIGTERM; they exit at once) and exits; sshd's session processes end with the connection.
+    assert wait_nothing_left(c, hosts, timeout=20) == {}
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint_then_accepted_on_request(cluster):
+    c = cluster
+    n1 = c.hosts[0]
+    c.start_sshd(n1)
+    worker = c.write("worker.py", WORKER)
+    jf = job(c, "hostkey", [PY, worker])
+    _, fingerprint = c.host_key(n1)
+
+    rc, out, err = finish(c.launch_ssh(jf, hosts=[n1]), timeout=60)
+    assert rc == 2, err
+    assert f"n1: unknown host key ssh-ed25519 {fingerprint}" in err, err
+    assert "--ssh-accept-new" in err and "ssh-keyscan n1" in err, err
+    assert "CONTRACT" not in out
+    assert wait_nothing_left(c, [n1]) == {}
+
+    rc, out, err = finish(c.launch_ssh(jf, "--ssh-accept-new", hosts=[n1]), timeout=60)
+    assert rc == 0, err
+    assert sorted(contracts(out)) == [0]
+    known = open(os.path.join(c.ctl.home, ".ssh", "known_hosts")).read()
+    assert (c.host_key(n1)[0][1]) in known
+
+    # Another key for n1 than the one now known: refused, --ssh-accept-new or not.
+    with open(os.path.join(c.ctl.home, ".ssh", "known_hosts"), "w") as f:
+        other = os.path.join(c.dir, "other_key")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other], check=True, timeout=30)
+        f.write("n1 " + " ".join(open(other + ".pub").read().split()[:2]) + "\n")
+    rc, out, err = finish(c.launch_ssh(jf, "--ssh-accept-new", hosts=[n1]), timeout=60)
+    assert rc == 2, err
+    assert f"n1: HOST KEY CHANGED: it now offers ssh-ed25519 {fingerprint}" in err and "ssh-keygen -f" in err, err
+    assert "CONTRACT" not in out
+
+
+def test_host_that_never_speaks_ssh_times_out_and_the_started_node_is_stopped(cluster):
+    c = cluster
+    n1, n2 = c.hosts[:2]
+    c.start_sshd(n1)
+    c.trust([n1])
+    # n2 accepts TCP on port 22 and never says a word.
+    silent = n2.popen([PY, "-c", "import socket, time\n"
+                       f"s = socket.create_server(('{n2.addr}', 22))\n"
+                       "conns = []\n"
+                       "while True: conns.append(s.accept())\n"])
+    c.sshd[n2.name] = silent
+    c.wait_listening(n2, port=22)
+    worker = c.write("worker.py", WORKER)
+    started = time.monotonic()
+    rc, out, err = finish(c.launch_ssh(job(c, "silent", [PY, worker, "sleep"]), "--ssh-timeout", "3",
+                                       hosts=[n1, n2]), timeout=60)
+    took = time.monotonic() - started
+    assert rc == 2, err
+    assert "n2 (ssh): no SSH answer within 3000 ms" in err, err
+    assert "stopping the nodes that did start" in err, err
+    assert took < 40, f"took {took:.0f} s"
+    assert "CONTRACT" not in out
+    assert wait_nothing_left(c, [n1]) == {}
