@@ -1,9 +1,12 @@
 // Two Connections over loopback on port 0, in one io_context: handshake, messages both ways,
-// a wrong key refused with a clear reason on both sides, and a silent peer timed out.
+// a wrong key refused with a clear reason on both sides, and a silent peer timed out; and the
+// same over a socketpair (SSH mode).
 #include "net/connection.hpp"
 
 #include <boost/asio.hpp>
 #include <gtest/gtest.h>
+
+#include <sys/socket.h>
 
 using namespace ddp::net;
 using namespace ddp::proto;
@@ -89,4 +92,40 @@ TEST(Connection, SilentPeerTimesOutInTheHandshake) {
   Pair p;
   p.run(key('s'), ddp::Millis(200), /*silent_client=*/true);
   EXPECT_NE(p.server_closed.find("timed out waiting for the peer's hello"), std::string::npos) << p.server_closed;
+}
+
+// SSH mode runs the same Connection over socketpair ends (the pumps sit behind them): no TCP
+// endpoints, the same handshake and frames.
+TEST(Connection, OverASocketpairWithoutEndpoints) {
+  asio::io_context io;
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  const asio::generic::stream_protocol unix_stream(AF_UNIX, 0);
+  stream_socket a(io, unix_stream, fds[0]), b(io, unix_stream, fds[1]);
+  ServerConfig sc;
+  sc.role = Role::agent;
+  sc.keys = Keyring({key('s')});
+  sc.nonce = random_nonce();
+  sc.accept_roles = {Role::coordinator};
+  ClientConfig cc;
+  cc.role = Role::coordinator;
+  cc.user = "u";
+  cc.key = key('s');
+  cc.nonce = random_nonce();
+  auto server = Connection::make(std::move(a), Session::server(sc), "stdio", "test", ddp::Millis(2000));
+  auto client = Connection::make(std::move(b), Session::client(cc), "n1 (ssh)", "test", ddp::Millis(2000));
+  std::vector<std::string> server_got;
+  std::string server_closed;
+  server->start({nullptr, [&](Message m) { server_got.push_back(m.type); },
+                 [&](const std::string& r) { server_closed = r; }});
+  client->start({[&](const PeerInfo&) {
+                   client->send(client->session().message("time_ping", {{"t0_us", 1}}));
+                   client->close("done");
+                 },
+                 nullptr, nullptr});
+  io.run_for(std::chrono::seconds(3));
+  EXPECT_EQ(server_got, std::vector<std::string>{"time_ping"});
+  EXPECT_NE(server_closed.find("closed"), std::string::npos) << server_closed;
+  EXPECT_FALSE(server->local_endpoint().has_value());
+  EXPECT_FALSE(client->remote_endpoint().has_value());
 }

@@ -1,0 +1,142 @@
+// SSH mode's pure decisions: host keys (strict, accept-new, changed), which connection failures
+// are retried and how long to wait, the agent binary to run, remote command lines, the probe's
+// answer, and the stderr line splitter.
+#include "ssh/policy.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace ddp::ssh;
+using ddp::Millis;
+
+namespace {
+
+HostKeyFacts facts(int port = 22) {
+  return HostKeyFacts{"n1", "n1.example", port, "SHA256:abcDEF", "ssh-ed25519", "/home/u/.ssh/known_hosts"};
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(HostKey, KnownKeyIsAcceptedQuietly) {
+  auto d = decide_host_key(KnownHost::ok, false, facts());
+  EXPECT_TRUE(d.accept);
+  EXPECT_FALSE(d.remember);
+}
+
+TEST(HostKey, UnknownKeyIsRefusedWithFingerprintAndHowToTrustIt) {
+  for (auto state : {KnownHost::unknown, KnownHost::no_file}) {
+    auto d = decide_host_key(state, false, facts());
+    EXPECT_FALSE(d.accept);
+    EXPECT_TRUE(has(d.message, "n1 (n1.example): unknown host key ssh-ed25519 SHA256:abcDEF")) << d.message;
+    EXPECT_TRUE(has(d.message, "ssh-keyscan n1.example >> /home/u/.ssh/known_hosts")) << d.message;
+    EXPECT_TRUE(has(d.message, "--ssh-accept-new")) << d.message;
+    EXPECT_TRUE(has(d.message, "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub")) << d.message;
+  }
+}
+
+TEST(HostKey, NonDefaultPortIsNamedAsSshToolsNameIt) {
+  auto d = decide_host_key(KnownHost::unknown, false, facts(2222));
+  EXPECT_TRUE(has(d.message, "ssh-keyscan -p 2222 n1.example")) << d.message;
+  auto c = decide_host_key(KnownHost::changed, false, facts(2222));
+  EXPECT_TRUE(has(c.message, "-R '[n1.example]:2222'")) << c.message;
+}
+
+TEST(HostKey, AcceptNewAddsOnlyUnknownKeys) {
+  auto d = decide_host_key(KnownHost::unknown, true, facts());
+  EXPECT_TRUE(d.accept);
+  EXPECT_TRUE(d.remember);
+  EXPECT_TRUE(has(d.message, "SHA256:abcDEF")) << d.message;
+  for (auto state : {KnownHost::changed, KnownHost::other_type, KnownHost::error}) {
+    auto r = decide_host_key(state, true, facts());
+    EXPECT_FALSE(r.accept);
+    EXPECT_FALSE(r.remember);
+  }
+}
+
+TEST(HostKey, ChangedKeySaysItMayBeAnAttackAndHowToRemoveTheOldKey) {
+  auto d = decide_host_key(KnownHost::changed, false, facts());
+  EXPECT_FALSE(d.accept);
+  EXPECT_TRUE(has(d.message, "HOST KEY CHANGED: it now offers ssh-ed25519 SHA256:abcDEF")) << d.message;
+  EXPECT_TRUE(has(d.message, "ssh-keygen -f /home/u/.ssh/known_hosts -R n1.example")) << d.message;
+  auto o = decide_host_key(KnownHost::other_type, false, facts());
+  EXPECT_TRUE(has(o.message, "another type")) << o.message;
+}
+
+TEST(Retry, ClassifiesLibsshErrors) {
+  EXPECT_EQ(classify_connect_error("Timeout connecting to 10.0.0.2"), ConnectFailure::timeout);
+  EXPECT_EQ(classify_connect_error("Connection refused"), ConnectFailure::refused);
+  EXPECT_EQ(classify_connect_error("Failed to resolve hostname nx (Name or service not known)"), ConnectFailure::unreachable);
+  EXPECT_EQ(classify_connect_error("Socket error: disconnected"), ConnectFailure::dropped);
+  EXPECT_EQ(classify_connect_error("Connection reset by peer"), ConnectFailure::dropped);
+  EXPECT_EQ(classify_connect_error("Access denied. Authentication that can continue: publickey"), ConnectFailure::other);
+}
+
+TEST(Retry, OnlyDropsAreRetriedWithGrowingCappedDelays) {
+  RetryPolicy p{5, Millis(200), Millis(1000)};
+  EXPECT_EQ(retry_after(ConnectFailure::dropped, 1, 1.0, p), Millis(200));
+  EXPECT_EQ(retry_after(ConnectFailure::dropped, 2, 1.0, p), Millis(400));
+  EXPECT_EQ(retry_after(ConnectFailure::dropped, 3, 1.0, p), Millis(800));
+  EXPECT_EQ(retry_after(ConnectFailure::dropped, 4, 1.0, p), Millis(1000));  // capped
+  EXPECT_EQ(retry_after(ConnectFailure::dropped, 5, 1.0, p), std::nullopt);  // attempts spent
+  EXPECT_EQ(retry_after(ConnectFailure::dropped, 1, 0.0, p), Millis(100));   // jitter: half to all
+  for (auto f : {ConnectFailure::timeout, ConnectFailure::refused, ConnectFailure::unreachable, ConnectFailure::auth,
+                 ConnectFailure::host_key, ConnectFailure::other}) {
+    EXPECT_EQ(retry_after(f, 1, 0.5, p), std::nullopt);
+  }
+}
+
+TEST(Commands, ShellQuoting) {
+  EXPECT_EQ(shell_quote("ddp-agentd"), "ddp-agentd");
+  EXPECT_EQ(shell_quote("a b"), "'a b'");
+  EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
+  EXPECT_EQ(shell_quote("$(reboot)"), "'$(reboot)'");
+  EXPECT_EQ(shell_quote(""), "''");
+}
+
+TEST(Commands, AgentCommandCarriesNoSecret) {
+  EXPECT_EQ(agent_command("ddp-agentd", "n1", false), "exec ddp-agentd --oneshot --stdio --name n1");
+  EXPECT_EQ(agent_command("~/.cache/ddpctl/ab/ddp-agentd", "node 2", true),
+            "exec ~/.cache/ddpctl/ab/ddp-agentd --oneshot --stdio --name 'node 2' -v");
+}
+
+TEST(Probe, ParsesEveryAnswerAndRefusesAnythingElse) {
+  auto p = parse_probe("motd noise\narch=x86_64\nversion=ddp-agentd 0.1.0\nserver=10.0.0.2\ncached=abc\n");
+  EXPECT_EQ(p.arch, "x86_64");
+  EXPECT_EQ(p.path_version, "ddp-agentd 0.1.0");
+  EXPECT_EQ(p.server_address, "10.0.0.2");
+  EXPECT_EQ(p.cached_sha256, "abc");
+  auto empty = parse_probe("arch=aarch64\nversion=\nserver=\ncached=\n");
+  EXPECT_EQ(empty.path_version, "");
+  EXPECT_THROW(parse_probe("arch=x86_64\n"), std::runtime_error);
+  EXPECT_TRUE(has(probe_command("abc"), ".cache/ddpctl/abc/ddp-agentd"));
+}
+
+TEST(AgentChoice, PathThenCacheThenUploadWhenTheArchitectureMatches) {
+  Probe p{"x86_64", "ddp-agentd 0.1.0", "10.0.0.2", ""};
+  EXPECT_EQ(choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha").kind, AgentChoice::Kind::on_path);
+  p.path_version = "ddp-agentd 0.0.9";
+  auto up = choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha");
+  EXPECT_EQ(up.kind, AgentChoice::Kind::upload);
+  EXPECT_EQ(up.command, "~/.cache/ddpctl/sha/ddp-agentd");
+  EXPECT_TRUE(has(up.reason, "its PATH has ddp-agentd 0.0.9")) << up.reason;
+  p.cached_sha256 = "sha";
+  EXPECT_EQ(choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha").kind, AgentChoice::Kind::cached);
+  p.cached_sha256 = "stale";
+  EXPECT_EQ(choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha").kind, AgentChoice::Kind::upload);
+  p.arch = "aarch64";
+  p.path_version = "";
+  auto no = choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha");
+  EXPECT_EQ(no.kind, AgentChoice::Kind::impossible);
+  EXPECT_TRUE(has(no.reason, "no ddp-agentd on its PATH, and its architecture (aarch64) differs from ours (x86_64)"))
+      << no.reason;
+}
+
+TEST(LineSplitter, SplitsAcrossChunksAndBoundsLongLines) {
+  LineSplitter s(8);
+  EXPECT_EQ(s.feed("ab"), std::vector<std::string>{});
+  EXPECT_EQ(s.feed("c\nde\n"), (std::vector<std::string>{"abc", "de"}));
+  EXPECT_EQ(s.feed("0123456789"), std::vector<std::string>{"01234567"});
+  EXPECT_EQ(s.flush(), std::optional<std::string>("89"));
+  EXPECT_EQ(s.flush(), std::nullopt);
+}
