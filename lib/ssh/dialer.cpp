@@ -51,6 +51,19 @@ struct Fd {
   int release() { return std::exchange(fd, -1); }
 };
 
+// The remote agent's stderr in our log, named after its node. Its info lines repeat what the
+// coordinator already says (joined, round, done), so they show at debug level; its warnings and
+// errors (and anything that is not a log line) show as they are.
+void relay(const std::string& node, const std::string& line) {
+  static const auto log = log::get("ssh");
+  const auto r = relay_line(line);
+  using L = RelayedLine::Level;
+  const auto level = r.level == L::debug || r.level == L::info ? spdlog::level::debug
+                     : r.level == L::warn ? spdlog::level::warn
+                                          : spdlog::level::err;
+  log->log(level, "{}| {}", node, r.text);
+}
+
 }  // namespace
 
 std::string sha256_file(const std::string& path) {
@@ -219,7 +232,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
             break;
           }
         } else {
-          for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)))) log->info("[{}] {}", node.name, l);
+          for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)))) relay(node.name, l);
         }
       }
     }
@@ -229,7 +242,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
       break;
     }
   }
-  if (auto l = err_lines.flush()) log->info("[{}] {}", node.name, *l);
+  if (auto l = err_lines.flush()) relay(node.name, *l);
   log->debug("{}: link closed: {}", node.name, why);
   ::shutdown(mine.fd, SHUT_RDWR);
   Session::close_channel(ch);

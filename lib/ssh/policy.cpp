@@ -166,6 +166,17 @@ std::string agent_command(const std::string& program, const std::string& node_na
   return fmt::format("exec {} --oneshot --stdio --name {}{}", prog, shell_quote(node_name), verbose ? " -v" : "");
 }
 
+RelayedLine relay_line(std::string_view line) {
+  using L = RelayedLine::Level;
+  static constexpr std::pair<std::string_view, L> kLevels[] = {
+      {"ddpctl trace ", L::debug}, {"ddpctl debug ", L::debug},  {"ddpctl info ", L::info},
+      {"ddpctl warning ", L::warn}, {"ddpctl error ", L::error}, {"ddpctl critical ", L::error}};
+  for (const auto& [prefix, level] : kLevels) {
+    if (line.starts_with(prefix)) return {level, std::string(line.substr(prefix.size()))};
+  }
+  return {L::warn, std::string(line)};
+}
+
 std::vector<std::string> LineSplitter::feed(std::string_view bytes) {
   std::vector<std::string> lines;
   for (char c : bytes) {

@@ -93,6 +93,14 @@ AgentChoice choose_agent(const Probe& probe, const std::string& our_version, con
 // The remote command line of the one-shot agent (its secret travels on stdin, never here).
 std::string agent_command(const std::string& program, const std::string& node_name, bool verbose);
 
+// A line of the remote agent's stderr as our log shows it: at the agent's own level when it is
+// one of our log lines ("ddpctl warning [agent] ..."), else (a crash, the shell) at warning.
+struct RelayedLine {
+  enum class Level { debug, info, warn, error } level = Level::warn;
+  std::string text;
+};
+RelayedLine relay_line(std::string_view line);
+
 // Splits a byte stream into lines (the remote agent's stderr, relayed to our log). Bounded: a
 // line longer than `max_line` is emitted in pieces.
 class LineSplitter {

@@ -140,3 +140,14 @@ TEST(LineSplitter, SplitsAcrossChunksAndBoundsLongLines) {
   EXPECT_EQ(s.flush(), std::optional<std::string>("89"));
   EXPECT_EQ(s.flush(), std::nullopt);
 }
+
+TEST(Relay, KeepsTheAgentsLevelAndMarksOtherLinesAsWarnings) {
+  auto l = relay_line("ddpctl info [agent] job j round 1: starting 2 workers");
+  EXPECT_EQ(l.level, RelayedLine::Level::info);
+  EXPECT_EQ(l.text, "[agent] job j round 1: starting 2 workers");
+  EXPECT_EQ(relay_line("ddpctl warning [agent] x").level, RelayedLine::Level::warn);
+  EXPECT_EQ(relay_line("ddpctl error [agent] x").level, RelayedLine::Level::error);
+  auto other = relay_line("sh: 1: ddp-agentd: not found");
+  EXPECT_EQ(other.level, RelayedLine::Level::warn);
+  EXPECT_EQ(other.text, "sh: 1: ddp-agentd: not found");
+}
