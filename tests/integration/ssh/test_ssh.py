@@ -270,3 +270,28 @@ def test_host_that_never_speaks_ssh_times_out_and_the_started_node_is_stopped(cl
     assert took < 40, f"took {took:.0f} s"
     assert "CONTRACT" not in out
     assert wait_nothing_left(c, [n1]) == {}
+
+
+def test_proxyjump_from_ssh_config_reaches_a_node_the_launcher_cannot(cluster):
+    c = cluster
+    n1, n2 = c.hosts[:2]
+    for h in (n1, n2):
+        c.start_sshd(h)
+    c.trust([n1, n2])
+    with open(os.path.join(c.ctl.home, ".ssh", "config"), "w") as f:
+        f.write("Host n2\n  ProxyJump n1\n")
+    # The launcher cannot reach n2 itself: only through n1 (libssh runs `ssh -W` for ProxyJump).
+    rules = f"table inet ddpjump {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n" \
+            f"  ip daddr {n2.addr} counter drop\n }}\n}}\n"
+    subprocess.run(["ip", "netns", "exec", c.ctl.ns, "nft", "-f", "-"], input=rules, text=True, check=True,
+                   capture_output=True, timeout=30)
+    worker = c.write("worker.py", WORKER)
+    rc, out, err = finish(c.launch_ssh(job(c, "jump", [PY, worker, "store"]), hosts=[n1, n2]), timeout=90)
+    assert rc == 0, out + err
+    by_rank = contracts(out)
+    assert by_rank[1][1]["hostname"] == "n2"
+    # n2's address is the one its sshd was reached at through the jump (its $SSH_CONNECTION),
+    # which the store's allow-list on n1 accepted.
+    assert all(env["MASTER_ADDR"] == n1.addr for _, env in by_rank.values())
+    assert out.count("STORE ok") == 2, out
+    assert wait_nothing_left(c, [n1, n2]) == {}
