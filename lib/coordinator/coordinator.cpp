@@ -238,6 +238,12 @@ class Coordinator {
                                "(/etc/ddpctl/token or its --token-file)",
                                label(n), reason, opts_.keys.first()->id == "default" ? "--token-file" : "key " + opts_.keys.first()->id));
     }
+    if (dialer_ && !n.ever_joined && rdzv_.round().value <= 1 && rdzv_.state() == rdzv::State::joining) {
+      // Over SSH the agent we started is gone before it joined (it could not run, or refused
+      // the job): starting it again would fail the same way. Its stderr is in our log above.
+      return fatal(fmt::format("{}: the agent ended before joining ({}); stopping the nodes that did start", label(n),
+                               reason));
+    }
     if (n.joined) {
       n.joined = false;
       handle(rdzv::NodeLeft{n.entry.name, reason});

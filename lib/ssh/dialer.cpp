@@ -169,6 +169,12 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
         return fail(fmt::format("{}: the uploaded agent's hash is '{}', expected {}", describe(node), check.cached_sha256,
                                 our_sha256_));
       }
+      if (check.cached_runs != opts_.agent_version) {
+        return fail(fmt::format("{}: our uploaded agent does not run there: {} (install {} on the node, or the "
+                                "libraries it names)",
+                                describe(node), check.cached_runs.empty() ? "no output" : check.cached_runs,
+                                opts_.agent_version));
+      }
     } else {
       log->debug("{}: {}", node.name, choice.reason);
     }

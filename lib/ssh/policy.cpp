@@ -117,7 +117,8 @@ std::string probe_command(const std::string& our_sha256) {
       "cd; echo \"arch=$(uname -m)\"; "
       "echo \"version=$(ddp-agentd --version 2>/dev/null | head -n1)\"; "
       "set -- $SSH_CONNECTION; echo \"server=$3\"; "
-      "if [ -x {0} ]; then echo \"cached=$(sha256sum {0} 2>/dev/null | cut -d' ' -f1)\"; else echo cached=; fi",
+      "if [ -x {0} ]; then echo \"cached=$(sha256sum {0} 2>/dev/null | cut -d' ' -f1)\"; "
+      "echo \"cachedrun=$({0} --version 2>&1 | head -n1)\"; else echo cached=; echo cachedrun=; fi",
       cached);
 }
 
@@ -134,8 +135,9 @@ Probe parse_probe(const std::string& output) {
     else if (key == "version") p.path_version = value, seen |= 2;
     else if (key == "server") p.server_address = value, seen |= 4;
     else if (key == "cached") p.cached_sha256 = value, seen |= 8;
+    else if (key == "cachedrun") p.cached_runs = value, seen |= 16;
   }
-  if (seen != 15) {
+  if (seen != 31) {
     throw std::runtime_error(fmt::format("unexpected answer to the probe (is the login shell POSIX?): '{}'",
                                          output.substr(0, 300)));
   }
@@ -154,7 +156,7 @@ AgentChoice choose_agent(const Probe& probe, const std::string& our_version, con
                         "{} there",
                         why_not_path, probe.arch.empty() ? "unknown" : probe.arch, our_arch, our_version)};
   }
-  if (probe.cached_sha256 == our_sha256) {
+  if (probe.cached_sha256 == our_sha256 && probe.cached_runs == our_version) {
     return {K::cached, "~/" + cached_agent(our_sha256), fmt::format("{}; using our cached copy", why_not_path)};
   }
   return {K::upload, "~/" + cached_agent(our_sha256), fmt::format("{}; uploading ours", why_not_path)};

@@ -65,7 +65,7 @@ std::string shell_quote(const std::string& s);
 // One exec request that tells us what we need to choose the agent: the architecture, the
 // version of `ddp-agentd` on the remote PATH, the address the node was reached at (from
 // $SSH_CONNECTION: the SSH server's own address, right also through a ProxyJump) and whether
-// our cached upload (by hash) is already there.
+// our cached upload (by hash) is already there and runs (a library the node lacks shows here).
 std::string probe_command(const std::string& our_sha256);
 
 struct Probe {
@@ -73,6 +73,7 @@ struct Probe {
   std::string path_version;  // `ddp-agentd --version` on PATH, empty when none
   std::string server_address;
   std::string cached_sha256;  // sha256 of ~/.cache/ddpctl/<sha>/ddp-agentd, empty when absent
+  std::string cached_runs;    // what it prints for --version there (the loader's error when it cannot run)
 };
 // Throws std::runtime_error on output that does not have the probe's shape.
 Probe parse_probe(const std::string& output);

@@ -295,3 +295,27 @@ def test_proxyjump_from_ssh_config_reaches_a_node_the_launcher_cannot(cluster):
     assert all(env["MASTER_ADDR"] == n1.addr for _, env in by_rank.values())
     assert out.count("STORE ok") == 2, out
     assert wait_nothing_left(c, [n1, n2]) == {}
+
+
+def test_agent_that_cannot_start_fails_the_launch_naming_its_node(cluster):
+    c = cluster
+    n1, n2 = c.hosts[:2]
+    c.start_sshd(n1)
+    c.start_sshd(n2)
+    c.trust([n1, n2])
+    # n2's PATH has a ddp-agentd of our version that dies at once (as a binary missing a library would).
+    fake = os.path.join(c.dir, "fakebin")
+    os.makedirs(fake)
+    with open(os.path.join(fake, "ddp-agentd"), "w") as f:
+        f.write("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'ddp-agentd 0.1.0'; exit 0; }\n"
+                "echo 'ddp-agentd: error while loading shared libraries: libfake.so.1' >&2\nexit 127\n")
+    os.chmod(os.path.join(fake, "ddp-agentd"), 0o755)
+    with open(os.path.join(n2.home, ".ssh", "environment"), "w") as f:
+        f.write(f"PATH={fake}:/usr/bin:/bin\n")
+    worker = c.write("worker.py", WORKER)
+    rc, out, err = finish(c.launch_ssh(job(c, "broken", [PY, worker, "sleep"]), hosts=[n1, n2]), timeout=60)
+    assert rc == 2, err
+    assert "n2| ddp-agentd: error while loading shared libraries: libfake.so.1" in err, err
+    assert "n2 (ssh): the agent ended before joining" in err, err
+    assert "CONTRACT" not in out
+    assert wait_nothing_left(c, [n1, n2]) == {}

@@ -101,19 +101,20 @@ TEST(Commands, AgentCommandCarriesNoSecret) {
 }
 
 TEST(Probe, ParsesEveryAnswerAndRefusesAnythingElse) {
-  auto p = parse_probe("motd noise\narch=x86_64\nversion=ddp-agentd 0.1.0\nserver=10.0.0.2\ncached=abc\n");
+  auto p = parse_probe("motd noise\narch=x86_64\nversion=ddp-agentd 0.1.0\nserver=10.0.0.2\ncached=abc\ncachedrun=x\n");
   EXPECT_EQ(p.arch, "x86_64");
   EXPECT_EQ(p.path_version, "ddp-agentd 0.1.0");
   EXPECT_EQ(p.server_address, "10.0.0.2");
   EXPECT_EQ(p.cached_sha256, "abc");
-  auto empty = parse_probe("arch=aarch64\nversion=\nserver=\ncached=\n");
+  EXPECT_EQ(p.cached_runs, "x");
+  auto empty = parse_probe("arch=aarch64\nversion=\nserver=\ncached=\ncachedrun=\n");
   EXPECT_EQ(empty.path_version, "");
   EXPECT_THROW(parse_probe("arch=x86_64\n"), std::runtime_error);
   EXPECT_TRUE(has(probe_command("abc"), ".cache/ddpctl/abc/ddp-agentd"));
 }
 
 TEST(AgentChoice, PathThenCacheThenUploadWhenTheArchitectureMatches) {
-  Probe p{"x86_64", "ddp-agentd 0.1.0", "10.0.0.2", ""};
+  Probe p{"x86_64", "ddp-agentd 0.1.0", "10.0.0.2", "", ""};
   EXPECT_EQ(choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha").kind, AgentChoice::Kind::on_path);
   p.path_version = "ddp-agentd 0.0.9";
   auto up = choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha");
@@ -121,7 +122,13 @@ TEST(AgentChoice, PathThenCacheThenUploadWhenTheArchitectureMatches) {
   EXPECT_EQ(up.command, "~/.cache/ddpctl/sha/ddp-agentd");
   EXPECT_TRUE(has(up.reason, "its PATH has ddp-agentd 0.0.9")) << up.reason;
   p.cached_sha256 = "sha";
+  p.cached_runs = "ddp-agentd 0.1.0";
   EXPECT_EQ(choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha").kind, AgentChoice::Kind::cached);
+  // Our copy is there but cannot run (a library missing): upload again, and the check after
+  // the upload names what is missing.
+  p.cached_runs = "error while loading shared libraries: libfmt.so.9";
+  EXPECT_EQ(choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha").kind, AgentChoice::Kind::upload);
+  p.cached_runs = "ddp-agentd 0.1.0";
   p.cached_sha256 = "stale";
   EXPECT_EQ(choose_agent(p, "ddp-agentd 0.1.0", "x86_64", "sha").kind, AgentChoice::Kind::upload);
   p.arch = "aarch64";
