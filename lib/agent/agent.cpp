@@ -646,6 +646,7 @@ class Agent {
   }
 
   std::string idle_status() const {
+    if (opts_.stdio) return "idle, serving one job over stdin/stdout";
     return fmt::format("idle, listening on {}", peer_label(acceptor_.local_endpoint()));
   }
 

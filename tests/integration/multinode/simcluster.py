@@ -55,7 +55,11 @@ class Host:
         self.name = name
         self.ns = f"{cluster.tag}{name}"[:15]
         self.veth = f"v{cluster.tag}{index}"[:15]
-        self.addr = f"10.213.{cluster.subnet}.{10 + index}"
+        self.index = index
+
+    @property
+    def addr(self):
+        return f"10.213.{self.cluster.subnet}.{10 + self.index}"
 
     @property
     def home(self):
@@ -134,7 +138,13 @@ class Cluster:
         self.teardown()
 
     def _setup(self):
-        _run("ip", "route", "add", "blackhole", f"10.213.{self.subnet}.0/24")
+        # Another run (another test file, another developer) may hold this /24: take the next free one.
+        for _ in range(50):
+            if _run("ip", "route", "add", "blackhole", f"10.213.{self.subnet}.0/24", check=False).returncode == 0:
+                break
+            self.subnet = random.randrange(1, 254)
+        else:
+            raise RuntimeError("no free 10.213.X.0/24 for a simulated cluster")
         self._made.append(("route", f"10.213.{self.subnet}.0/24"))
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         self._made.append(("link", self.bridge))
