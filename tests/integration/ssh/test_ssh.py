@@ -319,3 +319,54 @@ def test_agent_that_cannot_start_fails_the_launch_naming_its_node(cluster):
     assert "n2 (ssh): the agent ended before joining" in err, err
     assert "CONTRACT" not in out
     assert wait_nothing_left(c, [n1, n2]) == {}
+
+
+DROPPING_PROXY = r'''
+import socket, sys, threading
+# Closes the first DROP connections at once, as sshd does past MaxStartups, then forwards to sshd.
+listen, target, drop = sys.argv[1], sys.argv[2], int(sys.argv[3])
+srv = socket.create_server((listen, 2200))
+def pipe(a, b):
+    try:
+        while (data := a.recv(65536)):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+seen = 0
+while True:
+    c, _ = srv.accept()
+    seen += 1
+    if seen <= drop:
+        print(f"dropped connection {seen}", flush=True)
+        c.close()
+        continue
+    up = socket.create_connection((target, 22))
+    threading.Thread(target=pipe, args=(c, up), daemon=True).start()
+    threading.Thread(target=pipe, args=(up, c), daemon=True).start()
+'''
+
+
+def test_connections_dropped_before_login_are_retried_and_said_so(cluster):
+    c = cluster
+    n1 = c.hosts[0]
+    c.start_sshd(n1)
+    c.trust([n1], ports={"n1": 2200})
+    proxy = n1.popen([PY, "-c", DROPPING_PROXY, n1.addr, n1.addr, "2"], stdout=subprocess.PIPE, text=True)
+    c.sshd["proxy"] = proxy
+    c.wait_listening(n1, port=2200)
+    worker = c.write("worker.py", WORKER)
+    jf = job(c, "retry", [PY, worker])
+    argv = [os.path.join(c.bin, "ddpctl"), "launch", "--ssh", "--nodes", "n1:2200", jf]
+    rc, out, err = finish(c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir),
+                          timeout=60)
+    assert rc == 0, err
+    assert sorted(contracts(out)) == [0]
+    retries = re.findall(r"n1 \(ssh n1:2200\): connection dropped before login .*; retrying in \d+ ms \(attempt (\d)",
+                         err)
+    assert retries == ["2", "3"], err
