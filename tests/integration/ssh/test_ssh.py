@@ -370,3 +370,26 @@ def test_connections_dropped_before_login_are_retried_and_said_so(cluster):
     retries = re.findall(r"n1 \(ssh n1:2200\): connection dropped before login .*; retrying in \d+ ms \(attempt (\d)",
                          err)
     assert retries == ["2", "3"], err
+
+
+def test_launcher_link_down_stops_every_node_by_heartbeat(cluster):
+    c = cluster
+    hosts = c.hosts[:2]
+    for h in hosts:
+        c.start_sshd(h)
+    c.trust(hosts)
+    worker = c.write("worker.py", WORKER)
+    p = c.launch_ssh(job(c, "linkdown", [PY, worker, "sleep"], nproc=2), hosts=hosts)
+    wait_for_contracts(p, 4)
+    # No FIN and no EOF reach the nodes: only the agents' heartbeat timeout (6 s) can tell.
+    subprocess.run(["ip", "link", "set", c.ctl.veth, "down"], check=True, timeout=30)
+    deadline = time.time() + 30
+    left = {}
+    while time.time() < deadline:
+        # sshd's session processes wait for TCP to give up; everything of ours must be gone.
+        left = {h.name: [(pid, _cmdline(pid)) for pid in leftovers(c, h) if not _cmdline(pid).startswith("sshd")]
+                for h in hosts}
+        if not any(left.values()):
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), left
