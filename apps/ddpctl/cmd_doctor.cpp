@@ -5,6 +5,7 @@
 //   ddpctl doctor --json              this node as JSON in the facts model (save it as a facts file)
 //   ddpctl doctor --facts a.json --facts b.json
 //                                     compare saved nodes; --json then prints {nodes, findings}
+//   ddpctl doctor --nodes n[1-4]      the same with live facts from each node's ddp-agentd
 //   --sysfs-root DIR (or DDP_SYSFS_ROOT)  discover from a copied or fixture sysfs/procfs tree
 //   --gpu-job / --cpu-job             what the job needs (default: GPUs iff any node has one)
 //   --rdma / --no-rdma                whether the job must use RDMA (default: if all nodes have it)
@@ -13,9 +14,14 @@
 // input. Findings go to stdout with the table, to stderr when stdout carries JSON.
 #include "commands.hpp"
 
+#include "coordinator/gather.hpp"
 #include "facts/consistency.hpp"
 #include "facts/discover.hpp"
 #include "facts/report.hpp"
+#include "hostlist/hostlist.hpp"
+#include "net/connection.hpp"
+#include "net/token_file.hpp"
+#include "net/wire.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -31,15 +37,15 @@ struct DoctorArgs {
   std::vector<std::string> facts_files;
   std::string sysfs_root;
   std::string nodes;
+  std::string token_file;
   bool gpu_job = false, cpu_job = false, rdma = false, no_rdma = false, no_nvml = false;
   int world_size = 0;
 };
 
 int run_doctor(const DoctorArgs& a) {
   namespace F = ddp::facts;
-  if (!a.nodes.empty()) {
-    std::cerr << "ddpctl doctor: --nodes is not supported yet: it needs ddp-agentd on each node (multi-node issue);\n"
-                 "  meanwhile run `ddpctl doctor --json > NODE.json` on each node and `ddpctl doctor --facts A.json --facts B.json ...`\n";
+  if (!a.nodes.empty() && (!a.facts_files.empty() || !a.sysfs_root.empty())) {
+    std::cerr << "ddpctl doctor: --nodes asks the agents; it excludes --facts and --sysfs-root\n";
     return 2;
   }
   if (!a.facts_files.empty() && !a.sysfs_root.empty()) {
@@ -59,7 +65,27 @@ int run_doctor(const DoctorArgs& a) {
   std::vector<F::NodeFacts> nodes;
   std::vector<std::string> notes;
   try {
-    if (a.facts_files.empty()) {
+    if (!a.nodes.empty()) {
+      auto hosts = ddp::hostlist::expand(a.nodes);
+      if (!hosts.ok()) {
+        std::cerr << "ddpctl doctor: --nodes '" << a.nodes << "': " << hosts.error->to_string() << "\n";
+        return 2;
+      }
+      const auto keys = ddp::net::load_token_file(a.token_file.empty() ? ddp::net::find_client_token_file() : a.token_file);
+      bool missing = false;
+      for (auto& g : ddp::coordinator::gather_facts(hosts.hosts, keys, ddp::net::local_user(), ddp::Millis(15000))) {
+        if (!g.facts) {
+          std::cerr << "ddpctl doctor: " << g.node << ": " << g.error << "\n";
+          missing = true;
+          continue;
+        }
+        nodes.push_back(F::from_json(*g.facts, "agent " + g.node, &notes));
+      }
+      if (missing) {
+        std::cerr << "ddpctl doctor: not every node answered; the checks below cover those that did\n";
+        if (nodes.empty()) return 2;
+      }
+    } else if (a.facts_files.empty()) {
       auto opt = F::discover_options_from_env();
       if (!a.sysfs_root.empty()) opt.root = a.sysfs_root;
       opt.use_nvml = !a.no_nvml;
@@ -68,6 +94,12 @@ int run_doctor(const DoctorArgs& a) {
       for (const auto& file : a.facts_files) nodes.push_back(F::load_facts_file(file, &notes));
     }
   } catch (const F::FactsError& e) {
+    std::cerr << "ddpctl doctor: " << e.what() << "\n";
+    return 2;
+  } catch (const ddp::net::TokenError& e) {
+    std::cerr << "ddpctl doctor: " << e.what() << "\n";
+    return 2;
+  } catch (const ddp::net::WireError& e) {
     std::cerr << "ddpctl doctor: " << e.what() << "\n";
     return 2;
   }
@@ -116,7 +148,8 @@ Command add_doctor_command(CLI::App& root) {
   sub->add_option("--facts", args->facts_files, "a facts file (from `ddpctl doctor --json`) instead of discovery; repeat, one per node")
       ->take_all();
   sub->add_option("--sysfs-root", args->sysfs_root, "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)");
-  sub->add_option("--nodes", args->nodes, "gather live facts from these nodes (not supported yet: needs ddp-agentd)");
+  sub->add_option("--nodes", args->nodes, "gather live facts from these nodes' ddp-agentd (node1,node2:29410,node[3-8]) and check them together");
+  sub->add_option("--token-file", args->token_file, "the agents' shared secret (default: as for launch)");
   auto* gpu = sub->add_flag("--gpu-job", args->gpu_job, "judge as a GPU (NCCL) job (default: if any node has a GPU)");
   sub->add_flag("--cpu-job", args->cpu_job, "judge as a CPU (gloo) job: GPUs, drivers and NCCL are not required")->excludes(gpu);
   auto* rdma = sub->add_flag("--rdma", args->rdma, "the job must use RDMA (InfiniBand/RoCE) on every node");

@@ -286,6 +286,10 @@ class Agent {
       send(c, "time_pong", {{"t0_us", b["t0_us"]}, {"t1_us", now_us()}});
       return;
     }
+    if (m.type == "facts_request") {  // doctor --nodes: answered busy or not
+      send(c, "facts", {{"facts", facts::to_json(facts_)}});
+      return;
+    }
     if (m.type == "job_offer") return on_offer(c, b);
     if (!job_ || job_->owner.get() != c) {
       c->refuse(proto::ErrorCode::unexpected, fmt::format("'{}' for a job this agent does not hold for you", m.type));

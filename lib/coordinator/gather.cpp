@@ -1,0 +1,61 @@
+#include "coordinator/gather.hpp"
+
+#include "net/connection.hpp"
+#include "net/wire.hpp"
+
+#include <boost/asio.hpp>
+#include <fmt/format.h>
+
+#include <memory>
+
+namespace ddp::coordinator {
+
+namespace asio = boost::asio;
+
+std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
+                                        const std::string& user, Millis timeout) {
+  const auto entries = net::node_entries(nodes, 29410);
+  std::vector<GatheredFacts> out(entries.size());
+  std::vector<std::shared_ptr<net::Connection>> conns(entries.size());
+  asio::io_context io;
+  asio::steady_timer deadline(io, timeout);
+  std::size_t pending = entries.size();
+  auto settle = [&](std::size_t i, std::string error) {
+    if (out[i].facts || !out[i].error.empty()) return;
+    out[i].error = std::move(error);
+    if (conns[i]) conns[i]->close("done");
+    if (--pending == 0) deadline.cancel();
+  };
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    out[i].node = entries[i].name;
+    net::dial(io, entries[i].host, entries[i].port, timeout, [&, i](boost::system::error_code ec, net::tcp::socket s) {
+      if (ec) return settle(i, fmt::format("cannot reach its agent at port {}: {}", entries[i].port, ec.message()));
+      proto::ClientConfig cc;
+      cc.role = proto::Role::coordinator;
+      cc.user = user;
+      cc.name = "ddpctl doctor";
+      cc.software = "ddpctl 0.1.0";
+      cc.key = *keys.first();
+      cc.nonce = proto::random_nonce();
+      cc.expect_server = proto::Role::agent;
+      conns[i] = net::Connection::make(std::move(s), proto::Session::client(cc), entries[i].name, "doctor", timeout);
+      auto* c = conns[i].get();
+      c->start({[c](const proto::PeerInfo&) { c->send(c->session().message("facts_request")); },
+                [&, i](proto::Message m) {
+                  if (m.type != "facts") return;
+                  out[i].facts = m.body["facts"];
+                  conns[i]->close("done");
+                  if (--pending == 0) deadline.cancel();
+                },
+                [&, i](const std::string& reason) { settle(i, reason); }});
+    });
+  }
+  deadline.async_wait([&](boost::system::error_code ec) {
+    if (ec) return;
+    for (std::size_t i = 0; i < out.size(); ++i) settle(i, fmt::format("no answer within {} ms", timeout.count()));
+  });
+  io.run();
+  return out;
+}
+
+}  // namespace ddp::coordinator

@@ -1,0 +1,27 @@
+// Live facts from the agents (`ddpctl doctor --nodes`): dial every node, authenticate as a
+// coordinator, ask for its facts ('facts_request'), and return what each node said, or why it
+// said nothing, within one deadline for all.
+#pragma once
+
+#include "common/duration.hpp"
+#include "proto/keyring.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::coordinator {
+
+struct GatheredFacts {
+  std::string node;                     // the --nodes entry's name
+  std::optional<nlohmann::json> facts;  // the agent's answer, in the facts model
+  std::string error;                    // why there is none: unreachable, refused, timed out
+};
+
+// Entries as for --nodes (host, host:port, [v6]:port). One result per entry, in order.
+std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
+                                        const std::string& user, Millis timeout);
+
+}  // namespace ddp::coordinator
