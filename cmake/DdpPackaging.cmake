@@ -1,6 +1,6 @@
 # Install rules and the .deb packages (CPack, one package per component; scripts/package).
-#   ddpctl      ddpctl, ddp-ncclid (found beside ddpctl), man page, bash completion
-#   ddp-agentd  ddp-agentd, its systemd unit, the default /etc/ddpctl/agent.yaml (a conffile)
+#   ddpctl      ddpctl, ddp-ncclid (found beside ddpctl), ddpctl(1), bash completion
+#   ddp-agentd  ddp-agentd, ddp-agentd(8), its systemd unit, the default /etc/ddpctl/agent.yaml (a conffile)
 # Depends come from dpkg-shlibdeps over the installed binaries, so they name exactly the
 # Debian library packages (and versions) the build linked against.
 include(GNUInstallDirs)
@@ -9,6 +9,25 @@ install(TARGETS ddpctl ddp-ncclid RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} CO
 install(TARGETS ddp-agentd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT agentd)
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/systemd/ddp-agentd.service DESTINATION lib/systemd/system COMPONENT agentd)
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/agent.yaml DESTINATION /etc/ddpctl COMPONENT agentd)
+
+# Man pages and bash completion, written by the programs themselves from their CLI definitions
+# (lib/cliexport), so they cannot drift from the flags. Into build/share/.
+set(ddp_share ${CMAKE_BINARY_DIR}/share)
+add_custom_command(
+  OUTPUT ${ddp_share}/ddpctl.1.gz ${ddp_share}/ddp-agentd.8.gz ${ddp_share}/ddpctl.bash-completion
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${ddp_share}
+  COMMAND sh -c "$<TARGET_FILE:ddpctl> generate man > ${ddp_share}/ddpctl.1 && gzip -9nf ${ddp_share}/ddpctl.1"
+  COMMAND sh -c "$<TARGET_FILE:ddp-agentd> --generate-man > ${ddp_share}/ddp-agentd.8 && gzip -9nf ${ddp_share}/ddp-agentd.8"
+  COMMAND sh -c "$<TARGET_FILE:ddpctl> generate bash-completion > ${ddp_share}/ddpctl.bash-completion"
+  DEPENDS ddpctl ddp-agentd
+  COMMENT "man pages and bash completion from the CLI definitions"
+  VERBATIM)
+add_custom_target(ddp_cli_docs ALL DEPENDS ${ddp_share}/ddpctl.1.gz ${ddp_share}/ddp-agentd.8.gz
+                                           ${ddp_share}/ddpctl.bash-completion)
+install(FILES ${ddp_share}/ddpctl.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT ddpctl)
+install(FILES ${ddp_share}/ddpctl.bash-completion DESTINATION share/bash-completion/completions RENAME ddpctl
+        COMPONENT ddpctl)
+install(FILES ${ddp_share}/ddp-agentd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT agentd)
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME ddpctl)

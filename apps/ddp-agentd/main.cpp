@@ -1,6 +1,7 @@
 // ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
 #include "agent/agent.hpp"
 #include "agentconfig/agentconfig.hpp"
+#include "cliexport/cliexport.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "facts/model.hpp"
@@ -101,10 +102,16 @@ int main(int argc, char** argv) {
                "speak to one coordinator over stdin/stdout instead of listening (SSH mode): stdin's first line is "
                "the run's secret; logs go to stderr; implies --oneshot");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
+  bool generate_man = false;  // for the build: the man page from this definition
+  app.add_flag("--generate-man", generate_man)->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (generate_man) {
+    std::cout << ddp::cliexport::man_page(app, {"ddp-agentd", 8, "ddp-agentd 0.1.0", "ddpctl(1), systemd.service(5)"});
+    return 0;
   }
   if (verbose) ddp::log::set_level(spdlog::level::debug);
   opts.oneshot = oneshot || stdio;

@@ -16,5 +16,6 @@ Command add_launch_command(CLI::App& root);
 Command add_doctor_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
 Command add_render_command(CLI::App& root);
+Command add_generate_command(CLI::App& root);
 
 }  // namespace ddpctl

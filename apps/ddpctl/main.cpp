@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
       ddpctl::add_doctor_command(app),
       ddpctl::add_store_command(app),
       ddpctl::add_render_command(app),
+      ddpctl::add_generate_command(app),
   };
 
   try {

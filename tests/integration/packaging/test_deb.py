@@ -48,8 +48,10 @@ def contents(deb):
 
 def test_packages_have_their_files_and_shlibdeps_depends(packages):
     ctl, agent = packages["ddpctl"], packages["ddp-agentd"]
-    assert {"/usr/bin/ddpctl", "/usr/bin/ddp-ncclid"} <= contents(ctl)
-    assert {"/usr/bin/ddp-agentd", "/usr/lib/systemd/system/ddp-agentd.service", "/etc/ddpctl/agent.yaml"} <= contents(agent)
+    assert {"/usr/bin/ddpctl", "/usr/bin/ddp-ncclid", "/usr/share/man/man1/ddpctl.1.gz",
+            "/usr/share/bash-completion/completions/ddpctl"} <= contents(ctl)
+    assert {"/usr/bin/ddp-agentd", "/usr/lib/systemd/system/ddp-agentd.service", "/etc/ddpctl/agent.yaml",
+            "/usr/share/man/man8/ddp-agentd.8.gz"} <= contents(agent)
     for deb in (ctl, agent):
         assert field(deb, "Version") == "0.1.0" and field(deb, "Architecture") == "amd64"
         depends = field(deb, "Depends")
@@ -108,6 +110,9 @@ def test_installed_commands_run_in_a_fresh_debian_12(installed):
     r = in_chroot(installed, "ddpctl --version && ddp-agentd --version && ddp-agentd --help")
     assert r.returncode == 0, r.stderr
     assert "ddpctl 0.1.0" in r.stdout and "ddp-agentd 0.1.0" in r.stdout and "--config" in r.stdout
+    r = in_chroot(installed, "bash -c '. /usr/share/bash-completion/completions/ddpctl && "
+                             "COMP_WORDS=(ddpctl la); COMP_CWORD=1; _ddpctl; echo ${COMPREPLY[*]}'")
+    assert r.stdout.strip() == "launch", r.stdout + r.stderr
     r = in_chroot(installed, "dpkg-query -W -f='${Status} ${Conffiles}\\n' ddp-agentd")
     assert "install ok installed" in r.stdout and "/etc/ddpctl/agent.yaml" in r.stdout, r.stdout
     # The installed agent reads the shipped config (the default path) and gets as far as the
