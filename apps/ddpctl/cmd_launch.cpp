@@ -97,9 +97,9 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     std::cerr << "ddpctl launch: " << msg << "\n";
     return 2;
   };
-  if (spec.container) {
-    return fail(fmt::format("{}: container: with --nodes is not supported yet (agents start workers on the host); "
-                            "run a container job locally, one ddpctl per node is not a substitute", spec.file));
+  if (spec.container && args.dry_run) {
+    return fail(fmt::format("{}: --dry-run --nodes of a container job is not supported yet (each agent makes its "
+                            "containers' command lines; a local --dry-run shows them)", spec.file));
   }
   if (!args.facts.empty() && !args.dry_run) return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
   if (args.dry_run && args.facts.empty()) {
@@ -129,6 +129,12 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   fs::path logs = spec.log_dir;
   if (logs.is_relative()) logs = cwd / logs;
   spec.log_dir = logs.lexically_normal().string();
+  if (spec.container) {
+    for (auto& m : spec.container->mounts) {
+      if (fs::path(m.source).is_relative()) m.source = (cwd / m.source).lexically_normal().string();
+      if (m.source.size() > 1 && m.source.back() == '/') m.source.pop_back();
+    }
+  }
 
   ddp::coordinator::CoordinatorOptions opts;
   opts.spec = spec;

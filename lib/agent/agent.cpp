@@ -5,6 +5,8 @@
 #include "agent/interfaces.hpp"
 #include "binding/binding.hpp"
 #include "agent/stdio_link.hpp"
+#include "container/container.hpp"
+#include "container/runtime.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -358,6 +360,16 @@ class Agent {
     if (!fs::is_directory(workdir, ec)) {
       preflight["workdir"] = false;
       problems.push_back(fmt::format("workdir {} is not a directory on {}", workdir, opts_.name));
+    } else if (spec.container) {
+      // The command runs inside the image: what must be here is the runtime and the image.
+      try {
+        auto id = container::prepare_image(*spec.container, contract::scrub(job->inherited), workdir, false);
+        log_->info("job {}: container image {} is {}", job_id, spec.container->image, id);
+        container::sweep_stale(spec.container->runtime, contract::scrub(job->inherited));
+      } catch (const container::ContainerError& e) {
+        preflight["command"] = false;
+        problems.push_back(fmt::format("{}: {}", opts_.name, e.what()));
+      }
     } else {
       auto argv = contract::worker_argv(spec);
       auto path = job->inherited.count("PATH") ? job->inherited.at("PATH") : "/usr/bin:/bin";
@@ -472,7 +484,8 @@ class Agent {
 
     // NCCL and gloo talk over the interface that carries the rendezvous, unless the job (its
     // env: or the launcher's forwarded NCCL_* variables) chose one.
-    auto inherited = job.inherited;
+    // A container's workers get only what enters the container (lib/container's policy).
+    auto inherited = spec.container ? container::forwarded_into_container(job.inherited, spec) : job.inherited;
     const auto rdzv_addr = own_address();
     if (auto ifname = interface_of(rdzv_addr)) {
       for (const char* k : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
@@ -483,6 +496,10 @@ class Agent {
     }
     auto plan = contract::make_plan(spec, node, inherited);
     bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
+    // The shepherd owns the containers (env files, teardown, watchdog); their owner label names
+    // this agent, whose death the next job's sweep on this node recognises.
+    container::wrap_plan(plan, spec, job.inherited, container::read_host_layout(), node.restart_count,
+                         container::own_owner(), spec.workdir.value_or("/"));
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
     launch::GroupCallbacks cb;

@@ -120,7 +120,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const Env& env, 
   return r;
 }
 
-std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd) {
+std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd,
+                          bool may_pull) {
   const std::string runtime(jobspec::runtime_name(spec.runtime));
   auto path = client_env.count("PATH") ? client_env.at("PATH") : std::string();
   if (!supervisor::resolve_executable(runtime, path, cwd)) {
@@ -147,16 +148,17 @@ std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_
                                        first_line(r.err.empty() ? r.out : r.err)));
     }
   };
-  if (spec.pull == jobspec::PullPolicy::always) pull();
+  if (may_pull && spec.pull == jobspec::PullPolicy::always) pull();
   auto r = inspect();
-  if (r.exit_code != 0 && spec.pull == jobspec::PullPolicy::missing) {
+  if (r.exit_code != 0 && may_pull && spec.pull == jobspec::PullPolicy::missing) {
     pull();
     r = inspect();
   }
   if (r.exit_code != 0) {
     throw ContainerError(fmt::format("image {} is not present on this node ({} image inspect: {}){}", spec.image, runtime,
-                                     first_line(r.err), spec.pull == jobspec::PullPolicy::never
-                                         ? "; container.pull is never: load or pull it first" : ""));
+                                     first_line(r.err), !may_pull ? "; agents do not pull yet: pull it on every node"
+                                                        : spec.pull == jobspec::PullPolicy::never
+                                                            ? "; container.pull is never: load or pull it first" : ""));
   }
   return first_line(r.out);
 }

@@ -52,7 +52,9 @@ CommandResult run_command(const std::vector<std::string>& argv, const Env& env, 
 // Before any rank starts: the runtime is installed, and the image is here (pulled per
 // `container.pull`). Returns the image id for docker and podman (the image file's path for
 // apptainer and enroot). Throws ContainerError saying what is missing and how to fix it.
-std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd);
+// `may_pull` false: only look (an agent answering a job offer must not block for a pull).
+std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd,
+                          bool may_pull = true);
 
 // The plan's env files, mode 0600 (created so: never readable by others, not even briefly).
 void write_env_files(const contract::Plan& plan, ContainerRuntime runtime);

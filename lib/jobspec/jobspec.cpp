@@ -472,6 +472,13 @@ class Parser {
 
 const std::vector<std::string>& known_top_level_keys() { return kTopKeys; }
 
+std::optional<ContainerRuntime> runtime_from_name(std::string_view name) {
+  for (auto r : {ContainerRuntime::docker, ContainerRuntime::podman, ContainerRuntime::apptainer, ContainerRuntime::enroot}) {
+    if (runtime_name(r) == name) return r;
+  }
+  return std::nullopt;
+}
+
 std::string_view runtime_name(ContainerRuntime r) {
   switch (r) {
     case ContainerRuntime::docker: return "docker";

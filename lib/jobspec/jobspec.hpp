@@ -78,6 +78,7 @@ struct ContainerSpec {
   std::vector<std::pair<std::string, std::string>> env;  // inside only, in file order
 };
 std::string_view runtime_name(ContainerRuntime r);
+std::optional<ContainerRuntime> runtime_from_name(std::string_view name);
 
 struct JobSpec {
   std::string file;  // where it came from, for messages

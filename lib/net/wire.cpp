@@ -38,6 +38,9 @@ const std::vector<std::string> kGpuBinding{"auto", "none", "isolate"};
 const std::vector<std::string> kNumaBinding{"auto", "none", "node", "exclusive"};
 const std::vector<std::string> kNicBinding{"auto", "none", "rank"};
 
+const std::vector<std::string> kRuntime{"docker", "podman", "apptainer", "enroot"};
+const std::vector<std::string> kPull{"never", "missing", "always"};
+
 std::size_t enum_index(const std::vector<std::string>& names, const std::string& v, const char* what) {
   auto it = std::find(names.begin(), names.end(), v);
   if (it == names.end()) throw WireError(fmt::format("job spec: {} '{}' is not one of {}", what, v, join(names, ", ")));
@@ -73,6 +76,19 @@ json to_json(const JobPayload& p) {
                       {"nic", kNicBinding.at(static_cast<std::size_t>(s.binding.nic))}}},
          {"forward_env", p.forward_env}};
   if (s.workdir) j["workdir"] = *s.workdir;
+  if (s.container) {
+    const auto& c = *s.container;
+    json mounts = json::array(), cenv = json::array();
+    for (const auto& m : c.mounts) mounts.push_back({{"source", m.source}, {"target", m.target}, {"read_only", m.read_only}});
+    for (const auto& [k, v] : c.env) cenv.push_back({k, v});
+    j["container"] = {{"runtime", kRuntime.at(static_cast<std::size_t>(c.runtime))},
+                      {"image", c.image},
+                      {"mounts", mounts},
+                      {"pull", kPull.at(static_cast<std::size_t>(c.pull))},
+                      {"extra_args", c.extra_args},
+                      {"env", cenv}};
+    if (c.workdir) j["container"]["workdir"] = *c.workdir;
+  }
   if (!p.node_addresses.empty()) j["node_addresses"] = p.node_addresses;
   return j;
 }
@@ -124,6 +140,33 @@ JobPayload payload_from_json(const json& j) {
     s.binding.gpu = static_cast<jobspec::GpuBinding>(enum_index(kGpuBinding, get<std::string>(b, "gpu"), "binding.gpu"));
     s.binding.numa = static_cast<jobspec::NumaBinding>(enum_index(kNumaBinding, get<std::string>(b, "numa"), "binding.numa"));
     s.binding.nic = static_cast<jobspec::NicBinding>(enum_index(kNicBinding, get<std::string>(b, "nic"), "binding.nic"));
+  }
+  if (j.contains("container")) {
+    const auto& cj = j.at("container");
+    if (!cj.is_object()) throw WireError("job spec: 'container' must be an object");
+    jobspec::ContainerSpec c;
+    c.runtime = static_cast<jobspec::ContainerRuntime>(enum_index(kRuntime, get<std::string>(cj, "runtime"), "container.runtime"));
+    c.pull = static_cast<jobspec::PullPolicy>(enum_index(kPull, get<std::string>(cj, "pull"), "container.pull"));
+    c.image = get<std::string>(cj, "image");
+    if (c.image.empty()) throw WireError("job spec: container.image is empty");
+    for (const auto& m : get<json>(cj, "mounts")) {
+      if (!m.is_object()) throw WireError("job spec: container.mounts items must be objects");
+      jobspec::Mount mount{get<std::string>(m, "source"), get<std::string>(m, "target"), get<bool>(m, "read_only")};
+      // The launcher made sources absolute; a relative one here would mean the agent's directory.
+      if (mount.source.empty() || mount.source[0] != '/' || mount.target.empty() || mount.target[0] != '/') {
+        throw WireError("job spec: container.mounts need absolute sources and targets");
+      }
+      c.mounts.push_back(std::move(mount));
+    }
+    c.extra_args = get<std::vector<std::string>>(cj, "extra_args");
+    for (const auto& kv : get<json>(cj, "env")) {
+      if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) {
+        throw WireError("job spec: 'container.env' items must be [name, value] pairs of strings");
+      }
+      c.env.emplace_back(kv[0].get<std::string>(), kv[1].get<std::string>());
+    }
+    if (cj.contains("workdir")) c.workdir = get<std::string>(cj, "workdir");
+    s.container = std::move(c);
   }
   p.forward_env = get<std::map<std::string, std::string>>(j, "forward_env");
   if (j.contains("node_addresses")) p.node_addresses = get<std::vector<std::string>>(j, "node_addresses");

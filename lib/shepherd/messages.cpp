@@ -117,6 +117,10 @@ json encode_start(const StartAttempt& s) {
             {"env", r.env},           {"log_file", r.log_file},     {"error_file", r.error_file},
             {"binding", r.binding},   {"cpus", r.cpus}};
     if (r.mem_node) rj["mem_node"] = *r.mem_node;
+    if (r.container) {
+      rj["container"] = {{"runtime", r.container->runtime}, {"image", r.container->image}, {"name", r.container->name},
+                         {"env_file", r.container->env_file}, {"env", r.container->env}};
+    }
     ranks.push_back(std::move(rj));
   }
   return with_type("start", {{"attempt_dir", s.attempt_dir},
@@ -160,6 +164,16 @@ StartAttempt decode_start(const json& m) {
       r.cpus.push_back(c.get<int>());
     }
     if (rj.contains("mem_node")) r.mem_node = static_cast<int>(get_int(rj, "mem_node", 0, 65535));
+    if (rj.contains("container")) {
+      const auto& cj = get_object(rj, "container");
+      contract::ContainerRun c{get_str(cj, "runtime"), get_str(cj, "image"), get_str(cj, "name"), get_str(cj, "env_file"), {}};
+      if (!jobspec::runtime_from_name(c.runtime)) throw MessageError(fmt::format("field 'runtime': '{}' is not a container runtime", c.runtime));
+      for (const auto& [k, v] : get_object(cj, "env").items()) {
+        if (!v.is_string()) throw MessageError(fmt::format("field 'container.env': {} is not a string", k));
+        c.env[k] = v.get<std::string>();
+      }
+      r.container = std::move(c);
+    }
     if (r.local_rank != static_cast<int>(s.plan.ranks.size())) {
       throw MessageError(fmt::format("rank {}: local ranks must count up from 0", r.rank));
     }

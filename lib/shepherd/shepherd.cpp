@@ -2,6 +2,7 @@
 #include "shepherd/shepherd.hpp"
 
 #include "common/log.hpp"
+#include "container/runtime.hpp"
 #include "common/strings.hpp"
 #include "launch/worker_group.hpp"
 #include "shepherd/channel.hpp"
@@ -89,13 +90,52 @@ class Shepherd {
     };
     cb.on_first_failure = [this](const launch::WorkerExit& ex) { channel_->send(encode_first_failure(ex)); };
     cb.on_finished = [this](launch::AttemptReport r) { on_finished(std::move(r)); };
+    if (!prepare_containers(s)) return;
     group_ = std::make_unique<launch::WorkerGroup>(io_, std::move(s.plan), s.attempt_dir, s.options, std::move(cb));
+    if (watchdog_) group_->keep(watchdog_->pid());
     group_->start();
     channel_->send(encode_started(group_->worker_pids()));
   }
 
+  // A container attempt (the agent wrapped the plan, lib/container): env files, the watchdog and
+  // the group's teardown are this process's, as the owner of the attempt's tree. False when the
+  // attempt cannot start (reported to the agent as a finished, failed attempt).
+  bool prepare_containers(StartAttempt& s) {
+    const auto& r0 = s.plan.ranks.front();
+    if (!r0.container) return true;
+    const auto runtime = *jobspec::runtime_from_name(r0.container->runtime);
+    const auto client_env = r0.env;
+    try {
+      container::write_env_files(s.plan, runtime);
+      env_files_ = s.plan;
+      container_names_ = container::container_names(s.plan);
+      if (auto w = container::Watchdog::start(container::remove_argv(runtime, container_names_), client_env)) {
+        watchdog_.emplace(std::move(*w));
+      }
+    } catch (const container::ContainerError& e) {
+      log_->error("job {}: {}", args_.job_id, e.what());
+      release_containers();
+      launch::AttemptReport r;
+      r.attempt = s.options.attempt;
+      r.phase = launch::Phase::failed;
+      r.notes.push_back(e.what());
+      channel_->send(encode_finished(r));
+      return false;
+    }
+    s.options.teardown = [this, runtime, client_env] { container::remove_containers(runtime, container_names_, client_env); };
+    return true;
+  }
+
+  void release_containers() {
+    if (env_files_) container::remove_env_files(*env_files_);
+    env_files_.reset();
+    watchdog_.reset();  // says "done": the group's teardown removed the containers
+    container_names_.clear();
+  }
+
   void on_finished(launch::AttemptReport r) {
     group_.reset();
+    release_containers();
     if (dropped_) r.notes.push_back(fmt::format("{} output line(s) did not reach the agent (see the log files)", dropped_));
     channel_->send(encode_finished(r));
     if (abandoning_) done();
@@ -156,6 +196,9 @@ class Shepherd {
   asio::steady_timer deadline_;
   std::shared_ptr<spdlog::logger> log_;
   std::shared_ptr<Channel> channel_;
+  std::optional<contract::Plan> env_files_;  // the attempt's plan, for its env files
+  std::vector<std::string> container_names_;
+  std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<launch::WorkerGroup> group_;
   int attempt_ = 0;
   std::uint64_t dropped_ = 0;

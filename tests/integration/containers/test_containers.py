@@ -203,12 +203,12 @@ def test_missing_image_is_an_error_before_any_rank(tmp_path, podman_env):
     assert not (tmp_path / "logs" / "ctr-noimage").exists()
 
 
-def test_multi_node_container_job_is_refused_not_run_on_the_host(tmp_path):
+def test_multi_node_dry_run_of_a_container_job_is_refused(tmp_path):
     job = write_job(tmp_path, f"command: [/bin/true]\ncontainer: {{runtime: podman, image: {IMAGE}}}\n")
-    r = subprocess.run([DDPCTL, "launch", "--nodes", "127.0.0.1:1,127.0.0.1:2", str(job)], capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path)
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "127.0.0.1:1,127.0.0.1:2", str(job)],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2
-    assert "container: with --nodes is not supported yet" in r.stderr
+    assert "--dry-run --nodes of a container job is not supported yet" in r.stderr
 
 
 def test_dry_run_shows_each_ranks_runtime_command(tmp_path, podman_env):
@@ -265,3 +265,80 @@ def test_packaging_image_builds_on_a_local_base_and_its_ddpctl_launches(tmp_path
         assert v.returncode == 0 and "node agent" in v.stdout
     finally:
         subprocess.run([PODMAN, "rmi", "--force", tag], env=podman_env, capture_output=True, timeout=120)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_agents(tmp_path, env, n=2):
+    """n agents on loopback (the network rule: loopback only), each running one worker."""
+    token = tmp_path / "token"
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    agents, ports = [], []
+    for i in range(n):
+        port = free_port()
+        log = open(tmp_path / f"agent-{i}.log", "ab")
+        agents.append(subprocess.Popen([str(Path(DDPCTL).parent / "ddp-agentd"), "--listen", f"127.0.0.1:{port}",
+                                        "--token-file", str(token), "--log-dir", str(tmp_path / f"agent-logs-{i}"),
+                                        "--name", f"node{i}"], env=env, stdout=log, stderr=subprocess.STDOUT))
+        ports.append(port)
+
+    def listening(port):
+        import socket
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    for port in ports:
+        wait_for(lambda: listening(port), timeout=30, what=f"an agent on port {port}")
+    return agents, ports, token
+
+
+def test_multi_node_container_job_through_agents(tmp_path, podman_env):
+    agents, ports, token = start_agents(tmp_path, podman_env)
+    try:
+        job = container_job(tmp_path, """[/bin/sh, -c, 'env > env-$RANK.txt']""", nproc=1)
+        nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
+        r = subprocess.run([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--job-id", "ctr-multi",
+                            str(job)], env=podman_env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr + "".join((tmp_path / f"agent-{i}.log").read_text() for i in range(2))
+        for rank in range(2):
+            env = dict(l.split("=", 1) for l in (tmp_path / f"env-{rank}.txt").read_text().splitlines() if "=" in l)
+            assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+            assert env["GROUP_RANK"] == str(rank) and env["GROUP_WORLD_SIZE"] == "2"
+            assert env["MASTER_ADDR"] == "127.0.0.1" and env["GLOO_SOCKET_IFNAME"] == "lo"
+            assert "CONTAINERS_CONF" not in env
+        assert containers_of(podman_env, "ctr-multi") == []
+    finally:
+        for a in agents:
+            a.terminate()
+        for a in agents:
+            try:
+                a.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                a.kill()
+
+
+def test_killed_agent_leaves_no_container(tmp_path, podman_env):
+    agents, ports, token = start_agents(tmp_path, podman_env)
+    job = container_job(tmp_path, """[/bin/sh, -c, 'exec sleep 300']""", nproc=1)
+    nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
+    p = subprocess.Popen([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--job-id", "ctr-agentkill",
+                          str(job)], env=podman_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        wait_for(lambda: len(containers_of(podman_env, "ctr-agentkill")) == 2, timeout=120, what="both containers")
+        agents[1].kill()  # its shepherd tears its container down; the launcher stops the other node
+        out, err = p.communicate(timeout=120)
+        assert p.returncode != 0
+        wait_for(lambda: containers_of(podman_env, "ctr-agentkill") == [], timeout=60, what="containers removed")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for a in agents:
+            if a.poll() is None:
+                a.terminate()
+                a.wait(timeout=30)
