@@ -30,6 +30,32 @@ TEST(Wire, PayloadRoundTrips) {
   EXPECT_EQ(back.spec.binding.nic, ddp::jobspec::NicBinding::rank);
 }
 
+TEST(Wire, ContainerRoundTrips) {
+  JobPayload p;
+  p.spec = ddp::jobspec::parse_job_yaml(
+      "command: [x]\ncontainer: {runtime: enroot, image: /img/pt.sqsh, mounts: ['/a:/b:ro'], workdir: /b, pull: always,\n"
+      "  extra_args: [--rw], env: {K: v}}\n",
+      "t.yaml");
+  auto back = payload_from_json(nlohmann::json::parse(to_json(p).dump()));
+  ASSERT_TRUE(back.spec.container);
+  const auto& c = *back.spec.container;
+  EXPECT_EQ(c.runtime, ddp::jobspec::ContainerRuntime::enroot);
+  EXPECT_EQ(c.image, "/img/pt.sqsh");
+  ASSERT_EQ(c.mounts.size(), 1u);
+  EXPECT_EQ(c.mounts[0].source, "/a");
+  EXPECT_TRUE(c.mounts[0].read_only);
+  EXPECT_EQ(c.workdir, "/b");
+  EXPECT_EQ(c.pull, ddp::jobspec::PullPolicy::always);
+  EXPECT_EQ(c.extra_args, std::vector<std::string>{"--rw"});
+  EXPECT_EQ(c.env, p.spec.container->env);
+  auto j = to_json(p);
+  j["container"]["mounts"][0]["source"] = "rel";  // the launcher sends them absolute
+  EXPECT_THROW(payload_from_json(j), WireError);
+  j = to_json(p);
+  j["container"]["runtime"] = "lxc";
+  EXPECT_THROW(payload_from_json(j), WireError);
+}
+
 TEST(Wire, BadPayloadNamesTheField) {
   JobPayload p;
   p.spec.command = {"x"};

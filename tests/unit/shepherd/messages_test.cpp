@@ -69,6 +69,24 @@ TEST(ShepherdMessages, StartRoundTrips) {
   }
 }
 
+TEST(ShepherdMessages, ContainerRunRoundTrips) {
+  auto s = sample_start();
+  s.plan.ranks[1].container = ddp::contract::ContainerRun{"podman", "img:1", "ddpctl-j-a2-r1", "/logs/rank-1.env",
+                                                          {{"RANK", "1"}, {"HF_HOME", "/data"}}};
+  const auto d = decode_start(wire(encode_start(s)));
+  EXPECT_FALSE(d.plan.ranks[0].container);
+  ASSERT_TRUE(d.plan.ranks[1].container);
+  const auto& c = *d.plan.ranks[1].container;
+  EXPECT_EQ(c.runtime, "podman");
+  EXPECT_EQ(c.image, "img:1");
+  EXPECT_EQ(c.name, "ddpctl-j-a2-r1");
+  EXPECT_EQ(c.env_file, "/logs/rank-1.env");
+  EXPECT_EQ(c.env, s.plan.ranks[1].container->env);
+  auto bad = encode_start(s);
+  bad["plan"]["ranks"][1]["container"]["runtime"] = "lxc";
+  EXPECT_THROW(decode_start(bad), MessageError);
+}
+
 TEST(ShepherdMessages, BadStartsAreRefusedNamingTheField) {
   auto base = encode_start(sample_start());
   auto expect_error = [](json m, const std::string& needle) {
