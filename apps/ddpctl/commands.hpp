@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <vector>
 
 namespace ddpctl {
 
@@ -17,5 +18,6 @@ Command add_doctor_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
 Command add_render_command(CLI::App& root);
 Command add_generate_command(CLI::App& root);
+std::vector<Command> add_control_commands(CLI::App& root);  // status, logs, stop
 
 }  // namespace ddpctl

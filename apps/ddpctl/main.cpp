@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       ddpctl::add_render_command(app),
       ddpctl::add_generate_command(app),
   };
+  for (auto& c : ddpctl::add_control_commands(app)) commands.push_back(std::move(c));
 
   try {
     app.parse(argc, argv);

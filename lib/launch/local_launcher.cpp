@@ -7,6 +7,8 @@
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "control/paths.hpp"
+#include "control/server.hpp"
 #include "launch/attempt.hpp"
 #include "launch/report.hpp"
 #include "supervisor/cgroup.hpp"
@@ -341,6 +343,8 @@ class LocalLauncher {
     store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
 
     report_.job_id = opts_.job_id;
+    started_ = std::chrono::system_clock::now();
+    open_control_socket();
     supervisor::become_subreaper();
     supervisor::Cgroup::sweep_stale();
 
@@ -352,6 +356,7 @@ class LocalLauncher {
                opts_.job_id);
     start_attempt(0);
     io_.run();
+    control_.reset();
     terminal_.flush();
 
     if (opts_.result_json) {
@@ -428,6 +433,8 @@ class LocalLauncher {
     }
     GroupCallbacks cb;
     cb.on_line = [this](int rank, Stream s, const std::string& line) {
+      if (const auto i = static_cast<std::size_t>(rank); i < last_output_.size()) last_output_[i] = std::chrono::steady_clock::now();
+      if (control_) control_->publish(rank, s, line);
       if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(rank))) {
         terminal_.write(s, fmt::format("[{}] {}", rank, line));
       }
@@ -439,6 +446,9 @@ class LocalLauncher {
     cb.on_finished = [this](AttemptReport r) { finish_attempt(std::move(r)); };
     world_size_ = static_cast<int>(plan.ranks.size());
     notes_.clear();
+    log_files_.clear();
+    for (const auto& rp : plan.ranks) log_files_.push_back(rp.log_file);
+    last_output_.assign(plan.ranks.size(), std::nullopt);
     group_ = std::make_unique<WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
     if (holder_) group_->keep(holder_->pid());
     if (watchdog_) group_->keep(watchdog_->pid());
@@ -498,6 +508,7 @@ class LocalLauncher {
 
   void done() {
     done_ = true;
+    if (control_) control_->end(report_.status);
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     user_signals_.cancel(ignored);
@@ -517,26 +528,88 @@ class LocalLauncher {
   void wait_signals() {
     signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec) return;
-      if (stop_signal_) {
-        log_->warn("{} again: killing every worker now", supervisor::signal_name(sig));
-        if (group_) group_->kill_now();
-      } else {
-        stop_signal_ = sig;
-        log_->warn("{}: stopping the job (SIGTERM, then SIGKILL after {}; again to kill now)",
-                   supervisor::signal_name(sig), format_duration(opts_.spec.stop_grace));
-        if (group_) {
-          note_waiters();  // a user stopping a hang wants to know what it hung on
-          group_->request_stop(sig);
-        } else {
-          // Between attempts (backoff): nothing runs; end here.
-          report_.status = "stopped";
-          report_.exit_code = 128 + sig;
-          done();
-          return;
-        }
-      }
+      stop_job(sig, supervisor::signal_name(sig));
       if (!done_) wait_signals();
     });
+  }
+
+  // Ctrl-C, SIGTERM, SIGHUP, or `ddpctl stop` (as SIGTERM) from another terminal.
+  void stop_job(int sig, const std::string& what) {
+    if (done_) return;
+    if (stop_signal_) {
+      log_->warn("{} again: killing every worker now", what);
+      if (group_) group_->kill_now();
+      return;
+    }
+    stop_signal_ = sig;
+    log_->warn("{}: stopping the job (SIGTERM, then SIGKILL after {}; again to kill now)", what,
+               format_duration(opts_.spec.stop_grace));
+    if (group_) {
+      note_waiters();  // a user stopping a hang wants to know what it hung on
+      group_->request_stop(sig);
+    } else {
+      // Between attempts (backoff): nothing runs; end here.
+      report_.status = "stopped";
+      report_.exit_code = 128 + sig;
+      done();
+    }
+  }
+
+  // `ddpctl status/logs/stop` from another terminal. Without a usable folder the job still runs.
+  void open_control_socket() {
+    control::Provider p;
+    p.status = [this] { return status(); };
+    p.stop = [this](const std::string& who) { stop_job(SIGTERM, who); };
+    p.log_files = [this](const std::set<int>& ranks) {
+      std::vector<std::pair<int, std::string>> out;
+      for (std::size_t r = 0; r < log_files_.size(); ++r) {
+        if (ranks.empty() || ranks.contains(static_cast<int>(r))) out.emplace_back(static_cast<int>(r), log_files_[r]);
+      }
+      return out;
+    };
+    try {
+      control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
+      log_->debug("control socket {}", control_->path());
+    } catch (const control::ControlError& e) {
+      log_->warn("no control socket, so ddpctl status/logs/stop cannot reach this job: {}", e.what());
+    }
+  }
+
+  nlohmann::json status() const {
+    using nlohmann::json;
+    const auto now = std::chrono::steady_clock::now();
+    json ranks = json::array();
+    if (group_) {
+      for (const auto& r : group_->rank_status()) {
+        json j{{"rank", r.rank}, {"node", own_hostname()}};
+        j["pid"] = r.pid > 0 ? json(r.pid) : json(nullptr);
+        j["state"] = r.running ? "running" : r.exit ? r.exit->describe() : "not started";
+        const auto& last = last_output_.at(static_cast<std::size_t>(r.local_rank));
+        j["last_output_age_s"] = last ? json(std::chrono::duration<double>(now - *last).count()) : json(nullptr);
+        ranks.push_back(j);
+      }
+    }
+    json waiters = json::array();
+    if (store_) {
+      for (auto line : split(store::format_wait_report(store_->waiters(), world_size_, store::Clock::now()), '\n')) {
+        if (!line.empty()) waiters.push_back(std::string(line));
+      }
+    }
+    const char* state = done_ ? "finished" : stop_signal_ ? "stopping" : !group_ ? "waiting to restart" : "running";
+    return {{"job_id", opts_.job_id},
+            {"mode", "local"},
+            {"pid", ::getpid()},
+            {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(started_.time_since_epoch()).count()},
+            {"state", state},
+            {"attempt", attempt_},
+            {"restarts", attempt_},
+            {"max_restarts", opts_.spec.max_restarts},
+            {"world_size", world_size_},
+            {"store", store_ ? store_->address() : ""},
+            {"nodes", json::array({own_hostname()})},
+            {"ranks", ranks},
+            {"store_waiters", waiters},
+            {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
   }
 
   void wait_user_signals() {
@@ -564,6 +637,10 @@ class LocalLauncher {
   std::vector<std::string> container_names_;
   std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<WorkerGroup> group_;
+  std::optional<control::Server> control_;
+  std::vector<std::string> log_files_;  // the current attempt's, by rank
+  std::vector<std::optional<std::chrono::steady_clock::time_point>> last_output_;  // by rank
+  std::chrono::system_clock::time_point started_;
   int attempt_ = 0;
   int world_size_ = 0;
   int stop_signal_ = 0;

@@ -58,6 +58,18 @@ WorkerGroup::~WorkerGroup() {
   }
 }
 
+std::vector<WorkerGroup::RankStatus> WorkerGroup::rank_status() const {
+  std::vector<RankStatus> out;
+  const auto& exits = tracker_.exits();
+  for (const auto& w : workers_) {
+    RankStatus s{w->plan.rank, w->plan.local_rank, w->pid, w->pid > 0 && !w->reaped, std::nullopt};
+    const auto i = static_cast<std::size_t>(w->plan.local_rank);
+    if (i < exits.size()) s.exit = exits[i];
+    out.push_back(s);
+  }
+  return out;
+}
+
 std::vector<pid_t> WorkerGroup::worker_pids() const {
   std::vector<pid_t> out;
   for (const auto& w : workers_) {
@@ -149,6 +161,7 @@ void WorkerGroup::read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p) {
     };
     if (!ec) {
       for (auto& line : p->splitter.feed(std::string_view(p->buf.data(), n))) emit(std::move(line));
+      wp->log->flush();
       read_pipe(*wp, p);
       return;
     }

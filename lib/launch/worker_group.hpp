@@ -63,6 +63,13 @@ class WorkerGroup {
   void check_finished();
 
   std::vector<pid_t> worker_pids() const;
+  struct RankStatus {
+    int rank = 0, local_rank = 0;
+    pid_t pid = -1;  // -1: never started
+    bool running = false;
+    std::optional<WorkerExit> exit;
+  };
+  std::vector<RankStatus> rank_status() const;  // plan order (`ddpctl status`)
   // A helper of the attempt (the NCCL id holder) that the descendant walk must leave alone;
   // its owner stops it after the group has finished.
   void keep(pid_t pid) { keep_.push_back(pid); }

@@ -53,6 +53,8 @@ class RankLogFile {
   RankLogFile(std::string path, std::uint64_t max_bytes);
   void write(Stream s, std::string_view line);
   void note(std::string_view text);  // a line of ddpctl's own, e.g. "exited with code 1"
+  // To disk, so that `ddpctl logs` and `tail -f` see what arrived (once per read, not per line).
+  void flush() { out_.flush(); }
   const std::string& path() const { return path_; }
 
  private:

@@ -1,0 +1,245 @@
+// `ddpctl status`, `ddpctl logs [-f] [--ranks LIST]`, `ddpctl stop`: a running job, reached
+// through its launcher's control socket (lib/control). Blocking I/O: a CLI talking to one socket.
+#include "commands.hpp"
+#include "control/paths.hpp"
+#include "control/protocol.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+namespace ddpctl {
+
+namespace control = ddp::control;
+using nlohmann::json;
+
+namespace {
+
+// A connected socket to `path`, or -1 with errno set.
+int dial(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+struct Target {
+  std::string job_id;
+  int fd = -1;
+};
+
+// The job named, or the only one running; otherwise says what runs and returns nullopt (exit code in `rc`).
+std::optional<Target> find_job(const std::string& job, const char* cmd, int& rc) {
+  std::string dir;
+  try {
+    dir = control::runtime_dir();
+  } catch (const control::ControlError& e) {
+    std::cerr << fmt::format("ddpctl {}: {}\n", cmd, e.what());
+    rc = 2;
+    return std::nullopt;
+  }
+  auto try_job = [&](const std::string& id) -> int {
+    std::string path;
+    try {
+      path = control::socket_path(dir, id);
+    } catch (const control::ControlError&) {
+      return -1;
+    }
+    const int fd = dial(path);
+    // A launcher that was SIGKILLed left its socket; nobody listens there any more.
+    if (fd < 0 && errno == ECONNREFUSED) ::unlink(path.c_str());
+    return fd;
+  };
+  if (!job.empty()) {
+    const int fd = try_job(job);
+    if (fd < 0) {
+      std::cerr << fmt::format("ddpctl {}: job {} is not running here (no live control socket in {})\n", cmd, job, dir);
+      rc = 1;
+      return std::nullopt;
+    }
+    return Target{job, fd};
+  }
+  std::vector<Target> live;
+  for (const auto& id : control::socket_jobs(dir)) {
+    const int fd = try_job(id);
+    if (fd >= 0) live.push_back({id, fd});
+  }
+  if (live.size() == 1) return live.front();
+  for (auto& t : live) ::close(t.fd);
+  if (live.empty()) {
+    std::cerr << fmt::format("ddpctl {}: no job of yours is running (control sockets live in {})\n", cmd, dir);
+    rc = 1;
+  } else {
+    std::cerr << fmt::format("ddpctl {}: {} jobs are running; name one:\n", cmd, live.size());
+    for (const auto& t : live) std::cerr << "  " << t.job_id << "\n";
+    rc = 2;
+  }
+  return std::nullopt;
+}
+
+// Reads '\n'-terminated lines from a socket.
+class LineReader {
+ public:
+  explicit LineReader(int fd) : fd_(fd) {}
+  ~LineReader() { ::close(fd_); }
+  std::optional<json> next() {
+    while (true) {
+      auto nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        auto line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        auto j = json::parse(line, nullptr, false);
+        if (j.is_discarded()) throw std::runtime_error("the launcher sent a malformed line");
+        return j;
+      }
+      char tmp[65536];
+      const ssize_t n = ::read(fd_, tmp, sizeof tmp);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return std::nullopt;
+      buf_.append(tmp, static_cast<std::size_t>(n));
+    }
+  }
+  bool send(const std::string& s) { return ::send(fd_, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size()); }
+
+ private:
+  int fd_;
+  std::string buf_;
+};
+
+// The first reply: {"ok": true, ...} or an error printed (nullopt).
+std::optional<json> ask(LineReader& r, const control::Request& req, const char* cmd) {
+  if (!r.send(control::encode_request(req))) {
+    std::cerr << fmt::format("ddpctl {}: the launcher went away\n", cmd);
+    return std::nullopt;
+  }
+  auto reply = r.next();
+  if (!reply) {
+    std::cerr << fmt::format("ddpctl {}: the launcher closed the connection without an answer\n", cmd);
+    return std::nullopt;
+  }
+  if (!reply->value("ok", false)) {
+    std::cerr << fmt::format("ddpctl {}: {}\n", cmd, reply->value("error", "refused"));
+    return std::nullopt;
+  }
+  return reply;
+}
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct ControlArgs {
+  std::string job;
+  bool json_out = false;
+  bool follow = false;
+  std::string ranks;
+};
+
+int run_status(const ControlArgs& a) {
+  int rc = 0;
+  auto t = find_job(a.job, "status", rc);
+  if (!t) return rc;
+  LineReader r(t->fd);
+  auto reply = ask(r, {control::Op::status, {}, false}, "status");
+  if (!reply) return 1;
+  if (a.json_out) std::cout << (*reply)["status"].dump(2) << "\n";
+  else std::cout << control::format_status((*reply)["status"], now_ms());
+  return 0;
+}
+
+int run_stop(const ControlArgs& a) {
+  int rc = 0;
+  auto t = find_job(a.job, "stop", rc);
+  if (!t) return rc;
+  LineReader r(t->fd);
+  if (!ask(r, {control::Op::stop, {}, false}, "stop")) return 1;
+  std::cerr << fmt::format("ddpctl stop: stopping job {} ...\n", t->job_id);
+  while (r.next()) {
+  }
+  std::cerr << fmt::format("ddpctl stop: job {} has ended\n", t->job_id);
+  return 0;
+}
+
+int run_logs(const ControlArgs& a) {
+  control::Request req{control::Op::logs, {}, a.follow};
+  if (!a.ranks.empty()) {
+    try {
+      req.ranks = control::parse_rank_list(a.ranks);
+    } catch (const control::ControlError& e) {
+      std::cerr << "ddpctl logs: " << e.what() << "\n";
+      return 2;
+    }
+  }
+  int rc = 0;
+  auto t = find_job(a.job, "logs", rc);
+  if (!t) return rc;
+  LineReader r(t->fd);
+  auto reply = ask(r, req, "logs");
+  if (!reply) return 1;
+  // What the files held when we asked; with -f, the stream carries on from exactly there.
+  for (const auto& f : (*reply)["files"]) {
+    const int rank = f.value("rank", -1);
+    std::ifstream in(f.value("path", ""));
+    std::uint64_t left = f.value("size", std::uint64_t{0});
+    std::string line;
+    while (left > 0 && std::getline(in, line)) {
+      left -= std::min<std::uint64_t>(left, line.size() + 1);
+      if (auto l = control::parse_log_line(line)) std::cout << fmt::format("[{}] {}\n", rank, l->text);
+    }
+  }
+  std::cout.flush();
+  if (!a.follow) return 0;
+  while (auto m = r.next()) {
+    if (m->contains("line")) {
+      std::cout << fmt::format("[{}] {}\n", m->value("rank", -1), m->value("line", "")) << std::flush;
+    } else if (m->contains("dropped")) {
+      std::cerr << fmt::format("ddpctl logs: {} line(s) skipped (we read too slowly; the log files have them)\n",
+                               m->value("dropped", 0));
+    } else if (m->contains("end")) {
+      std::cerr << fmt::format("ddpctl logs: job {} ended ({})\n", t->job_id, m->value("end", "?"));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_control_commands(CLI::App& root) {
+  auto args = std::make_shared<ControlArgs>();
+  std::vector<Command> out;
+  auto* status = root.add_subcommand("status", "a running job: nodes, ranks, pids, restarts, last output, store waiters");
+  status->add_option("job", args->job, "job id (default: the only job of yours that runs)");
+  status->add_flag("--json", args->json_out, "the status document as JSON");
+  out.push_back({status, [args] { return run_status(*args); }});
+  auto* logs = root.add_subcommand("logs", "a running job's output from its per-rank log files");
+  logs->add_option("job", args->job, "job id (default: the only job of yours that runs)");
+  logs->add_flag("-f,--follow", args->follow, "then follow the live output until the job ends");
+  logs->add_option("--ranks", args->ranks, "only these ranks, e.g. 0,3 or 4-7");
+  out.push_back({logs, [args] { return run_logs(*args); }});
+  auto* stop = root.add_subcommand("stop", "stop a running job as Ctrl-C would (SIGTERM, grace, SIGKILL); waits for its end");
+  stop->add_option("job", args->job, "job id (default: the only job of yours that runs)");
+  out.push_back({stop, [args] { return run_stop(*args); }});
+  return out;
+}
+
+}  // namespace ddpctl

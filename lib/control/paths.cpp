@@ -1,0 +1,79 @@
+#include "control/paths.hpp"
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+namespace ddp::control {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kSuffix = ".sock";
+
+// Creates `dir` 0700 if missing; an error text when it is not a private folder of ours.
+std::string private_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fmt::format("cannot create {}: {}", dir, std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return fmt::format("{}: {}", dir, std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return fmt::format("{} is not a folder", dir);
+  if (st.st_uid != ::getuid()) return fmt::format("{} belongs to uid {}, not to us", dir, st.st_uid);
+  if (st.st_mode & 077) return fmt::format("{} is open to other users (mode {:o}); it must be 0700", dir, st.st_mode & 0777);
+  return {};
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+std::string runtime_dir() {
+  std::vector<std::string> candidates;
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x == '/' && is_dir(x)) {
+    candidates.push_back(fmt::format("{}/ddpctl", x));
+  }
+  if (const auto run = fmt::format("/run/user/{}", ::getuid()); is_dir(run)) candidates.push_back(run + "/ddpctl");
+  candidates.push_back(fmt::format("/tmp/ddpctl-{}", ::getuid()));
+  std::vector<std::string> why;
+  for (const auto& c : candidates) {
+    auto err = private_dir(c);
+    if (err.empty()) return c;
+    why.push_back(err);
+  }
+  throw ControlError(fmt::format("no private folder for control sockets: {}", fmt::join(why, "; ")));
+}
+
+std::string socket_path(const std::string& dir, const std::string& job_id) {
+  auto p = fmt::format("{}/{}{}", dir, job_id, kSuffix);
+  if (p.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    throw ControlError(fmt::format("the control socket path {} is longer than {} bytes (use a shorter --job-id)", p,
+                                   sizeof(sockaddr_un{}.sun_path) - 1));
+  }
+  return p;
+}
+
+std::vector<std::string> socket_jobs(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename().string();
+    if (name.size() > kSuffix.size() && name.ends_with(kSuffix) && e.is_socket(ec)) {
+      out.push_back(name.substr(0, name.size() - kSuffix.size()));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace ddp::control

@@ -1,0 +1,29 @@
+// Where a foreground launch's control socket lives: one AF_UNIX socket per job, named
+// <job-id>.sock, in the first usable of $XDG_RUNTIME_DIR/ddpctl, /run/user/<uid>/ddpctl,
+// /tmp/ddpctl-<uid>.
+//
+// Policy: the folder is ours alone: created 0700, and refused when it is a symlink, not owned by
+// us, or open to others (another user could otherwise plant a socket there and read what
+// `ddpctl stop` or `logs` asks).
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::control {
+
+class ControlError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The folder, created if missing; throws ControlError saying why none is usable.
+std::string runtime_dir();
+// The socket of `job_id` in `dir`; throws ControlError when the path is too long for sun_path.
+std::string socket_path(const std::string& dir, const std::string& job_id);
+// Job ids of the sockets in `dir` (sorted); no check that anyone listens.
+std::vector<std::string> socket_jobs(const std::string& dir);
+
+}  // namespace ddp::control

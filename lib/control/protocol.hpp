@@ -1,0 +1,53 @@
+// The control socket's conversation, pure: requests, the status document as text, log lines.
+//
+//   client: one JSON line  {"op": "status"} | {"op": "stop"} | {"op": "logs", "ranks": [..], "follow": bool}
+//   server: status  {"ok": true, "status": {...}}                       then closes
+//           stop    {"ok": true, "stopping": true}                      then closes when the job has ended
+//           logs    {"ok": true, "files": [{"rank", "path", "size"}]}   the client reads each file up to
+//                   size; with follow, every later line {"rank", "stream", "line"}, {"dropped": n} when
+//                   the client fell behind, and {"end": "<job result>"} before the close
+//           error   {"ok": false, "error": "..."}
+//
+// The size in "files" is taken in the same event-loop turn as the subscription, after the
+// launcher flushed the log files, so a follower sees every line exactly once.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+namespace ddp::control {
+
+inline constexpr std::size_t kMaxRequestBytes = 4096;
+
+enum class Op { status, stop, logs };
+
+struct Request {
+  Op op = Op::status;
+  std::set<int> ranks;  // logs: empty means every rank
+  bool follow = false;
+};
+
+// Throws ControlError naming what is wrong.
+Request parse_request(std::string_view line);
+std::string encode_request(const Request& r);  // one line, '\n' included
+
+// "0,3,5-7" (as `--ranks` takes it); throws ControlError.
+std::set<int> parse_rank_list(std::string_view text);
+
+// The status document (see LocalLauncher / Coordinator) as a user reads it.
+std::string format_status(const nlohmann::json& status, std::int64_t now_unix_ms);
+
+// A rank log file's line "<UTC time> out| text": the stream and text; nullopt for ddpctl's own
+// "ddp|" notes and for anything else.
+struct LogLine {
+  std::string stream;  // "out" | "err"
+  std::string text;
+};
+std::optional<LogLine> parse_log_line(std::string_view line);
+
+}  // namespace ddp::control

@@ -1,0 +1,227 @@
+#include "control/server.hpp"
+
+#include "common/log.hpp"
+#include "control/paths.hpp"
+
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/streambuf.hpp>
+#include <boost/asio/write.hpp>
+#include <fmt/format.h>
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <deque>
+#include <filesystem>
+
+namespace ddp::control {
+
+namespace asio = boost::asio;
+using asio::local::stream_protocol;
+using nlohmann::json;
+
+namespace {
+constexpr auto kRequestDeadline = std::chrono::seconds(5);
+constexpr std::size_t kMaxQueuedPerClient = 8u << 20;
+}  // namespace
+
+struct Server::Client : std::enable_shared_from_this<Client> {
+  explicit Client(stream_protocol::socket s) : sock(std::move(s)), deadline(sock.get_executor()), in(kMaxRequestBytes + 1) {}
+  stream_protocol::socket sock;
+  asio::steady_timer deadline;
+  asio::streambuf in;
+  std::deque<std::string> out;
+  std::size_t queued = 0;
+  std::uint64_t dropped = 0;
+  bool writing = false;
+  bool follower = false;
+  std::set<int> filter;  // a follower's ranks; empty: all
+  bool close_after_write = false;
+  bool closed = false;
+  std::string who;
+
+  void send(const json& j, bool bounded = false) {
+    if (closed) return;
+    auto text = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    if (bounded && queued + text.size() > kMaxQueuedPerClient) {
+      ++dropped;
+      return;
+    }
+    if (bounded && dropped) {
+      auto note = json{{"dropped", dropped}}.dump() + "\n";
+      dropped = 0;
+      queued += note.size();
+      out.push_back(std::move(note));
+    }
+    queued += text.size();
+    out.push_back(std::move(text));
+    if (!writing) write();
+  }
+  void write() {
+    if (closed) return;
+    if (out.empty()) {
+      writing = false;
+      if (close_after_write) close();
+      return;
+    }
+    writing = true;
+    asio::async_write(sock, asio::buffer(out.front()), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+      if (ec) return self->close();
+      self->queued -= self->out.front().size();
+      self->out.pop_front();
+      self->write();
+    });
+  }
+  void finish() {
+    close_after_write = true;
+    if (!writing) write();
+  }
+  void close() {
+    if (closed) return;
+    closed = true;
+    boost::system::error_code ignored;
+    deadline.cancel();
+    sock.close(ignored);
+  }
+};
+
+Server::Server(asio::io_context& io, std::string path, Provider provider)
+    : io_(io), path_(std::move(path)), provider_(std::move(provider)), acceptor_(io), end_timer_(io) {
+  boost::system::error_code ec;
+  // A socket file already there: a live launcher of the same job id, or a dead one's leftover.
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0) {
+    stream_protocol::socket probe(io);
+    probe.connect(stream_protocol::endpoint(path_), ec);
+    if (!ec) throw ControlError(fmt::format("another ddpctl already runs job {} (control socket {})", path_, path_));
+    ::unlink(path_.c_str());
+  }
+  acceptor_.open(stream_protocol(), ec);
+  if (!ec) {
+    const mode_t old = ::umask(077);  // the socket is born 0700 (then 0600), never briefly open
+    acceptor_.bind(stream_protocol::endpoint(path_), ec);
+    ::umask(old);
+  }
+  if (!ec && ::chmod(path_.c_str(), 0600) != 0) ec.assign(errno, boost::system::system_category());
+  if (!ec) acceptor_.listen(16, ec);
+  if (ec) throw ControlError(fmt::format("cannot listen on {}: {}", path_, ec.message()));
+  if (::lstat(path_.c_str(), &st) == 0) inode_ = st.st_ino;
+  accept();
+}
+
+Server::~Server() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  end_timer_.cancel();
+  for (const auto& c : clients_) c->close();
+  // Remove the file only if it is still ours (a second launcher may have replaced a stale one).
+  struct stat st {};
+  if (inode_ && ::lstat(path_.c_str(), &st) == 0 && st.st_ino == inode_) ::unlink(path_.c_str());
+}
+
+void Server::accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, stream_protocol::socket s) {
+    if (ec == asio::error::operation_aborted || ended_) return;
+    if (!ec) {
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      auto c = std::make_shared<Client>(std::move(s));
+      if (::getsockopt(c->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+          (cred.uid != ::geteuid() && cred.uid != 0)) {
+        log::get("control")->warn("refused a control client of uid {} (pid {})", cred.uid, cred.pid);
+        c->send({{"ok", false}, {"error", "permission denied: not the job's user"}});
+        c->finish();
+      } else {
+        c->who = fmt::format("pid {}", cred.pid);
+        clients_.insert(c);
+        c->deadline.expires_after(kRequestDeadline);
+        c->deadline.async_wait([c](boost::system::error_code e) {
+          if (!e) c->close();
+        });
+        asio::async_read_until(c->sock, c->in, '\n', [this, c](boost::system::error_code e, std::size_t n) {
+          if (c->closed) return;
+          c->deadline.cancel();
+          if (e) {
+            if (e == asio::error::not_found) {
+              c->send({{"ok", false}, {"error", "request too long"}});
+              c->finish();
+            } else {
+              c->close();
+            }
+            return;
+          }
+          std::string line(asio::buffers_begin(c->in.data()), asio::buffers_begin(c->in.data()) + static_cast<long>(n));
+          on_request(c, line);
+        });
+      }
+    }
+    // Forget clients that are gone (bounded by the accepts that find them).
+    std::erase_if(clients_, [](const auto& x) { return x->closed; });
+    accept();
+  });
+}
+
+void Server::on_request(const std::shared_ptr<Client>& c, const std::string& line) {
+  Request r;
+  try {
+    r = parse_request(line);
+  } catch (const ControlError& e) {
+    c->send({{"ok", false}, {"error", e.what()}});
+    c->finish();
+    return;
+  }
+  switch (r.op) {
+    case Op::status:
+      c->send({{"ok", true}, {"status", provider_.status()}});
+      c->finish();
+      return;
+    case Op::stop:
+      log::get("control")->warn("stop requested through the control socket ({})", c->who);
+      c->send({{"ok", true}, {"stopping", true}});
+      provider_.stop(fmt::format("ddpctl stop ({})", c->who));
+      return;  // closed when the job has ended
+    case Op::logs: {
+      json files = json::array();
+      for (const auto& [rank, path] : provider_.log_files(r.ranks)) {
+        std::error_code ec;
+        const auto size = std::filesystem::file_size(path, ec);
+        files.push_back({{"rank", rank}, {"path", path}, {"size", ec ? 0 : size}});
+      }
+      c->send({{"ok", true}, {"files", files}});
+      if (r.follow && !ended_) {
+        c->follower = true;
+        c->filter = r.ranks;
+      } else {
+        c->finish();
+      }
+      return;
+    }
+  }
+}
+
+void Server::publish(int rank, supervisor::Stream stream, const std::string& line) {
+  for (const auto& c : clients_) {
+    if (!c->follower || c->closed || (!c->filter.empty() && !c->filter.contains(rank))) continue;
+    c->send({{"rank", rank}, {"stream", stream == supervisor::Stream::out ? "out" : "err"}, {"line", line}}, true);
+  }
+}
+
+void Server::end(const std::string& result) {
+  if (ended_) return;
+  ended_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  for (const auto& c : clients_) {
+    if (c->follower) c->send({{"end", result}});
+    c->finish();
+  }
+  end_timer_.expires_after(std::chrono::seconds(2));
+  end_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    for (const auto& c : clients_) c->close();
+  });
+}
+
+}  // namespace ddp::control

@@ -1,0 +1,207 @@
+"""`ddpctl status`, `logs [-f]` and `stop` from another process, against a job launched in the
+foreground (its control socket). Every test uses a private XDG_RUNTIME_DIR, bounds its waits,
+and stops what it started by pid."""
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ddptest import DDPCTL, PYTHON, alive, start_launch, wait_for, write_job
+
+WORKER = r'''
+import datetime, os, sys, time
+rank = int(os.environ["RANK"])
+print(f"PID {os.getpid()}", flush=True)
+if rank == 1 and os.environ.get("WAIT_ON_STORE") == "1":
+    import torch.distributed as d
+    s = d.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                   timeout=datetime.timedelta(seconds=300))
+    print("waiting on the store", flush=True)
+    s.wait(["nobody_sets_this"])
+i = 0
+while True:
+    print(f"tick {i} rank {rank}", flush=True)
+    i += 1
+    time.sleep(0.1)
+'''
+
+
+@pytest.fixture
+def rt(tmp_path):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    return d
+
+
+def job_file(tmp_path, name="ctl", wait_on_store=False):
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    return write_job(tmp_path, f"name: {name}\nnproc_per_node: 2\ncommand: [{PYTHON}, {worker}]\n"
+                               f"env: {{WAIT_ON_STORE: '{1 if wait_on_store else 0}'}}\n"
+                               "stop: {grace: 3s}\nnccl: {unique_id: off}\n", name=f"{name}.yaml")
+
+
+def ctl(rt, *args, timeout=60):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(rt))
+    return subprocess.run([DDPCTL, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def status_json(rt, *job):
+    r = ctl(rt, "status", "--json", *job)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def end(p, timeout=60):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"ddpctl launch did not end within {timeout} s:\n{err}")
+    return p.returncode, out, err
+
+
+def test_status_logs_and_stop_from_another_process(tmp_path, rt):
+    job = job_file(tmp_path, wait_on_store=True)
+    p = start_launch(job, "-q", "--job-id", "ctl-1", env={"XDG_RUNTIME_DIR": str(rt)})
+    try:
+        sock = rt / "ddpctl" / "ctl-1.sock"
+        wait_for(sock.exists, timeout=30, what="the control socket")
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(rt / "ddpctl").st_mode) == 0o700
+
+        # status: both ranks with their pids; rank 1 named as waiting in the store.
+        def rank1_waits():
+            s = status_json(rt)
+            return s if s and any("nobody_sets_this" in w for w in s["store_waiters"]) else None
+        wait_for(rank1_waits, timeout=90, what="rank 1 waiting on the store")
+        s = rank1_waits()
+        assert s["job_id"] == "ctl-1" and s["mode"] == "local" and s["pid"] == p.pid
+        assert s["state"] == "running" and s["attempt"] == 0 and s["max_restarts"] == 0
+        assert [r["rank"] for r in s["ranks"]] == [0, 1]
+        pids = [r["pid"] for r in s["ranks"]]
+        assert all(alive(pid) for pid in pids) and all(r["state"] == "running" for r in s["ranks"])
+        assert all(r["last_output_age_s"] is not None and r["last_output_age_s"] >= 0 for r in s["ranks"])
+        assert any("rank 1" in w and "nobody_sets_this" in w for w in s["store_waiters"]), s["store_waiters"]
+        text = ctl(rt, "status")  # the only job: no id needed
+        assert text.returncode == 0, text.stderr
+        assert "job ctl-1 (local" in text.stdout and str(pids[0]) in text.stdout and str(pids[1]) in text.stdout
+        assert "store waiters:" in text.stdout and "nobody_sets_this" in text.stdout
+
+        # logs: the files so far, one rank only.
+        r = ctl(rt, "logs", "--ranks", "0")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == f"[0] PID {pids[0]}" and all(l.startswith("[0] ") for l in lines), lines[:5]
+        assert "[0] tick 0 rank 0" in lines
+
+        # logs -f: the file, then the live stream, every line exactly once and in order.
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(rt))
+        f = subprocess.Popen([DDPCTL, "logs", "-f", "ctl-1", "--ranks", "0"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            first = f.stdout.readline()
+            assert first == f"[0] PID {pids[0]}\n"
+            want = len(lines) + 30  # past what the files held when we asked: live lines
+            for i in range(want):
+                assert f.stdout.readline() == f"[0] tick {i} rank 0\n", f"line {i} of the followed stream"
+            # stop: as Ctrl-C would; returns when the job has ended.
+            r = ctl(rt, "stop")
+            assert r.returncode == 0, r.stderr
+            assert "job ctl-1 has ended" in r.stderr
+            rest, ferr = f.communicate(timeout=30)
+            assert f.returncode == 0 and "ended (stopped)" in ferr, ferr
+        finally:
+            if f.poll() is None:
+                f.kill()
+                f.wait()
+        rc, _, err = end(p)
+        assert rc == 143, err
+        assert "ddpctl stop (pid" in err and "stopping the job" in err, err
+        assert not sock.exists(), "the control socket outlived its launcher"
+        wait_for(lambda: not any(alive(pid) for pid in pids), timeout=15, what="the workers to be gone")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_several_jobs_are_listed_and_each_is_reached_by_id(tmp_path, rt):
+    procs = [start_launch(job_file(tmp_path, name=n), "-q", "--job-id", n, env={"XDG_RUNTIME_DIR": str(rt)})
+             for n in ("ctl-a", "ctl-b")]
+    try:
+        for n in ("ctl-a", "ctl-b"):
+            wait_for(lambda: status_json(rt, n) is not None, timeout=30, what=f"job {n}")
+        r = ctl(rt, "status")
+        assert r.returncode == 2 and "2 jobs are running; name one" in r.stderr, r.stderr
+        assert "ctl-a" in r.stderr and "ctl-b" in r.stderr
+        assert status_json(rt, "ctl-b")["pid"] == procs[1].pid
+        assert ctl(rt, "stop", "ctl-a").returncode == 0
+        assert end(procs[0])[0] == 143
+        assert procs[1].poll() is None, "stopping one job stopped the other"
+        assert status_json(rt)["job_id"] == "ctl-b"  # the only one left: found without its id
+        assert ctl(rt, "stop").returncode == 0
+        assert end(procs[1])[0] == 143
+        r = ctl(rt, "status")
+        assert r.returncode == 1 and "no job of yours is running" in r.stderr
+        r = ctl(rt, "logs", "nosuch")
+        assert r.returncode == 1 and "job nosuch is not running here" in r.stderr
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
+    p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-k", env={"XDG_RUNTIME_DIR": str(rt)})
+    try:
+        wait_for(lambda: status_json(rt) is not None, timeout=30, what="the job")
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        sock = rt / "ddpctl" / "ctl-k.sock"
+        assert sock.exists()  # nobody removed it: the launcher had no chance
+        r = ctl(rt, "status")
+        assert r.returncode == 1 and "no job of yours is running" in r.stderr, r.stderr
+        assert not sock.exists(), "a dead launcher's socket was left in place"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_another_user_is_refused_even_with_the_socket_open(tmp_path):
+    # A folder every user can traverse (pytest's tmp_path is private to root).
+    rt = Path(tempfile.mkdtemp(prefix="ddp-ctl-", dir="/var/tmp"))
+    p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-u", env={"XDG_RUNTIME_DIR": str(rt)})
+    try:
+        wait_for(lambda: status_json(rt) is not None, timeout=30, what="the job")
+        sock = rt / "ddpctl" / "ctl-u.sock"
+        # Open the folder and the socket to everyone: the peer-credential check still says no.
+        os.chmod(rt / "ddpctl", 0o777)
+        os.chmod(sock, 0o777)
+        os.chmod(rt, 0o755)
+        # It is answered at once, before it can ask anything.
+        probe = ("import socket; s = socket.socket(socket.AF_UNIX); s.connect(%r); "
+                 "print(s.makefile().readline(), end='')" % str(sock))
+        r = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=30,
+                           preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+        assert r.returncode == 0, r.stderr
+        reply = json.loads(r.stdout)
+        assert reply == {"ok": False, "error": "permission denied: not the job's user"}
+        assert p.poll() is None, "a refused client stopped the job"
+        os.chmod(rt / "ddpctl", 0o700)
+        assert ctl(rt, "stop").returncode == 0
+        assert end(p)[0] == 143
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        shutil.rmtree(rt, ignore_errors=True)

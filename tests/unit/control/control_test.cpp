@@ -1,0 +1,111 @@
+#include "control/paths.hpp"
+#include "control/protocol.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+using namespace ddp::control;
+using nlohmann::json;
+
+TEST(ControlProtocol, RequestsRoundTrip) {
+  for (const auto& r : {Request{Op::status, {}, false}, Request{Op::stop, {}, false}, Request{Op::logs, {0, 3}, true}}) {
+    const auto line = encode_request(r);
+    ASSERT_EQ(line.back(), '\n');
+    const auto d = parse_request(line);
+    EXPECT_EQ(d.op, r.op);
+    EXPECT_EQ(d.ranks, r.ranks);
+    EXPECT_EQ(d.follow, r.follow);
+  }
+}
+
+TEST(ControlProtocol, BadRequestsSayWhy) {
+  auto msg = [](std::string_view line) {
+    try {
+      parse_request(line);
+    } catch (const ControlError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(msg("status"), "a request is one JSON object on one line");
+  EXPECT_EQ(msg(R"({"op": 1})"), "a request needs \"op\": status, stop or logs");
+  EXPECT_EQ(msg(R"({"op": "kill"})"), "unknown op 'kill' (status, stop or logs)");
+  EXPECT_EQ(msg(R"({"op": "stop", "ranks": [1]})"), "'stop' does not take 'ranks'");
+  EXPECT_EQ(msg(R"({"op": "logs", "ranks": [-1]})"), "'ranks' must be a list of rank numbers");
+  EXPECT_EQ(msg(R"({"op": "logs", "follow": "yes"})"), "'follow' must be true or false");
+  EXPECT_EQ(msg(std::string(kMaxRequestBytes + 1, ' ')), "request too long");
+}
+
+TEST(ControlProtocol, RankLists) {
+  EXPECT_EQ(parse_rank_list("0,3"), (std::set<int>{0, 3}));
+  EXPECT_EQ(parse_rank_list("4-6,1"), (std::set<int>{1, 4, 5, 6}));
+  EXPECT_THROW(parse_rank_list("a"), ControlError);
+  EXPECT_THROW(parse_rank_list("3-1"), ControlError);
+  EXPECT_THROW(parse_rank_list("-1"), ControlError);
+  EXPECT_THROW(parse_rank_list("0-99999999"), ControlError);
+}
+
+TEST(ControlProtocol, LogLines) {
+  auto l = parse_log_line("2026-12-02T10:30:00.123Z out| loss 0.5");
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->stream, "out");
+  EXPECT_EQ(l->text, "loss 0.5");
+  l = parse_log_line("2026-12-02T10:30:00.123Z err| Traceback: x| y");
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->stream, "err");
+  EXPECT_EQ(l->text, "Traceback: x| y");
+  EXPECT_FALSE(parse_log_line("2026-12-02T10:30:00.123Z ddp| started pid 4"));
+  EXPECT_FALSE(parse_log_line("garbage"));
+}
+
+TEST(ControlProtocol, StatusAsText) {
+  json s{{"job_id", "j1"},   {"mode", "local"},       {"pid", 42},           {"started_unix_ms", 1000},
+         {"state", "running"}, {"attempt", 1},          {"restarts", 1},       {"max_restarts", 3},
+         {"store", "127.0.0.1:29500"}, {"nodes", {"vm"}},
+         {"ranks", {{{"rank", 0}, {"node", "vm"}, {"pid", 100}, {"state", "running"}, {"last_output_age_s", 0.25}},
+                    {{"rank", 1}, {"node", "vm"}, {"pid", nullptr}, {"state", "exited with code 1"}, {"last_output_age_s", nullptr}}}},
+         {"store_waiters", {"1/2 ranks waiting on `k` for 3 s (rank 0)"}}};
+  const auto text = format_status(s, 61'000);
+  EXPECT_NE(text.find("job j1 (local, ddpctl pid 42): running, attempt 1, restarts 1/3, up 60 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("store: 127.0.0.1:29500"), std::string::npos);
+  EXPECT_NE(text.find("100  running"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.2 s ago"), std::string::npos) << text;
+  EXPECT_NE(text.find("-  exited with code 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("never"), std::string::npos);
+  EXPECT_NE(text.find("store waiters:\n  1/2 ranks waiting on `k` for 3 s (rank 0)"), std::string::npos) << text;
+  s["store_waiters"] = json::array();
+  EXPECT_NE(format_status(s, 61'000).find("store waiters: none"), std::string::npos);
+}
+
+namespace {
+struct TempDir {
+  std::filesystem::path p;
+  TempDir() {
+    char t[] = "/tmp/ddp-control-test-XXXXXX";
+    p = ::mkdtemp(t);
+  }
+  ~TempDir() { std::filesystem::remove_all(p); }
+};
+}  // namespace
+
+TEST(ControlPaths, PrivateFolderUnderXdgRuntimeDir) {
+  TempDir d;
+  ::setenv("XDG_RUNTIME_DIR", d.p.c_str(), 1);
+  const auto dir = runtime_dir();
+  EXPECT_EQ(dir, (d.p / "ddpctl").string());
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(socket_path(dir, "job-1"), dir + "/job-1.sock");
+  EXPECT_THROW(socket_path(dir, std::string(200, 'x')), ControlError);
+  EXPECT_TRUE(socket_jobs(dir).empty());
+  // A folder others may write to is not used: the next candidate is.
+  ::chmod(dir.c_str(), 0777);
+  EXPECT_NE(runtime_dir(), dir);
+  ::unsetenv("XDG_RUNTIME_DIR");
+}
