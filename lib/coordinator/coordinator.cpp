@@ -6,6 +6,8 @@
 #include "binding/binding.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "control/paths.hpp"
+#include "control/server.hpp"
 #include "launch/report.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
@@ -78,12 +80,15 @@ class Coordinator {
     report_.exit_code = 1;
     log_->info("job {}: {} node{} ({}), rendezvous: {}", opts_.job_id, entries_.size(), entries_.size() == 1 ? "" : "s",
                join(hosts_, ", "), rdzv_.status());
+    started_ = std::chrono::system_clock::now();
+    open_control_socket();
     wait_signals();
     heartbeat();
     for (auto& [name, n] : nodes_) dial(*n);
     arm_tick();
     io_.run();
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
+    control_.reset();
     terminal_.flush();
     if (opts_.result_json) {
       std::ofstream out(*opts_.result_json);
@@ -352,6 +357,8 @@ class Coordinator {
     auto line = b["data"].get<std::string>();
     auto& f = files_of(*rank);
     f.file->write(s, line);
+    last_output_[*rank] = std::chrono::steady_clock::now();
+    if (control_) control_->publish(*rank, s, line);
     if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(*rank))) {
       terminal_.write(s, fmt::format("[{}:{}] {}", n.entry.name, *rank, line));
     }
@@ -422,6 +429,7 @@ class Coordinator {
     failures_.clear();
     notes_.clear();
     rank_files_.clear();
+    last_output_.clear();
     stop_issued_.reset();
     attempt_dir_ = fmt::format("{}/{}/attempt-{}", opts_.spec.log_dir, opts_.job_id, a.restart_count);
     std::error_code ec;
@@ -592,6 +600,7 @@ class Coordinator {
   void finish() {
     if (done_) return;
     done_ = true;
+    if (control_) control_->end(report_.status);
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     tick_timer_.cancel();
@@ -615,17 +624,80 @@ class Coordinator {
   void wait_signals() {
     signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec || done_) return;
-      if (stop_signal_) {
-        log_->warn("{} again: killing every node's workers now", supervisor::signal_name(sig));
-        for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), round_, "killed by the user", Millis(0));
-      } else {
-        stop_signal_ = sig;
-        log_->warn("{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)",
-                   supervisor::signal_name(sig), format_duration(opts_.spec.stop_grace));
-        handle(rdzv::StopRequested{supervisor::signal_name(sig)});
-      }
+      stop_job(sig, supervisor::signal_name(sig));
       wait_signals();
     });
+  }
+
+  // Ctrl-C, SIGTERM, SIGHUP, or `ddpctl stop` (as SIGTERM) from another terminal.
+  void stop_job(int sig, const std::string& what) {
+    if (done_) return;
+    if (stop_signal_) {
+      log_->warn("{} again: killing every node's workers now", what);
+      for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), round_, "killed by the user", Millis(0));
+      return;
+    }
+    stop_signal_ = sig;
+    log_->warn("{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)", what,
+               format_duration(opts_.spec.stop_grace));
+    handle(rdzv::StopRequested{what});
+  }
+
+  // `ddpctl status/logs/stop` from another terminal, as for a local launch. The store lives on
+  // node rank 0's agent and workers' pids stay on their nodes, so status has neither (yet).
+  void open_control_socket() {
+    control::Provider p;
+    p.status = [this] { return status(); };
+    p.stop = [this](const std::string& who) { stop_job(SIGTERM, who); };
+    p.log_files = [this](const std::set<int>& ranks) {
+      std::vector<std::pair<int, std::string>> out;
+      for (const auto& [node, pl] : placement_) {
+        for (std::uint32_t i = 0; i < pl.local_world_size; ++i) {
+          const int rank = static_cast<int>(pl.rank_base + i);
+          if (!ranks.empty() && !ranks.contains(rank)) continue;
+          if (auto it = rank_files_.find(rank); it != rank_files_.end() && it->second.file) it->second.file->flush();
+          out.emplace_back(rank, contract_log(rank));
+        }
+      }
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    try {
+      control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
+    } catch (const control::ControlError& e) {
+      log_->warn("no control socket, so ddpctl status/logs/stop cannot reach this job: {}", e.what());
+    }
+  }
+
+  json status() const {
+    const auto now_steady = std::chrono::steady_clock::now();
+    json ranks = json::array();
+    for (const auto& [node, pl] : placement_) {
+      for (std::uint32_t i = 0; i < pl.local_world_size; ++i) {
+        const int rank = static_cast<int>(pl.rank_base + i);
+        json r{{"rank", rank}, {"node", node}, {"pid", nullptr}, {"state", "running"}};
+        if (auto it = exits_.find({node, i}); it != exits_.end()) {
+          r["pid"] = it->second.exit.pid;
+          r["state"] = it->second.exit.describe();
+        }
+        auto lo = last_output_.find(rank);
+        r["last_output_age_s"] =
+            lo == last_output_.end() ? json(nullptr) : json(std::chrono::duration<double>(now_steady - lo->second).count());
+        ranks.push_back(r);
+      }
+    }
+    std::sort(ranks.begin(), ranks.end(), [](const json& a, const json& b) { return a["rank"] < b["rank"]; });
+    return {{"job_id", opts_.job_id},
+            {"mode", "nodes"},
+            {"pid", ::getpid()},
+            {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(started_.time_since_epoch()).count()},
+            {"state", rdzv_.status()},
+            {"attempt", rdzv_.restart_count()},
+            {"restarts", rdzv_.restart_count()},
+            {"max_restarts", opts_.spec.max_restarts},
+            {"nodes", rdzv_.members().empty() ? hosts_ : rdzv_.members()},
+            {"ranks", ranks},
+            {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
   }
 
   CoordinatorOptions opts_;
@@ -650,6 +722,9 @@ class Coordinator {
   std::optional<rdzv::TimePoint> stop_issued_;
   std::vector<std::string> notes_;
   std::map<int, RankFiles> rank_files_;
+  std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
+  std::optional<control::Server> control_;
+  std::chrono::system_clock::time_point started_;
   std::string attempt_dir_;
   launch::AttemptReport cur_;
   bool attempt_open_ = false;

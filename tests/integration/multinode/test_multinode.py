@@ -325,3 +325,34 @@ def test_launcher_gone_leaves_nothing_running(cluster, how):
     assert wait_gone(pids, timeout=12) == [], f"workers left running after the launcher went away ({how})"
     for h in c.hosts:
         assert c.agents[h.name].poll() is None
+
+
+def test_status_logs_and_stop_reach_a_multinode_job(cluster, monkeypatch):
+    c = cluster
+    # The launcher's control socket in a folder the test reaches (each host's /tmp is its own).
+    rt = os.path.join(c.dir, "rt")
+    os.mkdir(rt, 0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", rt)
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    p = c.launch(job(c, "ctl", [PY, worker, "sleep"]), "--job-id", "mn-ctl")
+    seen = wait_for_contracts(p, 4)
+    bin_ = os.path.join(c.bin, "ddpctl")
+    r = c.ctl.run([bin_, "status", "--json"])
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["job_id"] == "mn-ctl" and s["mode"] == "nodes" and s["pid"] == p.pid
+    assert sorted(s["nodes"]) == sorted(h.addr for h in c.hosts)
+    assert [(x["rank"], x["node"]) for x in s["ranks"]] == [(rank, seen[rank][0]) for rank in range(4)]
+    assert all(x["state"] == "running" and x["last_output_age_s"] is not None for x in s["ranks"]), s["ranks"]
+    r = c.ctl.run([bin_, "logs", "--ranks", "3"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines and all(l.startswith("[3] ") for l in lines) and any("CONTRACT " in l for l in lines), lines
+    r = c.ctl.run([bin_, "stop"], timeout=60)
+    assert r.returncode == 0 and "job mn-ctl has ended" in r.stderr, r.stderr
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 143, err
+    assert wait_gone([env["pid"] for _, env in seen.values()]) == []
+    assert not os.path.exists(os.path.join(rt, "ddpctl", "mn-ctl.sock"))
