@@ -239,6 +239,9 @@ std::optional<ShepherdArgs> parse_args(const std::vector<std::string>& args, std
 }
 
 int run_shepherd(const ShepherdArgs& args) {
+  // Our stdout is the agent's, which may be its protocol link (`ddp-agentd --stdio` under SSH):
+  // nothing of ours may ever write there, and holding it must not keep that link open.
+  ::dup2(STDERR_FILENO, STDOUT_FILENO);
   Shepherd s(args);
   return s.run();
 }
