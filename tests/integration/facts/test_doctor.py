@@ -128,10 +128,13 @@ def test_cpu_job_flag_and_unknown_fields():
     assert "unknown field 'power_watts' ignored" in r.stderr
 
 
-def test_bad_input_and_unsupported_nodes():
-    r = doctor("--nodes", "node1,node2")
-    assert r.returncode == 2
-    assert "not supported yet" in r.stderr and "ddp-agentd" in r.stderr
+def test_bad_input_and_nodes_usage():
+    # --nodes asks the agents (tests/integration/multinode/test_doctor_nodes.py); here only its
+    # usage errors, which stop before any connection is made.
+    r = doctor("--nodes", "node1,node2", "--sysfs-root", os.path.join(SYSFS, "cpu-only"))
+    assert r.returncode == 2 and "--nodes asks the agents; it excludes --facts and --sysfs-root" in r.stderr, r.stderr
+    r = doctor("--nodes", "node1,node2", "--token-file", "/nonexistent/token")
+    assert r.returncode == 2 and "/nonexistent/token" in r.stderr, r.stderr
     bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ddp-doctor-bad-%d.json" % os.getpid())
     try:
         with open(bad, "w") as fh:
