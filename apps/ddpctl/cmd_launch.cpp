@@ -165,6 +165,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   if (args.dry_run) return print_multi_node_plan(args, opts);
   try {
     if (args.ssh) {
+      if (!args.token_file.empty()) return fail("--token-file is not used with --ssh: each run makes its own secret");
       // A fresh secret per run, known only to us and to the agents we start: it travels inside
       // each SSH channel (the agent's stdin), never on a command line or in a file.
       const auto nonce = ddp::proto::random_nonce();
