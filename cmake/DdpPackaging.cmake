@@ -1,11 +1,13 @@
 # Install rules and the .deb packages (CPack, one package per component; scripts/package).
-#   ddpctl      ddpctl, ddp-ncclid (found beside ddpctl), ddpctl(1), bash completion
+#   ddpctl      ddpctl, ddp-ncclid (found beside ddpctl), ddpctl(1), bash completion; the standing
+#               ddp-coordinator, ddp-coordinator(8) and its systemd unit (not enabled)
 #   ddp-agentd  ddp-agentd, ddp-agentd(8), its systemd unit, the default /etc/ddpctl/agent.yaml (a conffile)
 # Depends come from dpkg-shlibdeps over the installed binaries, so they name exactly the
 # Debian library packages (and versions) the build linked against.
 include(GNUInstallDirs)
 
-install(TARGETS ddpctl ddp-ncclid RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ddpctl)
+install(TARGETS ddpctl ddp-ncclid ddp-coordinator RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ddpctl)
+install(FILES ${CMAKE_SOURCE_DIR}/packaging/systemd/ddp-coordinator.service DESTINATION lib/systemd/system COMPONENT ddpctl)
 install(TARGETS ddp-agentd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT agentd)
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/systemd/ddp-agentd.service DESTINATION lib/systemd/system COMPONENT agentd)
 install(FILES ${CMAKE_SOURCE_DIR}/packaging/agent.yaml DESTINATION /etc/ddpctl COMPONENT agentd)
@@ -14,20 +16,22 @@ install(FILES ${CMAKE_SOURCE_DIR}/packaging/agent.yaml DESTINATION /etc/ddpctl C
 # (lib/cliexport), so they cannot drift from the flags. Into build/share/.
 set(ddp_share ${CMAKE_BINARY_DIR}/share)
 add_custom_command(
-  OUTPUT ${ddp_share}/ddpctl.1.gz ${ddp_share}/ddp-agentd.8.gz ${ddp_share}/ddpctl.bash-completion
+  OUTPUT ${ddp_share}/ddpctl.1.gz ${ddp_share}/ddp-agentd.8.gz ${ddp_share}/ddp-coordinator.8.gz ${ddp_share}/ddpctl.bash-completion
   COMMAND ${CMAKE_COMMAND} -E make_directory ${ddp_share}
   COMMAND sh -c "$<TARGET_FILE:ddpctl> generate man > ${ddp_share}/ddpctl.1 && gzip -9nf ${ddp_share}/ddpctl.1"
   COMMAND sh -c "$<TARGET_FILE:ddp-agentd> --generate-man > ${ddp_share}/ddp-agentd.8 && gzip -9nf ${ddp_share}/ddp-agentd.8"
+  COMMAND sh -c "$<TARGET_FILE:ddp-coordinator> --generate-man > ${ddp_share}/ddp-coordinator.8 && gzip -9nf ${ddp_share}/ddp-coordinator.8"
   COMMAND sh -c "$<TARGET_FILE:ddpctl> generate bash-completion > ${ddp_share}/ddpctl.bash-completion"
-  DEPENDS ddpctl ddp-agentd
+  DEPENDS ddpctl ddp-agentd ddp-coordinator
   COMMENT "man pages and bash completion from the CLI definitions"
   VERBATIM)
-add_custom_target(ddp_cli_docs ALL DEPENDS ${ddp_share}/ddpctl.1.gz ${ddp_share}/ddp-agentd.8.gz
+add_custom_target(ddp_cli_docs ALL DEPENDS ${ddp_share}/ddpctl.1.gz ${ddp_share}/ddp-agentd.8.gz ${ddp_share}/ddp-coordinator.8.gz
                                            ${ddp_share}/ddpctl.bash-completion)
 install(FILES ${ddp_share}/ddpctl.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT ddpctl)
 install(FILES ${ddp_share}/ddpctl.bash-completion DESTINATION share/bash-completion/completions RENAME ddpctl
         COMPONENT ddpctl)
 install(FILES ${ddp_share}/ddp-agentd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT agentd)
+install(FILES ${ddp_share}/ddp-coordinator.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT ddpctl)
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME ddpctl)
@@ -47,7 +51,12 @@ set(CPACK_DEBIAN_DDPCTL_PACKAGE_NAME ddpctl)
 set(CPACK_COMPONENT_DDPCTL_DESCRIPTION "launcher and supervisor for PyTorch DDP / NCCL training jobs
 ddpctl launches a job's workers with torchrun's environment contract, serves the
 TCPStore, streams logs, names the first failure, restarts, and leaves nothing running.
-With --nodes it drives ddp-agentd on every node over an authenticated protocol.")
+With --nodes it drives ddp-agentd on every node over an authenticated protocol;
+ddp-coordinator (a systemd service, not enabled) runs submitted jobs on its own.")
+set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_EXTRA
+    ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/postinst ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/prerm
+    ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/postrm)
+set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_AGENTD_PACKAGE_NAME ddp-agentd)
 set(CPACK_COMPONENT_AGENTD_DESCRIPTION "ddpctl node agent (systemd service)
 ddp-agentd runs on every GPU node and runs a job's workers there for an authenticated

@@ -1,8 +1,15 @@
 // `ddpctl status`, `ddpctl logs [-f] [--ranks LIST]`, `ddpctl stop`: a running job, reached
-// through its launcher's control socket (lib/control). Blocking I/O: a CLI talking to one socket.
+// through its launcher's control socket (lib/control), or with --coordinator through a standing
+// coordinator that relays the same conversation (coordinator/client.hpp). Blocking I/O: a CLI
+// talking to one socket.
 #include "commands.hpp"
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
+#include "coordinator/client.hpp"
+#include "coordinator/standing.hpp"
+#include "hostlist/hostlist.hpp"
+#include "net/connection.hpp"
+#include "net/token_file.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -46,10 +53,42 @@ int dial(const std::string& path) {
 struct Target {
   std::string job_id;
   int fd = -1;
+  std::shared_ptr<ddp::coordinator::ControlRelay> relay;  // --coordinator: carries fd's conversation
 };
 
+struct ControlArgs {
+  std::string job;
+  bool json_out = false;
+  bool follow = false;
+  std::string ranks;
+  std::string coordinator;
+  std::string token_file;
+};
+
+// --coordinator HOST[:PORT]: the job is asked for through the standing coordinator.
+std::optional<Target> relay_job(const ControlArgs& a, const char* cmd, int& rc) {
+  auto ep = ddp::hostlist::parse_endpoint(a.coordinator);
+  if (!ep.ok()) {
+    std::cerr << fmt::format("ddpctl {}: --coordinator '{}': {}\n", cmd, a.coordinator, ep.error->to_string());
+    rc = 2;
+    return std::nullopt;
+  }
+  try {
+    auto keys = ddp::net::load_token_file(a.token_file.empty() ? ddp::net::find_client_token_file() : a.token_file);
+    auto relay = std::make_shared<ddp::coordinator::ControlRelay>(
+        ep.endpoint.host, ep.endpoint.port.value_or(ddp::coordinator::kStandingPort), std::move(keys), ddp::net::local_user(), a.job);
+    return Target{a.job, relay->fd(), relay};
+  } catch (const std::exception& e) {
+    std::cerr << fmt::format("ddpctl {}: {}\n", cmd, e.what());
+    rc = 2;
+    return std::nullopt;
+  }
+}
+
 // The job named, or the only one running; otherwise says what runs and returns nullopt (exit code in `rc`).
-std::optional<Target> find_job(const std::string& job, const char* cmd, int& rc) {
+std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
+  if (!a.coordinator.empty()) return relay_job(a, cmd, rc);
+  const std::string& job = a.job;
   std::string dir;
   try {
     dir = control::runtime_dir();
@@ -148,16 +187,9 @@ std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-struct ControlArgs {
-  std::string job;
-  bool json_out = false;
-  bool follow = false;
-  std::string ranks;
-};
-
 int run_status(const ControlArgs& a) {
   int rc = 0;
-  auto t = find_job(a.job, "status", rc);
+  auto t = find_job(a, "status", rc);
   if (!t) return rc;
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::status, {}, false}, "status");
@@ -169,10 +201,12 @@ int run_status(const ControlArgs& a) {
 
 int run_stop(const ControlArgs& a) {
   int rc = 0;
-  auto t = find_job(a.job, "stop", rc);
+  auto t = find_job(a, "stop", rc);
   if (!t) return rc;
   LineReader r(t->fd);
-  if (!ask(r, {control::Op::stop, {}, false}, "stop")) return 1;
+  auto reply = ask(r, {control::Op::stop, {}, false}, "stop");
+  if (!reply) return 1;
+  t->job_id = reply->value("job_id", t->job_id);  // a coordinator names the job it chose
   std::cerr << fmt::format("ddpctl stop: stopping job {} ...\n", t->job_id);
   while (r.next()) {
   }
@@ -191,11 +225,12 @@ int run_logs(const ControlArgs& a) {
     }
   }
   int rc = 0;
-  auto t = find_job(a.job, "logs", rc);
+  auto t = find_job(a, "logs", rc);
   if (!t) return rc;
   LineReader r(t->fd);
   auto reply = ask(r, req, "logs");
   if (!reply) return 1;
+  t->job_id = reply->value("job_id", t->job_id);
   // What the files held when we asked; with -f, the stream carries on from exactly there.
   for (const auto& f : (*reply)["files"]) {
     const int rank = f.value("rank", -1);
@@ -208,7 +243,7 @@ int run_logs(const ControlArgs& a) {
     }
   }
   std::cout.flush();
-  if (!a.follow) return 0;
+  // Without -f a launcher closes now; a coordinator first sends its files' lines inline.
   while (auto m = r.next()) {
     if (m->contains("line")) {
       std::cout << fmt::format("[{}] {}\n", m->value("rank", -1), m->value("line", "")) << std::flush;
@@ -239,6 +274,14 @@ std::vector<Command> add_control_commands(CLI::App& root) {
   auto* stop = root.add_subcommand("stop", "stop a running job as Ctrl-C would (SIGTERM, grace, SIGKILL); waits for its end");
   stop->add_option("job", args->job, "job id (default: the only job of yours that runs)");
   out.push_back({stop, [args] { return run_stop(*args); }});
+  for (auto* cmd : {status, logs, stop}) {
+    cmd->add_option("--coordinator", args->coordinator,
+                    "ask the standing ddp-coordinator at HOST[:PORT] (port 29411) for its job instead of this machine's "
+                    "control sockets");
+    cmd->add_option("--token-file", args->token_file,
+                    "with --coordinator: the shared secret (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, "
+                    "/etc/ddpctl/token)");
+  }
   return out;
 }
 

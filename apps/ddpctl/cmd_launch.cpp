@@ -4,7 +4,9 @@
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "jobspec/jobspec.hpp"
+#include "coordinator/client.hpp"
 #include "coordinator/coordinator.hpp"
+#include "coordinator/standing.hpp"
 #include "coordinator/dry_run.hpp"
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
@@ -16,6 +18,12 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -44,7 +52,75 @@ struct LaunchArgs {
   bool ssh_accept_new = false;
   double ssh_timeout_s = 15;
   int ssh_parallel = 8;
+  std::string coordinator;
+  bool detach = false;
 };
+
+// --detach without --coordinator: a background ddpctl (its own session, no terminal) runs the
+// embedded coordinator; we return once its control socket listens, so `ddpctl status/logs/stop`
+// reach it. Its log and result go beside the job's logs.
+int run_detached(ddp::coordinator::CoordinatorOptions opts) {
+  namespace fs = std::filesystem;
+  const auto dir = fmt::format("{}/{}", opts.spec.log_dir, opts.job_id);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    std::cerr << fmt::format("ddpctl launch: --detach: cannot create {}: {}\n", dir, ec.message());
+    return 2;
+  }
+  const auto log_path = dir + "/coordinator.log";
+  if (!opts.result_json) opts.result_json = dir + "/result.json";
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) {
+    std::cerr << "ddpctl launch: --detach: pipe failed\n";
+    return 2;
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::cerr << fmt::format("ddpctl launch: --detach: fork failed: {}\n", std::strerror(errno));
+    return 2;
+  }
+  if (pid > 0) {
+    ::close(ready[1]);
+    char c = 0;
+    ssize_t n = 0;
+    do n = ::read(ready[0], &c, 1);
+    while (n < 0 && errno == EINTR);
+    ::close(ready[0]);
+    if (n == 1) {
+      std::cout << opts.job_id << std::endl;
+      std::cerr << fmt::format("ddpctl launch: job {} runs in the background (pid {}; log {}); see it with ddpctl "
+                               "status|logs -f|stop {}\n",
+                               opts.job_id, pid, log_path, opts.job_id);
+      return 0;
+    }
+    // It ended before it listened; it said why on our stderr.
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 2;
+  }
+  ::close(ready[0]);
+  ::setsid();
+  opts.quiet = true;
+  opts.on_listening = [fd = ready[1], log_path] {
+    // From here on nothing of ours holds the caller's terminal or pipes.
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const int out = log >= 0 ? log : null;
+    ::dup2(null, STDIN_FILENO);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(out, STDERR_FILENO);
+    if (log >= 0) ::close(log);
+    if (null >= 0) ::close(null);
+    const char one = '1';
+    [[maybe_unused]] auto w = ::write(fd, &one, 1);
+    ::close(fd);
+  };
+  return ddp::coordinator::run_coordinator(std::move(opts));
+}
 
 // --dry-run --nodes ... --facts F1[,F2...]: every node's plan from recorded facts.
 int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::CoordinatorOptions& opts) {
@@ -163,6 +239,29 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     opts.job_id = args.job_id;
   }
   if (args.dry_run) return print_multi_node_plan(args, opts);
+  if (!args.coordinator.empty()) {
+    if (args.ssh) return fail("--coordinator with --ssh: a standing coordinator reaches its agents over TCP (SSH mode starts its own)");
+    auto ep = ddp::hostlist::parse_endpoint(args.coordinator);
+    if (!ep.ok()) return fail(fmt::format("--coordinator '{}': {}", args.coordinator, ep.error->to_string()));
+    ddp::coordinator::SubmitOptions so;
+    so.host = ep.endpoint.host;
+    so.port = ep.endpoint.port.value_or(ddp::coordinator::kStandingPort);
+    try {
+      so.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+    } catch (const ddp::net::TokenError& e) {
+      return fail(e.what());
+    }
+    so.job_id = opts.job_id;
+    so.user = opts.user;
+    so.payload.spec = opts.spec;
+    so.payload.forward_env = ddp::net::forwarded_env(opts.launcher_env, opts.spec.env_forward);
+    so.nodes = opts.nodes;
+    so.detach = args.detach;
+    so.quiet = args.quiet;
+    so.show_ranks = opts.show_ranks;
+    so.result_json = opts.result_json;
+    return ddp::coordinator::submit_job(std::move(so));
+  }
   try {
     if (args.ssh) {
       if (!args.token_file.empty()) return fail("--token-file is not used with --ssh: each run makes its own secret");
@@ -188,6 +287,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     } else {
       opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
     }
+    if (args.detach) return run_detached(std::move(opts));
     return ddp::coordinator::run_coordinator(std::move(opts));
   } catch (const ddp::net::TokenError& e) {
     return fail(e.what());
@@ -226,6 +326,12 @@ Command add_launch_command(CLI::App& root) {
       ->check(CLI::Range(1.0, 600.0));
   sub->add_option("--ssh-parallel", args->ssh_parallel, "with --ssh: logins in progress at once (sshd's MaxStartups: 10)")
       ->check(CLI::Range(1, 1000));
+  sub->add_option("--coordinator", args->coordinator,
+                  "submit the job to this standing ddp-coordinator (HOST[:PORT], port 29411) instead of coordinating it "
+                  "here; it keeps running if ddpctl goes away");
+  sub->add_flag("--detach", args->detach,
+                "with --nodes: print the job id and return while the job runs on (in a background ddpctl, or on "
+                "--coordinator); ddpctl status/logs/stop reach it");
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 
@@ -242,6 +348,12 @@ Command add_launch_command(CLI::App& root) {
               return 2;
             }
             if (auto rc = maybe_run_multi_node(*args, opts.spec)) return *rc;
+            if (args->detach || !args->coordinator.empty()) {
+              std::cerr << fmt::format("ddpctl launch: {} needs --nodes (or hosts: in the job file); a local launch "
+                                       "runs in the foreground\n",
+                                       args->detach ? "--detach" : "--coordinator");
+              return 2;
+            }
             if (args->nproc) opts.spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args->nproc};
             if (args->max_restarts) opts.spec.max_restarts = *args->max_restarts;
             if (args->log_dir) opts.spec.log_dir = *args->log_dir;

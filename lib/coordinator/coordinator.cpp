@@ -59,7 +59,7 @@ class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions opts)
       : opts_(std::move(opts)),
-        signals_(io_, SIGINT, SIGTERM, SIGHUP),
+        signals_(io_),
         tick_timer_(io_),
         heartbeat_timer_(io_),
         log_(log::get("coord")),
@@ -82,7 +82,18 @@ class Coordinator {
                join(hosts_, ", "), rdzv_.status());
     started_ = std::chrono::system_clock::now();
     open_control_socket();
-    wait_signals();
+    if (opts_.on_listening) opts_.on_listening();
+    if (opts_.own_signals) {
+      signals_.add(SIGINT);
+      signals_.add(SIGTERM);
+      signals_.add(SIGHUP);
+      wait_signals();
+    }
+    if (opts_.events.started) {
+      // Posted onto this loop; once it has stopped, nothing runs (and `done` below tells the
+      // caller to stop calling).
+      opts_.events.started([this](const std::string& who) { asio::post(io_, [this, who] { stop_job(SIGTERM, who); }); });
+    }
     heartbeat();
     for (auto& [name, n] : nodes_) dial(*n);
     arm_tick();
@@ -95,6 +106,7 @@ class Coordinator {
       out << launch::to_json(report_).dump(2) << "\n";
       if (!out) log_->error("cannot write the result file {}", *opts_.result_json);
     }
+    if (opts_.events.done) opts_.events.done(report_);
     return report_.exit_code;
   }
 
@@ -146,6 +158,14 @@ class Coordinator {
     c.backoff_initial = opts_.spec.restart_backoff;
     c.backoff_max = std::max<rdzv::Micros>(opts_.spec.restart_backoff, std::chrono::seconds(30));
     return c;
+  }
+
+  // A line about the job as a whole: to our log, and to a standing coordinator's submitter.
+  template <typename... Args>
+  void say(spdlog::level::level_enum level, fmt::format_string<Args...> f, Args&&... args) {
+    auto text = fmt::format(f, std::forward<Args>(args)...);
+    log_->log(level, "{}", text);
+    if (opts_.events.notice) opts_.events.notice(level, text);
   }
 
   std::string label(const Node& n) const {
@@ -287,7 +307,7 @@ class Coordinator {
       const auto round = rdzv::Round{b["round"].get<std::uint32_t>()};
       if (b.contains("error")) {
         const auto err = b["error"].get<std::string>();
-        log_->error("{}: {}", n.entry.name, err);
+        say(spdlog::level::err, "{}: {}", n.entry.name, err);
         notes_.push_back(fmt::format("{}: {}", n.entry.name, err));
       }
       handle(rdzv::AttemptFinished{n.entry.name, round, b["ok"].get<bool>()});
@@ -359,6 +379,7 @@ class Coordinator {
     f.file->write(s, line);
     last_output_[*rank] = std::chrono::steady_clock::now();
     if (control_) control_->publish(*rank, s, line);
+    if (opts_.events.output) opts_.events.output(n.entry.name, *rank, s, line);
     if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(*rank))) {
       terminal_.write(s, fmt::format("[{}:{}] {}", n.entry.name, *rank, line));
     }
@@ -474,7 +495,7 @@ class Coordinator {
       if (ib_hca) assign["nccl_ib_hca"] = *ib_hca;
       send(*nodes_.at(na.node), "assign", std::move(assign));
     }
-    log_->info("round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}:{}", a.round.value, a.restart_count,
+    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}:{}", a.round.value, a.restart_count,
                a.world_size, a.nodes.size(), join(shares, "; "), master, opts_.spec.store_port);
   }
 
@@ -484,7 +505,7 @@ class Coordinator {
 
   void on_effect(rdzv::StopAll& s) {
     stop_issued_ = now();
-    log_->warn("stopping every node's workers: {}", s.reason);
+    say(spdlog::level::warn, "stopping every node's workers: {}", s.reason);
     for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), s.round, s.reason, opts_.spec.stop_grace);
   }
 
@@ -496,7 +517,7 @@ class Coordinator {
 
   void on_effect(rdzv::RestartScheduled& r) {
     close_attempt(launch::Phase::failed, std::nullopt);
-    log_->warn("{}", r.reason);
+    say(spdlog::level::warn, "{}", r.reason);
     report_.restarts = static_cast<int>(r.restart_count);
   }
 
@@ -506,12 +527,12 @@ class Coordinator {
       close_attempt(launch::Phase::stopped, f.first_failure);
       report_.status = "stopped";
       report_.exit_code = 128 + (stop_signal_ ? stop_signal_ : SIGTERM);
-      log_->warn("job {} stopped{}", opts_.job_id, stop_signal_ ? " by " + supervisor::signal_name(stop_signal_) : "");
+      say(spdlog::level::warn, "job {} stopped{}", opts_.job_id, stop_signal_ ? " by " + supervisor::signal_name(stop_signal_) : "");
     } else {
       close_attempt(launch::Phase::failed, f.first_failure);
       report_.status = "failed";
       report_.exit_code = 1;
-      log_->error("job {} failed: {}", opts_.job_id, f.message);
+      say(spdlog::level::err, "job {} failed: {}", opts_.job_id, f.message);
     }
     finish();
   }
@@ -521,20 +542,20 @@ class Coordinator {
     report_.status = "succeeded";
     report_.exit_code = 0;
     report_.restarts = static_cast<int>(s.restart_count);
-    log_->info("job {} succeeded{}", opts_.job_id,
+    say(spdlog::level::info, "job {} succeeded{}", opts_.job_id,
                s.restart_count ? fmt::format(" after {} restart{}", s.restart_count, s.restart_count == 1 ? "" : "s") : "");
     finish();
   }
 
   void on_effect(rdzv::RejectNode& r) {
-    log_->error("{}", r.reason);
+    say(spdlog::level::err, "{}", r.reason);
     auto& n = *nodes_.at(r.node);
     n.joined = false;
     if (n.conn) n.conn->refuse(proto::ErrorCode::unexpected, r.reason);
   }
 
   void on_effect(rdzv::DropNode& d) {
-    log_->warn("giving up on {}: {}", d.node, d.reason);
+    say(spdlog::level::warn, "giving up on {}: {}", d.node, d.reason);
     auto& n = *nodes_.at(d.node);
     n.joined = false;
     if (n.conn) n.conn->close(d.reason);
@@ -546,7 +567,8 @@ class Coordinator {
     const auto t = std::chrono::steady_clock::now();
     const bool show = t - last_progress_ >= std::chrono::seconds(1);
     if (show) last_progress_ = t;
-    log_->log(show ? spdlog::level::info : spdlog::level::debug, "{}", p.message);
+    if (show) say(spdlog::level::info, "{}", p.message);
+    else log_->debug("{}", p.message);
   }
 
   // The attempt's report: exits by rank, the first failure by mapped time (exits stamped after
@@ -585,11 +607,15 @@ class Coordinator {
     }
     cur_.notes = notes_;
     report_.attempts.push_back(cur_);
-    if (phase != launch::Phase::succeeded) std::fputs(launch::format_attempt(cur_, opts_.spec.max_restarts).c_str(), stderr);
+    if (phase != launch::Phase::succeeded) {
+      const auto text = launch::format_attempt(cur_, opts_.spec.max_restarts);
+      std::fputs(text.c_str(), stderr);
+      if (opts_.events.notice) opts_.events.notice(spdlog::level::err, text);
+    }
   }
 
   void fatal(const std::string& message) {
-    log_->error("{}", message);
+    say(spdlog::level::err, "{}", message);
     // Nothing has started when this happens (auth and preflight come before any assignment);
     // closing the connections makes every agent forget the job.
     report_.status = "failed";
@@ -633,13 +659,13 @@ class Coordinator {
   void stop_job(int sig, const std::string& what) {
     if (done_) return;
     if (stop_signal_) {
-      log_->warn("{} again: killing every node's workers now", what);
+      say(spdlog::level::warn, "{} again: killing every node's workers now", what);
       for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), round_, "killed by the user", Millis(0));
       return;
     }
     stop_signal_ = sig;
-    log_->warn("{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)", what,
-               format_duration(opts_.spec.stop_grace));
+    say(spdlog::level::warn, "{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)", what,
+        format_duration(opts_.spec.stop_grace));
     handle(rdzv::StopRequested{what});
   }
 

@@ -16,9 +16,12 @@
 #pragma once
 
 #include "common/duration.hpp"
+#include "common/log.hpp"
 #include "jobspec/jobspec.hpp"
 #include "net/dialer.hpp"
+#include "launch/report.hpp"
 #include "proto/keyring.hpp"
+#include "supervisor/output.hpp"
 
 #include <boost/asio/io_context.hpp>
 
@@ -32,6 +35,21 @@
 #include <vector>
 
 namespace ddp::coordinator {
+
+// What a standing coordinator (ddp-coordinator) needs from a job it runs on a thread of its own,
+// to relay it to the submitting ddpctl: every callback runs on the job's thread.
+struct JobEvents {
+  // Every worker line, as the embedded coordinator's terminal shows it.
+  std::function<void(const std::string& node, int rank, supervisor::Stream stream, const std::string& line)> output;
+  // The job-wide lines ddpctl's own log shows (rounds, stops, restarts, the result) and the
+  // failure reports.
+  std::function<void(spdlog::level::level_enum level, const std::string& text)> notice;
+  // The job's loop is about to run: `stop` (like `ddpctl stop`) may be called from any thread
+  // until `done` has returned.
+  std::function<void(std::function<void(const std::string& who)> stop)> started;
+  // The job is over (its loop has stopped); the report carries the exit status.
+  std::function<void(const launch::JobReport& report)> done;
+};
 
 struct CoordinatorOptions {
   jobspec::JobSpec spec;           // resolved: workdir and log_dir absolute
@@ -48,6 +66,12 @@ struct CoordinatorOptions {
   // Set: nodes are reached through this dialer (SSH mode) instead of TCP to their agents'
   // port; a node it cannot start before the job started fails the launch (exit 2), naming it.
   std::function<std::unique_ptr<net::Dialer>(boost::asio::io_context&)> make_dialer;
+  // ddpctl's coordinator stops the job on SIGINT/SIGTERM/SIGHUP; a standing one's jobs leave
+  // signals to the daemon.
+  bool own_signals = true;
+  JobEvents events;
+  // The job's control socket listens (or could not be opened): `launch --detach` returns then.
+  std::function<void()> on_listening;
 };
 
 class CoordinatorError : public std::runtime_error {

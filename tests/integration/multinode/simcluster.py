@@ -106,7 +106,7 @@ class Cluster:
         # which every simulated host replaces with its own.
         self.bin = os.path.join(self.dir, "bin")
         os.makedirs(self.bin)
-        for b in ("ddpctl", "ddp-agentd", "ddp-ncclid"):
+        for b in ("ddpctl", "ddp-agentd", "ddp-ncclid", "ddp-coordinator"):
             if os.path.exists(os.path.join(BIN, b)):
                 shutil.copy2(os.path.join(BIN, b), self.bin)
         if homes:

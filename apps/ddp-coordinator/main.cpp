@@ -1,0 +1,56 @@
+// ddp-coordinator entry point: flags, the token file, then lib/coordinator's standing daemon.
+#include "cliexport/cliexport.hpp"
+#include "common/log.hpp"
+#include "coordinator/standing.hpp"
+#include "hostlist/hostlist.hpp"
+#include "net/token_file.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-coordinator: a standing ddpctl coordinator; `ddpctl launch --coordinator HOST:PORT --nodes ...` "
+               "submits jobs to it, and they keep running when that ddpctl goes away"};
+  app.set_version_flag("--version", ddp::coordinator::kStandingVersion);
+  ddp::coordinator::StandingOptions opts;
+  std::string listen = fmt::format("[::]:{}", ddp::coordinator::kStandingPort);
+  std::string token_file = ddp::net::kAgentTokenFile;
+  bool verbose = false;
+  app.add_option("--listen", listen, "HOST:PORT to listen on for ddpctl ([::]:29411: every address)");
+  app.add_option("--token-file", token_file,
+                 "the shared secret(s) (mode 0600): ddpctl must prove one, and the first proves us to the agents");
+  app.add_option("--log-dir", opts.log_dir, "where the launcher's copy of every job's per-rank logs goes");
+  app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
+  bool generate_man = false;  // for the build: the man page from this definition
+  app.add_flag("--generate-man", generate_man)->group("");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (generate_man) {
+    std::cout << ddp::cliexport::man_page(app, {"ddp-coordinator", 8, ddp::coordinator::kStandingVersion,
+                                                "ddpctl(1), ddp-agentd(8), systemd.service(5)"});
+    return 0;
+  }
+  if (verbose) ddp::log::set_level(spdlog::level::debug);
+  auto ep = ddp::hostlist::parse_endpoint(listen);
+  if (!ep.ok()) {
+    std::cerr << fmt::format("ddp-coordinator: --listen '{}': {}\n", listen, ep.error->to_string());
+    return 2;
+  }
+  opts.listen_host = ep.endpoint.host;
+  opts.port = ep.endpoint.port.value_or(ddp::coordinator::kStandingPort);
+  try {
+    opts.keys = ddp::net::load_token_file(token_file);
+    return ddp::coordinator::run_standing(std::move(opts));
+  } catch (const ddp::net::TokenError& e) {
+    std::cerr << "ddp-coordinator: " << e.what() << "\n";
+    return 2;
+  } catch (const ddp::coordinator::StandingError& e) {
+    std::cerr << "ddp-coordinator: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,277 @@
+// ddpctl's side of a standing coordinator: submit_job and ControlRelay (client.hpp).
+#include "coordinator/client.hpp"
+
+#include "common/log.hpp"
+#include "coordinator/standing.hpp"
+#include "launch/report.hpp"
+#include "net/connection.hpp"
+#include "supervisor/output.hpp"
+#include "supervisor/process.hpp"
+
+#include <boost/asio.hpp>
+
+#include <fmt/format.h>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+namespace ddp::coordinator {
+
+namespace asio = boost::asio;
+using net::Connection;
+using net::tcp;
+using nlohmann::json;
+
+namespace {
+
+proto::ClientConfig ctl_config(const proto::Keyring& keys, const std::string& user) {
+  proto::ClientConfig cc;
+  cc.role = proto::Role::ctl;
+  cc.user = user;
+  cc.name = "ddpctl";
+  cc.software = "ddpctl 0.1.0";
+  cc.key = *keys.first();
+  cc.nonce = proto::random_nonce();
+  cc.expect_server = proto::Role::coordinator;
+  return cc;
+}
+
+std::string where(const std::string& host, std::uint16_t port) {
+  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+class Submitter {
+ public:
+  explicit Submitter(SubmitOptions o) : opts_(std::move(o)), signals_(io_, SIGINT, SIGTERM), log_(log::get("coord")) {}
+
+  int run() {
+    wait_signals();
+    net::dial(io_, opts_.host, opts_.port, opts_.dial_timeout, [this](boost::system::error_code ec, tcp::socket s) {
+      if (ec) return end(2, fmt::format("cannot reach the coordinator at {}: {}", at(), ec.message()));
+      conn_ = Connection::make(std::move(s), proto::Session::client(ctl_config(opts_.keys, opts_.user)), "coordinator " + at(),
+                               "coord", std::chrono::seconds(10));
+      conn_->start({[this](const proto::PeerInfo&) {
+                      json submit{{"job_id", opts_.job_id}, {"user", opts_.user}, {"spec", net::to_json(opts_.payload)},
+                                  {"nodes", opts_.nodes}};
+                      if (opts_.detach) submit["detach"] = true;
+                      conn_->send(conn_->session().message("submit", std::move(submit)));
+                    },
+                    [this](proto::Message m) { on_message(std::move(m)); },
+                    [this](const std::string& reason) { on_closed(reason); }});
+    });
+    io_.run();
+    terminal_.flush();
+    return rc_;
+  }
+
+ private:
+  std::string at() const { return where(opts_.host, opts_.port); }
+
+  void on_message(proto::Message m) {
+    const auto& b = m.body;
+    if (m.type == "job_accepted") {
+      accepted_ = true;
+      if (opts_.detach) {
+        std::cout << opts_.job_id << std::endl;
+        std::cerr << fmt::format("ddpctl launch: job {} runs on the coordinator at {}; see it with ddpctl status|logs -f|stop "
+                                 "--coordinator {} {}\n",
+                                 opts_.job_id, at(), at(), opts_.job_id);
+        return end(0, "");
+      }
+      log_->info("job {} accepted by the coordinator at {} (it keeps running there if this ddpctl goes away; Ctrl-C stops it)",
+                 opts_.job_id, at());
+      return;
+    }
+    if (m.type == "job_output") {
+      const int rank = static_cast<int>(b["rank"].get<std::uint32_t>());
+      if (opts_.quiet || (!opts_.show_ranks.empty() && !opts_.show_ranks.contains(rank))) return;
+      const auto s = b["stream"].get<std::string>() == "stderr" ? supervisor::Stream::err : supervisor::Stream::out;
+      terminal_.write(s, fmt::format("[{}:{}] {}", b["node"].get<std::string>(), rank, b["data"].get<std::string>()));
+      return;
+    }
+    if (m.type == "job_event") {
+      const auto text = b["message"].get<std::string>();
+      const auto kind = b["kind"].get<std::string>();
+      if (text.find('\n') != std::string::npos) {  // a failure report, printed as the embedded coordinator prints it
+        terminal_.flush();
+        std::fputs(text.c_str(), stderr);
+        return;
+      }
+      log_->log(kind == "error" ? spdlog::level::err : kind == "warning" ? spdlog::level::warn : spdlog::level::info, "{}", text);
+      return;
+    }
+    if (m.type == "job_result") {
+      if (opts_.result_json && b.contains("report")) {
+        std::ofstream out(*opts_.result_json);
+        out << b["report"].dump(2) << "\n";
+        if (!out) log_->error("cannot write the result file {}", *opts_.result_json);
+      }
+      const int code = b.contains("exit_code") ? static_cast<int>(b["exit_code"].get<std::int64_t>()) : 1;
+      return end(code, code == 2 && !b.contains("report") ? b["message"].get<std::string>() : "");
+    }
+    if (m.type == "heartbeat") return;
+    conn_->refuse(proto::ErrorCode::unexpected, fmt::format("ddpctl does not take '{}' from a coordinator", m.type));
+  }
+
+  void on_closed(const std::string& reason) {
+    if (done_) return;
+    if (accepted_) {
+      return end(2, fmt::format("lost the coordinator at {} ({}); job {} keeps running there if the coordinator does "
+                                "(ddpctl status --coordinator {} {})",
+                                at(), reason, opts_.job_id, at(), opts_.job_id));
+    }
+    end(2, fmt::format("the coordinator at {} refused the job: {}", at(), reason));
+  }
+
+  void wait_signals() {
+    signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec || done_) return;
+      if (conn_ && conn_->established() && accepted_) {
+        log_->warn("{}: stopping job {} on the coordinator (again to kill its workers now)", supervisor::signal_name(sig),
+                   opts_.job_id);
+        conn_->send(conn_->session().message("stop_job", {{"job_id", opts_.job_id}, {"reason", supervisor::signal_name(sig)}}));
+      } else {
+        return end(128 + sig, fmt::format("{} before the job was accepted", supervisor::signal_name(sig)));
+      }
+      wait_signals();
+    });
+  }
+
+  void end(int rc, const std::string& error) {
+    if (done_) return;
+    done_ = true;
+    rc_ = rc;
+    if (!error.empty()) log_->error("{}", error);
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    if (conn_) conn_->close("done");
+    io_.stop();
+  }
+
+  SubmitOptions opts_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  std::shared_ptr<spdlog::logger> log_;
+  supervisor::TerminalSink terminal_;
+  std::shared_ptr<Connection> conn_;
+  bool accepted_ = false;
+  bool done_ = false;
+  int rc_ = 2;
+};
+
+}  // namespace
+
+int submit_job(SubmitOptions options) {
+  Submitter s(std::move(options));
+  return s.run();
+}
+
+// The relay's thread: the caller's request line goes out as one `control` frame once the
+// session is established; every `control` line that comes back is written to the caller's end.
+struct ControlRelay::Impl {
+  Impl(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id, int fd)
+      : host(std::move(host)), port(port), keys(std::move(keys)), user(std::move(user)), job_id(std::move(job_id)),
+        local(io, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fd), buf(768u << 10) {}
+
+  void run() {
+    net::dial(io, host, port, std::chrono::seconds(10), [this](boost::system::error_code ec, tcp::socket s) {
+      if (ec) return fail(fmt::format("cannot reach the coordinator at {}: {}", where(host, port), ec.message()));
+      conn = Connection::make(std::move(s), proto::Session::client(ctl_config(keys, user)), "coordinator " + where(host, port),
+                              "coord", std::chrono::seconds(10));
+      conn->start({[this](const proto::PeerInfo&) { read_request(); },
+                   [this](proto::Message m) {
+                     if (m.type != "control") return;
+                     if (m.body.contains("line")) write_line(m.body["line"].get<std::string>());
+                     if (m.body.value("eof", false)) finish();
+                   },
+                   [this](const std::string& reason) {
+                     if (!answered) fail(fmt::format("the coordinator at {}: {}", where(host, port), reason));
+                     finish();
+                   }});
+    });
+    io.run();
+  }
+
+  void read_request() {
+    asio::async_read_until(local, buf, '\n', [this](boost::system::error_code ec, std::size_t n) {
+      if (ec) return finish();
+      std::string line(asio::buffers_begin(buf.data()), asio::buffers_begin(buf.data()) + static_cast<std::ptrdiff_t>(n));
+      buf.consume(n);
+      json f{{"line", line}};
+      if (!job_id.empty()) f["job_id"] = job_id;
+      conn->send(conn->session().message("control", std::move(f)));
+    });
+  }
+
+  void write_line(std::string line) {
+    answered = true;
+    out.push_back(std::move(line) + "\n");
+    if (out.size() == 1) write_next();
+  }
+
+  void write_next() {
+    if (out.empty()) {
+      if (finishing) close_local();
+      return;
+    }
+    asio::async_write(local, asio::buffer(out.front()), [this](boost::system::error_code ec, std::size_t) {
+      if (ec) {
+        out.clear();
+        return finish();
+      }
+      out.pop_front();
+      write_next();
+    });
+  }
+
+  void fail(const std::string& error) {
+    if (answered) return;
+    write_line(json{{"ok", false}, {"error", error}}.dump());
+  }
+
+  // What is queued for the caller is written first; then both ends close.
+  void finish() {
+    finishing = true;
+    if (conn) conn->close("done");
+    if (out.empty()) close_local();
+  }
+
+  void close_local() {
+    boost::system::error_code ignored;
+    local.shutdown(asio::socket_base::shutdown_both, ignored);
+    local.close(ignored);
+    io.stop();
+  }
+
+  std::string host;
+  std::uint16_t port;
+  proto::Keyring keys;
+  std::string user, job_id;
+  asio::io_context io;
+  asio::generic::stream_protocol::socket local;
+  asio::streambuf buf;
+  std::shared_ptr<Connection> conn;
+  std::deque<std::string> out;
+  bool answered = false;
+  bool finishing = false;
+};
+
+ControlRelay::ControlRelay(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair failed");
+  fd_ = sv[0];
+  impl_ = std::make_unique<Impl>(std::move(host), port, std::move(keys), std::move(user), std::move(job_id), sv[1]);
+  thread_ = std::thread([this] { impl_->run(); });
+}
+
+ControlRelay::~ControlRelay() {
+  impl_->io.stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace ddp::coordinator

@@ -1,0 +1,468 @@
+// The standing coordinator's edge: the listener, ctl sessions, one thread per job, and the
+// relays to the submitter and to the jobs' control sockets. See standing.hpp for the policy.
+#include "coordinator/standing.hpp"
+
+#include "common/log.hpp"
+#include "control/paths.hpp"
+#include "control/protocol.hpp"
+#include "coordinator/coordinator.hpp"
+#include "net/connection.hpp"
+#include "net/wire.hpp"
+#include "sdnotify/sdnotify.hpp"
+#include "supervisor/process.hpp"
+
+#include <boost/asio.hpp>
+
+#include <fmt/format.h>
+
+#include <csignal>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace ddp::coordinator {
+
+namespace asio = boost::asio;
+using net::Connection;
+using net::tcp;
+using nlohmann::json;
+
+namespace {
+
+// A submitter that reads slower than its job writes loses lines beyond this much queued.
+constexpr std::size_t kMaxQueuedOutput = 8u << 20;
+// Inlined log files are sent while less than this is queued for the client, then paced.
+constexpr std::size_t kRelayHighWater = 4u << 20;
+constexpr auto kRelayPace = std::chrono::milliseconds(20);
+// One control line from a job's socket (a worker line is at most 64 KiB, JSON-escaped).
+constexpr std::size_t kMaxControlLine = 768u << 10;
+
+std::string endpoint_label(const tcp::endpoint& ep) {
+  auto a = ep.address();
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a.is_v6() ? fmt::format("[{}]:{}", a.to_string(), ep.port()) : fmt::format("{}:{}", a.to_string(), ep.port());
+}
+
+std::string level_kind(spdlog::level::level_enum l) {
+  return l >= spdlog::level::err ? "error" : l == spdlog::level::warn ? "warning" : "info";
+}
+
+struct Job {
+  std::string id, user;
+  std::thread thread;
+  std::mutex mu;
+  std::function<void(const std::string&)> stop;  // set while the job's loop runs (under mu)
+  std::weak_ptr<Connection> submitter;           // empty: detached, or the submitter left
+  std::uint64_t dropped = 0;
+};
+
+// One `control` request carried to a job's control socket, and its answer back.
+struct Relay {
+  explicit Relay(asio::io_context& io) : sock(io), pace(io), buf(kMaxControlLine) {}
+  asio::local::stream_protocol::socket sock;
+  asio::steady_timer pace;
+  asio::streambuf buf;
+  std::string job_id;
+  bool answered = false;
+  bool ended = false;
+};
+
+class Standing {
+ public:
+  explicit Standing(StandingOptions o)
+      : opts_(std::move(o)), acceptor_(io_), signals_(io_, SIGINT, SIGTERM), watchdog_timer_(io_), log_(log::get("coordinator")) {}
+
+  int run() {
+    listen();
+    // A client that vanished must be an error on its socket, not a signal that kills every job.
+    ::signal(SIGPIPE, SIG_IGN);
+    wait_signals();
+    accept();
+    log_->info("ddp-coordinator listening on {} (the launcher's copy of job logs in {})", endpoint_label(acceptor_.local_endpoint()),
+               opts_.log_dir);
+    notify_.ready(status_line());
+    watchdog();
+    io_.run();
+    for (auto& [id, j] : jobs_) {
+      if (j->thread.joinable()) j->thread.join();
+    }
+    return 0;
+  }
+
+ private:
+  void listen() {
+    boost::system::error_code ec;
+    auto addr = asio::ip::make_address(opts_.listen_host, ec);
+    if (ec) throw StandingError(fmt::format("--listen: '{}' is not an IP address", opts_.listen_host));
+    tcp::endpoint ep(addr, opts_.port);
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec && addr.is_v6()) acceptor_.set_option(asio::ip::v6_only(false), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      throw StandingError(fmt::format("cannot listen on {}: {}{}", endpoint_label(ep), ec.message(),
+                                      ec == asio::error::address_in_use ? " (is another ddp-coordinator running? use --listen)" : ""));
+    }
+  }
+
+  void accept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
+      if (ec == asio::error::operation_aborted || stopping_) return;
+      if (!ec) on_accept(std::move(s));
+      accept();
+    });
+  }
+
+  void on_accept(tcp::socket s) {
+    boost::system::error_code ec;
+    auto remote = s.remote_endpoint(ec);
+    proto::ServerConfig sc;
+    sc.role = proto::Role::coordinator;
+    sc.name = "ddp-coordinator";
+    sc.software = kStandingVersion;
+    sc.keys = opts_.keys;
+    sc.nonce = proto::random_nonce();
+    sc.accept_roles = {proto::Role::ctl};  // agents are dialled by us, never the other way
+    auto conn = Connection::make(std::move(s), proto::Session::server(sc), ec ? "?" : endpoint_label(remote), "coordinator",
+                                 opts_.handshake_timeout);
+    Connection* raw = conn.get();
+    clients_[raw] = conn;
+    conn->start({[this, raw](const proto::PeerInfo& p) {
+                   raw->set_label(fmt::format("ddpctl {} (user {})", raw->label(), p.user));
+                   log_->debug("{}: authenticated with key '{}'", raw->label(), p.key_id);
+                 },
+                 [this, raw](proto::Message m) { on_message(raw, std::move(m)); },
+                 [this, raw](const std::string&) {
+                   if (auto it = relays_.find(raw); it != relays_.end()) {
+                     boost::system::error_code ignored;
+                     it->second->sock.close(ignored);
+                     it->second->pace.cancel();
+                     relays_.erase(it);
+                   }
+                   clients_.erase(raw);
+                 }});
+  }
+
+  static void send(Connection* c, std::string_view type, json fields) {
+    if (c && c->established()) c->send(c->session().message(type, std::move(fields)));
+  }
+
+  void on_message(Connection* c, proto::Message m) {
+    if (m.type == "submit") return on_submit(c, m.body);
+    if (m.type == "stop_job") return on_stop_job(c, m.body);
+    if (m.type == "control") return on_control(c, m.body);
+    if (m.type == "heartbeat") return;
+    c->refuse(proto::ErrorCode::unexpected, fmt::format("a coordinator does not take '{}' from ddpctl", m.type));
+  }
+
+  // The submitter, or root, may stop or inspect a job.
+  static bool may_touch(const Job& j, const std::string& user) { return user == j.user || user == "root"; }
+
+  void on_submit(Connection* c, const json& b) {
+    const auto job_id = b["job_id"].get<std::string>();
+    const auto user = b["user"].get<std::string>();
+    const auto& peer_user = c->session().peer().user;
+    if (user != peer_user) {
+      return c->refuse(proto::ErrorCode::auth,
+                       fmt::format("the job claims user '{}' but this connection is user '{}'", user, peer_user));
+    }
+    if (stopping_) return c->refuse(proto::ErrorCode::unexpected, "ddp-coordinator is shutting down");
+    if (jobs_.count(job_id)) {
+      return c->refuse(proto::ErrorCode::bad_value, fmt::format("a job named {} already runs on this coordinator", job_id));
+    }
+    net::JobPayload payload;
+    try {
+      payload = net::payload_from_json(b["spec"]);
+    } catch (const net::WireError& e) {
+      return c->refuse(proto::ErrorCode::bad_value, fmt::format("submit.spec: {}", e.what()));
+    }
+    auto nodes = b["nodes"].get<std::vector<std::string>>();
+    if (nodes.empty()) return c->refuse(proto::ErrorCode::bad_value, "submit.nodes: no nodes to run on");
+    const bool detach = b.value("detach", false);
+
+    auto job = std::make_shared<Job>();
+    job->id = job_id;
+    job->user = user;
+    if (!detach) job->submitter = clients_.at(c);
+
+    CoordinatorOptions o;
+    o.spec = std::move(payload.spec);
+    o.spec.log_dir = opts_.log_dir;  // the launcher's copy of the logs is kept here
+    o.nodes = std::move(nodes);
+    o.keys = opts_.keys;
+    o.job_id = job_id;
+    o.user = user;
+    o.quiet = true;
+    o.launcher_env = std::move(payload.forward_env);
+    o.own_signals = false;
+    o.events.output = [this, job](const std::string& node, int rank, supervisor::Stream s, const std::string& line) {
+      asio::post(io_, [this, job, node, rank, s, line] { relay_output(*job, node, rank, s, line); });
+    };
+    o.events.notice = [this, job](spdlog::level::level_enum level, const std::string& text) {
+      asio::post(io_, [job, level, text] {
+        send(job->submitter.lock().get(), "job_event", {{"job_id", job->id}, {"kind", level_kind(level)}, {"message", text.substr(0, 262144)}});
+      });
+    };
+    o.events.started = [job](std::function<void(const std::string&)> stop) {
+      std::lock_guard lock(job->mu);
+      job->stop = std::move(stop);
+    };
+    auto report = std::make_shared<launch::JobReport>();
+    o.events.done = [job, report](const launch::JobReport& r) {
+      std::lock_guard lock(job->mu);
+      job->stop = nullptr;  // the job's loop is gone: nothing may be posted to it any more
+      *report = r;
+    };
+
+    send(c, "job_accepted", {{"job_id", job_id}});
+    log_->info("job {}: submitted by {} for {} node{}{}", job_id, c->label(), o.nodes.size(), o.nodes.size() == 1 ? "" : "s",
+               detach ? " (detached)" : "");
+    jobs_[job_id] = job;
+    notify_.status(status_line());
+    job->thread = std::thread([this, job, report, o = std::move(o)]() mutable {
+      std::string error;
+      try {
+        run_coordinator(std::move(o));
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      asio::post(io_, [this, job, report, error] { on_job_over(job, *report, error); });
+    });
+  }
+
+  void relay_output(Job& job, const std::string& node, int rank, supervisor::Stream s, const std::string& line) {
+    auto c = job.submitter.lock();
+    if (!c || !c->established()) return;
+    if (c->queued_bytes() > kMaxQueuedOutput) {
+      ++job.dropped;
+      return;
+    }
+    if (job.dropped) {
+      send(c.get(), "job_event",
+           {{"job_id", job.id}, {"kind", "warning"},
+            {"message", fmt::format("{} output line(s) skipped: ddpctl read too slowly (the log files have them)", job.dropped)}});
+      job.dropped = 0;
+    }
+    send(c.get(), "job_output",
+         {{"job_id", job.id}, {"node", node}, {"rank", rank}, {"stream", s == supervisor::Stream::err ? "stderr" : "stdout"},
+          {"data", line.substr(0, 65536)}});
+  }
+
+  void on_job_over(const std::shared_ptr<Job>& job, const launch::JobReport& report, const std::string& error) {
+    if (job->thread.joinable()) job->thread.join();
+    json result{{"job_id", job->id}, {"restarts", static_cast<std::uint64_t>(std::max(report.restarts, 0))}};
+    if (!error.empty()) {
+      log_->error("job {}: {}", job->id, error);
+      result.update({{"state", "failed"}, {"exit_code", 2}, {"message", error.substr(0, 4000)}});
+    } else {
+      log_->info("job {}: {}", job->id, report.status);
+      const auto state = report.status == "succeeded" || report.status == "stopped" ? report.status : std::string("failed");
+      result.update({{"state", state}, {"exit_code", report.exit_code}, {"message", fmt::format("job {} {}", job->id, state)},
+                     {"report", launch::to_json(report)}});
+    }
+    send(job->submitter.lock().get(), "job_result", std::move(result));
+    jobs_.erase(job->id);
+    if (stopping_ && jobs_.empty()) return finish();
+    notify_.status(status_line());
+  }
+
+  void on_stop_job(Connection* c, const json& b) {
+    auto it = jobs_.find(b["job_id"].get<std::string>());
+    if (it == jobs_.end() || !may_touch(*it->second, c->session().peer().user)) {
+      return c->refuse(proto::ErrorCode::bad_value, fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
+    }
+    stop(*it->second, fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""));
+  }
+
+  static void stop(Job& j, const std::string& who) {
+    std::lock_guard lock(j.mu);
+    if (j.stop) j.stop(who);
+  }
+
+  // ---- ddpctl status/logs/stop --coordinator ----
+
+  void control_reply(Connection* c, json line, bool eof) {
+    json f{{"eof", eof}};
+    if (!line.is_null()) f["line"] = line.dump();
+    send(c, "control", std::move(f));
+  }
+
+  void on_control(Connection* c, const json& b) {
+    if (relays_.count(c)) return c->refuse(proto::ErrorCode::unexpected, "one control request per connection");
+    const auto& user = c->session().peer().user;
+    std::string id = b.value("job_id", std::string());
+    if (id.empty()) {
+      std::vector<std::string> mine;
+      for (const auto& [jid, j] : jobs_) {
+        if (may_touch(*j, user)) mine.push_back(jid);
+      }
+      if (mine.size() != 1) {
+        return control_reply(c, {{"ok", false}, {"error", mine.empty() ? "no job of yours runs on this coordinator"
+                                                                        : fmt::format("{} jobs run on this coordinator; name one: {}",
+                                                                                      mine.size(), fmt::join(mine, ", "))}},
+                             true);
+      }
+      id = mine.front();
+    }
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || !may_touch(*it->second, user)) {
+      return control_reply(c, {{"ok", false}, {"error", fmt::format("job {} is not running on this coordinator", id)}}, true);
+    }
+    std::string path;
+    try {
+      path = control::socket_path(control::runtime_dir(), id);
+    } catch (const control::ControlError& e) {
+      return control_reply(c, {{"ok", false}, {"error", e.what()}}, true);
+    }
+    auto r = std::make_shared<Relay>(io_);
+    r->job_id = id;
+    relays_[c] = r;
+    auto line = b.value("line", std::string());
+    if (line.empty() || line.back() != '\n') line += '\n';
+    r->sock.async_connect(path, [this, c, r, line](boost::system::error_code ec) {
+      if (r->ended) return;
+      if (ec) return end_relay(c, *r, fmt::format("job {}'s control socket: {}", r->job_id, ec.message()));
+      auto data = std::make_shared<std::string>(line);
+      asio::async_write(r->sock, asio::buffer(*data), [this, c, r, data](boost::system::error_code ec, std::size_t) {
+        if (r->ended) return;
+        if (ec) return end_relay(c, *r, fmt::format("job {}'s control socket: {}", r->job_id, ec.message()));
+        read_relay(c, r);
+      });
+    });
+  }
+
+  void read_relay(Connection* c, const std::shared_ptr<Relay>& r) {
+    asio::async_read_until(r->sock, r->buf, '\n', [this, c, r](boost::system::error_code ec, std::size_t n) {
+      if (r->ended) return;
+      if (ec) return end_relay(c, *r, "");
+      std::string line(asio::buffers_begin(r->buf.data()), asio::buffers_begin(r->buf.data()) + static_cast<std::ptrdiff_t>(n) - 1);
+      r->buf.consume(n);
+      auto j = json::parse(line, nullptr, false);
+      if (j.is_discarded()) return end_relay(c, *r, "the job's control socket sent a malformed line");
+      if (r->answered) {
+        control_reply(c, std::move(j), false);
+        return paced(c, r, [this, c, r] { read_relay(c, r); });
+      }
+      r->answered = true;
+      j["job_id"] = r->job_id;
+      if (!j.contains("files")) {
+        control_reply(c, std::move(j), false);
+        return read_relay(c, r);
+      }
+      // The files are on this machine: their lines (up to the sizes taken with the
+      // subscription) go inline, then the live stream carries on from there.
+      auto files = j["files"];
+      j["files"] = json::array();
+      control_reply(c, std::move(j), false);
+      auto backlog = std::make_shared<std::vector<json>>();
+      for (const auto& f : files) {
+        std::ifstream in(f.value("path", ""));
+        std::uint64_t left = f.value("size", std::uint64_t{0});
+        std::string l;
+        while (left > 0 && std::getline(in, l)) {
+          left -= std::min<std::uint64_t>(left, l.size() + 1);
+          if (auto parsed = control::parse_log_line(l)) {
+            backlog->push_back({{"rank", f.value("rank", -1)}, {"stream", parsed->stream}, {"line", parsed->text}});
+          }
+        }
+      }
+      send_backlog(c, r, backlog, 0);
+    });
+  }
+
+  void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<std::vector<json>> lines, std::size_t from) {
+    while (from < lines->size() && c->queued_bytes() < kRelayHighWater) control_reply(c, std::move((*lines)[from++]), false);
+    if (from == lines->size()) return read_relay(c, r);
+    paced(c, r, [this, c, r, lines, from] { send_backlog(c, r, lines, from); });
+  }
+
+  // Carries on once the client has taken most of what is queued for it.
+  template <typename F>
+  void paced(Connection* c, const std::shared_ptr<Relay>& r, F next) {
+    if (c->queued_bytes() < kRelayHighWater) return next();
+    r->pace.expires_after(kRelayPace);
+    r->pace.async_wait([this, c, r, next](boost::system::error_code ec) {
+      if (ec || r->ended) return;
+      paced(c, r, next);
+    });
+  }
+
+  void end_relay(Connection* c, Relay& r, const std::string& error) {
+    r.ended = true;
+    boost::system::error_code ignored;
+    r.sock.close(ignored);
+    if (!error.empty() && !r.answered) control_reply(c, {{"ok", false}, {"error", error}}, true);
+    else control_reply(c, nullptr, true);
+  }
+
+  // ---- lifetime ----
+
+  std::string status_line() const {
+    if (jobs_.empty()) return fmt::format("idle, listening on {}", endpoint_label(acceptor_.local_endpoint()));
+    std::vector<std::string> ids;
+    for (const auto& [id, j] : jobs_) ids.push_back(id);
+    return fmt::format("{} job{} running: {}", ids.size(), ids.size() == 1 ? "" : "s", fmt::join(ids, ", "));
+  }
+
+  void watchdog() {
+    const auto interval = notify_.watchdog_interval();
+    if (!interval) return;
+    notify_.watchdog();
+    watchdog_timer_.expires_after(*interval);
+    watchdog_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) watchdog();
+    });
+  }
+
+  void wait_signals() {
+    signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      const auto name = supervisor::signal_name(sig);
+      if (!stopping_) {
+        stopping_ = true;
+        log_->warn("{}: shutting down (stopping {} job{} first)", name, jobs_.size(), jobs_.size() == 1 ? "" : "s");
+        notify_.stopping(fmt::format("{}: stopping", name));
+        boost::system::error_code ignored;
+        acceptor_.close(ignored);
+        if (jobs_.empty()) return finish();
+      } else {
+        log_->warn("{} again: killing every job's workers now", name);
+      }
+      // A second stop of a job kills its workers at once.
+      for (auto& [id, j] : jobs_) stop(*j, fmt::format("ddp-coordinator got {}", name));
+      wait_signals();
+    });
+  }
+
+  void finish() {
+    for (auto& [raw, c] : std::map<Connection*, std::shared_ptr<Connection>>(clients_)) c->close("ddp-coordinator is shutting down");
+    boost::system::error_code ignored;
+    signals_.cancel(ignored);
+    watchdog_timer_.cancel();
+    io_.stop();
+  }
+
+  StandingOptions opts_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::signal_set signals_;
+  asio::steady_timer watchdog_timer_;
+  sdnotify::Notifier notify_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::map<Connection*, std::shared_ptr<Connection>> clients_;
+  std::map<Connection*, std::shared_ptr<Relay>> relays_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+int run_standing(StandingOptions options) {
+  Standing s(std::move(options));
+  return s.run();
+}
+
+}  // namespace ddp::coordinator

@@ -1,0 +1,51 @@
+// ddp-coordinator: a standing coordinator. ddpctl submits jobs to it (`launch --coordinator`)
+// and it runs them against the agents as ddpctl's embedded coordinator would; a job keeps
+// running when the ddpctl that submitted it goes away.
+//
+//   ddpctl ─hello(role ctl)─▶ handshake (the token file's keys, as the agents') ─▶ submit{job, user, spec, nodes}
+//          ◀─ job_accepted ◀─ job_output / job_event ... ◀─ job_result{state, exit_code, report}
+//          ─▶ stop_job (the submitter's Ctrl-C)
+//   ddpctl status/logs/stop --coordinator ─▶ control{job_id, line} ◀─ control{line} ... control{eof}
+//
+// Each job runs on a thread of its own with its own event loop (run_coordinator, unchanged);
+// this loop only accepts clients and relays. A job's control socket (lib/control) is opened in
+// this daemon's runtime folder like a foreground launch's, and `control` frames are relayed to
+// it, so status/logs/stop mean the same here as on the launching machine; the log files that
+// `logs` names are read here and sent inline.
+//
+// Policy: only role ctl is accepted, and only after the handshake; a submit must name the user
+// its hello named (with one shared token that is a claim, not a proof: per-user tokens will
+// make it one); a job is stopped or inspected only by its submitter or root. A submitter that
+// reads slowly loses output lines (counted, and told), never slows the job. SIGTERM stops every
+// job (their workers on every node), then the daemon exits.
+#pragma once
+
+#include "common/duration.hpp"
+#include "proto/keyring.hpp"
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace ddp::coordinator {
+
+inline constexpr std::uint16_t kStandingPort = 29411;
+inline constexpr const char* kStandingVersion = "ddp-coordinator 0.1.0";
+
+struct StandingOptions {
+  std::string listen_host = "::";
+  std::uint16_t port = kStandingPort;
+  proto::Keyring keys;  // proves us to the agents, and clients to us
+  std::string log_dir = "/var/log/ddpctl/coordinator";  // the launcher's copy of every job's per-rank logs
+  Millis handshake_timeout{10000};
+};
+
+class StandingError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Serves until SIGTERM/SIGINT (every job stopped first). Throws StandingError when it cannot start.
+int run_standing(StandingOptions options);
+
+}  // namespace ddp::coordinator

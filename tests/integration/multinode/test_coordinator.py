@@ -1,0 +1,243 @@
+"""A standing coordinator and detached launches (issue 5): ddp-coordinator on a host of its own
+(n3), agents on n1 and n2, ddpctl in the launcher's namespace (simcluster.py has the rules).
+
+What a user checks: a job submitted with --coordinator streams its output and ends with its
+result as ddpctl's exit status; it keeps running when that ddpctl is killed, and another ddpctl
+sees it (status, logs) and stops it; --detach returns with the job id, with or without a standing
+coordinator, and status/logs -f/stop reach the job; nothing is left on the nodes afterwards.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import simcluster  # noqa: E402
+
+SKIP = simcluster.netns_unavailable()
+if SKIP is None and not os.access(os.path.join(simcluster.BIN, "ddp-coordinator"), os.X_OK):
+    SKIP = f"ddp-coordinator is not built in {simcluster.BIN}"
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+PY = "/usr/bin/python3"
+COORD_PORT = 29411
+
+WORKER = r'''
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']} pid {os.getpid()}", flush=True)
+mode = sys.argv[1]
+if mode == "fail" and rank == 3:
+    time.sleep(0.5)
+    print("rank 3 gives up", file=sys.stderr, flush=True)
+    sys.exit(7)
+if mode in ("tick", "fail"):
+    for i in range(600):
+        print(f"tick {i} rank {rank}", flush=True)
+        time.sleep(0.5)
+'''
+
+
+@pytest.fixture
+def cluster():
+    with simcluster.Cluster(nodes=3) as c:
+        c.nodes = c.hosts[:2]
+        c.co = c.hosts[2]
+        for h in c.nodes:
+            c.start_agent(h)
+        yield c
+
+
+def start_coordinator(c):
+    log = open(os.path.join(c.dir, "coordinator.log"), "ab")
+    p = c.co.popen([os.path.join(c.bin, "ddp-coordinator"), "--listen", f"{c.co.addr}:{COORD_PORT}", "--token-file", c.token,
+                    "--log-dir", "/tmp/coord-logs"], stdout=log, stderr=subprocess.STDOUT)
+    c.wait_listening(c.co, port=COORD_PORT)
+    return p
+
+
+def coordinator_log(c):
+    with open(os.path.join(c.dir, "coordinator.log"), errors="replace") as f:
+        return f.read()
+
+
+def job(c, name, mode):
+    worker = c.write("worker.py", WORKER)
+    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: 2\ncommand: {json.dumps([PY, worker, mode])}\n"
+                                   "store: {port: 29500}\nstop: {grace: 3s}\n")
+
+
+def runtime_env(c):
+    """Each command on a simulated host gets a /tmp of its own: the control sockets go to a folder they share."""
+    d = os.path.join(c.dir, "run")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return ["env", f"XDG_RUNTIME_DIR={d}"]
+
+
+def ddpctl(c, *args, timeout=60):
+    """A ddpctl command run to its end in the launcher's namespace."""
+    return c.ctl.run([*runtime_env(c), os.path.join(c.bin, "ddpctl"), *args], timeout=timeout, cwd=c.dir)
+
+
+def submit(c, job_file, *args):
+    argv = [os.path.join(c.bin, "ddpctl"), "launch", "--coordinator", f"{c.co.addr}:{COORD_PORT}", "--nodes",
+            c.nodes_arg(c.nodes), "--token-file", c.token, *args, job_file]
+    return c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
+
+
+def finish(p, timeout=90):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return p.returncode, out, err
+
+
+def read_until(p, pattern, timeout=60):
+    """ddpctl's stdout lines until one matches; returns them all."""
+    lines = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if re.search(pattern, line):
+            return lines
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{''.join(lines)}")
+
+
+def worker_pids(text):
+    return sorted({int(m) for m in re.findall(r"hello from rank \d+ of \d+ pid (\d+)", text)})
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def status(c, job_id, *via):
+    r = ddpctl(c, "status", "--json", *via, job_id)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else None), r.stderr
+
+
+def via_coordinator(c):
+    return ["--coordinator", f"{c.co.addr}:{COORD_PORT}", "--token-file", c.token]
+
+
+def test_job_on_a_standing_coordinator_streams_and_returns_its_result(cluster):
+    c = cluster
+    start_coordinator(c)
+    result = os.path.join(c.dir, "r.json")
+    rc, out, err = finish(submit(c, job(c, "once", "once"), "--job-id", "once-1", "--result-json", result))
+    assert rc == 0, out + err + coordinator_log(c)
+    lines = set(out.splitlines())
+    n1, n2 = c.nodes
+    for rank in range(4):
+        host = n1 if rank < 2 else n2
+        assert any(l.startswith(f"[{host.addr}:{rank}] hello from rank {rank} of 4") for l in lines), out
+    r = json.load(open(result))
+    assert r["status"] == "succeeded" and r["exit_code"] == 0 and r["job_id"] == "once-1"
+    assert "once-1" in coordinator_log(c)
+
+    # A failing rank: the report on our stderr, exit 1, nothing left on the nodes.
+    rc, out, err = finish(submit(c, job(c, "fail", "fail"), "--job-id", "fail-1"))
+    assert rc == 1, out + err
+    assert f"first failure: rank 3 (local rank 1, node {n2.addr}" in err, err
+    assert "rank 3 gives up" in err, err
+    assert len(worker_pids(out)) == 4 and wait_gone(worker_pids(out)) == []
+
+
+def test_job_outlives_its_submitter_and_another_ddpctl_stops_it(cluster):
+    c = cluster
+    start_coordinator(c)
+    p = submit(c, job(c, "long", "tick"), "--job-id", "long-1")
+    seen = read_until(p, r"\] tick 2 rank 3$")
+    pids = worker_pids("".join(seen))
+    p.kill()  # SIGKILL: the job must not notice
+    p.wait(timeout=10)
+
+    rc, st, err = status(c, "long-1", *via_coordinator(c))
+    assert rc == 0, err + coordinator_log(c)
+    assert st["job_id"] == "long-1" and [r["rank"] for r in st["ranks"]] == [0, 1, 2, 3]
+    assert all(alive(pid) for pid in pids)
+
+    r = ddpctl(c, "logs", *via_coordinator(c), "--ranks", "3", "long-1")
+    assert r.returncode == 0, r.stderr
+    assert "[3] hello from rank 3 of 4" in r.stdout and "[3] tick 2 rank 3" in r.stdout, r.stdout
+    assert "[0] " not in r.stdout
+
+    # Another user's view: a job is only for its submitter (or root), and a wrong token gets nothing.
+    r = ddpctl(c, "status", "--coordinator", f"{c.co.addr}:{COORD_PORT}", "--token-file", c.write_token("wrong"), "long-1")
+    assert r.returncode != 0 and "long-1" not in r.stdout
+
+    r = ddpctl(c, "stop", *via_coordinator(c), "long-1", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "has ended" in r.stderr
+    assert wait_gone(pids) == []
+    rc, _, err = status(c, "long-1", *via_coordinator(c))
+    assert rc == 1 and "not running" in err
+
+
+def test_detach_with_a_standing_coordinator(cluster):
+    c = cluster
+    start_coordinator(c)
+    rc, out, err = finish(submit(c, job(c, "bg", "tick"), "--detach", "--job-id", "bg-1"), timeout=30)
+    assert rc == 0, err
+    assert out.strip() == "bg-1"
+
+    f = c.ctl.popen([os.path.join(c.bin, "ddpctl"), "logs", "-f", *via_coordinator(c), "bg-1"], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True, cwd=c.dir)
+    seen = read_until(f, r"^\[3\] tick 3 rank 3$")
+    assert any(l.startswith("[0] hello from rank 0 of 4") for l in seen), "".join(seen)
+    r = ddpctl(c, "stop", *via_coordinator(c), "bg-1")
+    assert r.returncode == 0, r.stderr
+    rc, out, err = finish(f, timeout=30)
+    assert rc == 0 and "job bg-1 ended (stopped)" in err, err
+
+
+def test_detach_without_a_coordinator_runs_in_a_background_ddpctl(cluster):
+    c = cluster
+    p = c.ctl.popen([*runtime_env(c), os.path.join(c.bin, "ddpctl"), "launch", "--nodes", c.nodes_arg(c.nodes),
+                     "--token-file", c.token, "--detach", "--job-id", "solo-1", job(c, "solo", "tick")],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
+    rc, out, err = finish(p, timeout=30)
+    assert rc == 0, err
+    assert out.strip() == "solo-1"
+    rc, st, err = status(c, "solo-1")
+    assert rc == 0, err
+    background = st["pid"]
+    assert background != p.pid and alive(background)
+
+    r = None
+    deadline = time.time() + 60
+    while time.time() < deadline:  # the ranks start a moment after the launch returned
+        r = ddpctl(c, "logs", "--ranks", "2", "solo-1")
+        if "tick 1 rank 2" in r.stdout:
+            break
+        time.sleep(0.5)
+    assert "[2] hello from rank 2 of 4" in r.stdout, r.stdout + r.stderr
+
+    r = ddpctl(c, "stop", "solo-1")
+    assert r.returncode == 0, r.stderr
+    assert wait_gone([background]) == []
+    log_dir = os.path.join(c.dir, "logs", "solo-1")
+    result = json.load(open(os.path.join(log_dir, "result.json")))
+    assert result["status"] == "stopped"
+    assert "job solo-1 stopped" in open(os.path.join(log_dir, "coordinator.log")).read()
