@@ -49,7 +49,8 @@ def contents(deb):
 def test_packages_have_their_files_and_shlibdeps_depends(packages):
     ctl, agent = packages["ddpctl"], packages["ddp-agentd"]
     assert {"/usr/bin/ddpctl", "/usr/bin/ddp-ncclid", "/usr/share/man/man1/ddpctl.1.gz",
-            "/usr/share/bash-completion/completions/ddpctl"} <= contents(ctl)
+            "/usr/share/bash-completion/completions/ddpctl", "/usr/bin/ddp-coordinator",
+            "/usr/lib/systemd/system/ddp-coordinator.service", "/usr/share/man/man8/ddp-coordinator.8.gz"} <= contents(ctl)
     assert {"/usr/bin/ddp-agentd", "/usr/lib/systemd/system/ddp-agentd.service", "/etc/ddpctl/agent.yaml",
             "/usr/share/man/man8/ddp-agentd.8.gz"} <= contents(agent)
     for deb in (ctl, agent):
@@ -59,8 +60,8 @@ def test_packages_have_their_files_and_shlibdeps_depends(packages):
         for lib in ("libc6 (>=", "libstdc++6", "libssl3", "libyaml-cpp0.7", "libspdlog1.10"):
             assert lib in depends, (deb.name, depends)
         assert "-dev" not in depends, depends
-    assert "libsystemd0" in field(agent, "Depends")
-    assert "libsystemd0" not in field(ctl, "Depends")  # only the agent speaks sd_notify
+    # Both daemons speak sd_notify: the agent, and the standing coordinator in the ddpctl package.
+    assert "libsystemd0" in field(agent, "Depends") and "libsystemd0" in field(ctl, "Depends")
     control = run("dpkg-deb", "-I", str(agent), "conffiles").stdout
     assert control.split() == ["/etc/ddpctl/agent.yaml"]
 
@@ -107,9 +108,10 @@ def installed(packages, tmp_path_factory):
 
 
 def test_installed_commands_run_in_a_fresh_debian_12(installed):
-    r = in_chroot(installed, "ddpctl --version && ddp-agentd --version && ddp-agentd --help")
+    r = in_chroot(installed, "ddpctl --version && ddp-agentd --version && ddp-agentd --help && ddp-coordinator --version")
     assert r.returncode == 0, r.stderr
     assert "ddpctl 0.1.0" in r.stdout and "ddp-agentd 0.1.0" in r.stdout and "--config" in r.stdout
+    assert "ddp-coordinator 0.1.0" in r.stdout
     r = in_chroot(installed, "bash -c '. /usr/share/bash-completion/completions/ddpctl && "
                              "COMP_WORDS=(ddpctl la); COMP_CWORD=1; _ddpctl; echo ${COMPREPLY[*]}'")
     assert r.stdout.strip() == "launch", r.stdout + r.stderr
@@ -121,12 +123,13 @@ def test_installed_commands_run_in_a_fresh_debian_12(installed):
     assert r.returncode == 2 and "missing-token" in r.stderr and "agent.yaml" not in r.stderr, r.stderr
 
 
-def test_systemd_analyze_verify_accepts_the_installed_unit(installed):
+def test_systemd_analyze_verify_accepts_the_installed_units(installed):
     # verify exits 0 even for a unit it complains about, so its output is what counts; a broken
     # copy shows that it does complain here.
     unit = "/usr/lib/systemd/system/ddp-agentd.service"
-    r = in_chroot(installed, f"systemd-analyze verify --man=no {unit}")
-    assert r.returncode == 0 and r.stdout + r.stderr == "", r.stdout + r.stderr
+    for u in (unit, "/usr/lib/systemd/system/ddp-coordinator.service"):
+        r = in_chroot(installed, f"systemd-analyze verify --man=no {u}")
+        assert r.returncode == 0 and r.stdout + r.stderr == "", u + ": " + r.stdout + r.stderr
     r = in_chroot(installed, f"sed 's/^KillMode=mixed/KillMode=bogus/' {unit} > /tmp/broken.service && "
                              "systemd-analyze verify --man=no /tmp/broken.service")
     assert "kill mode" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
