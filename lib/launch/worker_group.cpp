@@ -86,7 +86,9 @@ void WorkerGroup::start() {
   for (auto& rp : plan_.ranks) {
     ::unlink(rp.error_file.c_str());  // an earlier run's (same --job-id) must not explain this one
     auto w = std::make_unique<Worker>();
-    w->log = std::make_unique<supervisor::RankLogFile>(rp.log_file, opts_.log_max_bytes);
+    std::optional<std::pair<uid_t, gid_t>> owner;
+    if (opts_.run_as) owner.emplace(opts_.run_as->uid, opts_.run_as->gid);
+    w->log = std::make_unique<supervisor::RankLogFile>(rp.log_file, opts_.log_max_bytes, owner);
     w->plan = rp;
     workers_.push_back(std::move(w));
   }
@@ -129,6 +131,7 @@ supervisor::SpawnSpec WorkerGroup::spawn_spec(const Worker& w) const {
   s.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
   s.cpus = w.plan.cpus;
   s.mem_node = w.plan.mem_node;
+  s.run_as = opts_.run_as;
   return s;
 }
 

@@ -33,6 +33,9 @@ struct GroupOptions {
   // daemon, or whose client was killed): called at SIGKILL time, once every rank is reaped, and
   // when a running group is dropped. Must be idempotent; may block briefly.
   std::function<void()> teardown;
+  // The user the workers run as (ddp-agentd's per-user tokens; their log files are given to
+  // it too); nullopt: ours.
+  std::optional<supervisor::RunAs> run_as;
 };
 
 struct GroupCallbacks {

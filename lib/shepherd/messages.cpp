@@ -123,12 +123,13 @@ json encode_start(const StartAttempt& s) {
     }
     ranks.push_back(std::move(rj));
   }
+  json options{{"attempt", s.options.attempt},
+               {"workdir", s.options.workdir},
+               {"stop_grace_ms", s.options.stop_grace.count()},
+               {"log_max_bytes", s.options.log_max_bytes}};
+  if (const auto& u = s.options.run_as) options["run_as"] = {{"uid", u->uid}, {"gid", u->gid}, {"groups", u->groups}};
   return with_type("start", {{"attempt_dir", s.attempt_dir},
-                             {"options",
-                              {{"attempt", s.options.attempt},
-                               {"workdir", s.options.workdir},
-                               {"stop_grace_ms", s.options.stop_grace.count()},
-                               {"log_max_bytes", s.options.log_max_bytes}}},
+                             {"options", std::move(options)},
                              {"plan", {{"job_id", s.plan.job_id}, {"world_size", s.plan.world_size}, {"ranks", ranks}}}});
 }
 
@@ -140,6 +141,20 @@ StartAttempt decode_start(const json& m) {
   s.options.workdir = get_str(o, "workdir");
   s.options.stop_grace = Millis(get_int(o, "stop_grace_ms", 0, 24ll * 3600 * 1000));
   s.options.log_max_bytes = static_cast<std::uint64_t>(get_int(o, "log_max_bytes", 0, std::numeric_limits<long long>::max()));
+  if (o.contains("run_as")) {
+    const auto& u = get_object(o, "run_as");
+    constexpr long long kMaxId = std::numeric_limits<std::uint32_t>::max() - 1;  // (uid_t)-1 means "unchanged"
+    supervisor::RunAs r;
+    r.uid = static_cast<uid_t>(get_int(u, "uid", 0, kMaxId));
+    r.gid = static_cast<gid_t>(get_int(u, "gid", 0, kMaxId));
+    for (const auto& g : get_array(u, "groups")) {
+      if (!g.is_number_integer() || g.get<long long>() < 0 || g.get<long long>() > kMaxId) {
+        throw MessageError("field 'groups': expected group ids");
+      }
+      r.groups.push_back(static_cast<gid_t>(g.get<long long>()));
+    }
+    s.options.run_as = std::move(r);
+  }
   const auto& p = get_object(m, "plan");
   s.plan.job_id = get_str(p, "job_id");
   s.plan.world_size = static_cast<int>(get_int(p, "world_size", 1, kMaxInt));

@@ -55,8 +55,17 @@ static std::string utc_timestamp() {
                      tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
 }
 
-RankLogFile::RankLogFile(std::string path, std::uint64_t max_bytes)
-    : path_(std::move(path)), max_bytes_(max_bytes), out_(path_, std::ios::app) {}
+namespace {
+// Best effort: a log file left ours is still written; only its owner is wrong.
+void give_to(const std::string& path, const std::optional<std::pair<uid_t, gid_t>>& owner) {
+  if (owner && ::chown(path.c_str(), owner->first, owner->second) != 0) return;
+}
+}  // namespace
+
+RankLogFile::RankLogFile(std::string path, std::uint64_t max_bytes, std::optional<std::pair<uid_t, gid_t>> owner)
+    : path_(std::move(path)), max_bytes_(max_bytes), owner_(owner), out_(path_, std::ios::app) {
+  give_to(path_, owner_);
+}
 
 void RankLogFile::rotate_if_needed(std::size_t next) {
   if (written_ + next <= max_bytes_) return;
@@ -64,6 +73,7 @@ void RankLogFile::rotate_if_needed(std::size_t next) {
   std::error_code ec;
   std::filesystem::rename(path_, path_ + ".1", ec);
   out_.open(path_, std::ios::trunc);
+  give_to(path_, owner_);
   written_ = 0;
   out_ << utc_timestamp() << " ddp| (older output rotated to " << path_ << ".1)\n";
 }

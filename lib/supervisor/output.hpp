@@ -6,12 +6,16 @@
 // and announced, never a blocked worker. Lines longer than kMaxLine are cut into pieces.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <fstream>
 #include <mutex>
+#include <optional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -50,7 +54,9 @@ enum class Stream { out, err };
 // so the newest output (the part that explains a failure) is always kept.
 class RankLogFile {
  public:
-  RankLogFile(std::string path, std::uint64_t max_bytes);
+  // `owner`: the (uid, gid) the file (and each rotated successor) is given, for workers that
+  // run as another user than us; nullopt: ours.
+  RankLogFile(std::string path, std::uint64_t max_bytes, std::optional<std::pair<uid_t, gid_t>> owner = std::nullopt);
   void write(Stream s, std::string_view line);
   void note(std::string_view text);  // a line of ddpctl's own, e.g. "exited with code 1"
   // To disk, so that `ddpctl logs` and `tail -f` see what arrived (once per read, not per line).
@@ -62,6 +68,7 @@ class RankLogFile {
   std::string path_;
   std::uint64_t max_bytes_;
   std::uint64_t written_ = 0;
+  std::optional<std::pair<uid_t, gid_t>> owner_;
   std::ofstream out_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sched.h>
@@ -159,6 +160,17 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
       constexpr long kMpolPreferred = 1;  // <linux/mempolicy.h>; raw syscall, no libnuma
       (void)::syscall(SYS_set_mempolicy, kMpolPreferred, mem_mask.data(), static_cast<unsigned long>(kMaxMemNode));
     }
+    // After the cgroup move (its cgroup.procs is root's) and before chdir and exec, which must
+    // succeed with the user's rights alone. Groups first: setgid/setuid drop the right to.
+    if (spec.run_as) {
+      const auto& u = *spec.run_as;
+      if (::setgroups(u.groups.size(), u.groups.data()) != 0 || ::setgid(u.gid) != 0 || ::setuid(u.uid) != 0) fail('u');
+      // A change of credentials clears the parent-death signal: set it again.
+      if (spec.die_with_parent) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(127);
+      }
+    }
     if (::dup2(in ? in->r : spec.stdin_fd >= 0 ? spec.stdin_fd : devnull, 0) < 0) fail('d');
     if (out && (::dup2(out->w, 1) < 0 || ::dup2(err->w, 2) < 0)) fail('d');
     if (::chdir(workdir) != 0) fail('w');
@@ -185,12 +197,13 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   p.program = spec.argv[0];
   p.exe = *exe;
   p.workdir = spec.workdir;
+  if (spec.run_as) p.user = fmt::format("uid {} gid {}", spec.run_as->uid, spec.run_as->gid);
   return p;
 }
 
 PendingSpawn::PendingSpawn(PendingSpawn&& o) noexcept
     : spawned(std::exchange(o.spawned, Spawned{})), status_fd(std::exchange(o.status_fd, -1)),
-      program(std::move(o.program)), exe(std::move(o.exe)), workdir(std::move(o.workdir)) {}
+      program(std::move(o.program)), exe(std::move(o.exe)), workdir(std::move(o.workdir)), user(std::move(o.user)) {}
 
 PendingSpawn::~PendingSpawn() {
   for (int fd : {status_fd, spawned.stdout_fd, spawned.stderr_fd, spawned.stdin_fd}) {
@@ -212,9 +225,10 @@ Spawned spawn_finish(PendingSpawn& p) {
     const char* what = buf[0] == 'w' ? "cannot enter the working directory"
                        : buf[0] == 'c' ? "cannot join the job's cgroup"
                        : buf[0] == 'd' ? "cannot set up stdio"
+                       : buf[0] == 'u' ? "cannot switch to the job's user"
                                        : "exec failed";
-    throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", p.program, what, buf[0] == 'w' ? p.workdir : p.exe,
-                                 std::strerror(e)));
+    const std::string& where = buf[0] == 'w' ? p.workdir : buf[0] == 'u' ? p.user : p.exe;
+    throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", p.program, what, where, std::strerror(e)));
   }
   return std::exchange(p.spawned, Spawned{});  // the caller owns the fds now
 }

@@ -23,6 +23,16 @@ class SpawnError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The user a child runs as (ddp-agentd's per-user tokens): set in the child after it joined its
+// cgroup and before it enters the working directory, so that both the directory and the
+// program are reached with the user's rights. `groups` are the supplementary groups, looked up
+// before fork (initgroups reads /etc/group through NSS, which is not async-signal-safe).
+struct RunAs {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+};
+
 struct SpawnSpec {
   std::vector<std::string> argv;            // argv[0] is resolved against PATH of `env`
   std::map<std::string, std::string> env;   // the complete environment
@@ -40,6 +50,7 @@ struct SpawnSpec {
   // rather than not at all.
   std::vector<int> cpus;                    // sched_setaffinity; empty: inherit
   std::optional<int> mem_node;              // set_mempolicy(MPOL_PREFERRED, node); nullopt: inherit
+  std::optional<RunAs> run_as;              // nullopt: our own user
 };
 
 struct Spawned {
@@ -63,7 +74,7 @@ Spawned spawn(const SpawnSpec& spec);
 struct PendingSpawn {
   Spawned spawned;
   int status_fd = -1;  // read end of the exec-report pipe
-  std::string program, exe, workdir;
+  std::string program, exe, workdir, user;
 
   PendingSpawn() = default;
   PendingSpawn(PendingSpawn&& o) noexcept;

@@ -87,6 +87,26 @@ TEST(ShepherdMessages, ContainerRunRoundTrips) {
   EXPECT_THROW(decode_start(bad), MessageError);
 }
 
+TEST(ShepherdMessages, RunAsRoundTripsAndIsAbsentByDefault) {
+  auto s = sample_start();
+  EXPECT_FALSE(decode_start(wire(encode_start(s))).options.run_as);
+  s.options.run_as = supervisor::RunAs{1001, 1002, {1002, 27, 44}};
+  const auto d = decode_start(wire(encode_start(s)));
+  ASSERT_TRUE(d.options.run_as);
+  EXPECT_EQ(d.options.run_as->uid, 1001u);
+  EXPECT_EQ(d.options.run_as->gid, 1002u);
+  EXPECT_EQ(d.options.run_as->groups, (std::vector<gid_t>{1002, 27, 44}));
+  auto bad = encode_start(s);
+  bad["options"]["run_as"]["uid"] = -1;
+  EXPECT_THROW(decode_start(bad), MessageError);
+  bad = encode_start(s);
+  bad["options"]["run_as"]["uid"] = 4294967295ll;  // (uid_t)-1: "leave unchanged" to setuid
+  EXPECT_THROW(decode_start(bad), MessageError);
+  bad = encode_start(s);
+  bad["options"]["run_as"]["groups"] = {"wheel"};
+  EXPECT_THROW(decode_start(bad), MessageError);
+}
+
 TEST(ShepherdMessages, BadStartsAreRefusedNamingTheField) {
   auto base = encode_start(sample_start());
   auto expect_error = [](json m, const std::string& needle) {

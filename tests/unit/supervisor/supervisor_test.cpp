@@ -133,3 +133,48 @@ TEST(Process, SignalNames) {
   EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
   EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
 }
+
+namespace {
+std::string read_all(int fd) {
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+}  // namespace
+
+// ddp-agentd's per-user tokens: the child has the user's ids and only its groups, and enters
+// the working directory with the user's rights.
+TEST(Process, RunAsSwitchesUserAndGroups) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  SpawnSpec s;
+  s.argv = {"/bin/sh", "-c", "echo $(id -u) $(id -g) $(id -G)"};
+  s.env = {{"PATH", "/bin:/usr/bin"}};
+  s.workdir = "/";
+  s.run_as = RunAs{65534, 65534, {65534, 4242}};
+  auto sp = spawn(s);
+  const auto out = read_all(sp.stdout_fd);
+  int status = 0;
+  ::waitpid(sp.pid, &status, 0);
+  EXPECT_EQ(out, "65534 65534 65534 4242\n");
+  ::close(sp.stdout_fd);
+  ::close(sp.stderr_fd);
+
+  // A directory only root may enter is refused to the user, and said so.
+  char dir[] = "/tmp/ddp-runas-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::chmod(dir, 0700), 0);
+  s.workdir = dir;
+  try {
+    spawn(s);
+    ADD_FAILURE() << "entered a 0700 root directory as uid 65534";
+  } catch (const SpawnError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot enter the working directory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Permission denied"), std::string::npos) << e.what();
+  }
+  ::rmdir(dir);
+  int st;
+  while (::waitpid(-1, &st, 0) > 0) {
+  }
+}
