@@ -1,6 +1,7 @@
 // ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
 #include "agent/agent.hpp"
 #include "agentconfig/agentconfig.hpp"
+#include "agentconfig/users.hpp"
 #include "cliexport/cliexport.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -65,6 +66,11 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
   if (cfg.name && unset("--name")) opts.name = *cfg.name;
   if (cfg.heartbeat_timeout && unset("--heartbeat-timeout")) heartbeat_timeout_s = cfg.heartbeat_timeout->count() / 1000.0;
   opts.allowed_users = cfg.allowed_users;
+  if (cfg.job_units) {
+    using J = ddp::agentconfig::JobUnits;
+    using M = ddp::jobunit::Mode;
+    opts.job_units = *cfg.job_units == J::systemd ? M::systemd : *cfg.job_units == J::fork ? M::fork : M::automatic;
+  }
   if (cfg.container_runtime) opts.container_runtime = ddp::agentconfig::to_string(*cfg.container_runtime);
   // --gpus / --cpus, parsed below, replace these when given.
   opts.gpus = cfg.gpus;
@@ -80,6 +86,7 @@ int main(int argc, char** argv) {
   std::string listen = fmt::format("[::]:{}", ddp::agent::kDefaultPort);
   std::string token_file = ddp::net::kAgentTokenFile;
   std::string config;
+  std::optional<ddp::agentconfig::AgentConfig> cfg;
   bool oneshot = false, stdio = false, verbose = false;
   double heartbeat_timeout_s = 6;
   ddp::agent::AgentOptions opts;
@@ -120,7 +127,8 @@ int main(int argc, char** argv) {
   if (config.empty() && std::filesystem::exists(ddp::agentconfig::kDefaultPath)) config = ddp::agentconfig::kDefaultPath;
   if (!config.empty()) {
     try {
-      apply_config(ddp::agentconfig::load_agent_config(config), app, listen, token_file, heartbeat_timeout_s, opts);
+      cfg = ddp::agentconfig::load_agent_config(config);
+      apply_config(*cfg, app, listen, token_file, heartbeat_timeout_s, opts);
     } catch (const ddp::agentconfig::ConfigError& e) {
       std::cerr << e.what() << "\n";
       return 2;
@@ -157,8 +165,17 @@ int main(int argc, char** argv) {
       if (log_dir->count() == 0) opts.log_dir = default_stdio_log_dir();
     } else {
       opts.keys = ddp::net::load_token_file(token_file);
+      // Per-user tokens: with --stdio the SSH login already chose the user, so only here.
+      if (cfg && !cfg->key_users.empty()) {
+        std::vector<std::string> ids;
+        for (const auto& k : opts.keys.keys()) ids.push_back(k.id);
+        opts.key_users = ddp::agentconfig::resolve_key_users(*cfg, ids, ::geteuid());
+      }
     }
     return ddp::agent::run_agent(std::move(opts));
+  } catch (const ddp::agentconfig::ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
   } catch (const ddp::net::TokenError& e) {
     std::cerr << "ddp-agentd: " << e.what() << "\n";
     return 2;

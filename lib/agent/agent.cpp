@@ -26,10 +26,13 @@
 #include <fmt/format.h>
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -137,6 +140,47 @@ class Agent {
     }
   }
 
+  // Transient units when under systemd (or asked for), else the shepherd fork.
+  void choose_job_units() {
+    std::string why;
+    try {
+      units_ = jobunit::choose(opts_.stdio ? jobunit::Mode::fork : opts_.job_units, why);
+    } catch (const jobunit::UnitError& e) {
+      throw AgentError(e.what());
+    }
+    if (!units_) {
+      log_->info("each job's shepherd runs as a child of ddp-agentd ({})", opts_.stdio ? "--stdio" : why);
+      return;
+    }
+    own_unit_ = jobunit::own_unit();
+    log_->info("each job's shepherd runs in a transient systemd unit ({}{})", why,
+               own_unit_ ? fmt::format("; bound to {}", *own_unit_) : "");
+  }
+
+  // Starts a job's shepherd in a unit of its own (lib/jobunit), for shepherd::Client.
+  shepherd::Starter unit_starter(const std::string& job_id) {
+    if (!units_) return {};
+    return [this, job_id](const std::vector<std::string>& argv, int stdin_fd) {
+      jobunit::ShepherdUnit u;
+      u.job_id = job_id;
+      u.agent_pid = ::getpid();
+      u.sequence = ++units_started_;
+      u.argv = argv;
+      u.env = own_environment();
+      u.agent_unit = own_unit_;
+      u.stdin_fd = stdin_fd;
+      u.stderr_fd = STDERR_FILENO;
+      u.limits = jobunit::own_limits();
+      const auto request = jobunit::shepherd_unit(u);
+      try {
+        const auto job = units_->start(request);
+        log_->info("job {}: shepherd in unit {} (systemd job {})", job_id, request.name, job);
+      } catch (const jobunit::UnitError& e) {
+        throw shepherd::ShepherdError(e.what());
+      }
+    };
+  }
+
   int run() {
     std::error_code ec;
     fs::create_directories(opts_.log_dir, ec);
@@ -147,6 +191,7 @@ class Agent {
     shepherd_exe_ = !ec && fs::exists(self, ec) ? self.string() : "/proc/self/exe";
     supervisor::become_subreaper();
     supervisor::Cgroup::sweep_stale();
+    choose_job_units();
     facts_ = facts::discover(facts::discover_options_from_env());
     manage_share();
     if (opts_.stdio) {
@@ -182,6 +227,7 @@ class Agent {
   struct Job {
     std::shared_ptr<Connection> owner;
     std::string job_id, node, user;
+    std::optional<agentconfig::LocalUser> run_as;  // key_users' user; nullopt: the agent's own
     net::JobPayload payload;
     int nproc = 0;
     contract::Env inherited;  // our environment + the launcher's forwarded variables
@@ -328,6 +374,13 @@ class Agent {
                 "the node's /etc/ddpctl/agent.yaml lists the users it accepts (allowed_users)");
       return;
     }
+    const auto& key_id = c->session().peer().key_id;
+    const auto decision = agentconfig::decide_run_as(opts_.key_users, key_id, b["user"].get<std::string>());
+    if (!decision.refusal.empty()) {
+      log_->warn("job {} from {}: {}; refused", job_id, c->label(), decision.refusal);
+      c->refuse(proto::ErrorCode::auth, fmt::format("{}: {}", opts_.name, decision.refusal), decision.hint);
+      return;
+    }
     net::JobPayload payload;
     try {
       payload = net::payload_from_json(b["spec"]);
@@ -335,7 +388,14 @@ class Agent {
       c->refuse(proto::ErrorCode::bad_value, e.what());
       return;
     }
+    if (decision.user && decision.user->uid != ::geteuid() && payload.spec.container) {
+      c->refuse(proto::ErrorCode::unexpected,
+                fmt::format("{}: container jobs cannot run as a mapped user (key_users) yet", opts_.name),
+                "run the job without 'container:', or on an agent without key_users");
+      return;
+    }
     auto job = std::make_unique<Job>();
+    if (decision.user) job->run_as = *decision.user;
     job->owner = peers_.at(c).conn;
     job->job_id = job_id;
     job->node = b["node"].get<std::string>();
@@ -385,8 +445,9 @@ class Agent {
                        {"cpus", cpus_.size()},
                        {"gpus", facts::gpu_count(facts_)},
                        {"ib_hcas", binding::ib_hcas(facts_)}};
-    log_->info("job {} offered by {} (user {}): node {}, {} worker{}{}", job_id, c->label(), job->user, job->node,
-               job->nproc, job->nproc == 1 ? "" : "s", problems.empty() ? "" : "; preflight: " + join(problems, "; "));
+    log_->info("job {} offered by {} (user {}{}): node {}, {} worker{}{}", job_id, c->label(), job->user,
+               job->run_as ? fmt::format(", runs as uid {}", job->run_as->uid) : "", job->node, job->nproc,
+               job->nproc == 1 ? "" : "s", problems.empty() ? "" : "; preflight: " + join(problems, "; "));
     send(c, "join",
          {{"job_id", job_id}, {"node", opts_.name}, {"nproc", job->nproc}, {"facts", facts_summary},
           {"preflight", preflight}});
@@ -481,6 +542,11 @@ class Agent {
     if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
     std::error_code ec;
     fs::create_directories(node.attempt_dir, ec);
+    // Workers running as the job's user write their error files here.
+    if (job.run_as && ::chown(node.attempt_dir.c_str(), job.run_as->uid, job.run_as->gid) != 0) {
+      log_->warn("job {}: cannot give {} to user {}: {}", job.job_id, node.attempt_dir, job.run_as->name,
+                 std::strerror(errno));
+    }
 
     // NCCL and gloo talk over the interface that carries the rendezvous, unless the job (its
     // env: or the launcher's forwarded NCCL_* variables) chose one.
@@ -494,6 +560,10 @@ class Agent {
     } else {
       log_->warn("job {}: no interface holds {}; NCCL and gloo pick their own", job.job_id, rdzv_addr);
     }
+    // The user's own HOME, USER, LOGNAME and SHELL, not the agent's (the job's env: still wins).
+    if (job.run_as) {
+      for (const auto& [k, v] : agentconfig::user_environment(*job.run_as)) inherited[k] = v;
+    }
     auto plan = contract::make_plan(spec, node, inherited);
     bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
     // The shepherd owns the containers (env files, teardown, watchdog); their owner label names
@@ -502,6 +572,9 @@ class Agent {
                          container::own_owner(), spec.workdir.value_or("/"));
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
+    if (job.run_as && job.run_as->uid != ::geteuid()) {
+      go.run_as = supervisor::RunAs{job.run_as->uid, job.run_as->gid, job.run_as->groups};
+    }
     launch::GroupCallbacks cb;
     cb.on_line = [this](int rank, supervisor::Stream s, const std::string& line) { forward_line(rank, s, line); };
     cb.on_first_failure = [this](const launch::WorkerExit& ex) {
@@ -519,7 +592,9 @@ class Agent {
                node.local_world_size == 1 ? "" : "s", node.rank_base, node.rank_base + node.local_world_size - 1,
                node.attempt_dir);
     try {
-      if (!job.shepherd) job.shepherd = std::make_unique<shepherd::Client>(io_, shepherd_exe_, job.job_id);
+      if (!job.shepherd) {
+        job.shepherd = std::make_unique<shepherd::Client>(io_, shepherd_exe_, job.job_id, unit_starter(job.job_id));
+      }
       job.shepherd->start({node.attempt_dir, go, std::move(plan)}, std::move(cb));
     } catch (const shepherd::ShepherdError& e) {
       log_->error("job {} round {}: {}", job.job_id, round, e.what());
@@ -742,6 +817,9 @@ class Agent {
   std::optional<StdioLink> stdio_;
   std::string store_host_;
   std::string shepherd_exe_;
+  std::unique_ptr<jobunit::Manager> units_;  // nullptr: shepherds are our children
+  std::optional<std::string> own_unit_;
+  unsigned units_started_ = 0;
   bool stopping_ = false;
 };
 

@@ -18,7 +18,9 @@
 // workers, and the agent exits when its one job is over.
 #pragma once
 
+#include "agentconfig/users.hpp"
 #include "common/duration.hpp"
+#include "jobunit/systemd.hpp"
 #include "proto/keyring.hpp"
 
 #include <cstdint>
@@ -48,8 +50,16 @@ struct AgentOptions {
   std::optional<std::vector<std::string>> gpus;
   std::optional<std::vector<int>> cpus;
   // From /etc/ddpctl/agent.yaml. A job offer whose user is not listed is refused (empty: any
-  // user the token admits); jobs still run as the agent's own user.
+  // user the token admits).
   std::vector<std::string> allowed_users;
+  // Per-user tokens (key_users, resolved): the user each key's jobs run as; a job offered with
+  // an unmapped key, or claiming another user, is refused (agentconfig::decide_run_as). Empty:
+  // every key may run jobs, as the agent's own user. Not used with --stdio (the SSH login
+  // chose the user).
+  agentconfig::KeyUserMap key_users;
+  // Where each job's shepherd runs (agent.yaml's job_units): in a transient systemd unit of
+  // its own, or as a child of the agent (lib/jobunit's policy). --stdio always forks.
+  jobunit::Mode job_units = jobunit::Mode::automatic;
   // Passed through, not consumed yet: the runtime for containerised jobs.
   std::string container_runtime;
   // Serve exactly one job, then exit (the job ends when its coordinator leaves).

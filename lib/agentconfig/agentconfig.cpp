@@ -3,6 +3,7 @@
 #include "common/strings.hpp"
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
+#include "proto/keyring.hpp"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -40,8 +41,15 @@ const char* to_string(ContainerRuntime r) {
 
 namespace {
 
-const std::vector<std::string> kKeys{"listen",        "token_file",        "log_dir", "name", "heartbeat_timeout",
-                                     "allowed_users", "container_runtime", "gpus",    "cpus"};
+const std::vector<std::string> kKeys{"listen",        "token_file", "log_dir",    "name",
+                                     "heartbeat_timeout", "allowed_users", "key_users", "allow_root",
+                                     "container_runtime", "job_units",  "gpus",      "cpus"};
+
+// POSIX portable user names (what useradd accepts by default).
+const std::regex& user_name_re() {
+  static const std::regex re("^[a-z_][a-z0-9_-]{0,31}\\$?$");
+  return re;
+}
 
 class Parser {
  public:
@@ -81,6 +89,14 @@ class Parser {
         field(cfg, key, v);
       }
     }
+    // Checked once every key is read: allow_root may come after key_users.
+    for (const auto& ku : cfg.key_users) {
+      if (ku.user == "root" && !cfg.allow_root) {
+        diags_.push_back({file_, ku.line, ku.column,
+                          fmt::format("key_users: key '{}' maps to root; jobs run as root only with allow_root: true",
+                                      ku.key_id)});
+      }
+    }
     if (!diags_.empty()) throw ConfigError(diags_);
     return cfg;
   }
@@ -112,12 +128,25 @@ class Parser {
       }
     } else if (key == "allowed_users") {
       allowed_users(cfg, v);
+    } else if (key == "key_users") {
+      key_users(cfg, v);
+    } else if (key == "allow_root") {
+      const std::string s = v.IsScalar() ? v.Scalar() : "";
+      if (s == "true") cfg.allow_root = true;
+      else if (s == "false") cfg.allow_root = false;
+      else error(v.Mark(), fmt::format("allow_root: expected true or false, got {}", describe(v)));
     } else if (key == "container_runtime") {
       const std::string s = v.IsScalar() ? v.Scalar() : "";
       if (s == "podman") cfg.container_runtime = ContainerRuntime::podman;
       else if (s == "docker") cfg.container_runtime = ContainerRuntime::docker;
       else if (s == "none") cfg.container_runtime = ContainerRuntime::none;
       else error(v.Mark(), fmt::format("container_runtime: expected podman, docker or none, got {}", describe(v)));
+    } else if (key == "job_units") {
+      const std::string s = v.IsScalar() ? v.Scalar() : "";
+      if (s == "auto") cfg.job_units = JobUnits::automatic;
+      else if (s == "systemd") cfg.job_units = JobUnits::systemd;
+      else if (s == "fork") cfg.job_units = JobUnits::fork;
+      else error(v.Mark(), fmt::format("job_units: expected auto, systemd or fork, got {}", describe(v)));
     } else if (key == "gpus") {
       gpus(cfg, v);
     } else if (key == "cpus") {
@@ -137,16 +166,42 @@ class Parser {
       error(v.Mark(), fmt::format("allowed_users: expected a list of user names such as [alice, bob], got {}", describe(v)));
       return;
     }
-    // POSIX portable user names (what useradd accepts by default).
-    static const std::regex re("^[a-z_][a-z0-9_-]{0,31}\\$?$");
     for (const auto& item : v) {
-      if (!item.IsScalar() || !std::regex_match(item.Scalar(), re)) {
+      if (!item.IsScalar() || !std::regex_match(item.Scalar(), user_name_re())) {
         error(item.Mark(), fmt::format("allowed_users: expected a user name, got {}", describe(item)));
       } else if (std::find(cfg.allowed_users.begin(), cfg.allowed_users.end(), item.Scalar()) != cfg.allowed_users.end()) {
         error(item.Mark(), fmt::format("allowed_users: '{}' is listed twice", item.Scalar()));
       } else {
         cfg.allowed_users.push_back(item.Scalar());
       }
+    }
+  }
+
+  // key id: user name. A user may have several keys (one per machine it submits from); a key
+  // has one user.
+  void key_users(AgentConfig& cfg, const YAML::Node& v) {
+    if (!v.IsMap()) {
+      error(v.Mark(), fmt::format("key_users: expected a mapping from token key ids to local user names such as "
+                                  "{{alice-laptop: alice}}, got {}", describe(v)));
+      return;
+    }
+    std::set<std::string> seen;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const YAML::Node k = it->first, u = it->second;
+      if (!k.IsScalar() || !proto::valid_key_id(k.Scalar())) {
+        error(k.Mark(), fmt::format("key_users: expected a key id (1-64 letters, digits, '.', '_' or '-', as in the "
+                                    "token file), got {}", describe(k)));
+        continue;
+      }
+      if (!seen.insert(k.Scalar()).second) {
+        error(k.Mark(), fmt::format("key_users: key '{}' is mapped twice", k.Scalar()));
+        continue;
+      }
+      if (!u.IsScalar() || !std::regex_match(u.Scalar(), user_name_re())) {
+        error(u.Mark(), fmt::format("key_users: key '{}': expected a local user name, got {}", k.Scalar(), describe(u)));
+        continue;
+      }
+      cfg.key_users.push_back({k.Scalar(), u.Scalar(), u.Mark().line + 1, u.Mark().column + 1});
     }
   }
 

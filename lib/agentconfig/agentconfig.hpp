@@ -32,6 +32,18 @@ class ConfigError : public std::runtime_error {
 inline constexpr const char* kDefaultPath = "/etc/ddpctl/agent.yaml";
 
 enum class ContainerRuntime { podman, docker, none };
+// Where jobs' shepherds run (lib/jobunit): auto (a transient systemd unit when the agent is a
+// systemd service and the system bus answers, else a child), systemd (always a unit; the agent
+// does not start without a bus), fork (always a child).
+enum class JobUnits { automatic, systemd, fork };
+
+// One entry of key_users: a token file key id and the local user that key's jobs run as, with
+// where the user was written (for the errors found when the agent looks the user up).
+struct KeyUser {
+  std::string key_id;
+  std::string user;
+  int line = 0, column = 0;
+};
 
 struct AgentConfig {
   std::string file;
@@ -43,7 +55,13 @@ struct AgentConfig {
   // Submitting users (the job's `user`) this agent accepts jobs from; empty: everyone the token
   // admits. A policy check on what the authenticated coordinator declares, not a login.
   std::vector<std::string> allowed_users;
+  // Per-user tokens: each key id of the token file mapped to the local user its jobs run as
+  // (agentconfig/users.hpp). Empty: not configured, and jobs run as the agent's own user.
+  std::vector<KeyUser> key_users;
+  // Whether a key may be mapped to root (uid 0). Off: no job ever runs as root through key_users.
+  bool allow_root = false;
   std::optional<ContainerRuntime> container_runtime;
+  std::optional<JobUnits> job_units;
   // The GPUs (indices in PCI bus order, UUIDs or PCI bus ids, as --gpus) and CPUs (a kernel
   // cpulist, as --cpus) this agent manages; absent: all of the node's.
   std::optional<std::vector<std::string>> gpus;

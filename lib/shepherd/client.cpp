@@ -24,7 +24,8 @@ namespace {
 constexpr std::size_t kMaxQueued = 64u << 20;
 }  // namespace
 
-Client::Client(asio::io_context& io, const std::string& exe, std::string job_id) : io_(io), job_id_(std::move(job_id)) {
+Client::Client(asio::io_context& io, const std::string& exe, std::string job_id, const Starter& starter)
+    : io_(io), job_id_(std::move(job_id)) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     throw ShepherdError(fmt::format("socketpair: {}", std::strerror(errno)));
@@ -37,17 +38,26 @@ Client::Client(asio::io_context& io, const std::string& exe, std::string job_id)
   spec.stdin_fd = sv[1];
   spec.die_with_parent = false;  // it outlives us long enough to kill the job's tree
   try {
-    pid_ = supervisor::spawn(spec).pid;
+    if (starter) {
+      spec.argv.push_back("--in-unit");
+      starter(spec.argv, sv[1]);
+    } else {
+      pid_ = supervisor::spawn(spec).pid;
+    }
   } catch (const supervisor::SpawnError& e) {
     ::close(sv[0]);
     ::close(sv[1]);
     throw ShepherdError(fmt::format("cannot start the shepherd of job {}: {}", job_id_, e.what()));
+  } catch (const ShepherdError&) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    throw;
   }
   ::close(sv[1]);
   channel_ = Channel::make(io_, sv[0], Sender::shepherd, kMaxQueued);
   channel_->start({[this](const std::string& type, const nlohmann::json& m) { on_message(type, m); },
                    [this](const std::string& why) { lost(why); }});
-  log::get("agent")->debug("job {}: shepherd pid {}", job_id_, pid_);
+  if (pid_ > 0) log::get("agent")->debug("job {}: shepherd pid {}", job_id_, pid_);
 }
 
 Client::~Client() {

@@ -14,6 +14,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -27,11 +28,18 @@ class ShepherdError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Starts the shepherd some other way than as our child (ddp-agentd under systemd: in a transient
+// unit, lib/jobunit): gets its argv and the channel end that must be its stdin; throws
+// ShepherdError when it cannot. The shepherd is then not ours to reap: its channel's EOF is
+// what says it is gone.
+using Starter = std::function<void(const std::vector<std::string>& argv, int stdin_fd)>;
+
 class Client {
  public:
-  // Spawns `exe shepherd --agent-pid <ours> --job <job_id>` (exe: usually this agent's own
-  // binary). Throws ShepherdError when it cannot.
-  Client(boost::asio::io_context& io, const std::string& exe, std::string job_id);
+  // Starts `exe shepherd --agent-pid <ours> --job <job_id>` (exe: usually this agent's own
+  // binary): forked as our child, or with `starter` (which adds --in-unit). Throws
+  // ShepherdError when it cannot.
+  Client(boost::asio::io_context& io, const std::string& exe, std::string job_id, const Starter& starter = {});
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

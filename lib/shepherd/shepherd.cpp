@@ -47,8 +47,10 @@ class Shepherd {
       return 1;
     }
     agent_.assign(pidfd);
-    // Opened after a possible exit of the agent: then our parent is no longer the agent.
-    if (::getppid() != args_.agent_pid) {
+    // Opened after a possible exit of the agent: then our parent is no longer the agent. (In a
+    // unit our parent is systemd; an agent gone already makes the pidfd readable at once, and
+    // its end of the channel is closed.)
+    if (!args_.in_unit && ::getppid() != args_.agent_pid) {
       log_->error("job {}: the agent (pid {}) is already gone", args_.job_id, args_.agent_pid);
       return 1;
     }
@@ -212,6 +214,10 @@ std::optional<ShepherdArgs> parse_args(const std::vector<std::string>& args, std
   ShepherdArgs a;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& k = args[i];
+    if (k == "--in-unit") {
+      a.in_unit = true;
+      continue;
+    }
     if (i + 1 >= args.size()) {
       error = fmt::format("'{}' needs a value", k);
       return std::nullopt;

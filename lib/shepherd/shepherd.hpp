@@ -23,9 +23,13 @@ struct ShepherdArgs {
   int fd = 0;           // the socketpair end, as stdin
   pid_t agent_pid = 0;  // the process to watch
   std::string job_id;   // for log lines
+  // Started by systemd in a transient unit (lib/jobunit), not forked by the agent: our parent
+  // is not the agent, so only the pidfd and the channel say whether the agent lives.
+  bool in_unit = false;
 };
 
-// argv after "shepherd": --agent-pid P --job ID. nullopt (with `error` set) on anything else.
+// argv after "shepherd": --agent-pid P --job ID [--in-unit]. nullopt (with `error` set) on
+// anything else.
 std::optional<ShepherdArgs> parse_args(const std::vector<std::string>& args, std::string& error);
 
 // Runs until the agent says goodbye (closes the socket) or dies, or a signal asks; returns the

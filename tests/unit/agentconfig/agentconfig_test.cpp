@@ -126,3 +126,32 @@ TEST(AgentConfig, ShippedDefaultIsValidAndChangesNothing) {
   EXPECT_FALSE(c.listen || c.token_file || c.log_dir || c.name || c.heartbeat_timeout || c.container_runtime ||
                c.gpus || c.cpus);
 }
+
+TEST(AgentConfig, KeyUsersMapKeysToUsersWithTheirPositions) {
+  auto c = parse_agent_config("key_users:\n  alice-laptop: alice\n  alice-ci: alice\n  bob: bob\n", "agent.yaml");
+  ASSERT_EQ(c.key_users.size(), 3u);
+  EXPECT_EQ(c.key_users[0].key_id, "alice-laptop");
+  EXPECT_EQ(c.key_users[0].user, "alice");
+  EXPECT_EQ(c.key_users[0].line, 2);
+  EXPECT_EQ(c.key_users[0].column, 17);
+  EXPECT_EQ(c.key_users[2].key_id, "bob");
+  EXPECT_FALSE(c.allow_root);
+  EXPECT_TRUE(parse_agent_config("allow_root: true\n", "agent.yaml").allow_root);
+}
+
+TEST(AgentConfig, KeyUsersErrorsAtTheirPositions) {
+  expect_error("key_users: [alice]\n", 1, 12, "key_users: expected a mapping from token key ids to local user names");
+  expect_error("key_users:\n  'bad key': alice\n", 2, 3, "key_users: expected a key id");
+  expect_error("key_users:\n  k1: Alice!\n", 2, 7, "key_users: key 'k1': expected a local user name, got 'Alice!'");
+  expect_error("key_users:\n  k1: [alice]\n", 2, 7, "expected a local user name, got a list");
+  expect_error("key_users:\n  k1: alice\n  k1: bob\n", 3, 3, "key_users: key 'k1' is mapped twice");
+  expect_error("allow_root: yes please\n", 1, 13, "allow_root: expected true or false");
+}
+
+TEST(AgentConfig, RootOnlyWithAllowRootWhereverAllowRootIsWritten) {
+  expect_error("key_users:\n  ops: root\n", 2, 8, "key 'ops' maps to root; jobs run as root only with allow_root: true");
+  expect_error("allow_root: false\nkey_users: {ops: root}\n", 2, 18, "maps to root");
+  auto c = parse_agent_config("key_users: {ops: root}\nallow_root: true\n", "agent.yaml");
+  ASSERT_EQ(c.key_users.size(), 1u);
+  EXPECT_EQ(c.key_users[0].user, "root");
+}

@@ -1,0 +1,102 @@
+// Per-user tokens: the decision (pure) and the user database look-ups (see users.hpp).
+#include "agentconfig/users.hpp"
+
+#include "common/strings.hpp"
+
+#include <fmt/format.h>
+
+#include <grp.h>
+#include <pwd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace ddp::agentconfig {
+
+RunAsDecision decide_run_as(const KeyUserMap& users, std::string_view key_id, std::string_view claimed_user) {
+  RunAsDecision d;
+  if (users.empty()) return d;
+  const auto it = users.find(std::string(key_id));
+  if (it == users.end()) {
+    d.refusal = fmt::format("key '{}' is not mapped to a local user here, and this node runs jobs only for mapped keys",
+                            key_id);
+    d.hint = "the node's /etc/ddpctl/agent.yaml maps token key ids to the users their jobs run as (key_users)";
+    return d;
+  }
+  if (it->second.name != claimed_user) {
+    d.refusal = fmt::format("key '{}' runs jobs only as user '{}', but this job's user is '{}'", key_id,
+                            it->second.name, claimed_user);
+    d.hint = fmt::format("submit as '{}', or with the token file provisioned for '{}'", it->second.name, claimed_user);
+    return d;
+  }
+  d.user = &it->second;
+  return d;
+}
+
+std::map<std::string, std::string> user_environment(const LocalUser& u) {
+  return {{"HOME", u.home}, {"USER", u.name}, {"LOGNAME", u.name}, {"SHELL", u.shell.empty() ? "/bin/sh" : u.shell}};
+}
+
+std::optional<LocalUser> lookup_system_user(const std::string& name) {
+  struct passwd pw {};
+  struct passwd* res = nullptr;
+  std::vector<char> buf(16384);
+  while (true) {
+    const int rc = ::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &res);
+    if (rc == ERANGE && buf.size() < (1u << 20)) {
+      buf.resize(buf.size() * 2);
+      continue;
+    }
+    if (rc != 0 || !res) return std::nullopt;
+    break;
+  }
+  LocalUser u{pw.pw_name, pw.pw_uid, pw.pw_gid, {}, pw.pw_dir ? pw.pw_dir : "/", pw.pw_shell ? pw.pw_shell : ""};
+  int n = 32;
+  for (int tries = 0; tries < 8; ++tries) {
+    std::vector<gid_t> groups(static_cast<std::size_t>(n));
+    const int want = n;
+    if (::getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) >= 0) {
+      groups.resize(static_cast<std::size_t>(n));
+      u.groups = std::move(groups);
+      return u;
+    }
+    n = std::max(n, want * 2);  // n now holds the count needed (glibc), or grow
+  }
+  u.groups = {pw.pw_gid};
+  return u;
+}
+
+KeyUserMap resolve_key_users(const AgentConfig& cfg, const std::vector<std::string>& key_ids, uid_t agent_uid,
+                             const UserLookup& lookup) {
+  KeyUserMap out;
+  std::vector<Diagnostic> diags;
+  for (const auto& ku : cfg.key_users) {
+    auto error = [&](std::string msg) { diags.push_back({cfg.file, ku.line, ku.column, std::move(msg)}); };
+    if (std::find(key_ids.begin(), key_ids.end(), ku.key_id) == key_ids.end()) {
+      error(fmt::format("key_users: key '{}' is not in the token file (its keys: {})", ku.key_id,
+                        join(key_ids, ", ")));
+      continue;
+    }
+    auto u = lookup(ku.user);
+    if (!u) {
+      error(fmt::format("key_users: key '{}': no local user '{}' on this node", ku.key_id, ku.user));
+      continue;
+    }
+    if (u->uid == 0 && !cfg.allow_root) {
+      error(fmt::format("key_users: key '{}': user '{}' has uid 0; jobs run as root only with allow_root: true",
+                        ku.key_id, ku.user));
+      continue;
+    }
+    if (agent_uid != 0 && u->uid != agent_uid) {
+      error(fmt::format("key_users: key '{}': ddp-agentd runs as uid {}, not root, so it cannot run jobs as '{}'",
+                        ku.key_id, agent_uid, ku.user));
+      continue;
+    }
+    out.emplace(ku.key_id, std::move(*u));
+  }
+  if (!diags.empty()) throw ConfigError(std::move(diags));
+  return out;
+}
+
+}  // namespace ddp::agentconfig

@@ -1,0 +1,59 @@
+// Per-user tokens: who a job runs as on this node.
+//
+// Policy: the admin gives each user a token file holding a key of their own, and maps that
+// key's id to the user in agent.yaml (key_users). When key_users is configured, a job runs as
+// the user its coordinator's key maps to, and only if the job's submitting user is that same
+// user; a key that is not mapped runs nothing. root only with allow_root: true (checked on the
+// name by the parser, and on uid 0 whatever its name when the users are looked up here). When
+// key_users is absent, nothing changes: any key of the token file may run jobs, as the agent's
+// own user (allowed_users still filters the submitting users).
+#pragma once
+
+#include "agentconfig/agentconfig.hpp"
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::agentconfig {
+
+struct LocalUser {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups, the primary one included (as initgroups)
+  std::string home;
+  std::string shell;
+};
+
+// Key id → the user its jobs run as. Empty: key_users is not configured.
+using KeyUserMap = std::map<std::string, LocalUser>;
+
+// What to do with a job offer. Pure.
+struct RunAsDecision {
+  const LocalUser* user = nullptr;  // run as this user; nullptr: as the agent itself
+  std::string refusal;              // non-empty: refuse the job, saying this
+  std::string hint;
+};
+RunAsDecision decide_run_as(const KeyUserMap& users, std::string_view key_id, std::string_view claimed_user);
+
+// The environment a job's workers get for their user (HOME, USER, LOGNAME, SHELL).
+std::map<std::string, std::string> user_environment(const LocalUser& u);
+
+// Looks a user up in the system's user database; nullopt when there is none by that name.
+using UserLookup = std::function<std::optional<LocalUser>(const std::string& name)>;
+std::optional<LocalUser> lookup_system_user(const std::string& name);
+
+// Resolves cfg.key_users at the agent's start. Every problem is a Diagnostic at the user's
+// position in the file: no such user; uid 0 without allow_root; a key id the token file does
+// not hold (`key_ids`); a user other than the agent's own while the agent is not root
+// (`agent_uid`), which could not switch to it. Throws ConfigError.
+KeyUserMap resolve_key_users(const AgentConfig& cfg, const std::vector<std::string>& key_ids, uid_t agent_uid,
+                             const UserLookup& lookup = lookup_system_user);
+
+}  // namespace ddp::agentconfig

@@ -1,0 +1,159 @@
+// StartTransientUnit through sd-bus (see systemd.hpp).
+#include "jobunit/systemd.hpp"
+
+#include <fmt/format.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-daemon.h>
+#include <systemd/sd-login.h>
+
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace ddp::jobunit {
+
+namespace {
+
+// Frees what sd-bus hands out, on every path.
+struct MessagePtr {
+  sd_bus_message* m = nullptr;
+  ~MessagePtr() { sd_bus_message_unref(m); }
+};
+struct ErrorGuard {
+  sd_bus_error e = SD_BUS_ERROR_NULL;
+  ~ErrorGuard() { sd_bus_error_free(&e); }
+};
+
+void check(int rc, const char* what) {
+  if (rc < 0) throw UnitError(fmt::format("building the StartTransientUnit call ({}): {}", what, std::strerror(-rc)));
+}
+
+// One (sv) entry of the property array.
+void append(sd_bus_message* m, const Property& p) {
+  check(sd_bus_message_open_container(m, 'r', "sv"), "open");
+  check(sd_bus_message_append(m, "s", p.name.c_str()), p.name.c_str());
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          check(sd_bus_message_append(m, "v", "b", static_cast<int>(v)), p.name.c_str());
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          check(sd_bus_message_append(m, "v", "s", v.c_str()), p.name.c_str());
+        } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+          check(sd_bus_message_append(m, "v", "t", v), p.name.c_str());
+        } else if constexpr (std::is_same_v<T, Fd>) {
+          check(sd_bus_message_append(m, "v", "h", v.fd), p.name.c_str());
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          check(sd_bus_message_open_container(m, 'v', "as"), p.name.c_str());
+          check(sd_bus_message_open_container(m, 'a', "s"), p.name.c_str());
+          for (const auto& s : v) check(sd_bus_message_append(m, "s", s.c_str()), p.name.c_str());
+          check(sd_bus_message_close_container(m), p.name.c_str());
+          check(sd_bus_message_close_container(m), p.name.c_str());
+        } else {  // std::vector<Exec>: a(sbas)
+          check(sd_bus_message_open_container(m, 'v', "a(sbas)"), p.name.c_str());
+          check(sd_bus_message_open_container(m, 'a', "(sbas)"), p.name.c_str());
+          for (const auto& e : v) {
+            check(sd_bus_message_open_container(m, 'r', "sbas"), p.name.c_str());
+            check(sd_bus_message_append(m, "s", e.path.c_str()), p.name.c_str());
+            check(sd_bus_message_open_container(m, 'a', "s"), p.name.c_str());
+            for (const auto& a : e.argv) check(sd_bus_message_append(m, "s", a.c_str()), p.name.c_str());
+            check(sd_bus_message_close_container(m), p.name.c_str());
+            check(sd_bus_message_append(m, "b", static_cast<int>(e.ignore_failure)), p.name.c_str());
+            check(sd_bus_message_close_container(m), p.name.c_str());
+          }
+          check(sd_bus_message_close_container(m), p.name.c_str());
+          check(sd_bus_message_close_container(m), p.name.c_str());
+        }
+      },
+      p.value);
+  check(sd_bus_message_close_container(m), "close");
+}
+
+}  // namespace
+
+Manager::Manager() {
+  const int rc = sd_bus_open_system(&bus_);
+  if (rc < 0) {
+    bus_ = nullptr;
+    throw UnitError(fmt::format("cannot reach the system bus: {}", std::strerror(-rc)));
+  }
+}
+
+Manager::~Manager() { sd_bus_flush_close_unref(bus_); }
+
+std::string Manager::start(const UnitRequest& r) {
+  MessagePtr call, reply;
+  ErrorGuard err;
+  check(sd_bus_message_new_method_call(bus_, &call.m, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                                       "org.freedesktop.systemd1.Manager", "StartTransientUnit"),
+        "method call");
+  check(sd_bus_message_append(call.m, "ss", r.name.c_str(), "fail"), "name");
+  check(sd_bus_message_open_container(call.m, 'a', "(sv)"), "properties");
+  for (const auto& p : r.properties) append(call.m, p);
+  check(sd_bus_message_close_container(call.m), "properties");
+  check(sd_bus_message_append(call.m, "a(sa(sv))", 0), "auxiliary units");
+  constexpr std::uint64_t kTimeoutUsec = 30'000'000;  // systemd answers at once unless it is stuck
+  const int rc = sd_bus_call(bus_, call.m, kTimeoutUsec, &err.e, &reply.m);
+  if (rc < 0) {
+    throw UnitError(fmt::format("systemd refused the job's unit {}: {}{}", r.name,
+                                err.e.name ? fmt::format("{}: ", err.e.name) : "",
+                                err.e.message ? err.e.message : std::strerror(-rc)));
+  }
+  const char* job = nullptr;
+  if (sd_bus_message_read(reply.m, "o", &job) < 0 || !job) {
+    throw UnitError(fmt::format("systemd's answer to starting {} holds no job", r.name));
+  }
+  return job;
+}
+
+std::unique_ptr<Manager> choose(Mode mode, std::string& why) {
+  if (mode == Mode::fork) {
+    why = "job_units: fork";
+    return nullptr;
+  }
+  if (mode == Mode::automatic) {
+    const char* inv = std::getenv("INVOCATION_ID");
+    if (!inv || !*inv) {
+      why = "not started by systemd ($INVOCATION_ID is unset)";
+      return nullptr;
+    }
+    if (sd_booted() <= 0) {
+      why = "systemd is not the init system here";
+      return nullptr;
+    }
+  }
+  try {
+    auto m = std::make_unique<Manager>();
+    why = "the system bus answers";
+    return m;
+  } catch (const UnitError& e) {
+    if (mode == Mode::systemd) throw UnitError(fmt::format("job_units: systemd, but {}", e.what()));
+    why = e.what();
+    return nullptr;
+  }
+}
+
+std::optional<std::string> own_unit() {
+  char* unit = nullptr;
+  if (sd_pid_get_unit(0, &unit) < 0 || !unit) return std::nullopt;
+  std::string out(unit);
+  std::free(unit);
+  return out;
+}
+
+std::vector<ResourceLimit> own_limits() {
+  std::vector<ResourceLimit> out;
+  auto get = [&](int resource, const char* name) {
+    struct rlimit l {};
+    if (::getrlimit(resource, &l) != 0) return;
+    auto conv = [](rlim_t v) { return v == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(v); };
+    out.push_back({name, conv(l.rlim_cur), conv(l.rlim_max)});
+  };
+  get(RLIMIT_MEMLOCK, "MEMLOCK");
+  get(RLIMIT_NOFILE, "NOFILE");
+  return out;
+}
+
+}  // namespace ddp::jobunit
