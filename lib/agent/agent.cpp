@@ -152,9 +152,7 @@ class Agent {
       log_->info("each job's shepherd runs as a child of ddp-agentd ({})", opts_.stdio ? "--stdio" : why);
       return;
     }
-    own_unit_ = jobunit::own_unit();
-    log_->info("each job's shepherd runs in a transient systemd unit ({}{})", why,
-               own_unit_ ? fmt::format("; bound to {}", *own_unit_) : "");
+    log_->info("each job's shepherd runs in a transient systemd unit ({})", why);
   }
 
   // Starts a job's shepherd in a unit of its own (lib/jobunit), for shepherd::Client.
@@ -167,7 +165,6 @@ class Agent {
       u.sequence = ++units_started_;
       u.argv = argv;
       u.env = own_environment();
-      u.agent_unit = own_unit_;
       u.stdin_fd = stdin_fd;
       u.stderr_fd = STDERR_FILENO;
       u.limits = jobunit::own_limits();
@@ -818,7 +815,6 @@ class Agent {
   std::string store_host_;
   std::string shepherd_exe_;
   std::unique_ptr<jobunit::Manager> units_;  // nullptr: shepherds are our children
-  std::optional<std::string> own_unit_;
   unsigned units_started_ = 0;
   bool stopping_ = false;
 };

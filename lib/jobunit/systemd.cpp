@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <systemd/sd-bus.h>
 #include <systemd/sd-daemon.h>
-#include <systemd/sd-login.h>
 
 #include <sys/resource.h>
 
@@ -51,11 +50,11 @@ void append(sd_bus_message* m, const Property& p) {
           for (const auto& s : v) check(sd_bus_message_append(m, "s", s.c_str()), p.name.c_str());
           check(sd_bus_message_close_container(m), p.name.c_str());
           check(sd_bus_message_close_container(m), p.name.c_str());
-        } else {  // std::vector<Exec>: a(sbas)
-          check(sd_bus_message_open_container(m, 'v', "a(sbas)"), p.name.c_str());
-          check(sd_bus_message_open_container(m, 'a', "(sbas)"), p.name.c_str());
+        } else {  // std::vector<Exec>: a(sasb)
+          check(sd_bus_message_open_container(m, 'v', "a(sasb)"), p.name.c_str());
+          check(sd_bus_message_open_container(m, 'a', "(sasb)"), p.name.c_str());
           for (const auto& e : v) {
-            check(sd_bus_message_open_container(m, 'r', "sbas"), p.name.c_str());
+            check(sd_bus_message_open_container(m, 'r', "sasb"), p.name.c_str());
             check(sd_bus_message_append(m, "s", e.path.c_str()), p.name.c_str());
             check(sd_bus_message_open_container(m, 'a', "s"), p.name.c_str());
             for (const auto& a : e.argv) check(sd_bus_message_append(m, "s", a.c_str()), p.name.c_str());
@@ -126,21 +125,15 @@ std::unique_ptr<Manager> choose(Mode mode, std::string& why) {
   }
   try {
     auto m = std::make_unique<Manager>();
-    why = "the system bus answers";
+    why = mode == Mode::systemd ? "job_units: systemd" : "ddp-agentd is a systemd service";
     return m;
   } catch (const UnitError& e) {
-    if (mode == Mode::systemd) throw UnitError(fmt::format("job_units: systemd, but {}", e.what()));
-    why = e.what();
-    return nullptr;
+    // Under systemd a forked job would inherit the agent unit's sandbox: refuse to start.
+    throw UnitError(fmt::format("{}, but {}; set job_units: fork in agent.yaml to run jobs as children of the "
+                                "agent (inside its unit's sandbox)",
+                                mode == Mode::systemd ? "job_units: systemd" : "ddp-agentd runs as a systemd service",
+                                e.what()));
   }
-}
-
-std::optional<std::string> own_unit() {
-  char* unit = nullptr;
-  if (sd_pid_get_unit(0, &unit) < 0 || !unit) return std::nullopt;
-  std::string out(unit);
-  std::free(unit);
-  return out;
 }
 
 std::vector<ResourceLimit> own_limits() {

@@ -1,10 +1,11 @@
 // Jobs in transient systemd units: the I/O edge (libsystemd's sd-bus).
 //
-// Policy: `auto` puts jobs in transient units only when the agent is itself a systemd service
-// ($INVOCATION_ID, set by systemd for every unit it starts), systemd is the init system
-// (sd_booted) and the system bus answers; anything else (no systemd, a test, SSH's one-shot
-// agent) keeps the shepherd a child of the agent. `systemd` requires the bus and fails the
-// agent's start when there is none, saying why.
+// Policy: `auto` puts jobs in transient units when the agent is itself a systemd service
+// ($INVOCATION_ID, set by systemd for every unit it starts) and systemd is the init system
+// (sd_booted); anything else (no systemd, a test, SSH's one-shot agent) keeps the shepherd a
+// child of the agent. Under systemd the system bus must then answer: a job forked instead would
+// silently inherit the agent unit's sandbox, so the agent does not start, and says why.
+// `systemd` requires the bus whatever the environment; `fork` never uses it.
 #pragma once
 
 #include "jobunit/unit.hpp"
@@ -41,12 +42,9 @@ class Manager {
   sd_bus* bus_ = nullptr;
 };
 
-// The Manager to start jobs' units with, or nullptr for the fork; `why` says which and why.
-// Throws UnitError when `mode` is systemd and there is no usable bus.
+// The Manager to start jobs' units with, or nullptr for the fork; `why` says why. Throws
+// UnitError when units are called for and the bus does not answer.
 std::unique_ptr<Manager> choose(Mode mode, std::string& why);
-
-// The unit this process runs in ("ddp-agentd.service"), if any.
-std::optional<std::string> own_unit();
 
 // This process's RLIMIT_MEMLOCK and RLIMIT_NOFILE, for the job units to keep.
 std::vector<ResourceLimit> own_limits();

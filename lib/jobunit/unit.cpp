@@ -48,10 +48,6 @@ UnitRequest shepherd_unit(const ShepherdUnit& u) {
     add("Limit" + l.name, l.hard);
     add("Limit" + l.name + "Soft", l.soft);
   }
-  if (u.agent_unit) {
-    add("BindsTo", std::vector<std::string>{*u.agent_unit});
-    add("After", std::vector<std::string>{*u.agent_unit});
-  }
   return r;
 }
 

@@ -10,8 +10,8 @@
 //                           below it, as it does under the agent's cgroup without systemd
 //   KillMode=control-group  when the shepherd exits (or the unit is stopped) every process left
 //                           in the job's cgroup is killed: nothing outlives the job
-//   BindsTo/After the agent's unit: stopping or losing the agent stops its jobs (the shepherd
-//                           also watches the agent itself; this holds even if it is wedged)
+//   no BindsTo= the agent's unit: stopping the agent must let it stop its jobs in order (the
+//                           shepherd watches the agent through a pidfd and its channel)
 //   no User=                the shepherd stays root, as under the fork: it owns the cgroups and
 //                           the containers, and drops each worker to the job's user itself
 //                           (supervisor::RunAs), so both paths run workers the same way
@@ -31,7 +31,7 @@
 namespace ddp::jobunit {
 
 // D-Bus types of the properties we set: b, s, as, t, h (a descriptor, duplicated into the
-// message) and a(sbas) (ExecStart: path, argv, ignore-failure).
+// message) and a(sasb) (ExecStart: path, argv, ignore-failure).
 struct Fd {
   int fd = -1;
   bool operator==(const Fd&) const = default;
@@ -66,7 +66,6 @@ struct ShepherdUnit {
   unsigned sequence = 0;                     // the agent's count of units started, for unique names
   std::vector<std::string> argv;             // argv[0]: the shepherd's executable, absolute
   std::map<std::string, std::string> env;    // the shepherd's environment
-  std::optional<std::string> agent_unit;     // the agent's own unit, when it runs in one
   int stdin_fd = -1;                         // the agent's end of the channel
   int stderr_fd = -1;                        // where the shepherd's log lines go (the agent's)
   std::vector<ResourceLimit> limits;

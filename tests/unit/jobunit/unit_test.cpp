@@ -15,7 +15,6 @@ ShepherdUnit sample() {
   u.sequence = 3;
   u.argv = {"/usr/bin/ddp-agentd", "shepherd", "--agent-pid", "4242", "--job", "train-1a2b", "--in-unit"};
   u.env = {{"PATH", "/usr/bin:/bin"}, {"LANG", "C.UTF-8"}};
-  u.agent_unit = "ddp-agentd.service";
   u.stdin_fd = 7;
   u.stderr_fd = 2;
   u.limits = {{"MEMLOCK", UINT64_MAX, UINT64_MAX}, {"NOFILE", 1024, 1048576}};
@@ -71,15 +70,11 @@ TEST(JobUnit, ChannelEnvironmentAndLimitsAreTheAgents) {
   EXPECT_EQ(get<std::uint64_t>(r, "LimitNOFILESoft"), 1024u);
 }
 
-TEST(JobUnit, BoundToTheAgentsUnitOnlyWhenThereIsOne) {
-  auto r = shepherd_unit(sample());
-  EXPECT_EQ(get<std::vector<std::string>>(r, "BindsTo"), std::vector<std::string>{"ddp-agentd.service"});
-  EXPECT_EQ(get<std::vector<std::string>>(r, "After"), std::vector<std::string>{"ddp-agentd.service"});
-  auto u = sample();
-  u.agent_unit.reset();
-  r = shepherd_unit(u);
+// The agent stops its jobs in order on its own shutdown; systemd must not stop them first.
+TEST(JobUnit, NotBoundToTheAgentsUnit) {
+  const auto r = shepherd_unit(sample());
   EXPECT_EQ(r.find("BindsTo"), nullptr);
-  EXPECT_EQ(r.find("After"), nullptr);
+  EXPECT_EQ(r.find("PartOf"), nullptr);
 }
 
 TEST(JobUnit, NamesAreValidWhateverTheJobId) {
