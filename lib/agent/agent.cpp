@@ -385,8 +385,9 @@ class Agent {
       c->refuse(proto::ErrorCode::bad_value, e.what());
       return;
     }
+    // A policy refusal like the two above (auth: the coordinator gives up instead of redialling).
     if (decision.user && decision.user->uid != ::geteuid() && payload.spec.container) {
-      c->refuse(proto::ErrorCode::unexpected,
+      c->refuse(proto::ErrorCode::auth,
                 fmt::format("{}: container jobs cannot run as a mapped user (key_users) yet", opts_.name),
                 "run the job without 'container:', or on an agent without key_users");
       return;
