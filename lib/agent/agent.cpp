@@ -559,7 +559,7 @@ class Agent {
       log_->warn("job {}: no interface holds {}; NCCL and gloo pick their own", job.job_id, rdzv_addr);
     }
     // The user's own HOME, USER, LOGNAME and SHELL, not the agent's (the job's env: still wins).
-    if (job.run_as) {
+    if (job.run_as && !spec.container) {
       for (const auto& [k, v] : agentconfig::user_environment(*job.run_as)) inherited[k] = v;
     }
     auto plan = contract::make_plan(spec, node, inherited);

@@ -74,8 +74,7 @@ KeyUserMap resolve_key_users(const AgentConfig& cfg, const std::vector<std::stri
   for (const auto& ku : cfg.key_users) {
     auto error = [&](std::string msg) { diags.push_back({cfg.file, ku.line, ku.column, std::move(msg)}); };
     if (std::find(key_ids.begin(), key_ids.end(), ku.key_id) == key_ids.end()) {
-      error(fmt::format("key_users: key '{}' is not in the token file (its keys: {})", ku.key_id,
-                        join(key_ids, ", ")));
+      error(fmt::format("key_users: key '{}' is not in the token file (its keys: {})", ku.key_id, join(key_ids, ", ")));
       continue;
     }
     auto u = lookup(ku.user);

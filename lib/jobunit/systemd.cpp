@@ -80,7 +80,9 @@ Manager::Manager() {
   }
 }
 
-Manager::~Manager() { sd_bus_flush_close_unref(bus_); }
+Manager::~Manager() {
+  sd_bus_flush_close_unref(bus_);
+}
 
 std::string Manager::start(const UnitRequest& r) {
   MessagePtr call, reply;
@@ -129,10 +131,10 @@ std::unique_ptr<Manager> choose(Mode mode, std::string& why) {
     return m;
   } catch (const UnitError& e) {
     // Under systemd a forked job would inherit the agent unit's sandbox: refuse to start.
-    throw UnitError(fmt::format("{}, but {}; set job_units: fork in agent.yaml to run jobs as children of the "
-                                "agent (inside its unit's sandbox)",
-                                mode == Mode::systemd ? "job_units: systemd" : "ddp-agentd runs as a systemd service",
-                                e.what()));
+    throw UnitError(
+        fmt::format("{}, but {}; set job_units: fork in agent.yaml to run jobs as children of the "
+                    "agent (inside its unit's sandbox)",
+                    mode == Mode::systemd ? "job_units: systemd" : "ddp-agentd runs as a systemd service", e.what()));
   }
 }
 

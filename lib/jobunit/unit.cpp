@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 namespace ddp::jobunit {
 
 const Value* UnitRequest::find(const std::string& property) const {
@@ -38,8 +40,32 @@ UnitRequest shepherd_unit(const ShepherdUnit& u) {
   // Neither restarted nor kept once over: the job's result goes up the shepherd's channel.
   add("Restart", std::string("no"));
   add("CollectMode", std::string("inactive-or-failed"));
+  // What systemd set for the agent's own unit speaks for that unit, not the job's (systemd sets
+  // the job unit's own where it has them).
+  static const std::set<std::string> kUnitOwn{"INVOCATION_ID",
+                                              "NOTIFY_SOCKET",
+                                              "WATCHDOG_USEC",
+                                              "WATCHDOG_PID",
+                                              "JOURNAL_STREAM",
+                                              "LISTEN_FDS",
+                                              "LISTEN_PID",
+                                              "LISTEN_FDNAMES",
+                                              "MAINPID",
+                                              "MANAGERPID",
+                                              "SYSTEMD_EXEC_PID",
+                                              "RUNTIME_DIRECTORY",
+                                              "STATE_DIRECTORY",
+                                              "CACHE_DIRECTORY",
+                                              "LOGS_DIRECTORY",
+                                              "CONFIGURATION_DIRECTORY",
+                                              "CREDENTIALS_DIRECTORY",
+                                              "TRIGGER_UNIT",
+                                              "TRIGGER_TIMER_REALTIME_USEC",
+                                              "TRIGGER_TIMER_MONOTONIC_USEC"};
   std::vector<std::string> env;
-  for (const auto& [k, v] : u.env) env.push_back(k + "=" + v);
+  for (const auto& [k, v] : u.env) {
+    if (!kUnitOwn.count(k)) env.push_back(k + "=" + v);
+  }
   add("Environment", std::move(env));
   add("StandardInputFileDescriptor", Fd{u.stdin_fd});
   add("StandardOutputFileDescriptor", Fd{u.stderr_fd});

@@ -56,18 +56,19 @@ struct UnitRequest {
 };
 
 struct ResourceLimit {
-  std::string name;  // "MEMLOCK", "NOFILE" (systemd's Limit<NAME>)
+  std::string name;                  // "MEMLOCK", "NOFILE" (systemd's Limit<NAME>)
   std::uint64_t soft = 0, hard = 0;  // UINT64_MAX: infinity, as RLIM_INFINITY
 };
 
 struct ShepherdUnit {
   std::string job_id;
   pid_t agent_pid = 0;
-  unsigned sequence = 0;                     // the agent's count of units started, for unique names
-  std::vector<std::string> argv;             // argv[0]: the shepherd's executable, absolute
-  std::map<std::string, std::string> env;    // the shepherd's environment
-  int stdin_fd = -1;                         // the agent's end of the channel
-  int stderr_fd = -1;                        // where the shepherd's log lines go (the agent's)
+  unsigned sequence = 0;                   // the agent's count of units started, for unique names
+  std::vector<std::string> argv;           // argv[0]: the shepherd's executable, absolute
+  std::map<std::string, std::string> env;  // the shepherd's environment (the agent's, less what
+                                           // systemd set for the agent's unit)
+  int stdin_fd = -1;                       // the shepherd's end of the channel, its stdin
+  int stderr_fd = -1;                      // where the shepherd's log lines go (the agent's)
   std::vector<ResourceLimit> limits;
 };
 

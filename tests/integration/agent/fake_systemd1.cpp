@@ -7,8 +7,8 @@
 // process. Nothing else of systemd (cgroups, KillMode, hardening) is imitated.
 //
 // Usage: fake_systemd1 RECORD_FILE; prints "ready" once the name is owned.
-#include <nlohmann/json.hpp>
 #include <systemd/sd-bus.h>
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -105,8 +105,8 @@ int start_transient_unit(sd_bus_message* m, void*, sd_bus_error* e) {
       }
       props[k] = cmds;
     } else {
-      return sd_bus_error_setf(e, SD_BUS_ERROR_INVALID_ARGS, "fake systemd: property %s of type %s not understood",
-                               key, sig);
+      return sd_bus_error_setf(e, SD_BUS_ERROR_INVALID_ARGS, "fake systemd: property %s of type %s not understood", key,
+                               sig);
     }
     if (rc < 0) return fail(e, key, rc);
     if ((rc = sd_bus_message_exit_container(m)) < 0) return fail(e, key, rc);
@@ -154,8 +154,9 @@ int main(int argc, char** argv) {
   ::signal(SIGCHLD, SIG_IGN);  // our "units" are reaped by the kernel
   sd_bus* bus = nullptr;
   int rc = sd_bus_open_system(&bus);
-  if (rc >= 0) rc = sd_bus_add_object_vtable(bus, nullptr, "/org/freedesktop/systemd1",
-                                             "org.freedesktop.systemd1.Manager", kManager, nullptr);
+  if (rc >= 0)
+    rc = sd_bus_add_object_vtable(bus, nullptr, "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
+                                  kManager, nullptr);
   if (rc >= 0) rc = sd_bus_request_name(bus, "org.freedesktop.systemd1", 0);
   if (rc < 0) {
     std::fprintf(stderr, "fake_systemd1: %s\n", std::strerror(-rc));

@@ -136,7 +136,8 @@ def test_with_a_bus_each_job_starts_in_a_transient_unit(env):
     needs_bus()
     address = env.start_bus()
     fake = env.start_fake_systemd(address)
-    env.start_agent("job_units: systemd\n", env={"DBUS_SYSTEM_BUS_ADDRESS": address})
+    env.start_agent("job_units: systemd\n", env={"DBUS_SYSTEM_BUS_ADDRESS": address, "INVOCATION_ID": "0" * 32,
+                                                   "JOURNAL_STREAM": "8:1234"})
     env.wait_listening()
     r = env.launch(env.job("inunit", f"[/usr/bin/python3, {env.tmp}/report.py]"))
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{env.agent_log.read_text()}"
@@ -156,6 +157,8 @@ def test_with_a_bus_each_job_starts_in_a_transient_unit(env):
     assert exec_start["argv"][1:3] == ["shepherd", "--agent-pid"] and exec_start["argv"][-1] == "--in-unit"
     assert p["StandardInputFileDescriptor"] == "fd" and p["StandardErrorFileDescriptor"] == "fd"
     assert any(v.startswith("PATH=") for v in p["Environment"]), p["Environment"]
+    # The agent unit's own variables are not the job unit's.
+    assert not any(v.startswith(("INVOCATION_ID=", "JOURNAL_STREAM=")) for v in p["Environment"]), p["Environment"]
     assert "LimitNOFILE" in p and "LimitMEMLOCK" in p
     # The shepherd runs in the "unit" and not as the agent's child, with no hardening asked.
     for key in ("User", "ProtectHome", "PrivateTmp", "NoNewPrivileges", "BindsTo"):

@@ -21,7 +21,9 @@ std::optional<LocalUser> fake_lookup(const std::string& name) {
   return std::nullopt;
 }
 
-AgentConfig config(const std::string& yaml) { return parse_agent_config(yaml, "/etc/ddpctl/agent.yaml"); }
+AgentConfig config(const std::string& yaml) {
+  return parse_agent_config(yaml, "/etc/ddpctl/agent.yaml");
+}
 
 std::vector<Diagnostic> resolve_errors(const std::string& yaml, const std::vector<std::string>& keys, uid_t agent_uid) {
   try {
@@ -89,7 +91,8 @@ TEST(KeyUsers, UserEnvironmentNamesTheUser) {
 }
 
 TEST(KeyUsers, ResolveLooksUpEveryUser) {
-  auto m = resolve_key_users(config("key_users: {k1: alice, k2: bob, k3: alice}\n"), {"k1", "k2", "k3"}, 0, fake_lookup);
+  auto m =
+      resolve_key_users(config("key_users: {k1: alice, k2: bob, k3: alice}\n"), {"k1", "k2", "k3"}, 0, fake_lookup);
   ASSERT_EQ(m.size(), 3u);
   EXPECT_EQ(m.at("k1").uid, 1001u);
   EXPECT_EQ(m.at("k2").home, "/home/bob");

@@ -64,6 +64,15 @@ TEST(JobUnit, ChannelEnvironmentAndLimitsAreTheAgents) {
   EXPECT_EQ(get<Fd>(r, "StandardErrorFileDescriptor"), Fd{2});
   EXPECT_EQ(get<std::vector<std::string>>(r, "Environment"),
             (std::vector<std::string>{"LANG=C.UTF-8", "PATH=/usr/bin:/bin"}));
+  // The agent unit's own variables stay behind.
+  auto u = sample();
+  u.env["INVOCATION_ID"] = "0123";
+  u.env["NOTIFY_SOCKET"] = "/run/systemd/notify";
+  u.env["WATCHDOG_USEC"] = "30000000";
+  u.env["JOURNAL_STREAM"] = "8:1234";
+  u.env["LOGS_DIRECTORY"] = "/var/log/ddpctl";
+  EXPECT_EQ(get<std::vector<std::string>>(shepherd_unit(u), "Environment"),
+            (std::vector<std::string>{"LANG=C.UTF-8", "PATH=/usr/bin:/bin"}));
   EXPECT_EQ(get<std::uint64_t>(r, "LimitMEMLOCK"), UINT64_MAX);
   EXPECT_EQ(get<std::uint64_t>(r, "LimitMEMLOCKSoft"), UINT64_MAX);
   EXPECT_EQ(get<std::uint64_t>(r, "LimitNOFILE"), 1048576u);
