@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <fmt/format.h>
 
@@ -26,13 +27,9 @@ std::shared_ptr<Connection> Connection::make(tcp::socket socket, proto::Session 
   if (auto r = socket.remote_endpoint(ec); !ec) remote = r;
   if (auto l = socket.local_endpoint(ec); !ec) local = l;
   socket.set_option(tcp::no_delay(true), ec);
-  // The same descriptor as a generic stream: one read/write path for TCP and socketpairs.
-  const auto protocol = socket.local_endpoint(ec).protocol();
-  stream_socket generic(socket.get_executor());
-  if (socket.is_open()) {
-    const int fd = socket.release(ec);
-    if (!ec) generic.assign(boost::asio::generic::stream_protocol(protocol.family(), protocol.protocol()), fd, ec);
-  }
+  // The same descriptor as a generic stream (one read/write path for TCP and socketpairs),
+  // moved with its reactor registration: no deregister, re-register and FIONBIO per connection.
+  stream_socket generic(std::move(socket));
   auto c = make(std::move(generic), std::move(session), std::move(label), std::move(log_subsystem), handshake_timeout);
   c->remote_ = remote;
   c->local_ = local;
@@ -131,6 +128,15 @@ void Connection::refuse(proto::ErrorCode code, const std::string& message, const
 
 void Connection::close(const std::string& reason) {
   if (closed_) return;
+  // Frames queued by this handler have not been tried yet: give them the one non-blocking try
+  // an immediate write would have had (what the socket takes now goes; nothing waits).
+  if (write_posted_) {
+    boost::system::error_code ec;
+    socket_.non_blocking(true, ec);
+    std::vector<asio::const_buffer> bufs;
+    for (const auto& f : out_) bufs.emplace_back(f.data(), f.size());
+    if (!ec) socket_.write_some(bufs, ec);
+  }
   closed(reason);
 }
 
@@ -138,7 +144,14 @@ void Connection::queue(std::string frame) {
   if (closed_) return;
   queued_bytes_ += frame.size();
   out_.push_back(std::move(frame));
-  if (!writing_) write();
+  if (writing_) return;
+  // The write starts once the current handler is done, so that every frame it queues (a probe
+  // and an offer, an exit and the attempt's end) leaves in one system call.
+  writing_ = write_posted_ = true;
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    self->write_posted_ = false;
+    self->write();
+  });
 }
 
 void Connection::write() {
@@ -148,10 +161,17 @@ void Connection::write() {
     return;
   }
   writing_ = true;
-  asio::async_write(socket_, asio::buffer(out_.front()), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+  gather_.clear();
+  for (const auto& f : out_) {
+    if (gather_.size() == kMaxGather) break;
+    gather_.emplace_back(f.data(), f.size());
+  }
+  asio::async_write(socket_, gather_, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
     if (self->closed_) return;
-    self->queued_bytes_ -= self->out_.front().size();
-    self->out_.pop_front();
+    for (std::size_t i = 0; i < self->gather_.size(); ++i) {
+      self->queued_bytes_ -= self->out_.front().size();
+      self->out_.pop_front();
+    }
     if (ec) {
       self->writing_ = false;
       self->closed(self->closing_ ? self->close_reason_ : "connection lost while writing: " + ec.message());

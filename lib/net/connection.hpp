@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp::net {
 
@@ -88,8 +89,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<tcp::endpoint> remote_, local_;
   ConnectionHandlers handlers_;
   std::deque<std::string> out_;
+  // The frames of out_ in the write in flight (at most kMaxGather: one writev, under IOV_MAX).
+  static constexpr std::size_t kMaxGather = 64;
+  std::vector<boost::asio::const_buffer> gather_;
   std::size_t queued_bytes_ = 0;
-  bool writing_ = false;
+  bool writing_ = false;       // a write is in flight or about to start
+  bool write_posted_ = false;  // ... about to start: nothing of out_ was tried yet
   bool closing_ = false;  // a drop: flush the queue, then close
   bool closed_ = false;
   bool was_established_ = false;
