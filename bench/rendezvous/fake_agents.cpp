@@ -1,7 +1,8 @@
 // fake_agents: N agents in one process speaking the real protocol (lib/proto over lib/net), for
 // the rendezvous-at-scale benchmark (bench/rendezvous/run.py). Each listens on 127.0.0.1:BASE+i,
-// authenticates the coordinator with the token file, answers time pings, joins with one worker,
-// and on `start` reports that worker started and exited 0, so the job succeeds. Everything
+// authenticates the coordinator with the token file, joins with one worker (with the clock stamps
+// a real agent's join carries), and on `start` reports that worker started and exited 0, so the
+// job succeeds. Everything
 // else about a node (facts, processes, logs) is left out: this measures the coordinator and the
 // protocol, not worker start-up.
 //
@@ -77,11 +78,10 @@ struct Bench {
 
   void on_message(Connection& c, int i, const ddp::proto::Message& m) {
     const auto& b = m.body;
-    if (m.type == "time_ping") {
-      send(c, "time_pong", {{"t0_us", b["t0_us"]}, {"t1_us", now_us()}});
-    } else if (m.type == "job_offer") {
+    if (m.type == "job_offer") {
       last_offer_us = now_us();
-      send(c, "join", {{"job_id", b["job_id"]}, {"node", fmt::format("fake{}", i)}, {"nproc", 1}});
+      send(c, "join", {{"t0_us", b["t0_us"]}, {"rx_us", last_offer_us}, {"tx_us", now_us()}, {"job_id", b["job_id"]},
+                       {"node", fmt::format("fake{}", i)}, {"nproc", 1}});
     } else if (m.type == "assign") {
       last_assign_us = now_us();
       ++assigned;

@@ -218,6 +218,9 @@ class Agent {
   struct Peer {
     std::shared_ptr<Connection> conn;
     std::chrono::steady_clock::time_point last_heard;
+    // The peer's last heartbeat: its now_us and our clock when it arrived, echoed in ours so
+    // that the coordinator gets a clock-offset sample every interval (proto/clock_sync.hpp).
+    std::optional<std::int64_t> echo_t0_us, echo_rx_us;
   };
 
   // The one job this agent runs, owned by one coordinator connection.
@@ -325,17 +328,20 @@ class Agent {
     auto it = peers_.find(c);
     if (it == peers_.end()) return;
     it->second.last_heard = std::chrono::steady_clock::now();
+    const auto rx_us = now_us();
     const auto& b = m.body;
-    if (m.type == "heartbeat") return;
-    if (m.type == "time_ping") {
-      send(c, "time_pong", {{"t0_us", b["t0_us"]}, {"t1_us", now_us()}});
+    if (m.type == "heartbeat") {
+      if (b.contains("now_us")) {
+        it->second.echo_t0_us = b["now_us"].get<std::int64_t>();
+        it->second.echo_rx_us = rx_us;
+      }
       return;
     }
     if (m.type == "facts_request") {  // doctor --nodes: answered busy or not
       send(c, "facts", {{"facts", facts::to_json(facts_)}});
       return;
     }
-    if (m.type == "job_offer") return on_offer(c, b);
+    if (m.type == "job_offer") return on_offer(c, b, rx_us);
     if (!job_ || job_->owner.get() != c) {
       c->refuse(proto::ErrorCode::unexpected, fmt::format("'{}' for a job this agent does not hold for you", m.type));
       return;
@@ -352,7 +358,7 @@ class Agent {
     c->refuse(proto::ErrorCode::unexpected, fmt::format("an agent does not take '{}'", m.type));
   }
 
-  void on_offer(Connection* c, const json& b) {
+  void on_offer(Connection* c, const json& b, std::int64_t rx_us) {
     const auto job_id = b["job_id"].get<std::string>();
     if (job_ && job_->owner.get() != c) {
       c->refuse(proto::ErrorCode::unexpected,
@@ -447,8 +453,8 @@ class Agent {
                job->run_as ? fmt::format(", runs as uid {}", job->run_as->uid) : "", job->node, job->nproc,
                job->nproc == 1 ? "" : "s", problems.empty() ? "" : "; preflight: " + join(problems, "; "));
     send(c, "join",
-         {{"job_id", job_id}, {"node", opts_.name}, {"nproc", job->nproc}, {"facts", facts_summary},
-          {"preflight", preflight}});
+         {{"t0_us", b["t0_us"]}, {"rx_us", rx_us}, {"tx_us", now_us()}, {"job_id", job_id}, {"node", opts_.name},
+          {"nproc", job->nproc}, {"facts", facts_summary}, {"preflight", preflight}});
     job_ = std::move(job);
     notify_.status(fmt::format("running job {} for {} (user {})", job_->job_id, c->label(), job_->user));
   }
@@ -730,6 +736,7 @@ class Agent {
       for (auto& [raw, p] : peers_) {
         if (!p.conn->established()) continue;
         if (now - p.last_heard > opts_.heartbeat_timeout) silent.push_back(p.conn);
+        else if (p.echo_t0_us) send(raw, "heartbeat", {{"now_us", now_us()}, {"t0_us", *p.echo_t0_us}, {"rx_us", *p.echo_rx_us}});
         else send(raw, "heartbeat", {{"now_us", now_us()}});
       }
       for (auto& c : silent) {

@@ -2,10 +2,10 @@
 // file's keys; only role "coordinator" is accepted), and runs one job at a time.
 //
 // Per connection (the coordinator dials; frames in lib/proto):
-//   handshake ─▶ time_ping/time_pong ×N ─▶ job_offer ─▶ join{nproc, facts, preflight}
+//   handshake ─▶ job_offer{t0} ─▶ join{nproc, facts, preflight; t0 echoed, offer rx, tx: clock offset}
 //   assign{ranks, master} ─▶ (node rank 0: the job's store, reset) ─▶ start ─▶ workers
 //   output / worker_exited / attempt_finished ─▶ coordinator;  stop ─▶ SIGTERM, grace, SIGKILL
-//   heartbeat both ways, every interval.
+//   heartbeat both ways, every interval (ours echoes the coordinator's last: a clock sample).
 //
 // Policy: nothing runs without an authenticated coordinator behind it. The job's workers are
 // stopped when that coordinator says so, when its connection drops, and when its heartbeats stop

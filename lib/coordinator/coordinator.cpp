@@ -1,4 +1,4 @@
-// The coordinator edge: agent connections, clock probes, the rendezvous machine's events and
+// The coordinator edge: agent connections, clock offsets, the rendezvous machine's events and
 // effects, the live stream, per-rank files on the launching machine, reports and the exit
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
@@ -37,8 +37,6 @@ using nlohmann::json;
 
 namespace {
 
-// Clock probes per agent; the one with the shortest round trip wins (proto/clock_sync.hpp).
-constexpr int kClockProbes = 3;
 // Redial backoff for an agent that is not reachable (yet): 0.5 s doubling to 5 s.
 constexpr auto kRedialMin = std::chrono::milliseconds(500);
 constexpr auto kRedialMax = std::chrono::milliseconds(5000);
@@ -117,7 +115,6 @@ class Coordinator {
     std::shared_ptr<Connection> conn;
     std::string address;  // the agent's address as we reached it
     proto::ClockSync sync;
-    int pings = 0;
     bool joined = false;
     std::vector<std::string> ib_hcas;  // the node's NCCL_IB_HCA entries, from its join
     bool ever_joined = false;
@@ -235,19 +232,16 @@ class Coordinator {
 
   void start_session(Node& n, std::shared_ptr<Connection> conn) {
     n.conn = std::move(conn);
-    n.pings = 0;
     n.sync = {};
     Connection* raw = n.conn.get();
     n.conn->start({[this, &n](const proto::PeerInfo& p) {
                      log_->debug("{}: authenticated (agent '{}', {})", label(n), p.name, p.software);
                      n.dial_failures = 0;
-                     // The offer goes out behind the first probe, not after the last: the join
-                     // then comes back with at least one sample in (frames keep their order), and
-                     // the later probes refine the offset used to order exits, without costing
-                     // the rendezvous two round trips per node.
-                     ping(n);
+                     // The offer is also the first clock probe: the join echoes its t0_us with
+                     // the agent's stamps (proto/clock_sync.hpp); heartbeats refine it later.
                      send(n, "job_offer",
-                          {{"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}, {"spec", offer_spec_}});
+                          {{"t0_us", now().count()}, {"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name},
+                           {"spec", offer_spec_}});
                    },
                    [this, &n](proto::Message m) { on_message(n, std::move(m)); },
                    [this, &n, raw](const std::string& reason) { on_closed(n, raw, reason); }});
@@ -282,24 +276,28 @@ class Coordinator {
     if (n.conn && n.conn->established()) n.conn->send(n.conn->session().message(type, std::move(fields)));
   }
 
-  void ping(Node& n) {
-    send(n, "time_ping", {{"t0_us", now().count()}});
+  // A clock sample from an echo: t0 ours, rx the agent's when it arrived, tx the agent's when it
+  // answered, received now.
+  void clock_sample(Node& n, const json& t0, const json& rx, const json& tx) {
+    const auto t1 = rx.get<std::int64_t>();
+    n.sync.add({rdzv::Micros(t0.get<std::int64_t>()), rdzv::Micros(t1), now(), rdzv::Micros(tx.get<std::int64_t>() - t1)});
   }
 
   void on_message(Node& n, proto::Message m) {
     const auto& b = m.body;
     if (m.type == "heartbeat") {
+      if (b.contains("t0_us") && b.contains("rx_us") && b.contains("now_us")) {
+        clock_sample(n, b["t0_us"], b["rx_us"], b["now_us"]);
+      }
       if (n.joined) handle(rdzv::Heartbeat{n.entry.name});
       return;
     }
-    if (m.type == "time_pong") {
-      n.sync.add({rdzv::Micros(b["t0_us"].get<std::int64_t>()), rdzv::Micros(b["t1_us"].get<std::int64_t>()), now()});
-      if (++n.pings < kClockProbes) return ping(n);
+    if (m.type == "join") {
+      clock_sample(n, b["t0_us"], b["rx_us"], b["tx_us"]);
       const auto off = n.sync.best().value_or(proto::ClockOffset{});
       log_->debug("{}: clock offset {} us (+/- {} us)", label(n), off.offset.count(), off.uncertainty.count());
-      return;
+      return on_join(n, b);
     }
-    if (m.type == "join") return on_join(n, b);
     if (!n.joined) return;
     if (m.type == "output") return on_output(n, b);
     if (m.type == "worker_exited") return on_worker_exited(n, b);

@@ -1,8 +1,8 @@
 // The multi-node launch's coordinator, embedded in `ddpctl launch --nodes`: the I/O edge around
 // the pure rendezvous machine (lib/rendezvous).
 //
-//   per node: dial ─▶ handshake (role coordinator) ─▶ time_ping ×3 (clock offset) ─▶ job_offer
-//             ◀─ join{nproc, preflight} ─▶ NodeJoined ... rendezvous effects:
+//   per node: dial ─▶ handshake (role coordinator) ─▶ job_offer{t0}
+//             ◀─ join{nproc, preflight, t0 rx tx: the clock offset} ─▶ NodeJoined ... rendezvous effects:
 //   AssignRanks ─▶ assign to every member (MASTER_ADDR = node rank 0's address as we reached it)
 //   StartAttempt ─▶ start;  StopAll ─▶ stop;  DropNode ─▶ close;  job result ─▶ exit status
 //   ◀─ output (printed "[node:rank] line", filed per rank), worker_exited, attempt_finished

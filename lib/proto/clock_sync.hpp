@@ -1,8 +1,11 @@
-// Clock offset between the coordinator and an agent, from ping/pong exchanges at handshake.
+// Clock offset between the coordinator and an agent, from exchanges the protocol makes anyway
+// (the job offer and its join, then every heartbeat pair): no probes of their own.
 //
-// The coordinator stamps t0 and sends it; the agent stamps t1 on arrival (its clock) and echoes
-// both; the coordinator stamps t2 on receipt. Assuming symmetric paths, the agent's clock was
-// t1 when ours read (t0 + t2) / 2, so offset = t1 - (t0 + t2) / 2, within +/- (t2 - t0) / 2.
+// The coordinator stamps t0 and sends it; the agent stamps t1 on arrival (its clock), holds the
+// answer for `hold` (measured on its own clock: preflight checks, or until its next heartbeat)
+// and echoes t0 and t1 with it; the coordinator stamps t2 on receipt. Assuming symmetric paths,
+// the agent's clock read t1 + hold / 2 when ours read (t0 + t2) / 2, so
+// offset = t1 + hold / 2 - (t0 + t2) / 2, within +/- rtt / 2 where rtt = t2 - t0 - hold.
 // Of several samples the one with the shortest round trip has the tightest bound and wins.
 // Agent times are mapped into the coordinator's clock as t_agent - offset.
 #pragma once
@@ -16,6 +19,7 @@ using Micros = std::chrono::microseconds;
 
 struct ClockSample {
   Micros t0, t1, t2;
+  Micros hold{0};  // agent time between t1 and its answer
 };
 
 struct ClockOffset {
@@ -24,7 +28,8 @@ struct ClockOffset {
   Micros rtt{0};
 };
 
-// nullopt for a sample that cannot be right (t2 before t0).
+// nullopt for a sample that cannot be right (t2 before t0, a negative hold, or a hold longer
+// than the whole round trip).
 std::optional<ClockOffset> offset_from(const ClockSample& s);
 
 class ClockSync {

@@ -35,7 +35,7 @@ def test_skewed_agent_clock_does_not_reorder_failures(monkeypatch):
     with simcluster.Cluster(nodes=2) as c:
         n1, n2 = c.hosts
         c.start_agent(n1)
-        # The skew covers the agent's stamps (time_pong, worker_exited); its workers are not ours
+        # The skew covers the agent's stamps (join, heartbeat, worker_exited); its workers are not ours
         # to skew, so LD_PRELOAD is left to the agent (the contract scrubs nothing it needs).
         c.start_agent(n2, env={"LD_PRELOAD": FAKETIME, "FAKETIME": "-30s", "FAKETIME_DONT_RESET": "1"})
         worker = c.write("skew.py", WORKER)

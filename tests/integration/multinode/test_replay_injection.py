@@ -2,8 +2,8 @@
 launcher's host sits between ddpctl and n1's agent, as a man in the middle would:
   - record: the job runs through it, and it keeps what ddpctl sent; replayed byte for byte on a
     new connection, the agent answers with a fresh nonce, the recorded proof fails, and nothing runs;
-  - inject: once ddpctl's offer has gone through, it sends ddpctl's previous frame again (a
-    correctly MACed frame, out of sequence); the agent drops the connection, and nothing runs.
+  - inject: once ddpctl's offer has gone through, it sends that frame again (correctly MACed, but
+    out of sequence); the agent drops the connection, and nothing runs.
 The relay and the replaying client run in the launcher's namespace (the network rule)."""
 import os
 import subprocess
@@ -42,9 +42,9 @@ while True:
         while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
             n = 4 + struct.unpack(">I", buf[:4])[0]
             frames.append(buf[:n]); buf = buf[n:]
-        # handshake: hello, auth; then time_ping x1 and job_offer go out together: inject after 4
-        if mode == "inject" and not injected and len(frames) >= 4:
-            u.sendall(frames[-2])
+        # handshake: hello, auth; then job_offer (session frame #0): send it again as #1
+        if mode == "inject" and not injected and len(frames) >= 3:
+            u.sendall(frames[-1])
             injected = True
     if u in r:
         data = u.recv(65536)
@@ -126,4 +126,4 @@ def test_frame_injected_after_auth_drops_the_link_and_nothing_runs(cluster):
     assert p.returncode != 0, out + err
     assert os.listdir(marks) == [], "workers ran after an injected frame"
     log = c.agent_log(n1)
-    assert "bad_mac: frame #2 failed authentication" in log, log[-2000:]
+    assert "bad_mac: frame #1 failed authentication" in log, log[-2000:]

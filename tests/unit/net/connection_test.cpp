@@ -54,7 +54,7 @@ struct Pair {
     client = Connection::make(std::move(cs), Session::client(cc), "server-peer", "test", handshake);
     client->start({[&](const PeerInfo&) {
                      client_est = true;
-                     client->send(client->session().message("time_ping", {{"t0_us", 1}}));
+                     client->send(client->session().message("heartbeat", {{"now_us", 1}}));
                    },
                    [&](Message m) {
                      client_got.push_back(m.type);
@@ -72,7 +72,7 @@ TEST(Connection, HandshakeAndMessagesBothWays) {
   p.run(key('s'));
   EXPECT_TRUE(p.server_est);
   EXPECT_TRUE(p.client_est);
-  EXPECT_EQ(p.server_got, std::vector<std::string>{"time_ping"});
+  EXPECT_EQ(p.server_got, std::vector<std::string>{"heartbeat"});
   EXPECT_EQ(p.client_got, std::vector<std::string>{"heartbeat"});
   EXPECT_EQ(p.client_closed, "done");
   EXPECT_NE(p.server_closed.find("closed"), std::string::npos) << p.server_closed;
@@ -119,12 +119,12 @@ TEST(Connection, OverASocketpairWithoutEndpoints) {
   server->start({nullptr, [&](Message m) { server_got.push_back(m.type); },
                  [&](const std::string& r) { server_closed = r; }});
   client->start({[&](const PeerInfo&) {
-                   client->send(client->session().message("time_ping", {{"t0_us", 1}}));
+                   client->send(client->session().message("heartbeat", {{"now_us", 1}}));
                    client->close("done");
                  },
                  nullptr, nullptr});
   io.run_for(std::chrono::seconds(3));
-  EXPECT_EQ(server_got, std::vector<std::string>{"time_ping"});
+  EXPECT_EQ(server_got, std::vector<std::string>{"heartbeat"});
   EXPECT_NE(server_closed.find("closed"), std::string::npos) << server_closed;
   EXPECT_FALSE(server->local_endpoint().has_value());
   EXPECT_FALSE(client->remote_endpoint().has_value());

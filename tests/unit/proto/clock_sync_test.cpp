@@ -1,4 +1,4 @@
-// Clock-offset estimation from ping/pong samples.
+// Clock-offset estimation from exchange samples (offer/join, heartbeat pairs).
 #include "proto/clock_sync.hpp"
 
 #include <gtest/gtest.h>
@@ -55,4 +55,24 @@ TEST(ClockSync, UnixEpochMicrosecondsDoNotOverflow) {
   const microseconds now(1'760'000'000'000'000LL);  // 2025 in us since 1970
   auto o = offset_from({now, now + microseconds(250), now + microseconds(500)});
   EXPECT_EQ(o->offset, microseconds(0));
+}
+
+TEST(ClockSync, TheAgentsHoldIsTakenOutOfTheRoundTrip) {
+  // Agent 2 s behind; 300 us each way; the agent held the answer 50 ms (preflight checks).
+  const microseconds t0(1'000'000), hold(50'000);
+  const auto t1 = t0 + microseconds(300) - microseconds(2'000'000);
+  const auto t2 = t0 + microseconds(300) + hold + microseconds(300);
+  auto o = offset_from({t0, t1, t2, hold});
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->offset, microseconds(-2'000'000));
+  EXPECT_EQ(o->rtt, microseconds(600));
+  EXPECT_EQ(o->uncertainty, microseconds(300));
+  // Read as if it answered at once, the hold would skew the estimate by half of it.
+  EXPECT_EQ(offset_from({t0, t1, t2})->offset, microseconds(-2'000'000 - 25'000));
+}
+
+TEST(ClockSync, ImpossibleHoldRefused) {
+  EXPECT_FALSE(offset_from({microseconds(0), microseconds(10), microseconds(100), microseconds(-1)}));
+  EXPECT_FALSE(offset_from({microseconds(0), microseconds(10), microseconds(100), microseconds(101)}));
+  EXPECT_TRUE(offset_from({microseconds(0), microseconds(10), microseconds(100), microseconds(100)}));
 }

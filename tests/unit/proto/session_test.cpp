@@ -100,11 +100,11 @@ TEST(Session, HandshakeEstablishesBothSides) {
   EXPECT_EQ(p.s.established->role, Role::agent);
   EXPECT_EQ(p.s.established->key_id, "default");
   EXPECT_EQ(p.s.established->name, "n1");
-  EXPECT_EQ(p.s.established->version, 1u);
+  EXPECT_EQ(p.s.established->version, 2u);
   ASSERT_TRUE(p.c.established);
   EXPECT_EQ(p.c.established->role, Role::coordinator);
   EXPECT_EQ(p.c.established->name, "coord");
-  EXPECT_EQ(p.client.version(), 1u);
+  EXPECT_EQ(p.client.version(), 2u);
 }
 
 TEST(Session, TheSecretNeverCrossesTheWire) {
@@ -123,10 +123,10 @@ TEST(Session, MessagesFlowBothWaysInOrder) {
   p.pump(batch);
   ASSERT_EQ(p.s.delivered.size(), 5u);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(p.s.delivered[i].body["now_us"], i);
-  p.pump("", p.server.seal(p.server.message("time_ping", {{"t0_us", 99}})));
+  p.pump("", p.server.seal(p.server.message("start", {{"job_id", "j"}, {"round", 99}})));
   ASSERT_EQ(p.c.delivered.size(), 1u);
-  EXPECT_EQ(p.c.delivered[0].type, "time_ping");
-  EXPECT_EQ(p.c.delivered[0].body["t0_us"], 99);
+  EXPECT_EQ(p.c.delivered[0].type, "start");
+  EXPECT_EQ(p.c.delivered[0].body["round"], 99);
 }
 
 TEST(Session, WholeConversationSplitAtEveryByteBoundary) {
@@ -139,7 +139,7 @@ TEST(Session, WholeConversationSplitAtEveryByteBoundary) {
   absorb(p.client.on_bytes(ok));
   ASSERT_TRUE(p.client.established());
   std::string stream = hello + auth;
-  stream += p.client.seal(p.client.message("join", {{"job_id", "j"}, {"node", "n1"}, {"nproc", 2}}));
+  stream += p.client.seal(p.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 2}}));
   stream += p.client.seal(p.client.message("heartbeat"));  // sealed in order: seq 0, then 1
   for (std::size_t i = 0; i <= stream.size(); ++i) {
     Session server = Session::server(server_config());
@@ -235,12 +235,12 @@ TEST(Session, VersionMismatchGivesAHint) {
   {
     Pair p;
     auto cfg = client_config();
-    cfg.versions = {2, 3};
+    cfg.versions = {3, 4};
     p.client = Session::client(cfg);
     p.connect();
     ASSERT_TRUE(p.s.dropped);
     EXPECT_EQ(*p.s.dropped,
-              "version: no common protocol version: the client speaks 2, 3, 'coord' speaks 1 (upgrade ddpctl on "
+              "version: no common protocol version: the client speaks 3, 4, 'coord' speaks 2 (upgrade ddpctl on "
               "'coord' (it is older than the client))");
     EXPECT_NE(p.c.dropped->find("peer refused: version"), std::string::npos);
   }
@@ -257,17 +257,17 @@ TEST(Session, VersionMismatchGivesAHint) {
 TEST(Session, HighestCommonVersionIsChosen) {
   Pair p;
   auto cfg = client_config();
-  cfg.versions = {1, 2, 3};
+  cfg.versions = {2, 3, 4};
   auto scfg = server_config();
-  scfg.versions = {1, 2};
-  // Version 2 is not in the schema's range, but negotiation itself is pure arithmetic.
+  scfg.versions = {2, 3};
+  // Version 3 is not in the schema's range, but negotiation itself is pure arithmetic.
   p.client = Session::client(cfg);
   p.server = Session::server(scfg);
   auto hello = absorb(p.client.start()).sent;
   auto ack = absorb(p.server.on_bytes(hello));
   ASSERT_FALSE(ack.dropped);
-  EXPECT_EQ(p.server.version(), 2u);
-  EXPECT_EQ(json::parse(body_of(ack.sent))["version"], 2);
+  EXPECT_EQ(p.server.version(), 3u);
+  EXPECT_EQ(json::parse(body_of(ack.sent))["version"], 3);
 }
 
 TEST(Session, ClientRefusesAVersionItDidNotOffer) {
@@ -276,7 +276,7 @@ TEST(Session, ClientRefusesAVersionItDidNotOffer) {
   auto ack = make_message("hello_ack", 7, {{"version", 7}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
   auto o = absorb(client.on_bytes(encode_frame(dump(ack))));
   ASSERT_TRUE(o.dropped);
-  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (1)"), std::string::npos);
+  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (2)"), std::string::npos);
   auto sent = json::parse(body_of(o.sent));
   EXPECT_EQ(sent["type"], "error");
   EXPECT_EQ(sent["code"], "version");
@@ -285,7 +285,7 @@ TEST(Session, ClientRefusesAVersionItDidNotOffer) {
 TEST(Session, ClientRefusesAFramedVersionDifferentFromTheChosenOne) {
   Session client = Session::client(client_config());
   absorb(client.start());
-  auto ack = make_message("hello_ack", 3, {{"version", 1}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
+  auto ack = make_message("hello_ack", 3, {{"version", 2}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
   auto o = absorb(client.on_bytes(encode_frame(dump(ack))));
   ASSERT_TRUE(o.dropped);
   EXPECT_NE(o.dropped->find("framed as version 3"), std::string::npos);
@@ -385,10 +385,10 @@ TEST(SessionFrames, DroppedFrameBreaksTheSequence) {
 
 TEST(SessionFrames, EveryTamperedByteIsDetected) {
   auto base = established_pair();
-  auto f = base.client.seal(base.client.message("join", {{"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
+  auto f = base.client.seal(base.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
   for (std::size_t i = kFrameHeaderBytes; i < f.size(); ++i) {
     auto p = established_pair();  // identical nonces: identical keys and sequence
-    auto same = p.client.seal(p.client.message("join", {{"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
+    auto same = p.client.seal(p.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
     ASSERT_EQ(same, f);
     same[i] = static_cast<char>(same[i] ^ 0x01);
     auto o = absorb(p.server.on_bytes(same));
@@ -440,8 +440,8 @@ TEST(SessionFrames, InvalidAuthenticatedMessageGetsAnErrorThenDrop) {
            {R"({"type":"join","v":1,"job_id":"j","node":"n1","nproc":"8"})",
             "wrong_type: 'join.nproc' must be an unsigned integer, got a string"},
            {R"({"type":"assign","v":1})", "wrong_sender"},
-           {R"({"type":"heartbeat","v":2})", "version: 'heartbeat' is framed as version 2, negotiated 1"},
-           {R"({"type":"hello","v":1,"versions":[1],"key_id":"k","nonce":")" + std::string(64, 'a') +
+           {R"({"type":"heartbeat","v":1})", "version: 'heartbeat' is framed as version 1, negotiated 2"},
+           {R"({"type":"hello","v":2,"versions":[2],"key_id":"k","nonce":")" + std::string(64, 'a') +
                 R"(","role":"agent","user":"u"})",
             "unexpected: 'hello' after the handshake finished"},
            {R"(not json)", "bad_json"},
@@ -475,7 +475,7 @@ TEST(SessionFrames, LargeFramesUpToTheLimitAfterAuth) {
   ASSERT_EQ(o.delivered.size(), 1u);
   EXPECT_EQ(o.delivered[0].body["data"], data);
   // Over the limit: the sender refuses to build it; a receiver refuses it from the header.
-  json big = p.client.message("join", {{"job_id", "j"}, {"node", "n"}, {"nproc", 1}, {"facts", {{"blob", std::string(limits().max_frame_bytes, 'f')}}}});
+  json big = p.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n"}, {"nproc", 1}, {"facts", {{"blob", std::string(limits().max_frame_bytes, 'f')}}}});
   EXPECT_THROW(p.client.seal(big), std::invalid_argument);
   auto huge = p.client.seal_raw(std::string(limits().max_frame_bytes + 1, ' '));
   auto r = absorb(p.server.on_bytes(huge.substr(0, 8)));
@@ -503,7 +503,7 @@ TEST(SessionHandshake, GarbageIsRefused) {
 
 TEST(SessionHandshake, SessionMessagesBeforeAuthAreRefused) {
   Session server = Session::server(server_config());
-  auto join = make_message("join", 1, {{"job_id", "j"}, {"node", "n1"}, {"nproc", 2}});
+  auto join = make_message("join", 1, {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 2}});
   auto o = absorb(server.on_bytes(encode_frame(dump(join))));
   ASSERT_TRUE(o.dropped);
   EXPECT_EQ(*o.dropped, "unexpected: 'join' before authentication finished (complete the hello/auth handshake first)");
