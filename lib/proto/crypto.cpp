@@ -3,6 +3,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/core_names.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
@@ -16,6 +17,32 @@ Digest hmac_sha256(std::string_view key, std::string_view data) {
   unsigned int len = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
        data.size(), out.data(), &len);
+  return out;
+}
+
+HmacKey::HmacKey(std::string_view key) {
+  static EVP_MAC* const mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);  // fetched once, never freed
+  if (!mac) throw std::runtime_error("OpenSSL has no HMAC");
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(mac);
+  if (!ctx) throw std::runtime_error("EVP_MAC_CTX_new failed");
+  ctx_.reset(ctx, [](void* c) { EVP_MAC_CTX_free(static_cast<EVP_MAC_CTX*>(c)); });
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+  if (EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), params) != 1) {
+    throw std::runtime_error("EVP_MAC_init(HMAC-SHA256) failed");
+  }
+}
+
+Digest HmacKey::mac(std::initializer_list<std::string_view> parts) const {
+  if (!ctx_) throw std::logic_error("HmacKey::mac without a key");
+  std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)> c(EVP_MAC_CTX_dup(static_cast<EVP_MAC_CTX*>(ctx_.get())),
+                                                               &EVP_MAC_CTX_free);
+  Digest out{};
+  std::size_t len = 0;
+  bool ok = static_cast<bool>(c);
+  for (auto p : parts) ok = ok && EVP_MAC_update(c.get(), reinterpret_cast<const unsigned char*>(p.data()), p.size()) == 1;
+  ok = ok && EVP_MAC_final(c.get(), out.data(), &len, out.size()) == 1 && len == out.size();
+  if (!ok) throw std::runtime_error("HMAC-SHA256 failed");
   return out;
 }
 

@@ -4,6 +4,8 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +20,20 @@ using Nonce = std::array<std::uint8_t, kNonceBytes>;
 
 Digest hmac_sha256(std::string_view key, std::string_view data);
 Digest sha256(std::string_view data);
+
+// HMAC-SHA256 under one key, many messages (a session's frames): the keyed state is set up once
+// and copied per message, and a message may come in parts (no concatenated copy). The same
+// digest as hmac_sha256(key, concatenation of the parts). Copies share the immutable keyed state.
+class HmacKey {
+ public:
+  HmacKey() = default;
+  explicit HmacKey(std::string_view key);
+  Digest mac(std::initializer_list<std::string_view> parts) const;
+  explicit operator bool() const { return static_cast<bool>(ctx_); }
+
+ private:
+  std::shared_ptr<void> ctx_;  // EVP_MAC_CTX, keyed
+};
 
 // Constant-time for equal lengths (CRYPTO_memcmp); different lengths are simply unequal.
 bool equal_ct(std::string_view a, std::string_view b);

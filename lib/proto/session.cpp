@@ -35,13 +35,11 @@ void put_lp(std::string& out, std::string_view s) {
   out.append(s);
 }
 
-std::string frame_mac_input(char dir, std::uint64_t seq, std::string_view json) {
-  std::string in;
-  in.reserve(1 + 8 + json.size());
-  in.push_back(dir);
-  put_u64(in, seq);
-  in.append(json);
-  return in;
+// The MAC input of a frame: direction byte, 8-byte big-endian sequence number, JSON bytes.
+Digest frame_mac(const HmacKey& key, char dir, std::uint64_t seq, std::string_view json) {
+  std::string head(1, dir);
+  put_u64(head, seq);
+  return key.mac({head, json});
 }
 
 }  // namespace
@@ -148,6 +146,7 @@ Effects Session::on_handshake_timeout() {
 Effects Session::drop(std::string reason) {
   state_ = State::dropped;
   session_key_.assign(session_key_.size(), '\0');
+  frame_key_ = HmacKey();
   return {Drop{std::move(reason)}};
 }
 
@@ -311,6 +310,7 @@ void Session::establish() {
   in.append(reinterpret_cast<const char*>(transcript_.data()), transcript_.size());
   auto k = hmac_sha256(key_.secret, in);
   session_key_.assign(reinterpret_cast<const char*>(k.data()), k.size());
+  frame_key_ = HmacKey(session_key_);
   state_ = State::established;
   decoder_.set_max_body(limits().max_frame_bytes + kDigestBytes);
 }
@@ -357,7 +357,7 @@ Effects Session::on_session_frame(std::string_view body) {
   const auto json = body.substr(0, body.size() - kDigestBytes);
   const auto tag = body.substr(body.size() - kDigestBytes);
   const char dir = is_client_ ? kDirServerToClient : kDirClientToServer;
-  auto expected = hmac_sha256(session_key_, frame_mac_input(dir, seq_in_, json));
+  auto expected = frame_mac(frame_key_, dir, seq_in_, json);
   if (!equal_ct(tag, as_bytes(expected))) {
     // No reply: whoever sent this cannot be told apart from an attacker on the link.
     return drop("bad_mac: frame #" + std::to_string(seq_in_) +
@@ -399,13 +399,17 @@ std::string Session::seal(const nlohmann::json& m) {
   return seal_raw(json);
 }
 
-std::string Session::seal_raw(std::string_view body) {
+std::string Session::seal_raw(std::string_view json) {
   if (state_ != State::established) throw std::logic_error("seal() before the session is established");
-  std::string json(body);
   const char dir = is_client_ ? kDirClientToServer : kDirServerToClient;
-  auto tag = hmac_sha256(session_key_, frame_mac_input(dir, seq_out_++, json));
-  json.append(as_bytes(tag));
-  return encode_frame(json);
+  const auto tag = frame_mac(frame_key_, dir, seq_out_++, json);
+  // The frame in place: length, JSON, tag (what encode_frame(json + tag) gives, without copies).
+  std::string frame;
+  frame.reserve(kFrameHeaderBytes + json.size() + kDigestBytes);
+  put_u32(frame, static_cast<std::uint32_t>(json.size() + kDigestBytes));
+  frame.append(json);
+  frame.append(as_bytes(tag));
+  return frame;
 }
 
 }  // namespace ddp::proto

@@ -149,6 +149,7 @@ class Session {
   std::string hello_body_, ack_body_;
   Digest transcript_{};
   std::string session_key_;
+  HmacKey frame_key_;  // session_key_'s keyed HMAC state, for every frame
   std::uint64_t seq_out_ = 0, seq_in_ = 0;
   std::uint32_t version_ = 0;
   PeerInfo peer_;
