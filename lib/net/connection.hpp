@@ -93,8 +93,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   static constexpr std::size_t kMaxGather = 64;
   std::vector<boost::asio::const_buffer> gather_;
   std::size_t queued_bytes_ = 0;
-  bool writing_ = false;       // a write is in flight or about to start
-  bool write_posted_ = false;  // ... about to start: nothing of out_ was tried yet
+  bool writing_ = false;
   bool closing_ = false;  // a drop: flush the queue, then close
   bool closed_ = false;
   bool was_established_ = false;
