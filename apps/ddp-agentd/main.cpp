@@ -9,6 +9,7 @@
 #include "hostlist/hostlist.hpp"
 #include "net/token_file.hpp"
 #include "shepherd/shepherd.hpp"
+#include "slurm/slurm.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
   std::string token_file = ddp::net::kAgentTokenFile;
   std::string config;
   std::optional<ddp::agentconfig::AgentConfig> cfg;
-  bool oneshot = false, stdio = false, verbose = false;
+  bool oneshot = false, stdio = false, verbose = false, announce = false;
+  std::string secret_env;
   double heartbeat_timeout_s = 6;
   ddp::agent::AgentOptions opts;
   app.add_option("--listen", listen, "HOST:PORT to listen on ([::]:29410: every address)");
@@ -108,6 +110,12 @@ int main(int argc, char** argv) {
   app.add_flag("--stdio", stdio,
                "speak to one coordinator over stdin/stdout instead of listening (SSH mode): stdin's first line is "
                "the run's secret; logs go to stderr; implies --oneshot");
+  app.add_option("--secret-env", secret_env,
+                 "take the secret from this environment variable instead of a token file, and remove it from the "
+                 "environment (ddpctl launch --slurm passes the run's secret this way, through srun)");
+  app.add_flag("--announce", announce,
+               "once listening, print 'ddp-agentd listening PORT' on stdout (for --listen with port 0; ddpctl "
+               "launch --slurm reads it through srun)");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
   bool generate_man = false;  // for the build: the man page from this definition
   app.add_flag("--generate-man", generate_man)->group("");
@@ -122,6 +130,10 @@ int main(int argc, char** argv) {
   }
   if (verbose) ddp::log::set_level(spdlog::level::debug);
   opts.oneshot = oneshot || stdio;
+  if (stdio && (!secret_env.empty() || announce)) {
+    std::cerr << "ddp-agentd: --secret-env and --announce are for a listening agent, not --stdio\n";
+    return 2;
+  }
   opts.stdio = stdio;
   // The default file is optional; one named with --config must be there.
   if (config.empty() && std::filesystem::exists(ddp::agentconfig::kDefaultPath)) config = ddp::agentconfig::kDefaultPath;
@@ -134,13 +146,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto ep = ddp::hostlist::parse_endpoint(listen);
+  // Port 0 (any free port) only makes sense when the agent tells which one it got.
+  const bool any_port = announce && listen.ends_with(":0");
+  auto ep = ddp::hostlist::parse_endpoint(any_port ? std::string_view(listen).substr(0, listen.size() - 2) : listen);
   if (!ep.ok()) {
-    std::cerr << fmt::format("ddp-agentd: --listen '{}': {}\n", listen, ep.error->to_string());
+    std::cerr << fmt::format("ddp-agentd: --listen '{}': {}{}\n", listen, ep.error->to_string(),
+                             listen.ends_with(":0") ? " (port 0 needs --announce)" : "");
     return 2;
   }
   opts.listen_host = ep.endpoint.host;
-  opts.port = ep.endpoint.port.value_or(ddp::agent::kDefaultPort);
+  opts.port = any_port ? 0 : ep.endpoint.port.value_or(ddp::agent::kDefaultPort);
   if (!gpus.empty()) {
     opts.gpus.emplace();
     for (auto g : ddp::split(gpus, ',')) opts.gpus->emplace_back(ddp::trim(g));
@@ -163,6 +178,19 @@ int main(int argc, char** argv) {
       }
       opts.keys = ddp::proto::Keyring({{"ssh", *secret}});
       if (log_dir->count() == 0) opts.log_dir = default_stdio_log_dir();
+    } else if (!secret_env.empty()) {
+      // Read, then removed, so that no worker inherits it (DDP_* is scrubbed from workers too).
+      const char* value = std::getenv(secret_env.c_str());
+      const std::string secret = value ? value : "";
+      ::unsetenv(secret_env.c_str());
+      if (secret.size() < ddp::proto::kMinSecretChars) {
+        std::cerr << fmt::format("ddp-agentd: --secret-env {}: the variable must hold the secret (32+ characters){}\n",
+                                 secret_env, value ? "" : ", but it is not set");
+        return 2;
+      }
+      opts.keys = ddp::proto::Keyring({{"run", secret}});
+      // A per-run agent runs as the user: /var/log/ddpctl is not theirs.
+      if (log_dir->count() == 0) opts.log_dir = default_stdio_log_dir();
     } else {
       opts.keys = ddp::net::load_token_file(token_file);
       // Per-user tokens: with --stdio the SSH login already chose the user, so only here.
@@ -172,6 +200,7 @@ int main(int argc, char** argv) {
         opts.key_users = ddp::agentconfig::resolve_key_users(*cfg, ids, ::geteuid());
       }
     }
+    if (announce) opts.announce = [](std::uint16_t port) { return ddp::slurm::announce_line(port); };
     return ddp::agent::run_agent(std::move(opts));
   } catch (const ddp::agentconfig::ConfigError& e) {
     std::cerr << e.what() << "\n";

@@ -14,6 +14,8 @@
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
 #include "proto/crypto.hpp"
+#include "slurm/slurm.hpp"
+#include "slurm/step.hpp"
 #include "ssh/dialer.hpp"
 
 #include <fmt/format.h>
@@ -54,7 +56,32 @@ struct LaunchArgs {
   int ssh_parallel = 8;
   std::string coordinator;
   bool detach = false;
+  bool slurm = false;
+  std::vector<std::string> srun_args;
 };
+
+std::map<std::string, std::string> own_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (auto eq = kv.find('='); eq != std::string_view::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+// --slurm: the nodes of the allocation we run in (SLURM_JOB_NODELIST), as a host list.
+std::string slurm_node_list(const LaunchArgs& args, const ddp::jobspec::JobSpec& spec) {
+  if (!args.nodes.empty()) throw ddp::slurm::SlurmError("--slurm takes its nodes from the allocation: drop --nodes");
+  if (args.ssh) throw ddp::slurm::SlurmError("--slurm and --ssh are two ways to reach the nodes: pick one");
+  if (!args.token_file.empty()) throw ddp::slurm::SlurmError("--token-file is not used with --slurm: each run makes its own secret");
+  if (!args.coordinator.empty()) {
+    throw ddp::slurm::SlurmError("--slurm runs the job's coordinator here, inside the allocation: drop --coordinator");
+  }
+  if (args.detach) throw ddp::slurm::SlurmError("--detach is not supported with --slurm yet (the batch script's end ends the allocation anyway)");
+  const auto alloc = ddp::slurm::allocation_from_env(own_environment());
+  const auto nodes = ddp::slurm::pick_nodes(alloc, spec.nnodes_min, spec.nnodes_max, spec.nnodes_max > 1);
+  return ddp::hostlist::compress(nodes);
+}
 
 // --detach without --coordinator: a background ddpctl (its own session, no terminal) runs the
 // embedded coordinator; we return once its control socket listens, so `ddpctl status/logs/stop`
@@ -153,7 +180,18 @@ std::string own_agent_binary() {
 // ddp-agentd on every node. nullopt: a local launch.
 std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::JobSpec spec) {
   namespace fs = std::filesystem;
-  const std::string list = !args.nodes.empty() ? args.nodes : ddp::join(spec.hosts, ",");
+  std::string list = !args.nodes.empty() ? args.nodes : ddp::join(spec.hosts, ",");
+  if (args.slurm) {
+    try {
+      list = slurm_node_list(args, spec);
+    } catch (const ddp::slurm::SlurmError& e) {
+      std::cerr << "ddpctl launch: " << e.what() << "\n";
+      return 2;
+    }
+  } else if (!args.srun_args.empty()) {
+    std::cerr << "ddpctl launch: --srun-arg needs --slurm\n";
+    return 2;
+  }
   if (list.empty()) {
     if (args.ssh) {
       std::cerr << fmt::format("ddpctl launch: --ssh needs nodes: pass --nodes (e.g. --nodes node[1-2]) or list hosts: "
@@ -224,10 +262,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     opts.show_ranks.insert(static_cast<int>(*r));
   }
   opts.user = ddp::net::local_user();
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view kv(*e);
-    if (auto eq = kv.find('='); eq != std::string_view::npos) opts.launcher_env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
+  opts.launcher_env = own_environment();
   if (args.job_id.empty()) {
     auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
     std::tm tm{};
@@ -284,6 +319,26 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
                                 so.agent_binary));
       }
       opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::ssh::Dialer>(io, so); };
+    } else if (args.slurm) {
+      // A fresh secret per run, as over SSH: srun carries it to the agents in their environment
+      // (slurm::kSecretEnv), which they read and remove; never a command-line word or a file.
+      const auto nonce = ddp::proto::random_nonce();
+      const auto secret = ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
+      opts.keys = ddp::proto::Keyring({{"run", secret}});
+      ddp::slurm::StepDialerOptions so;
+      so.step.nodes = hosts.hosts;
+      so.step.agent = own_agent_binary();
+      so.step.verbose_agent = ddp::log::get("slurm")->should_log(spdlog::level::debug);
+      so.step.extra = args.srun_args;
+      so.step.job_name = "ddpctl-" + spec.name;
+      so.secret = secret;
+      so.env = opts.launcher_env;
+      so.workdir = cwd.string();
+      so.stop_grace = spec.stop_grace;
+      if (!std::filesystem::exists(so.step.agent)) {
+        return fail(fmt::format("--slurm: our ddp-agentd is not at {} (srun runs it from there on every node)", so.step.agent));
+      }
+      opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::slurm::StepDialer>(io, so); };
     } else {
       opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
     }
@@ -292,6 +347,8 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   } catch (const ddp::net::TokenError& e) {
     return fail(e.what());
   } catch (const ddp::coordinator::CoordinatorError& e) {
+    return fail(e.what());
+  } catch (const ddp::slurm::SlurmError& e) {
     return fail(e.what());
   } catch (const std::runtime_error& e) {
     return fail(e.what());
@@ -332,6 +389,14 @@ Command add_launch_command(CLI::App& root) {
   sub->add_flag("--detach", args->detach,
                 "with --nodes: print the job id and return while the job runs on (in a background ddpctl, or on "
                 "--coordinator); ddpctl status/logs/stop reach it");
+  sub->add_flag("--slurm", args->slurm,
+                "inside a SLURM allocation (sbatch, salloc): run on its nodes (SLURM_JOB_NODELIST), starting a one-shot "
+                "ddp-agentd on each with one srun step; no daemon or token file needed");
+  sub->add_option("--srun-arg", args->srun_args,
+                  "with --slurm: one more argument for the agents' srun, before the agent's command (repeatable), e.g. "
+                  "--srun-arg=--gres=gpu:8")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 

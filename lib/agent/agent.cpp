@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -86,6 +87,7 @@ class Agent {
       : opts_(std::move(opts)),
         acceptor_(io_),
         signals_(io_, SIGINT, SIGTERM),
+        user_signals_(io_, SIGUSR1, SIGUSR2),
         sigchld_(io_, SIGCHLD),
         heartbeat_timer_(io_),
         watchdog_timer_(io_),
@@ -198,6 +200,7 @@ class Agent {
       ::signal(SIGPIPE, SIG_IGN);
     }
     wait_signals();
+    wait_user_signals();
     wait_sigchld();
     heartbeat();
     if (opts_.stdio) {
@@ -206,6 +209,11 @@ class Agent {
     } else {
       log_->info("ddp-agentd {} listening on {}{} (logs in {})", opts_.name, peer_label(acceptor_.local_endpoint()),
                  opts_.oneshot ? " for one job" : "", opts_.log_dir);
+      if (opts_.announce) {
+        // Whoever started us (srun, for ddpctl launch --slurm) learns the port we were given.
+        std::printf("%s\n", opts_.announce(acceptor_.local_endpoint().port()).c_str());
+        std::fflush(stdout);
+      }
       accept();
     }
     notify_.ready(idle_status());
@@ -355,6 +363,7 @@ class Agent {
     if (m.type == "assign") return on_assign(b);
     if (m.type == "start") return on_start(b);
     if (m.type == "stop") return on_stop(b);
+    if (m.type == "signal") return on_signal(b);
     c->refuse(proto::ErrorCode::unexpected, fmt::format("an agent does not take '{}'", m.type));
   }
 
@@ -625,6 +634,18 @@ class Agent {
     }
   }
 
+  // The coordinator passes on a signal it received (SIGUSR1/2: a scheduler's warning) to every
+  // worker of the round, as it is; a round that is not running here has nobody to tell.
+  void on_signal(const json& b) {
+    auto& job = *job_;
+    const auto name = b["signal"].get<std::string>();
+    const int sig = name == "SIGUSR1" ? SIGUSR1 : SIGUSR2;
+    if (job.running() && job.group_round == b["round"].get<std::uint32_t>()) {
+      log_->info("job {} round {}: {} from the coordinator: passing it to the workers", job.job_id, job.group_round, name);
+      job.shepherd->forward(sig);
+    }
+  }
+
   void forward_line(int rank, supervisor::Stream s, const std::string& line) {
     if (!job_ || !job_->owner->established()) return;
     auto& job = *job_;
@@ -802,6 +823,19 @@ class Agent {
     });
   }
 
+  // SIGUSR1/SIGUSR2 sent to the agent itself (kill, or a scheduler signalling every process of
+  // its job step) go to the workers as they are, as ddpctl does locally; never the agent's death.
+  void wait_user_signals() {
+    user_signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      if (job_ && job_->running()) {
+        log_->info("{}: passing it to job {}'s workers", supervisor::signal_name(sig), job_->job_id);
+        job_->shepherd->forward(sig);
+      }
+      wait_user_signals();
+    });
+  }
+
   void finish_shutdown() {
     for (auto& [raw, p] : std::map<Connection*, Peer>(peers_)) p.conn->close("ddp-agentd is shutting down");
     io_.stop();
@@ -810,7 +844,7 @@ class Agent {
   AgentOptions opts_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
-  asio::signal_set signals_, sigchld_;
+  asio::signal_set signals_, user_signals_, sigchld_;
   asio::steady_timer heartbeat_timer_, watchdog_timer_;
   sdnotify::Notifier notify_;
   std::shared_ptr<spdlog::logger> log_;

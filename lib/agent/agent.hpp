@@ -24,6 +24,7 @@
 #include "proto/keyring.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -67,6 +68,9 @@ struct AgentOptions {
   // No listener: the one coordinator speaks over stdin/stdout (SSH mode; implies oneshot).
   // `keys` then holds the per-run secret the launcher wrote as stdin's first line.
   bool stdio = false;
+  // Set: once listening, the agent prints this line for its port on stdout (--announce: srun
+  // relays it to `ddpctl launch --slurm`, which dials that port).
+  std::function<std::string(std::uint16_t port)> announce;
 };
 
 class AgentError : public std::runtime_error {

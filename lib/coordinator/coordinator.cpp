@@ -58,6 +58,7 @@ class Coordinator {
   explicit Coordinator(CoordinatorOptions opts)
       : opts_(std::move(opts)),
         signals_(io_),
+        user_signals_(io_),
         tick_timer_(io_),
         heartbeat_timer_(io_),
         log_(log::get("coord")),
@@ -86,6 +87,9 @@ class Coordinator {
       signals_.add(SIGTERM);
       signals_.add(SIGHUP);
       wait_signals();
+      user_signals_.add(SIGUSR1);
+      user_signals_.add(SIGUSR2);
+      wait_user_signals();
     }
     if (opts_.events.started) {
       // Posted onto this loop; once it has stopped, nothing runs (and `done` below tells the
@@ -627,6 +631,7 @@ class Coordinator {
     if (control_) control_->end(report_.status);
     boost::system::error_code ignored;
     signals_.cancel(ignored);
+    user_signals_.cancel(ignored);
     tick_timer_.cancel();
     heartbeat_timer_.cancel();
     for (auto& [name, n] : nodes_) {
@@ -650,6 +655,26 @@ class Coordinator {
       if (ec || done_) return;
       stop_job(sig, supervisor::signal_name(sig));
       wait_signals();
+    });
+  }
+
+  // Schedulers warn of preemption with SIGUSR1/2 (SLURM: --signal=B:USR1@120): every agent of
+  // the round passes it to its workers as it is, so a training script can checkpoint.
+  void wait_user_signals() {
+    user_signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec || done_) return;
+      const auto members = rdzv_.members();
+      if (round_.value == 0 || members.empty()) {
+        log_->warn("{}: no workers run yet; not passed on", supervisor::signal_name(sig));
+      } else {
+        log_->info("{}: passing it to every worker on {} node{}", supervisor::signal_name(sig), members.size(),
+                   members.size() == 1 ? "" : "s");
+        for (const auto& m : members) {
+          send(*nodes_.at(m), "signal",
+               {{"job_id", opts_.job_id}, {"round", round_.value}, {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}});
+        }
+      }
+      wait_user_signals();
     });
   }
 
@@ -726,7 +751,7 @@ class Coordinator {
 
   CoordinatorOptions opts_;
   asio::io_context io_;
-  asio::signal_set signals_;
+  asio::signal_set signals_, user_signals_;
   asio::steady_timer tick_timer_, heartbeat_timer_;
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;

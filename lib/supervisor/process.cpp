@@ -146,7 +146,7 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
     };
     if (spec.own_process_group) ::setpgid(0, 0);
     if (spec.die_with_parent) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
       if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
     }
     for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);  // handlers first, then unblock

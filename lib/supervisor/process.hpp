@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <csignal>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -44,6 +45,9 @@ struct SpawnSpec {
   // PR_SET_PDEATHSIG(SIGKILL). Off only for a child that must outlive us long enough to clean up
   // after itself (the shepherd, which watches its parent through a pidfd instead).
   bool die_with_parent = true;
+  // The signal that death sends: SIGKILL for workers; SIGTERM for a child that must pass it on
+  // before it goes (srun, which ends its job step's tasks on SIGTERM).
+  int parent_death_signal = SIGKILL;
   bool own_process_group = true;            // false: stay in ddpctl's group (helpers)
   // Placement, applied in the child before exec. Best effort: the planner already limits `cpus`
   // to what the launcher may use, and if the kernel still refuses, the worker runs unbound

@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""A stand-in for SLURM's srun, put first on PATH by test_slurm.py.
+
+It does what `ddpctl launch --slurm` needs of srun's step launch, on simulated hosts:
+  - records its argv and whether the run's secret came in its environment (FAKE_SRUN_RECORD,
+    one JSON line per call; the secret's value is never written, only its length);
+  - runs the command once per node of --nodelist (SLURM syntax, one bracket per name is enough
+    here) inside that node's namespaces, using the prefixes in FAKE_SRUN_HOSTS (JSON: node ->
+    argv prefix), with srun's own environment (--export=ALL);
+  - relays every task's stdout and stderr with srun's --label prefix ("3: ");
+  - on SIGTERM or SIGINT passes SIGTERM to every task, as srun does, and with
+    --kill-on-bad-exit=1 when a task fails; exits with the highest task status once every task
+    has ended.
+Faults for the failure tests: FAKE_SRUN_FAIL_NODE=n2 makes that node's task fail at once
+(without running the command), FAKE_SRUN_REFUSE=1 makes the step creation fail.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+SECRET_ENV = "DDP_AGENT_SECRET"
+
+
+def expand(nodelist):
+    out = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        m = re.match(r"^(.*)\[([^\]]*)\](.*)$", item)
+        if not m:
+            out.append(item)
+            continue
+        for part in m[2].split(","):
+            lo, _, hi = part.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                out.append(f"{m[1]}{str(i).zfill(len(lo))}{m[3]}")
+    return out
+
+
+def main():
+    args = sys.argv[1:]
+    opts, i = {}, 0
+    while i < len(args) and args[i].startswith("-"):
+        k, _, v = args[i].partition("=")
+        opts[k] = v
+        i += 1
+    command = args[i:]
+    with open(os.environ["FAKE_SRUN_RECORD"], "a") as f:
+        f.write(json.dumps({"argv": sys.argv[1:], "secret_len": len(os.environ.get(SECRET_ENV, "")),
+                            "slurm_job_id": os.environ.get("SLURM_JOB_ID")}) + "\n")
+    if os.environ.get("FAKE_SRUN_REFUSE"):
+        print("srun: error: Unable to create step for job 4242: Requested node configuration is not available",
+              file=sys.stderr, flush=True)
+        return 1
+    prefixes = json.load(open(os.environ["FAKE_SRUN_HOSTS"]))
+    nodes = expand(opts["--nodelist"])
+    assert len(nodes) == int(opts["--nodes"]) == int(opts["--ntasks"]), opts
+    lock = threading.Lock()
+    tasks = []
+
+    def relay(task, stream, out):
+        for line in iter(stream.readline, b""):
+            with lock:
+                out.buffer.write(f"{task}: ".encode() + line)
+                out.flush()
+
+    for task, node in enumerate(nodes):
+        if node == os.environ.get("FAKE_SRUN_FAIL_NODE"):
+            print(f"{task}: fake failure of the task on {node}", file=sys.stderr, flush=True)
+            print(f"srun: error: {node}: task {task}: Exited with exit code 3", file=sys.stderr, flush=True)
+            continue
+        p = subprocess.Popen(prefixes[node] + command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+        tasks.append(p)
+        for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+            threading.Thread(target=relay, args=(task, stream, out), daemon=True).start()
+
+    def forward(sig, frame):
+        for p in tasks:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    worst = 3 if os.environ.get("FAKE_SRUN_FAIL_NODE") in nodes else 0
+    kill_on_bad_exit = opts.get("--kill-on-bad-exit") == "1"
+    killed = False
+    running = list(tasks)
+    while running:
+        if worst and kill_on_bad_exit and not killed:
+            print("srun: error: a task failed: terminating the step (--kill-on-bad-exit)", file=sys.stderr, flush=True)
+            forward(None, None)
+            killed = True
+        for p in list(running):
+            rc = p.poll()
+            if rc is not None:
+                running.remove(p)
+                worst = max(worst, rc if rc >= 0 else 128 - rc)
+        time.sleep(0.05)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

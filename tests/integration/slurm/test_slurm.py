@@ -1,0 +1,319 @@
+"""`ddpctl launch --slurm` on simulated hosts, with a stand-in srun (fake_srun.py, first on the
+launcher's PATH) that records what it was asked and starts the agents in the hosts' namespaces;
+and SIGUSR1/SIGUSR2 forwarding to every rank on every node, with --slurm and with --nodes.
+
+Everything runs inside namespaces the test made (simcluster.py has the network rule); the
+cluster fixture tears down every process and namespace it made.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
+import simcluster  # noqa: E402
+
+SKIP = simcluster.netns_unavailable()
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+PY = "/usr/bin/python3"
+LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
+
+# Prints its contract, then (with "trap") waits for SIGUSR1: the handler writes a file naming
+# the rank and host into the shared folder, and the worker ends 0. SIGUSR2 is trapped the same
+# way ("trap2"). "sleep" just sleeps.
+WORKER = r'''
+import json, os, signal, socket, sys, time
+mode, out_dir = sys.argv[1], sys.argv[2]
+got = []
+def on_signal(sig, frame):
+    name = signal.Signals(sig).name
+    with open(os.path.join(out_dir, f"{name}-rank{os.environ['RANK']}"), "w") as f:
+        f.write(socket.gethostname())
+    got.append(name)
+signal.signal(signal.SIGUSR1, on_signal)
+signal.signal(signal.SIGUSR2, on_signal)
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GLOO_SOCKET_IFNAME", "DDP_NODE", "DDP_AGENT_SECRET", "SLURM_JOB_ID"]
+env = {k: os.environ.get(k) for k in keys}
+env["hostname"] = socket.gethostname()
+env["pid"] = os.getpid()
+print("CONTRACT " + json.dumps(env), flush=True)
+deadline = time.time() + 120
+if mode == "trap":
+    while "SIGUSR1" not in got and time.time() < deadline:
+        time.sleep(0.05)
+elif mode == "trap-then-sleep":
+    while time.time() < deadline:
+        time.sleep(0.05)
+'''
+
+
+@pytest.fixture
+def cluster():
+    with simcluster.Cluster(nodes=3) as c:
+        yield c
+
+
+class Slurm:
+    """The stand-in srun and the allocation's environment for one cluster."""
+
+    def __init__(self, c, hosts=None):
+        self.c = c
+        self.hosts = hosts or c.hosts
+        d = os.path.join(c.dir, "slurmbin")
+        os.makedirs(d)
+        self.srun = os.path.join(d, "srun")
+        shutil.copy2(os.path.join(os.path.dirname(__file__), "fake_srun.py"), self.srun)
+        os.chmod(self.srun, 0o755)
+        self.record = os.path.join(c.dir, "srun-record.jsonl")
+        prefixes = {h.name: h.wrap([]) for h in c.hosts}
+        self.hosts_file = os.path.join(c.dir, "srun-hosts.json")
+        with open(self.hosts_file, "w") as f:
+            json.dump(prefixes, f)
+
+    def env(self, **extra):
+        e = dict(os.environ)
+        e.update({
+            "PATH": os.path.dirname(self.srun) + ":" + e.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NODELIST": "n[1-%d]" % len(self.hosts),
+            "SLURM_JOB_NUM_NODES": str(len(self.hosts)),
+            "FAKE_SRUN_RECORD": self.record,
+            "FAKE_SRUN_HOSTS": self.hosts_file,
+            # the agents' per-user state (logs) on each host's private /tmp, not in the real /root
+            "XDG_STATE_HOME": "/tmp/state",
+        })
+        e.update(extra)
+        return e
+
+    def launch(self, job_file, *args, **env):
+        argv = [os.path.join(self.c.bin, "ddpctl"), "launch", "--slurm", *args, job_file]
+        return self.c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.c.dir,
+                                env=self.env(**env))
+
+    def calls(self):
+        if not os.path.exists(self.record):
+            return []
+        return [json.loads(l) for l in open(self.record)]
+
+
+def job(c, name, command, nproc=1, extra=""):
+    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: {nproc}\ncommand: {json.dumps(command)}\n"
+                                   f"store: {{port: 29500}}\nstop: {{grace: 3s}}\n{extra}")
+
+
+def finish(p, timeout=90):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return p.returncode, out, err
+
+
+def contracts(text):
+    by_rank = {}
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if m and m["text"].startswith("CONTRACT "):
+            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
+    return by_rank
+
+
+def wait_for_contracts(p, n, timeout=60):
+    seen, lines = {}, []
+    deadline = time.time() + timeout
+    os.set_blocking(p.stdout.fileno(), True)
+    while len(seen) < n and time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        seen.update(contracts(line))
+    assert len(seen) == n, f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}"
+    return seen, "".join(lines)
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_nothing_left(c, timeout=20):
+    """No process at all in any node's namespace (agents, shepherds, workers) within timeout."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(h.ns_pids() for h in c.hosts):
+        time.sleep(0.1)
+    left = {h.name: [open(f"/proc/{pid}/cmdline").read().replace("\0", " ") for pid in h.ns_pids() if alive(pid)]
+            for h in c.hosts}
+    assert not any(left.values()), f"still running: {left}"
+
+
+def signal_files(c):
+    return {name: open(os.path.join(c.dir, "signals", name)).read()
+            for name in os.listdir(os.path.join(c.dir, "signals"))}
+
+
+def test_slurm_launch_runs_the_contract_on_every_node_of_the_allocation(cluster):
+    c = cluster
+    s = Slurm(c)
+    worker = c.write("worker.py", WORKER)
+    p = s.launch(job(c, "contract", [PY, worker, "once", c.dir], nproc=2), "--result-json", os.path.join(c.dir, "r.json"),
+                 "--srun-arg=--partition=debug")
+    rc, out, err = finish(p)
+    assert rc == 0, out + err
+    by_rank = contracts(out)
+    assert sorted(by_rank) == list(range(6)), out + err
+    n1 = c.hosts[0]
+    for rank, (node, env) in by_rank.items():
+        host = c.hosts[rank // 2]  # node ranks follow SLURM_JOB_NODELIST's order
+        assert node == host.name and env["hostname"] == host.name, (rank, node, env)
+        assert env["RANK"] == str(rank) and env["LOCAL_RANK"] == str(rank % 2)
+        assert env["WORLD_SIZE"] == "6" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == str(rank // 2) and env["GROUP_WORLD_SIZE"] == "3"
+        assert env["MASTER_ADDR"] == n1.addr and env["MASTER_PORT"] == "29500"
+        assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+        # Neither the run's secret nor the allocation's SLURM_* variables reach a worker.
+        assert env["DDP_AGENT_SECRET"] is None and env["SLURM_JOB_ID"] is None
+    assert json.load(open(os.path.join(c.dir, "r.json")))["status"] == "succeeded"
+
+    # One srun, asked for one agent per node, with the secret in its environment only.
+    calls = s.calls()
+    assert len(calls) == 1, calls
+    argv = calls[0]["argv"]
+    for flag in ("--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n[1-3]", "--overlap", "--label",
+                 "--export=ALL", "--kill-on-bad-exit=1", "--cpu-bind=none", "--partition=debug"):
+        assert flag in argv, (flag, argv)
+    agent = argv.index(os.path.join(c.bin, "ddp-agentd"))
+    assert argv.index("--partition=debug") < agent
+    assert argv[agent + 1:] == ["--oneshot", "--listen", "[::]:0", "--secret-env", "DDP_AGENT_SECRET", "--announce"]
+    assert calls[0]["secret_len"] == 64 and calls[0]["slurm_job_id"] == "4242"
+    assert_nothing_left(c)
+
+
+def test_sigusr1_and_sigusr2_reach_every_rank_on_every_node_then_sigterm_stops(cluster):
+    c = cluster
+    s = Slurm(c)
+    os.makedirs(os.path.join(c.dir, "signals"))
+    worker = c.write("worker.py", WORKER)
+    p = s.launch(job(c, "usr", [PY, worker, "trap-then-sleep", os.path.join(c.dir, "signals")], nproc=2),
+                 "--result-json", os.path.join(c.dir, "r.json"))
+    seen, _ = wait_for_contracts(p, 6)
+    os.kill(p.pid, signal.SIGUSR1)
+    os.kill(p.pid, signal.SIGUSR2)
+    deadline = time.time() + 30
+    while len(signal_files(c)) < 12 and time.time() < deadline:
+        time.sleep(0.1)
+    files = signal_files(c)
+    want = {f"{sig}-rank{r}": c.hosts[r // 2].name for sig in ("SIGUSR1", "SIGUSR2") for r in range(6)}
+    assert files == want
+    assert p.poll() is None, "SIGUSR1/2 must not stop the job"
+    os.kill(p.pid, signal.SIGTERM)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 143, err
+    assert "SIGUSR1: passing it to every worker on 3 nodes" in err, err
+    assert json.load(open(os.path.join(c.dir, "r.json")))["status"] == "stopped"
+    assert_nothing_left(c)
+
+
+def test_sigusr1_reaches_every_rank_with_nodes_too(cluster):
+    c = cluster
+    hosts = c.hosts[:2]
+    for h in hosts:
+        c.start_agent(h)
+    os.makedirs(os.path.join(c.dir, "signals"))
+    worker = c.write("worker.py", WORKER)
+    p = c.launch(job(c, "usrnodes", [PY, worker, "trap", os.path.join(c.dir, "signals")], nproc=2), hosts=hosts)
+    wait_for_contracts(p, 4)
+    os.kill(p.pid, signal.SIGUSR1)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 0, err  # each worker ends 0 once it got the signal
+    assert signal_files(c) == {f"SIGUSR1-rank{r}": hosts[r // 2].name for r in range(4)}
+
+
+def test_a_node_whose_task_fails_stops_the_launch_and_leaves_nothing(cluster):
+    c = cluster
+    s = Slurm(c)
+    worker = c.write("worker.py", WORKER)
+    p = s.launch(job(c, "failnode", [PY, worker, "once", c.dir]), FAKE_SRUN_FAIL_NODE="n2")
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 2, err
+    assert "CONTRACT" not in out
+    # srun's own line and the node named by the launch's error
+    assert "n2: task 1: Exited with exit code 3" in err, err
+    # srun's --kill-on-bad-exit ends the other agents, maybe before they announced themselves.
+    m = re.search(r"srun ended \(exit status \d+\) before the agents? on (\S+) announced", err)
+    assert m and m[1] in ("n2", "n[2-3]", "n[1-2]", "n[1-3]"), err
+    assert_nothing_left(c)
+
+
+def test_srun_that_cannot_create_the_step_fails_the_launch(cluster):
+    c = cluster
+    s = Slurm(c)
+    worker = c.write("worker.py", WORKER)
+    rc, out, err = finish(s.launch(job(c, "refused", [PY, worker, "once", c.dir]), FAKE_SRUN_REFUSE="1"), timeout=60)
+    assert rc == 2, err
+    assert "Unable to create step for job 4242" in err, err
+    assert "srun ended (exit status 1)" in err, err
+
+
+def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
+    c = cluster
+    s = Slurm(c)
+    worker = c.write("worker.py", WORKER)
+    p = s.launch(job(c, "agentkill", [PY, worker, "trap-then-sleep", c.dir]))
+    seen, _ = wait_for_contracts(p, 3)
+    n2 = c.hosts[1]
+    agents = [pid for pid in n2.ns_pids() if "ddp-agentd" in open(f"/proc/{pid}/cmdline").read()
+              and "shepherd" not in open(f"/proc/{pid}/cmdline").read()]
+    assert len(agents) == 1, agents
+    os.kill(agents[0], signal.SIGKILL)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 1, err
+    # srun's --kill-on-bad-exit then ends the other agents too; the job fails, naming n2's loss.
+    assert re.search(r"n2 .*was lost|node n2 ", err), err
+    assert_nothing_left(c)
+
+
+def test_ddpctl_killed_leaves_nothing_on_any_node(cluster):
+    c = cluster
+    s = Slurm(c)
+    worker = c.write("worker.py", WORKER)
+    p = s.launch(job(c, "launcherkill", [PY, worker, "trap-then-sleep", c.dir]))
+    seen, _ = wait_for_contracts(p, 3)
+    os.kill(p.pid, signal.SIGKILL)
+    p.communicate(timeout=30)
+    # srun gets SIGTERM through its parent-death signal and passes it on; the agents also lose
+    # their coordinator. Either way every worker, shepherd and agent is gone.
+    assert_nothing_left(c, timeout=30)
+
+
+def test_usage_errors():
+    bin_ = os.path.join(simcluster.BIN, "ddpctl")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    job_file = os.path.join(simcluster.SRC, "configs", "train_ddp.yaml")
+    r = subprocess.run([bin_, "launch", "--slurm", job_file], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 2 and "not inside a SLURM allocation" in r.stderr, r.stderr
+    env["SLURM_JOB_NODELIST"] = "n[1-2]"
+    for extra, msg in ((["--nodes", "a,b"], "drop --nodes"), (["--ssh"], "pick one"),
+                       (["--token-file", "/nonexistent"], "each run makes its own secret")):
+        r = subprocess.run([bin_, "launch", "--slurm", *extra, job_file], capture_output=True, text=True, env=env,
+                           timeout=30)
+        assert r.returncode == 2 and msg in r.stderr, (extra, r.stderr)
+    r = subprocess.run([bin_, "launch", "--srun-arg=--x", job_file], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 2 and "--srun-arg needs --slurm" in r.stderr, r.stderr
+    # No srun on PATH: said at once, nothing started.
+    env["PATH"] = "/nonexistent"
+    r = subprocess.run([bin_, "launch", "--slurm", job_file], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 2 and "cannot start the agents' job step" in r.stderr, r.stderr
