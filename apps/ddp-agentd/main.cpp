@@ -112,10 +112,10 @@ int main(int argc, char** argv) {
                "the run's secret; logs go to stderr; implies --oneshot");
   app.add_option("--secret-env", secret_env,
                  "take the secret from this environment variable instead of a token file, and remove it from the "
-                 "environment (ddpctl launch --slurm passes the run's secret this way, through srun)");
+                 "environment (ddpctl's SLURM mode passes the run's secret this way, through srun)");
   app.add_flag("--announce", announce,
-               "once listening, print 'ddp-agentd listening PORT' on stdout (for --listen with port 0; ddpctl "
-               "launch --slurm reads it through srun)");
+               "once listening, print 'ddp-agentd listening PORT' on stdout (for --listen with port 0; ddpctl's "
+               "SLURM mode reads it through srun)");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
   bool generate_man = false;  // for the build: the man page from this definition
   app.add_flag("--generate-man", generate_man)->group("");

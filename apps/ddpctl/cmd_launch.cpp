@@ -393,8 +393,8 @@ Command add_launch_command(CLI::App& root) {
                 "inside a SLURM allocation (sbatch, salloc): run on its nodes (SLURM_JOB_NODELIST), starting a one-shot "
                 "ddp-agentd on each with one srun step; no daemon or token file needed");
   sub->add_option("--srun-arg", args->srun_args,
-                  "with --slurm: one more argument for the agents' srun, before the agent's command (repeatable), e.g. "
-                  "--srun-arg=--gres=gpu:8")
+                  "with --slurm: one more argument for the agents' srun, before the agent's command (repeatable; a "
+                  "site's partition, account or GPU request)")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
