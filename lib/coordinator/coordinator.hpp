@@ -11,7 +11,8 @@
 // round); a refused token is fatal at once (it will not fix itself). With a dialer (SSH mode) a
 // node that cannot be started before the job runs is fatal too: its error names it, and the
 // nodes that did start are stopped (their links close, their one-shot agents exit). Ctrl-C / SIGTERM stop every
-// node's workers and end with 128+signal; a second one kills them now. Every timeout says what
+// node's workers and end with 128+signal; a second one kills them now. SIGUSR1/SIGUSR2 go to
+// every node's workers as they are (a `signal` message), and the job goes on. Every timeout says what
 // it waited for (the rendezvous machine's messages).
 #pragma once
 
@@ -63,8 +64,8 @@ struct CoordinatorOptions {
   std::map<std::string, std::string> launcher_env;
   Millis heartbeat_interval{1000};
   Millis dial_timeout{5000};
-  // Set: nodes are reached through this dialer (SSH mode) instead of TCP to their agents'
-  // port; a node it cannot start before the job started fails the launch (exit 2), naming it.
+  // Set: nodes are reached through this dialer (SSH mode, SLURM's srun step) instead of TCP to
+  // their agents' port; a node it cannot start before the job started fails the launch (exit 2), naming it.
   std::function<std::unique_ptr<net::Dialer>(boost::asio::io_context&)> make_dialer;
   // ddpctl's coordinator stops the job on SIGINT/SIGTERM/SIGHUP; a standing one's jobs leave
   // signals to the daemon.
