@@ -16,6 +16,11 @@
 // SSH, writes a fresh secret as stdin's first line, then speaks the same protocol over
 // stdin/stdout. stdin's EOF (the SSH connection died), a hang-up or missed heartbeats stop the
 // workers, and the agent exits when its one job is over.
+//
+// One-shot under SLURM (`--oneshot --listen [::]:0 --secret-env NAME --announce`): the secret
+// from the environment, and once listening, the port printed on stdout for srun to relay
+// (lib/slurm). SIGUSR1/SIGUSR2, from the coordinator's `signal` message or sent to the agent
+// itself, go to the running workers as they are.
 #pragma once
 
 #include "agentconfig/users.hpp"
