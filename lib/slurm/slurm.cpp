@@ -24,13 +24,15 @@ Allocation allocation_from_env(const std::map<std::string, std::string>& env) {
   // SLURM_NODELIST and SLURM_JOBID are the older names; sbatch and salloc still set both.
   const auto* list = find(env, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (!list) {
-    throw SlurmError("--slurm: not inside a SLURM allocation (SLURM_JOB_NODELIST is not set); run it from an sbatch "
-                     "script or an salloc shell");
+    throw SlurmError(
+        "--slurm: not inside a SLURM allocation (SLURM_JOB_NODELIST is not set); run it from an sbatch "
+        "script or an salloc shell");
   }
   Allocation a;
   if (const auto* id = find(env, {"SLURM_JOB_ID", "SLURM_JOBID"})) a.job_id = *id;
   auto hosts = hostlist::expand(*list);
-  if (!hosts.ok()) throw SlurmError(fmt::format("--slurm: SLURM_JOB_NODELIST '{}': {}", *list, hosts.error->to_string()));
+  if (!hosts.ok())
+    throw SlurmError(fmt::format("--slurm: SLURM_JOB_NODELIST '{}': {}", *list, hosts.error->to_string()));
   a.nodes = std::move(hosts.hosts);
   if (const auto* n = find(env, {"SLURM_JOB_NUM_NODES", "SLURM_NNODES"})) {
     const auto count = parse_int(*n);
@@ -46,10 +48,11 @@ std::vector<std::string> pick_nodes(const Allocation& alloc, int nnodes_min, int
   const auto have = static_cast<int>(alloc.nodes.size());
   if (!nnodes_given) return alloc.nodes;
   if (have < nnodes_min) {
-    throw SlurmError(fmt::format("--slurm: the job needs {} nodes{}, but the allocation{} has {} ({}); ask sbatch/salloc "
-                                 "for more with --nodes",
-                                 nnodes_min, nnodes_min == nnodes_max ? "" : " at least",
-                                 alloc.job_id.empty() ? "" : " " + alloc.job_id, have, hostlist::compress(alloc.nodes)));
+    throw SlurmError(
+        fmt::format("--slurm: the job needs {} nodes{}, but the allocation{} has {} ({}); ask sbatch/salloc "
+                    "for more with --nodes",
+                    nnodes_min, nnodes_min == nnodes_max ? "" : " at least",
+                    alloc.job_id.empty() ? "" : " " + alloc.job_id, have, hostlist::compress(alloc.nodes)));
   }
   return {alloc.nodes.begin(), alloc.nodes.begin() + std::min(have, nnodes_max)};
 }
@@ -99,7 +102,9 @@ std::vector<std::string> srun_argv(const StepOptions& o) {
   return argv;
 }
 
-std::string announce_line(std::uint16_t port) { return fmt::format("ddp-agentd listening {}", port); }
+std::string announce_line(std::uint16_t port) {
+  return fmt::format("ddp-agentd listening {}", port);
+}
 
 LabelledLine split_label(std::string_view line) {
   // srun --label right-aligns the task id to the width of the largest one: " 3: text".

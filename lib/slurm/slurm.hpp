@@ -30,8 +30,8 @@ class SlurmError : public std::runtime_error {
 };
 
 struct Allocation {
-  std::string job_id;               // SLURM_JOB_ID
-  std::vector<std::string> nodes;   // SLURM_JOB_NODELIST expanded, in SLURM's order
+  std::string job_id;              // SLURM_JOB_ID
+  std::vector<std::string> nodes;  // SLURM_JOB_NODELIST expanded, in SLURM's order
 };
 
 // Throws SlurmError saying what is missing or wrong (not inside an allocation, a node list that

@@ -8,8 +8,8 @@
 #include "ssh/policy.hpp"
 #include "supervisor/process.hpp"
 
-#include <boost/asio.hpp>
 #include <fmt/format.h>
+#include <boost/asio.hpp>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -139,8 +139,8 @@ void StepDialer::read_stderr() {
       const auto r = ssh::relay_line(l.text);
       using L = ssh::RelayedLine::Level;
       const auto level = r.level == L::debug || r.level == L::info ? spdlog::level::debug
-                         : r.level == L::warn ? spdlog::level::warn
-                                              : spdlog::level::err;
+                         : r.level == L::warn                      ? spdlog::level::warn
+                                                                   : spdlog::level::err;
       logger()->log(level, "{}| {}", node_of(*l.task), r.text);
     }
     read_stderr();
@@ -159,7 +159,8 @@ void StepDialer::on_srun_gone() {
   }
   if (!silent.empty()) {
     gone_ = fmt::format("{} before the agent{} on {} announced {} (srun's messages are above)", gone_,
-                        silent.size() == 1 ? "" : "s", hostlist::compress(silent), silent.size() == 1 ? "itself" : "themselves");
+                        silent.size() == 1 ? "" : "s", hostlist::compress(silent),
+                        silent.size() == 1 ? "itself" : "themselves");
   }
   for (std::size_t t = 0; t < pending_.size(); ++t) {
     if (auto done = std::exchange(pending_[t], nullptr)) {

@@ -32,11 +32,11 @@ namespace ddp::slurm {
 
 struct StepDialerOptions {
   StepOptions step;
-  std::string secret;                            // the run's secret, for kSecretEnv
-  std::map<std::string, std::string> env;        // srun's environment (ddpctl's own), without the secret
-  std::string workdir;                           // srun's working directory
+  std::string secret;                      // the run's secret, for kSecretEnv
+  std::map<std::string, std::string> env;  // srun's environment (ddpctl's own), without the secret
+  std::string workdir;                     // srun's working directory
   Millis dial_timeout{5000};
-  Millis stop_grace{30000};                      // the job's stop.grace: the agents' time to stop workers
+  Millis stop_grace{30000};  // the job's stop.grace: the agents' time to stop workers
 };
 
 class StepDialer final : public net::Dialer {
@@ -65,10 +65,10 @@ class StepDialer final : public net::Dialer {
   std::optional<int> status_;  // srun's wait status once reaped
   boost::asio::posix::stream_descriptor out_, err_;
   boost::asio::streambuf out_buf_, err_buf_;
-  std::map<std::string, int> task_of_;                         // node name -> task
-  std::vector<std::optional<std::uint16_t>> ports_;            // by task: the announced port
-  std::vector<std::function<void(net::Dialed)>> pending_;      // by task: a dial waiting for it
-  std::vector<bool> dialled_;                                  // by task: its one connection is made
+  std::map<std::string, int> task_of_;                     // node name -> task
+  std::vector<std::optional<std::uint16_t>> ports_;        // by task: the announced port
+  std::vector<std::function<void(net::Dialed)>> pending_;  // by task: a dial waiting for it
+  std::vector<bool> dialled_;                              // by task: its one connection is made
   bool stdout_open_ = true;
   std::string gone_;  // set when srun's stdout closed: why no more agents will come
 };

@@ -19,15 +19,18 @@ std::string error_of(const Env& env) {
   }
   return "";
 }
-bool has(const V& argv, const std::string& word) { return std::find(argv.begin(), argv.end(), word) != argv.end(); }
+bool has(const V& argv, const std::string& word) {
+  return std::find(argv.begin(), argv.end(), word) != argv.end();
+}
 }  // namespace
 
 TEST(SlurmAllocation, ExpandsSlurmNodeListSyntax) {
-  auto a = allocation_from_env({{"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}, {"SLURM_JOB_ID", "4242"},
-                                {"SLURM_JOB_NUM_NODES", "6"}});
+  auto a = allocation_from_env(
+      {{"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}, {"SLURM_JOB_ID", "4242"}, {"SLURM_JOB_NUM_NODES", "6"}});
   EXPECT_EQ(a.nodes, (V{"gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "cpu3"}));
   EXPECT_EQ(a.job_id, "4242");
-  EXPECT_EQ(allocation_from_env({{"SLURM_JOB_NODELIST", "n[1-2]-ib[0-1]"}}).nodes, (V{"n1-ib0", "n1-ib1", "n2-ib0", "n2-ib1"}));
+  EXPECT_EQ(allocation_from_env({{"SLURM_JOB_NODELIST", "n[1-2]-ib[0-1]"}}).nodes,
+            (V{"n1-ib0", "n1-ib1", "n2-ib0", "n2-ib1"}));
   EXPECT_EQ(allocation_from_env({{"SLURM_JOB_NODELIST", "node[001-003]"}}).nodes, (V{"node001", "node002", "node003"}));
 }
 
@@ -49,14 +52,15 @@ TEST(SlurmAllocation, ErrorsSayWhatIsWrong) {
 
 TEST(SlurmPickNodes, TheJobsNnodesCapsAndMustFit) {
   Allocation a{"9", {"n1", "n2", "n3", "n4"}};
-  EXPECT_EQ(pick_nodes(a, 1, 1, false), a.nodes);            // no nnodes: the whole allocation
-  EXPECT_EQ(pick_nodes(a, 2, 2, true), (V{"n1", "n2"}));     // the first ones, in SLURM's order
-  EXPECT_EQ(pick_nodes(a, 2, 8, true), a.nodes);             // MIN:MAX takes what there is
+  EXPECT_EQ(pick_nodes(a, 1, 1, false), a.nodes);         // no nnodes: the whole allocation
+  EXPECT_EQ(pick_nodes(a, 2, 2, true), (V{"n1", "n2"}));  // the first ones, in SLURM's order
+  EXPECT_EQ(pick_nodes(a, 2, 8, true), a.nodes);          // MIN:MAX takes what there is
   try {
     pick_nodes(a, 6, 6, true);
     FAIL() << "6 nodes from 4";
   } catch (const SlurmError& e) {
-    EXPECT_NE(std::string(e.what()).find("needs 6 nodes, but the allocation 9 has 4 (n[1-4])"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs 6 nodes, but the allocation 9 has 4 (n[1-4])"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -68,9 +72,9 @@ TEST(SlurmSrunArgv, OneAgentPerNodeWithTheFlagsThatMatter) {
   const auto argv = srun_argv(o);
   ASSERT_FALSE(argv.empty());
   EXPECT_EQ(argv[0], "srun");
-  for (const char* f : {"--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=gpu[01-03]", "--overlap", "--whole",
-                        "--mem=0", "--cpu-bind=none", "--kill-on-bad-exit=1", "--export=ALL", "--input=none", "--label",
-                        "--unbuffered", "--mpi=none", "--job-name=ddpctl-train"}) {
+  for (const char* f : {"--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=gpu[01-03]", "--overlap",
+                        "--whole", "--mem=0", "--cpu-bind=none", "--kill-on-bad-exit=1", "--export=ALL", "--input=none",
+                        "--label", "--unbuffered", "--mpi=none", "--job-name=ddpctl-train"}) {
     EXPECT_TRUE(has(argv, f)) << f;
   }
   // The agent's command comes last, after every srun flag; it carries no secret, only the
@@ -103,7 +107,7 @@ TEST(SlurmAnnounce, LabelledLinesNameTheTask) {
   EXPECT_EQ(parse_announce("0: " + announce_line(41234)), (Announcement{0, 41234}));
   EXPECT_EQ(parse_announce(" 7: ddp-agentd listening 29410"), (Announcement{7, 29410}));  // srun pads the label
   EXPECT_EQ(parse_announce("12: ddp-agentd listening 1\r"), (Announcement{12, 1}));
-  EXPECT_FALSE(parse_announce(announce_line(41234)));                          // no label: whose?
+  EXPECT_FALSE(parse_announce(announce_line(41234)));  // no label: whose?
   EXPECT_FALSE(parse_announce("0: ddp-agentd listening 0"));
   EXPECT_FALSE(parse_announce("0: ddp-agentd listening 70000"));
   EXPECT_FALSE(parse_announce("0: ddp-agentd listening"));
