@@ -79,6 +79,8 @@ std::string plain_address(const asio::ip::address& addr) {
   return a.to_string();
 }
 
+supervisor::RunAs run_as_of(const agentconfig::LocalUser& u) { return {u.uid, u.gid, u.groups}; }
+
 std::string cut(const std::string& s, std::size_t n) { return s.size() <= n ? s : s.substr(0, n) + " ...(cut)"; }
 
 class Agent {
@@ -443,13 +445,22 @@ class Agent {
         preflight["command"] = false;
         problems.push_back(fmt::format("{}: {}", opts_.name, e.what()));
       }
+    } else if (job->run_as && job->run_as->uid != ::geteuid() &&
+               !supervisor::accessible_as(run_as_of(*job->run_as), workdir, X_OK)) {
+      preflight["workdir"] = false;
+      problems.push_back(fmt::format("user {} cannot enter workdir {} on {}", job->run_as->name, workdir, opts_.name));
     } else {
       auto argv = contract::worker_argv(spec);
       auto path = job->inherited.count("PATH") ? job->inherited.at("PATH") : "/usr/bin:/bin";
-      if (!supervisor::resolve_executable(argv.at(0), path, workdir)) {
+      const auto exe = supervisor::resolve_executable(argv.at(0), path, workdir);
+      if (!exe) {
         preflight["command"] = false;
         problems.push_back(fmt::format("cannot run '{}' on {}: no such executable (PATH={}, workdir={})", argv.at(0),
                                        opts_.name, path, workdir));
+      } else if (job->run_as && job->run_as->uid != ::geteuid() &&
+                 !supervisor::accessible_as(run_as_of(*job->run_as), *exe, X_OK)) {
+        preflight["command"] = false;
+        problems.push_back(fmt::format("user {} may not run {} on {}", job->run_as->name, *exe, opts_.name));
       }
     }
     preflight["detail"] = join(problems, "; ");
@@ -585,9 +596,7 @@ class Agent {
                          container::own_owner(), spec.workdir.value_or("/"));
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
-    if (job.run_as && job.run_as->uid != ::geteuid()) {
-      go.run_as = supervisor::RunAs{job.run_as->uid, job.run_as->gid, job.run_as->groups};
-    }
+    if (job.run_as && job.run_as->uid != ::geteuid()) go.run_as = run_as_of(*job.run_as);
     launch::GroupCallbacks cb;
     cb.on_line = [this](int rank, supervisor::Stream s, const std::string& line) { forward_line(rank, s, line); };
     cb.on_first_failure = [this](const launch::WorkerExit& ex) {

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -231,6 +232,23 @@ Spawned spawn_finish(PendingSpawn& p) {
     throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", p.program, what, where, std::strerror(e)));
   }
   return std::exchange(p.spawned, Spawned{});  // the caller owns the fds now
+}
+
+bool accessible_as(const RunAs& user, const std::string& path, int mode) {
+  const char* p = path.c_str();
+  const pid_t pid = ::fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    if (::setgroups(user.groups.size(), user.groups.data()) != 0 || ::setgid(user.gid) != 0 ||
+        ::setuid(user.uid) != 0) {
+      ::_exit(2);
+    }
+    ::_exit(::access(p, mode) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 Spawned spawn(const SpawnSpec& spec) {

@@ -90,6 +90,11 @@ struct PendingSpawn {
 PendingSpawn spawn_start(const SpawnSpec& spec);
 Spawned spawn_finish(PendingSpawn& pending);
 
+// Whether `user` may access `path` (access(2) with `mode`, e.g. X_OK), checked in a child that
+// took the user's ids, so permissions, ACLs and every directory on the way count. Blocks for
+// the child (a fork and one system call).
+bool accessible_as(const RunAs& user, const std::string& path, int mode);
+
 // All live descendants of `root` (children, grandchildren, ...) by walking /proc. Processes that
 // re-parented to `root` as subreaper count. Zombies are included (they still need reaping).
 std::vector<pid_t> descendants_of(pid_t root);

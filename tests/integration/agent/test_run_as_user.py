@@ -137,11 +137,11 @@ class Node:
                 self.agent.wait(timeout=30)
         self.agent = None
 
-    def job(self, name, marker=None, in_home=False, extra=""):
+    def job(self, name, marker=None, in_home=False, extra="", workdir=None):
         command = f"[/usr/bin/touch, '{marker}']" if marker else \
             f"[/usr/bin/python3, {self.dir}/worker.py{', --in-home' if in_home else ''}]"
         path = self.dir / f"{name}.yaml"
-        path.write_text(f"name: {name}\ncommand: {command}\nnproc_per_node: 2\nworkdir: {self.dir}\n"
+        path.write_text(f"name: {name}\ncommand: {command}\nnproc_per_node: 2\nworkdir: {workdir or self.dir}\n"
                         f"store: {{port: {free_port()}}}\n{extra}")
         path.chmod(0o644)
         return path
@@ -209,6 +209,12 @@ def test_a_job_claiming_another_user_is_refused_and_nothing_runs(node):
     r = node.launch(node.job("unmapped", marker), node.root_token)
     assert r.returncode != 0
     assert "key 'root-key' is not mapped to a local user here" in r.stderr, r.stderr
+    # A workdir the user cannot enter is named before anything runs (root could enter it).
+    private = node.dir / "root-only"
+    private.mkdir(mode=0o700)
+    r = node.launch(node.job("private", marker, workdir=private), node.user_token, as_user=True)
+    assert r.returncode != 0
+    assert f"user {node.user} cannot enter workdir {private}" in r.stderr, r.stderr
     # A container job as the mapped user is not built yet: refused, said so.
     r = node.launch(node.job("incontainer", marker, extra="container: {runtime: podman, image: ddp-none:1}\n"),
                     node.user_token, as_user=True)

@@ -173,6 +173,10 @@ TEST(Process, RunAsSwitchesUserAndGroups) {
     EXPECT_NE(std::string(e.what()).find("cannot enter the working directory"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("Permission denied"), std::string::npos) << e.what();
   }
+  // The preflight's question, answered the same way.
+  EXPECT_FALSE(accessible_as(*s.run_as, dir, X_OK));
+  EXPECT_TRUE(accessible_as(*s.run_as, "/", X_OK));
+  EXPECT_TRUE(accessible_as(RunAs{0, 0, {0}}, dir, X_OK));
   ::rmdir(dir);
   int st;
   while (::waitpid(-1, &st, 0) > 0) {
