@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
       if (log_dir->count() == 0) opts.log_dir = default_stdio_log_dir();
     } else {
       opts.keys = ddp::net::load_token_file(token_file);
-      // Per-user tokens: with --stdio the SSH login already chose the user, so only here.
+      // Per-user tokens: a per-run agent (--stdio, --secret-env) already runs as its user.
       if (cfg && !cfg->key_users.empty()) {
         std::vector<std::string> ids;
         for (const auto& k : opts.keys.keys()) ids.push_back(k.id);

@@ -148,12 +148,14 @@ class Agent {
   void choose_job_units() {
     std::string why;
     try {
-      units_ = jobunit::choose(opts_.stdio ? jobunit::Mode::fork : opts_.job_units, why);
+      // A one-shot agent (SSH's --stdio, SLURM's) serves one run inside someone's login or
+      // allocation, as that user: its job stays its child, in that session's cgroup.
+      units_ = jobunit::choose(opts_.oneshot ? jobunit::Mode::fork : opts_.job_units, why);
     } catch (const jobunit::UnitError& e) {
       throw AgentError(e.what());
     }
     if (!units_) {
-      log_->info("each job's shepherd runs as a child of ddp-agentd ({})", opts_.stdio ? "--stdio" : why);
+      log_->info("each job's shepherd runs as a child of ddp-agentd ({})", opts_.oneshot ? "one-shot agent" : why);
       return;
     }
     log_->info("each job's shepherd runs in a transient systemd unit ({})", why);

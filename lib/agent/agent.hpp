@@ -64,7 +64,7 @@ struct AgentOptions {
   // chose the user).
   agentconfig::KeyUserMap key_users;
   // Where each job's shepherd runs (agent.yaml's job_units): in a transient systemd unit of
-  // its own, or as a child of the agent (lib/jobunit's policy). --stdio always forks.
+  // its own, or as a child of the agent (lib/jobunit's policy). A one-shot agent always forks.
   jobunit::Mode job_units = jobunit::Mode::automatic;
   // Passed through, not consumed yet: the runtime for containerised jobs.
   std::string container_runtime;
