@@ -85,6 +85,8 @@ struct Bench {
     } else if (m.type == "assign") {
       last_assign_us = now_us();
       ++assigned;
+      // Node rank 0 says its store is up (the coordinator assigns the others after that).
+      if (b["node_rank"] == 0) send(c, "ready", {{"job_id", b["job_id"]}, {"round", b["round"]}, {"master_port", 29500}});
     } else if (m.type == "start") {
       const json job = b["job_id"], round = b["round"];
       send(c, "worker_started", {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}});

@@ -13,11 +13,14 @@
 #include "contract/contract.hpp"
 #include "facts/discover.hpp"
 #include "launch/bind.hpp"
+#include "launch/nccl_holder.hpp"
 #include "launch/worker_group.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "sdnotify/sdnotify.hpp"
 #include "shepherd/client.hpp"
+#include "store/peers.hpp"
+#include "store/report.hpp"
 #include "store/server.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/process.hpp"
@@ -505,6 +508,7 @@ class Agent {
                b["rank_base"].get<std::uint32_t>() + b["local_world_size"].get<std::uint32_t>() - 1,
                b["world_size"].get<std::uint32_t>(), b["master_addr"].get<std::string>(),
                b["master_port"].get<std::uint32_t>());
+    holder_.reset();  // the last attempt's id dies with it
     if (node_rank != 0) {
       store_.reset();
       return;
@@ -514,7 +518,8 @@ class Agent {
     const auto host = own_address();
     const auto port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
     try {
-      if (store_ && (store_host_ != host || store_->port() != port)) store_.reset();
+      // store.port 0: the port picked for the first round stays the job's.
+      if (store_ && (store_host_ != host || store_port_ != port)) store_.reset();
       if (!store_) {
         store::ServerOptions so;
         so.host = host;
@@ -522,7 +527,9 @@ class Agent {
         so.allowed_peers = job.payload.node_addresses;
         store_.emplace(io_, so);
         store_host_ = host;
+        store_port_ = port;
         store_->start();
+        store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
         log_->info("job {}: store on {} for {}", job.job_id, store_->address(), join(so.allowed_peers, ", "));
       } else {
         store_->set_allowed_peers(job.payload.node_addresses);
@@ -534,7 +541,92 @@ class Agent {
       log_->error("job {}: {}", job.job_id, why);
       job.finished_sent.insert(job.round);
       send(job.owner.get(), "attempt_finished", {{"job_id", job.job_id}, {"round", job.round}, {"ok", false}, {"error", why}});
+      return;
     }
+    // The attempt's NCCL unique id, made here, by a holder with rank 0's environment (so with
+    // the workers' libnccl and NCCL_SOCKET_IFNAME); the coordinator hands it to every node.
+    json ready{{"job_id", job.job_id}, {"round", job.round}, {"master_port", store_->port()}};
+    job.assign->operator[]("master_port") = store_->port();
+    const auto node = node_context();
+    try {
+      const auto& spec = job.payload.spec;
+      make_attempt_dir(node.attempt_dir);
+      auto holder = launch::NcclHolder::start(io_, contract::worker_env(spec, node, worker_inherited(false), 0),
+                                              spec.workdir.value_or("/"), node.attempt_dir, spec.nccl_unique_id,
+                                              spec.container.has_value(), job_user());
+      if (holder) {
+        holder_.emplace(std::move(*holder));
+        ready["nccl_unique_id"] = holder_->hex();
+        job.assign->operator[]("nccl_unique_id") = holder_->hex();
+        log_->info("job {} round {}: NCCL unique id held by ddp-ncclid pid {}", job.job_id, job.round, holder_->pid());
+      }
+    } catch (const launch::NcclIdError& e) {
+      ready["error"] = fmt::format("nccl.unique_id: on, but node rank 0 ({}) cannot make the id: {}", opts_.name, e.what());
+      log_->error("job {}: {}", job.job_id, ready["error"].get<std::string>());
+    }
+    send(job.owner.get(), "ready", std::move(ready));
+  }
+
+  // The current assignment as the contract's node context.
+  contract::NodeContext node_context() const {
+    const auto& job = *job_;
+    const auto& a = *job.assign;
+    contract::NodeContext node;
+    node.job_id = job.job_id;
+    node.node_name = job.node;
+    node.node_rank = static_cast<int>(a["node_rank"].get<std::uint32_t>());
+    node.nnodes = static_cast<int>(a["nnodes"].get<std::uint32_t>());
+    node.local_world_size = static_cast<int>(a["local_world_size"].get<std::uint32_t>());
+    node.rank_base = static_cast<int>(a["rank_base"].get<std::uint32_t>());
+    node.world_size = static_cast<int>(a["world_size"].get<std::uint32_t>());
+    node.master_addr = a["master_addr"].get<std::string>();
+    node.master_port = static_cast<std::uint16_t>(a["master_port"].get<std::uint32_t>());
+    node.restart_count = static_cast<int>(a["restart_count"].get<std::uint32_t>());
+    node.use_agent_store = true;
+    node.local_mode = false;
+    node.attempt_dir = fmt::format("{}/{}/attempt-{}", opts_.log_dir, job.job_id, node.restart_count);
+    if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
+    return node;
+  }
+
+  // What this node's workers inherit. NCCL and gloo talk over the interface that carries the
+  // rendezvous, unless the job (its env: or the launcher's forwarded NCCL_* variables) chose one.
+  // A container's workers get only what enters the container (lib/container's policy).
+  contract::Env worker_inherited(bool warn) const {
+    const auto& job = *job_;
+    const auto& spec = job.payload.spec;
+    auto inherited = spec.container ? container::forwarded_into_container(job.inherited, spec) : job.inherited;
+    const auto rdzv_addr = own_address();
+    if (auto ifname = interface_of(rdzv_addr)) {
+      for (const char* k : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+        if (!job.payload.forward_env.count(k)) inherited[k] = *ifname;
+      }
+    } else if (warn) {
+      log_->warn("job {}: no interface holds {}; NCCL and gloo pick their own", job.job_id, rdzv_addr);
+    }
+    // The user's own HOME, USER, LOGNAME and SHELL, not the agent's (the job's env: still wins).
+    if (job.run_as && !spec.container) {
+      for (const auto& [k, v] : agentconfig::user_environment(*job.run_as)) inherited[k] = v;
+    }
+    return inherited;
+  }
+
+  // The attempt's folder on this node; workers (and the NCCL id holder) running as the job's
+  // user write their error files (and NCCL's log) there.
+  void make_attempt_dir(const std::string& dir) const {
+    const auto& job = *job_;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (job.run_as && ::chown(dir.c_str(), job.run_as->uid, job.run_as->gid) != 0) {
+      log_->warn("job {}: cannot give {} to user {}: {}", job.job_id, dir, job.run_as->name, std::strerror(errno));
+    }
+  }
+
+  // The job's user for processes of its attempts (nullopt: ours).
+  std::optional<supervisor::RunAs> job_user() const {
+    const auto& job = *job_;
+    if (!job.run_as || job.run_as->uid == ::geteuid()) return std::nullopt;
+    return supervisor::RunAs{job.run_as->uid, job.run_as->gid, job.run_as->groups};
   }
 
   void on_start(const json& b) {
@@ -551,45 +643,9 @@ class Agent {
     }
     const auto& a = *job.assign;
     const auto& spec = job.payload.spec;
-    contract::NodeContext node;
-    node.job_id = job.job_id;
-    node.node_name = job.node;
-    node.node_rank = static_cast<int>(a["node_rank"].get<std::uint32_t>());
-    node.nnodes = static_cast<int>(a["nnodes"].get<std::uint32_t>());
-    node.local_world_size = static_cast<int>(a["local_world_size"].get<std::uint32_t>());
-    node.rank_base = static_cast<int>(a["rank_base"].get<std::uint32_t>());
-    node.world_size = static_cast<int>(a["world_size"].get<std::uint32_t>());
-    node.master_addr = a["master_addr"].get<std::string>();
-    node.master_port = static_cast<std::uint16_t>(a["master_port"].get<std::uint32_t>());
-    node.restart_count = static_cast<int>(a["restart_count"].get<std::uint32_t>());
-    node.use_agent_store = true;
-    node.local_mode = false;
-    node.attempt_dir = fmt::format("{}/{}/attempt-{}", opts_.log_dir, job.job_id, node.restart_count);
-    if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
-    std::error_code ec;
-    fs::create_directories(node.attempt_dir, ec);
-    // Workers running as the job's user write their error files here.
-    if (job.run_as && ::chown(node.attempt_dir.c_str(), job.run_as->uid, job.run_as->gid) != 0) {
-      log_->warn("job {}: cannot give {} to user {}: {}", job.job_id, node.attempt_dir, job.run_as->name,
-                 std::strerror(errno));
-    }
-
-    // NCCL and gloo talk over the interface that carries the rendezvous, unless the job (its
-    // env: or the launcher's forwarded NCCL_* variables) chose one.
-    // A container's workers get only what enters the container (lib/container's policy).
-    auto inherited = spec.container ? container::forwarded_into_container(job.inherited, spec) : job.inherited;
-    const auto rdzv_addr = own_address();
-    if (auto ifname = interface_of(rdzv_addr)) {
-      for (const char* k : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-        if (!job.payload.forward_env.count(k)) inherited[k] = *ifname;
-      }
-    } else {
-      log_->warn("job {}: no interface holds {}; NCCL and gloo pick their own", job.job_id, rdzv_addr);
-    }
-    // The user's own HOME, USER, LOGNAME and SHELL, not the agent's (the job's env: still wins).
-    if (job.run_as && !spec.container) {
-      for (const auto& [k, v] : agentconfig::user_environment(*job.run_as)) inherited[k] = v;
-    }
+    const auto node = node_context();
+    make_attempt_dir(node.attempt_dir);
+    auto inherited = worker_inherited(true);
     auto plan = contract::make_plan(spec, node, inherited);
     bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
     // The shepherd owns the containers (env files, teardown, watchdog); their owner label names
@@ -606,6 +662,14 @@ class Agent {
       log_->warn("job {} round {}: rank {} {}; stopping this node's other workers", job_->job_id, job_->group_round,
                  job_->rank_base + ex.local_rank, ex.describe());
       send_exit(ex, nullptr);
+    };
+    cb.on_started = [this](const std::vector<pid_t>& pids) {
+      if (!job_) return;
+      for (std::size_t i = 0; i < pids.size(); ++i) {
+        if (pids[i] <= 0) continue;
+        send(job_->owner.get(), "worker_started",
+             {{"job_id", job_->job_id}, {"round", job_->group_round}, {"local_rank", i}, {"pid", pids[i]}});
+      }
     };
     cb.on_finished = [this](launch::AttemptReport r) { on_group_finished(std::move(r)); };
     job.rank_base = node.rank_base;
@@ -632,6 +696,10 @@ class Agent {
     auto& job = *job_;
     const auto round = b["round"].get<std::uint32_t>();
     const auto grace_ms = b["grace_ms"].get<std::uint64_t>();
+    // The round is over for every node: NCCL's bootstrap root goes with it. (A round that ends
+    // well keeps it until the job is forgotten: ranks elsewhere may still be joining it after
+    // this node's workers are done.)
+    holder_.reset();
     if (job.running() && job.group_round == round) {
       log_->warn("job {} round {}: stop: {}", job.job_id, round, b["reason"].get<std::string>());
       if (grace_ms == 0) job.shepherd->kill_now();
@@ -739,6 +807,7 @@ class Agent {
     if (job_) log_->info("job {}: done on this node", job_->job_id);
     job_.reset();
     store_.reset();
+    holder_.reset();
     if (!stopping_) notify_.status(idle_status());
     if (had_job && (opts_.oneshot || opts_.stdio) && !stopping_) {
       log_->info("one-shot: exiting after the job");
@@ -774,8 +843,27 @@ class Agent {
       for (auto& c : silent) {
         c->close(fmt::format("no heartbeat from the coordinator for more than {}", format_duration(opts_.heartbeat_timeout)));
       }
+      report_waiters();
       heartbeat();
     });
+  }
+
+  // Node rank 0: who waits for which store key, for `ddpctl status` on the launcher; sent with
+  // the heartbeat whenever it changed (the ages in it change every second, so while anyone
+  // waits that is every heartbeat).
+  void report_waiters() {
+    if (!job_ || !store_ || !job_->assign || !job_->owner->established()) return;
+    const auto world = static_cast<int>((*job_->assign)["world_size"].get<std::uint32_t>());
+    json lines = json::array();
+    const auto text = store::format_wait_report(store_->waiters(), world, store::Clock::now());  // split() views it
+    for (auto line : split(text, '\n')) {
+      if (!line.empty()) lines.push_back(std::string(line));
+    }
+    if (lines == last_waiters_) return;
+    last_waiters_ = lines;
+    send(job_->owner.get(), "status",
+         {{"jobs", json::array({{{"job_id", job_->job_id}, {"round", job_->round}, {"store", store_->address()},
+                                 {"store_waiters", lines}}})}});
   }
 
   std::string idle_status() const {
@@ -864,8 +952,11 @@ class Agent {
   std::map<Connection*, Peer> peers_;
   std::unique_ptr<Job> job_;
   std::optional<store::Server> store_;
+  std::optional<launch::NcclHolder> holder_;  // node rank 0: the current attempt's NCCL id
   std::optional<StdioLink> stdio_;
   std::string store_host_;
+  std::uint16_t store_port_ = 0;  // as the job asked (0: any)
+  json last_waiters_ = json::array();  // as last sent (report_waiters)
   std::string shepherd_exe_;
   std::unique_ptr<jobunit::Manager> units_;  // nullptr: shepherds are our children
   unsigned units_started_ = 0;

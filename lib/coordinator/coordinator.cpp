@@ -303,6 +303,7 @@ class Coordinator {
       return on_join(n, b);
     }
     if (!n.joined) return;
+    if (m.type == "ready") return on_ready(n, b);
     if (m.type == "output") return on_output(n, b);
     if (m.type == "worker_exited") return on_worker_exited(n, b);
     if (m.type == "attempt_finished") {
@@ -315,7 +316,22 @@ class Coordinator {
       handle(rdzv::AttemptFinished{n.entry.name, round, b["ok"].get<bool>()});
       return;
     }
-    if (m.type == "worker_started" || m.type == "status") return;
+    if (m.type == "worker_started") {
+      if (rdzv::Round{b["round"].get<std::uint32_t>()} == round_) {
+        pids_[{n.entry.name, b["local_rank"].get<std::uint32_t>()}] = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
+      }
+      return;
+    }
+    if (m.type == "status") {  // node rank 0's store: who waits for what
+      for (const auto& j : b["jobs"]) {
+        if (j.value("job_id", "") != opts_.job_id || !j.contains("store_waiters") || !j["store_waiters"].is_array()) continue;
+        store_waiters_.clear();
+        for (const auto& l : j["store_waiters"]) {
+          if (l.is_string()) store_waiters_.push_back(l.get<std::string>());
+        }
+      }
+      return;
+    }
     n.conn->refuse(proto::ErrorCode::unexpected, fmt::format("a coordinator does not take '{}' from an agent", m.type));
   }
 
@@ -453,6 +469,8 @@ class Coordinator {
     notes_.clear();
     rank_files_.clear();
     last_output_.clear();
+    pids_.clear();
+    store_waiters_.clear();
     stop_issued_.reset();
     attempt_dir_ = fmt::format("{}/{}/attempt-{}", opts_.spec.log_dir, opts_.job_id, a.restart_count);
     std::error_code ec;
@@ -495,17 +513,60 @@ class Coordinator {
             // address of its own): the list goes to all, as SSH launches are small.
             {"spec", na.node_rank.value == 0 || dialer_ ? spec_rank0 : spec}};
       if (ib_hca) assign["nccl_ib_hca"] = *ib_hca;
-      send(*nodes_.at(na.node), "assign", std::move(assign));
+      // Node rank 0 first: its `ready` brings the store's port and the attempt's NCCL id, which
+      // the others' assignments carry.
+      if (na.node_rank.value == 0) send(*nodes_.at(na.node), "assign", std::move(assign));
+      else deferred_assign_.emplace_back(na.node, std::move(assign));
     }
-    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}:{}", a.round.value, a.restart_count,
-               a.world_size, a.nodes.size(), join(shares, "; "), master, opts_.spec.store_port);
+    ready_pending_ = true;
+    master_ = master;
+    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}", a.round.value,
+        a.restart_count, a.world_size, a.nodes.size(), join(shares, "; "), master);
   }
 
   void on_effect(rdzv::StartAttempt& s) {
-    for (const auto& m : rdzv_.members()) send(*nodes_.at(m), "start", {{"job_id", opts_.job_id}, {"round", s.round.value}});
+    start_round_ = s.round;
+    if (!ready_pending_) send_start();
+  }
+
+  void send_start() {
+    if (!start_round_) return;
+    for (const auto& m : rdzv_.members()) send(*nodes_.at(m), "start", {{"job_id", opts_.job_id}, {"round", start_round_->value}});
+    start_round_.reset();
+  }
+
+  // Node rank 0 holds the round's store (and NCCL id): now the others may have their share.
+  void on_ready(Node& n, const json& b) {
+    const auto round = rdzv::Round{b["round"].get<std::uint32_t>()};
+    auto it = placement_.find(n.entry.name);
+    if (!ready_pending_ || round != round_ || it == placement_.end() || it->second.node_rank != 0) {
+      log_->debug("{}: ready for round {} ignored (not awaited)", n.entry.name, round.value);
+      return;
+    }
+    if (b.contains("error")) return fatal(b["error"].get<std::string>());
+    ready_pending_ = false;
+    master_port_ = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
+    const bool has_id = b.contains("nccl_unique_id");
+    for (auto& [node, assign] : deferred_assign_) {
+      assign["master_port"] = master_port_;
+      if (has_id) assign["nccl_unique_id"] = b["nccl_unique_id"];
+      send(*nodes_.at(node), "assign", std::move(assign));
+    }
+    deferred_assign_.clear();
+    say(spdlog::level::info, "round {}: store on {}:{}{}", round.value, master_, master_port_,
+        has_id ? ", NCCL unique id from node rank 0" : "");
+    send_start();
+  }
+
+  // The round is over before node rank 0 was ready: nothing of it may still go out.
+  void drop_deferred() {
+    ready_pending_ = false;
+    deferred_assign_.clear();
+    start_round_.reset();
   }
 
   void on_effect(rdzv::StopAll& s) {
+    drop_deferred();
     stop_issued_ = now();
     say(spdlog::level::warn, "stopping every node's workers: {}", s.reason);
     for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), s.round, s.reason, opts_.spec.stop_grace);
@@ -692,8 +753,9 @@ class Coordinator {
     handle(rdzv::StopRequested{what});
   }
 
-  // `ddpctl status/logs/stop` from another terminal, as for a local launch. The store lives on
-  // node rank 0's agent and workers' pids stay on their nodes, so status has neither (yet).
+  // `ddpctl status/logs/stop` from another terminal, as for a local launch. Workers' pids come
+  // from the agents' worker_started; the store's waiters from node rank 0's agent, which reports
+  // them with its heartbeat when they change (so they are at most a heartbeat old).
   void open_control_socket() {
     control::Provider p;
     p.status = [this] { return status(); };
@@ -725,6 +787,8 @@ class Coordinator {
       for (std::uint32_t i = 0; i < pl.local_world_size; ++i) {
         const int rank = static_cast<int>(pl.rank_base + i);
         json r{{"rank", rank}, {"node", node}, {"pid", nullptr}, {"state", "running"}};
+        if (auto p = pids_.find({node, i}); p != pids_.end()) r["pid"] = p->second;
+        else r["state"] = "starting";
         if (auto it = exits_.find({node, i}); it != exits_.end()) {
           r["pid"] = it->second.exit.pid;
           r["state"] = it->second.exit.describe();
@@ -746,6 +810,8 @@ class Coordinator {
             {"max_restarts", opts_.spec.max_restarts},
             {"nodes", rdzv_.members().empty() ? hosts_ : rdzv_.members()},
             {"ranks", ranks},
+            {"store", master_port_ ? fmt::format("{}:{}", master_, master_port_) : ""},
+            {"store_waiters", store_waiters_},
             {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
   }
 
@@ -765,6 +831,13 @@ class Coordinator {
   supervisor::TerminalSink terminal_;
 
   rdzv::Round round_{0};
+  // The round's assignments wait for node rank 0's `ready` (store port, NCCL id), and so does
+  // its start.
+  std::vector<std::pair<std::string, json>> deferred_assign_;
+  bool ready_pending_ = false;
+  std::optional<rdzv::Round> start_round_;
+  std::string master_;
+  std::uint16_t master_port_ = 0;
   std::map<std::string, Placement> placement_;
   std::map<std::pair<std::string, std::uint32_t>, ExitInfo> exits_;
   std::vector<std::pair<std::string, std::uint32_t>> failures_;  // in arrival order
@@ -772,6 +845,8 @@ class Coordinator {
   std::vector<std::string> notes_;
   std::map<int, RankFiles> rank_files_;
   std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
+  std::map<std::pair<std::string, std::uint32_t>, pid_t> pids_;      // (node, local rank): this round's workers
+  std::vector<std::string> store_waiters_;  // node rank 0's last report (sent with its heartbeat)
   std::optional<control::Server> control_;
   std::chrono::system_clock::time_point started_;
   std::string attempt_dir_;
@@ -787,13 +862,6 @@ class Coordinator {
 int run_coordinator(CoordinatorOptions options) {
   if (options.nodes.empty()) throw CoordinatorError("no nodes to run on");
   if (options.keys.empty()) throw CoordinatorError("no key to authenticate with");
-  if (options.spec.store_port == 0) {
-    throw CoordinatorError("store.port 0 (a free port) is not supported with --nodes yet: give a fixed port");
-  }
-  if (options.spec.nccl_unique_id == jobspec::NcclUniqueId::on) {
-    throw CoordinatorError("nccl.unique_id: on is not supported with --nodes yet (PyTorch's NCCL process group "
-                           "makes its own id through the store; leave it auto)");
-  }
   // One socket per node: a large job needs more descriptors than the usual soft limit of 1024.
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&

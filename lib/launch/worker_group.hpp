@@ -43,6 +43,9 @@ struct GroupCallbacks {
   std::function<void(int rank, supervisor::Stream, const std::string& line)> on_line;
   // Called once when a rank fails first (the group is already stopping the others).
   std::function<void(const WorkerExit&)> on_first_failure;
+  // The shepherd client only (a WorkerGroup's owner asks rank_status()): every rank's pid by
+  // local rank, 0 for one that did not start, once all were forked.
+  std::function<void(const std::vector<pid_t>&)> on_started;
   // Called once, when the attempt is completely over.
   std::function<void(AttemptReport)> on_finished;
 };

@@ -95,6 +95,7 @@ void Client::on_message(const std::string& type, const nlohmann::json& m) {
     if (!running_) throw MessageError(fmt::format("'{}' while no attempt runs", type));
     if (type == "started") {
       workers_ = decode_started(m);
+      if (cb_.on_started) cb_.on_started(workers_);
     } else if (type == "line") {
       auto l = decode_line(m);
       if (cb_.on_line) cb_.on_line(l.rank, l.stream, l.data);
@@ -137,7 +138,7 @@ void Client::lost(const std::string& why) {
       ex.rank = rp.rank;
       ex.local_rank = rp.local_rank;
       const auto i = static_cast<std::size_t>(rp.local_rank);
-      ex.pid = i < workers_.size() ? workers_[i] : -1;
+      ex.pid = i < workers_.size() && workers_[i] > 0 ? workers_[i] : -1;
       ex.signal = SIGKILL;
       ex.when = r.ended;
     }

@@ -54,7 +54,7 @@ class Client {
 
   bool running() const { return running_; }
   pid_t pid() const { return pid_; }
-  // The running attempt's worker pids (from 'started'); empty between attempts.
+  // The running attempt's worker pids by local rank (0: did not start), from 'started'.
   const std::vector<pid_t>& worker_pids() const { return workers_; }
   // The agent reaped `pid`: true when it was this shepherd (the attempt, if any, is lost).
   bool on_reaped(pid_t pid, int status);

@@ -207,8 +207,8 @@ json encode_started(const std::vector<pid_t>& pids) { return with_type("started"
 std::vector<pid_t> decode_started(const json& m) {
   std::vector<pid_t> out;
   for (const auto& p : get_array(m, "pids")) {
-    if (!p.is_number_integer() || p.get<long long>() < 1 || p.get<long long>() > kMaxPid) {
-      throw MessageError("field 'pids': expected process ids");
+    if (!p.is_number_integer() || p.get<long long>() < 0 || p.get<long long>() > kMaxPid) {
+      throw MessageError("field 'pids': expected process ids (0: not started)");
     }
     out.push_back(p.get<pid_t>());
   }

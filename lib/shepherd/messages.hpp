@@ -5,7 +5,8 @@
 //                       stop {signal}                        SIGTERM, grace, SIGKILL
 //                       kill {}                              SIGKILL now (a stop with no grace)
 //                       forward {signal}                     SIGUSR1/2 to every worker, as it is
-//   shepherd -> agent:  started {pids}                       every rank forked and exec'd (or not)
+//   shepherd -> agent:  started {pids}                       every rank forked and exec'd (or not):
+//                                                            pids by local rank, 0 for one that did not start
 //                       line {rank, stream, data}            one output line (already in the log file)
 //                       first_failure {exit}                 the attempt is stopping because of it
 //                       finished {report}                    the attempt is over, nothing of it runs

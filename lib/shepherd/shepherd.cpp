@@ -96,7 +96,9 @@ class Shepherd {
     group_ = std::make_unique<launch::WorkerGroup>(io_, std::move(s.plan), s.attempt_dir, s.options, std::move(cb));
     if (watchdog_) group_->keep(watchdog_->pid());
     group_->start();
-    channel_->send(encode_started(group_->worker_pids()));
+    std::vector<pid_t> pids;  // by local rank
+    for (const auto& r : group_->rank_status()) pids.push_back(r.pid > 0 ? r.pid : 0);
+    channel_->send(encode_started(pids));
   }
 
   // A container attempt (the agent wrapped the plan, lib/container): env files, the watchdog and

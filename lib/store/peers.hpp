@@ -1,6 +1,6 @@
 // Who is on the other end of a store connection: the allow-list decision at accept, and, for
-// loopback peers that never told us their pid (1.13 clients send no PING), the process that
-// owns the client socket, found through /proc.
+// peers on this host (loopback, or the server's own address) that never told us their pid (1.13
+// clients send no PING), the process that owns the client socket, found through /proc.
 //
 // Policy: loopback (127/8, ::1, and their v4-mapped forms) is always allowed; other addresses
 // only when listed (compared as addresses, so "::ffff:10.0.0.2" matches "10.0.0.2"). The /proc
@@ -50,8 +50,8 @@ std::optional<int> rank_from_environ(pid_t pid);
 
 // How the server names the rank behind a connection. Both parts optional.
 struct RankResolver {
-  // Pids that may own loopback client sockets (the launcher's workers). Called only when a
-  // report is built and some loopback waiter's pid is unknown.
+  // Pids that may own this host's client sockets (the launcher's or agent's workers). Called
+  // only when a report is built and some such waiter's pid is unknown.
   std::function<std::vector<pid_t>()> candidate_pids;
   // The global rank of a pid (nullopt: not one of this attempt's workers).
   std::function<std::optional<int>(pid_t)> rank_of_pid;

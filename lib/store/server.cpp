@@ -420,14 +420,16 @@ WaitReport Server::waiters() const {
   auto waited = s.state.waiters();
   if (waited.empty()) return report;
 
-  // Loopback clients that sent no PING: find their pids through /proc, once per connection.
+  // Clients on this host (loopback, or our own address: node rank 0's workers reach its agent's
+  // store at MASTER_ADDR) that sent no PING: find their pids through /proc, once per connection.
   std::vector<std::shared_ptr<Connection>> unknown;
   for (const auto& kw : waited) {
     for (const auto& [id, since] : kw.clients) {
       auto it = s.conns.find(id);
       if (it == s.conns.end()) continue;
       auto& c = it->second;
-      if (!s.state.client_pid(id) && !c->proc_pid && is_loopback(c->peer.address()) &&
+      const bool same_host = is_loopback(c->peer.address()) || normalize(c->peer.address()) == normalize(c->local.address());
+      if (!s.state.client_pid(id) && !c->proc_pid && same_host &&
           std::find(unknown.begin(), unknown.end(), c) == unknown.end()) {
         unknown.push_back(c);
       }

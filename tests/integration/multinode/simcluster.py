@@ -199,9 +199,14 @@ class Cluster:
 
     # ---- agents and the launcher ----
 
-    def start_agent(self, host, token=None, extra=(), env=None):
+    def start_agent(self, host, token=None, extra=(), env=None, hide=()):
+        """hide: folders covered by an empty tmpfs in this host's mount namespace (a node without
+        some library)."""
         log = open(os.path.join(self.dir, f"agent-{host.name}.log"), "ab")
         prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+        if hide:
+            mounts = " && ".join(f"mount -t tmpfs tmpfs '{d}'" for d in hide)
+            prefix = ["sh", "-c", f'{mounts} && exec "$@"', "sh", *prefix]
         p = host.popen([*prefix, os.path.join(self.bin, "ddp-agentd"), "--listen", f"{host.addr}:{AGENT_PORT}",
                         "--token-file", token or self.token, "--log-dir", "/tmp/ddp-logs",
                         "--heartbeat-timeout", "3", *extra],

@@ -41,6 +41,14 @@ if mode == "fail-rank-3":
     time.sleep(120)
 elif mode == "sleep":
     time.sleep(120)
+elif mode == "wait-store":
+    if env["RANK"] in ("1", "3"):  # one on the store's node, one on the other
+        import datetime
+        import torch.distributed as d
+        s = d.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False, timeout=datetime.timedelta(seconds=300))
+        print("waiting on the store", flush=True)
+        s.wait(["nobody_sets_this"])
+    time.sleep(120)
 elif mode == "family":
     # What a kill of the agent must still reach: a grandchild in a session of its own that
     # ignores SIGTERM, and a double-forked daemon (re-parented away from the worker).
@@ -336,16 +344,30 @@ def test_status_logs_and_stop_reach_a_multinode_job(cluster, monkeypatch):
     for h in c.hosts:
         c.start_agent(h)
     worker = c.write("contract.py", CONTRACT_WORKER)
-    p = c.launch(job(c, "ctl", [PY, worker, "sleep"]), "--job-id", "mn-ctl")
+    p = c.launch(job(c, "ctl", [PY, worker, "wait-store"]), "--job-id", "mn-ctl")
     seen = wait_for_contracts(p, 4)
     bin_ = os.path.join(c.bin, "ddpctl")
-    r = c.ctl.run([bin_, "status", "--json"])
-    assert r.returncode == 0, r.stderr
-    s = json.loads(r.stdout)
+    # Node rank 0's agent reports the store's waiters with its heartbeat: poll until both show.
+    deadline = time.time() + 90
+    while True:
+        r = c.ctl.run([bin_, "status", "--json"])
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        waiting = [w for w in s["store_waiters"] if "nobody_sets_this" in w]
+        if (waiting and waiting[0].startswith("2/4")) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert waiting and waiting[0].startswith("2/4"), s["store_waiters"]
+    assert "rank 1" in waiting[0] or "ranks 1" in waiting[0], waiting  # the local one is named
     assert s["job_id"] == "mn-ctl" and s["mode"] == "nodes" and s["pid"] == p.pid
+    assert s["store"] == f"{c.hosts[0].addr}:29500"
     assert sorted(s["nodes"]) == sorted(h.addr for h in c.hosts)
     assert [(x["rank"], x["node"]) for x in s["ranks"]] == [(rank, seen[rank][0]) for rank in range(4)]
+    assert [x["pid"] for x in s["ranks"]] == [seen[rank][1]["pid"] for rank in range(4)]
     assert all(x["state"] == "running" and x["last_output_age_s"] is not None for x in s["ranks"]), s["ranks"]
+    text = c.ctl.run([bin_, "status"])
+    assert text.returncode == 0 and "store waiters:" in text.stdout and "nobody_sets_this" in text.stdout, text.stdout
+    assert all(str(seen[rank][1]["pid"]) in text.stdout for rank in range(4)), text.stdout
     r = c.ctl.run([bin_, "logs", "--ranks", "3"])
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

@@ -177,7 +177,8 @@ TEST(ShepherdMessages, LinesKeepTheirStreamAndSurviveInvalidUtf8) {
 
 TEST(ShepherdMessages, StartedPids) {
   EXPECT_EQ(decode_started(wire(encode_started({10, 11}))), (std::vector<pid_t>{10, 11}));
-  EXPECT_THROW(decode_started(encode_started({0})), MessageError);
+  EXPECT_EQ(decode_started(wire(encode_started({0, 12}))), (std::vector<pid_t>{0, 12}));  // 0: did not start
+  EXPECT_THROW(decode_started(encode_started({-1})), MessageError);
 }
 
 TEST(ShepherdMessages, FinishedReportRoundTrips) {
