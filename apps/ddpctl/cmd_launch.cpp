@@ -8,6 +8,7 @@
 #include "coordinator/coordinator.hpp"
 #include "coordinator/standing.hpp"
 #include "coordinator/dry_run.hpp"
+#include "coordinator/gather.hpp"
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
 #include "launch/local_launcher.hpp"
@@ -149,12 +150,31 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
   return ddp::coordinator::run_coordinator(std::move(opts));
 }
 
-// --dry-run --nodes ... --facts F1[,F2...]: every node's plan from recorded facts.
+// --dry-run --nodes ...: every node's plan, from recorded facts (--facts F1[,F2...]) or, without
+// --facts, from the agents' live facts (as `doctor --nodes` gathers them; nothing is offered or
+// started on them).
 int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::CoordinatorOptions& opts) {
   try {
     auto entries = ddp::net::node_entries(opts.nodes, 29410);
     std::vector<ddp::facts::NodeFacts> facts;
-    for (auto f : ddp::split(args.facts, ',')) facts.push_back(ddp::facts::load_facts_file(std::string(ddp::trim(f))));
+    if (args.facts.empty()) {
+      const auto keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+      bool missing = false;
+      for (auto& g : ddp::coordinator::gather_facts(opts.nodes, keys, ddp::net::local_user(), ddp::Millis(15000))) {
+        if (!g.facts) {
+          std::cerr << fmt::format("ddpctl launch: {}: {}\n", g.node, g.error);
+          missing = true;
+          continue;
+        }
+        facts.push_back(ddp::facts::from_json(*g.facts, "agent " + g.node));
+      }
+      if (missing) {
+        std::cerr << "ddpctl launch: --dry-run needs every node's facts (or give them with --facts)\n";
+        return 2;
+      }
+    } else {
+      for (auto f : ddp::split(args.facts, ',')) facts.push_back(ddp::facts::load_facts_file(std::string(ddp::trim(f))));
+    }
     if (facts.size() == 1) facts.resize(entries.size(), facts[0]);
     if (facts.size() != entries.size()) {
       std::cerr << fmt::format("ddpctl launch: --facts names {} files for {} nodes: give one per node, or one for all\n",
@@ -216,9 +236,9 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
                             "containers' command lines; a local --dry-run shows them)", spec.file));
   }
   if (!args.facts.empty() && !args.dry_run) return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
-  if (args.dry_run && args.facts.empty()) {
-    return fail("--dry-run with --nodes needs --facts: one facts file per node (comma-separated, in --nodes order) or "
-                "one for every node, e.g. from `ddpctl doctor --json` on each node (live facts from the agents are not yet)");
+  if (args.dry_run && args.facts.empty() && (args.ssh || args.slurm)) {
+    return fail("--dry-run with --ssh or --slurm needs --facts: one facts file per node (comma-separated, in --nodes order) or one for "
+                "every node, e.g. from `ddpctl doctor --json` on each node (live facts come from standing agents only)");
   }
   auto hosts = ddp::hostlist::expand(list);
   if (!hosts.ok()) return fail(fmt::format("--nodes '{}': {}", list, hosts.error->to_string()));

@@ -58,6 +58,11 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
                                 "each node adds its own environment; only the launcher's forwarded variables are shown",
                                 "MASTER_ADDR is node rank 0's address as the launcher reaches it",
                                 "log and error files are shown under the agents' default --log-dir, /var/log/ddpctl"}}};
+  if (spec.store_port == 0) out["notes"].push_back("store.port 0: node rank 0's agent picks MASTER_PORT when the job starts");
+  if (spec.nccl_unique_id != jobspec::NcclUniqueId::off) {
+    out["notes"].push_back("DDP_NCCL_UNIQUE_ID is made for every attempt by node rank 0's agent when it starts (where "
+                           "libnccl.so.2 loads there)");
+  }
   int base = 0;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     contract::NodeContext node;
