@@ -49,7 +49,7 @@ elif mode == "wait-store":
         print("waiting on the store", flush=True)
         s.wait(["nobody_sets_this"])
     time.sleep(120)
-elif mode == "family":
+elif mode == "family" or (mode == "family-then-exit" and env["WORLD_SIZE"] == "3"):
     # What a kill of the agent must still reach: a grandchild in a session of its own that
     # ignores SIGTERM, and a double-forked daemon (re-parented away from the worker).
     import signal, subprocess
@@ -70,6 +70,8 @@ elif mode == "family":
     daemon = int(os.read(r, 32))
     print("FAMILY " + json.dumps({"worker": os.getpid(), "grandchild": g.pid, "daemon": daemon}), flush=True)
     time.sleep(120)
+elif mode == "family-then-exit":
+    pass  # a re-formed (smaller) round: done
 elif mode == "fail-first-attempt":
     if env["RANK"] == "3" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
         time.sleep(0.5)
@@ -378,3 +380,61 @@ def test_status_logs_and_stop_reach_a_multinode_job(cluster, monkeypatch):
     assert rc == 143, err
     assert wait_gone([env["pid"] for _, env in seen.values()]) == []
     assert not os.path.exists(os.path.join(rt, "ddpctl", "mn-ctl.sock"))
+
+
+def test_min_max_shrinks_without_a_restart_when_an_agent_is_killed():
+    """nnodes 2:3 and no restarts allowed: kill -9 of n3's agent re-forms the job on n1 and n2
+    (a membership change spends no restart), and nothing of the first round is left anywhere."""
+    with simcluster.Cluster(nodes=3) as c:
+        for h in c.hosts:
+            c.start_agent(h)
+        worker = c.write("contract.py", CONTRACT_WORKER)
+        j = c.write("shrink.yaml", f"name: shrink\nnnodes: '2:3'\nnproc_per_node: 1\n"
+                                   f"command: {json.dumps([PY, worker, 'family-then-exit'])}\nstop: {{grace: 3s}}\n"
+                                   "rendezvous: {last_call: 1s}\nrestart: {max_restarts: 0}\n")
+        p = c.launch(j, "--result-json", os.path.join(c.dir, "r.json"))
+        families = wait_for_families(p, 3)
+        n1, n2, n3 = c.hosts
+        assert sorted(node for node, _ in families.values()) == sorted(h.addr for h in c.hosts)
+        os.kill(c.agents["n3"].pid, signal.SIGKILL)
+        rc, out, err = finish(p, timeout=90)
+        assert rc == 0, err
+        assert "no restart spent" in err, err
+        result = json.load(open(os.path.join(c.dir, "r.json")))
+        assert result["status"] == "succeeded" and result["restarts"] == 0, result
+        last = result["attempts"][-1]
+        assert sorted(e["rank"] for e in last["exits"]) == [0, 1] and all(e["exit_code"] == 0 for e in last["exits"])
+        second = [env for line in out.splitlines() for _, env in contracts(line).values() if env["WORLD_SIZE"] == "2"]
+        assert sorted(env["hostname"] for env in second) == ["n1", "n2"], out
+        assert all(env["TORCHELASTIC_RESTART_COUNT"] == "0" for env in second)
+        # Nothing of the first round runs anywhere: its workers, setsid()'d grandchildren and
+        # double-forked daemons on every node, and nothing at all on n3.
+        assert wait_gone([pid for _, f in families.values() for pid in f.values()]) == []
+        deadline = time.time() + 15
+        while n3.ns_pids() and time.time() < deadline:
+            time.sleep(0.1)
+        assert n3.ns_pids() == []
+        assert c.agents["n1"].poll() is None and c.agents["n2"].poll() is None
+
+
+def test_libtorch_cpp_example_across_two_nodes(cluster):
+    example = os.path.join(simcluster.BIN, "ddp_cpp_example")
+    if not os.path.exists(example):
+        pytest.skip("built only with libtorch (DDP_WITH_TORCH)")
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    shutil.copy2(example, c.bin)  # where every host sees it (the build may sit under /tmp)
+    rc, out, err = finish(c.launch(job(c, "cpp", [os.path.join(c.bin, "ddp_cpp_example"), "15"])), timeout=180)
+    assert rc == 0, out + err
+    sums = {}
+    for line in out.splitlines():
+        m = LINE.match(line)
+        if m and "parameter checksum" in m["text"]:
+            rank, value = re.match(r"rank (\d+) parameter checksum (\S+)", m["text"]).groups()
+            sums[int(rank)] = (m["node"], value)
+    assert sorted(sums) == [0, 1, 2, 3], out
+    assert {node for node, _ in sums.values()} == {h.addr for h in c.hosts}
+    assert len({v for _, v in sums.values()}) == 1, sums  # the ranks agree across nodes
+    losses = [float(x) for x in re.findall(r"loss (\S+)", out)]
+    assert losses and losses[-1] < losses[0] / 10, losses
