@@ -1,5 +1,6 @@
 // ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
 #include "agent/agent.hpp"
+#include "agent/preflight.hpp"
 #include "agentconfig/agentconfig.hpp"
 #include "agentconfig/users.hpp"
 #include "cliexport/cliexport.hpp"
@@ -82,6 +83,8 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string_view(argv[1]) == "shepherd") return shepherd_main(argc, argv);
+  // `ddp-agentd preflight`: a container job's preflight, started by the agent (lib/agent/preflight.hpp).
+  if (argc == 2 && std::string_view(argv[1]) == "preflight") return ddp::agent::run_preflight_helper(std::cin, std::cout);
   CLI::App app{"ddp-agentd: the ddpctl node agent (runs a job's workers on this node for an authenticated coordinator)"};
   app.set_version_flag("--version", ddp::agent::kVersion);
   std::string listen = fmt::format("[::]:{}", ddp::agent::kDefaultPort);

@@ -6,6 +6,9 @@
 //   ddpctl doctor --facts a.json --facts b.json
 //                                     compare saved nodes; --json then prints {nodes, findings}
 //   ddpctl doctor --nodes n[1-4]      the same with live facts from each node's ddp-agentd
+//   --image IMAGE --runtime R / --job FILE
+//                                     also look the job's container image up on each node (never
+//                                     pulling) and check that every node has the same digest
 //   --sysfs-root DIR (or DDP_SYSFS_ROOT)  discover from a copied or fixture sysfs/procfs tree
 //   --gpu-job / --cpu-job             what the job needs (default: GPUs iff any node has one)
 //   --rdma / --no-rdma                whether the job must use RDMA (default: if all nodes have it)
@@ -14,11 +17,14 @@
 // input. Findings go to stdout with the table, to stderr when stdout carries JSON.
 #include "commands.hpp"
 
+#include "container/runtime.hpp"
+#include "contract/contract.hpp"
 #include "coordinator/gather.hpp"
 #include "facts/consistency.hpp"
 #include "facts/discover.hpp"
 #include "facts/report.hpp"
 #include "hostlist/hostlist.hpp"
+#include "jobspec/jobspec.hpp"
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
 #include "net/wire.hpp"
@@ -40,7 +46,45 @@ struct DoctorArgs {
   std::string token_file;
   bool gpu_job = false, cpu_job = false, rdma = false, no_rdma = false, no_nvml = false;
   int world_size = 0;
+  std::string image, runtime, job;
 };
+
+extern "C" char** environ;
+
+// The container image to look up (--image/--runtime or --job's container), or nullopt.
+std::optional<ddp::jobspec::ContainerSpec> wanted_image(const DoctorArgs& a) {
+  if (!a.job.empty()) {
+    auto spec = ddp::jobspec::load_job_file(a.job);
+    if (!spec.container) throw std::invalid_argument(a.job + " has no container: section");
+    return spec.container;
+  }
+  if (a.image.empty()) return std::nullopt;
+  auto runtime = ddp::jobspec::runtime_from_name(a.runtime);
+  if (!runtime) throw std::invalid_argument("--image needs --runtime docker|podman|apptainer|enroot");
+  ddp::jobspec::ContainerSpec cs;
+  cs.runtime = *runtime;
+  cs.image = a.image;
+  return cs;
+}
+
+// This node's view of the image, looked up here (never pulled).
+ddp::facts::ContainerImage look_up_here(const ddp::jobspec::ContainerSpec& cs) {
+  ddp::contract::Env env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (auto eq = kv.find('='); eq != std::string_view::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  ddp::facts::ContainerImage ci{std::string(ddp::jobspec::runtime_name(cs.runtime)), cs.image, {}, {}, {}};
+  try {
+    auto id = ddp::container::prepare_image(cs, ddp::contract::scrub(env), std::filesystem::current_path().string(), false);
+    if (!id.digest.empty()) ci.digest = id.digest;
+    else ci.error = "not resolved: the runtime fetches it when it runs";
+    if (!id.repo_digest.empty()) ci.repo_digest = id.repo_digest;
+  } catch (const ddp::container::ContainerError& e) {
+    ci.error = e.what();
+  }
+  return ci;
+}
 
 int run_doctor(const DoctorArgs& a) {
   namespace F = ddp::facts;
@@ -62,6 +106,21 @@ int run_doctor(const DoctorArgs& a) {
     return 2;
   }
 
+  std::optional<ddp::jobspec::ContainerSpec> image;
+  try {
+    image = wanted_image(a);
+  } catch (const ddp::jobspec::JobSpecError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "ddpctl doctor: " << e.what() << "\n";
+    return 2;
+  }
+  if (image && !a.facts_files.empty()) {
+    std::cerr << "ddpctl doctor: --image/--job look the image up on live nodes (this one, or --nodes), not in facts files\n";
+    return 2;
+  }
+
   std::vector<F::NodeFacts> nodes;
   std::vector<std::string> notes;
   try {
@@ -73,7 +132,9 @@ int run_doctor(const DoctorArgs& a) {
       }
       const auto keys = ddp::net::load_token_file(a.token_file.empty() ? ddp::net::find_client_token_file() : a.token_file);
       bool missing = false;
-      for (auto& g : ddp::coordinator::gather_facts(hosts.hosts, keys, ddp::net::local_user(), ddp::Millis(15000))) {
+      nlohmann::json want_image = nullptr;
+      if (image) want_image = {{"runtime", ddp::jobspec::runtime_name(image->runtime)}, {"image", image->image}};
+      for (auto& g : ddp::coordinator::gather_facts(hosts.hosts, keys, ddp::net::local_user(), ddp::Millis(60000), want_image)) {
         if (!g.facts) {
           std::cerr << "ddpctl doctor: " << g.node << ": " << g.error << "\n";
           missing = true;
@@ -90,6 +151,7 @@ int run_doctor(const DoctorArgs& a) {
       if (!a.sysfs_root.empty()) opt.root = a.sysfs_root;
       opt.use_nvml = !a.no_nvml;
       nodes.push_back(F::discover(opt));
+      if (image) nodes.back().container_image = look_up_here(*image);
     } else {
       for (const auto& file : a.facts_files) nodes.push_back(F::load_facts_file(file, &notes));
     }
@@ -157,6 +219,10 @@ Command add_doctor_command(CLI::App& root) {
   sub->add_option("--world-size", args->world_size, "ranks in the job, for the open-files check (default: GPUs, or one per node)")
       ->check(CLI::PositiveNumber);
   sub->add_flag("--no-nvml", args->no_nvml, "do not load NVML; read sysfs/procfs only");
+  auto* image = sub->add_option("--image", args->image,
+                                "look this container image up on each node (never pulled) and compare their digests");
+  sub->add_option("--runtime", args->runtime, "the runtime of --image: docker, podman, apptainer or enroot")->needs(image);
+  sub->add_option("--job", args->job, "look up the container image of this job file (its runtime and image)")->excludes(image);
   return {sub, [args] { return run_doctor(*args); }};
 }
 

@@ -231,10 +231,6 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     std::cerr << "ddpctl launch: " << msg << "\n";
     return 2;
   };
-  if (spec.container && args.dry_run) {
-    return fail(fmt::format("{}: --dry-run --nodes of a container job is not supported yet (each agent makes its "
-                            "containers' command lines; a local --dry-run shows them)", spec.file));
-  }
   if (!args.facts.empty() && !args.dry_run) return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
   if (args.dry_run && args.facts.empty() && (args.ssh || args.slurm)) {
     return fail("--dry-run with --ssh or --slurm needs --facts: one facts file per node (comma-separated, in --nodes order) or one for "

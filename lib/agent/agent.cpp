@@ -3,6 +3,7 @@
 #include "agent/agent.hpp"
 
 #include "agent/interfaces.hpp"
+#include "agent/preflight.hpp"
 #include "binding/binding.hpp"
 #include "agent/stdio_link.hpp"
 #include "container/container.hpp"
@@ -236,6 +237,7 @@ class Agent {
     // The peer's last heartbeat: its now_us and our clock when it arrived, echoed in ours so
     // that the coordinator gets a clock-offset sample every interval (proto/clock_sync.hpp).
     std::optional<std::int64_t> echo_t0_us, echo_rx_us;
+    std::shared_ptr<PreflightRun> doctor;  // a facts_request's image lookup, killed if the peer goes
   };
 
   // The one job this agent runs, owned by one coordinator connection.
@@ -257,6 +259,9 @@ class Agent {
     std::set<int> exits_sent;               // local ranks whose exit went up this round
     std::uint64_t dropped_lines = 0;
     bool orphaned = false;  // the owner is gone: stop, then forget the job
+    std::shared_ptr<PreflightRun> preflight;  // a container job's, until it joins (killed with the job)
+    json offer_t0_us;                          // the offer's coordinator time, echoed in the join
+    std::int64_t offer_rx_us = 0;              // when the offer arrived here
     bool running() const { return shepherd && shepherd->running(); }
   };
 
@@ -352,10 +357,7 @@ class Agent {
       }
       return;
     }
-    if (m.type == "facts_request") {  // doctor --nodes: answered busy or not
-      send(c, "facts", {{"facts", facts::to_json(facts_)}});
-      return;
-    }
+    if (m.type == "facts_request") return on_facts_request(c, b);  // doctor --nodes: answered busy or not
     if (m.type == "job_offer") return on_offer(c, b, rx_us);
     if (!job_ || job_->owner.get() != c) {
       c->refuse(proto::ErrorCode::unexpected, fmt::format("'{}' for a job this agent does not hold for you", m.type));
@@ -372,6 +374,44 @@ class Agent {
     if (m.type == "stop") return on_stop(b);
     if (m.type == "signal") return on_signal(b);
     c->refuse(proto::ErrorCode::unexpected, fmt::format("an agent does not take '{}'", m.type));
+  }
+
+  // With an image ({runtime, image}), the answer waits for the helper that looks the image up
+  // on this node (never pulling); the facts then carry its digest.
+  void on_facts_request(Connection* c, const json& b) {
+    if (!b.contains("image")) {
+      send(c, "facts", {{"facts", facts::to_json(facts_)}});
+      return;
+    }
+    facts::ContainerImage ci;
+    ci.runtime = b["image"].value("runtime", std::string());
+    ci.image = b["image"].value("image", std::string());
+    auto runtime = jobspec::runtime_from_name(ci.runtime);
+    if (!runtime || ci.image.empty() || ci.image.size() > 4096) {
+      c->refuse(proto::ErrorCode::bad_value, "facts_request: image must be {runtime: docker|podman|apptainer|enroot, image}");
+      return;
+    }
+    net::JobPayload payload;
+    payload.spec.command = {"true"};
+    payload.spec.container = jobspec::ContainerSpec{*runtime, ci.image, {}, std::nullopt, jobspec::PullPolicy::never, {}, {}};
+    auto answer = [this, c, ci](const json& r) mutable {
+      if (!peers_.count(c)) return;
+      peers_.at(c).doctor.reset();
+      if (auto d = r.value("digest", std::string()); !d.empty()) ci.digest = d;
+      if (auto d = r.value("repo_digest", std::string()); !d.empty()) ci.repo_digest = d;
+      if (auto e = r.value("error", std::string()); !e.empty()) ci.error = e;
+      if (!ci.digest && !ci.error) ci.error = "not resolved: the runtime fetches it when it runs";
+      auto f = facts_;
+      f.container_image = ci;
+      send(c, "facts", {{"facts", facts::to_json(f)}});
+    };
+    try {
+      peers_.at(c).doctor = PreflightRun::start(io_, shepherd_exe_, preflight_request("image", "doctor", payload,
+                                                                                       contract::scrub(own_environment()), "/"),
+                                                answer);
+    } catch (const supervisor::SpawnError& e) {
+      answer({{"error", fmt::format("cannot start the image lookup: {}", e.what())}});
+    }
   }
 
   void on_offer(Connection* c, const json& b, std::int64_t rx_us) {
@@ -422,6 +462,8 @@ class Agent {
     job->user = b["user"].get<std::string>();
     job->inherited = own_environment();
     for (const auto& [k, v] : payload.forward_env) job->inherited[k] = v;
+    job->offer_t0_us = b["t0_us"];
+    job->offer_rx_us = rx_us;
 
     // What this node offers, and whether it can run the command at all, before any rank starts.
     json preflight{{"command", true}, {"workdir", true}};
@@ -437,19 +479,12 @@ class Agent {
     }
     const std::string workdir = spec.workdir.value_or("/");
     std::error_code ec;
+    const bool container = spec.container.has_value();
     if (!fs::is_directory(workdir, ec)) {
       preflight["workdir"] = false;
       problems.push_back(fmt::format("workdir {} is not a directory on {}", workdir, opts_.name));
-    } else if (spec.container) {
-      // The command runs inside the image: what must be here is the runtime and the image.
-      try {
-        auto id = container::prepare_image(*spec.container, contract::scrub(job->inherited), workdir, false);
-        log_->info("job {}: container image {} is {}", job_id, spec.container->image, id);
-        container::sweep_stale(spec.container->runtime, contract::scrub(job->inherited));
-      } catch (const container::ContainerError& e) {
-        preflight["command"] = false;
-        problems.push_back(fmt::format("{}: {}", opts_.name, e.what()));
-      }
+    } else if (container) {
+      // The command runs inside the image: the helper below checks it there.
     } else if (job->run_as && job->run_as->uid != ::geteuid() &&
                !supervisor::accessible_as(run_as_of(*job->run_as), workdir, X_OK)) {
       preflight["workdir"] = false;
@@ -468,20 +503,59 @@ class Agent {
         problems.push_back(fmt::format("user {} may not run {} on {}", job->run_as->name, *exe, opts_.name));
       }
     }
-    preflight["detail"] = join(problems, "; ");
     job->payload = std::move(payload);
+    log_->info("job {} offered by {} (user {}{}): node {}, {} worker{}", job_id, c->label(), job->user,
+               job->run_as ? fmt::format(", runs as uid {}", job->run_as->uid) : "", job->node, job->nproc,
+               job->nproc == 1 ? "" : "s");
+    job_ = std::move(job);
+    notify_.status(fmt::format("running job {} for {} (user {})", job_->job_id, c->label(), job_->user));
+    if (!container || !problems.empty()) return send_join(preflight, problems);
+    // The command runs inside the image: the helper pulls it (per container.pull), resolves its
+    // digest for the coordinator to compare across nodes, and checks command[0] and the workdir
+    // in there. The join waits for it; heartbeats and other coordinators do not.
+    const auto request =
+        preflight_request("job", job_id, job_->payload, contract::scrub(job_->inherited), workdir);
+    Job* pending = job_.get();
+    try {
+      job_->preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) mutable {
+        if (job_.get() != pending) return;  // (cancel() comes first when the job goes; belt and braces)
+        std::vector<std::string> found;
+        const auto error = answer.value("error", std::string());
+        if (!error.empty()) {
+          preflight["command"] = false;
+          found.push_back(fmt::format("{}: {}", opts_.name, error));
+        }
+        if (const auto w = answer.value("warning", std::string()); !w.empty()) log_->warn("job {}: {}", job_->job_id, w);
+        const auto digest = answer.value("digest", std::string());
+        preflight["image"] = {{"digest", digest}, {"repo_digest", answer.value("repo_digest", std::string())}};
+        if (error.empty()) {
+          log_->info("job {}: container image {} is {}", job_->job_id, job_->payload.spec.container->image,
+                     digest.empty() ? "fetched by the runtime when it runs" : digest);
+        }
+        send_join(preflight, found);
+      });
+    } catch (const supervisor::SpawnError& e) {
+      preflight["command"] = false;
+      send_join(preflight, {fmt::format("{}: cannot start the container preflight: {}", opts_.name, e.what())});
+    }
+  }
+
+  // The job's join, with what the preflight found; the job stays held until its coordinator
+  // decides (a failed preflight makes it give up, which closes the connection).
+  void send_join(json preflight, const std::vector<std::string>& problems) {
+    auto& job = *job_;
+    job.preflight.reset();
+    preflight["detail"] = join(problems, "; ");
+    if (!problems.empty()) log_->warn("job {}: preflight: {}", job.job_id, join(problems, "; "));
     json facts_summary{{"hostname", own_hostname()},
                        {"cpus", cpus_.size()},
                        {"gpus", facts::gpu_count(facts_)},
                        {"ib_hcas", binding::ib_hcas(facts_)}};
-    log_->info("job {} offered by {} (user {}{}): node {}, {} worker{}{}", job_id, c->label(), job->user,
-               job->run_as ? fmt::format(", runs as uid {}", job->run_as->uid) : "", job->node, job->nproc,
-               job->nproc == 1 ? "" : "s", problems.empty() ? "" : "; preflight: " + join(problems, "; "));
-    send(c, "join",
-         {{"t0_us", b["t0_us"]}, {"rx_us", rx_us}, {"tx_us", now_us()}, {"job_id", job_id}, {"node", opts_.name},
-          {"nproc", job->nproc}, {"facts", facts_summary}, {"preflight", preflight}});
-    job_ = std::move(job);
-    notify_.status(fmt::format("running job {} for {} (user {})", job_->job_id, c->label(), job_->user));
+    // The offer's time, when it arrived and when the join leaves: a clock-offset sample with
+    // this node's preflight taken out of the round trip (proto/clock_sync.hpp).
+    send(job.owner.get(), "join",
+         {{"t0_us", job.offer_t0_us}, {"rx_us", job.offer_rx_us}, {"tx_us", now_us()}, {"job_id", job.job_id},
+          {"node", opts_.name}, {"nproc", job.nproc}, {"facts", facts_summary}, {"preflight", std::move(preflight)}});
   }
 
   void on_assign(const json& b) {

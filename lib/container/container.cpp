@@ -23,15 +23,24 @@ std::optional<Owner> parse_owner(std::string_view label) {
   return Owner{*pid, static_cast<unsigned long long>(*started)};
 }
 
-std::string container_name(const std::string& job_id, int attempt, int rank) {
-  // docker and podman accept [a-zA-Z0-9][a-zA-Z0-9_.-]*; a --job-id may hold anything.
-  std::string id = job_id;
+namespace {
+// docker and podman accept [a-zA-Z0-9][a-zA-Z0-9_.-]*; a --job-id may hold anything.
+std::string name_safe(std::string id) {
   for (char& c : id) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
                     c == '.' || c == '-';
     if (!ok) c = '_';
   }
-  return fmt::format("ddpctl-{}-a{}-r{}", id, attempt, rank);
+  return id;
+}
+}  // namespace
+
+std::string container_name(const std::string& job_id, int attempt, int rank) {
+  return fmt::format("ddpctl-{}-a{}-r{}", name_safe(job_id), attempt, rank);
+}
+
+std::string check_container_name(const std::string& job_id, long long pid) {
+  return fmt::format("ddpctl-{}-check-{}", name_safe(job_id), pid);
 }
 
 Env forwarded_into_container(const Env& inherited, const jobspec::JobSpec& spec) {
@@ -208,9 +217,87 @@ std::vector<std::string> list_owned_argv(ContainerRuntime runtime) {
           "--format", fmt::format("{{{{.Names}}}} {{{{index .Labels \"{}\"}}}}", kOwnerLabel)};
 }
 
-std::vector<std::string> image_id_argv(ContainerRuntime runtime, const std::string& image) {
+std::vector<std::string> image_identity_argv(ContainerRuntime runtime, const std::string& image) {
   if (!has_image_store(runtime)) return {};
-  return {std::string(jobspec::runtime_name(runtime)), "image", "inspect", "--format", "{{.Id}}", image};
+  // podman's .Digest is the manifest digest it recorded; docker keeps one "repo@sha256:..." per
+  // registry it pulled from (none for a built, imported or loaded image).
+  const char* format = runtime == ContainerRuntime::podman ? "{{.Id}} {{.Digest}}"
+                                                           : "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}";
+  return {std::string(jobspec::runtime_name(runtime)), "image", "inspect", "--format", format, image};
+}
+
+std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std::string_view out) {
+  auto line = trim(out.substr(0, out.find('\n')));
+  std::vector<std::string_view> words;
+  for (auto w : split(line, ' ')) {
+    if (!trim(w).empty()) words.push_back(trim(w));
+  }
+  if (words.empty() || !has_image_store(runtime)) return std::nullopt;
+  std::string_view id = words[0];
+  if (id.substr(0, 7) == "sha256:") id.remove_prefix(7);  // docker says it, podman does not
+  const bool hex = id.size() == 64 && std::all_of(id.begin(), id.end(), [](char c) {
+                     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                   });
+  if (!hex) return std::nullopt;
+  ImageIdentity out_id{"sha256:" + std::string(id), ""};
+  if (words.size() > 1) {
+    auto d = words[1];
+    if (auto at = d.find('@'); at != std::string_view::npos) d.remove_prefix(at + 1);
+    if (d.substr(0, 7) == "sha256:") out_id.repo_digest = std::string(d);
+  }
+  return out_id;
+}
+
+std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, const std::string& argv0,
+                                            const std::string& path, const std::string& name,
+                                            const std::string& owner) {
+  // Exit 3: no such working directory; 4: no such command. `cd` here rather than the runtime's
+  // working-directory flag, which docker and podman would create when it is missing.
+  static const std::string script = "[ -z \"$1\" ] || cd -- \"$1\" || exit 3; command -v -- \"$2\" >/dev/null || exit 4";
+  const std::string workdir = spec.workdir.value_or("");
+  std::vector<std::string> a;
+  auto mount = [&](const jobspec::Mount& m) { return fmt::format("{}:{}{}", m.source, m.target, m.read_only ? ":ro" : ""); };
+  switch (spec.runtime) {
+    case ContainerRuntime::docker:
+    case ContainerRuntime::podman:
+      a = {std::string(jobspec::runtime_name(spec.runtime)), "run", "--rm", "--name", name,
+           "--label", fmt::format("{}={}", kOwnerLabel, owner), "--network", "none", "--pull=never"};
+      for (const auto& m : spec.mounts) a.insert(a.end(), {"--volume", mount(m)});
+      if (!path.empty()) a.insert(a.end(), {"--env", "PATH=" + path});
+      a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
+      a.insert(a.end(), {"--entrypoint", "/bin/sh", spec.image});
+      break;
+    case ContainerRuntime::apptainer:
+      a = {"apptainer", "exec", "--cleanenv"};
+      for (const auto& m : spec.mounts) a.insert(a.end(), {"--bind", mount(m)});
+      if (!path.empty()) a.insert(a.end(), {"--env", "PATH=" + path});
+      a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
+      a.insert(a.end(), {spec.image, "/bin/sh"});
+      break;
+    case ContainerRuntime::enroot:
+      a = {"enroot", "start"};
+      if (!path.empty()) a.insert(a.end(), {"--env", "PATH"});  // by name: the client's environment carries it
+      for (const auto& m : spec.mounts) {
+        a.insert(a.end(), {"--mount", fmt::format("{}:{}:none:x-create=auto,bind{}", m.source, m.target,
+                                                  m.read_only ? ",ro" : "")});
+      }
+      a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
+      a.insert(a.end(), {spec.image, "/bin/sh"});
+      break;
+  }
+  a.insert(a.end(), {"-c", script, "sh", workdir, argv0});
+  return a;
+}
+
+CommandCheck classify_command_check(ContainerRuntime, int exit_code) {
+  switch (exit_code) {
+    case 0: return CommandCheck::ok;
+    case 3: return CommandCheck::no_workdir;
+    case 4: return CommandCheck::no_command;
+    case 126:
+    case 127: return CommandCheck::no_shell;
+    default: return CommandCheck::runtime_error;
+  }
 }
 
 std::vector<std::string> pull_argv(ContainerRuntime runtime, const std::string& image) {
@@ -218,15 +305,32 @@ std::vector<std::string> pull_argv(ContainerRuntime runtime, const std::string& 
   return {std::string(jobspec::runtime_name(runtime)), "pull", image};
 }
 
-void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& inherited, const HostLayout& host,
-               int attempt, const Owner& owner, const std::string& host_cwd) {
-  if (!spec.container) return;
-  jobspec::ContainerSpec cs = *spec.container;
-  for (auto& m : cs.mounts) {
+jobspec::ContainerSpec with_absolute_mounts(jobspec::ContainerSpec spec, const std::string& host_cwd) {
+  for (auto& m : spec.mounts) {
     fs::path src(m.source);
     if (src.is_relative()) m.source = (fs::path(host_cwd) / src).lexically_normal().string();
     if (m.source.size() > 1 && m.source.back() == '/') m.source.pop_back();
   }
+  return spec;
+}
+
+std::string worker_path(const jobspec::JobSpec& spec) {
+  auto find = [](const auto& pairs) -> std::optional<std::string> {
+    for (const auto& [k, v] : pairs) {
+      if (k == "PATH") return v;
+    }
+    return std::nullopt;
+  };
+  if (spec.container) {
+    if (auto p = find(spec.container->env)) return *p;
+  }
+  return find(spec.env).value_or("");
+}
+
+void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& inherited, const HostLayout& host,
+               int attempt, const Owner& owner, const std::string& host_cwd) {
+  if (!spec.container) return;
+  const jobspec::ContainerSpec cs = with_absolute_mounts(*spec.container, host_cwd);
   for (auto& r : plan.ranks) {
     RankRun run;
     run.name = container_name(plan.job_id, attempt, r.rank);

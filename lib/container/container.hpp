@@ -54,6 +54,9 @@ inline constexpr std::string_view kOwnerLabel = "ddpctl.owner";
 
 // "ddpctl-<job id>-a<attempt>-r<rank>", with characters a runtime refuses in names replaced.
 std::string container_name(const std::string& job_id, int attempt, int rank);
+// "ddpctl-<job id>-check-<pid>": the preflight's throwaway container (the pid keeps two agents
+// on one node apart).
+std::string check_container_name(const std::string& job_id, long long pid);
 
 // The part of ddpctl's environment that enters the container (see the policy above): the
 // launcher plans a container job's ranks from this instead of everything it inherited.
@@ -91,8 +94,38 @@ Env client_env(const jobspec::ContainerSpec& spec, const RankRun& run, const Hos
 std::vector<std::string> remove_argv(ContainerRuntime runtime, const std::vector<std::string>& names);
 // Lists "<name> <owner label>" lines of every container that carries an owner label.
 std::vector<std::string> list_owned_argv(ContainerRuntime runtime);
-// Prints the image's id if the image is present locally (exit 0), fails otherwise.
-std::vector<std::string> image_id_argv(ContainerRuntime runtime, const std::string& image);
+// Prints "<id> <repo digest>" if the image is present locally (exit 0), fails otherwise.
+std::vector<std::string> image_identity_argv(ContainerRuntime runtime, const std::string& image);
+
+// An image as one node has it. `digest` is what nodes must agree on: for docker and podman the
+// image id, "sha256:" and the digest of the image's config, which names its layers (by content)
+// and its settings, so two nodes with the same id run the same bits, however each got the image
+// (pulled, loaded, or pulled through another mirror); for apptainer and enroot the sha256 of the
+// image file. `repo_digest` (docker and podman) is the registry's manifest digest when the image
+// came from one, shown for the user to match against the registry; it is not compared, since one
+// image may have several (recompressed layers, a multi-arch list and its entries).
+struct ImageIdentity {
+  std::string digest;
+  std::string repo_digest;
+};
+// Parses image_identity_argv()'s output; nullopt when it is not an id.
+std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std::string_view out);
+
+// The `command[0]`/`workdir` check, run inside the image: a throwaway container of the job's
+// image, with the job's mounts and extra_args (the command may live on a mount), whose shell
+// changes to `workdir` (when the job sets one) and resolves `argv0` on the worker's PATH
+// (`path`; empty: the image's). Exit 0: both fine; see CommandCheck for the rest.
+// docker and podman label it with `owner` (Owner::label()), so that a check whose preflight was
+// killed midway is swept like a rank's container.
+std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, const std::string& argv0,
+                                            const std::string& path, const std::string& name,
+                                            const std::string& owner);
+enum class CommandCheck { ok, no_workdir, no_command, no_shell, runtime_error };
+// What the check's exit code means: the script exits 3 (workdir) or 4 (command) itself; 126 and
+// 127 come from the runtime when the image has no /bin/sh to run it (a distroless image: the
+// check cannot run there, which is not the job's fault); anything else is the runtime refusing
+// (a bad extra_args, no such image, no permission).
+CommandCheck classify_command_check(ContainerRuntime runtime, int exit_code);
 std::vector<std::string> pull_argv(ContainerRuntime runtime, const std::string& image);
 // Whether the runtime keeps images in a store it can be asked about (docker, podman); apptainer
 // and enroot run image files (or pull by URI themselves).
@@ -105,6 +138,13 @@ bool has_image_store(ContainerRuntime runtime);
 // sources are made absolute against `host_cwd`.
 void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& inherited, const HostLayout& host,
                int attempt, const Owner& owner, const std::string& host_cwd);
+
+// The spec with relative mount sources made absolute against `host_cwd` (and no trailing '/').
+jobspec::ContainerSpec with_absolute_mounts(jobspec::ContainerSpec spec, const std::string& host_cwd);
+
+// The PATH the worker sees inside (container.env's, else the job's env:), on which its
+// command[0] is resolved; empty: the image's own.
+std::string worker_path(const jobspec::JobSpec& spec);
 
 // "0-3,8" for {0,1,2,3,8}.
 std::string cpu_list(const std::vector<int>& cpus);

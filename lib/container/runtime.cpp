@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <openssl/evp.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 namespace ddp::container {
@@ -38,6 +41,13 @@ std::optional<unsigned long long> start_time_of(long long pid) {
 std::string first_line(const std::string& s) {
   auto t = trim(s);
   return std::string(t.substr(0, t.find('\n')));
+}
+
+// A pull prints its progress first and its error last.
+std::string last_line(const std::string& s) {
+  auto t = trim(s);
+  auto nl = t.rfind('\n');
+  return std::string(nl == std::string_view::npos ? t : t.substr(nl + 1));
 }
 
 }  // namespace
@@ -120,8 +130,33 @@ CommandResult run_command(const std::vector<std::string>& argv, const Env& env, 
   return r;
 }
 
-std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd,
-                          bool may_pull) {
+std::string sha256_of_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ContainerError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  ssize_t got;
+  while ((got = ::read(fd, buf.data(), buf.size())) != 0) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw ContainerError(fmt::format("cannot read {}: {}", path, std::strerror(err)));
+    }
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<std::size_t>(got));
+  }
+  ::close(fd);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  std::string hex = "sha256:";
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd,
+                            bool may_pull) {
   const std::string runtime(jobspec::runtime_name(spec.runtime));
   auto path = client_env.count("PATH") ? client_env.at("PATH") : std::string();
   if (!supervisor::resolve_executable(runtime, path, cwd)) {
@@ -130,22 +165,22 @@ std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_
   }
   if (!has_image_store(spec.runtime)) {
     // apptainer and enroot run an image file, or fetch a URI (docker://...) themselves.
-    if (spec.image.find("://") != std::string::npos) return spec.image;
+    if (spec.image.find("://") != std::string::npos) return {};
     fs::path p(spec.image);
     if (p.is_relative()) p = fs::path(cwd) / p;
     std::error_code ec;
     if (!fs::exists(p, ec)) throw ContainerError(fmt::format("container.image {}: no such file on this node", p.string()));
-    return p.string();
+    return {sha256_of_file(p.string()), ""};
   }
   using namespace std::chrono_literals;
   auto log = log::get("container");
-  auto inspect = [&] { return run_command(image_id_argv(spec.runtime, spec.image), client_env, 60s); };
+  auto inspect = [&] { return run_command(image_identity_argv(spec.runtime, spec.image), client_env, 60s); };
   auto pull = [&] {
     log->info("pulling {} with {}", spec.image, runtime);
     auto r = run_command(pull_argv(spec.runtime, spec.image), client_env, 30min);
     if (r.exit_code != 0) {
       throw ContainerError(fmt::format("{} pull {} failed{}: {}", runtime, spec.image, r.timed_out ? " (after 30 min)" : "",
-                                       first_line(r.err.empty() ? r.out : r.err)));
+                                       last_line(r.err.empty() ? r.out : r.err)));
     }
   };
   if (may_pull && spec.pull == jobspec::PullPolicy::always) pull();
@@ -156,11 +191,41 @@ std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_
   }
   if (r.exit_code != 0) {
     throw ContainerError(fmt::format("image {} is not present on this node ({} image inspect: {}){}", spec.image, runtime,
-                                     first_line(r.err), !may_pull ? "; agents do not pull yet: pull it on every node"
+                                     first_line(r.err), !may_pull ? ""
                                                         : spec.pull == jobspec::PullPolicy::never
                                                             ? "; container.pull is never: load or pull it first" : ""));
   }
-  return first_line(r.out);
+  auto id = parse_image_identity(spec.runtime, r.out);
+  if (!id) {
+    throw ContainerError(fmt::format("{} image inspect {} printed no image id: '{}'", runtime, spec.image, first_line(r.out)));
+  }
+  return *id;
+}
+
+std::optional<std::string> check_command_in_image(const jobspec::ContainerSpec& spec, const std::string& argv0,
+                                                  const std::string& path, const Env& client_env,
+                                                  const std::string& name) {
+  Env env = client_env;
+  if (spec.runtime == ContainerRuntime::enroot && !path.empty()) env["PATH"] = path;  // enroot passes it by name
+  auto argv = command_check_argv(spec, argv0, path, name, own_owner().label());
+  auto r = run_command(argv, env, std::chrono::minutes(2));
+  const std::string where = spec.workdir ? fmt::format(" (workdir {})", *spec.workdir) : "";
+  switch (r.timed_out ? CommandCheck::runtime_error : classify_command_check(spec.runtime, r.exit_code)) {
+    case CommandCheck::ok: return std::nullopt;
+    case CommandCheck::no_workdir:
+      throw ContainerError(fmt::format("container.workdir {} is not a directory inside image {}", spec.workdir.value_or(""),
+                                       spec.image));
+    case CommandCheck::no_command:
+      throw ContainerError(fmt::format("cannot run '{}' inside image {}: no such executable (PATH={}){}", argv0, spec.image,
+                                       path.empty() ? "the image's" : path, where));
+    case CommandCheck::no_shell:
+      return fmt::format("the command was not checked inside image {}: it has no /bin/sh to check with ({})", spec.image,
+                         first_line(r.err));
+    case CommandCheck::runtime_error: break;
+  }
+  throw ContainerError(fmt::format("checking the command inside image {} failed ({}): {}", spec.image,
+                                   r.timed_out ? "no answer in 2 min" : fmt::format("{} exited {}", argv[0], r.exit_code),
+                                   first_line(r.err.empty() ? r.out : r.err)));
 }
 
 void write_env_files(const contract::Plan& plan, ContainerRuntime runtime) {

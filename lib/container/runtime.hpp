@@ -50,11 +50,23 @@ struct CommandResult {
 CommandResult run_command(const std::vector<std::string>& argv, const Env& env, std::chrono::milliseconds timeout);
 
 // Before any rank starts: the runtime is installed, and the image is here (pulled per
-// `container.pull`). Returns the image id for docker and podman (the image file's path for
-// apptainer and enroot). Throws ContainerError saying what is missing and how to fix it.
-// `may_pull` false: only look (an agent answering a job offer must not block for a pull).
-std::string prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd,
-                          bool may_pull = true);
+// `container.pull`: `missing` pulls only when `image inspect` finds none, `always` pulls every
+// time, `never` never). Returns what the node has (see ImageIdentity; for apptainer and enroot
+// the sha256 of the image file, empty for a URI that the runtime fetches when it runs). Throws
+// ContainerError saying what is missing and how to fix it. `may_pull` false only looks
+// (`ddpctl doctor`).
+ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd,
+                            bool may_pull = true);
+
+// Runs command_check_argv() (see there) in a container named `name`. Throws ContainerError for a
+// missing working directory or command (naming them, and the image) or a runtime that refuses;
+// returns a warning when the image has no /bin/sh to check with (the job may still be fine).
+std::optional<std::string> check_command_in_image(const jobspec::ContainerSpec& spec, const std::string& argv0,
+                                                  const std::string& path, const Env& client_env,
+                                                  const std::string& name);
+
+// "sha256:<hex>" of a file's contents. Throws ContainerError when it cannot be read.
+std::string sha256_of_file(const std::string& path);
 
 // The plan's env files, mode 0600 (created so: never readable by others, not even briefly).
 void write_env_files(const contract::Plan& plan, ContainerRuntime runtime);

@@ -8,6 +8,7 @@
 #include "common/strings.hpp"
 #include "control/paths.hpp"
 #include "control/server.hpp"
+#include "facts/consistency.hpp"
 #include "launch/report.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
@@ -121,6 +122,7 @@ class Coordinator {
     proto::ClockSync sync;
     bool joined = false;
     std::vector<std::string> ib_hcas;  // the node's NCCL_IB_HCA entries, from its join
+    std::string image_digest;          // a container job's image as the node resolved it
     bool ever_joined = false;
     int dial_failures = 0;
     asio::steady_timer redial;
@@ -345,6 +347,19 @@ class Coordinator {
       auto detail = p.value("detail", std::string());
       if (!p.value("command", true) || !p.value("workdir", true) || !detail.empty()) {
         return fatal(fmt::format("preflight failed on {}: {}", n.entry.name, detail.empty() ? "command or workdir missing" : detail));
+      }
+      // Every node must run the same image: compared as each joins, so a job whose nodes
+      // disagree stops before any rank starts anywhere.
+      if (opts_.spec.container && p.contains("image") && p["image"].is_object()) {
+        n.image_digest = p["image"].value("digest", std::string());
+        std::vector<std::pair<std::string, std::string>> digests;
+        for (const auto& h : hosts_) {
+          const auto& other = *nodes_.at(h);
+          if (&other == &n || other.ever_joined) digests.emplace_back(h, other.image_digest);
+        }
+        if (auto why = facts::image_disagreement(opts_.spec.container->image, digests)) {
+          return fatal(*why + " (pull or load the same image on every node, or name it by digest: image@sha256:...)");
+        }
       }
     }
     const auto nproc = b["nproc"].get<std::uint32_t>();

@@ -1,6 +1,7 @@
 #include "coordinator/dry_run.hpp"
 
 #include "binding/binding.hpp"
+#include "container/container.hpp"
 #include "contract/contract.hpp"
 #include "launch/bind.hpp"
 
@@ -45,10 +46,12 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
     hcas.push_back(binding::ib_hcas(facts[i]));
   }
   const auto job_ib_hca = binding::common_ib_hca(hcas);
-  contract::Env inherited;
+  contract::Env forwarded;
   for (const auto& [k, v] : launcher_env) {
-    if (contract::matches_forward(k, spec.env_forward)) inherited[k] = v;
+    if (contract::matches_forward(k, spec.env_forward)) forwarded[k] = v;
   }
+  // A container's worker gets only what enters the container (lib/container's policy).
+  const contract::Env inherited = spec.container ? container::forwarded_into_container(forwarded, spec) : forwarded;
 
   nlohmann::json out{{"job_id", job_id}, {"world_size", world}, {"nnodes", nodes.size()},
                      {"master_addr", nodes.empty() ? "" : nodes[0].host}, {"master_port", spec.store_port},
@@ -62,6 +65,11 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
   if (spec.nccl_unique_id != jobspec::NcclUniqueId::off) {
     out["notes"].push_back("DDP_NCCL_UNIQUE_ID is made for every attempt by node rank 0's agent when it starts (where "
                            "libnccl.so.2 loads there)");
+  }
+  if (spec.container) {
+    out["notes"].push_back("container jobs: each agent adds its node's /dev/infiniband devices (not in facts files), "
+                           "labels ddpctl.owner with its own pid and start time (shown as 0-0), and gives the runtime "
+                           "client its own environment (only the launcher's forwarded variables are shown)");
   }
   int base = 0;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -82,6 +90,12 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
       auto b = binding::plan_binding(facts[i], nproc[i], spec.binding);
       b.nccl_ib_hca = spec.binding.nic == jobspec::NicBinding::none ? std::nullopt : job_ib_hca;
       launch::lay_binding(plan, b);
+    }
+    if (spec.container) {
+      // As the agent wraps its ranks (lib/agent), from what the facts say of the node.
+      container::HostLayout host;
+      if (facts[i].limits.memlock) host.memlock_hard = facts[i].limits.memlock->hard;
+      container::wrap_plan(plan, spec, forwarded, host, 0, container::Owner{}, spec.workdir.value_or("/"));
     }
     out["nodes"].push_back({{"node", nodes[i].name}, {"node_rank", i}, {"hostname", facts[i].hostname},
                             {"rank_base", base}, {"plan", contract::to_json(plan)}});

@@ -13,7 +13,7 @@ namespace ddp::coordinator {
 namespace asio = boost::asio;
 
 std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
-                                        const std::string& user, Millis timeout) {
+                                        const std::string& user, Millis timeout, const nlohmann::json& image) {
   const auto entries = net::node_entries(nodes, 29410);
   std::vector<GatheredFacts> out(entries.size());
   std::vector<std::shared_ptr<net::Connection>> conns(entries.size());
@@ -40,7 +40,10 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
       cc.expect_server = proto::Role::agent;
       conns[i] = net::Connection::make(std::move(s), proto::Session::client(cc), entries[i].name, "doctor", timeout);
       auto* c = conns[i].get();
-      c->start({[c](const proto::PeerInfo&) { c->send(c->session().message("facts_request")); },
+      c->start({[c, &image](const proto::PeerInfo&) {
+                  c->send(image.is_null() ? c->session().message("facts_request")
+                                          : c->session().message("facts_request", {{"image", image}}));
+                },
                 [&, i](proto::Message m) {
                   if (m.type != "facts") return;
                   out[i].facts = m.body["facts"];

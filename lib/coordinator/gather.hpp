@@ -21,7 +21,10 @@ struct GatheredFacts {
 };
 
 // Entries as for --nodes (host, host:port, [v6]:port). One result per entry, in order.
+// `image` ({runtime, image}, or null): each node also looks that container image up (its facts'
+// container_image).
 std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
-                                        const std::string& user, Millis timeout);
+                                        const std::string& user, Millis timeout,
+                                        const nlohmann::json& image = nullptr);
 
 }  // namespace ddp::coordinator

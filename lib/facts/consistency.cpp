@@ -27,6 +27,24 @@ bool has_errors(const std::vector<Finding>& findings) {
   return std::any_of(findings.begin(), findings.end(), [](const Finding& f) { return f.severity == Severity::error; });
 }
 
+std::optional<std::string> image_disagreement(const std::string& image,
+                                              const std::vector<std::pair<std::string, std::string>>& node_digests) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;  // digest -> nodes, first seen first
+  for (const auto& [node, digest] : node_digests) {
+    if (digest.empty()) continue;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == digest; });
+    if (it == groups.end()) groups.push_back({digest, {node}});
+    else it->second.push_back(node);
+  }
+  if (groups.size() <= 1) return std::nullopt;
+  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  std::string out = "the nodes have different images for " + image + ": ";
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    out += (i ? "; " : "") + join(groups[i].second, ", ") + (groups[i].second.size() == 1 ? " has " : " have ") + groups[i].first;
+  }
+  return out;
+}
+
 JobNeeds default_job_needs(const std::vector<NodeFacts>& nodes) {
   JobNeeds j;
   j.gpu = std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return !n.gpus.empty(); });
@@ -67,6 +85,7 @@ class Checker {
     versions();
     nics();
     limits();
+    image();
     std::stable_sort(out_.begin(), out_.end(), [](const Finding& a, const Finding& b) { return a.severity > b.severity; });
     return std::move(out_);
   }
@@ -85,6 +104,26 @@ class Checker {
     std::vector<std::string> parts;
     for (const auto& [value, nodes] : v) parts.push_back(value + " on " + join(nodes, ", "));
     return join(parts, "; ");
+  }
+
+  // A job's container image (doctor --image/--job): on every node, and the same there.
+  void image() {
+    std::vector<std::pair<std::string, std::string>> digests;
+    std::vector<std::string> all;
+    std::string name;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      const auto& ci = nodes_[i].container_image;
+      if (!ci) continue;
+      name = ci->image;
+      all.push_back(labels_[i]);
+      if (ci->digest) {
+        digests.emplace_back(labels_[i], *ci->digest);
+      } else {
+        add(Severity::error, "image-missing", labels_[i] + ": image " + ci->image + ": " + ci->error.value_or("not resolved"),
+            {labels_[i]});
+      }
+    }
+    if (auto why = image_disagreement(name, digests)) add(Severity::error, "image-mismatch", *why, all);
   }
 
   void duplicates() {

@@ -59,6 +59,12 @@ std::vector<Finding> check_consistency(const std::vector<NodeFacts>& nodes, cons
 
 bool has_errors(const std::vector<Finding>& findings);
 
+// The nodes' digests of a job's container image ({node, digest} in the nodes' order; an empty
+// digest is not known and not compared). nullopt when every known digest is the same; else a
+// message naming each digest and the nodes that have it, biggest group first.
+std::optional<std::string> image_disagreement(const std::string& image,
+                                              const std::vector<std::pair<std::string, std::string>>& node_digests);
+
 nlohmann::json to_json(const Finding& f);
 
 }  // namespace ddp::facts

@@ -148,6 +148,13 @@ json to_json(const NodeFacts& f) {
   put(l, "shm_bytes", f.limits.shm_bytes);
   j["limits"] = std::move(l);
   if (f.container_runtimes) j["container_runtimes"] = *f.container_runtimes;
+  if (const auto& ci = f.container_image) {
+    json o{{"runtime", ci->runtime}, {"image", ci->image}};
+    put(o, "digest", ci->digest);
+    put(o, "repo_digest", ci->repo_digest);
+    put(o, "error", ci->error);
+    j["container_image"] = std::move(o);
+  }
   if (!f.sources.empty()) j["sources"] = f.sources;
   return j;
 }
@@ -384,6 +391,17 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     r.finish();
   }
   if (top.find("container_runtimes")) f.container_runtimes = strings_of(top, "container_runtimes");
+  if (auto* v = top.find("container_image")) {
+    Reader r(*v, source, "container_image", notes);
+    ContainerImage ci;
+    ci.runtime = *r.str("runtime", true);
+    ci.image = *r.str("image", true);
+    ci.digest = r.str("digest");
+    ci.repo_digest = r.str("repo_digest");
+    ci.error = r.str("error");
+    r.finish();
+    f.container_image = std::move(ci);
+  }
   f.sources = strings_of(top, "sources");
   top.finish();
   return f;

@@ -82,6 +82,15 @@ struct Limits {
   std::optional<std::uint64_t> shm_bytes;  // size of /dev/shm
 };
 
+// A container image as this node has it (`ddpctl doctor --image`/`--job`): see
+// lib/container's ImageIdentity for what `digest` is and why it is what nodes compare.
+struct ContainerImage {
+  std::string runtime, image;
+  std::optional<std::string> digest;       // absent: not resolved (see error)
+  std::optional<std::string> repo_digest;  // the registry's manifest digest, for information
+  std::optional<std::string> error;        // why there is no digest ("not present on this node")
+};
+
 struct NodeFacts {
   std::string hostname;
   std::vector<NumaNode> numa_nodes;
@@ -90,6 +99,7 @@ struct NodeFacts {
   Versions versions;
   Limits limits;
   std::optional<std::vector<std::string>> container_runtimes;  // nullopt: not looked at
+  std::optional<ContainerImage> container_image;               // nullopt: none asked about
   std::vector<std::string> sources;  // how facts were found ("nvml", "procfs", "sysfs", "file:...")
 };
 

@@ -143,13 +143,29 @@ std::string format_node(const NodeFacts& f) {
   else if (f.container_runtimes->empty()) out += "none";
   else out += join(*f.container_runtimes, ", ");
   out += "\n";
+  if (const auto& ci = f.container_image) {
+    out += "\ncontainer image (" + ci->runtime + ")\n  " + ci->image + "\n  ";
+    out += ci->digest ? *ci->digest : "not resolved: " + ci->error.value_or("?");
+    if (ci->repo_digest) out += "\n  repo digest " + *ci->repo_digest;
+    out += "\n";
+  }
   return out;
 }
 
 std::string format_nodes_summary(const std::vector<NodeFacts>& nodes) {
-  Table t({"node", "gpus", "nics", "driver", "cuda", "nccl", "torch"});
-  for (const auto& n : nodes)
-    t.row({n.hostname, gpu_summary(n), nic_summary(n), opt(n.versions.driver), opt(n.versions.cuda_driver), opt(n.versions.nccl), opt(n.versions.torch)});
+  const bool images = std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return n.container_image.has_value(); });
+  std::vector<std::string> head{"node", "gpus", "nics", "driver", "cuda", "nccl", "torch"};
+  if (images) head.push_back("image digest");
+  Table t(head);
+  for (const auto& n : nodes) {
+    std::vector<std::string> row{n.hostname, gpu_summary(n), nic_summary(n), opt(n.versions.driver),
+                                 opt(n.versions.cuda_driver), opt(n.versions.nccl), opt(n.versions.torch)};
+    if (images) {
+      const auto& ci = n.container_image;
+      row.push_back(!ci ? "-" : ci->digest ? *ci->digest : "missing");
+    }
+    t.row(row);
+  }
   return t.str("");
 }
 

@@ -230,13 +230,23 @@ class LocalLauncher {
   void prepare_containers() {
     const auto& cs = *opts_.spec.container;
     const auto client = contract::scrub(inherited_);
+    const auto cwd = fs::current_path().string();
     try {
-      auto id = container::prepare_image(cs, client, fs::current_path().string());
-      log_->info("container image {} ({}): {}", cs.image, jobspec::runtime_name(cs.runtime), id);
+      auto id = container::prepare_image(cs, client, cwd);
+      log_->info("container image {} ({}): {}{}", cs.image, jobspec::runtime_name(cs.runtime),
+                 id.digest.empty() ? "fetched by the runtime when it runs" : id.digest,
+                 id.repo_digest.empty() ? "" : fmt::format(" (repo digest {})", id.repo_digest));
+      container::sweep_stale(cs.runtime, client);
+      // command[0] and the working directory are the image's, so they are checked in there.
+      const auto argv0 = contract::worker_argv(opts_.spec).at(0);
+      if (auto warning = container::check_command_in_image(container::with_absolute_mounts(cs, cwd), argv0,
+                                                           container::worker_path(opts_.spec), client,
+                                                           container::check_container_name(opts_.job_id, ::getpid()))) {
+        log_->warn("{}", *warning);
+      }
     } catch (const container::ContainerError& e) {
       throw LaunchError(e.what());
     }
-    container::sweep_stale(cs.runtime, client);
     host_ = container::read_host_layout();
     if (host_.memlock_hard && !host_.rdma_devices.empty() && container::has_image_store(cs.runtime)) {
       log_->warn("this node's hard memlock limit is {} KiB and cannot be raised from here: containers get it instead of "

@@ -29,10 +29,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def podman_env(tmp_path_factory):
-    """A private podman (store, run and tmp directories) and the test image in it."""
-    base = tmp_path_factory.mktemp("podman")
+def make_podman_store(base: Path, marker: str = ""):
+    """A private podman (store, run and tmp directories) under `base`, holding IMAGE; `marker`
+    goes into the image as a file, so two stores can hold different images under one name."""
     # This machine kind: root cannot raise rlimits (podman's own defaults would fail), and crun
     # refuses its hybrid cgroups (runc works). See shared/reference/test-environment.md.
     (base / "containers.conf").write_text(
@@ -52,15 +51,27 @@ def podman_env(tmp_path_factory):
     # Debian's merged /usr: the loader is found through /lib64 once /usr is mounted.
     (rootfs / "lib").symlink_to("usr/lib")
     (rootfs / "lib64").symlink_to("usr/lib64")
+    (rootfs / "etc" / "marker").write_text(marker)
     tar = base / "rootfs.tar"
     subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
     subprocess.run([PODMAN, "import", str(tar), IMAGE], env=env, check=True, capture_output=True, timeout=120)
-    yield env
-    # Only what these tests made: containers carrying our labels, then the private store.
-    names = podman(env, "ps", "--all", "--filter", "label=ddpctl.job", "--format", "{{.Names}}").split()
+    return env
+
+
+def drop_podman_store(env):
+    """Only what these tests made: containers carrying our labels, then the image."""
+    names = podman(env, "ps", "--all", "--filter", "label=ddpctl.owner", "--format", "{{.Names}}").split()
     if names:
         podman(env, "rm", "--force", "--ignore", "--time", "0", *names)
     subprocess.run([PODMAN, "rmi", "--force", IMAGE], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def podman_env(tmp_path_factory):
+    """A private podman (store, run and tmp directories) and the test image in it."""
+    env = make_podman_store(tmp_path_factory.mktemp("podman"))
+    yield env
+    drop_podman_store(env)
 
 
 def podman(env, *args, timeout=60):
@@ -203,12 +214,54 @@ def test_missing_image_is_an_error_before_any_rank(tmp_path, podman_env):
     assert not (tmp_path / "logs" / "ctr-noimage").exists()
 
 
-def test_multi_node_dry_run_of_a_container_job_is_refused(tmp_path):
-    job = write_job(tmp_path, f"command: [/bin/true]\ncontainer: {{runtime: podman, image: {IMAGE}}}\n")
-    r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "127.0.0.1:1,127.0.0.1:2", str(job)],
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+def test_command_and_workdir_are_checked_inside_the_image(tmp_path, podman_env):
+    # /bin/true is on this host, not in the image; /work/sub is in neither.
+    job = container_job(tmp_path, "[/bin/true]")
+    r = launch(job, "--job-id", "ctr-nocmd", env=podman_env)
     assert r.returncode == 2
-    assert "--dry-run --nodes of a container job is not supported yet" in r.stderr
+    assert f"cannot run '/bin/true' inside image {IMAGE}: no such executable" in r.stderr
+    job = write_job(tmp_path, f"command: [cat, /etc/marker]\ncontainer: {{runtime: podman, image: {IMAGE}, pull: never, "
+                              "workdir: /work/sub}\n")
+    r = launch(job, "--job-id", "ctr-nowd", env=podman_env)
+    assert r.returncode == 2
+    assert f"container.workdir /work/sub is not a directory inside image {IMAGE}" in r.stderr
+    for job_id in ("ctr-nocmd", "ctr-nowd"):
+        assert not (tmp_path / "logs" / job_id).exists()  # no rank started
+        assert containers_of(podman_env, job_id) == []
+    # A command that exists only on a mount of the job is found there.
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho from the mount\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    r = launch(container_job(tmp_path, "[./run.sh]", nproc=1), "--job-id", "ctr-mountcmd", env=podman_env)
+    assert r.returncode == 0, r.stderr
+    assert "[0] from the mount" in r.stdout
+
+
+def test_multi_node_dry_run_shows_every_ranks_runtime_argv(tmp_path):
+    """--dry-run --nodes --facts of a container job: each node's ranks as the agents would run
+    them, their GPUs passed in by UUID (CDI), the worker's environment inside."""
+    fixtures = SOURCE_DIR / "tests" / "fixtures" / "facts"
+    job = write_job(tmp_path, f"nproc_per_node: gpu\ncommand: [python3, train.py]\n"
+                              f"container: {{runtime: podman, image: {IMAGE}, mounts: ['./:/work'], workdir: /work}}\n")
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "a,b", "--job-id", "ctr-nodes-dry", "--facts",
+                        f"{fixtures / 'dgx-a.json'},{fixtures / 'dgx-b.json'}", str(job)],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    gpus = {n: [g["uuid"] for g in json.loads((fixtures / f"dgx-{n}.json").read_text())["gpus"]] for n in "ab"}
+    seen = []
+    for node in plan["nodes"]:
+        for rank in node["plan"]["ranks"]:
+            argv = rank["argv"]
+            assert argv[:4] == ["podman", "run", "--rm", "--init"]
+            assert argv[argv.index("--name") + 1] == f"ddpctl-ctr-nodes-dry-a0-r{rank['rank']}"
+            assert argv[-3:] == [IMAGE, "python3", "train.py"]
+            assert argv[argv.index("--volume") + 1] == f"{tmp_path}:/work"
+            devices = [argv[i + 1] for i, a in enumerate(argv) if a == "--device" and argv[i + 1].startswith("nvidia.com/")]
+            assert devices == [f"nvidia.com/gpu={u}" for u in gpus[node["node"]]]  # the job's GPUs, local-rank order
+            assert rank["env"]["RANK"] == str(rank["rank"]) and rank["env"]["GROUP_RANK"] == str(node["node_rank"])
+            assert rank["container"]["env_file"].endswith(f"rank-{rank['rank']}.env")
+            seen.append(rank["rank"])
+    assert seen == list(range(16))
 
 
 def test_dry_run_shows_each_ranks_runtime_command(tmp_path, podman_env):
@@ -274,8 +327,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_agents(tmp_path, env, n=2):
-    """n agents on loopback (the network rule: loopback only), each running one worker."""
+def start_agents(tmp_path, env, n=2, envs=None):
+    """n agents on loopback (the network rule: loopback only), each running one worker; `envs`:
+    one environment per agent (each its own podman store) instead of `env` for all."""
     token = tmp_path / "token"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -286,7 +340,8 @@ def start_agents(tmp_path, env, n=2):
         log = open(tmp_path / f"agent-{i}.log", "ab")
         agents.append(subprocess.Popen([str(Path(DDPCTL).parent / "ddp-agentd"), "--listen", f"127.0.0.1:{port}",
                                         "--token-file", str(token), "--log-dir", str(tmp_path / f"agent-logs-{i}"),
-                                        "--name", f"node{i}"], env=env, stdout=log, stderr=subprocess.STDOUT))
+                                        "--name", f"node{i}"], env=envs[i] if envs else env, stdout=log,
+                                       stderr=subprocess.STDOUT))
         ports.append(port)
 
     def listening(port):
@@ -342,3 +397,126 @@ def test_killed_agent_leaves_no_container(tmp_path, podman_env):
             if a.poll() is None:
                 a.terminate()
                 a.wait(timeout=30)
+
+
+def stop_agents(agents):
+    for a in agents:
+        if a.poll() is None:
+            a.terminate()
+    for a in agents:
+        try:
+            a.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            a.kill()
+            a.wait(timeout=30)
+
+
+def launch_nodes(tmp_path, env, ports, token, job, job_id, timeout=180):
+    nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
+    return subprocess.run([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--job-id", job_id, str(job)],
+                          env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+def ranks_started(tmp_path, n, job_id):
+    return [i for i in range(n) if (tmp_path / f"agent-logs-{i}" / job_id).exists()]
+
+
+def test_agents_pull_per_policy_and_a_failed_pull_starts_no_rank(tmp_path, podman_env):
+    agents, ports, token = start_agents(tmp_path, podman_env)
+    try:
+        # missing: the image is there, so no agent pulls.
+        job = container_job(tmp_path, "[/bin/sh, -c, 'exit 0']", nproc=1, container_extra="  pull: missing\n")
+        job.write_text(job.read_text().replace("  pull: never\n", ""))
+        r = launch_nodes(tmp_path, podman_env, ports, token, job, "ctr-pull-missing")
+        assert r.returncode == 0, r.stderr
+        logs = "".join((tmp_path / f"agent-{i}.log").read_text() for i in range(2))
+        assert "pulling" not in logs
+        # always: every agent pulls before joining; there is no registry here, so the pull fails
+        # on each node, and the launch stops before any rank starts anywhere.
+        job.write_text(job.read_text().replace("  pull: missing\n", "  pull: always\n"))
+        r = launch_nodes(tmp_path, podman_env, ports, token, job, "ctr-pull-always")
+        assert r.returncode == 2
+        assert "preflight failed on 127.0.0.1:" in r.stderr and f"podman pull {IMAGE} failed" in r.stderr
+        assert ranks_started(tmp_path, 2, "ctr-pull-always") == []
+        # (the first node to fail stops the launch, which may cancel the other's pull midway)
+        logs = "".join((tmp_path / f"agent-{i}.log").read_text() for i in range(2))
+        assert f"pulling {IMAGE} with podman" in logs
+        # never, and the image is not there.
+        job.write_text(job.read_text().replace(IMAGE, "localhost/no-such-image:1").replace("pull: always", "pull: never"))
+        r = launch_nodes(tmp_path, podman_env, ports, token, job, "ctr-pull-never")
+        assert r.returncode == 2
+        assert "image localhost/no-such-image:1 is not present on this node" in r.stderr
+        assert "container.pull is never" in r.stderr
+        assert ranks_started(tmp_path, 2, "ctr-pull-never") == []
+    finally:
+        stop_agents(agents)
+
+
+def test_agents_check_the_command_inside_the_image(tmp_path, podman_env):
+    agents, ports, token = start_agents(tmp_path, podman_env)
+    try:
+        r = launch_nodes(tmp_path, podman_env, ports, token, container_job(tmp_path, "[/bin/true]", nproc=1), "ctr-agent-nocmd")
+        assert r.returncode == 2
+        assert f"cannot run '/bin/true' inside image {IMAGE}" in r.stderr
+        assert ranks_started(tmp_path, 2, "ctr-agent-nocmd") == []
+        assert containers_of(podman_env, "ctr-agent-nocmd") == []
+    finally:
+        stop_agents(agents)
+
+
+def test_nodes_with_different_images_under_one_name_start_no_rank(tmp_path, tmp_path_factory, podman_env):
+    """Node 1's podman store holds another image under the same name (another marker file):
+    the launch names both digests and the nodes, and starts nothing."""
+    other = make_podman_store(tmp_path_factory.mktemp("podman-other"), marker="other")
+    try:
+        ids = [podman(e, "image", "inspect", "--format", "{{.Id}}", IMAGE).strip() for e in (podman_env, other)]
+        assert ids[0] != ids[1]
+        agents, ports, token = start_agents(tmp_path, podman_env, envs=[podman_env, other])
+        try:
+            job = container_job(tmp_path, "[/bin/sh, -c, 'exit 0']", nproc=1)
+            r = launch_nodes(tmp_path, podman_env, ports, token, job, "ctr-digests")
+            assert r.returncode == 2
+            assert f"the nodes have different images for {IMAGE}" in r.stderr
+            assert f"127.0.0.1:{ports[0]} has sha256:{ids[0]}" in r.stderr
+            assert f"127.0.0.1:{ports[1]} has sha256:{ids[1]}" in r.stderr
+            assert ranks_started(tmp_path, 2, "ctr-digests") == []
+        finally:
+            stop_agents(agents)
+    finally:
+        drop_podman_store(other)
+
+
+def test_doctor_shows_the_image_digest_here_and_on_every_node(tmp_path, tmp_path_factory, podman_env):
+    image_id = "sha256:" + podman(podman_env, "image", "inspect", "--format", "{{.Id}}", IMAGE).strip()
+    r = subprocess.run([DDPCTL, "doctor", "--json", "--image", IMAGE, "--runtime", "podman"], env=podman_env,
+                       capture_output=True, text=True, timeout=120)
+    here = json.loads(r.stdout)["container_image"]
+    assert here["runtime"] == "podman" and here["image"] == IMAGE and here["digest"] == image_id
+    job = container_job(tmp_path, "[/bin/true]")
+    r = subprocess.run([DDPCTL, "doctor", "--job", str(job)], env=podman_env, capture_output=True, text=True, timeout=120)
+    assert image_id in r.stdout
+    r = subprocess.run([DDPCTL, "doctor", "--image", "localhost/no-such-image:1", "--runtime", "podman"], env=podman_env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "image localhost/no-such-image:1 is not present on this node" in r.stdout and "[image-missing]" in r.stdout
+    r = subprocess.run([DDPCTL, "doctor", "--image", IMAGE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--image needs --runtime" in r.stderr
+
+    # Two agents, each with its own store holding a different image under the same name.
+    other = make_podman_store(tmp_path_factory.mktemp("podman-doctor"), marker="doctor")
+    try:
+        other_id = "sha256:" + podman(other, "image", "inspect", "--format", "{{.Id}}", IMAGE).strip()
+        agents, ports, token = start_agents(tmp_path, podman_env, envs=[podman_env, other])
+        try:
+            nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
+            r = subprocess.run([DDPCTL, "doctor", "--json", "--nodes", nodes, "--token-file", str(token), "--image", IMAGE,
+                                "--runtime", "podman"], env=podman_env, capture_output=True, text=True, timeout=120)
+            out = json.loads(r.stdout)
+            assert [n["container_image"]["digest"] for n in out["nodes"]] == [image_id, other_id]
+            mismatch = [f for f in out["findings"] if f["code"] == "image-mismatch"]
+            assert len(mismatch) == 1 and image_id in mismatch[0]["message"] and other_id in mismatch[0]["message"]
+            assert r.returncode == 1
+        finally:
+            stop_agents(agents)
+    finally:
+        drop_podman_store(other)

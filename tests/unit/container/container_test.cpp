@@ -241,10 +241,98 @@ TEST(Container, RuntimeCommands) {
   EXPECT_THAT(container::list_owned_argv(ContainerRuntime::podman),
               ElementsAre("podman", "ps", "--all", "--filter", "label=ddpctl.owner", "--format",
                           "{{.Names}} {{index .Labels \"ddpctl.owner\"}}"));
-  EXPECT_THAT(container::image_id_argv(ContainerRuntime::docker, "img:1"),
-              ElementsAre("docker", "image", "inspect", "--format", "{{.Id}}", "img:1"));
+  EXPECT_THAT(container::image_identity_argv(ContainerRuntime::docker, "img:1"),
+              ElementsAre("docker", "image", "inspect", "--format", "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}", "img:1"));
+  EXPECT_THAT(container::image_identity_argv(ContainerRuntime::podman, "img:1"),
+              ElementsAre("podman", "image", "inspect", "--format", "{{.Id}} {{.Digest}}", "img:1"));
   EXPECT_THAT(container::pull_argv(ContainerRuntime::podman, "img:1"), ElementsAre("podman", "pull", "img:1"));
-  EXPECT_TRUE(container::image_id_argv(ContainerRuntime::enroot, "x.sqsh").empty());
+  EXPECT_TRUE(container::image_identity_argv(ContainerRuntime::enroot, "x.sqsh").empty());
+}
+
+const std::string kId = "41a72250a71d6244bdd072905fd064edcae1e2debf5210b308d49d1bdfc2ec20";
+const std::string kManifest = "8bc4a02543b5a567c3e5184097dd33549959e12106450666b8aea69ab760edc8";
+
+TEST(ImageIdentity, PodmanIdAndManifestDigest) {
+  // What podman 4.3 printed for an imported image on this machine.
+  auto id = container::parse_image_identity(ContainerRuntime::podman, kId + " sha256:" + kManifest + "\n");
+  ASSERT_TRUE(id);
+  EXPECT_EQ(id->digest, "sha256:" + kId);
+  EXPECT_EQ(id->repo_digest, "sha256:" + kManifest);
+}
+
+TEST(ImageIdentity, DockerIdWithAndWithoutRepoDigests) {
+  auto pulled = container::parse_image_identity(
+      ContainerRuntime::docker, "sha256:" + kId + " nvcr.io/nvidia/pytorch@sha256:" + kManifest + " mirror/pytorch@sha256:" + kId);
+  ASSERT_TRUE(pulled);
+  EXPECT_EQ(pulled->digest, "sha256:" + kId);
+  EXPECT_EQ(pulled->repo_digest, "sha256:" + kManifest);  // the first registry's
+  auto imported = container::parse_image_identity(ContainerRuntime::docker, "sha256:" + kId + "\n");
+  ASSERT_TRUE(imported);
+  EXPECT_EQ(imported->digest, "sha256:" + kId);
+  EXPECT_EQ(imported->repo_digest, "");
+}
+
+TEST(ImageIdentity, NotAnIdIsRefused) {
+  EXPECT_FALSE(container::parse_image_identity(ContainerRuntime::podman, ""));
+  EXPECT_FALSE(container::parse_image_identity(ContainerRuntime::podman, "Error: image not known"));
+  EXPECT_FALSE(container::parse_image_identity(ContainerRuntime::docker, "sha256:" + kId.substr(1)));
+  EXPECT_FALSE(container::parse_image_identity(ContainerRuntime::docker, "sha256:" + std::string(64, 'G')));
+  EXPECT_FALSE(container::parse_image_identity(ContainerRuntime::apptainer, kId));  // files are hashed, not inspected
+}
+
+TEST(CommandCheck, PodmanRunsTheCheckWithTheJobsMountsAndExtraArgs) {
+  auto spec = *job("  runtime: podman\n  image: nvcr.io/nvidia/pytorch:24.05-py3\n  mounts: [/data:/workspace:ro]\n"
+                   "  workdir: /workspace\n  extra_args: [--volume, /usr:/usr:ro]\n").container;
+  EXPECT_THAT(container::command_check_argv(spec, "python3", "", "ddpctl-j-check-7", "7-1234"),
+              ElementsAre("podman", "run", "--rm", "--name", "ddpctl-j-check-7", "--label", "ddpctl.owner=7-1234",
+                          "--network", "none", "--pull=never",
+                          "--volume", "/data:/workspace:ro", "--volume", "/usr:/usr:ro", "--entrypoint", "/bin/sh",
+                          "nvcr.io/nvidia/pytorch:24.05-py3", "-c",
+                          "[ -z \"$1\" ] || cd -- \"$1\" || exit 3; command -v -- \"$2\" >/dev/null || exit 4", "sh",
+                          "/workspace", "python3"));
+}
+
+TEST(CommandCheck, DockerPassesTheWorkersPathAndAnEmptyWorkdirMeansTheImages) {
+  auto spec = *job("  runtime: docker\n  image: img:1\n").container;
+  auto a = container::command_check_argv(spec, "./train.sh", "/opt/conda/bin:/usr/bin", "n", "1-2");
+  EXPECT_THAT(std::vector<std::string>(a.begin(), a.begin() + 3), ElementsAre("docker", "run", "--rm"));
+  EXPECT_THAT(a, Contains("PATH=/opt/conda/bin:/usr/bin"));
+  EXPECT_THAT(std::vector<std::string>(a.end() - 3, a.end()), ElementsAre("sh", "", "./train.sh"));
+}
+
+TEST(CommandCheck, ApptainerAndEnroot) {
+  auto app = *job("  runtime: apptainer\n  image: /images/pt.sif\n  mounts: [/data:/data]\n  workdir: /data\n").container;
+  auto a = container::command_check_argv(app, "python3", "", "unused", "1-2");
+  EXPECT_THAT(std::vector<std::string>(a.begin(), a.begin() + 7),
+              ElementsAre("apptainer", "exec", "--cleanenv", "--bind", "/data:/data", "/images/pt.sif", "/bin/sh"));
+  EXPECT_THAT(std::vector<std::string>(a.end() - 3, a.end()), ElementsAre("sh", "/data", "python3"));
+  auto en = *job("  runtime: enroot\n  image: /images/pt.sqsh\n  mounts: [/data:/data:ro]\n").container;
+  auto e = container::command_check_argv(en, "python3", "/usr/bin", "unused", "1-2");
+  EXPECT_THAT(std::vector<std::string>(e.begin(), e.begin() + 8),
+              ElementsAre("enroot", "start", "--env", "PATH", "--mount", "/data:/data:none:x-create=auto,bind,ro",
+                          "/images/pt.sqsh", "/bin/sh"));
+}
+
+TEST(CommandCheck, ExitCodesSayWhatIsMissing) {
+  using container::CommandCheck;
+  EXPECT_EQ(container::classify_command_check(ContainerRuntime::podman, 0), CommandCheck::ok);
+  EXPECT_EQ(container::classify_command_check(ContainerRuntime::podman, 3), CommandCheck::no_workdir);
+  EXPECT_EQ(container::classify_command_check(ContainerRuntime::docker, 4), CommandCheck::no_command);
+  EXPECT_EQ(container::classify_command_check(ContainerRuntime::podman, 127), CommandCheck::no_shell);
+  EXPECT_EQ(container::classify_command_check(ContainerRuntime::docker, 126), CommandCheck::no_shell);
+  EXPECT_EQ(container::classify_command_check(ContainerRuntime::docker, 125), CommandCheck::runtime_error);
+  EXPECT_EQ(container::classify_command_check(ContainerRuntime::podman, 1), CommandCheck::runtime_error);
+}
+
+TEST(CommandCheck, WorkerPathIsContainerEnvsThenTheJobs) {
+  EXPECT_EQ(container::worker_path(job("  runtime: podman\n  image: i\n")), "");
+  EXPECT_EQ(container::worker_path(job("  runtime: podman\n  image: i\n", "env: {PATH: /job/bin}\n")), "/job/bin");
+  EXPECT_EQ(container::worker_path(job("  runtime: podman\n  image: i\n  env: {PATH: /c/bin}\n", "env: {PATH: /job/bin}\n")),
+            "/c/bin");
+}
+
+TEST(CommandCheck, CheckNamesAreSafeAndPerProcess) {
+  EXPECT_EQ(container::check_container_name("a b/c", 12), "ddpctl-a_b_c-check-12");
 }
 
 TEST(Container, JobWithoutContainerIsLeftAlone) {

@@ -173,3 +173,40 @@ TEST(Report, RendersTablesAndVerdict) {
   EXPECT_THAT(text, HasSubstr("1 error(s)"));
   EXPECT_THAT(format_findings({}), HasSubstr("ok: no problems found"));
 }
+
+// ---- a container job's image (doctor --image / --job)
+
+TEST(ImageDisagreement, SameOrUnknownDigestsAgree) {
+  EXPECT_FALSE(image_disagreement("img:1", {}));
+  EXPECT_FALSE(image_disagreement("img:1", {{"n1", "sha256:aa"}, {"n2", "sha256:aa"}, {"n3", ""}}));
+}
+
+TEST(ImageDisagreement, NamesEveryDigestAndItsNodesBiggestGroupFirst) {
+  auto why = image_disagreement("img:1", {{"n1", "sha256:bb"}, {"n2", "sha256:aa"}, {"n3", "sha256:aa"}, {"n4", ""}});
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why, "the nodes have different images for img:1: n2, n3 have sha256:aa; n1 has sha256:bb");
+}
+
+TEST(Consistency, ImageMissingOrDifferentIsAnError) {
+  auto nodes = load({"cpu-a", "cpu-b"});
+  nodes[0].container_image = ContainerImage{"podman", "img:1", "sha256:aa", std::nullopt, std::nullopt};
+  nodes[1].container_image = ContainerImage{"podman", "img:1", "sha256:aa", "sha256:cc", std::nullopt};
+  const auto same = check(nodes);
+  EXPECT_FALSE(has_errors(same)) << codes(same);
+  nodes[1].container_image->digest = "sha256:bb";
+  const auto differ = check(nodes);
+  const auto* f = find(differ, "image-mismatch");
+  ASSERT_TRUE(f) << codes(differ);
+  EXPECT_EQ(f->severity, Severity::error);
+  EXPECT_THAT(f->message, HasSubstr("sha256:aa"));
+  EXPECT_THAT(f->message, HasSubstr("sha256:bb"));
+  nodes[1].container_image->digest.reset();
+  nodes[1].container_image->error = "image img:1 is not present on this node";
+  const auto missing = check(nodes);
+  const auto* m = find(missing, "image-missing");
+  ASSERT_TRUE(m) << codes(missing);
+  EXPECT_EQ(m->severity, Severity::error);
+  EXPECT_THAT(m->message, HasSubstr("is not present on this node"));
+  EXPECT_EQ(m->nodes, std::vector<std::string>{nodes[1].hostname});
+  EXPECT_FALSE(find(missing, "image-mismatch"));
+}

@@ -76,6 +76,19 @@ TEST(FactsJson, RoundTripsDiscoveredFixtures) {
   }
 }
 
+TEST(FactsJson, ContainerImageRoundTripsAndConformsToTheSchemaShape) {
+  auto f = from_json(minimal(), "node.json");
+  f.container_image = ContainerImage{"podman", "localhost/img:1", "sha256:aa", "sha256:bb", std::nullopt};
+  auto j = to_json(f);
+  EXPECT_EQ(j["container_image"], (json{{"runtime", "podman"}, {"image", "localhost/img:1"}, {"digest", "sha256:aa"},
+                                        {"repo_digest", "sha256:bb"}}));
+  std::vector<std::string> notes;
+  EXPECT_EQ(to_json(from_json(j, "node.json", &notes)), j);
+  EXPECT_TRUE(notes.empty());
+  j["container_image"].erase("image");
+  EXPECT_THAT(error_of(j), HasSubstr("container_image: missing required field 'image'"));
+}
+
 TEST(FactsJson, ErrorsNameFileAndPath) {
   auto j = minimal();
   j.erase("hostname");
