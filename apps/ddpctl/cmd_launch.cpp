@@ -424,6 +424,11 @@ Command add_launch_command(CLI::App& root) {
               std::cerr << e.what() << "\n";
               return 2;
             }
+            if (!args->job_id.empty() && !ddp::jobspec::valid_job_id(args->job_id)) {
+              std::cerr << fmt::format("ddpctl launch: --job-id: expected {}, got '{}'\n", ddp::jobspec::kJobIdRule,
+                                       args->job_id);
+              return 2;
+            }
             if (!args->ssh && (args->ssh_accept_new)) {
               std::cerr << "ddpctl launch: --ssh-accept-new needs --ssh\n";
               return 2;

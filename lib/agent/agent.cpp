@@ -13,6 +13,7 @@
 #include "common/strings.hpp"
 #include "contract/contract.hpp"
 #include "facts/discover.hpp"
+#include "jobspec/jobspec.hpp"
 #include "launch/bind.hpp"
 #include "launch/nccl_holder.hpp"
 #include "launch/worker_group.hpp"
@@ -416,6 +417,12 @@ class Agent {
 
   void on_offer(Connection* c, const json& b, std::int64_t rx_us) {
     const auto job_id = b["job_id"].get<std::string>();
+    // The id names <log_dir>/<id>/attempt-N, made as root: no '/' or '..' from the network.
+    if (!jobspec::valid_job_id(job_id)) {
+      c->refuse(proto::ErrorCode::bad_value,
+                fmt::format("job_offer.job_id: expected {}, got '{}'", jobspec::kJobIdRule, job_id));
+      return;
+    }
     if (job_ && job_->owner.get() != c) {
       c->refuse(proto::ErrorCode::unexpected,
                 fmt::format("busy: {} runs job {} for {}", opts_.name, job_->job_id, job_->owner->label()),

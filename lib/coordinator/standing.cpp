@@ -6,6 +6,7 @@
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "coordinator/coordinator.hpp"
+#include "jobspec/jobspec.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "sdnotify/sdnotify.hpp"
@@ -163,6 +164,11 @@ class Standing {
 
   void on_submit(Connection* c, const json& b) {
     const auto job_id = b["job_id"].get<std::string>();
+    // The id names <log_dir>/<id> and a control socket, made as root: no '/' or '..' from the network.
+    if (!jobspec::valid_job_id(job_id)) {
+      return c->refuse(proto::ErrorCode::bad_value,
+                       fmt::format("submit.job_id: expected {}, got '{}'", jobspec::kJobIdRule, job_id));
+    }
     const auto user = b["user"].get<std::string>();
     const auto& peer_user = c->session().peer().user;
     if (user != peer_user) {

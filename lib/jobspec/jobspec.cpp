@@ -513,4 +513,11 @@ JobSpec load_job_file(const std::string& path) {
   return parse_job_yaml(text, path);
 }
 
+bool valid_job_id(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
+  if (!alnum(id.front())) return false;
+  return std::all_of(id.begin(), id.end(), [&](char c) { return alnum(c) || c == '_' || c == '.' || c == '-'; });
+}
+
 }  // namespace ddp::jobspec

@@ -112,6 +112,11 @@ JobSpec parse_job_yaml(const std::string& text, const std::string& file);
 // Reads and parses a file. Throws JobSpecError (also for an unreadable file).
 JobSpec load_job_file(const std::string& path);
 
+// A job id names folders (<log_dir>/<id>), sockets and containers, and it comes from the command line
+// and from the network: [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 characters (so never '..' or '/').
+bool valid_job_id(std::string_view id);
+inline constexpr std::string_view kJobIdRule = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit";
+
 // The keys the parser knows at the top level (for hints and docs).
 const std::vector<std::string>& known_top_level_keys();
 

@@ -114,3 +114,18 @@ def test_wrong_token_and_strays_are_refused_and_it_keeps_serving(coordinator, tm
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no job of yours runs on this coordinator" in r.stderr, r.stderr
     assert p.poll() is None
+
+
+def test_job_id_that_could_leave_the_log_dir_is_a_usage_error(coordinator):
+    tmp, token, port, listener, p = coordinator
+    listener.wait_for("READY", "1")
+    job = tmp / "job.yaml"
+    job.write_text("name: j\nnproc_per_node: 1\ncommand: [/bin/true]\n")
+    for bad in ("../x", "a/b", ".."):
+        r = subprocess.run([DDPCTL, "launch", "--coordinator", f"127.0.0.1:{port}", "--token-file", str(token),
+                            "--nodes", "127.0.0.1:1", "--job-id", bad, str(job)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--job-id: expected" in r.stderr, r.stderr
+    assert not (tmp / "x").exists() and not (tmp / "a").exists()
+    assert not (tmp / "logs").exists() or os.listdir(tmp / "logs") == []
+    assert p.poll() is None

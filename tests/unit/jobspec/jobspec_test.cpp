@@ -266,3 +266,13 @@ TEST(JobSpec, UnreadableFile) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/job.yaml: error: cannot read"), std::string::npos);
   }
 }
+
+TEST(JobSpec, ValidJobId) {
+  for (const char* ok : {"a", "train-20261202-171500-0a1f", "A.b_c-9", "0..x"}) EXPECT_TRUE(valid_job_id(ok)) << ok;
+  for (const char* bad : {"", "..", ".", "../x", "a/b", "/abs", "-x", "_x", ".hidden", "a b", "a\nb", "a\\b"}) {
+    EXPECT_FALSE(valid_job_id(bad)) << bad;
+  }
+  EXPECT_TRUE(valid_job_id(std::string(128, 'j')));
+  EXPECT_FALSE(valid_job_id(std::string(129, 'j')));
+  EXPECT_FALSE(valid_job_id(std::string("a\0b", 3)));
+}
