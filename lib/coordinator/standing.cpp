@@ -138,6 +138,9 @@ class Standing {
                  [this, raw](proto::Message m) { on_message(raw, std::move(m)); },
                  [this, raw](const std::string&) {
                    if (auto it = relays_.find(raw); it != relays_.end()) {
+                     // The relay's pending handlers still hold it and run after `raw` is freed:
+                     // ended keeps them from touching the connection.
+                     it->second->ended = true;
                      boost::system::error_code ignored;
                      it->second->sock.close(ignored);
                      it->second->pace.cancel();
