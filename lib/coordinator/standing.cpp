@@ -21,7 +21,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 
 namespace ddp::coordinator {
 
@@ -55,6 +57,7 @@ struct Job {
   std::thread thread;
   std::mutex mu;
   std::function<void(const std::string&)> stop;  // set while the job's loop runs (under mu)
+  std::optional<std::string> pending_stop;       // a stop that came before the loop ran (under mu)
   std::weak_ptr<Connection> submitter;           // empty: detached, or the submitter left
   std::uint64_t dropped = 0;
 };
@@ -218,6 +221,7 @@ class Standing {
     o.events.started = [job](std::function<void(const std::string&)> stop) {
       std::lock_guard lock(job->mu);
       job->stop = std::move(stop);
+      if (auto who = std::exchange(job->pending_stop, std::nullopt)) job->stop(*who);
     };
     auto report = std::make_shared<launch::JobReport>();
     o.events.done = [job, report](const launch::JobReport& r) {
@@ -237,6 +241,11 @@ class Standing {
         run_coordinator(std::move(o));
       } catch (const std::exception& e) {
         error = e.what();
+      }
+      {
+        // run_coordinator may throw after `started` without `done`: its loop is gone all the same.
+        std::lock_guard lock(job->mu);
+        job->stop = nullptr;
       }
       asio::post(io_, [this, job, report, error] { on_job_over(job, *report, error); });
     });
@@ -289,6 +298,7 @@ class Standing {
   static void stop(Job& j, const std::string& who) {
     std::lock_guard lock(j.mu);
     if (j.stop) j.stop(who);
+    else j.pending_stop = who;  // applied once the loop runs; harmless once it has ended
   }
 
   // ---- ddpctl status/logs/stop --coordinator ----
