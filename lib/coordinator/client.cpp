@@ -111,7 +111,9 @@ class Submitter {
         out << b["report"].dump(2) << "\n";
         if (!out) log_->error("cannot write the result file {}", *opts_.result_json);
       }
-      const int code = b.contains("exit_code") ? static_cast<int>(b["exit_code"].get<std::int64_t>()) : 1;
+      // A process status is 0..255; a coordinator's number outside it is no status (2, as any bad answer).
+      const auto remote = b.contains("exit_code") ? b["exit_code"].get<std::int64_t>() : 1;
+      const int code = remote >= 0 && remote <= 255 ? static_cast<int>(remote) : 2;
       return end(code, code == 2 && !b.contains("report") ? b["message"].get<std::string>() : "");
     }
     if (m.type == "heartbeat") return;
