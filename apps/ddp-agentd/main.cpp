@@ -77,6 +77,7 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
   // --gpus / --cpus, parsed below, replace these when given.
   opts.gpus = cfg.gpus;
   opts.cpus = cfg.cpus;
+  if (cfg.tls && unset("--tls")) opts.tls = *ddp::net::parse_tls_mode(*cfg.tls);
 }
 
 }  // namespace
@@ -103,6 +104,10 @@ int main(int argc, char** argv) {
                                  "$XDG_STATE_HOME/ddpctl/logs or ~/.local/state/ddpctl/logs)");
   app.add_option("--heartbeat-timeout", heartbeat_timeout_s, "seconds of coordinator silence that stop the workers")
       ->check(CLI::Range(0.5, 3600.0));
+  std::string tls = "allowed";
+  app.add_option("--tls", tls,
+                 "TLS 1.3 keyed by the token: allowed (coordinators choose, per connection), required, or off")
+      ->check(CLI::IsMember({"allowed", "required", "off"}));
   std::string gpus, cpus;
   app.add_option("--gpus", gpus, "the GPUs this agent manages: indices in PCI bus order, UUIDs or PCI bus ids (default: all)");
   app.add_option("--cpus", cpus, "the CPUs this agent manages, a cpulist like 0-15,32-47 (default: its affinity)");
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-agentd: --secret-env and --announce are for a listening agent, not --stdio\n";
     return 2;
   }
+  opts.tls = *ddp::net::parse_tls_mode(tls);  // the config file's, below, unless --tls was given
   opts.stdio = stdio;
   // The default file is optional; one named with --config must be there.
   if (config.empty() && std::filesystem::exists(ddp::agentconfig::kDefaultPath)) config = ddp::agentconfig::kDefaultPath;

@@ -44,6 +44,7 @@ struct DoctorArgs {
   std::string sysfs_root;
   std::string nodes;
   std::string token_file;
+  bool tls = false;
   bool gpu_job = false, cpu_job = false, rdma = false, no_rdma = false, no_nvml = false;
   int world_size = 0;
   std::string image, runtime, job;
@@ -134,7 +135,7 @@ int run_doctor(const DoctorArgs& a) {
       bool missing = false;
       nlohmann::json want_image = nullptr;
       if (image) want_image = {{"runtime", ddp::jobspec::runtime_name(image->runtime)}, {"image", image->image}};
-      for (auto& g : ddp::coordinator::gather_facts(hosts.hosts, keys, ddp::net::local_user(), ddp::Millis(60000), want_image)) {
+      for (auto& g : ddp::coordinator::gather_facts(hosts.hosts, keys, ddp::net::local_user(), ddp::Millis(60000), want_image, a.tls)) {
         if (!g.facts) {
           std::cerr << "ddpctl doctor: " << g.node << ": " << g.error << "\n";
           missing = true;
@@ -212,6 +213,7 @@ Command add_doctor_command(CLI::App& root) {
   sub->add_option("--sysfs-root", args->sysfs_root, "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)");
   sub->add_option("--nodes", args->nodes, "gather live facts from these nodes' ddp-agentd (node1,node2:29410,node[3-8]) and check them together");
   sub->add_option("--token-file", args->token_file, "the agents' shared secret (default: as for launch)");
+  sub->add_flag("--tls", args->tls, "with --nodes: inside TLS 1.3, as launch --tls");
   auto* gpu = sub->add_flag("--gpu-job", args->gpu_job, "judge as a GPU (NCCL) job (default: if any node has a GPU)");
   sub->add_flag("--cpu-job", args->cpu_job, "judge as a CPU (gloo) job: GPUs, drivers and NCCL are not required")->excludes(gpu);
   auto* rdma = sub->add_flag("--rdma", args->rdma, "the job must use RDMA (InfiniBand/RoCE) on every node");

@@ -51,6 +51,7 @@ struct LaunchArgs {
   bool dry_run = false;
   bool quiet = false;
   std::string token_file;
+  bool tls = false;
   bool ssh = false;
   bool ssh_accept_new = false;
   double ssh_timeout_s = 15;
@@ -155,7 +156,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
 // started on them).
 int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::CoordinatorOptions& opts) {
   try {
-    auto entries = ddp::net::node_entries(opts.nodes, 29410);
+    auto entries = ddp::net::node_entries(opts.nodes, 29410, static_cast<bool>(opts.make_dialer));
     std::vector<ddp::facts::NodeFacts> facts;
     if (args.facts.empty()) {
       const auto keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
@@ -335,6 +336,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
                                 so.agent_binary));
       }
       opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::ssh::Dialer>(io, so); };
+      if (args.tls) return fail("--tls is not used with --ssh: SSH already encrypts the link to each agent");
     } else if (args.slurm) {
       // A fresh secret per run, as over SSH: srun carries it to the agents in their environment
       // (slurm::kSecretEnv), which they read and remove; never a command-line word or a file.
@@ -355,9 +357,11 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
         return fail(fmt::format("--slurm: our ddp-agentd is not at {} (srun runs it from there on every node)", so.step.agent));
       }
       opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::slurm::StepDialer>(io, so); };
+      if (args.tls) return fail("--tls with --slurm is not built yet (the agents srun starts are reached in plaintext, authenticated)");
     } else {
       opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
     }
+    opts.tls = args.tls;
     if (args.detach) return run_detached(std::move(opts));
     return ddp::coordinator::run_coordinator(std::move(opts));
   } catch (const ddp::net::TokenError& e) {
@@ -388,6 +392,9 @@ Command add_launch_command(CLI::App& root) {
   sub->add_option("--nodes", args->nodes, "run on these nodes, each running ddp-agentd: node1,node2:29410,node[3-8]");
   sub->add_option("--token-file", args->token_file,
                   "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
+  sub->add_flag("--tls", args->tls,
+                "with --nodes: talk to the agents inside TLS 1.3, keyed by the token (no certificates); agents allow it "
+                "by default");
   sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery; "
                   "with --nodes and --dry-run: one file per node, comma-separated, or one for all");
   sub->add_flag("--ssh", args->ssh,

@@ -304,7 +304,12 @@ class Agent {
   void on_accept(tcp::socket s) {
     boost::system::error_code ec;
     auto remote = s.remote_endpoint(ec);
-    serve(Connection::make(std::move(s), server_session(), ec ? "?" : peer_label(remote), "agent", opts_.handshake_timeout));
+    auto conn = Connection::make(std::move(s), server_session(), ec ? "?" : peer_label(remote), "agent", opts_.handshake_timeout);
+    if (opts_.tls != net::TlsMode::off) {
+      if (!tls_) tls_ = net::tls_server_context(opts_.keys);
+      conn->use_tls({tls_, /*server=*/true, opts_.tls});
+    }
+    serve(std::move(conn));
   }
 
   // --stdio: the one coordinator is whoever writes our stdin (the launcher, through SSH). It
@@ -322,7 +327,7 @@ class Agent {
     conn->start({[this, raw](const proto::PeerInfo& p) {
                    raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(), p.name.empty() ? "?" : p.name,
                                               p.user));
-                   log_->info("{}: authenticated with key '{}'", raw->label(), p.key_id);
+                   log_->info("{}: authenticated with key '{}'{}", raw->label(), p.key_id, raw->encrypted() ? ", inside TLS 1.3" : "");
                  },
                  [this, raw](proto::Message m) { on_message(raw, std::move(m)); },
                  [this, raw](const std::string& reason) { on_closed(raw, reason); }});
@@ -1035,6 +1040,7 @@ class Agent {
   std::optional<store::Server> store_;
   std::optional<launch::NcclHolder> holder_;  // node rank 0: the current attempt's NCCL id
   std::optional<StdioLink> stdio_;
+  std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first accepted connection
   std::string store_host_;
   std::uint16_t store_port_ = 0;  // as the job asked (0: any)
   json last_waiters_ = json::array();  // as last sent (report_waiters)

@@ -26,6 +26,7 @@
 #include "agentconfig/users.hpp"
 #include "common/duration.hpp"
 #include "jobunit/systemd.hpp"
+#include "net/tls.hpp"
 #include "proto/keyring.hpp"
 
 #include <cstdint>
@@ -68,6 +69,9 @@ struct AgentOptions {
   jobunit::Mode job_units = jobunit::Mode::automatic;
   // Passed through, not consumed yet: the runtime for containerised jobs.
   std::string container_runtime;
+  // TLS 1.3 under the protocol (net/tls.hpp), keyed by `keys`. Not for --stdio: SSH already
+  // encrypts that link.
+  net::TlsMode tls = net::TlsMode::allowed;
   // Serve exactly one job, then exit (the job ends when its coordinator leaves).
   bool oneshot = false;
   // No listener: the one coordinator speaks over stdin/stdout (SSH mode; implies oneshot).

@@ -43,7 +43,8 @@ namespace {
 
 const std::vector<std::string> kKeys{"listen",        "token_file", "log_dir",    "name",
                                      "heartbeat_timeout", "allowed_users", "key_users", "allow_root",
-                                     "container_runtime", "job_units",  "gpus",      "cpus"};
+                                     "container_runtime", "job_units",  "gpus",      "cpus",
+                                     "tls"};
 
 // POSIX portable user names (what useradd accepts by default).
 const std::regex& user_name_re() {
@@ -147,6 +148,10 @@ class Parser {
       else if (s == "systemd") cfg.job_units = JobUnits::systemd;
       else if (s == "fork") cfg.job_units = JobUnits::fork;
       else error(v.Mark(), fmt::format("job_units: expected auto, systemd or fork, got {}", describe(v)));
+    } else if (key == "tls") {
+      const std::string s = v.IsScalar() ? v.Scalar() : "";
+      if (s == "off" || s == "allowed" || s == "required") cfg.tls = s;
+      else error(v.Mark(), fmt::format("tls: expected allowed, required or off, got {}", describe(v)));
     } else if (key == "gpus") {
       gpus(cfg, v);
     } else if (key == "cpus") {

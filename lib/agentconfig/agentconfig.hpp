@@ -66,6 +66,9 @@ struct AgentConfig {
   // cpulist, as --cpus) this agent manages; absent: all of the node's.
   std::optional<std::vector<std::string>> gpus;
   std::optional<std::vector<int>> cpus;
+  // TLS under the protocol (net/tls.hpp): "allowed" (either, told apart per connection),
+  // "required" (plaintext coordinators are refused) or "off"; absent: allowed.
+  std::optional<std::string> tls;
 };
 
 // Parses YAML text; `file` names it in diagnostics. Throws ConfigError.

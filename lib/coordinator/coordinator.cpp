@@ -146,7 +146,7 @@ class Coordinator {
 
   rdzv::Config make_config() {
     // Over SSH a port in --nodes is the SSH port; none means ~/.ssh/config's (or 22).
-    entries_ = net::node_entries(opts_.nodes, opts_.make_dialer ? 0 : 29410);
+    entries_ = net::node_entries(opts_.nodes, opts_.make_dialer ? 0 : 29410, static_cast<bool>(opts_.make_dialer));
     rdzv::Config c;
     c.job_id = opts_.job_id;
     for (const auto& e : entries_) hosts_.push_back(e.name);
@@ -232,8 +232,13 @@ class Coordinator {
   void connect(Node& n, tcp::socket s) {
     boost::system::error_code ec;
     n.address = plain_address(s.remote_endpoint(ec).address());
-    start_session(n, Connection::make(std::move(s), proto::Session::client(client_config()), label(n), "coord",
-                                      std::chrono::seconds(10)));
+    auto conn = Connection::make(std::move(s), proto::Session::client(client_config()), label(n), "coord",
+                                 std::chrono::seconds(10));
+    if (opts_.tls) {
+      if (!tls_) tls_ = net::tls_client_context(*opts_.keys.first());
+      conn->use_tls({tls_});
+    }
+    start_session(n, std::move(conn));
   }
 
   void start_session(Node& n, std::shared_ptr<Connection> conn) {
@@ -843,6 +848,7 @@ class Coordinator {
   std::chrono::steady_clock::time_point last_progress_{};
   std::map<std::string, std::unique_ptr<Node>> nodes_;
   std::unique_ptr<net::Dialer> dialer_;  // SSH mode; destroyed before io_
+  std::shared_ptr<boost::asio::ssl::context> tls_;  // --tls: made at the first dial
   supervisor::TerminalSink terminal_;
 
   rdzv::Round round_{0};

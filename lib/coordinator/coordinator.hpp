@@ -73,6 +73,9 @@ struct CoordinatorOptions {
   JobEvents events;
   // The job's control socket listens (or could not be opened): `launch --detach` returns then.
   std::function<void()> on_listening;
+  // TCP to the agents inside TLS 1.3 keyed by the token (net/tls.hpp); not for make_dialer's
+  // links, which bring their own (SSH).
+  bool tls = false;
 };
 
 class CoordinatorError : public std::runtime_error {

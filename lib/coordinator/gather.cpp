@@ -13,8 +13,9 @@ namespace ddp::coordinator {
 namespace asio = boost::asio;
 
 std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
-                                        const std::string& user, Millis timeout, const nlohmann::json& image) {
+                                        const std::string& user, Millis timeout, const nlohmann::json& image, bool tls) {
   const auto entries = net::node_entries(nodes, 29410);
+  const auto tls_context = tls ? net::tls_client_context(*keys.first()) : nullptr;
   std::vector<GatheredFacts> out(entries.size());
   std::vector<std::shared_ptr<net::Connection>> conns(entries.size());
   asio::io_context io;
@@ -40,6 +41,7 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
       cc.expect_server = proto::Role::agent;
       conns[i] = net::Connection::make(std::move(s), proto::Session::client(cc), entries[i].name, "doctor", timeout);
       auto* c = conns[i].get();
+      if (tls_context) c->use_tls({tls_context});
       c->start({[c, &image](const proto::PeerInfo&) {
                   c->send(image.is_null() ? c->session().message("facts_request")
                                           : c->session().message("facts_request", {{"image", image}}));

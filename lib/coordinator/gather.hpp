@@ -21,10 +21,11 @@ struct GatheredFacts {
 };
 
 // Entries as for --nodes (host, host:port, [v6]:port). One result per entry, in order.
+// tls: inside TLS 1.3 keyed by the token, as launch --tls.
 // `image` ({runtime, image}, or null): each node also looks that container image up (its facts'
 // container_image).
 std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
                                         const std::string& user, Millis timeout,
-                                        const nlohmann::json& image = nullptr);
+                                        const nlohmann::json& image = nullptr, bool tls = false);
 
 }  // namespace ddp::coordinator

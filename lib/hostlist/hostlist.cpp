@@ -31,9 +31,13 @@ struct Item {
 
 bool is_host_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-         c == '_' || c == ':';
+         c == '_' || c == ':' || c == '@';  // '@': "user@host" for SSH logins (parse_endpoint splits it)
 }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
+// POSIX portable user names (and what useradd accepts by default): letters, digits, '.', '_', '-'.
+bool is_user_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
+}
 bool is_space(char c) { return c == ' ' || c == '\t'; }
 
 std::string describe(char c) {
@@ -341,11 +345,22 @@ std::string compress(const std::vector<std::string>& hosts) {
 
 EndpointParse parse_endpoint(std::string_view text) {
   EndpointParse r;
+  std::size_t offset = 0;  // the length of "user@", so columns count in the whole text
   auto fail = [&](std::size_t col, std::string msg) {
-    r.error = Error{col, std::move(msg)};
+    r.error = Error{col + offset, std::move(msg)};
     return r;
   };
   if (text.empty()) return fail(1, "expected a host name");
+  if (auto at = text.find('@'); at != std::string_view::npos) {
+    if (at == 0) return fail(1, "expected a user name before '@'");
+    for (std::size_t k = 0; k < at; ++k) {
+      if (!is_user_char(text[k])) return fail(k + 1, "unexpected " + describe(text[k]) + " in a user name");
+    }
+    r.endpoint.user = std::string(text.substr(0, at));
+    text.remove_prefix(at + 1);
+    offset = at + 1;
+    if (text.empty()) return fail(1, "expected a host name after '@'");
+  }
   std::string_view host, port;
   bool has_port = false;
   if (text.front() == '[') {
@@ -367,7 +382,9 @@ EndpointParse parse_endpoint(std::string_view text) {
     host = text.substr(0, colon);
     if (host.empty()) return fail(1, "expected a host name before ':'");
     for (std::size_t k = 0; k < host.size(); ++k) {
-      if (!is_host_char(host[k])) return fail(k + 1, "unexpected " + describe(host[k]) + " in a host name");
+      if (host[k] == '@' || !is_host_char(host[k])) {
+        return fail(k + 1, "unexpected " + describe(host[k]) + " in a host name");
+      }
     }
     if (colon != std::string_view::npos) {
       has_port = true;

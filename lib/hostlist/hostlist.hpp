@@ -55,8 +55,10 @@ std::optional<std::size_t> count(std::string_view list);
 // or ',' are emitted as they are.
 std::string compress(const std::vector<std::string>& hosts);
 
-// "host", "host:port", "[v6addr]:port", "[v6addr]" -> host and optional port.
+// "host", "host:port", "[v6addr]:port", "[v6addr]", each optionally after "user@" (an SSH login
+// name) -> user, host and port.
 struct Endpoint {
+  std::string user;  // empty when not given
   std::string host;  // without the IPv6 brackets
   std::optional<std::uint16_t> port;
   bool operator==(const Endpoint&) const = default;

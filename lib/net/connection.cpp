@@ -4,10 +4,12 @@
 #include "common/log.hpp"
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
 #include <fmt/format.h>
 
 #include <pwd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace ddp::net {
@@ -17,7 +19,18 @@ namespace asio = boost::asio;
 namespace {
 // After a drop, how long queued frames (the error that explains it) may take to leave.
 constexpr auto kLinger = std::chrono::seconds(2);
+
+std::string describe_read_error(const boost::system::error_code& ec) {
+  // A TLS peer that closes without close_notify is, for us, a peer that closed.
+  if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated) return "the peer closed the connection";
+  return "connection lost: " + ec.message();
+}
 }  // namespace
+
+struct Connection::TlsStream {
+  TlsStream(stream_socket& socket, asio::ssl::context& ctx) : stream(socket, ctx) {}
+  asio::ssl::stream<stream_socket&> stream;
+};
 
 std::shared_ptr<Connection> Connection::make(tcp::socket socket, proto::Session session, std::string label,
                                              std::string log_subsystem, Millis handshake_timeout) {
@@ -60,24 +73,70 @@ void Connection::start(ConnectionHandlers handlers) {
   timer_.expires_after(handshake_timeout_);
   timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (ec || self->closing_ || self->closed_ || self->session_.established()) return;
+    // Before the protocol's handshake started (stuck in TLS's), the session has nothing to say.
+    if (!self->started_) return self->closed("no TLS handshake within the deadline");
     self->apply(self->session_.on_handshake_timeout());
   });
+  if (!tls_setup_ || !tls_setup_->context) return begin();
+  if (tls_setup_->server) return detect_tls();
+  tls_handshake();
+}
+
+void Connection::begin() {
+  started_ = true;
   read();
   apply(session_.start());
 }
 
-void Connection::read() {
-  socket_.async_read_some(asio::buffer(buf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+void Connection::detect_tls() {
+  socket_.async_wait(stream_socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
+    if (self->closed_ || self->closing_) return;
+    if (ec) return self->closed("connection lost during the handshake: " + ec.message());
+    unsigned char first = 0;
+    const auto n = ::recv(self->socket_.native_handle(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->detect_tls();
+    if (n <= 0) return self->closed("the peer closed the connection during the handshake");
+    if (looks_like_tls(first)) return self->tls_handshake();
+    self->begin();
+    // Read the plaintext hello, then say why, so the launcher can tell its user what to do.
+    if (self->tls_setup_->mode == TlsMode::required) {
+      self->refuse(proto::ErrorCode::auth, "this agent takes only TLS connections (tls: required)", "launch with --tls");
+    }
+  });
+}
+
+void Connection::tls_handshake() {
+  tls_ = std::make_unique<TlsStream>(socket_, *tls_setup_->context);
+  const auto role = tls_setup_->server ? asio::ssl::stream_base::server : asio::ssl::stream_base::client;
+  tls_->stream.async_handshake(role, [self = shared_from_this()](boost::system::error_code ec) {
     if (self->closed_ || self->closing_) return;
     if (ec) {
-      std::string why = ec == asio::error::eof ? "the peer closed the connection" : "connection lost: " + ec.message();
+      // The usual cause: the two ends hold different secrets for the key id (or none at all).
+      return self->closed(fmt::format("TLS handshake failed: {} (does the agent allow TLS, and do both ends hold the "
+                                      "same secret for the key id?)",
+                                      ec.message()));
+    }
+    self->begin();
+  });
+}
+
+void Connection::read() {
+  auto on_read = [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+    if (self->closed_ || self->closing_) return;
+    if (ec) {
+      std::string why = describe_read_error(ec);
       if (!self->session_.established()) why += " during the handshake";
       self->closed(why);
       return;
     }
     self->apply(self->session_.on_bytes(std::string_view(self->buf_.data(), n)));
     if (!self->closed_ && !self->closing_) self->read();
-  });
+  };
+  if (tls_) {
+    tls_->stream.async_read_some(asio::buffer(buf_), std::move(on_read));
+  } else {
+    socket_.async_read_some(asio::buffer(buf_), std::move(on_read));
+  }
 }
 
 void Connection::apply(proto::Effects effects) {
@@ -152,7 +211,7 @@ void Connection::write() {
     if (gather_.size() == kMaxGather) break;
     gather_.emplace_back(f.data(), f.size());
   }
-  asio::async_write(socket_, gather_, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+  auto on_written = [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
     if (self->closed_) return;
     for (std::size_t i = 0; i < self->gather_.size(); ++i) {
       self->queued_bytes_ -= self->out_.front().size();
@@ -164,7 +223,12 @@ void Connection::write() {
       return;
     }
     self->write();
-  });
+  };
+  if (tls_) {
+    asio::async_write(tls_->stream, gather_, std::move(on_written));  // a TLS record per frame
+  } else {
+    asio::async_write(socket_, gather_, std::move(on_written));
+  }
 }
 
 void Connection::finish_close() {

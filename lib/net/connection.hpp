@@ -15,6 +15,7 @@
 #pragma once
 
 #include "common/duration.hpp"
+#include "net/tls.hpp"
 #include "proto/session.hpp"
 
 #include <boost/asio/generic/stream_protocol.hpp>
@@ -34,6 +35,14 @@ namespace ddp::net {
 using tcp = boost::asio::ip::tcp;
 using stream_socket = boost::asio::generic::stream_protocol::socket;
 
+// TLS under the frames (tls.hpp): the dialling side is the client; an accepting side with
+// TlsMode::allowed tells TLS from plaintext by the first byte, with required refuses plaintext.
+struct TlsSetup {
+  std::shared_ptr<boost::asio::ssl::context> context;
+  bool server = false;
+  TlsMode mode = TlsMode::required;  // for a server
+};
+
 struct ConnectionHandlers {
   std::function<void(const proto::PeerInfo&)> on_established;
   std::function<void(proto::Message)> on_message;
@@ -50,8 +59,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                           std::string log_subsystem, Millis handshake_timeout);
   ~Connection();
 
-  // Starts reading and the handshake (a client sends its hello now).
+  // Before start(): run the connection inside TLS.
+  void use_tls(TlsSetup tls) { tls_setup_ = std::move(tls); }
+  // Starts reading and the handshake (a client sends its hello now; TLS's handshake, if any,
+  // comes first; the handshake deadline covers both).
   void start(ConnectionHandlers handlers);
+  // Whether the frames travel inside TLS (known once the protocol's handshake has started).
+  bool encrypted() const { return tls_ != nullptr; }
   // Seals and queues an application message; false when the session is not established (or gone).
   bool send(const nlohmann::json& message);
   // Refuses the peer (an 'error' frame with code and message), then closes.
@@ -73,6 +87,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   Connection(stream_socket socket, proto::Session session, std::string label, std::string log_subsystem,
              Millis handshake_timeout);
+  struct TlsStream;
+  void begin();
+  void detect_tls();
+  void tls_handshake();
   void read();
   void apply(proto::Effects effects);
   void queue(std::string frame);
@@ -81,6 +99,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void closed(const std::string& reason);
 
   stream_socket socket_;
+  std::optional<TlsSetup> tls_setup_;
+  std::unique_ptr<TlsStream> tls_;  // over socket_; declared after it, so destroyed first
   proto::Session session_;
   std::string label_;
   std::string log_subsystem_;
@@ -97,6 +117,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closing_ = false;  // a drop: flush the queue, then close
   bool closed_ = false;
   bool was_established_ = false;
+  bool started_ = false;  // the protocol's handshake (after TLS's, if any)
   std::string close_reason_;
   std::array<char, 64 * 1024> buf_;  // not zeroed: a 64 KiB memset per connection showed at 4096 nodes
 };

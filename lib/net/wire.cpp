@@ -188,14 +188,20 @@ std::map<std::string, std::string> forwarded_env(const std::map<std::string, std
   return out;
 }
 
-std::vector<NodeEntry> node_entries(const std::vector<std::string>& hosts, std::uint16_t default_port) {
+std::vector<NodeEntry> node_entries(const std::vector<std::string>& hosts, std::uint16_t default_port,
+                                    bool allow_user) {
   std::vector<NodeEntry> out;
   std::map<std::string, int> per_host;
   std::set<std::pair<std::string, std::uint16_t>> seen;
   for (const auto& h : hosts) {
     auto ep = hostlist::parse_endpoint(h);
     if (!ep.ok()) throw WireError(fmt::format("node '{}': {}", h, ep.error->to_string()));
-    NodeEntry e{"", ep.endpoint.host, ep.endpoint.port.value_or(default_port)};
+    if (!ep.endpoint.user.empty() && !allow_user) {
+      throw WireError(fmt::format("node '{}': a login user ('{}@') is only for --ssh; an agent runs jobs as the user "
+                                  "its token maps to",
+                                  h, ep.endpoint.user));
+    }
+    NodeEntry e{"", ep.endpoint.host, ep.endpoint.port.value_or(default_port), ep.endpoint.user};
     if (!seen.insert({e.host, e.port}).second) {
       throw WireError(fmt::format("node '{}' is listed twice (as {}:{})", h, e.host, e.port));
     }

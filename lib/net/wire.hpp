@@ -42,8 +42,11 @@ struct NodeEntry {
   std::string name;
   std::string host;
   std::uint16_t port = 0;
+  std::string user;  // SSH login name from "user@host" (only when allow_user); empty: ~/.ssh/config's
 };
-// Throws WireError with the entry and column of a bad one.
-std::vector<NodeEntry> node_entries(const std::vector<std::string>& hosts, std::uint16_t default_port);
+// Throws WireError with the entry and column of a bad one. allow_user: entries may name an SSH
+// login user ("alice@n1"); agents reached over TCP have no such thing, so elsewhere it is an error.
+std::vector<NodeEntry> node_entries(const std::vector<std::string>& hosts, std::uint16_t default_port,
+                                    bool allow_user = false);
 
 }  // namespace ddp::net

@@ -116,7 +116,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
   auto fail = [&](const std::string& why) {
     asio::post(io_, [done, why] { done(net::Dialed{why, std::nullopt, ""}); });
   };
-  SessionOptions so{node.name, node.host, node.port, opts_.timeout, opts_.accept_new};
+  SessionOptions so{node.name, node.host, node.port, node.user, opts_.timeout, opts_.accept_new};
   std::unique_ptr<Session> s;
   std::mt19937 rng(std::random_device{}());
   for (int attempt = 1;; ++attempt) {

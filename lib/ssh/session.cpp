@@ -84,10 +84,12 @@ std::string Session::connect(const SessionOptions& o) {
   ssh_options_set(s_, SSH_OPTIONS_HOST, o.host.c_str());
   // NULL: the user's ~/.ssh/config, then /etc/ssh/ssh_config, as ssh reads them.
   if (ssh_options_parse_config(s_, nullptr) != SSH_OK) return fmt::format("~/.ssh/config: {}", error());
+  // Like `ssh alice@n1 -p 2222`: what --nodes says wins over the config's User and Port.
   if (o.port != 0) {
     unsigned int port = o.port;
     ssh_options_set(s_, SSH_OPTIONS_PORT, &port);
   }
+  if (!o.user.empty()) ssh_options_set(s_, SSH_OPTIONS_USER, o.user.c_str());
   long secs = std::max<long>(1, static_cast<long>((o.timeout.count() + 999) / 1000));
   ssh_options_set(s_, SSH_OPTIONS_TIMEOUT, &secs);
   if (ssh_connect(s_) != SSH_OK) return error();

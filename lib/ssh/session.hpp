@@ -21,6 +21,7 @@ struct SessionOptions {
   std::string node;  // as listed (for messages)
   std::string host;
   std::uint16_t port = 0;  // 0: from the config, else 22
+  std::string user;        // empty: from the config, else the local user
   Millis timeout{15000};
   bool accept_new = false;
 };

@@ -6,6 +6,7 @@ debootstrap; the mirror is reachable here and in CI). The chroot's mounts live i
 mount namespace, so nothing is left mounted."""
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -104,6 +105,29 @@ def installed(packages, tmp_path_factory):
                         f"apt-get install -y -qq --no-install-recommends {debs}")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_agent_binary_ssh_mode_uploads_runs_on_a_bare_debian_12(tmp_path):
+    """ddpctl --ssh uploads build/bin/ddp-agentd to nodes that may have only Debian's base
+    system. It links nothing beyond glibc and libsystemd0 (which apt itself depends on, so every
+    Debian has it), and it runs in a fresh chroot where none of our packages or their
+    dependencies are installed."""
+    agent = BINARY_DIR / "bin" / "ddp-agentd"
+    r = run("readelf", "-d", str(agent))
+    assert r.returncode == 0, r.stderr
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout))
+    assert needed <= {"libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2", "libsystemd.so.0"}, needed
+    root = tmp_path / "root"
+    root.mkdir()
+    with tarfile.open(chroot_tarball()) as t:
+        t.extractall(root, numeric_owner=True)
+    shutil.copy(agent, root / "tmp" / "ddp-agentd")
+    r = in_chroot(root, "/tmp/ddp-agentd --version && dpkg-query -W libssl3 libfmt9 libspdlog1.10 libstdc++6; true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ddp-agentd "), r.stdout + r.stderr
+    # The chroot really lacks what the agent used to need.
+    assert "libspdlog1.10" in r.stderr and "libfmt9" in r.stderr, r.stdout + r.stderr
     shutil.rmtree(root, ignore_errors=True)
 
 

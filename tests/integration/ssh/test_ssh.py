@@ -196,6 +196,33 @@ def test_three_nodes_over_ssh_from_behind_nat_with_an_upload(cluster):
     assert dropped() == 0
 
 
+def test_user_at_host_in_nodes_wins_over_the_ssh_config(cluster):
+    c = cluster
+    n1, n2, _ = c.hosts
+    c.start_sshd(n1)
+    c.start_sshd(n2)
+    # The config names a user that exists nowhere; "root@" in --nodes must win, as with `ssh root@n1`.
+    with open(os.path.join(c.ctl.home, ".ssh", "config"), "w") as f:
+        f.write("Host n1 n2\n  User nosuchuser\n")
+    c.trust([n1, n2])
+    worker = c.write("worker.py", WORKER)
+    argv = [os.path.join(c.bin, "ddpctl"), "launch", "--ssh", "--nodes", "root@n1,root@n2",
+            job(c, "as-root", [PY, worker])]
+    rc, out, err = finish(c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir))
+    assert rc == 0, out + err
+    by_rank = contracts(out)
+    # Nodes are named by host, whoever logs in.
+    assert {r: node for r, (node, _) in by_rank.items()} == {0: "n1", 1: "n2"}, out
+    assert wait_nothing_left(c, [n1, n2]) == {}
+
+    # Without it, the config's user is tried and refused, and the launch says which node.
+    argv[argv.index("root@n1,root@n2")] = "n1,root@n2"
+    rc, out, err = finish(c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir))
+    assert rc == 2, out + err
+    assert "n1" in err and "nosuchuser" in err, err
+    assert wait_nothing_left(c, [n1, n2]) == {}
+
+
 def test_kill_9_of_ddpctl_leaves_nothing_on_any_node(cluster):
     c = cluster
     hosts = c.hosts[:2]

@@ -199,11 +199,21 @@ TEST(Endpoint, Forms) {
     EXPECT_TRUE(r.ok()) << s << ": " << (r.error ? r.error->to_string() : "");
     return r.endpoint;
   };
-  EXPECT_EQ(p("node1"), (Endpoint{"node1", std::nullopt}));
-  EXPECT_EQ(p("node1:29410"), (Endpoint{"node1", 29410}));
-  EXPECT_EQ(p("[fe80::1]:29410"), (Endpoint{"fe80::1", 29410}));
-  EXPECT_EQ(p("[::1]"), (Endpoint{"::1", std::nullopt}));
-  EXPECT_EQ(p("10.1.2.3:1"), (Endpoint{"10.1.2.3", 1}));
+  EXPECT_EQ(p("node1"), (Endpoint{"", "node1", std::nullopt}));
+  EXPECT_EQ(p("node1:29410"), (Endpoint{"", "node1", 29410}));
+  EXPECT_EQ(p("[fe80::1]:29410"), (Endpoint{"", "fe80::1", 29410}));
+  EXPECT_EQ(p("[::1]"), (Endpoint{"", "::1", std::nullopt}));
+  EXPECT_EQ(p("10.1.2.3:1"), (Endpoint{"", "10.1.2.3", 1}));
+  // An SSH login name in front, as `ssh` takes it.
+  EXPECT_EQ(p("alice@node1"), (Endpoint{"alice", "node1", std::nullopt}));
+  EXPECT_EQ(p("svc-train.2@node1:2222"), (Endpoint{"svc-train.2", "node1", 2222}));
+  EXPECT_EQ(p("bob@[fe80::1]:22"), (Endpoint{"bob", "fe80::1", 22}));
+}
+
+TEST(Endpoint, UserNamesExpandWithTheirHosts) {
+  auto e = expand("alice@gpu[1-2],bob@cpu3");
+  ASSERT_TRUE(e.ok()) << e.error->to_string();
+  EXPECT_EQ(e.hosts, (std::vector<std::string>{"alice@gpu1", "alice@gpu2", "bob@cpu3"}));
 }
 
 TEST(Endpoint, Errors) {
@@ -224,6 +234,13 @@ TEST(Endpoint, Errors) {
            {"[]", 2, "IPv6 address"},
            {"[::1]x", 6, "expected ':'"},
            {"n/1:5", 2, "unexpected '/'"},
+           // Columns count in the whole entry, user name included.
+           {"@n1", 1, "expected a user name"},
+           {"alice@", 7, "expected a host name after '@'"},
+           {"al ice@n1", 3, "in a user name"},
+           {"alice@n1@x", 9, "unexpected '@' in a host name"},
+           {"alice@n1:0", 10, "port number"},
+           {"alice@[::1", 11, "expected ']'"},
        }) {
     auto r = parse_endpoint(c.input);
     ASSERT_FALSE(r.ok()) << c.input;

@@ -103,3 +103,19 @@ TEST(Wire, NodeEntries) {
   EXPECT_EQ(same[1].name, "127.0.0.1:2");
   EXPECT_THROW(node_entries({"a", "a:29410"}, 29410), WireError);
 }
+
+TEST(Wire, NodeEntriesTakeALoginUserOnlyForSsh) {
+  auto e = node_entries({"alice@n1", "n2:2222"}, 0, /*allow_user=*/true);
+  EXPECT_EQ(e[0].user, "alice");
+  EXPECT_EQ(e[0].host, "n1");
+  EXPECT_EQ(e[0].name, "n1");  // the node is the host, whoever logs in
+  EXPECT_EQ(e[1].user, "");
+  // The same host twice is a typo whatever the login.
+  EXPECT_THROW(node_entries({"alice@n1", "bob@n1"}, 0, true), WireError);
+  try {
+    node_entries({"alice@n1"}, 29410);
+    FAIL() << "a user name without --ssh must be refused";
+  } catch (const WireError& err) {
+    EXPECT_NE(std::string(err.what()).find("only for --ssh"), std::string::npos) << err.what();
+  }
+}
