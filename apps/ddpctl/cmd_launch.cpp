@@ -293,6 +293,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   if (args.dry_run) return print_multi_node_plan(args, opts);
   if (!args.coordinator.empty()) {
     if (args.ssh) return fail("--coordinator with --ssh: a standing coordinator reaches its agents over TCP (SSH mode starts its own)");
+    if (args.tls) return fail("--tls with --coordinator is not built yet: a standing coordinator speaks to ddpctl and agents in plaintext (authenticated)");
     auto ep = ddp::hostlist::parse_endpoint(args.coordinator);
     if (!ep.ok()) return fail(fmt::format("--coordinator '{}': {}", args.coordinator, ep.error->to_string()));
     ddp::coordinator::SubmitOptions so;

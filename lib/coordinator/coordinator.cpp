@@ -263,7 +263,14 @@ class Coordinator {
     const bool was_established = n.conn->session().peer().version != 0 || n.joined;
     n.conn.reset();
     if (done_) return;
-    if (reason.find("auth:") != std::string::npos && rdzv_.state() == rdzv::State::joining && rdzv_.round().value == 1) {
+    const bool first_gathering = rdzv_.state() == rdzv::State::joining && rdzv_.round().value == 1;
+    // A TLS mismatch (an agent that requires it, or a secret TLS's handshake refused) says what
+    // to do in its own words; dialling again would fail the same way.
+    if (first_gathering && (reason.find("TLS handshake failed") != std::string::npos ||
+                            reason.find("only TLS") != std::string::npos)) {
+      return fatal(fmt::format("{}: {}", label(n), reason));
+    }
+    if (reason.find("auth:") != std::string::npos && first_gathering) {
       return fatal(fmt::format("{} refused us: {}. The token file ({}) must hold the same secret as the agent's "
                                "(/etc/ddpctl/token or its --token-file)",
                                label(n), reason, opts_.keys.first()->id == "default" ? "--token-file" : "key " + opts_.keys.first()->id));
