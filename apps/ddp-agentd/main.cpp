@@ -124,6 +124,10 @@ int main(int argc, char** argv) {
   app.add_flag("--announce", announce,
                "once listening, print 'ddp-agentd listening PORT' on stdout (for --listen with port 0; ddpctl's "
                "SLURM mode reads it through srun)");
+  std::string connect;
+  app.add_option("--connect", connect,
+                 "with --stdio: run the protocol over a TCP connection to the launcher at HOST:PORT (its --advertise-addr); "
+                 "stdin's second line is the tag that names this node to it");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
   bool generate_man = false;  // for the build: the man page from this definition
   app.add_flag("--generate-man", generate_man)->group("");
@@ -137,6 +141,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (verbose) ddp::log::set_level(spdlog::level::debug);
+  if (!connect.empty() && !stdio) {
+    std::cerr << "ddp-agentd: --connect needs --stdio (the launcher starts it so, through SSH)\n";
+    return 2;
+  }
   opts.oneshot = oneshot || stdio;
   if (stdio && (!secret_env.empty() || announce)) {
     std::cerr << "ddp-agentd: --secret-env and --announce are for a listening agent, not --stdio\n";
@@ -186,6 +194,21 @@ int main(int argc, char** argv) {
         return 2;
       }
       opts.keys = ddp::proto::Keyring({{"ssh", *secret}});
+      if (!connect.empty()) {
+        auto back = ddp::hostlist::parse_endpoint(connect);
+        auto tag = read_secret_line();
+        if (!back.ok() || !back.endpoint.port) {
+          std::cerr << fmt::format("ddp-agentd: --connect '{}': expected HOST:PORT\n", connect);
+          return 2;
+        }
+        if (!tag || tag->empty()) {
+          std::cerr << "ddp-agentd: --connect: stdin's second line must be the tag the launcher gave this node\n";
+          return 2;
+        }
+        opts.connect_host = back.endpoint.host;
+        opts.connect_port = *back.endpoint.port;
+        opts.connect_tag = *tag;
+      }
       if (log_dir->count() == 0) opts.log_dir = default_stdio_log_dir();
     } else if (!secret_env.empty()) {
       // Read, then removed, so that no worker inherits it (DDP_* is scrubbed from workers too).

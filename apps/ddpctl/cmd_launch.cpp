@@ -12,6 +12,7 @@
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
 #include "launch/local_launcher.hpp"
+#include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
 #include "proto/crypto.hpp"
@@ -60,6 +61,7 @@ struct LaunchArgs {
   bool detach = false;
   bool slurm = false;
   std::vector<std::string> srun_args;
+  std::string advertise_addr;
 };
 
 std::map<std::string, std::string> own_environment() {
@@ -291,6 +293,10 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     opts.job_id = args.job_id;
   }
   if (args.dry_run) return print_multi_node_plan(args, opts);
+  if (!args.advertise_addr.empty() && !args.ssh) {
+    return fail("--advertise-addr is for --ssh (agents connecting back); with --nodes the coordinator dials the agents and "
+                "nothing connects to it");
+  }
   if (!args.coordinator.empty()) {
     if (args.ssh) return fail("--coordinator with --ssh: a standing coordinator reaches its agents over TCP (SSH mode starts its own)");
     if (args.tls) return fail("--tls with --coordinator is not built yet: a standing coordinator speaks to ddpctl and agents in plaintext (authenticated)");
@@ -331,6 +337,13 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
       so.agent_binary = own_agent_binary();
       so.agent_version = ddp::agent::kVersion;
       so.verbose_agent = ddp::log::get("ssh")->should_log(spdlog::level::debug);
+      if (!args.advertise_addr.empty()) {
+        try {
+          so.connect_back = ddp::net::parse_advertise_addr(args.advertise_addr);
+        } catch (const std::invalid_argument& e) {
+          return fail(fmt::format("--advertise-addr '{}': {}", args.advertise_addr, e.what()));
+        }
+      }
       if (!std::filesystem::exists(so.agent_binary)) {
         return fail(fmt::format("--ssh: our ddp-agentd is not at {} (it must sit beside ddpctl, to be uploaded to nodes "
                                 "that lack it)",
@@ -421,6 +434,9 @@ Command add_launch_command(CLI::App& root) {
                   "site's partition, account or GPU request)")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  sub->add_option("--advertise-addr", args->advertise_addr,
+                  "with --ssh: the agents connect back over TCP to HOST[:PORT] (auto or :PORT: this machine's address "
+                  "on the route to each node; port 0: any) instead of speaking over their SSH channel");
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 

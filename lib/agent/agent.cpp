@@ -17,6 +17,7 @@
 #include "launch/bind.hpp"
 #include "launch/nccl_holder.hpp"
 #include "launch/worker_group.hpp"
+#include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "sdnotify/sdnotify.hpp"
@@ -36,6 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -212,7 +214,11 @@ class Agent {
     wait_user_signals();
     wait_sigchld();
     heartbeat();
-    if (opts_.stdio) {
+    if (opts_.stdio && !opts_.connect_host.empty()) {
+      log_->info("ddp-agentd {} connecting back to {} for one job (logs in {})", opts_.name,
+                 net::format_host_port(opts_.connect_host, opts_.connect_port), opts_.log_dir);
+      serve_connect_back();
+    } else if (opts_.stdio) {
       log_->info("ddp-agentd {} serving one job over stdin/stdout (logs in {})", opts_.name, opts_.log_dir);
       serve_stdio();
     } else {
@@ -319,6 +325,49 @@ class Agent {
     auto conn = Connection::make(stdio_->take_socket(), server_session(), "stdio", "agent", opts_.handshake_timeout);
     stdio_->start([this](const std::string& why) { log_->info("link ended: {}", why); });
     serve(std::move(conn));
+  }
+
+  // --stdio --connect: dial the launcher, introduce ourselves with the tag it gave us, then serve
+  // that connection as any coordinator's (it still has to prove the run's secret). stdin's EOF
+  // (the SSH channel closed: the launcher is gone) ends it, as it ends a --stdio link.
+  void serve_connect_back() {
+    stdin_.emplace(io_, ::dup(STDIN_FILENO));
+    watch_stdin();
+    const auto where = net::format_host_port(opts_.connect_host, opts_.connect_port);
+    net::dial(io_, opts_.connect_host, opts_.connect_port, std::chrono::seconds(10),
+              [this, where](boost::system::error_code ec, tcp::socket s) {
+                if (stopping_) return;
+                if (ec) {
+                  log_->error("cannot connect back to the launcher at {}: {}", where, ec.message());
+                  stopping_ = true;
+                  return finish_shutdown();
+                }
+                boost::system::error_code ignored;
+                s.set_option(tcp::no_delay(true), ignored);
+                auto sock = std::make_shared<tcp::socket>(std::move(s));
+                auto line = std::make_shared<std::string>(opts_.connect_tag + "\n");
+                asio::async_write(*sock, asio::buffer(*line), [this, sock, line, where](boost::system::error_code ec, std::size_t) {
+                  if (stopping_) return;
+                  if (ec) {
+                    log_->error("cannot connect back to the launcher at {}: {}", where, ec.message());
+                    stopping_ = true;
+                    return finish_shutdown();
+                  }
+                  serve(Connection::make(std::move(*sock), server_session(), "launcher " + where, "agent", opts_.handshake_timeout));
+                });
+              });
+  }
+
+  void watch_stdin() {
+    stdin_->async_read_some(asio::buffer(stdin_buf_), [this](boost::system::error_code ec, std::size_t) {
+      if (!ec) return watch_stdin();  // nothing more is expected on stdin; its end is what counts
+      log_->info("the launcher's SSH channel closed");
+      for (auto& [raw, p] : std::map<Connection*, Peer>(peers_)) p.conn->close("the launcher's SSH channel closed");
+      if (peers_.empty() && !job_ && !stopping_) {
+        stopping_ = true;
+        finish_shutdown();
+      }
+    });
   }
 
   void serve(std::shared_ptr<Connection> conn) {
@@ -908,7 +957,9 @@ class Agent {
   // over stdio, the launcher's record of it (this node's entry in the job's node list, in node
   // rank order, from the SSH server address the node reported).
   std::string own_address() const {
-    if (auto local = job_->owner->local_endpoint()) return plain_address(local->address());
+    // Connected back to the launcher, our socket's address faces the launcher, not the job's peers.
+    auto local = opts_.stdio ? std::nullopt : job_->owner->local_endpoint();
+    if (local) return plain_address(local->address());
     const auto& addrs = job_->payload.node_addresses;
     const auto rank = job_->assign ? (*job_->assign)["node_rank"].get<std::uint32_t>() : 0;
     return rank < addrs.size() ? addrs[rank] : std::string();
@@ -1041,6 +1092,8 @@ class Agent {
   std::optional<launch::NcclHolder> holder_;  // node rank 0: the current attempt's NCCL id
   std::optional<StdioLink> stdio_;
   std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first accepted connection
+  std::optional<asio::posix::stream_descriptor> stdin_;  // --connect: watched for EOF
+  std::array<char, 256> stdin_buf_{};
   std::string store_host_;
   std::uint16_t store_port_ = 0;  // as the job asked (0: any)
   json last_waiters_ = json::array();  // as last sent (report_waiters)

@@ -15,7 +15,9 @@
 // One-shot (SSH mode, `--oneshot --stdio`): no listener; the launcher starts the agent through
 // SSH, writes a fresh secret as stdin's first line, then speaks the same protocol over
 // stdin/stdout. stdin's EOF (the SSH connection died), a hang-up or missed heartbeats stop the
-// workers, and the agent exits when its one job is over.
+// workers, and the agent exits when its one job is over. With `--connect HOST:PORT` (the
+// launcher's --advertise-addr) the protocol runs over a TCP connection the agent opens to the
+// launcher instead; stdin still carries the secret, a tag naming this node, and the EOF.
 //
 // One-shot under SLURM (`--oneshot --listen [::]:0 --secret-env NAME --announce`): the secret
 // from the environment, and once listening, the port printed on stdout for srun to relay
@@ -80,6 +82,12 @@ struct AgentOptions {
   // Set: once listening, the agent prints this line for its port on stdout (--announce: srun
   // relays it to `ddpctl launch --slurm`, which dials that port).
   std::function<std::string(std::uint16_t port)> announce;
+  // With stdio: the protocol runs over a TCP connection we open to the launcher at this
+  // HOST:PORT (its --advertise-addr), introduced by `connect_tag` (from stdin, after the
+  // secret); stdin stays the SSH channel, and its EOF still means the launcher is gone.
+  std::string connect_host;
+  std::uint16_t connect_port = 0;
+  std::string connect_tag;
 };
 
 class AgentError : public std::runtime_error {

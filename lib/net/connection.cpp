@@ -6,6 +6,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/asio/ip/udp.hpp>
 #include <fmt/format.h>
 
 #include <pwd.h>
@@ -310,6 +311,21 @@ std::string local_user() {
   char buf[4096];
   if (::getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res && res->pw_name) return res->pw_name;
   return fmt::format("uid {}", uid);
+}
+
+std::string route_source(const std::string& address) {
+  boost::system::error_code ec;
+  const auto addr = asio::ip::make_address(address, ec);
+  if (ec) return {};
+  asio::io_context io;
+  asio::ip::udp::socket s(io);
+  s.open(addr.is_v6() ? asio::ip::udp::v6() : asio::ip::udp::v4(), ec);
+  if (!ec) s.connect({addr, 9}, ec);
+  if (ec) return {};
+  auto local = s.local_endpoint(ec).address();
+  if (ec) return {};
+  if (local.is_v6() && local.to_v6().is_v4_mapped()) local = asio::ip::make_address_v4(asio::ip::v4_mapped, local.to_v6());
+  return local.to_string();
 }
 
 }  // namespace ddp::net

@@ -129,4 +129,8 @@ void dial(boost::asio::io_context& io, const std::string& host, std::uint16_t po
 // The local user's name, for hello and job messages ("uid 1234" when it has no name).
 std::string local_user();
 
+// The source address this machine picks for sending to IP `address` (a UDP socket's connect,
+// which sends nothing); empty when there is no route or `address` is not an IP address.
+std::string route_source(const std::string& address);
+
 }  // namespace ddp::net

@@ -90,6 +90,7 @@ Dialer::Dialer(asio::io_context& io, DialerOptions options)
   utsname u{};
   ::uname(&u);
   our_arch_ = u.machine;
+  if (opts_.connect_back) listener_ = std::make_unique<net::CallbackListener>(io_, opts_.connect_back->port);
 }
 
 Dialer::~Dialer() {
@@ -156,7 +157,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
   }
 
   ssh_channel ch = nullptr;
-  std::string address;
+  std::string address, tag, back;
   try {
     auto probe = parse_probe(s->exec(probe_command(our_sha256_)).out);
     auto choice = choose_agent(probe, opts_.agent_version, our_arch_, our_sha256_);
@@ -180,14 +181,83 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
     }
     address = !probe.server_address.empty() ? probe.server_address : s->peer_address();
     if (address.empty()) return fail(fmt::format("{}: cannot tell the node's address ($SSH_CONNECTION is empty)", describe(node)));
-    ch = s->start(agent_command(choice.command, node.name, opts_.verbose_agent));
-    const auto line = opts_.secret + "\n";
+    if (listener_) {
+      try {
+        back = net::advertised_endpoint(*opts_.connect_back, net::route_source(address), address, listener_->port());
+      } catch (const std::invalid_argument& e) {
+        return fail(fmt::format("{}: {}", describe(node), e.what()));
+      }
+      std::array<unsigned char, 16> raw{};
+      std::random_device rd;
+      for (auto& b : raw) b = static_cast<unsigned char>(rd());
+      for (auto b : raw) tag += fmt::format("{:02x}", b);
+    }
+    const auto command = agent_command(choice.command, node.name, opts_.verbose_agent, back);
+    log->debug("{}: {}", node.name, command);
+    ch = s->start(command);
+    // The secret, then (connect-back) the tag the agent introduces itself with: stdin only.
+    const auto line = opts_.secret + "\n" + (tag.empty() ? "" : tag + "\n");
     if (ssh_channel_write(ch, line.data(), static_cast<uint32_t>(line.size())) != static_cast<int>(line.size())) {
       throw std::runtime_error(s->error());
     }
   } catch (const std::exception& e) {
     Session::close_channel(ch);
     return fail(fmt::format("{}: cannot start the agent: {}", describe(node), e.what()));
+  }
+
+  if (listener_) {
+    // Connect-back: the coordinator gets the agent's own TCP connection through the listener;
+    // this thread relays the agent's stderr meanwhile, and keeps the channel open after (its EOF
+    // is how the agent learns that we are gone).
+    auto delivered = std::make_shared<std::atomic<bool>>(false);
+    listener_->expect(tag, [this, done, delivered, name = node.name, address](asio::ip::tcp::socket sock) {
+      delivered->store(true);
+      boost::system::error_code ec;
+      sock.set_option(asio::ip::tcp::no_delay(true), ec);
+      const auto remote = sock.remote_endpoint(ec);
+      auto from = remote.address();
+      if (from.is_v6() && from.to_v6().is_v4_mapped()) from = asio::ip::make_address_v4(asio::ip::v4_mapped, from.to_v6());
+      log::get("ssh")->debug("{}: its agent connected back from {}", name, ec ? "?" : from.to_string());
+      net::stream_socket ss(io_);
+      ss.assign(asio::generic::stream_protocol(remote.address().is_v6() ? AF_INET6 : AF_INET, IPPROTO_TCP), sock.release(), ec);
+      done(net::Dialed{"", std::move(ss), address});
+    });
+    // The agent dials with a 10 s deadline of its own; past this, something between drops it.
+    const auto deadline = std::chrono::steady_clock::now() + std::max<Millis>(opts_.timeout, std::chrono::seconds(12));
+    LineSplitter err_lines;
+    std::array<char, 32 * 1024> buf{};
+    std::string why;
+    while (!cancel_) {
+      pollfd p{ssh_get_fd(s->raw()), POLLIN, 0};
+      ::poll(&p, 1, kPumpPollMs);
+      for (int is_err = 0; is_err < 2; ++is_err) {
+        int n = 0;
+        while ((n = ssh_channel_read_nonblocking(ch, buf.data(), buf.size(), is_err)) > 0) {
+          if (is_err) {
+            for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)))) relay(node.name, l);
+          }
+        }
+        if (n == SSH_ERROR) why = "SSH connection lost: " + s->error();
+      }
+      if (why.empty() && (ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch))) why = "the agent ended";
+      if (!why.empty()) break;
+      if (!delivered->load() && std::chrono::steady_clock::now() > deadline && listener_->forget(tag)) {
+        if (auto l = err_lines.flush()) relay(node.name, *l);
+        Session::close_channel(ch);
+        return fail(fmt::format("{}: its agent did not connect back to {} within {} s (does a firewall on this side drop "
+                                "it? --advertise-addr must be an address the node can reach)",
+                                describe(node), back, std::chrono::duration_cast<std::chrono::seconds>(
+                                                          std::max<Millis>(opts_.timeout, std::chrono::seconds(12))).count()));
+      }
+    }
+    if (auto l = err_lines.flush()) relay(node.name, *l);
+    Session::close_channel(ch);
+    if (!why.empty() && listener_->forget(tag)) {
+      return fail(fmt::format("{}: {} before connecting back to {}", describe(node), why, back));
+    }
+    listener_->forget(tag);
+    log->debug("{}: link closed: {}", node.name, why.empty() ? "the launcher is stopping" : why);
+    return;
   }
 
   int fds[2];

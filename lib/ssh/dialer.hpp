@@ -2,7 +2,10 @@
 // our version is there (the remote PATH's, else our own uploaded over SFTP into a per-user
 // cache checked by hash), start it as `--oneshot --stdio`, hand it the run's secret on stdin,
 // then pump the channel to one end of a socketpair whose other end the coordinator's
-// Connection uses. Nothing connects back to the launcher.
+// Connection uses. Nothing connects back to the launcher, unless `connect_back` (--advertise-addr)
+// asks for it: then the agent is started with `--connect HOST:PORT`, gets a per-node tag after
+// the secret on stdin, and dials our CallbackListener; the channel then carries only its stderr,
+// and our EOF still stops it.
 //
 // Threads: one per node (libssh is blocking; a session is used by one thread only); at most
 // `max_parallel` of them are connecting and authenticating at once, the rest wait for a slot.
@@ -12,6 +15,8 @@
 #pragma once
 
 #include "common/duration.hpp"
+#include "net/advertise.hpp"
+#include "net/callback_listener.hpp"
 #include "net/dialer.hpp"
 
 #include <boost/asio/io_context.hpp>
@@ -19,6 +24,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <semaphore>
 #include <string>
@@ -35,11 +41,15 @@ struct DialerOptions {
   std::string agent_binary;   // our ddp-agentd (uploaded when the node has none of our version)
   std::string agent_version;  // what `ddp-agentd --version` prints
   bool verbose_agent = false;
+  // Set: agents connect back to this machine over TCP (--advertise-addr) instead of speaking
+  // over their SSH channel.
+  std::optional<net::AdvertiseAddr> connect_back;
 };
 
 class Dialer final : public net::Dialer {
  public:
-  // Throws std::runtime_error when our own agent binary cannot be read.
+  // Throws std::runtime_error when our own agent binary cannot be read, or the connect-back
+  // port cannot be listened on.
   Dialer(boost::asio::io_context& io, DialerOptions options);
   ~Dialer() override;  // ends every pump and joins the threads
 
@@ -58,6 +68,7 @@ class Dialer final : public net::Dialer {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
+  std::unique_ptr<net::CallbackListener> listener_;  // with connect_back
 };
 
 // The hex SHA-256 of a file; throws std::runtime_error.

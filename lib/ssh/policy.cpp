@@ -162,10 +162,12 @@ AgentChoice choose_agent(const Probe& probe, const std::string& our_version, con
   return {K::upload, "~/" + cached_agent(our_sha256), fmt::format("{}; uploading ours", why_not_path)};
 }
 
-std::string agent_command(const std::string& program, const std::string& node_name, bool verbose) {
+std::string agent_command(const std::string& program, const std::string& node_name, bool verbose,
+                          const std::string& connect_back) {
   // "~/..." must stay outside quotes for the shell to expand it.
   const auto prog = program.starts_with("~/") ? "~/" + shell_quote(program.substr(2)) : shell_quote(program);
-  return fmt::format("exec {} --oneshot --stdio --name {}{}", prog, shell_quote(node_name), verbose ? " -v" : "");
+  return fmt::format("exec {} --oneshot --stdio --name {}{}{}", prog, shell_quote(node_name),
+                     connect_back.empty() ? "" : " --connect " + shell_quote(connect_back), verbose ? " -v" : "");
 }
 
 RelayedLine relay_line(std::string_view line) {

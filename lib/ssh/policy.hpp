@@ -92,7 +92,8 @@ AgentChoice choose_agent(const Probe& probe, const std::string& our_version, con
                          const std::string& our_sha256);
 
 // The remote command line of the one-shot agent (its secret travels on stdin, never here).
-std::string agent_command(const std::string& program, const std::string& node_name, bool verbose);
+std::string agent_command(const std::string& program, const std::string& node_name, bool verbose,
+                          const std::string& connect_back = "");
 
 // A line of the remote agent's stderr as our log shows it: at the agent's own level when it is
 // one of our log lines ("ddpctl warning [agent] ..."), else (a crash, the shell) at warning.

@@ -420,3 +420,49 @@ def test_launcher_link_down_stops_every_node_by_heartbeat(cluster):
             break
         time.sleep(0.2)
     assert not any(left.values()), left
+
+
+def launch_ssh_debug(c, job_file, *args, hosts):
+    """launch_ssh with ddpctl's debug log (where it says how each agent reached it)."""
+    argv = ["env", "DDP_LOG_LEVEL=debug", os.path.join(c.bin, "ddpctl"), "launch", "--ssh", "--nodes",
+            ",".join(h.name for h in hosts), *args, job_file]
+    return c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
+
+
+def test_advertise_addr_makes_the_agents_connect_back_over_tcp(cluster):
+    c = cluster
+    hosts = c.hosts[:2]
+    for h in hosts:
+        c.start_sshd(h)
+    c.trust(hosts)
+    worker = c.write("worker.py", WORKER)
+    # Given: this address and port. Found: the launcher's address on its route to each node, any port.
+    for advertise, port in ((f"{c.ctl.addr}:29555", "29555"), ("auto", None)):
+        rc, out, err = finish(launch_ssh_debug(c, job(c, "back", [PY, worker, "store"], nproc=2), "--advertise-addr",
+                                               advertise, hosts=hosts), timeout=120)
+        assert rc == 0, out + err
+        assert sorted(contracts(out)) == [0, 1, 2, 3] and out.count("STORE ok") == 4, out + err
+        for h in hosts:
+            assert f"{h.name}: its agent connected back from {h.addr}" in err, err
+            started = re.search(rf"--oneshot --stdio --name {h.name} --connect {re.escape(c.ctl.addr)}:(\d+)", err)
+            assert started, err
+            if port:
+                assert started.group(1) == port
+        assert wait_nothing_left(c, hosts) == {}
+
+
+def test_advertise_addr_behind_nat_fails_naming_the_node_and_leaves_nothing(cluster):
+    c = cluster
+    hosts = c.hosts[:2]
+    for h in hosts:
+        c.start_sshd(h)
+    c.trust(hosts)
+    dropped = behind_nat(c)
+    worker = c.write("worker.py", WORKER)
+    started = time.time()
+    rc, out, err = finish(c.launch_ssh(job(c, "nat", [PY, worker]), "--advertise-addr", "auto", hosts=hosts), timeout=90)
+    assert rc == 2, out + err
+    assert re.search(r"n[12] \(ssh\): .*connect(ing)? back to 10\.213\.\d+\.10:\d+", err), err
+    assert time.time() - started < 60
+    assert dropped() > 0
+    assert wait_nothing_left(c, hosts) == {}

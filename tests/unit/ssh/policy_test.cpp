@@ -95,6 +95,9 @@ TEST(Commands, ShellQuoting) {
 }
 
 TEST(Commands, AgentCommandCarriesNoSecret) {
+  // Connect-back names where to dial; the tag and the secret go on stdin, never here.
+  EXPECT_EQ(agent_command("ddp-agentd", "n1", false, "10.0.0.1:40001"),
+            "exec ddp-agentd --oneshot --stdio --name n1 --connect 10.0.0.1:40001");
   EXPECT_EQ(agent_command("ddp-agentd", "n1", false), "exec ddp-agentd --oneshot --stdio --name n1");
   EXPECT_EQ(agent_command("~/.cache/ddpctl/ab/ddp-agentd", "node 2", true),
             "exec ~/.cache/ddpctl/ab/ddp-agentd --oneshot --stdio --name 'node 2' -v");
