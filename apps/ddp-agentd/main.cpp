@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
                "SLURM mode reads it through srun)");
   std::string connect;
   app.add_option("--connect", connect,
-                 "with --stdio: run the protocol over a TCP connection to the launcher at HOST:PORT (its --advertise-addr); "
+                 "with --stdio: run the protocol over a TCP connection to the launcher at HOST:PORT (the address it advertised); "
                  "stdin's second line is the tag that names this node to it");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
   bool generate_man = false;  // for the build: the man page from this definition

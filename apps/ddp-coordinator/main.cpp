@@ -11,8 +11,8 @@
 #include <iostream>
 
 int main(int argc, char** argv) {
-  CLI::App app{"ddp-coordinator: a standing ddpctl coordinator; `ddpctl launch --coordinator HOST:PORT --nodes ...` "
-               "submits jobs to it, and they keep running when that ddpctl goes away"};
+  CLI::App app{"ddp-coordinator: a standing ddpctl coordinator; ddpctl launch submits jobs to it, and they keep "
+               "running on the agents when that ddpctl goes away"};
   app.set_version_flag("--version", ddp::coordinator::kStandingVersion);
   ddp::coordinator::StandingOptions opts;
   std::string listen = fmt::format("[::]:{}", ddp::coordinator::kStandingPort);

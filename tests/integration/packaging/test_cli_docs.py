@@ -36,6 +36,7 @@ def long_flags(help_text):
     ([DDPCTL, "render", "k8s", "--help"], "ddpctl.1.gz"),
     ([DDPCTL, "doctor", "--help"], "ddpctl.1.gz"),
     ([AGENTD, "--help"], "ddp-agentd.8.gz"),
+    ([str(BINARY_DIR / "bin" / "ddp-coordinator"), "--help"], "ddp-coordinator.8.gz"),
 ])
 def test_every_flag_in_help_is_in_the_man_page(argv, page):
     help_text = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
