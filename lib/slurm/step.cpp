@@ -109,9 +109,11 @@ std::string StepDialer::node_of(int task) const {
 void StepDialer::read_stdout() {
   asio::async_read_until(out_, out_buf_, '\n', [this](boost::system::error_code ec, std::size_t n) {
     if (ec == asio::error::operation_aborted) return;
-    if (ec) return on_srun_gone();
-    std::string line(asio::buffers_begin(out_buf_.data()), asio::buffers_begin(out_buf_.data()) + n - 1);
-    out_buf_.consume(n);
+    if (ec && ec != asio::error::not_found) return on_srun_gone();
+    // not_found: the buffer is full without a newline; take what it holds as one piece.
+    const std::size_t len = ec ? out_buf_.size() : n - 1;
+    std::string line(asio::buffers_begin(out_buf_.data()), asio::buffers_begin(out_buf_.data()) + len);
+    out_buf_.consume(ec ? len : n);
     if (auto a = parse_announce(line); a && static_cast<std::size_t>(a->task) < ports_.size()) {
       if (!ports_[a->task]) {
         logger()->debug("{}: agent listening on port {}", node_of(a->task), a->port);
@@ -128,9 +130,10 @@ void StepDialer::read_stdout() {
 
 void StepDialer::read_stderr() {
   asio::async_read_until(err_, err_buf_, '\n', [this](boost::system::error_code ec, std::size_t n) {
-    if (ec) return;
-    std::string line(asio::buffers_begin(err_buf_.data()), asio::buffers_begin(err_buf_.data()) + n - 1);
-    err_buf_.consume(n);
+    if (ec && ec != asio::error::not_found) return;
+    const std::size_t len = ec ? err_buf_.size() : n - 1;  // as in read_stdout
+    std::string line(asio::buffers_begin(err_buf_.data()), asio::buffers_begin(err_buf_.data()) + len);
+    err_buf_.consume(ec ? len : n);
     auto l = split_label(line);
     if (!l.task) {
       logger()->warn("srun| {}", line);  // srun's own message ("srun: error: ...")

@@ -64,7 +64,10 @@ class StepDialer final : public net::Dialer {
   pid_t pid_ = -1;
   std::optional<int> status_;  // srun's wait status once reaped
   boost::asio::posix::stream_descriptor out_, err_;
-  boost::asio::streambuf out_buf_, err_buf_;
+  // srun's output is read in lines of at most kMaxLine bytes; a longer one comes in pieces, so a
+  // step that prints without newlines cannot grow ddpctl's memory.
+  static constexpr std::size_t kMaxLine = 64 * 1024;
+  boost::asio::streambuf out_buf_{kMaxLine}, err_buf_{kMaxLine};
   std::map<std::string, int> task_of_;                     // node name -> task
   std::vector<std::optional<std::uint16_t>> ports_;        // by task: the announced port
   std::vector<std::function<void(net::Dialed)>> pending_;  // by task: a dial waiting for it
