@@ -168,7 +168,7 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
       if (::setgroups(u.groups.size(), u.groups.data()) != 0 || ::setgid(u.gid) != 0 || ::setuid(u.uid) != 0) fail('u');
       // A change of credentials clears the parent-death signal: set it again.
       if (spec.die_with_parent) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
         if (::getppid() != parent) ::_exit(127);
       }
     }
