@@ -74,8 +74,12 @@ void Connection::start(ConnectionHandlers handlers) {
   timer_.expires_after(handshake_timeout_);
   timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (ec || self->closing_ || self->closed_ || self->session_.established()) return;
-    // Before the protocol's handshake started (stuck in TLS's), the session has nothing to say.
-    if (!self->started_) return self->closed("no TLS handshake within the deadline");
+    // Before the protocol's handshake started the session has nothing to say: the peer sent
+    // nothing at all, or did not finish TLS's handshake.
+    if (!self->started_) {
+      return self->closed(self->tls_ ? "no TLS handshake within the deadline"
+                                     : "handshake timed out waiting for the peer's first bytes");
+    }
     self->apply(self->session_.on_handshake_timeout());
   });
   if (!tls_setup_ || !tls_setup_->context) return begin();
