@@ -145,6 +145,9 @@ def test_dry_run_with_nodes_plans_every_node_from_its_facts(tmp_path):
     assert plan["world_size"] == 24 and plan["nccl_ib_hca"] is None
     assert [n["node"] for n in plan["nodes"]] == ["node1", "node2", "node3"]
 
+    # Without --facts the plan asks the agents for their live facts (multinode/test_dry_run_nodes.py),
+    # which takes the token: none here, and the launch says where it looked.
     r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "a,b", str(job)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and "--dry-run with --nodes needs --facts" in r.stderr, r.stderr
+                       capture_output=True, text=True, timeout=30, env={k: v for k, v in os.environ.items()
+                                                                         if k not in ("DDP_TOKEN_FILE", "XDG_CONFIG_HOME")})
+    assert r.returncode == 2 and "no token file found" in r.stderr, r.stderr
