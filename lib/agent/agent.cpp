@@ -255,8 +255,10 @@ class Agent {
     net::JobPayload payload;
     int nproc = 0;
     contract::Env inherited;  // our environment + the launcher's forwarded variables
-    // The current round's assignment.
+    // The current round's assignment, and every node's address in node rank order (node rank 0
+    // and SSH launches get it: the store's allow-list, and how a stdio agent finds its own).
     std::optional<json> assign;
+    std::vector<std::string> node_addresses;
     std::uint32_t round = 0;
     // The job's shepherd process (from its first start to the job's end) runs each round's workers.
     std::unique_ptr<shepherd::Client> shepherd;
@@ -627,14 +629,8 @@ class Agent {
                                     job.group_round));
       return;
     }
-    net::JobPayload payload;
-    try {
-      payload = net::payload_from_json(b["spec"]);
-    } catch (const net::WireError& e) {
-      job.owner->refuse(proto::ErrorCode::bad_value, e.what());
-      return;
-    }
-    job.payload = std::move(payload);
+    // The spec came with the offer; the assignment adds the round's node list where we need it.
+    job.node_addresses = b.value("node_addresses", std::vector<std::string>{});
     job.assign = b;
     job.round = b["round"].get<std::uint32_t>();
     const auto node_rank = b["node_rank"].get<std::uint32_t>();
@@ -659,7 +655,7 @@ class Agent {
         store::ServerOptions so;
         so.host = host;
         so.port = port;
-        so.allowed_peers = job.payload.node_addresses;
+        so.allowed_peers = job.node_addresses;
         store_.emplace(io_, so);
         store_host_ = host;
         store_port_ = port;
@@ -667,7 +663,7 @@ class Agent {
         store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
         log_->info("job {}: store on {} for {}", job.job_id, store_->address(), join(so.allowed_peers, ", "));
       } else {
-        store_->set_allowed_peers(job.payload.node_addresses);
+        store_->set_allowed_peers(job.node_addresses);
         store_->reset();
       }
     } catch (const store::StoreError& e) {
@@ -960,7 +956,7 @@ class Agent {
     // Connected back to the launcher, our socket's address faces the launcher, not the job's peers.
     auto local = opts_.stdio ? std::nullopt : job_->owner->local_endpoint();
     if (local) return plain_address(local->address());
-    const auto& addrs = job_->payload.node_addresses;
+    const auto& addrs = job_->node_addresses;
     const auto rank = job_->assign ? (*job_->assign)["node_rank"].get<std::uint32_t>() : 0;
     return rank < addrs.size() ? addrs[rank] : std::string();
   }

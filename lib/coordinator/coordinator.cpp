@@ -509,12 +509,11 @@ class Coordinator {
     cur_.log_dir = attempt_dir_;
     attempt_open_ = true;
 
-    // The spec once for every node; only node rank 0 (the store's host) gets the job's node
-    // addresses, its allow-list: in every assign they made the round's traffic O(N^2).
-    const json& spec = offer_spec_;
-    auto payload = payload_;
-    for (const auto& na : a.nodes) payload.node_addresses.push_back(nodes_.at(na.node)->address);
-    const json spec_rank0 = net::to_json(payload);
+    // The spec came with each node's job_offer; an assignment carries only the round. Node rank
+    // 0 (the store's host) also gets the job's node addresses, its allow-list: in every assign
+    // they made the round's traffic O(N^2).
+    json node_addresses = json::array();
+    for (const auto& na : a.nodes) node_addresses.push_back(nodes_.at(na.node)->address);
     const auto& master = nodes_.at(a.nodes.at(0).node)->address;
     std::vector<std::vector<std::string>> hcas;
     for (const auto& na : a.nodes) hcas.push_back(nodes_.at(na.node)->ib_hcas);
@@ -535,10 +534,10 @@ class Coordinator {
             {"local_world_size", na.local_world_size},
             {"world_size", a.world_size},
             {"master_addr", master},
-            {"master_port", opts_.spec.store_port},
-            // Over SSH every agent learns its own address from the list (it has no socket
-            // address of its own): the list goes to all, as SSH launches are small.
-            {"spec", na.node_rank.value == 0 || dialer_ ? spec_rank0 : spec}};
+            {"master_port", opts_.spec.store_port}};
+      // Over SSH every agent learns its own address from the list (it has no socket address
+      // of its own): the list goes to all, as SSH launches are small.
+      if (na.node_rank.value == 0 || dialer_) assign["node_addresses"] = node_addresses;
       if (ib_hca) assign["nccl_ib_hca"] = *ib_hca;
       // Node rank 0 first: its `ready` brings the store's port and the attempt's NCCL id, which
       // the others' assignments carry.

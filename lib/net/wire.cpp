@@ -89,7 +89,6 @@ json to_json(const JobPayload& p) {
                       {"env", cenv}};
     if (c.workdir) j["container"]["workdir"] = *c.workdir;
   }
-  if (!p.node_addresses.empty()) j["node_addresses"] = p.node_addresses;
   return j;
 }
 
@@ -169,7 +168,6 @@ JobPayload payload_from_json(const json& j) {
     s.container = std::move(c);
   }
   p.forward_env = get<std::map<std::string, std::string>>(j, "forward_env");
-  if (j.contains("node_addresses")) p.node_addresses = get<std::vector<std::string>>(j, "node_addresses");
   return p;
 }
 

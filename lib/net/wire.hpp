@@ -18,9 +18,6 @@ namespace ddp::net {
 struct JobPayload {
   jobspec::JobSpec spec;
   std::map<std::string, std::string> forward_env;  // the launcher's values for spec.env_forward
-  // In assign only: every member node's address as the coordinator reached it (the store's
-  // allow-list on node rank 0).
-  std::vector<std::string> node_addresses;
 };
 
 class WireError : public std::runtime_error {

@@ -14,7 +14,7 @@ def frame(body):
 
 
 def msg(t, **f):
-    return json.dumps({"type": t, "v": 2, **f}, separators=(",", ":")).encode()
+    return json.dumps({"type": t, "v": 3, **f}, separators=(",", ":")).encode()
 
 
 spec = {"file": "j.yaml", "name": "j", "nnodes_min": 1, "nnodes_max": 1, "nproc": {"kind": "count", "count": 2},
@@ -23,9 +23,9 @@ spec = {"file": "j.yaml", "name": "j", "nnodes_min": 1, "nnodes_max": 1, "nproc"
         "nccl_unique_id": "auto", "stop_grace_ms": 1000, "forward_env": {"PATH": "/usr/bin"},
         "binding": {"gpu": "auto", "numa": "auto", "nic": "auto"}}
 seeds = {
-    "raw-hello": (0, frame(msg("hello", versions=[2], key_id="default", nonce="00" * 32, role="coordinator",
+    "raw-hello": (0, frame(msg("hello", versions=[3], key_id="default", nonce="00" * 32, role="coordinator",
                                 user="u", name="c"))),
-    "raw-hello-split": (2 * 3, frame(msg("hello", versions=[1, 2, 3], key_id="ops", nonce="ab" * 32, role="agent",
+    "raw-hello-split": (2 * 3, frame(msg("hello", versions=[2, 3, 4], key_id="ops", nonce="ab" * 32, role="agent",
                                          user="u"))),
     "raw-auth-first": (0, frame(msg("auth", proof="00" * 32))),
     "raw-oversize": (0, struct.pack(">I", 0x7FFFFFFF) + b"{"),
@@ -35,13 +35,13 @@ seeds = {
         msg("job_offer", t0_us=1, job_id="j", user="u", node="n1", spec=spec),
         msg("assign", job_id="j", run_id="j", user="u", round=1, restart_count=0, max_restarts=0, node_rank=0,
             nnodes=1, rank_base=0, local_world_size=2, world_size=2, master_addr="10.0.0.1", master_port=29500,
-            spec=spec, nccl_ib_hca="=mlx5_0:1"),
+            node_addresses=["10.0.0.1"], nccl_ib_hca="=mlx5_0:1"),
         msg("start", job_id="j", round=1),
         msg("stop", job_id="j", round=1, reason="r", grace_ms=100),
         msg("heartbeat", now_us=5)])),
     "session-bad-types": (3 * 2 + 1, b"\n".join([
         msg("assign", job_id=1), msg("join", t0_us=1, rx_us=2, tx_us=3, job_id="j", node="n", nproc=-1), msg("nope"),
-        b'{"type":"stop","v":2,"job_id":"j","round":1,"reason":"' + b"x" * 5000 + b'","grace_ms":1}',
+        b'{"type":"stop","v":3,"job_id":"j","round":1,"reason":"' + b"x" * 5000 + b'","grace_ms":1}',
         b"[1,2,3]", b'{"type":"heartbeat","v":99}'])),
 }
 os.makedirs(OUT, exist_ok=True)

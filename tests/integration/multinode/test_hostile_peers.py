@@ -24,7 +24,7 @@ PY = "/usr/bin/python3"
 HOSTILE = r'''
 import json, socket, struct, sys, time
 host, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
-hello = json.dumps({"type": "hello", "v": 2, "versions": [2], "key_id": "default", "nonce": "00" * 32,
+hello = json.dumps({"type": "hello", "v": 3, "versions": [3], "key_id": "default", "nonce": "00" * 32,
                     "role": "coordinator", "user": "mallory"}).encode()
 attacks = {
     "garbage": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 8,

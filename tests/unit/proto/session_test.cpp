@@ -100,11 +100,11 @@ TEST(Session, HandshakeEstablishesBothSides) {
   EXPECT_EQ(p.s.established->role, Role::agent);
   EXPECT_EQ(p.s.established->key_id, "default");
   EXPECT_EQ(p.s.established->name, "n1");
-  EXPECT_EQ(p.s.established->version, 2u);
+  EXPECT_EQ(p.s.established->version, 3u);
   ASSERT_TRUE(p.c.established);
   EXPECT_EQ(p.c.established->role, Role::coordinator);
   EXPECT_EQ(p.c.established->name, "coord");
-  EXPECT_EQ(p.client.version(), 2u);
+  EXPECT_EQ(p.client.version(), 3u);
 }
 
 TEST(Session, TheSecretNeverCrossesTheWire) {
@@ -235,19 +235,19 @@ TEST(Session, VersionMismatchGivesAHint) {
   {
     Pair p;
     auto cfg = client_config();
-    cfg.versions = {3, 4};
+    cfg.versions = {4, 5};
     p.client = Session::client(cfg);
     p.connect();
     ASSERT_TRUE(p.s.dropped);
     EXPECT_EQ(*p.s.dropped,
-              "version: no common protocol version: the client speaks 3, 4, 'coord' speaks 2 (upgrade ddpctl on "
+              "version: no common protocol version: the client speaks 4, 5, 'coord' speaks 3 (upgrade ddpctl on "
               "'coord' (it is older than the client))");
     EXPECT_NE(p.c.dropped->find("peer refused: version"), std::string::npos);
   }
   {
     Pair p;
     auto scfg = server_config();
-    scfg.versions = {3};
+    scfg.versions = {4};
     p.server = Session::server(scfg);
     p.connect();
     EXPECT_NE(p.s.dropped->find("upgrade the client's ddpctl"), std::string::npos);
@@ -257,17 +257,17 @@ TEST(Session, VersionMismatchGivesAHint) {
 TEST(Session, HighestCommonVersionIsChosen) {
   Pair p;
   auto cfg = client_config();
-  cfg.versions = {2, 3, 4};
+  cfg.versions = {3, 4, 5};
   auto scfg = server_config();
-  scfg.versions = {2, 3};
-  // Version 3 is not in the schema's range, but negotiation itself is pure arithmetic.
+  scfg.versions = {3, 4};
+  // Version 4 is not in the schema's range, but negotiation itself is pure arithmetic.
   p.client = Session::client(cfg);
   p.server = Session::server(scfg);
   auto hello = absorb(p.client.start()).sent;
   auto ack = absorb(p.server.on_bytes(hello));
   ASSERT_FALSE(ack.dropped);
-  EXPECT_EQ(p.server.version(), 3u);
-  EXPECT_EQ(json::parse(body_of(ack.sent))["version"], 3);
+  EXPECT_EQ(p.server.version(), 4u);
+  EXPECT_EQ(json::parse(body_of(ack.sent))["version"], 4);
 }
 
 TEST(Session, ClientRefusesAVersionItDidNotOffer) {
@@ -276,7 +276,7 @@ TEST(Session, ClientRefusesAVersionItDidNotOffer) {
   auto ack = make_message("hello_ack", 7, {{"version", 7}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
   auto o = absorb(client.on_bytes(encode_frame(dump(ack))));
   ASSERT_TRUE(o.dropped);
-  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (2)"), std::string::npos);
+  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (3)"), std::string::npos);
   auto sent = json::parse(body_of(o.sent));
   EXPECT_EQ(sent["type"], "error");
   EXPECT_EQ(sent["code"], "version");
@@ -285,10 +285,10 @@ TEST(Session, ClientRefusesAVersionItDidNotOffer) {
 TEST(Session, ClientRefusesAFramedVersionDifferentFromTheChosenOne) {
   Session client = Session::client(client_config());
   absorb(client.start());
-  auto ack = make_message("hello_ack", 3, {{"version", 2}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
+  auto ack = make_message("hello_ack", 4, {{"version", 3}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
   auto o = absorb(client.on_bytes(encode_frame(dump(ack))));
   ASSERT_TRUE(o.dropped);
-  EXPECT_NE(o.dropped->find("framed as version 3"), std::string::npos);
+  EXPECT_NE(o.dropped->find("framed as version 4"), std::string::npos);
 }
 
 TEST(Session, RoleNotAccepted) {
@@ -440,8 +440,8 @@ TEST(SessionFrames, InvalidAuthenticatedMessageGetsAnErrorThenDrop) {
            {R"({"type":"join","v":1,"job_id":"j","node":"n1","nproc":"8"})",
             "wrong_type: 'join.nproc' must be an unsigned integer, got a string"},
            {R"({"type":"assign","v":1})", "wrong_sender"},
-           {R"({"type":"heartbeat","v":1})", "version: 'heartbeat' is framed as version 1, negotiated 2"},
-           {R"({"type":"hello","v":2,"versions":[2],"key_id":"k","nonce":")" + std::string(64, 'a') +
+           {R"({"type":"heartbeat","v":1})", "version: 'heartbeat' is framed as version 1, negotiated 3"},
+           {R"({"type":"hello","v":3,"versions":[3],"key_id":"k","nonce":")" + std::string(64, 'a') +
                 R"(","role":"agent","user":"u"})",
             "unexpected: 'hello' after the handshake finished"},
            {R"(not json)", "bad_json"},
