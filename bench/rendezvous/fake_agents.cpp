@@ -32,6 +32,13 @@ using nlohmann::json;
 
 namespace {
 
+// This process's CPU time (user + system) so far, in microseconds.
+std::int64_t cpu_us() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000LL + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
+}
+
 std::int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -44,12 +51,18 @@ struct Bench {
   std::int64_t first_accept_us = 0, last_assign_us = 0;
   // When each step was last reached by any agent: where the time goes.
   std::int64_t last_accept_us = 0, last_established_us = 0, last_offer_us = 0;
+  // This process's CPU time at the first accept and at the last assignment: how busy the agents'
+  // side was during the rendezvous (the rest of the two cores is the coordinator's).
+  std::int64_t cpu_first_accept_us = 0, cpu_last_assign_us = 0;
   int assigned = 0, finished = 0, closed = 0;
 
   void accept(int i) {
     acceptors[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket s) {
       if (ec) return;
-      if (!first_accept_us) first_accept_us = now_us();
+      if (!first_accept_us) {
+        first_accept_us = now_us();
+        cpu_first_accept_us = cpu_us();
+      }
       last_accept_us = now_us();
       serve(i, std::move(s));
       // One coordinator per agent: the acceptor closes, as a busy agent would refuse a second.
@@ -84,6 +97,7 @@ struct Bench {
                        {"node", fmt::format("fake{}", i)}, {"nproc", 1}});
     } else if (m.type == "assign") {
       last_assign_us = now_us();
+      cpu_last_assign_us = cpu_us();
       ++assigned;
       // Node rank 0 says its store is up (the coordinator assigns the others after that).
       if (b["node_rank"] == 0) send(c, "ready", {{"job_id", b["job_id"]}, {"round", b["round"]}, {"master_port", 29500}});
@@ -139,6 +153,7 @@ int main(int argc, char** argv) {
                              {"last_accept_us", bench.last_accept_us},
                              {"last_established_us", bench.last_established_us},
                              {"last_offer_us", bench.last_offer_us},
+                             {"agents_cpu_us", bench.cpu_last_assign_us - bench.cpu_first_accept_us},
                              {"assigned", bench.assigned},
                              {"finished", bench.finished}}
                             .dump()

@@ -271,7 +271,7 @@ class Coordinator {
       return fatal(fmt::format("{}: {}", label(n), reason));
     }
     if (reason.find("auth:") != std::string::npos && first_gathering) {
-      return fatal(fmt::format("{} refused us: {}. The token file ({}) must hold the same secret as the agent's "
+      return fatal(fmt::format("{}: authentication failed: {}. The token file ({}) must hold the same secret as the agent's "
                                "(/etc/ddpctl/token or its --token-file)",
                                label(n), reason, opts_.keys.first()->id == "default" ? "--token-file" : "key " + opts_.keys.first()->id));
     }

@@ -134,7 +134,16 @@ void Connection::read() {
       self->closed(why);
       return;
     }
-    self->apply(self->session_.on_bytes(std::string_view(self->buf_.data(), n)));
+    {
+      // Uncorked however the handling ends (a handler may throw to the io_context's caller).
+      struct Cork {
+        Connection& c;
+        explicit Cork(Connection& conn) : c(conn) { c.corked_ = true; }
+        ~Cork() { c.corked_ = false; }
+      } cork(*self);
+      self->apply(self->session_.on_bytes(std::string_view(self->buf_.data(), n)));
+    }
+    if (!self->closed_ && !self->writing_ && !self->out_.empty()) self->write();
     if (!self->closed_ && !self->closing_) self->read();
   };
   if (tls_) {
@@ -191,6 +200,12 @@ void Connection::refuse(proto::ErrorCode code, const std::string& message, const
 
 void Connection::close(const std::string& reason) {
   if (closed_) return;
+  // What a handler queued before closing goes out as it would have uncorked (the first write
+  // on an idle socket is attempted at once), then the connection closes as before.
+  if (corked_ && !writing_ && !out_.empty()) {
+    corked_ = false;
+    write();
+  }
   closed(reason);
 }
 
@@ -200,8 +215,8 @@ void Connection::queue(std::string frame) {
   out_.push_back(std::move(frame));
   // At once when the socket is idle: a peer on another core starts on it while we build the
   // next (4096 assignments in one handler pipeline this way). Frames queued behind a write in
-  // flight leave together in the next one.
-  if (!writing_) write();
+  // flight, or while this connection's own bytes are handled (corked_), leave together.
+  if (!writing_ && !corked_) write();
 }
 
 void Connection::write() {

@@ -114,6 +114,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<boost::asio::const_buffer> gather_;
   std::size_t queued_bytes_ = 0;
   bool writing_ = false;
+  // While this connection's bytes are being handled: frames wait, and whatever the handling
+  // sends this peer (auth and the first session frame, a reply) leaves in one write after it.
+  bool corked_ = false;
   bool closing_ = false;  // a drop: flush the queue, then close
   bool closed_ = false;
   bool was_established_ = false;

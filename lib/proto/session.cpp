@@ -255,7 +255,10 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   put_lp(t, ack_body_);
   transcript_ = sha256(t);
   state_ = State::await_auth;
-  return {Send{plain(ack)}};
+  // The server proves first, in the same write as its hello_ack: the client checks it before
+  // it sends its own proof and its first session frame together (session.hpp).
+  auto mine = proof("ddpctl server proof");
+  return {Send{plain(ack)}, Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
 }
 
 Effects Session::handle_hello_ack(const Message& m, std::string_view body) {
@@ -287,8 +290,7 @@ Effects Session::handle_hello_ack(const Message& m, std::string_view body) {
   put_lp(t, ack_body_);
   transcript_ = sha256(t);
   state_ = State::await_auth_ok;
-  auto p = proof("ddpctl client proof");
-  return {Send{plain(make_message("auth", version_, {{"proof", to_hex(as_bytes(p))}}))}};
+  return {};
 }
 
 Digest Session::proof(std::string_view label) const {
@@ -327,11 +329,8 @@ Effects Session::handle_auth(const Message& m) {
                 "authentication failed for key id '" + key_.id + "': the proof does not match",
                 "the client's secret for this key differs from the server's token file (or the handshake was replayed)");
   }
-  auto mine = proof("ddpctl server proof");
-  Effects out{Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
   establish();
-  out.push_back(Established{peer_});
-  return out;
+  return {Established{peer_}};
 }
 
 Effects Session::handle_auth_ok(const Message& m) {
@@ -346,8 +345,12 @@ Effects Session::handle_auth_ok(const Message& m) {
                 "the server failed to prove it holds key '" + key_.id + "'",
                 "its token file has a different secret for this key, or it is not the server you meant to reach");
   }
+  // Our proof, then established: what the application sends next leaves in the same write.
+  auto mine = proof("ddpctl client proof");
+  Effects out{Send{plain(make_message("auth", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
   establish();
-  return {Established{peer_}};
+  out.push_back(Established{peer_});
+  return out;
 }
 
 Effects Session::on_session_frame(std::string_view body) {

@@ -133,10 +133,8 @@ TEST(Session, WholeConversationSplitAtEveryByteBoundary) {
   // Record a full client->server byte stream, then replay it into fresh servers split anywhere.
   Pair p;
   auto hello = absorb(p.client.start()).sent;
-  auto ack = absorb(p.server.on_bytes(hello)).sent;
-  auto auth = absorb(p.client.on_bytes(ack)).sent;
-  auto ok = absorb(p.server.on_bytes(auth)).sent;
-  absorb(p.client.on_bytes(ok));
+  auto ack_and_proof = absorb(p.server.on_bytes(hello)).sent;
+  auto auth = absorb(p.client.on_bytes(ack_and_proof)).sent;
   ASSERT_TRUE(p.client.established());
   std::string stream = hello + auth;
   stream += p.client.seal(p.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 2}}));
@@ -165,7 +163,14 @@ TEST(Session, WholeConversationSplitAtEveryByteBoundary) {
   EXPECT_EQ(delivered, 2u);
 }
 
-TEST(Session, WrongSecretIsRefusedAndNothingIsDelivered) {
+// The first frame of a byte string (the rest: what follows it in the same write).
+std::string first_frame(const std::string& bytes) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = (std::size_t{p[0]} << 24) | (std::size_t{p[1]} << 16) | (std::size_t{p[2]} << 8) | p[3];
+  return bytes.substr(0, kFrameHeaderBytes + n);
+}
+
+TEST(Session, ClientWithTheWrongSecretStopsBeforeItProvesAnything) {
   Pair p;
   auto cfg = client_config();
   cfg.key.secret = kOtherSecret;
@@ -173,40 +178,54 @@ TEST(Session, WrongSecretIsRefusedAndNothingIsDelivered) {
   p.connect();
   EXPECT_FALSE(p.server.established());
   EXPECT_FALSE(p.client.established());
-  ASSERT_TRUE(p.s.dropped);
-  EXPECT_EQ(*p.s.dropped,
-            "auth: authentication failed for key id 'default': the proof does not match (the client's secret for this "
-            "key differs from the server's token file (or the handshake was replayed))");
   ASSERT_TRUE(p.c.dropped);
-  EXPECT_NE(p.c.dropped->find("peer refused: auth: authentication failed"), std::string::npos);
+  EXPECT_EQ(*p.c.dropped,
+            "auth: the server failed to prove it holds key 'default' (its token file has a different secret for this "
+            "key, or it is not the server you meant to reach)");
+  ASSERT_TRUE(p.s.dropped);
+  EXPECT_NE(p.s.dropped->find("peer refused: auth: the server failed to prove"), std::string::npos);
+  // The client checked the server's proof first: its own never went out.
+  EXPECT_EQ(p.wire.find(R"("type":"auth")"), std::string::npos);
   EXPECT_EQ(p.server.state(), Session::State::dropped);
 }
 
-TEST(Session, ServerWithTheWrongSecretFailsTheClientCheck) {
+TEST(Session, ServerWithTheWrongSecretIsCaughtByTheClient) {
   Pair p;
   auto cfg = server_config();
   cfg.keys = Keyring({Key{"default", kOtherSecret}});
   p.server = Session::server(cfg);
-  // The server would refuse the client's proof first; to test the client's own check, let the
-  // impostor server skip verification by answering with a proof computed under its secret.
-  auto hello = absorb(p.client.start()).sent;
-  auto ack = absorb(p.server.on_bytes(hello)).sent;
-  absorb(p.client.on_bytes(ack));
-  // An impostor that knows its own (wrong) secret: mirror the handshake with a client of the
-  // same secret to produce a well-formed but wrong auth_ok.
-  auto impostor_client_cfg = client_config();
-  impostor_client_cfg.key.secret = kOtherSecret;
-  Session ic = Session::client(impostor_client_cfg);
-  Session is = Session::server(cfg);
-  auto h2 = absorb(ic.start()).sent;
-  auto a2 = absorb(is.on_bytes(h2)).sent;
-  auto au2 = absorb(ic.on_bytes(a2)).sent;
-  auto ok2 = absorb(is.on_bytes(au2)).sent;
-  ASSERT_TRUE(is.established());
-  auto o = absorb(p.client.on_bytes(ok2));
-  ASSERT_TRUE(o.dropped);
-  EXPECT_NE(o.dropped->find("the server failed to prove it holds key 'default'"), std::string::npos);
+  p.connect();
+  ASSERT_TRUE(p.c.dropped);
+  EXPECT_NE(p.c.dropped->find("the server failed to prove it holds key 'default'"), std::string::npos);
   EXPECT_FALSE(p.client.established());
+  EXPECT_FALSE(p.server.established());
+  EXPECT_EQ(p.wire.find(R"("type":"auth")"), std::string::npos);
+}
+
+TEST(Session, AProofUnderTheWrongSecretIsRefusedAndWhatFollowsItIsNotRead) {
+  // A client that ignores the server's proof and answers with one under another secret: a
+  // mirror pair with the same nonces and names (so the same transcript) but that secret makes
+  // a well-formed auth and a session frame behind it, sealed under its session key.
+  auto wrong_c = client_config();
+  wrong_c.key.secret = kOtherSecret;
+  auto wrong_s = server_config();
+  wrong_s.keys = Keyring({Key{"default", kOtherSecret}});
+  Session mc = Session::client(wrong_c);
+  Session ms = Session::server(wrong_s);
+  auto mirrored = absorb(mc.on_bytes(absorb(ms.on_bytes(absorb(mc.start()).sent)).sent));
+  ASSERT_TRUE(mc.established());
+  const std::string forged = mirrored.sent + mc.seal(mc.message("heartbeat"));
+
+  Session server = Session::server(server_config());
+  absorb(server.on_bytes(absorb(Session::client(client_config()).start()).sent));
+  auto o = absorb(server.on_bytes(forged));
+  ASSERT_TRUE(o.dropped);
+  EXPECT_EQ(*o.dropped,
+            "auth: authentication failed for key id 'default': the proof does not match (the client's secret for this "
+            "key differs from the server's token file (or the handshake was replayed))");
+  EXPECT_TRUE(o.delivered.empty());
+  EXPECT_FALSE(o.established);
+  EXPECT_EQ(json::parse(body_of(o.sent))["type"], "error");
 }
 
 TEST(Session, UnknownKeyId) {
@@ -334,17 +353,16 @@ TEST(Session, ReplayedClientHandshakeFailsAgainstAFreshServerNonce) {
 TEST(Session, ReplayedServerHandshakeFailsAgainstAFreshClientNonce) {
   Pair p;
   auto hello = absorb(p.client.start()).sent;
-  auto ack = absorb(p.server.on_bytes(hello)).sent;
-  auto auth = absorb(p.client.on_bytes(ack)).sent;
-  auto ok = absorb(p.server.on_bytes(auth)).sent;
+  auto ack_and_proof = absorb(p.server.on_bytes(hello)).sent;
+  absorb(p.client.on_bytes(ack_and_proof));
+  ASSERT_TRUE(p.client.established());
   // A fake server replays the recorded hello_ack and auth_ok to a new client.
   Session victim = Session::client(client_config(/*seed=*/7));
   absorb(victim.start());
-  auto o1 = absorb(victim.on_bytes(ack));
-  ASSERT_FALSE(o1.dropped);
-  auto o2 = absorb(victim.on_bytes(ok));
-  ASSERT_TRUE(o2.dropped);
-  EXPECT_NE(o2.dropped->find("failed to prove"), std::string::npos);
+  auto o = absorb(victim.on_bytes(ack_and_proof));
+  ASSERT_TRUE(o.dropped);
+  EXPECT_NE(o.dropped->find("failed to prove"), std::string::npos);
+  EXPECT_EQ(o.sent.find(R"("type":"auth")"), std::string::npos);
 }
 
 namespace {
@@ -549,7 +567,7 @@ TEST(SessionHandshake, TimeoutsSayWhatTheyWaitedFor) {
   EXPECT_EQ(*absorb(q.server.on_handshake_timeout()).dropped,
             "handshake timed out waiting for the client's proof (auth)");
   Pair r;
-  absorb(r.client.on_bytes(absorb(r.server.on_bytes(absorb(r.client.start()).sent)).sent));
+  absorb(r.client.on_bytes(first_frame(absorb(r.server.on_bytes(absorb(r.client.start()).sent)).sent)));
   EXPECT_EQ(*absorb(r.client.on_handshake_timeout()).dropped,
             "handshake timed out waiting for the server's proof (auth_ok)");
   auto e = established_pair();
