@@ -68,7 +68,7 @@ class Coordinator {
   int run() {
     payload_.spec = opts_.spec;
     payload_.forward_env = net::forwarded_env(opts_.launcher_env, opts_.spec.env_forward);
-    offer_spec_ = net::to_json(payload_);
+    offer_spec_ = proto::dump(net::to_json(payload_));
     if (opts_.make_dialer) dialer_ = opts_.make_dialer(io_);
     for (auto& e : entries_) {
       auto n = std::make_unique<Node>(io_);
@@ -98,7 +98,7 @@ class Coordinator {
       opts_.events.started([this](const std::string& who) { asio::post(io_, [this, who] { stop_job(SIGTERM, who); }); });
     }
     heartbeat();
-    for (auto& [name, n] : nodes_) dial(*n);
+    dial_from(nodes_.begin());
     arm_tick();
     io_.run();
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
@@ -207,6 +207,15 @@ class Coordinator {
     });
   }
 
+  // Every node, a batch at a time: between batches the loop gets to the handshakes of the
+  // nodes already reached, so agents start on them while the rest are dialled (at 4096 nodes,
+  // dialling all first left the agents idle for the first fifth of the rendezvous).
+  void dial_from(std::map<std::string, std::unique_ptr<Node>>::iterator it) {
+    constexpr int kBatch = 32;
+    for (int i = 0; i < kBatch && it != nodes_.end() && !done_; ++i, ++it) dial(*it->second);
+    if (it != nodes_.end() && !done_) asio::post(io_, [this, it] { dial_from(it); });
+  }
+
   void schedule_redial(Node& n) {
     if (done_) return;
     auto delay = kRedialMin * (1 << std::min(n.dial_failures, 4));
@@ -250,9 +259,11 @@ class Coordinator {
                      n.dial_failures = 0;
                      // The offer is also the first clock probe: the join echoes its t0_us with
                      // the agent's stamps (proto/clock_sync.hpp); heartbeats refine it later.
-                     send(n, "job_offer",
-                          {{"t0_us", now().count()}, {"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name},
-                           {"spec", offer_spec_}});
+                     n.conn->send_with(n.conn->session().message("job_offer", {{"t0_us", now().count()},
+                                                                               {"job_id", opts_.job_id},
+                                                                               {"user", opts_.user},
+                                                                               {"node", n.entry.name}}),
+                                       "spec", offer_spec_);
                    },
                    [this, &n](proto::Message m) { on_message(n, std::move(m)); },
                    [this, &n, raw](const std::string& reason) { on_closed(n, raw, reason); }});
@@ -850,7 +861,7 @@ class Coordinator {
   std::vector<std::string> hosts_;
   rdzv::Rendezvous rdzv_;
   net::JobPayload payload_;
-  json offer_spec_;  // payload_ as job_offer carries it, encoded once
+  std::string offer_spec_;  // payload_ as job_offer carries it, encoded once
   std::chrono::steady_clock::time_point last_progress_{};
   std::map<std::string, std::unique_ptr<Node>> nodes_;
   std::unique_ptr<net::Dialer> dialer_;  // SSH mode; destroyed before io_

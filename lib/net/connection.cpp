@@ -193,6 +193,17 @@ bool Connection::send(const nlohmann::json& message) {
   return true;
 }
 
+bool Connection::send_with(nlohmann::json message, std::string_view key, std::string_view object_json) {
+  if (!established()) return false;
+  try {
+    queue(session_.seal_with(std::move(message), key, object_json));
+  } catch (const std::exception& e) {
+    log::get(log_subsystem_)->error("{}: not sent: {}", label_, e.what());
+    return false;
+  }
+  return true;
+}
+
 void Connection::refuse(proto::ErrorCode code, const std::string& message, const std::string& hint) {
   if (closed_ || closing_) return;
   apply(session_.refuse(code, message, hint));

@@ -68,6 +68,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool encrypted() const { return tls_ != nullptr; }
   // Seals and queues an application message; false when the session is not established (or gone).
   bool send(const nlohmann::json& message);
+  // send() with one member given as encoded JSON object text (proto::Session::seal_with).
+  bool send_with(nlohmann::json message, std::string_view key, std::string_view object_json);
   // Refuses the peer (an 'error' frame with code and message), then closes.
   void refuse(proto::ErrorCode code, const std::string& message, const std::string& hint = "");
   // Closes from our side without telling the peer (it sees EOF).

@@ -402,6 +402,29 @@ std::string Session::seal(const nlohmann::json& m) {
   return seal_raw(json);
 }
 
+std::string Session::seal_with(nlohmann::json m, std::string_view key, std::string_view object_json) {
+  if (state_ != State::established) throw std::logic_error("seal() before the session is established");
+  if (object_json.size() < 2 || object_json.front() != '{' || object_json.back() != '}') {
+    throw std::invalid_argument("seal_with: '" + std::string(key) + "' must be the text of a JSON object");
+  }
+  const std::string name(key);
+  m[name] = nlohmann::json::object();  // what the schema sees there: an object
+  if (auto e = validate(m, Sender{my_side(), std::string(to_string(role_))})) {
+    throw std::invalid_argument("outgoing message is invalid: " + e->message);
+  }
+  m.erase(name);
+  auto json = dump(m);  // an object with at least type and v: "{...}"
+  json.pop_back();
+  json += ",\"" + name + "\":";
+  json += object_json;
+  json += '}';
+  if (json.size() > limits().max_frame_bytes) {
+    throw std::invalid_argument("outgoing '" + m["type"].get<std::string>() + "' is " + std::to_string(json.size()) +
+                                " bytes, over the frame limit; the sender must chunk it");
+  }
+  return seal_raw(json);
+}
+
 std::string Session::seal_raw(std::string_view json) {
   if (state_ != State::established) throw std::logic_error("seal() before the session is established");
   const char dir = is_client_ ? kDirClientToServer : kDirServerToClient;

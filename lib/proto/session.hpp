@@ -111,6 +111,10 @@ class Session {
   // the message is validated as sent by us first. Both failures are bugs in the caller, so
   // they throw (std::logic_error / std::invalid_argument).
   std::string seal(const nlohmann::json& message);
+  // seal() of `message` with one more member, `key` (a plain name, no escaping), whose value is
+  // `object_json`: the text of a JSON object the caller encoded and checked once, such as the
+  // job spec every offer carries, so it is neither copied nor encoded again per connection.
+  std::string seal_with(nlohmann::json message, std::string_view key, std::string_view object_json);
   // Seals bytes as they are, unvalidated: for tests and fuzzers that need a correctly
   // authenticated but malformed frame. Never for production messages.
   std::string seal_raw(std::string_view json);

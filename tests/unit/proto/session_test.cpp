@@ -611,3 +611,26 @@ TEST(SessionFuzz, RandomBytesNeverCrashAndNeverEstablish) {
     EXPECT_TRUE(o.delivered.empty());
   }
 }
+
+TEST(Session, SealWithSplicesAnEncodedObjectAsAMember) {
+  auto p = established_pair();
+  const json spec{{"command", {"/bin/true"}}, {"env", json::array()}, {"name", "j\"x"}};
+  const json fields{{"t0_us", 7}, {"job_id", "j"}, {"user", "u"}, {"node", "n1"}};
+  auto m = fields;
+  m["spec"] = spec;
+  // The receiver gets what seal() of the whole message would have given it.
+  auto spliced = p.server.seal_with(p.server.message("job_offer", fields), "spec", dump(spec));
+  auto whole = p.server.seal(p.server.message("job_offer", m));
+  auto a = absorb(p.client.on_bytes(spliced));
+  auto b = absorb(p.client.on_bytes(whole));
+  ASSERT_FALSE(a.dropped) << *a.dropped;
+  ASSERT_FALSE(b.dropped) << *b.dropped;
+  ASSERT_EQ(a.delivered.size(), 1u);
+  ASSERT_EQ(b.delivered.size(), 1u);
+  EXPECT_EQ(a.delivered[0].body, b.delivered[0].body);
+  EXPECT_EQ(a.delivered[0].body["spec"]["name"], "j\"x");
+  // The rest of the message is still checked, and the text must be an object.
+  EXPECT_THROW(p.server.seal_with(p.server.message("job_offer", {{"t0_us", 7}}), "spec", "{}"), std::invalid_argument);
+  EXPECT_THROW(p.server.seal_with(p.server.message("job_offer", fields), "spec", "[1]"), std::invalid_argument);
+  EXPECT_THROW(p.server.seal_with(p.server.message("job_offer", fields), "spec", ""), std::invalid_argument);
+}
