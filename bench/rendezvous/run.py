@@ -4,7 +4,7 @@ process) join one coordinator (`ddpctl launch --nodes`); reported per N: time fr
 connection to the last `assign` (the rendezvous), and the whole launch (dial, handshakes,
 clock probes, rendezvous, start, every node's result) as ddpctl's wall time.
 
-    python3 bench/rendezvous/run.py [--build build] [--sizes 64,512,4096] [--repeats 3]
+    python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
 
 Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 at once, so the job
 itself costs nothing; see fake_agents.cpp.
@@ -72,20 +72,27 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--sizes", default="64,512,4096")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--compare", help="another build folder (e.g. an older commit's), run alternately with --build")
     args = ap.parse_args()
+    builds = [args.build] + ([args.compare] if args.compare else [])
     with tempfile.TemporaryDirectory(prefix="ddp-rdzv-bench-") as tmp:
         fd = os.open(os.path.join(tmp, "token"), os.O_WRONLY | os.O_CREAT, 0o600)
         os.write(fd, (os.urandom(32).hex() + "\n").encode())
         os.close(fd)
         with open(os.path.join(tmp, "job.yaml"), "w") as f:
             f.write("name: rdzv-bench\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {port: 29500}\n")
-        print(f"{'nodes':>6} {'rendezvous (median)':>20} {'whole launch (median)':>22}   runs")
+        print(f"{'build':<24} {'nodes':>6} {'rendezvous (median)':>20} {'whole launch (median)':>22}   runs")
         for n in (int(x) for x in args.sizes.split(",")):
-            runs = [one(args.build, n, tmp) for _ in range(args.repeats)]
-            rdzv = statistics.median(r[0] for r in runs)
-            wall = statistics.median(r[1] for r in runs)
-            print(f"{n:>6} {rdzv * 1000:>17.1f} ms {wall * 1000:>19.1f} ms   "
-                  + ", ".join(f"{a * 1000:.0f}/{b * 1000:.0f}" for a, b in runs), flush=True)
+            # Alternately, so that both builds see the same machine (load, TIME_WAIT sockets).
+            runs = {b: [] for b in builds}
+            for _ in range(args.repeats):
+                for b in builds:
+                    runs[b].append(one(b, n, tmp))
+            for b in builds:
+                rdzv = statistics.median(r[0] for r in runs[b])
+                wall = statistics.median(r[1] for r in runs[b])
+                print(f"{os.path.relpath(b, ROOT)[-24:]:<24} {n:>6} {rdzv * 1000:>17.1f} ms {wall * 1000:>19.1f} ms   "
+                      + ", ".join(f"{x * 1000:.0f}/{y * 1000:.0f}" for x, y in runs[b]), flush=True)
 
 
 if __name__ == "__main__":

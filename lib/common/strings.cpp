@@ -36,6 +36,16 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
+std::string join_first(const std::vector<std::string>& parts, std::string_view sep, std::size_t limit) {
+  if (parts.size() <= limit) return join(parts, sep);
+  std::string out;
+  for (std::size_t i = 0; i < limit; ++i) {
+    out += parts[i];
+    out += sep;
+  }
+  return out + "and " + std::to_string(parts.size() - limit) + " more";
+}
+
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {

@@ -11,6 +11,9 @@ namespace ddp {
 std::vector<std::string_view> split(std::string_view s, char sep);
 std::string_view trim(std::string_view s);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
+// join() of the first `limit` parts, then "and N more": a list for a log line that stays a line
+// at 4096 nodes.
+std::string join_first(const std::vector<std::string>& parts, std::string_view sep, std::size_t limit);
 bool starts_with(std::string_view s, std::string_view prefix);
 
 // Levenshtein distance, for "did you mean" hints.

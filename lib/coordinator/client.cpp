@@ -151,7 +151,7 @@ class Submitter {
     if (!error.empty()) log_->error("{}", error);
     boost::system::error_code ignored;
     signals_.cancel(ignored);
-    if (conn_) conn_->close("done");
+    if (conn_) conn_->close("done", /*routine=*/true);
     io_.stop();
   }
 
@@ -239,7 +239,7 @@ struct ControlRelay::Impl {
   // What is queued for the caller is written first; then both ends close.
   void finish() {
     finishing = true;
-    if (conn) conn->close("done");
+    if (conn) conn->close("done", /*routine=*/true);
     if (out.empty()) close_local();
   }
 

@@ -79,7 +79,7 @@ class Coordinator {
     report_.status = "failed";
     report_.exit_code = 1;
     log_->info("job {}: {} node{} ({}), rendezvous: {}", opts_.job_id, entries_.size(), entries_.size() == 1 ? "" : "s",
-               join(hosts_, ", "), rdzv_.status());
+               join_first(hosts_, ", ", 16), rdzv_.status());
     started_ = std::chrono::system_clock::now();
     open_control_socket();
     if (opts_.on_listening) opts_.on_listening();
@@ -239,10 +239,9 @@ class Coordinator {
   }
 
   void connect(Node& n, tcp::socket s) {
-    boost::system::error_code ec;
-    n.address = plain_address(s.remote_endpoint(ec).address());
     auto conn = Connection::make(std::move(s), proto::Session::client(client_config()), label(n), "coord",
                                  std::chrono::seconds(10));
+    n.address = conn->remote_endpoint() ? plain_address(conn->remote_endpoint()->address()) : std::string();
     if (opts_.tls) {
       if (!tls_) tls_ = net::tls_client_context(*opts_.keys.first());
       conn->use_tls({tls_});
@@ -558,7 +557,7 @@ class Coordinator {
     ready_pending_ = true;
     master_ = master;
     say(spdlog::level::info, "round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}", a.round.value,
-        a.restart_count, a.world_size, a.nodes.size(), join(shares, "; "), master);
+        a.restart_count, a.world_size, a.nodes.size(), join_first(shares, "; ", 16), master);
   }
 
   void on_effect(rdzv::StartAttempt& s) {
@@ -734,7 +733,7 @@ class Coordinator {
     heartbeat_timer_.cancel();
     for (auto& [name, n] : nodes_) {
       n->redial.cancel();
-      if (n->conn) n->conn->close("the job is over");
+      if (n->conn) n->conn->close("the job is over", /*routine=*/true);
     }
     io_.stop();
   }

@@ -24,7 +24,7 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
   auto settle = [&](std::size_t i, std::string error) {
     if (out[i].facts || !out[i].error.empty()) return;
     out[i].error = std::move(error);
-    if (conns[i]) conns[i]->close("done");
+    if (conns[i]) conns[i]->close("done", /*routine=*/true);
     if (--pending == 0) deadline.cancel();
   };
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -49,7 +49,7 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
                 [&, i](proto::Message m) {
                   if (m.type != "facts") return;
                   out[i].facts = m.body["facts"];
-                  conns[i]->close("done");
+                  conns[i]->close("done", /*routine=*/true);
                   if (--pending == 0) deadline.cancel();
                 },
                 [&, i](const std::string& reason) { settle(i, reason); }});

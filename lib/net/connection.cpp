@@ -209,8 +209,9 @@ void Connection::refuse(proto::ErrorCode code, const std::string& message, const
   apply(session_.refuse(code, message, hint));
 }
 
-void Connection::close(const std::string& reason) {
+void Connection::close(const std::string& reason, bool routine) {
   if (closed_) return;
+  routine_close_ = routine;
   // What a handler queued before closing goes out as it would have uncorked (the first write
   // on an idle socket is attempted at once), then the connection closes as before.
   if (corked_ && !writing_ && !out_.empty()) {
@@ -277,8 +278,8 @@ void Connection::closed(const std::string& reason) {
   out_.clear();
   queued_bytes_ = 0;
   // A peer that never authenticated is worth a warning (a wrong token, a scanner, a stray).
-  log::get(log_subsystem_)->log(was_established_ ? spdlog::level::info : spdlog::level::warn, "{}: connection closed: {}",
-                                label_, reason);
+  const auto level = !was_established_ ? spdlog::level::warn : routine_close_ ? spdlog::level::debug : spdlog::level::info;
+  log::get(log_subsystem_)->log(level, "{}: connection closed: {}", label_, reason);
   if (auto cb = std::move(handlers_.on_closed)) {
     handlers_ = {};
     cb(reason);

@@ -73,7 +73,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Refuses the peer (an 'error' frame with code and message), then closes.
   void refuse(proto::ErrorCode code, const std::string& message, const std::string& hint = "");
   // Closes from our side without telling the peer (it sees EOF).
-  void close(const std::string& reason);
+  // `routine`: an expected end (the job is over, a query answered), logged at debug, not info:
+  // a launch of 4096 nodes should not end with 4096 lines saying so.
+  void close(const std::string& reason, bool routine = false);
 
   proto::Session& session() { return session_; }
   bool established() const { return session_.established() && !closing_; }
@@ -122,6 +124,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closing_ = false;  // a drop: flush the queue, then close
   bool closed_ = false;
   bool was_established_ = false;
+  bool routine_close_ = false;
   bool started_ = false;  // the protocol's handshake (after TLS's, if any)
   std::string close_reason_;
   std::array<char, 64 * 1024> buf_;  // not zeroed: a 64 KiB memset per connection showed at 4096 nodes

@@ -29,10 +29,11 @@ class HmacKey {
   HmacKey() = default;
   explicit HmacKey(std::string_view key);
   Digest mac(std::initializer_list<std::string_view> parts) const;
-  explicit operator bool() const { return static_cast<bool>(ctx_); }
+  explicit operator bool() const { return static_cast<bool>(state_); }
 
  private:
-  std::shared_ptr<void> ctx_;  // EVP_MAC_CTX, keyed
+  struct State;
+  std::shared_ptr<const State> state_;  // SHA-256 after the inner and the outer padded key
 };
 
 // Constant-time for equal lengths (CRYPTO_memcmp); different lengths are simply unequal.

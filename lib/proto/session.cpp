@@ -90,11 +90,13 @@ Session Session::server(ServerConfig c) {
   return s;
 }
 
-std::string Session::plain(const nlohmann::json& m) {
+std::string Session::plain(const nlohmann::json& m) { return plain(m, dump(m)); }
+
+std::string Session::plain(const nlohmann::json& m, std::string_view encoded) {
   if (auto e = validate(m, Sender{my_side(), std::string(to_string(role_))})) {
     throw std::invalid_argument("outgoing handshake message is invalid: " + e->message);
   }
-  return encode_frame(dump(m));
+  return encode_frame(encoded);
 }
 
 Effects Session::start() {
@@ -110,7 +112,7 @@ Effects Session::start() {
                             std::move(fields));
   hello_body_ = dump(hello);
   state_ = State::await_hello_ack;
-  return {Send{plain(hello)}};
+  return {Send{plain(hello, hello_body_)}};
 }
 
 Effects Session::on_bytes(std::string_view bytes) {
@@ -258,7 +260,7 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   // The server proves first, in the same write as its hello_ack: the client checks it before
   // it sends its own proof and its first session frame together (session.hpp).
   auto mine = proof("ddpctl server proof");
-  return {Send{plain(ack)}, Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
+  return {Send{plain(ack, ack_body_)}, Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
 }
 
 Effects Session::handle_hello_ack(const Message& m, std::string_view body) {

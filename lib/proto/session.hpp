@@ -140,6 +140,7 @@ class Session {
   Effects fail(ErrorCode code, std::string message, std::string hint = "");  // error to the peer + Drop
   Effects drop(std::string reason);                                         // Drop only
   std::string plain(const nlohmann::json& m);                               // a handshake frame
+  std::string plain(const nlohmann::json& m, std::string_view encoded);     // ... of m as encoded
   Digest proof(std::string_view label) const;
   void establish();
   std::string my_side() const { return is_client_ ? "client" : "server"; }

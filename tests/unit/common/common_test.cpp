@@ -49,3 +49,12 @@ TEST(Strings, ShellQuote) {
   EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
   EXPECT_EQ(shell_quote(""), "''");
 }
+
+TEST(Strings, JoinFirstSaysHowManyItLeftOut) {
+  const std::vector<std::string> v{"a", "b", "c", "d"};
+  EXPECT_EQ(join_first(v, ", ", 4), "a, b, c, d");
+  EXPECT_EQ(join_first(v, ", ", 9), "a, b, c, d");
+  EXPECT_EQ(join_first(v, ", ", 2), "a, b, and 2 more");
+  EXPECT_EQ(join_first(v, "; ", 0), "and 4 more");
+  EXPECT_EQ(join_first({}, ", ", 0), "");
+}
