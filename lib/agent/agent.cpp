@@ -390,7 +390,12 @@ class Agent {
     auto conn = it->second.conn;
     peers_.erase(it);
     if (job_ && job_->owner.get() == raw) {
-      log_->warn("job {}: its coordinator is gone ({}); stopping its workers", job_->job_id, reason);
+      // After the round's result went up and no worker runs, this is how a job normally ends.
+      if (!job_->running() && job_->finished_sent.count(job_->round)) {
+        log_->info("job {}: its coordinator closed the connection after the round's result ({})", job_->job_id, reason);
+      } else {
+        log_->warn("job {}: its coordinator is gone ({}); stopping its workers", job_->job_id, reason);
+      }
       abandon_job();
     } else if (opts_.stdio && !job_) {
       finish_shutdown();  // our only coordinator left before offering a job
