@@ -24,14 +24,21 @@ pytestmark = pytest.mark.skipif(not NCCLID.exists() or not nccl_loadable(), reas
 def test_every_worker_gets_the_attempts_id_and_its_root_listens(tmp_path):
     worker = tmp_path / "w.py"
     worker.write_text(f"""
-import json, os, socket, subprocess, sys
+import json, os, socket, subprocess, sys, time
 hexid = os.environ["DDP_NCCL_UNIQUE_ID"]
 addr = json.loads(subprocess.run(["{NCCLID}", "--decode", hexid], capture_output=True, text=True).stdout)
 s = socket.create_connection((addr["ip"], addr["port"]), timeout=5)  # the holder's bootstrap root
 s.close()
 r, n = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
-json.dump({{"id": hexid, "addr": addr}}, open(f"id-{{r}}-{{n}}.json", "w"))
-sys.exit(1 if n == "0" and r == "0" else 0)  # fail once, to see a second attempt's id
+json.dump({{"id": hexid, "addr": addr}}, open(f"id-{{r}}-{{n}}.json.tmp", "w"))
+os.rename(f"id-{{r}}-{{n}}.json.tmp", f"id-{{r}}-{{n}}.json")
+if n == "0" and r == "0":
+    # Fail once, to see a second attempt's id; but only after rank 1 wrote this attempt's,
+    # since a failing rank stops the others (which made this test flaky).
+    deadline = time.monotonic() + 60
+    while not os.path.exists("id-1-0.json") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sys.exit(1)
 """)
     job = write_job(tmp_path, f"nproc_per_node: 2\ncommand: [{PYTHON}, {worker}]\nnccl: {{unique_id: on}}\n"
                               "restart: {max_restarts: 1, backoff: 100ms}\n")
