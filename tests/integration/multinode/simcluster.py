@@ -13,8 +13,10 @@ guard, the root namespace gets a blackhole route for the run's /24, so a mistake
 leaving the machine. Everything made here is torn down by what it is (the pids we started, the
 namespaces, links, route and /etc/netns folders we named); never by process name.
 """
+import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -47,6 +49,58 @@ def netns_unavailable():
         if not os.access(os.path.join(BIN, b), os.X_OK):
             return f"{b} is not built in {BIN} (set DDP_BINARY_DIR)"
     return None
+
+
+
+# ddpctl's live stream: "[node:rank] text" (node with its port when --nodes gave one).
+LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
+
+
+def job_file(cluster, name, command, nproc=1, extra=""):
+    """A job file in the cluster's folder: `command` on `nproc` workers per node, the store on
+    port 29500, 3 s of stop grace, then `extra` (YAML lines)."""
+    return cluster.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: {nproc}\ncommand: {json.dumps(command)}\n"
+                                         f"store: {{port: 29500}}\nstop: {{grace: 3s}}\n{extra}")
+
+
+def finish(p, timeout=90):
+    """(returncode, stdout, stderr) of a ddpctl run; past the timeout it is killed and the test fails."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return p.returncode, out, err
+
+
+def contracts(text):
+    """{rank: (node, env)} from the CONTRACT lines the contract workers print."""
+    by_rank = {}
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if m and m["text"].startswith("CONTRACT "):
+            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
+    return by_rank
+
+
+def wait_for_contracts(p, n, timeout=60):
+    """Reads ddpctl's stdout until n ranks printed their contract; returns {rank: (node, env)}.
+    If they do not, ddpctl is killed and the test fails with what it printed."""
+    seen, lines = {}, []
+    deadline = time.time() + timeout
+    os.set_blocking(p.stdout.fileno(), True)
+    while len(seen) < n and time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        seen.update(contracts(line))
+    if len(seen) < n:
+        p.kill()
+        _, err = p.communicate(timeout=30)
+        raise AssertionError(f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}\n{err}")
+    return seen
 
 
 class Host:

@@ -17,6 +17,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
+from ddptest import alive  # noqa: E402
+from simcluster import finish  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
 if SKIP is None and not os.access(os.path.join(simcluster.BIN, "ddp-coordinator"), os.X_OK):
@@ -89,16 +91,6 @@ def submit(c, job_file, *args):
     return c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
 
 
-def finish(p, timeout=90):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return p.returncode, out, err
-
-
 def read_until(p, pattern, timeout=60):
     """ddpctl's stdout lines until one matches; returns them all."""
     lines = []
@@ -115,14 +107,6 @@ def read_until(p, pattern, timeout=60):
 
 def worker_pids(text):
     return sorted({int(m) for m in re.findall(r"hello from rank \d+ of \d+ pid (\d+)", text)})
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_gone(pids, timeout=20):

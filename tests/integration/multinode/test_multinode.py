@@ -16,12 +16,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
+from ddptest import alive  # noqa: E402
+from simcluster import LINE, contracts, finish, wait_for_contracts  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 PY = "/usr/bin/python3"
-LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
 
 CONTRACT_WORKER = r'''
 import json, os, socket, sys, time
@@ -86,35 +87,7 @@ def cluster():
 
 
 def job(c, name, command, extra=""):
-    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: 2\ncommand: {json.dumps(command)}\n"
-                                   f"store: {{port: 29500}}\nstop: {{grace: 3s}}\n{extra}")
-
-
-def finish(p, timeout=90):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return p.returncode, out, err
-
-
-def contracts(out):
-    by_rank = {}
-    for line in out.splitlines():
-        m = LINE.match(line)
-        if m and m["text"].startswith("CONTRACT "):
-            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
-    return by_rank
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return simcluster.job_file(c, name, command, nproc=2, extra=extra)
 
 
 def wait_gone(pids, timeout=15):
@@ -125,21 +98,6 @@ def wait_gone(pids, timeout=15):
             return []
         time.sleep(0.1)
     return [p for p in pids if alive(p)]
-
-
-def wait_for_contracts(p, n, timeout=60):
-    """Reads ddpctl's stdout until n ranks printed their contract; returns {rank: (node, env)} and the lines."""
-    seen, lines = {}, []
-    deadline = time.time() + timeout
-    os.set_blocking(p.stdout.fileno(), True)
-    while len(seen) < n and time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        seen.update(contracts(line))
-    assert len(seen) == n, f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}"
-    return seen
 
 
 def test_contract_across_two_nodes(cluster):

@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
+from simcluster import finish  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
@@ -42,16 +43,6 @@ if sys.argv[3:] == ["fail-once"] and n == "0" and r == str(world - 1):
         time.sleep(0.1)
     sys.exit(1)
 '''
-
-
-def finish(p, timeout=120):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return p.returncode, out, err
 
 
 def write_job(c, name, extra, *args):
@@ -96,7 +87,7 @@ def test_every_rank_on_every_node_gets_node_rank_0s_id_and_a_new_one_per_attempt
             c.start_agent(h)
         job, out = write_job(c, "ncclid", "nccl: {unique_id: on}\nstore: {port: 0}\nrestart: {max_restarts: 1, backoff: 200ms}\n",
                              "fail-once")
-        rc, out_, err = finish(c.launch(job, "--result-json", os.path.join(c.dir, "r.json")))
+        rc, out_, err = finish(c.launch(job, "--result-json", os.path.join(c.dir, "r.json")), timeout=120)
         assert rc == 0, err
         recs = records(out)
         assert sorted(recs) == [(r, a) for r in range(3) for a in range(2)], f"{sorted(recs)}\n{out_}\n{err}"
@@ -131,14 +122,14 @@ def test_node_rank_0_without_libnccl():
         c.start_agent(n1, hide=[folder])
         c.start_agent(n2)
         job, out = write_job(c, "on", "nccl: {unique_id: on}\n")
-        rc, _, err = finish(c.launch(job))
+        rc, _, err = finish(c.launch(job), timeout=120)
         assert rc == 2, err
         assert f"nccl.unique_id: on, but node rank 0 (n1) cannot make the id" in err, err
         assert "install NCCL or set nccl.unique_id: off" in err, err
         assert os.listdir(out) == [], "no rank may start without the id"
         # auto: the job runs, without an id (every rank alike)
         job, out = write_job(c, "auto", "nccl: {unique_id: auto}\nstore: {port: 0}\n")
-        rc, _, err = finish(c.launch(job))
+        rc, _, err = finish(c.launch(job), timeout=120)
         assert rc == 0, err
         recs = records(out)
         assert sorted(recs) == [(0, 0), (1, 0)] and all(v["id"] is None for v in recs.values()), recs

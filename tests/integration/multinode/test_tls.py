@@ -4,9 +4,7 @@ is refused with a message that names --tls; and what an eavesdropper on a node's
 captured from that node's own interface (an AF_PACKET socket inside its namespace): the job's
 command line in clear without TLS (the control that shows the capture works), nowhere with it.
 """
-import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -15,12 +13,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
+from simcluster import LINE, finish, job_file  # noqa: E402
+job = job_file  # nproc 1, no extra lines
 
 SKIP = simcluster.netns_unavailable()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 PY = "/usr/bin/python3"
-LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
 
 WORKER = r'''
 import os, sys
@@ -49,21 +48,6 @@ with open(out, "wb") as f:
 def cluster():
     with simcluster.Cluster(nodes=2) as c:
         yield c
-
-
-def job(c, name, command):
-    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: 1\ncommand: {json.dumps(command)}\n"
-                                   f"store: {{port: 29500}}\nstop: {{grace: 3s}}\n")
-
-
-def finish(p, timeout=90):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return p.returncode, out, err
 
 
 def ranks(out):

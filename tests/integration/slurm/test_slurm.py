@@ -18,12 +18,14 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
 import simcluster  # noqa: E402
+from ddptest import alive  # noqa: E402
+from simcluster import contracts, finish, job_file, wait_for_contracts  # noqa: E402
+job = job_file  # nproc 1, no extra lines
 
 SKIP = simcluster.netns_unavailable()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 PY = "/usr/bin/python3"
-LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
 
 # Prints its contract, then (with "trap") waits for SIGUSR1: the handler writes a file naming
 # the rank and host into the shared folder, and the worker ends 0. SIGUSR2 is trapped the same
@@ -104,52 +106,6 @@ class Slurm:
         return [json.loads(l) for l in open(self.record)]
 
 
-def job(c, name, command, nproc=1, extra=""):
-    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: {nproc}\ncommand: {json.dumps(command)}\n"
-                                   f"store: {{port: 29500}}\nstop: {{grace: 3s}}\n{extra}")
-
-
-def finish(p, timeout=90):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return p.returncode, out, err
-
-
-def contracts(text):
-    by_rank = {}
-    for line in text.splitlines():
-        m = LINE.match(line)
-        if m and m["text"].startswith("CONTRACT "):
-            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
-    return by_rank
-
-
-def wait_for_contracts(p, n, timeout=60):
-    seen, lines = {}, []
-    deadline = time.time() + timeout
-    os.set_blocking(p.stdout.fileno(), True)
-    while len(seen) < n and time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        seen.update(contracts(line))
-    assert len(seen) == n, f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}"
-    return seen, "".join(lines)
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def assert_nothing_left(c, timeout=20):
     """No process at all in any node's namespace (agents, shepherds, workers) within timeout."""
     deadline = time.time() + timeout
@@ -209,7 +165,7 @@ def test_sigusr1_and_sigusr2_reach_every_rank_on_every_node_then_sigterm_stops(c
     worker = c.write("worker.py", WORKER)
     p = s.launch(job(c, "usr", [PY, worker, "trap-then-sleep", os.path.join(c.dir, "signals")], nproc=2),
                  "--result-json", os.path.join(c.dir, "r.json"))
-    seen, _ = wait_for_contracts(p, 6)
+    wait_for_contracts(p, 6)
     os.kill(p.pid, signal.SIGUSR1)
     os.kill(p.pid, signal.SIGUSR2)
     deadline = time.time() + 30
@@ -273,7 +229,7 @@ def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
     s = Slurm(c)
     worker = c.write("worker.py", WORKER)
     p = s.launch(job(c, "agentkill", [PY, worker, "trap-then-sleep", c.dir]))
-    seen, _ = wait_for_contracts(p, 3)
+    wait_for_contracts(p, 3)
     n2 = c.hosts[1]
     agents = [pid for pid in n2.ns_pids() if "ddp-agentd" in open(f"/proc/{pid}/cmdline").read()
               and "shepherd" not in open(f"/proc/{pid}/cmdline").read()]
@@ -291,7 +247,7 @@ def test_ddpctl_killed_leaves_nothing_on_any_node(cluster):
     s = Slurm(c)
     worker = c.write("worker.py", WORKER)
     p = s.launch(job(c, "launcherkill", [PY, worker, "trap-then-sleep", c.dir]))
-    seen, _ = wait_for_contracts(p, 3)
+    wait_for_contracts(p, 3)
     os.kill(p.pid, signal.SIGKILL)
     p.communicate(timeout=30)
     # srun gets SIGTERM through its parent-death signal and passes it on; the agents also lose

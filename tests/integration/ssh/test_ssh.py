@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
 import simcluster  # noqa: E402
+from simcluster import contracts, finish, wait_for_contracts  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
 if SKIP is None and not os.access("/usr/sbin/sshd", os.X_OK):
@@ -25,7 +26,6 @@ if SKIP is None and not os.access("/usr/sbin/sshd", os.X_OK):
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 PY = "/usr/bin/python3"
-LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
 
 WORKER = r'''
 import json, os, socket, sys, time
@@ -79,44 +79,7 @@ def behind_nat(c):
 
 
 def job(c, name, command, nproc=1, extra=""):
-    return c.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: {nproc}\ncommand: {json.dumps(command)}\n"
-                                   f"store: {{port: 29500}}\nstop: {{grace: 3s}}\nlogs: {{dir: /tmp/ddp-logs}}\n{extra}")
-
-
-def finish(p, timeout=90):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"ddpctl did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    return p.returncode, out, err
-
-
-def contracts(out):
-    by_rank = {}
-    for line in out.splitlines():
-        m = LINE.match(line)
-        if m and m["text"].startswith("CONTRACT "):
-            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
-    return by_rank
-
-
-def wait_for_contracts(p, n, timeout=60):
-    seen, lines = {}, []
-    deadline = time.time() + timeout
-    os.set_blocking(p.stdout.fileno(), True)
-    while len(seen) < n and time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        seen.update(contracts(line))
-    if len(seen) < n:
-        p.kill()
-        _, err = p.communicate(timeout=30)
-        raise AssertionError(f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}\n{err}")
-    return seen
+    return simcluster.job_file(c, name, command, nproc, "logs: {dir: /tmp/ddp-logs}\n" + extra)
 
 
 def leftovers(c, host):
