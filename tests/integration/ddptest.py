@@ -1,6 +1,7 @@
 """Shared helpers for integration tests: where the binaries are, writing job files, running
 ddpctl, and checking that processes are really gone."""
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -52,3 +53,18 @@ def wait_for(predicate, timeout=30.0, what="condition"):
 
 def read_pids(directory: Path, pattern="*.pid"):
     return [int(p.read_text().strip()) for p in directory.glob(pattern) if p.read_text().strip()]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_token(path: Path) -> Path:
+    """A token file with one fresh random secret (key id 'default'), mode 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    return path

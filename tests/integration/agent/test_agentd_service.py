@@ -10,24 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import BINARY_DIR, write_job
+from ddptest import BINARY_DIR, free_port, write_job, write_token
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_token(tmp: Path) -> Path:
-    path = tmp / "token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(os.urandom(32).hex() + "\n")
-    return path
 
 
 class NotifyListener:
@@ -78,7 +64,7 @@ def env(tmp_path):
         agents.append(p)
         return p
 
-    token = write_token(tmp_path)
+    token = write_token(tmp_path / "token")
     yield tmp_path, token, listener, start
     for p in agents:
         if p.poll() is None:

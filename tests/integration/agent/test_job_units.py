@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import BINARY_DIR
+from ddptest import BINARY_DIR, free_port
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
@@ -33,12 +33,6 @@ shepherd_argv = open(f"/proc/{ppid}/cmdline").read().split("\0")
 print("report", json.dumps({"shepherd": ppid, "shepherd_parent": shepherd_parent, "cgroup": cgroup,
                             "shepherd_argv": shepherd_argv}), flush=True)
 '''
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Env:

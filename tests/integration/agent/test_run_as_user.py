@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import BINARY_DIR
+from ddptest import BINARY_DIR, free_port
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
@@ -35,12 +35,6 @@ if sys.argv[1:] == ["--in-home"]:
         json.dump(ids, f)
 print("ids", json.dumps(ids), flush=True)
 '''
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def needs():

@@ -13,24 +13,11 @@ from pathlib import Path
 import pytest
 
 import protoclient
-from ddptest import BINARY_DIR, DDPCTL, write_job
+from ddptest import BINARY_DIR, DDPCTL, free_port, write_job, write_token
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 COORDINATOR = str(BINARY_DIR / "bin" / "ddp-coordinator")
 BAD_IDS = ["../x", "a/b", "..", "/abs"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_token(path: Path) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("default: " + os.urandom(32).hex() + "\n")
-    return path
 
 
 def wait_listening(port, p, timeout=30):
@@ -100,7 +87,7 @@ def test_agent_refuses_an_offer_whose_job_id_leaves_its_log_dir(daemon):
         answer, closed = refused(port, token, "coordinator", "job_offer",
                                  {"t0_us": 1, "job_id": bad, "user": "root", "node": "n1", "spec": spec})
         assert answer["type"] == "error" and answer["code"] == "bad_value", answer
-        assert f"job_offer.job_id: expected" in answer["message"] and repr(bad) in answer["message"], answer
+        assert "job_offer.job_id: expected" in answer["message"] and repr(bad) in answer["message"], answer
         assert closed
     nothing_outside(tmp, logs)
     assert agent.poll() is None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import DDPCTL, SOURCE_DIR, launch, start_launch, wait_for, write_job
+from ddptest import DDPCTL, SOURCE_DIR, free_port, launch, start_launch, wait_for, write_job
 
 PODMAN = shutil.which("podman")
 BUSYBOX = shutil.which("busybox")
@@ -318,13 +318,6 @@ def test_packaging_image_builds_on_a_local_base_and_its_ddpctl_launches(tmp_path
         assert v.returncode == 0 and "node agent" in v.stdout
     finally:
         subprocess.run([PODMAN, "rmi", "--force", tag], env=podman_env, capture_output=True, timeout=120)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_agents(tmp_path, env, n=2, envs=None):

@@ -10,23 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import BINARY_DIR
+from ddptest import BINARY_DIR, free_port, write_token
 
 COORDINATOR = str(BINARY_DIR / "bin" / "ddp-coordinator")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_token(path: Path) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(os.urandom(32).hex() + "\n")
-    return path
 
 
 class NotifyListener:
@@ -61,7 +48,6 @@ class NotifyListener:
 
     def close(self):
         self.sock.close()
-
 
 
 @pytest.fixture
