@@ -74,18 +74,23 @@ def finish(p, timeout=90):
     return p.returncode, out, err
 
 
-def contracts(text):
-    """{rank: (node, env)} from the CONTRACT lines the contract workers print."""
+def tagged(text, tag):
+    """{rank: (node, value)} from the lines "[node:rank] TAG {json}" that workers print."""
     by_rank = {}
     for line in text.splitlines():
         m = LINE.match(line)
-        if m and m["text"].startswith("CONTRACT "):
-            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len("CONTRACT "):]))
+        if m and m["text"].startswith(tag):
+            by_rank[int(m["rank"])] = (m["node"], json.loads(m["text"][len(tag):]))
     return by_rank
 
 
-def wait_for_contracts(p, n, timeout=60):
-    """Reads ddpctl's stdout until n ranks printed their contract; returns {rank: (node, env)}.
+def contracts(text):
+    """{rank: (node, env)} from the CONTRACT lines the contract workers print."""
+    return tagged(text, "CONTRACT ")
+
+
+def wait_for_tagged(p, n, tag, timeout=60):
+    """Reads ddpctl's stdout until n ranks printed their TAG line; returns {rank: (node, value)}.
     If they do not, ddpctl is killed and the test fails with what it printed."""
     seen, lines = {}, []
     deadline = time.time() + timeout
@@ -95,12 +100,17 @@ def wait_for_contracts(p, n, timeout=60):
         if not line:
             break
         lines.append(line)
-        seen.update(contracts(line))
+        seen.update(tagged(line, tag))
     if len(seen) < n:
         p.kill()
         _, err = p.communicate(timeout=30)
-        raise AssertionError(f"only {sorted(seen)} of {n} ranks started within {timeout} s:\n{''.join(lines)}\n{err}")
+        raise AssertionError(f"only {sorted(seen)} of {n} ranks printed {tag.strip()} within {timeout} s:\n"
+                             f"{''.join(lines)}\n{err}")
     return seen
+
+
+def wait_for_contracts(p, n, timeout=60):
+    return wait_for_tagged(p, n, "CONTRACT ", timeout)
 
 
 class Host:

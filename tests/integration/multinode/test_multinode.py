@@ -167,20 +167,8 @@ def test_rank_failure_on_node2_stops_node1_and_is_named(cluster):
 
 
 def wait_for_families(p, n, timeout=60):
-    """Reads ddpctl's stdout until n ranks printed their FAMILY line; returns {rank: (node, pids)}."""
-    seen, lines = {}, []
-    deadline = time.time() + timeout
-    os.set_blocking(p.stdout.fileno(), True)
-    while len(seen) < n and time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = LINE.match(line.rstrip("\n"))
-        if m and m["text"].startswith("FAMILY "):
-            seen[int(m["rank"])] = (m["node"], json.loads(m["text"][len("FAMILY "):]))
-    assert len(seen) == n, f"only {sorted(seen)} of {n} ranks reported their processes within {timeout} s:\n{''.join(lines)}"
-    return seen
+    """{rank: (node, pids)} once n ranks printed their FAMILY line."""
+    return simcluster.wait_for_tagged(p, n, "FAMILY ", timeout)
 
 
 def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
