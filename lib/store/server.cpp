@@ -5,14 +5,20 @@
 #include "common/log.hpp"
 #include "store/state.hpp"
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <fmt/format.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <unordered_map>
 
 namespace ddp::store {
@@ -30,74 +36,108 @@ constexpr int kMaxReadsPerWakeup = 16;  // fairness between busy connections
 
 }  // namespace
 
+unsigned auto_threads() { return std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u); }
+
 struct Connection;
+
+// One thread's share of the connections: the caller's io_context (threads == 0) or one of the
+// server's own. Its read buffer and decoded request are used only on its thread.
+struct Loop {
+  explicit Loop(asio::io_context& caller) : io(caller), read_buf(kReadChunk) {}
+  Loop() : own(std::make_unique<asio::io_context>(1)), io(*own), read_buf(kReadChunk) {}
+  bool here() const { return io.get_executor().running_in_this_thread(); }
+
+  std::unique_ptr<asio::io_context> own;
+  asio::io_context& io;
+  std::vector<uint8_t> read_buf;
+  Request req;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::thread thread;
+};
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   Impl(asio::io_context& io, ServerOptions o)
-      : io(io), opts(std::move(o)), acceptor(io), accept_retry(io), read_buf(kReadChunk),
-        log(ddp::log::get("store")) {}
+      : io(io), opts(std::move(o)), acceptor(io), accept_retry(io), log(ddp::log::get("store")) {}
 
   void do_accept();
-  void on_accept(tcp::socket sock);
-  void close_all();
-  std::string describe(ClientId id) const;
+  void on_accept(Loop& target, tcp::socket sock);
+  // Drops every connection: they leave the map and the state now; their sockets close on
+  // their own threads. Under no lock.
+  void drop_all();
+  void start_threads();
+  void join_threads();
 
   asio::io_context& io;
   ServerOptions opts;
-  std::vector<asio::ip::address> allowed;
+  std::vector<asio::ip::address> allowed;  // caller's thread only
   tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
-  State state;
-  Effects fx;
-  Request req;
-  std::unordered_map<ClientId, std::shared_ptr<Connection>> conns;
-  ClientId next_id = 1;
-  std::vector<uint8_t> read_buf;
+  std::vector<std::unique_ptr<Loop>> loops;
+  std::size_t next_loop = 0;
   RankResolver resolver;
-  ServerStats stats;
   bool running = false;
   uint16_t bound_port = 0;
   std::string bound_host;
   std::shared_ptr<spdlog::logger> log;
+
+  // Guards what follows, and each Connection's `closed` transitions and `proc_pid`.
+  mutable std::mutex mu;
+  State state;
+  Effects fx;
+  std::unordered_map<ClientId, std::shared_ptr<Connection>> conns;
+  ClientId next_id = 1;
+  ServerStats stats;
 };
 
 struct Connection : std::enable_shared_from_this<Connection> {
-  Connection(std::shared_ptr<Server::Impl> srv, tcp::socket s, ClientId id)
-      : srv(std::move(srv)), sock(std::move(s)), id(id), dec(this->srv->opts.limits) {}
+  Connection(std::shared_ptr<Server::Impl> srv, Loop& loop, tcp::socket s, ClientId id)
+      : srv(std::move(srv)), loop(loop), sock(std::move(s)), id(id), dec(this->srv->opts.limits) {}
 
-  std::size_t queued() const { return out.size() - out_off; }
-  std::string name() const;
+  std::size_t queued() const { return out.size() - out_off; }  // under out_mu
+  std::string name_locked() const;                             // under srv->mu
   void arm_read();
   void arm_write();
   void on_readable();
   void feed(std::span<const uint8_t> in);
   void handle(Server::Impl& s);
-  bool append(std::string_view bytes);
+  bool append_locked(std::string_view bytes);  // under srv->mu
   void flush();
+  void flush_from(const Loop& from);
   void close(const std::string& reason, bool bad);
-  void close_quietly();
+  void close_locked(const std::string& reason, bool bad);  // under srv->mu
+  void close_socket();                                     // on any thread
 
   std::shared_ptr<Server::Impl> srv;
-  tcp::socket sock;
+  Loop& loop;
+  tcp::socket sock;  // used on loop's thread only
   ClientId id;
   tcp::endpoint peer, local;
   std::string peer_text;
-  Decoder dec;
+  Decoder dec;                              // loop's thread only
+  std::atomic<Protocol> protocol{Protocol::unknown};
+  std::atomic<std::size_t> pending_in{0};   // dec.pending_bytes(), for appends from other threads
+  std::atomic<bool> closed{false};          // set under srv->mu
+  std::atomic<bool> flush_posted{false};
+  bool reading = false;                     // loop's thread only
+  std::atomic<uint64_t> requests{0};        // written on loop's thread only
+  std::optional<int> proc_pid;              // under srv->mu: found through /proc (loopback 1.13 clients)
+
+  std::mutex out_mu;  // guards what follows
   std::string out;
   std::size_t out_off = 0;
-  bool reading = false, writing = false, paused = false, closed = false;
-  std::optional<int> proc_pid;  // found through /proc (loopback 1.13 clients)
-  uint64_t requests = 0;
+  bool writing = false, paused = false;
 };
 
-std::string Connection::name() const {
+std::string Connection::name_locked() const {
   std::string s = fmt::format("client {} ({}", id, peer_text);
   if (auto pid = srv->state.client_pid(id)) {
     s += fmt::format(", pid {}", *pid);
   } else if (proc_pid) {
     s += fmt::format(", pid {}", *proc_pid);
   }
-  if (dec.protocol() != Protocol::unknown) s += fmt::format(", PyTorch {}", to_string(dec.protocol()));
+  if (const Protocol p = protocol.load(std::memory_order_relaxed); p != Protocol::unknown) {
+    s += fmt::format(", PyTorch {}", to_string(p));
+  }
   return s + ")";
 }
 
@@ -117,7 +157,7 @@ void Connection::arm_read() {
 
 void Connection::on_readable() {
   auto keep = shared_from_this();
-  auto& buf = srv->read_buf;
+  auto& buf = loop.read_buf;
   for (int i = 0; i < kMaxReadsPerWakeup; ++i) {
     error_code ec;
     std::size_t n = sock.read_some(asio::buffer(buf), ec);
@@ -136,19 +176,28 @@ void Connection::on_readable() {
   }
   flush();
   if (closed) return;
-  if (queued() > kPauseReadingAt) {
-    paused = true;  // resumed by flush() once the client has read its replies
-  } else {
-    arm_read();
+  bool pause = false;
+  {
+    std::lock_guard lk(out_mu);
+    if (queued() > kPauseReadingAt) pause = paused = true;  // resumed by flush() once drained
   }
+  if (!pause) arm_read();
 }
 
 void Connection::feed(std::span<const uint8_t> in) {
   Server::Impl& s = *srv;
+  const std::size_t cap = s.opts.limits.max_connection_bytes;
   while (!closed) {
-    std::size_t cap = s.opts.limits.max_connection_bytes;
-    dec.set_budget(queued() < cap ? cap - queued() : 0);
-    switch (dec.next(in, s.req)) {
+    std::size_t q;
+    {
+      std::lock_guard lk(out_mu);
+      q = queued();
+    }
+    dec.set_budget(q < cap ? cap - q : 0);
+    const auto status = dec.next(in, loop.req);
+    pending_in.store(dec.pending_bytes(), std::memory_order_relaxed);
+    if (protocol.load(std::memory_order_relaxed) != dec.protocol()) protocol.store(dec.protocol());
+    switch (status) {
       case Decoder::Status::need_more: return;
       case Decoder::Status::error: close(dec.error(), true); return;
       case Decoder::Status::request: handle(s); break;
@@ -158,76 +207,110 @@ void Connection::feed(std::span<const uint8_t> in) {
 
 void Connection::handle(Server::Impl& s) {
   ++requests;
-  ++s.stats.requests;
-  s.fx.clear();
-  const bool was_waiting = s.state.is_waiting(id);
-  try {
-    s.state.apply(id, s.req, Clock::now(), s.fx);
-  } catch (const std::exception& e) {
-    close(fmt::format("failed to serve its {}: {}", to_string(s.req.op), e.what()), true);
-    return;
-  }
-  if (s.fx.gave_up_wait && was_waiting) {
-    s.log->debug("{} gave up its wait (client-side timeout) and sent {}", name(), to_string(s.req.op));
-  }
-  if (!s.fx.reply.empty() && !append(s.fx.reply)) return;
-  for (auto& [to, bytes] : s.fx.pushes) {
-    auto it = s.conns.find(to);
-    if (it == s.conns.end()) continue;
-    std::shared_ptr<Connection> other = it->second;
-    if (other.get() == this) {
-      if (!append(bytes)) return;
-      continue;
+  // Other clients whose replies this request produced, to be written after the lock.
+  thread_local std::vector<std::shared_ptr<Connection>> woken;
+  woken.clear();
+  {
+    std::lock_guard lk(s.mu);
+    if (closed) return;  // dropped by reset() or another thread meanwhile
+    ++s.stats.requests;
+    s.fx.clear();
+    const bool was_waiting = s.state.is_waiting(id);
+    try {
+      s.state.apply(id, loop.req, Clock::now(), s.fx);
+    } catch (const std::exception& e) {
+      close_locked(fmt::format("failed to serve its {}: {}", to_string(loop.req.op), e.what()), true);
+      return;
     }
-    if (other->append(bytes)) other->flush();
+    if (s.fx.gave_up_wait && was_waiting) {
+      s.log->debug("{} gave up its wait (client-side timeout) and sent {}", name_locked(), to_string(loop.req.op));
+    }
+    if (!s.fx.reply.empty() && !append_locked(s.fx.reply)) return;
+    for (auto& [to, bytes] : s.fx.pushes) {
+      auto it = s.conns.find(to);
+      if (it == s.conns.end()) continue;
+      std::shared_ptr<Connection> other = it->second;
+      if (other.get() == this) {
+        if (!append_locked(bytes)) return;
+        continue;
+      }
+      if (other->append_locked(bytes)) woken.push_back(std::move(other));
+    }
+    if (!s.fx.close_reason.empty()) close_locked(s.fx.close_reason, true);
   }
-  if (!s.fx.close_reason.empty()) close(s.fx.close_reason, true);
+  for (auto& other : woken) other->flush_from(loop);
+  woken.clear();
 }
 
-bool Connection::append(std::string_view bytes) {
+bool Connection::append_locked(std::string_view bytes) {
   if (closed) return false;
   const std::size_t cap = srv->opts.limits.max_connection_bytes;
-  if (queued() + bytes.size() + dec.pending_bytes() > cap) {
-    close(fmt::format("it is not reading its replies ({} bytes queued, cap {})", queued() + bytes.size(), cap), true);
-    return false;
+  std::size_t total;
+  {
+    std::lock_guard lk(out_mu);
+    total = queued() + bytes.size();
+    if (total + pending_in.load(std::memory_order_relaxed) <= cap) {
+      out.append(bytes);
+      return true;
+    }
   }
-  out.append(bytes);
-  return true;
+  close_locked(fmt::format("it is not reading its replies ({} bytes queued, cap {})", total, cap), true);
+  return false;
+}
+
+// Writes what is queued for a client whose reply another client's request produced: at once
+// on this thread if the client lives here, else on its own thread (one post at a time).
+void Connection::flush_from(const Loop& from) {
+  if (&from == &loop) return flush();
+  if (flush_posted.exchange(true)) return;
+  asio::post(loop.io, [self = shared_from_this()] {
+    self->flush_posted = false;
+    self->flush();
+  });
 }
 
 void Connection::flush() {
-  if (closed || writing) return;
-  while (out_off < out.size()) {
-    error_code ec;
-    std::size_t n = sock.write_some(asio::buffer(out.data() + out_off, out.size() - out_off), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) {
-      if (out_off > out.size() / 2) {
-        out.erase(0, out_off);
-        out_off = 0;
+  if (closed) return;
+  bool arm = false, resume = false;
+  std::string failed;
+  {
+    std::lock_guard lk(out_mu);
+    if (writing) return;  // a wait for room is armed; its handler flushes
+    while (out_off < out.size()) {
+      error_code ec;
+      std::size_t n = sock.write_some(asio::buffer(out.data() + out_off, out.size() - out_off), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        if (out_off > out.size() / 2) {
+          out.erase(0, out_off);
+          out_off = 0;
+        }
+        arm = writing = true;
+        break;
       }
-      arm_write();
-      return;
+      if (ec) {
+        failed = ec.message();
+        break;
+      }
+      out_off += n;
     }
-    if (ec) {
-      close("write failed: " + ec.message(), false);
-      return;
+    if (!arm && failed.empty()) {
+      out.clear();
+      out_off = 0;
+      if (out.capacity() > kReadChunk) out.shrink_to_fit();
+      resume = std::exchange(paused, false);
     }
-    out_off += n;
   }
-  out.clear();
-  out_off = 0;
-  if (out.capacity() > kReadChunk) out.shrink_to_fit();
-  if (paused) {
-    paused = false;
-    arm_read();
-  }
+  if (!failed.empty()) return close("write failed: " + failed, false);
+  if (arm) arm_write();
+  if (resume) arm_read();
 }
 
 void Connection::arm_write() {
-  if (closed || writing) return;
-  writing = true;
   sock.async_wait(tcp::socket::wait_write, [self = shared_from_this()](const error_code& ec) {
-    self->writing = false;
+    {
+      std::lock_guard lk(self->out_mu);
+      self->writing = false;
+    }
     if (self->closed) return;
     if (ec) {
       if (ec != asio::error::operation_aborted) self->close("write wait failed: " + ec.message(), false);
@@ -237,58 +320,83 @@ void Connection::arm_write() {
   });
 }
 
-void Connection::close_quietly() {
-  if (closed) return;
-  closed = true;
-  error_code ec;
-  sock.close(ec);
+void Connection::close_socket() {
+  auto shut = [self = shared_from_this()] {
+    error_code ec;
+    self->sock.close(ec);
+  };
+  // On the caller's io_context everything is one thread's (or the loop has stopped).
+  if (!loop.own || loop.here()) {
+    shut();
+  } else {
+    asio::post(loop.io, std::move(shut));
+  }
 }
 
 void Connection::close(const std::string& reason, bool bad) {
+  auto keep = shared_from_this();
+  std::lock_guard lk(srv->mu);
+  close_locked(reason, bad);
+}
+
+void Connection::close_locked(const std::string& reason, bool bad) {
   if (closed) return;
   auto keep = shared_from_this();
   Server::Impl& s = *srv;
   const bool was_waiting = s.state.is_waiting(id);
   if (bad) {
     ++s.stats.closed_bad;
-    s.log->warn("closing {}: {}", name(), reason);
+    s.log->warn("closing {}: {}", name_locked(), reason);
   } else if (was_waiting) {
-    s.log->debug("{} went away while waiting ({})", name(), reason);
+    s.log->debug("{} went away while waiting ({})", name_locked(), reason);
   } else {
-    s.log->debug("{} closed after {} requests: {}", name(), requests, reason);
+    s.log->debug("{} closed after {} requests: {}", name_locked(), requests, reason);
   }
-  close_quietly();
+  closed = true;
   s.state.disconnect(id);
   s.conns.erase(id);
+  close_socket();
 }
 
 // ---------------------------------------------------------------------------------------------
 
 void Server::Impl::do_accept() {
-  acceptor.async_accept([self = shared_from_this()](const error_code& ec, tcp::socket sock) {
+  // The connection is accepted onto the loop that will serve it.
+  Loop& target = *loops[next_loop];
+  acceptor.async_accept(target.io, [self = shared_from_this(), &target](const error_code& ec, tcp::socket sock) {
     if (!self->running || ec == asio::error::operation_aborted) return;
     if (ec) {
       // Out of descriptors: the connection stays in the backlog; try again shortly rather than
       // spin on a listener that stays readable.
-      self->log->warn("store accept failed: {} ({} connections open)", ec.message(), self->conns.size());
+      std::size_t open;
+      {
+        std::lock_guard lk(self->mu);
+        open = self->conns.size();
+      }
+      self->log->warn("store accept failed: {} ({} connections open)", ec.message(), open);
       self->accept_retry.expires_after(std::chrono::milliseconds(100));
       self->accept_retry.async_wait([self](const error_code& e) {
         if (!e && self->running) self->do_accept();
       });
       return;
     }
-    self->on_accept(std::move(sock));
+    self->on_accept(target, std::move(sock));
     self->do_accept();
   });
 }
 
-void Server::Impl::on_accept(tcp::socket sock) {
+// On the caller's thread; the socket has no operation pending yet, so its loop's thread does
+// not touch it until the read is armed there.
+void Server::Impl::on_accept(Loop& target, tcp::socket sock) {
   error_code ec;
   tcp::endpoint peer = sock.remote_endpoint(ec);
   if (ec) return;  // already gone
   tcp::endpoint local = sock.local_endpoint(ec);
   if (!peer_allowed(peer.address(), allowed)) {
-    ++stats.refused;
+    {
+      std::lock_guard lk(mu);
+      ++stats.refused;
+    }
     std::string list = "loopback";
     for (const auto& a : allowed) list += ", " + a.to_string();
     log->warn("refused a store connection from {}: not one of this job's nodes (allowed: {})",
@@ -302,21 +410,59 @@ void Server::Impl::on_accept(tcp::socket sock) {
     log->warn("cannot serve {}: {}", format_endpoint(peer), ec.message());
     return;
   }
-  ClientId id = next_id++;
-  auto conn = std::make_shared<Connection>(shared_from_this(), std::move(sock), id);
-  conn->peer = peer;
-  conn->local = local;
-  conn->peer_text = format_endpoint(peer);
-  conns.emplace(id, conn);
-  ++stats.accepted;
-  log->debug("client {} connected from {}", id, conn->peer_text);
-  conn->arm_read();
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lk(mu);
+    ClientId id = next_id++;
+    conn = std::make_shared<Connection>(shared_from_this(), target, std::move(sock), id);
+    conn->peer = peer;
+    conn->local = local;
+    conn->peer_text = format_endpoint(peer);
+    conns.emplace(id, conn);
+    ++stats.accepted;
+  }
+  log->debug("client {} connected from {}", conn->id, conn->peer_text);
+  next_loop = (next_loop + 1) % loops.size();
+  if (!target.own) {
+    conn->arm_read();
+  } else {
+    asio::post(target.io, [conn] { conn->arm_read(); });
+  }
 }
 
-void Server::Impl::close_all() {
-  auto all = std::move(conns);
-  conns.clear();
-  for (auto& [id, c] : all) c->close_quietly();
+void Server::Impl::drop_all() {
+  std::unordered_map<ClientId, std::shared_ptr<Connection>> all;
+  {
+    std::lock_guard lk(mu);
+    all = std::move(conns);
+    conns.clear();
+    for (auto& [id, c] : all) c->closed = true;
+    state.reset();
+  }
+  for (auto& [id, c] : all) c->close_socket();
+}
+
+void Server::Impl::start_threads() {
+  loops.clear();
+  if (opts.threads == 0) {
+    loops.push_back(std::make_unique<Loop>(io));
+    return;
+  }
+  for (unsigned i = 0; i < opts.threads; ++i) {
+    auto loop = std::make_unique<Loop>();
+    loop->work.emplace(loop->io.get_executor());
+    Loop* raw = loop.get();
+    loop->thread = std::thread([raw] { raw->io.run(); });
+    loops.push_back(std::move(loop));
+  }
+}
+
+// After drop_all(): each loop runs the socket closes posted to it, then has nothing left to do.
+void Server::Impl::join_threads() {
+  for (auto& l : loops) l->work.reset();
+  for (auto& l : loops) {
+    if (l->thread.joinable()) l->thread.join();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,35 +524,45 @@ void Server::start() {
   if (ec) fail("listen on");
   s.bound_port = s.acceptor.local_endpoint(ec).port();
   s.bound_host = addr.is_v6() ? fmt::format("[{}]", addr.to_string()) : addr.to_string();
+  s.start_threads();
   s.running = true;
   s.do_accept();
-  s.log->debug("store listening on {} (PyTorch 1.13 and 2.x clients)", address());
+  s.log->debug("store listening on {} (PyTorch 1.13 and 2.x clients; {})", address(),
+               s.opts.threads == 0 ? std::string("on the caller's loop") : fmt::format("{} I/O threads", s.opts.threads));
 }
 
 uint16_t Server::port() const { return impl_->bound_port; }
 
 std::string Server::address() const { return impl_->bound_host + ":" + std::to_string(impl_->bound_port); }
 
+unsigned Server::threads() const { return impl_->opts.threads; }
+
 void Server::reset() {
   Impl& s = *impl_;
-  const std::size_t keys = s.state.num_keys(), clients = s.conns.size();
-  s.close_all();
-  s.state.reset();
+  std::size_t keys, clients;
+  {
+    std::lock_guard lk(s.mu);
+    keys = s.state.num_keys();
+    clients = s.conns.size();
+  }
+  s.drop_all();
   s.log->debug("store reset for a new attempt: dropped {} keys and {} connections", keys, clients);
 }
 
 void Server::stop() {
   Impl& s = *impl_;
-  if (!s.running && s.conns.empty()) return;
-  s.running = false;
-  error_code ec;
-  s.acceptor.close(ec);
-  s.accept_retry.cancel();
-  s.close_all();
-  s.state.reset();
+  if (s.running) {
+    s.running = false;
+    error_code ec;
+    s.acceptor.close(ec);
+    s.accept_retry.cancel();
+  }
+  s.drop_all();
+  s.join_threads();
 }
 
 ServerStats Server::stats() const {
+  std::lock_guard lk(impl_->mu);
   ServerStats st = impl_->stats;
   st.connections = impl_->conns.size();
   return st;
@@ -415,26 +571,32 @@ ServerStats Server::stats() const {
 WaitReport Server::waiters() const {
   Impl& s = *impl_;
   WaitReport report;
-  report.connections = s.conns.size();
-  report.keys = s.state.num_keys();
-  auto waited = s.state.waiters();
-  if (waited.empty()) return report;
-
+  std::vector<KeyWaiters> waited;
   // Clients on this host (loopback, or our own address: node rank 0's workers reach its agent's
-  // store at MASTER_ADDR) that sent no PING: find their pids through /proc, once per connection.
+  // store at MASTER_ADDR) that sent no PING: their pids are looked up through /proc, once per
+  // connection, outside the lock (the store keeps serving meanwhile).
   std::vector<std::shared_ptr<Connection>> unknown;
-  for (const auto& kw : waited) {
-    for (const auto& [id, since] : kw.clients) {
-      auto it = s.conns.find(id);
-      if (it == s.conns.end()) continue;
-      auto& c = it->second;
-      const bool same_host = is_loopback(c->peer.address()) || normalize(c->peer.address()) == normalize(c->local.address());
-      if (!s.state.client_pid(id) && !c->proc_pid && same_host &&
-          std::find(unknown.begin(), unknown.end(), c) == unknown.end()) {
-        unknown.push_back(c);
+  {
+    std::lock_guard lk(s.mu);
+    report.connections = s.conns.size();
+    report.keys = s.state.num_keys();
+    waited = s.state.waiters();
+    if (waited.empty()) return report;
+    for (const auto& kw : waited) {
+      for (const auto& [id, since] : kw.clients) {
+        auto it = s.conns.find(id);
+        if (it == s.conns.end()) continue;
+        auto& c = it->second;
+        const bool same_host =
+            is_loopback(c->peer.address()) || normalize(c->peer.address()) == normalize(c->local.address());
+        if (!s.state.client_pid(id) && !c->proc_pid && same_host &&
+            std::find(unknown.begin(), unknown.end(), c) == unknown.end()) {
+          unknown.push_back(c);
+        }
       }
     }
   }
+  std::vector<std::optional<int>> found_pid(unknown.size());
   if (!unknown.empty() && s.resolver.candidate_pids) {
     std::vector<pid_t> candidates = s.resolver.candidate_pids();
     std::vector<std::pair<tcp::endpoint, tcp::endpoint>> pairs;
@@ -451,32 +613,44 @@ WaitReport Server::waiters() const {
           }
         }
       }
-      unknown[i]->proc_pid = chosen;
+      found_pid[i] = chosen;
     }
   }
 
-  for (auto& kw : waited) {
-    WaitedKey wk;
-    wk.key = std::move(kw.key);
-    wk.barrier = kw.barrier;
-    wk.deleted = kw.deleted;
-    for (const auto& [id, since] : kw.clients) {
-      WaitingClient w;
-      w.connection = id;
-      w.since = since;
-      auto it = s.conns.find(id);
-      if (it != s.conns.end()) {
-        w.peer = it->second->peer_text;
-        if (auto pid = s.state.client_pid(id)) {
-          w.pid = static_cast<int>(*pid);
-        } else {
-          w.pid = it->second->proc_pid;
-        }
-      }
-      if (w.pid && s.resolver.rank_of_pid) w.rank = s.resolver.rank_of_pid(*w.pid);
-      wk.waiters.push_back(std::move(w));
+  {
+    std::lock_guard lk(s.mu);
+    for (std::size_t i = 0; i < unknown.size(); ++i) {
+      if (found_pid[i]) unknown[i]->proc_pid = found_pid[i];
     }
-    report.waited.push_back(std::move(wk));
+    for (auto& kw : waited) {
+      WaitedKey wk;
+      wk.key = std::move(kw.key);
+      wk.barrier = kw.barrier;
+      wk.deleted = kw.deleted;
+      for (const auto& [id, since] : kw.clients) {
+        WaitingClient w;
+        w.connection = id;
+        w.since = since;
+        auto it = s.conns.find(id);
+        if (it != s.conns.end()) {
+          w.peer = it->second->peer_text;
+          if (auto pid = s.state.client_pid(id)) {
+            w.pid = static_cast<int>(*pid);
+          } else {
+            w.pid = it->second->proc_pid;
+          }
+        }
+        wk.waiters.push_back(std::move(w));
+      }
+      report.waited.push_back(std::move(wk));
+    }
+  }
+  if (s.resolver.rank_of_pid) {
+    for (auto& wk : report.waited) {
+      for (auto& w : wk.waiters) {
+        if (w.pid) w.rank = s.resolver.rank_of_pid(*w.pid);
+      }
+    }
   }
   return report;
 }

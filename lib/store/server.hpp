@@ -13,11 +13,18 @@
 //   store.stop();                        // or just destroy it
 //
 // Policy:
-//  - One thread (the caller's io_context) owns everything, so every operation is atomic with
-//    respect to the others, as in PyTorch's servers. Waits are event-driven: a client's WAIT is
-//    answered from inside the SET that completes it; nothing polls.
-//  - Sockets are non-blocking; reads go into one shared buffer when the socket is readable, so
-//    an idle connection (every 1.13 client keeps one) costs no buffer. Replies are written at
+//  - Every operation is atomic with respect to the others, as in PyTorch's servers: the store's
+//    state is applied under one lock. Waits are event-driven: a client's WAIT is answered from
+//    inside the SET that completes it; nothing polls.
+//  - Threads: with `threads` 0 the connections are served on the caller's io_context (the
+//    launcher's loop). With N >= 1 the server runs N I/O threads of its own and deals each
+//    accepted connection to one of them (round robin); accepting stays on the caller's
+//    io_context. Only the state's update is serialised: reading, decoding and writing run in
+//    parallel, so throughput grows with cores where PyTorch's server (one thread) stops. A
+//    reply to another client (a WAIT released by a SET) is queued under the lock, in the order
+//    the state produced it, and written by that client's own thread.
+//  - Sockets are non-blocking; reads go into one buffer per thread when the socket is readable,
+//    so an idle connection (every 1.13 client keeps one) costs no buffer. Replies are written at
 //    once when the kernel takes them, else queued. A connection whose queued replies pass 4 MiB
 //    is not read from until they drain (TCP pushes back on that client only); one whose request
 //    plus queued output would pass Limits::max_connection_bytes is closed.
@@ -28,6 +35,9 @@
 //    net.core.somaxconn); TCP_NODELAY on every client.
 //  - Access: loopback always; other peers only when their address is in allowed_peers.
 //    Refusals are logged with the peer's address.
+//  - The public calls (reset, stop, waiters, stats, set_allowed_peers, set_rank_resolver) are
+//    made from the caller's io_context thread, as start() is; with threads >= 1 they are safe
+//    against the I/O threads, and stop() joins them.
 #pragma once
 
 #include "store/peers.hpp"
@@ -54,7 +64,12 @@ struct ServerOptions {
   uint16_t port = 29500;                    // 0: any free port (see port())
   std::vector<std::string> allowed_peers;   // addresses besides loopback that may connect
   Limits limits;
+  unsigned threads = 0;                     // I/O threads of its own; 0: the caller's io_context
 };
+
+// The I/O threads a store gets when its user asks for "auto": a quarter of this machine's cores,
+// at least 1 and at most 8 (the state's one lock stops paying beyond that).
+unsigned auto_threads();
 
 struct ServerStats {
   std::size_t connections = 0;     // open now
@@ -78,6 +93,7 @@ class Server {
   void start();
   uint16_t port() const;          // the bound port (after start)
   std::string address() const;    // "127.0.0.1:29500", "[::]:29500"
+  unsigned threads() const;       // ServerOptions::threads
 
   // A new attempt: drops every key, queue, waiter and client connection. Keeps listening.
   void reset();

@@ -4,6 +4,7 @@
 
 #include "store/server.hpp"
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
@@ -34,6 +35,8 @@ class ServerThread {
 
  private:
   boost::asio::io_context io_;
+  // Keeps io_.run() going after the server stops (a test may still call() it then).
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_{io_.get_executor()};
   std::optional<Server> server_;
   uint16_t port_ = 0;
   std::thread thread_;

@@ -11,7 +11,9 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <thread>
 #include <fstream>
 #include <sstream>
 
@@ -54,20 +56,26 @@ std::vector<std::string> fixture_files() {
 
 }  // namespace
 
-class StoreFixtures : public ::testing::TestWithParam<std::string> {};
+// Every test of the server runs twice: on the caller's loop (threads 0, the launcher's way) and
+// on three I/O threads of its own, so that connections of one test land on different threads.
+std::string threads_name(unsigned threads) { return threads == 0 ? "caller_loop" : "threads" + std::to_string(threads); }
+
+class StoreFixtures : public ::testing::TestWithParam<std::tuple<std::string, unsigned>> {};
 
 TEST_P(StoreFixtures, Replays) {
-  std::ifstream f(std::string(DDP_STORE_FIXTURES) + "/" + GetParam() + ".txt");
+  std::ifstream f(std::string(DDP_STORE_FIXTURES) + "/" + std::get<0>(GetParam()) + ".txt");
   std::stringstream text;
   text << f.rdbuf();
   auto steps = parse_fixture(text.str());
   ASSERT_FALSE(steps.empty());
-  ServerThread st;
+  ServerThread st({.host = "127.0.0.1", .port = 0, .threads = std::get<1>(GetParam())});
   EXPECT_EQ(replay_fixture(steps, st.port()), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, StoreFixtures, ::testing::ValuesIn(fixture_files()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Files, StoreFixtures, ::testing::Combine(::testing::ValuesIn(fixture_files()), ::testing::Values(0u, 3u)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + threads_name(std::get<1>(info.param));
+                         });
 
 TEST(StoreFixtureFormat, ParsesTokens) {
   auto steps = parse_fixture("# c\n2> 0a ff \"ab\" s\"x\" u8:7 u32:0x01020304 i64:-1 # tail\n< quiet\n3< eof\n> close\n");
@@ -83,8 +91,16 @@ TEST(StoreFixtureFormat, ParsesTokens) {
   EXPECT_THROW(parse_fixture("hello\n"), std::runtime_error);
 }
 
-TEST(StoreServer, GarbageFromOneClientDoesNotDisturbAnother) {
-  ServerThread st;
+class StoreServer : public ::testing::TestWithParam<unsigned> {
+ protected:
+  ServerOptions opts() const { return {.host = "127.0.0.1", .port = 0, .threads = GetParam()}; }
+};
+
+INSTANTIATE_TEST_SUITE_P(Threads, StoreServer, ::testing::Values(0u, 3u),
+                         [](const auto& info) { return threads_name(info.param); });
+
+TEST_P(StoreServer, GarbageFromOneClientDoesNotDisturbAnother) {
+  ServerThread st(opts());
   RawClient good(st.port()), bad(st.port());
   good.send(enc(Protocol::v1, req(Op::set, "/k", "v")));
   good.send(enc(Protocol::v1, wait_req({"/later"})));
@@ -98,8 +114,8 @@ TEST(StoreServer, GarbageFromOneClientDoesNotDisturbAnother) {
   EXPECT_EQ(st.call([&] { return st.server().stats().closed_bad; }), 1u);
 }
 
-TEST(StoreServer, ManyWaitersReleasedByOneSet) {
-  ServerThread st;
+TEST_P(StoreServer, ManyWaitersReleasedByOneSet) {
+  ServerThread st(opts());
   std::vector<std::unique_ptr<RawClient>> waiters;
   for (int i = 0; i < 64; ++i) {
     waiters.push_back(std::make_unique<RawClient>(st.port()));
@@ -116,8 +132,8 @@ TEST(StoreServer, ManyWaitersReleasedByOneSet) {
   for (auto& w : waiters) EXPECT_EQ(w->recv(1), std::string(1, '\0'));
 }
 
-TEST(StoreServer, WaiterThatVanishesIsForgotten) {
-  ServerThread st;
+TEST_P(StoreServer, WaiterThatVanishesIsForgotten) {
+  ServerThread st(opts());
   {
     RawClient w(st.port());
     w.send(enc(Protocol::v1, wait_req({"/k"})));
@@ -132,11 +148,11 @@ TEST(StoreServer, WaiterThatVanishesIsForgotten) {
   EXPECT_EQ(c.recv(8), i64(1));
 }
 
-TEST(StoreServer, SlowReaderPastTheMemoryCapIsClosed) {
+TEST_P(StoreServer, SlowReaderPastTheMemoryCapIsClosed) {
   Limits lim;
   lim.max_connection_bytes = 1 << 20;
   lim.max_value_bytes = 1 << 20;
-  ServerThread st({.host = "127.0.0.1", .port = 0, .limits = lim});
+  ServerThread st({.host = "127.0.0.1", .port = 0, .limits = lim, .threads = GetParam()});
   RawClient c(st.port());
   c.send(enc(Protocol::v1, req(Op::set, "/big", std::string(600 * 1024, 'x'))));
   // 40 GETs of 600 KiB = 24 MiB of replies that this client never reads.
@@ -149,8 +165,8 @@ TEST(StoreServer, SlowReaderPastTheMemoryCapIsClosed) {
   EXPECT_EQ(other.recv(8), i64(1));
 }
 
-TEST(StoreServer, ResetDropsKeysWaitersAndClients) {
-  ServerThread st;
+TEST_P(StoreServer, ResetDropsKeysWaitersAndClients) {
+  ServerThread st(opts());
   RawClient a(st.port());
   a.send(enc(Protocol::v1, req(Op::set, "/k", "v")) + enc(Protocol::v1, wait_req({"/never"})));
   EXPECT_TRUE(a.quiet(50ms));
@@ -165,8 +181,8 @@ TEST(StoreServer, ResetDropsKeysWaitersAndClients) {
   EXPECT_TRUE(st.call([&] { return st.server().waiters(); }).waited.empty());
 }
 
-TEST(StoreServer, WaitReportNamesThePidFromPingAndTheRank) {
-  ServerThread st;
+TEST_P(StoreServer, WaitReportNamesThePidFromPingAndTheRank) {
+  ServerThread st(opts());
   st.call([&] {
     st.server().set_rank_resolver({.rank_of_pid = [](pid_t p) -> std::optional<int> {
       if (p == 4242) return 3;
@@ -195,8 +211,8 @@ TEST(StoreServer, WaitReportNamesThePidFromPingAndTheRank) {
   EXPECT_EQ(text, "1/4 ranks waiting on `/default_pg/0//cuda//0` for 300 s (rank 3); set by nobody");
 }
 
-TEST(StoreServer, WaitReportFindsAOneThirteenClientsPidThroughProc) {
-  ServerThread st;
+TEST_P(StoreServer, WaitReportFindsAOneThirteenClientsPidThroughProc) {
+  ServerThread st(opts());
   const pid_t self = getpid();
   st.call([&] {
     st.server().set_rank_resolver({
@@ -221,7 +237,7 @@ TEST(StoreServer, WaitReportFindsAOneThirteenClientsPidThroughProc) {
   EXPECT_EQ(r.waited[0].waiters[0].peer, "127.0.0.1:" + std::to_string(c.local_port()));
 }
 
-TEST(StoreServer, PidsOwningConnectionFindsOurOwnSocket) {
+TEST(StoreServerSetup, PidsOwningConnectionFindsOurOwnSocket) {
   ServerThread st;
   RawClient c(st.port());
   boost::asio::ip::tcp::endpoint client(boost::asio::ip::make_address("127.0.0.1"), c.local_port());
@@ -233,8 +249,8 @@ TEST(StoreServer, PidsOwningConnectionFindsOurOwnSocket) {
   EXPECT_TRUE(pids_owning_connection(client, server, none).empty());
 }
 
-TEST(StoreServer, PortInUseSaysWhatToDo) {
-  ServerThread st;
+TEST_P(StoreServer, PortInUseSaysWhatToDo) {
+  ServerThread st(opts());
   boost::asio::io_context io;
   Server second(io, {.host = "127.0.0.1", .port = st.port()});
   try {
@@ -248,20 +264,72 @@ TEST(StoreServer, PortInUseSaysWhatToDo) {
   }
 }
 
-TEST(StoreServer, DualStackWhenListeningOnAny) {
+TEST_P(StoreServer, DualStackWhenListeningOnAny) {
   boost::asio::io_context probe;
   boost::asio::ip::tcp::acceptor a(probe);
   boost::system::error_code ec;
   a.open(boost::asio::ip::tcp::v6(), ec);
   if (ec) GTEST_SKIP() << "no IPv6 here";
-  ServerThread st({.host = "::", .port = 0});
+  ServerThread st({.host = "::", .port = 0, .threads = GetParam()});
   EXPECT_EQ(st.call([&] { return st.server().address(); }), "[::]:" + std::to_string(st.port()));
   RawClient c(st.port());  // IPv4 loopback into the "::" listener
   c.send(enc(Protocol::v1, req(Op::get_num_keys)));
   EXPECT_EQ(c.recv(8), i64(0));
 }
 
-TEST(StoreServer, BadAllowListEntryIsRefusedAtConstruction) {
+// Each ADD is atomic and sees every earlier one, whichever thread serves its client: the
+// replies of all clients together are exactly 1..N, each once.
+TEST_P(StoreServer, ConcurrentAddsFromManyClientsAreEachCountedOnce) {
+  ServerThread st(opts());
+  constexpr int kClients = 24, kAdds = 200;
+  std::vector<std::vector<int64_t>> seen(kClients);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      RawClient cl(st.port());
+      Request add = req(Op::add, "/counter");
+      add.number = 1;
+      const std::string one = enc(Protocol::v1, add);
+      for (int i = 0; i < kAdds; ++i) {
+        cl.send(one);
+        const std::string r = cl.recv(8);
+        if (r.size() != 8) return;
+        int64_t v;
+        std::memcpy(&v, r.data(), 8);
+        seen[c].push_back(v);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<int64_t> all;
+  for (auto& v : seen) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), std::size_t{kClients * kAdds});
+  for (std::size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<int64_t>(i + 1)) << "at " << i;
+}
+
+// stop() while clients are busy: every client sees its connection closed, and stop returns
+// (with threads, after joining them).
+TEST_P(StoreServer, StopWhileClientsAreBusyClosesEveryConnection) {
+  auto st = std::make_unique<ServerThread>(opts());
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int i = 0; i < 12; ++i) {
+    clients.push_back(std::make_unique<RawClient>(st->port()));
+    std::string burst;
+    for (int k = 0; k < 100; ++k) burst += enc(Protocol::v1, req(Op::set, "/k" + std::to_string(k), "v"));
+    burst += enc(Protocol::v1, wait_req({"/never"}));
+    clients.back()->send(burst);
+  }
+  st->call([&] {
+    st->server().stop();
+    return 0;
+  });
+  for (auto& c : clients) EXPECT_TRUE(c->closed_by_peer());
+  EXPECT_EQ(st->call([&] { return st->server().stats().connections; }), 0u);
+  st.reset();
+}
+
+TEST(StoreServerSetup, BadAllowListEntryIsRefusedAtConstruction) {
   boost::asio::io_context io;
   EXPECT_THROW(Server(io, {.allowed_peers = {"node1"}}), StoreError);
 }
