@@ -1,4 +1,4 @@
-// `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N]`: a standalone
+// `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N] [--threads N|auto]`: a standalone
 // c10d TCPStore-compatible server (the one launches embed), until SIGINT/SIGTERM.
 // Prints "listening on HOST:PORT" on stdout once it listens (port 0 picks a free port).
 // SIGUSR1 logs who waits for what; standalone, ranks come from the clients' RANK variable.
@@ -26,6 +26,7 @@ struct ServeArgs {
   std::string listen = "127.0.0.1:29500";
   std::vector<std::string> allow;
   int world_size = 0;
+  std::string threads = "0";
 };
 
 // "HOST:PORT", "[V6]:PORT".
@@ -56,7 +57,19 @@ std::pair<std::string, uint16_t> parse_listen(const std::string& text) {
 int serve(const ServeArgs& args) {
   auto [host, port] = parse_listen(args.listen);
   boost::asio::io_context io;
-  ddp::store::Server server(io, {.host = host, .port = port, .allowed_peers = args.allow});
+  int threads = 0;
+  if (args.threads == "auto") {
+    threads = -1;
+  } else {
+    char* end = nullptr;
+    long n = std::strtol(args.threads.c_str(), &end, 10);
+    if (args.threads.empty() || *end != '\0' || n < 0 || n > 64) {
+      throw std::runtime_error("--threads `" + args.threads + "`: expected 0..64 or auto");
+    }
+    threads = static_cast<int>(n);
+  }
+  ddp::store::Server server(
+      io, {.host = host, .port = port, .allowed_peers = args.allow, .threads = ddp::store::threads_for(threads)});
   const pid_t self = getpid();
   server.set_rank_resolver({
       .candidate_pids =
@@ -105,6 +118,9 @@ Command add_store_command(CLI::App& root) {
       ->capture_default_str();
   serve_cmd->add_option("--allow", args->allow, "address of a peer allowed besides loopback (repeatable)");
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
+  serve_cmd->add_option("--threads", args->threads,
+                        "I/O threads serving the connections: 0 (this thread), N, or auto (a quarter of the cores, 1..8)")
+      ->capture_default_str();
   return {sub, [args] { return serve(*args); }};
 }
 

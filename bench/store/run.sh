@@ -5,6 +5,9 @@
 #   BUILD_DIR=...        build folder (default build)
 #   CLIENTS=1,16,256     client counts
 #   RUN_SECONDS=3        measured seconds per run (after 0.3 s of warm-up)
+#   SERVER_THREADS=auto  our server's I/O threads (`store serve --threads`: 0, N or auto, a
+#                        quarter of the cores); PyTorch's server is one thread whatever is asked
+#   LOAD_THREADS=N       the load generator's epoll threads (default: half the cores, at least 2)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -45,15 +48,17 @@ start() {
   exit 2
 }
 
-DDP_LOG_LEVEL=warn start "$ddpctl" store serve --listen 127.0.0.1:0
+server_threads=${SERVER_THREADS:-auto}
+load_threads=${LOAD_THREADS:-$(( $(nproc) / 2 > 2 ? $(nproc) / 2 : 2 ))}
+DDP_LOG_LEVEL=warn start "$ddpctl" store serve --listen 127.0.0.1:0 --threads "$server_threads"
 ours_pid=$started_pid ours_port=$started_port
 start "$python" "$root/bench/store/torch_server.py"
 torch_pid=$started_pid torch_port=$started_port
 
-echo "ours:  ddpctl store serve (pid $ours_pid, port $ours_port)"
+echo "ours:  ddpctl store serve --threads $server_threads (pid $ours_pid, port $ours_port)"
 echo "torch: PyTorch $("$python" -c 'import torch; print(torch.__version__)') TCPStore(is_master=True) (pid $torch_pid, port $torch_port)"
-echo "machine: $(nproc) cores; load generator and both servers share them"
+echo "machine: $(nproc) cores; load generator ($load_threads threads) and both servers share them"
 # The wire numbering the comparison server speaks: 1.13's for torch 1.x, 2.x's (VALIDATE first) after.
 protocol=${PROTOCOL:-$("$python" -c 'import torch; print(2 if int(torch.__version__.split(".")[0]) >= 2 else 1)')}
 "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
-  --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}"
+  --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}" --threads "$load_threads"

@@ -661,12 +661,15 @@ class Agent {
         so.host = host;
         so.port = port;
         so.allowed_peers = job.node_addresses;
+        so.threads = store::threads_for(job.payload.spec.store_threads);
         store_.emplace(io_, so);
         store_host_ = host;
         store_port_ = port;
         store_->start();
         store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
-        log_->info("job {}: store on {} for {}", job.job_id, store_->address(), join(so.allowed_peers, ", "));
+        log_->info("job {}: store on {} ({}) for {}", job.job_id, store_->address(),
+                   so.threads == 0 ? std::string("the agent's loop") : fmt::format("{} I/O threads", so.threads),
+                   join(so.allowed_peers, ", "));
       } else {
         store_->set_allowed_peers(job.node_addresses);
         store_->reset();

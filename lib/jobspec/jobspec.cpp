@@ -226,8 +226,14 @@ class Parser {
           }
         });
       } else if (key == "store") {
-        mapping(v, "store", {"port"}, [&](const std::string&, const YAML::Node&, const YAML::Node& sv) {
-          if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) spec.store_port = static_cast<std::uint16_t>(*n);
+        mapping(v, "store", {"port", "threads"}, [&](const std::string& sk, const YAML::Node&, const YAML::Node& sv) {
+          if (sk == "port") {
+            if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) spec.store_port = static_cast<std::uint16_t>(*n);
+          } else if (sv.IsScalar() && sv.Scalar() == "auto") {
+            spec.store_threads = kAutoThreads;
+          } else if (auto n = integer(sv, "store.threads (or auto)", 0, 64)) {
+            spec.store_threads = static_cast<int>(*n);
+          }
         });
       } else if (key == "stop") {
         mapping(v, "stop", {"grace"}, [&](const std::string&, const YAML::Node&, const YAML::Node& sv) {

@@ -80,6 +80,9 @@ struct ContainerSpec {
 std::string_view runtime_name(ContainerRuntime r);
 std::optional<ContainerRuntime> runtime_from_name(std::string_view name);
 
+// store.threads: auto (the store picks from the machine's cores).
+inline constexpr int kAutoThreads = -1;
+
 struct JobSpec {
   std::string file;  // where it came from, for messages
   std::string name = "job";
@@ -96,6 +99,7 @@ struct JobSpec {
   std::string log_dir = "./logs";
   std::uint64_t log_max_bytes = 100ull << 20;  // per rank file, then rotated once
   std::uint16_t store_port = 29500;
+  int store_threads = 0;  // the store's own I/O threads; 0: the launcher's (agent's) loop; kAutoThreads
   NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
   BindingSpec binding;
   std::optional<ContainerSpec> container;

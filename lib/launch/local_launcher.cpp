@@ -189,6 +189,7 @@ class LocalLauncher {
     store::ServerOptions so;
     so.host = node.master_addr;
     so.port = opts_.spec.store_port;
+    so.threads = store::threads_for(opts_.spec.store_threads);
     store_.emplace(io_, so);
     try {
       store_->start();

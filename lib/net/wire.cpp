@@ -67,6 +67,7 @@ json to_json(const JobPayload& p) {
          {"log_dir", s.log_dir},
          {"log_max_bytes", s.log_max_bytes},
          {"store_port", s.store_port},
+         {"store_threads", s.store_threads},
          {"nccl_unique_id", s.nccl_unique_id == jobspec::NcclUniqueId::on    ? "on"
                             : s.nccl_unique_id == jobspec::NcclUniqueId::off ? "off"
                                                                              : "auto"},
@@ -127,6 +128,9 @@ JobPayload payload_from_json(const json& j) {
   s.log_dir = get<std::string>(j, "log_dir");
   s.log_max_bytes = get<std::uint64_t>(j, "log_max_bytes");
   s.store_port = get<std::uint16_t>(j, "store_port");
+  // Absent from a launcher that predates it: the agent's loop, as then.
+  s.store_threads = j.contains("store_threads") ? get<int>(j, "store_threads") : 0;
+  if (s.store_threads < jobspec::kAutoThreads || s.store_threads > 64) throw WireError("job spec: store_threads out of range");
   const auto nccl = get<std::string>(j, "nccl_unique_id");
   s.nccl_unique_id = nccl == "on" ? jobspec::NcclUniqueId::on
                      : nccl == "off" ? jobspec::NcclUniqueId::off

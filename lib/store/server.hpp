@@ -70,6 +70,8 @@ struct ServerOptions {
 // The I/O threads a store gets when its user asks for "auto": a quarter of this machine's cores,
 // at least 1 and at most 8 (the state's one lock stops paying beyond that).
 unsigned auto_threads();
+// A job's or command line's request: a count, or negative for auto_threads().
+inline unsigned threads_for(int asked) { return asked < 0 ? auto_threads() : static_cast<unsigned>(asked); }
 
 struct ServerStats {
   std::size_t connections = 0;     // open now

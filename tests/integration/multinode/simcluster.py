@@ -56,11 +56,11 @@ def netns_unavailable():
 LINE = re.compile(r"^\[(?P<node>[^\]:]+(?::\d+)?):(?P<rank>\d+)\] (?P<text>.*)$")
 
 
-def job_file(cluster, name, command, nproc=1, extra=""):
-    """A job file in the cluster's folder: `command` on `nproc` workers per node, the store on
-    port 29500, 3 s of stop grace, then `extra` (YAML lines)."""
+def job_file(cluster, name, command, nproc=1, extra="", store="{port: 29500}"):
+    """A job file in the cluster's folder: `command` on `nproc` workers per node, the store as
+    `store` (port 29500), 3 s of stop grace, then `extra` (YAML lines)."""
     return cluster.write(f"{name}.yaml", f"name: {name}\nnproc_per_node: {nproc}\ncommand: {json.dumps(command)}\n"
-                                         f"store: {{port: 29500}}\nstop: {{grace: 3s}}\n{extra}")
+                                         f"store: {store}\nstop: {{grace: 3s}}\n{extra}")
 
 
 def finish(p, timeout=90):

@@ -53,9 +53,10 @@ class StoreProcess:
         return self.proc.returncode
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = StoreProcess(tmp_path)
+# Every test against both ways of serving: on the command's own thread and on two I/O threads.
+@pytest.fixture(params=["0", "2"], ids=["one_loop", "threads2"])
+def store(request, tmp_path):
+    s = StoreProcess(tmp_path, "--threads", request.param)
     yield s
     assert s.alive(), "the store died during the test:\n" + s.log_text()
     assert s.stop() == 0

@@ -9,7 +9,7 @@ TEST(Wire, PayloadRoundTrips) {
   JobPayload p;
   p.spec = ddp::jobspec::parse_job_yaml(
       "name: t\nnnodes: 2\nnproc_per_node: 3\ncommand: [python3, a.py, --x]\nworkdir: /w\nenv: {A: '1', B: two}\n"
-      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555}\nstop: {grace: 4s}\n"
+      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555, threads: 3}\nstop: {grace: 4s}\n"
       "binding: {gpu: isolate, numa: exclusive, nic: rank}\n",
       "t.yaml");
   p.forward_env = {{"PATH", "/usr/bin"}};
@@ -23,11 +23,23 @@ TEST(Wire, PayloadRoundTrips) {
   EXPECT_EQ(back.spec.max_restarts, 2);
   EXPECT_EQ(back.spec.restart_backoff, ddp::Millis(3000));
   EXPECT_EQ(back.spec.store_port, 29555);
+  EXPECT_EQ(back.spec.store_threads, 3);
   EXPECT_EQ(back.spec.stop_grace, ddp::Millis(4000));
   EXPECT_EQ(back.forward_env, p.forward_env);
   EXPECT_EQ(back.spec.binding.gpu, ddp::jobspec::GpuBinding::isolate);
   EXPECT_EQ(back.spec.binding.numa, ddp::jobspec::NumaBinding::exclusive);
   EXPECT_EQ(back.spec.binding.nic, ddp::jobspec::NicBinding::rank);
+}
+
+TEST(Wire, StoreThreadsAutoTravelsAndAnOlderLauncherMeansTheAgentsLoop) {
+  JobPayload p;
+  p.spec = ddp::jobspec::parse_job_yaml("command: [x]\nstore: {threads: auto}\n", "t.yaml");
+  auto j = to_json(p);
+  EXPECT_EQ(payload_from_json(j).spec.store_threads, ddp::jobspec::kAutoThreads);
+  j.erase("store_threads");
+  EXPECT_EQ(payload_from_json(j).spec.store_threads, 0);
+  j["store_threads"] = 1000;
+  EXPECT_THROW(payload_from_json(j), WireError);
 }
 
 TEST(Wire, ContainerRoundTrips) {
