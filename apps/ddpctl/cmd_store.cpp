@@ -26,7 +26,7 @@ struct ServeArgs {
   std::string listen = "127.0.0.1:29500";
   std::vector<std::string> allow;
   int world_size = 0;
-  std::string threads = "0";
+  std::string threads = "auto";
 };
 
 // "HOST:PORT", "[V6]:PORT".
@@ -119,7 +119,7 @@ Command add_store_command(CLI::App& root) {
   serve_cmd->add_option("--allow", args->allow, "address of a peer allowed besides loopback (repeatable)");
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
   serve_cmd->add_option("--threads", args->threads,
-                        "I/O threads serving the connections: 0 (this thread), N, or auto (a quarter of the cores, 1..8)")
+                        "I/O threads serving the connections: auto (a quarter of the cores, 1..8), N, or 0 (the main thread)")
       ->capture_default_str();
   return {sub, [args] { return serve(*args); }};
 }

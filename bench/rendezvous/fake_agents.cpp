@@ -7,8 +7,10 @@
 // protocol, not worker start-up.
 //
 //   fake_agents --count N --base-port P --token-file F --out times.json
-// prints "ready" once every port listens; writes {first_accept_us, last_assign_us, assigned,
-// finished} (system clock, microseconds) when every agent's job is done or its link is gone.
+// prints "ready" once every port listens; writes {first_accept_us, last_assign_us, last_start_us, assigned,
+// finished, starts_in_assign, separate_starts} (system clock, microseconds) when every agent's job
+// is done or its link is gone. --version 3 speaks only the previous protocol version (the
+// coordinator then sends each node a start of its own); tests/integration/coordinator uses it.
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
 
@@ -48,13 +50,15 @@ struct Bench {
   ddp::proto::Keyring keys;
   int count = 0;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
-  std::int64_t first_accept_us = 0, last_assign_us = 0;
+  std::int64_t first_accept_us = 0, last_assign_us = 0, last_start_us = 0;
   // When each step was last reached by any agent: where the time goes.
   std::int64_t last_accept_us = 0, last_established_us = 0, last_offer_us = 0;
   // This process's CPU time at the first accept and at the last assignment: how busy the agents'
   // side was during the rendezvous (the rest of the two cores is the coordinator's).
   std::int64_t cpu_first_accept_us = 0, cpu_last_assign_us = 0;
   int assigned = 0, finished = 0, closed = 0;
+  int starts_in_assign = 0, separate_starts = 0;
+  std::uint32_t version = 0;  // 0: every version this build speaks
 
   void accept(int i) {
     acceptors[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket s) {
@@ -78,6 +82,7 @@ struct Bench {
     sc.keys = keys;
     sc.nonce = ddp::proto::random_nonce();
     sc.accept_roles = {ddp::proto::Role::coordinator};
+    if (version) sc.versions = {version};
     auto conn = Connection::make(std::move(s), ddp::proto::Session::server(sc), sc.name, "bench", ddp::Millis(60000));
     Connection* raw = conn.get();
     conn->start({[this](const ddp::proto::PeerInfo&) { last_established_us = now_us(); },
@@ -101,7 +106,11 @@ struct Bench {
       ++assigned;
       // Node rank 0 says its store is up (the coordinator assigns the others after that).
       if (b["node_rank"] == 0) send(c, "ready", {{"job_id", b["job_id"]}, {"round", b["round"]}, {"master_port", 29500}});
-    } else if (m.type == "start") {
+    }
+    // An assign sent once the round is complete is also its start (protocol version 4).
+    if (m.type == "start" || (m.type == "assign" && b.value("start", false))) {
+      ++(m.type == "start" ? separate_starts : starts_in_assign);
+      last_start_us = now_us();
       const json job = b["job_id"], round = b["round"];
       send(c, "worker_started", {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}});
       send(c, "worker_exited",
@@ -123,6 +132,7 @@ int main(int argc, char** argv) {
   app.add_option("--base-port", base_port)->required()->check(CLI::Range(1024, 65535));
   app.add_option("--token-file", token_file)->required();
   app.add_option("--out", out)->required();
+  app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 4));
   CLI11_PARSE(app, argc, argv);
 
   // Two descriptors per agent (listener, connection): raise the soft limit as far as allowed.
@@ -150,12 +160,15 @@ int main(int argc, char** argv) {
   bench.io.run();
   std::ofstream(out) << json{{"first_accept_us", bench.first_accept_us},
                              {"last_assign_us", bench.last_assign_us},
+                             {"last_start_us", bench.last_start_us},
                              {"last_accept_us", bench.last_accept_us},
                              {"last_established_us", bench.last_established_us},
                              {"last_offer_us", bench.last_offer_us},
                              {"agents_cpu_us", bench.cpu_last_assign_us - bench.cpu_first_accept_us},
                              {"assigned", bench.assigned},
-                             {"finished", bench.finished}}
+                             {"finished", bench.finished},
+                             {"starts_in_assign", bench.starts_in_assign},
+                             {"separate_starts", bench.separate_starts}}
                             .dump()
                      << "\n";
   return 0;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Rendezvous at scale: N agents speaking the real protocol over loopback (fake_agents, one
 process) join one coordinator (`ddpctl launch --nodes`); reported per N: time from the first
-connection to the last `assign` (the rendezvous), and the whole launch (dial, handshakes,
-clock probes, rendezvous, start, every node's result) as ddpctl's wall time.
+connection to the last `assign` (the rendezvous), to the last node's start (every node has its
+orders: under protocol version 4 a node's assign is also its start), and the whole launch (dial,
+handshakes, clock probes, rendezvous, start, every node's result) as ddpctl's wall time.
 
     python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
 
@@ -64,7 +65,8 @@ def one(build, n, tmp):
     got = json.load(open(out))
     if got["assigned"] != n or got["finished"] != n:
         sys.exit(f"only {got['assigned']} of {n} agents were assigned, {got['finished']} finished")
-    return (got["last_assign_us"] - got["first_accept_us"]) / 1e6, wall
+    start = (got["last_start_us"] - got["first_accept_us"]) / 1e6 if "last_start_us" in got else None
+    return (got["last_assign_us"] - got["first_accept_us"]) / 1e6, start, wall
 
 
 def main():
@@ -81,7 +83,8 @@ def main():
         os.close(fd)
         with open(os.path.join(tmp, "job.yaml"), "w") as f:
             f.write("name: rdzv-bench\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {port: 29500}\n")
-        print(f"{'build':<24} {'nodes':>6} {'rendezvous (median)':>20} {'whole launch (median)':>22}   runs")
+        print(f"{'build':<24} {'nodes':>6} {'rendezvous (median)':>20} {'last start (median)':>20} "
+              f"{'whole launch (median)':>22}   runs (rendezvous/whole, ms)")
         for n in (int(x) for x in args.sizes.split(",")):
             # Alternately, so that both builds see the same machine (load, TIME_WAIT sockets).
             runs = {b: [] for b in builds}
@@ -90,9 +93,11 @@ def main():
                     runs[b].append(one(b, n, tmp))
             for b in builds:
                 rdzv = statistics.median(r[0] for r in runs[b])
-                wall = statistics.median(r[1] for r in runs[b])
-                print(f"{os.path.relpath(b, ROOT)[-24:]:<24} {n:>6} {rdzv * 1000:>17.1f} ms {wall * 1000:>19.1f} ms   "
-                      + ", ".join(f"{x * 1000:.0f}/{y * 1000:.0f}" for x, y in runs[b]), flush=True)
+                starts = [r[1] for r in runs[b] if r[1] is not None]
+                start = f"{statistics.median(starts) * 1000:>17.1f} ms" if starts else f"{'-':>20}"
+                wall = statistics.median(r[2] for r in runs[b])
+                print(f"{os.path.relpath(b, ROOT)[-24:]:<24} {n:>6} {rdzv * 1000:>17.1f} ms {start} {wall * 1000:>19.1f} ms   "
+                      + ", ".join(f"{x * 1000:.0f}/{z * 1000:.0f}" for x, _, z in runs[b]), flush=True)
 
 
 if __name__ == "__main__":

@@ -431,7 +431,12 @@ class Agent {
                             job_->job_id));
       return;
     }
-    if (m.type == "assign") return on_assign(b);
+    if (m.type == "assign") {
+      on_assign(b);
+      // Version 4: an assign sent once the round is complete is also its start.
+      if (job_ && b.value("start", false)) on_start(b);
+      return;
+    }
     if (m.type == "start") return on_start(b);
     if (m.type == "stop") return on_stop(b);
     if (m.type == "signal") return on_signal(b);

@@ -26,6 +26,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 
 namespace ddp::coordinator {
 
@@ -583,15 +584,38 @@ class Coordinator {
     ready_pending_ = false;
     master_port_ = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
     const bool has_id = b.contains("nccl_unique_id");
+    // The round is normally complete by now, so each node's assign is also its start (protocol
+    // version 4: one frame; version 3: a start in the same write). Node by node, so that the
+    // first are on their way while the last are built.
+    const auto start = std::exchange(start_round_, std::nullopt);
+    std::set<std::string> started;
     for (auto& [node, assign] : deferred_assign_) {
+      auto& target = *nodes_.at(node);
       assign["master_port"] = master_port_;
       if (has_id) assign["nccl_unique_id"] = b["nccl_unique_id"];
-      send(*nodes_.at(node), "assign", std::move(assign));
+      if (!start || !target.conn) {
+        send(target, "assign", std::move(assign));
+        continue;
+      }
+      started.insert(node);
+      if (target.conn->session().version() >= 4) {
+        assign["start"] = true;
+        send(target, "assign", std::move(assign));
+        continue;
+      }
+      target.conn->cork();
+      send(target, "assign", std::move(assign));
+      send(target, "start", {{"job_id", opts_.job_id}, {"round", start->value}});
+      target.conn->uncork();
     }
     deferred_assign_.clear();
     say(spdlog::level::info, "round {}: store on {}:{}{}", round.value, master_, master_port_,
         has_id ? ", NCCL unique id from node rank 0" : "");
-    send_start();
+    if (start) {
+      for (const auto& m : rdzv_.members()) {
+        if (!started.contains(m)) send(*nodes_.at(m), "start", {{"job_id", opts_.job_id}, {"round", start->value}});
+      }
+    }
   }
 
   // The round is over before node rank 0 was ready: nothing of it may still go out.

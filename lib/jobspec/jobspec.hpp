@@ -99,7 +99,7 @@ struct JobSpec {
   std::string log_dir = "./logs";
   std::uint64_t log_max_bytes = 100ull << 20;  // per rank file, then rotated once
   std::uint16_t store_port = 29500;
-  int store_threads = 0;  // the store's own I/O threads; 0: the launcher's (agent's) loop; kAutoThreads
+  int store_threads = kAutoThreads;  // the store's own I/O threads; 0: the launcher's (agent's) loop
   NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
   BindingSpec binding;
   std::optional<ContainerSpec> container;

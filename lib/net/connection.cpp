@@ -138,12 +138,12 @@ void Connection::read() {
       // Uncorked however the handling ends (a handler may throw to the io_context's caller).
       struct Cork {
         Connection& c;
-        explicit Cork(Connection& conn) : c(conn) { c.corked_ = true; }
-        ~Cork() { c.corked_ = false; }
+        explicit Cork(Connection& conn) : c(conn) { ++c.corked_; }
+        ~Cork() { --c.corked_; }
       } cork(*self);
       self->apply(self->session_.on_bytes(std::string_view(self->buf_.data(), n)));
     }
-    if (!self->closed_ && !self->writing_ && !self->out_.empty()) self->write();
+    if (!self->closed_ && !self->writing_ && !self->corked_ && !self->out_.empty()) self->write();
     if (!self->closed_ && !self->closing_) self->read();
   };
   if (tls_) {
@@ -214,11 +214,12 @@ void Connection::close(const std::string& reason, bool routine) {
   routine_close_ = routine;
   // What a handler queued before closing goes out as it would have uncorked (the first write
   // on an idle socket is attempted at once), then the connection closes as before.
-  if (corked_ && !writing_ && !out_.empty()) {
-    corked_ = false;
-    write();
-  }
+  if (corked_ && !writing_ && !out_.empty()) write();
   closed(reason);
+}
+
+void Connection::uncork() {
+  if (corked_ > 0 && --corked_ == 0 && !writing_ && !closed_ && !out_.empty()) write();
 }
 
 void Connection::queue(std::string frame) {

@@ -70,6 +70,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool send(const nlohmann::json& message);
   // send() with one member given as encoded JSON object text (proto::Session::seal_with).
   bool send_with(nlohmann::json message, std::string_view key, std::string_view object_json);
+  // Between cork() and uncork(), frames queue and then leave in one write: a round's assign
+  // and start to one node cost one system call, not two. Nests (a read handler corks too).
+  void cork() { ++corked_; }
+  void uncork();
   // Refuses the peer (an 'error' frame with code and message), then closes.
   void refuse(proto::ErrorCode code, const std::string& message, const std::string& hint = "");
   // Closes from our side without telling the peer (it sees EOF).
@@ -118,9 +122,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<boost::asio::const_buffer> gather_;
   std::size_t queued_bytes_ = 0;
   bool writing_ = false;
-  // While this connection's bytes are being handled: frames wait, and whatever the handling
-  // sends this peer (auth and the first session frame, a reply) leaves in one write after it.
-  bool corked_ = false;
+  // While this connection's bytes are being handled, or between cork() and uncork(): frames
+  // wait, and whatever the handling sends this peer (auth and the first session frame, a
+  // reply) leaves in one write after it. A depth: the two may nest.
+  int corked_ = 0;
   bool closing_ = false;  // a drop: flush the queue, then close
   bool closed_ = false;
   bool was_established_ = false;

@@ -1,4 +1,5 @@
 """A second, independent implementation of the client side of ddpctl's wire protocol (version 3,
+which ddpctl still speaks beside 4; the handshake is the same;
 lib/proto/session.hpp), for tests that must say on the wire what ddpctl itself never would (a job
 id that climbs out of the log directory, say). Written from the construction in session.hpp, not
 from the C++ code, so a handshake it completes also checks that description."""

@@ -243,7 +243,7 @@ def test_restart_from_checkpoint_matches_uninterrupted_run(tmp_path):
         args = f'--epochs, "4", --dump-params, "{d}/params-{{rank}}.json"' + (', --crash, "1:2"' if crash else "")
         job = write_job(d, f"nproc_per_node: 2\ncommand: [{PYTHON}, {TRAIN}, {args}]\n"
                            "restart: {max_restarts: 1, backoff: 100ms}\nstop: {grace: 5s}\n"
-                           "store: {threads: 2}\n")  # the store's own threads, reset between attempts
+                           "store: {threads: 0}\n")  # the store on the launcher's loop, reset between attempts
         r = launch(job, "--result-json", str(d / "r.json"), timeout=300)
         assert r.returncode == 0, r.stderr
         return r, json.loads((d / "params-0.json").read_text())["params"], json.loads((d / "r.json").read_text())

@@ -137,13 +137,13 @@ def test_gloo_ddp_across_two_nodes_through_the_agent_store(cluster):
     shutil.copy2(os.path.join(simcluster.SRC, "examples", "python", "train_ddp.py"), train)
     params = os.path.join(c.dir, "params-{rank}.json")
     cmd = [PY, train, "--epochs", "2", "--dump-params", params, "--checkpoint", os.path.join(c.dir, "ckpt", "{run_id}.pt")]
-    # node rank 0's agent serves the store on threads of its own (store.threads: auto)
-    rc, out, err = finish(c.launch(job(c, "ddp", cmd, store="{port: 29500, threads: auto}")), timeout=180)
+    rc, out, err = finish(c.launch(job(c, "ddp", cmd)), timeout=180)
     assert rc == 0, out + err
     dumps = [json.load(open(params.format(rank=r))) for r in range(4)]
     assert all(d["world_size"] == 4 for d in dumps)
     assert all(d["params"] == dumps[0]["params"] for d in dumps), "ranks ended with different parameters"
     assert re.search(r"^\[10\.213\.\d+\.11:0\] epoch 1 loss", out, re.M), out
+    # node rank 0's agent served the store on threads of its own (store.threads: auto, the default)
     assert re.search(r"store on \S+ \(\d+ I/O threads\)", c.agent_log(c.hosts[0])), c.agent_log(c.hosts[0])
 
 

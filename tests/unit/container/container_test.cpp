@@ -191,7 +191,9 @@ TEST(Container, Enroot) {
                                 "/workspace", "python3", "train.py", "--epochs", "90"));
   // Every --env names a variable the client has.
   for (std::size_t i = 0; i + 1 < a.size(); ++i) {
-    if (a[i] == "--env") EXPECT_TRUE(r.env.count(a[i + 1])) << a[i + 1];
+    if (a[i] == "--env") {
+      EXPECT_TRUE(r.env.count(a[i + 1])) << a[i + 1];
+    }
   }
 }
 

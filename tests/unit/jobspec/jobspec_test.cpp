@@ -73,8 +73,8 @@ TEST(JobSpec, DefaultsForAMinimalFile) {
   EXPECT_EQ(s.nproc.count, 1);
   EXPECT_EQ(s.max_restarts, 0);
   EXPECT_EQ(s.store_port, 29500);
-  EXPECT_EQ(s.store_threads, 0);
-  EXPECT_EQ(parse_job_yaml("command: [x]\nstore: {threads: auto}\n", "t.yaml").store_threads, kAutoThreads);
+  EXPECT_EQ(s.store_threads, kAutoThreads);
+  EXPECT_EQ(parse_job_yaml("command: [x]\nstore: {threads: 0}\n", "t.yaml").store_threads, 0);
   EXPECT_EQ(s.stop_grace, ddp::Millis(30s));
   EXPECT_EQ(s.log_dir, "./logs");
   EXPECT_FALSE(s.workdir.has_value());

@@ -129,3 +129,43 @@ TEST(Connection, OverASocketpairWithoutEndpoints) {
   EXPECT_FALSE(server->local_endpoint().has_value());
   EXPECT_FALSE(client->remote_endpoint().has_value());
 }
+
+// cork()/uncork(): frames queued between them stay with us until uncork, then arrive in order
+// (the coordinator's assign + start to one node); nested corks hold until the outermost ends.
+TEST(Connection, CorkedFramesWaitForUncorkThenArriveInOrder) {
+  asio::io_context io;
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  const asio::generic::stream_protocol unix_stream(AF_UNIX, 0);
+  stream_socket a(io, unix_stream, fds[0]), b(io, unix_stream, fds[1]);
+  ServerConfig sc;
+  sc.role = Role::agent;
+  sc.keys = Keyring({key('s')});
+  sc.nonce = random_nonce();
+  sc.accept_roles = {Role::coordinator};
+  ClientConfig cc;
+  cc.role = Role::coordinator;
+  cc.user = "u";
+  cc.key = key('s');
+  cc.nonce = random_nonce();
+  auto agent = Connection::make(std::move(a), Session::server(sc), "agent", "test", ddp::Millis(2000));
+  auto coord = Connection::make(std::move(b), Session::client(cc), "coordinator", "test", ddp::Millis(2000));
+  std::vector<std::int64_t> got;  // each heartbeat's now_us: which frame, in arrival order
+  agent->start({nullptr, [&](Message m) { got.push_back(m.body.at("now_us").get<std::int64_t>()); }, nullptr});
+  bool up = false;
+  coord->start({[&](const PeerInfo&) { up = true; }, nullptr, nullptr});
+  for (int i = 0; i < 200 && !(up && agent->established()); ++i) io.run_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(up && agent->established());
+
+  coord->cork();
+  coord->cork();
+  for (std::int64_t n : {1, 2}) ASSERT_TRUE(coord->send(coord->session().message("heartbeat", {{"now_us", n}})));
+  coord->uncork();
+  io.run_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(got.empty()) << "a frame left while still corked";
+  EXPECT_GT(coord->queued_bytes(), 0u);
+  coord->uncork();
+  for (int i = 0; i < 200 && got.size() < 2; ++i) io.run_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(got, (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(coord->queued_bytes(), 0u);
+}
