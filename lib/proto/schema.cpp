@@ -124,13 +124,18 @@ bool is_lower_hex(const std::string& s) {
 
 std::optional<ProtoError> check_field(std::string_view msg, const std::string& name, const FieldSpec& f,
                                       const nlohmann::json& v) {
-  std::string where = "'";  // built with += : GCC 12 flags "'" + std::string(...) with a bogus -Wrestrict
-  where += msg;
-  where += '.';
-  where += name;
-  where += '\'';
+  // The field's name for a message, built only on the error path: every frame in and out goes
+  // through here, and the string would be an allocation per field.
+  auto where = [&] {
+    std::string w = "'";  // built with += : GCC 12 flags "'" + std::string(...) with a bogus -Wrestrict
+    w += msg;
+    w += '.';
+    w += name;
+    w += '\'';
+    return w;
+  };
   auto wrong = [&] {
-    return err(ErrorCode::wrong_type, where + " must be " + std::string(type_name(f.type)) + ", got " + json_kind(v), name);
+    return err(ErrorCode::wrong_type, where() + " must be " + std::string(type_name(f.type)) + ", got " + json_kind(v), name);
   };
   switch (f.type) {
     case FieldType::string:
@@ -138,16 +143,16 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
       if (!v.is_string()) return wrong();
       const auto& s = v.get_ref<const std::string&>();
       if (f.max_len && s.size() > *f.max_len) {
-        return err(ErrorCode::bad_value, where + " is " + std::to_string(s.size()) + " bytes, at most " +
+        return err(ErrorCode::bad_value, where() + " is " + std::to_string(s.size()) + " bytes, at most " +
                                              std::to_string(*f.max_len) + " allowed", name);
       }
       if (!f.allowed.empty() && std::find(f.allowed.begin(), f.allowed.end(), s) == f.allowed.end()) {
-        return err(ErrorCode::bad_value, where + " must be one of " + join(f.allowed, ", ") + ", got '" + s + "'", name);
+        return err(ErrorCode::bad_value, where() + " must be one of " + join(f.allowed, ", ") + ", got '" + s + "'", name);
       }
       if (f.type == FieldType::hex) {
-        if (!is_lower_hex(s)) return err(ErrorCode::bad_value, where + " must be lower-case hex", name);
+        if (!is_lower_hex(s)) return err(ErrorCode::bad_value, where() + " must be lower-case hex", name);
         if (f.bytes && s.size() != *f.bytes * 2) {
-          return err(ErrorCode::bad_value, where + " must be " + std::to_string(*f.bytes) + " bytes (" +
+          return err(ErrorCode::bad_value, where() + " must be " + std::to_string(*f.bytes) + " bytes (" +
                                                std::to_string(*f.bytes * 2) + " hex digits), got " +
                                                std::to_string(s.size()) + " digits", name);
         }
@@ -162,7 +167,7 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
     case FieldType::uint:
       if (!is_uint(v)) return wrong();
       if (f.max && v.get<std::uint64_t>() > *f.max) {
-        return err(ErrorCode::bad_value, where + " is " + std::to_string(v.get<std::uint64_t>()) + ", at most " +
+        return err(ErrorCode::bad_value, where() + " is " + std::to_string(v.get<std::uint64_t>()) + ", at most " +
                                              std::to_string(*f.max) + " allowed", name);
       }
       return std::nullopt;
@@ -177,7 +182,7 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
     case FieldType::object_array: {
       if (!v.is_array()) return wrong();
       if (f.max_items && v.size() > *f.max_items) {
-        return err(ErrorCode::bad_value, where + " has " + std::to_string(v.size()) + " items, at most " +
+        return err(ErrorCode::bad_value, where() + " has " + std::to_string(v.size()) + " items, at most " +
                                              std::to_string(*f.max_items) + " allowed", name);
       }
       for (std::size_t i = 0; i < v.size(); ++i) {
@@ -185,7 +190,7 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
                     : f.type == FieldType::uint_array ? is_uint(v[i])
                                                       : v[i].is_object();
         if (!good) {
-          return err(ErrorCode::wrong_type, where + " item " + std::to_string(i) + " must be " +
+          return err(ErrorCode::wrong_type, where() + " item " + std::to_string(i) + " must be " +
                                                 (f.type == FieldType::string_array ? "a string"
                                                  : f.type == FieldType::uint_array ? "an unsigned integer"
                                                                                    : "an object") +
