@@ -52,7 +52,7 @@ struct Bench {
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;
   std::int64_t first_accept_us = 0, last_assign_us = 0, last_start_us = 0;
   // When each step was last reached by any agent: where the time goes.
-  std::int64_t last_accept_us = 0, last_established_us = 0, last_offer_us = 0;
+  std::int64_t last_accept_us = 0, last_established_us = 0, last_offer_us = 0, rank0_assign_us = 0, first_assign_us = 0;
   // This process's CPU time at the first accept and at the last assignment: how busy the agents'
   // side was during the rendezvous (the rest of the two cores is the coordinator's).
   std::int64_t cpu_first_accept_us = 0, cpu_last_assign_us = 0;
@@ -102,6 +102,8 @@ struct Bench {
                        {"node", fmt::format("fake{}", i)}, {"nproc", 1}});
     } else if (m.type == "assign") {
       last_assign_us = now_us();
+      if (b["node_rank"] == 0) rank0_assign_us = last_assign_us;
+      else if (!first_assign_us) first_assign_us = last_assign_us;
       cpu_last_assign_us = cpu_us();
       ++assigned;
       // Node rank 0 says its store is up (the coordinator assigns the others after that).
@@ -164,6 +166,8 @@ int main(int argc, char** argv) {
                              {"last_accept_us", bench.last_accept_us},
                              {"last_established_us", bench.last_established_us},
                              {"last_offer_us", bench.last_offer_us},
+                             {"rank0_assign_us", bench.rank0_assign_us},
+                             {"first_assign_us", bench.first_assign_us},
                              {"agents_cpu_us", bench.cpu_last_assign_us - bench.cpu_first_accept_us},
                              {"assigned", bench.assigned},
                              {"finished", bench.finished},
