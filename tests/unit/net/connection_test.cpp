@@ -65,6 +65,29 @@ struct Pair {
   }
 };
 
+// Both ends of a socketpair as Connections: `server` an agent, `client` a coordinator.
+struct Socketpair {
+  std::shared_ptr<Connection> server, client;
+};
+Socketpair socketpair_connections(asio::io_context& io, std::string server_label, std::string client_label) {
+  int fds[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  const asio::generic::stream_protocol unix_stream(AF_UNIX, 0);
+  stream_socket a(io, unix_stream, fds[0]), b(io, unix_stream, fds[1]);
+  ServerConfig sc;
+  sc.role = Role::agent;
+  sc.keys = Keyring({key('s')});
+  sc.nonce = random_nonce();
+  sc.accept_roles = {Role::coordinator};
+  ClientConfig cc;
+  cc.role = Role::coordinator;
+  cc.user = "u";
+  cc.key = key('s');
+  cc.nonce = random_nonce();
+  return {Connection::make(std::move(a), Session::server(sc), std::move(server_label), "test", ddp::Millis(2000)),
+          Connection::make(std::move(b), Session::client(cc), std::move(client_label), "test", ddp::Millis(2000))};
+}
+
 }  // namespace
 
 TEST(Connection, HandshakeAndMessagesBothWays) {
@@ -98,22 +121,7 @@ TEST(Connection, SilentPeerTimesOutInTheHandshake) {
 // endpoints, the same handshake and frames.
 TEST(Connection, OverASocketpairWithoutEndpoints) {
   asio::io_context io;
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  const asio::generic::stream_protocol unix_stream(AF_UNIX, 0);
-  stream_socket a(io, unix_stream, fds[0]), b(io, unix_stream, fds[1]);
-  ServerConfig sc;
-  sc.role = Role::agent;
-  sc.keys = Keyring({key('s')});
-  sc.nonce = random_nonce();
-  sc.accept_roles = {Role::coordinator};
-  ClientConfig cc;
-  cc.role = Role::coordinator;
-  cc.user = "u";
-  cc.key = key('s');
-  cc.nonce = random_nonce();
-  auto server = Connection::make(std::move(a), Session::server(sc), "stdio", "test", ddp::Millis(2000));
-  auto client = Connection::make(std::move(b), Session::client(cc), "n1 (ssh)", "test", ddp::Millis(2000));
+  auto [server, client] = socketpair_connections(io, "stdio", "n1 (ssh)");
   std::vector<std::string> server_got;
   std::string server_closed;
   server->start({nullptr, [&](Message m) { server_got.push_back(m.type); },
@@ -134,22 +142,7 @@ TEST(Connection, OverASocketpairWithoutEndpoints) {
 // (the coordinator's assign + start to one node); nested corks hold until the outermost ends.
 TEST(Connection, CorkedFramesWaitForUncorkThenArriveInOrder) {
   asio::io_context io;
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  const asio::generic::stream_protocol unix_stream(AF_UNIX, 0);
-  stream_socket a(io, unix_stream, fds[0]), b(io, unix_stream, fds[1]);
-  ServerConfig sc;
-  sc.role = Role::agent;
-  sc.keys = Keyring({key('s')});
-  sc.nonce = random_nonce();
-  sc.accept_roles = {Role::coordinator};
-  ClientConfig cc;
-  cc.role = Role::coordinator;
-  cc.user = "u";
-  cc.key = key('s');
-  cc.nonce = random_nonce();
-  auto agent = Connection::make(std::move(a), Session::server(sc), "agent", "test", ddp::Millis(2000));
-  auto coord = Connection::make(std::move(b), Session::client(cc), "coordinator", "test", ddp::Millis(2000));
+  auto [agent, coord] = socketpair_connections(io, "agent", "coordinator");
   std::vector<std::int64_t> got;  // each heartbeat's now_us: which frame, in arrival order
   agent->start({nullptr, [&](Message m) { got.push_back(m.body.at("now_us").get<std::int64_t>()); }, nullptr});
   bool up = false;
