@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -57,16 +58,15 @@ std::pair<std::string, uint16_t> parse_listen(const std::string& text) {
 int serve(const ServeArgs& args) {
   auto [host, port] = parse_listen(args.listen);
   boost::asio::io_context io;
-  int threads = 0;
-  if (args.threads == "auto") {
-    threads = -1;
-  } else {
-    char* end = nullptr;
-    long n = std::strtol(args.threads.c_str(), &end, 10);
-    if (args.threads.empty() || *end != '\0' || n < 0 || n > 64) {
-      throw std::runtime_error("--threads `" + args.threads + "`: expected 0..64 or auto");
+  // As the job file's store.threads: auto, or 0 to 64.
+  int threads = -1;
+  if (args.threads != "auto") {
+    const auto& t = args.threads;
+    const bool digits = !t.empty() && t.size() <= 2 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::stoi(t) > 64) {
+      throw std::runtime_error("--threads `" + t + "`: expected an integer from 0 to 64, or auto");
     }
-    threads = static_cast<int>(n);
+    threads = std::stoi(t);
   }
   ddp::store::Server server(
       io, {.host = host, .port = port, .allowed_peers = args.allow, .threads = ddp::store::threads_for(threads)});
@@ -119,7 +119,7 @@ Command add_store_command(CLI::App& root) {
   serve_cmd->add_option("--allow", args->allow, "address of a peer allowed besides loopback (repeatable)");
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
   serve_cmd->add_option("--threads", args->threads,
-                        "I/O threads serving the connections: auto (a quarter of the cores, 1..8), N, or 0 (the main thread)")
+                        "I/O threads serving the connections: auto (a quarter of the usable CPUs, 1..8), 1..64, or 0 (the main thread)")
       ->capture_default_str();
   return {sub, [args] { return serve(*args); }};
 }

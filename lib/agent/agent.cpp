@@ -433,8 +433,9 @@ class Agent {
     }
     if (m.type == "assign") {
       on_assign(b);
-      // Version 4: an assign sent once the round is complete is also its start.
-      if (job_ && b.value("start", false)) on_start(b);
+      // Version 4: an assign sent once the round is complete is also its start (unless the
+      // assign was refused, which closes the link).
+      if (job_ && job_->owner && job_->owner->established() && b.value("start", false)) on_start(b);
       return;
     }
     if (m.type == "start") return on_start(b);
@@ -673,7 +674,8 @@ class Agent {
         store_->start();
         store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
         log_->info("job {}: store on {} ({}) for {}", job.job_id, store_->address(),
-                   so.threads == 0 ? std::string("the agent's loop") : fmt::format("{} I/O threads", so.threads),
+                   so.threads == 0 ? std::string("the agent's loop")
+                                   : fmt::format("{} I/O thread{}", so.threads, so.threads == 1 ? "" : "s"),
                    join(so.allowed_peers, ", "));
       } else {
         store_->set_allowed_peers(job.node_addresses);

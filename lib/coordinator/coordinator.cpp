@@ -603,10 +603,9 @@ class Coordinator {
         send(target, "assign", std::move(assign));
         continue;
       }
-      target.conn->cork();
+      Connection::Cork both(*target.conn);
       send(target, "assign", std::move(assign));
       send(target, "start", {{"job_id", opts_.job_id}, {"round", start->value}});
-      target.conn->uncork();
     }
     deferred_assign_.clear();
     say(spdlog::level::info, "round {}: store on {}:{}{}", round.value, master_, master_port_,

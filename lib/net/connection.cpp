@@ -135,15 +135,11 @@ void Connection::read() {
       return;
     }
     {
-      // Uncorked however the handling ends (a handler may throw to the io_context's caller).
-      struct Cork {
-        Connection& c;
-        explicit Cork(Connection& conn) : c(conn) { ++c.corked_; }
-        ~Cork() { --c.corked_; }
-      } cork(*self);
+      // Uncorked however the handling ends (a handler may throw to the io_context's caller);
+      // what it queued leaves then, in one write.
+      Cork cork(*self);
       self->apply(self->session_.on_bytes(std::string_view(self->buf_.data(), n)));
     }
-    if (!self->closed_ && !self->writing_ && !self->corked_ && !self->out_.empty()) self->write();
     if (!self->closed_ && !self->closing_) self->read();
   };
   if (tls_) {

@@ -74,6 +74,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // and start to one node cost one system call, not two. Nests (a read handler corks too).
   void cork() { ++corked_; }
   void uncork();
+  // cork() for a scope.
+  class Cork {
+   public:
+    explicit Cork(Connection& c) : c_(c) { c_.cork(); }
+    ~Cork() { c_.uncork(); }
+    Cork(const Cork&) = delete;
+    Cork& operator=(const Cork&) = delete;
+
+   private:
+    Connection& c_;
+  };
   // Refuses the peer (an 'error' frame with code and message), then closes.
   void refuse(proto::ErrorCode code, const std::string& message, const std::string& hint = "");
   // Closes from our side without telling the peer (it sees EOF).

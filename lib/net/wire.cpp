@@ -129,8 +129,9 @@ JobPayload payload_from_json(const json& j) {
   s.log_max_bytes = get<std::uint64_t>(j, "log_max_bytes");
   s.store_port = get<std::uint16_t>(j, "store_port");
   // Absent from a launcher that predates it: the agent's loop, as then.
-  s.store_threads = j.contains("store_threads") ? get<int>(j, "store_threads") : 0;
-  if (s.store_threads < jobspec::kAutoThreads || s.store_threads > 64) throw WireError("job spec: store_threads out of range");
+  const auto threads = j.contains("store_threads") ? get<long long>(j, "store_threads") : 0;
+  if (threads < jobspec::kAutoThreads || threads > 64) throw WireError("job spec: store_threads out of range");
+  s.store_threads = static_cast<int>(threads);
   const auto nccl = get<std::string>(j, "nccl_unique_id");
   s.nccl_unique_id = nccl == "on" ? jobspec::NcclUniqueId::on
                      : nccl == "off" ? jobspec::NcclUniqueId::off

@@ -2,6 +2,7 @@
 // See server.hpp for the policy.
 #include "store/server.hpp"
 
+#include "common/host.hpp"
 #include "common/log.hpp"
 #include "store/state.hpp"
 
@@ -36,7 +37,8 @@ constexpr int kMaxReadsPerWakeup = 16;  // fairness between busy connections
 
 }  // namespace
 
-unsigned auto_threads() { return std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u); }
+// The CPUs this process may use (a container's cpuset, taskset), not the machine's.
+unsigned auto_threads() { return std::clamp(static_cast<unsigned>(std::max(ddp::usable_cpus(), 1)) / 4, 1u, 8u); }
 
 struct Connection;
 
@@ -207,9 +209,17 @@ void Connection::feed(std::span<const uint8_t> in) {
 
 void Connection::handle(Server::Impl& s) {
   ++requests;
-  // Other clients whose replies this request produced, to be written after the lock.
+  // Other clients whose replies this request produced, to be written after the lock: always,
+  // however the request ends (their waits are already released in the state), and then let go.
   thread_local std::vector<std::shared_ptr<Connection>> woken;
   woken.clear();
+  struct FlushWoken {
+    Loop& from;
+    ~FlushWoken() {
+      for (auto& other : woken) other->flush_from(from);
+      woken.clear();
+    }
+  } flush_woken{loop};
   {
     std::lock_guard lk(s.mu);
     if (closed) return;  // dropped by reset() or another thread meanwhile
@@ -225,21 +235,21 @@ void Connection::handle(Server::Impl& s) {
     if (s.fx.gave_up_wait && was_waiting) {
       s.log->debug("{} gave up its wait (client-side timeout) and sent {}", name_locked(), to_string(loop.req.op));
     }
-    if (!s.fx.reply.empty() && !append_locked(s.fx.reply)) return;
+    // A requester over its output cap is closed, but the others' pushes still go: the state
+    // has released their waits.
+    bool self_ok = s.fx.reply.empty() || append_locked(s.fx.reply);
     for (auto& [to, bytes] : s.fx.pushes) {
       auto it = s.conns.find(to);
       if (it == s.conns.end()) continue;
       std::shared_ptr<Connection> other = it->second;
       if (other.get() == this) {
-        if (!append_locked(bytes)) return;
+        self_ok = self_ok && append_locked(bytes);
         continue;
       }
       if (other->append_locked(bytes)) woken.push_back(std::move(other));
     }
-    if (!s.fx.close_reason.empty()) close_locked(s.fx.close_reason, true);
+    if (self_ok && !s.fx.close_reason.empty()) close_locked(s.fx.close_reason, true);
   }
-  for (auto& other : woken) other->flush_from(loop);
-  woken.clear();
 }
 
 bool Connection::append_locked(std::string_view bytes) {
@@ -463,6 +473,15 @@ void Server::Impl::join_threads() {
   for (auto& l : loops) {
     if (l->thread.joinable()) l->thread.join();
   }
+  // A handler posted to a loop after its thread left run() (a flush another thread queued just
+  // before the drop) would hold its connection, and so this Impl, forever: run what is left
+  // here (every connection is closed by now, so it only lets go).
+  for (auto& l : loops) {
+    if (l->own) {
+      l->own->restart();
+      l->own->poll();
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -528,7 +547,8 @@ void Server::start() {
   s.running = true;
   s.do_accept();
   s.log->debug("store listening on {} (PyTorch 1.13 and 2.x clients; {})", address(),
-               s.opts.threads == 0 ? std::string("on the caller's loop") : fmt::format("{} I/O threads", s.opts.threads));
+               s.opts.threads == 0 ? std::string("on the caller's loop")
+                                   : fmt::format("{} I/O thread{}", s.opts.threads, s.opts.threads == 1 ? "" : "s"));
 }
 
 uint16_t Server::port() const { return impl_->bound_port; }

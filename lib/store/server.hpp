@@ -68,7 +68,7 @@ struct ServerOptions {
 };
 
 // The I/O threads a store gets for "auto" (the default of launches and `store serve`): a quarter
-// of this machine's cores, at least 1 and at most 8, leaving the rest to the clients. (On 16
+// of the CPUs this process may use, at least 1 and at most 8, leaving the rest to the clients. (On 16
 // cores, 4 threads served 3x PyTorch 2.11's server at 256 clients, 8 threads 5x; more threads
 // than 8 were not measured, and the state's one lock will stop paying somewhere.)
 unsigned auto_threads();

@@ -62,6 +62,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive loopback ports nothing listens on right now, below the
+    ephemeral range and below bench/rendezvous's ports (20000 and up)."""
+    for base in range(10000, 20000 - count, 97):
+        socks = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no run of {count} free ports")
+
+
 def write_token(path: Path) -> Path:
     """A token file with one fresh random secret (key id 'default'), mode 0600."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -4,46 +4,28 @@ a start of their own; either way every node runs its share and the launch succee
 are bench/rendezvous's fake_agents (the real protocol, workers that exit 0 at once)."""
 import json
 import os
-import socket
+import select
 import subprocess
 
 import pytest
 
-from ddptest import BINARY_DIR, write_token
+from ddptest import BINARY_DIR, free_port_run, write_token
 
 FAKE_AGENTS = str(BINARY_DIR / "bin" / "fake_agents")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
 NODES = 3
 
 
-def free_run(count):
-    """`count` consecutive loopback ports nothing listens on."""
-    for base in range(21000, 32000, 97):
-        socks = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free run of ports")
-
-
 @pytest.mark.parametrize("version", [3, 4])
 def test_every_node_starts_whichever_version_it_speaks(tmp_path, version):
-    if not os.path.exists(FAKE_AGENTS):
-        pytest.skip("fake_agents is not built")
+    assert os.path.exists(FAKE_AGENTS), f"{FAKE_AGENTS} is not built (scripts/build builds it)"
     token = write_token(tmp_path / "token")
     out = tmp_path / "agents.json"
-    base = free_run(NODES)
+    base = free_port_run(NODES)
     agents = subprocess.Popen([FAKE_AGENTS, "--count", str(NODES), "--base-port", str(base), "--token-file", str(token),
                                "--out", str(out), "--version", str(version)], stdout=subprocess.PIPE, text=True)
     try:
+        assert select.select([agents.stdout], [], [], 30)[0], "fake_agents did not get ready in 30 s"
         assert agents.stdout.readline().strip() == "ready"
         job = tmp_path / "job.yaml"
         job.write_text("name: versions\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {port: 29500}\n")

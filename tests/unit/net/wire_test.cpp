@@ -40,6 +40,8 @@ TEST(Wire, StoreThreadsAutoTravelsAndAnOlderLauncherMeansTheAgentsLoop) {
   EXPECT_EQ(payload_from_json(j).spec.store_threads, 0);
   j["store_threads"] = 1000;
   EXPECT_THROW(payload_from_json(j), WireError);
+  j["store_threads"] = 4294967299ull;  // 3 if truncated to 32 bits
+  EXPECT_THROW(payload_from_json(j), WireError);
 }
 
 TEST(Wire, ContainerRoundTrips) {
