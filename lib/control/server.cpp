@@ -217,10 +217,21 @@ void Server::end(const std::string& result) {
     if (c->follower) c->send({{"end", result}});
     c->finish();
   }
-  end_timer_.expires_after(std::chrono::seconds(2));
-  end_timer_.async_wait([this](boost::system::error_code ec) {
-    if (ec) return;
+  // Clients get up to 2 s to read their last lines; with none left (the usual case), the loop
+  // has nothing more to wait for and the launcher exits at once.
+  end_deadline_ = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  close_when_done();
+}
+
+void Server::close_when_done() {
+  if (std::all_of(clients_.begin(), clients_.end(), [](const auto& c) { return c->closed; })) return;
+  if (std::chrono::steady_clock::now() >= end_deadline_) {
     for (const auto& c : clients_) c->close();
+    return;
+  }
+  end_timer_.expires_after(std::chrono::milliseconds(20));
+  end_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) close_when_done();
   });
 }
 

@@ -58,6 +58,8 @@ class Server {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::set<std::shared_ptr<Client>> clients_;
   boost::asio::steady_timer end_timer_;
+  std::chrono::steady_clock::time_point end_deadline_;
+  void close_when_done();
   ino_t inode_ = 0;
   bool ended_ = false;
 };

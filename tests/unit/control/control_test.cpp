@@ -1,5 +1,8 @@
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
+#include "control/server.hpp"
+
+#include <boost/asio.hpp>
 
 #include <gtest/gtest.h>
 
@@ -8,6 +11,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 using namespace ddp::control;
 using nlohmann::json;
@@ -108,4 +112,40 @@ TEST(ControlPaths, PrivateFolderUnderXdgRuntimeDir) {
   ::chmod(dir.c_str(), 0777);
   EXPECT_NE(runtime_dir(), dir);
   ::unsetenv("XDG_RUNTIME_DIR");
+}
+
+// end(): with no client connected, the server leaves nothing for the loop to wait on (the
+// launcher exits as soon as its job does); a follower still gets its "end" line first.
+TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ddp-control-end-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "job.sock").string();
+  {
+    boost::asio::io_context io;
+    Server server(io, path, Provider{[] { return json::object(); }, [](const std::string&) {}, [](const std::set<int>&) { return std::vector<std::pair<int, std::string>>{}; }});
+    server.end("succeeded");
+    io.poll();  // runs what is ready; the context stops only if nothing is left pending
+    EXPECT_TRUE(io.stopped()) << "end() left work (a timer) for the launcher's loop to wait on";
+  }
+  {
+    boost::asio::io_context io;
+    Server server(io, path, Provider{[] { return json::object(); }, [](const std::string&) {}, [](const std::set<int>&) { return std::vector<std::pair<int, std::string>>{}; }});
+    boost::asio::local::stream_protocol::socket client(io);
+    client.connect(boost::asio::local::stream_protocol::endpoint(path));
+    const std::string follow = json{{"op", "logs"}, {"follow", true}}.dump() + "\n";
+    boost::asio::write(client, boost::asio::buffer(follow));
+    for (int i = 0; i < 100; ++i) io.run_for(std::chrono::milliseconds(5));  // accepted, following
+    server.end("succeeded");
+    std::string got;
+    boost::asio::streambuf buf;
+    boost::system::error_code ec;
+    std::thread reader([&] {
+      boost::asio::read(client, buf, ec);  // to EOF: the server closes after the last line
+      got.assign(boost::asio::buffers_begin(buf.data()), boost::asio::buffers_end(buf.data()));
+    });
+    io.run();
+    reader.join();
+    EXPECT_NE(got.find("\"end\":\"succeeded\""), std::string::npos) << got;
+  }
+  std::filesystem::remove_all(dir);
 }
