@@ -1,7 +1,9 @@
 // ddpctl entry point: parse, dispatch, turn uncaught errors into one clear line and exit 2.
 #include "commands.hpp"
 #include "common/log.hpp"
+#include "common/strings.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <vector>
@@ -26,10 +28,27 @@ int main(int argc, char** argv) {
   };
   for (auto& c : ddpctl::add_control_commands(app)) commands.push_back(std::move(c));
 
+  // A misspelt command: CLI11 would say "a subcommand is required" to someone who gave one.
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') continue;  // flags before the command (-v)
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      std::cerr << "ddpctl: unknown command '" << word << "'";
+      if (auto near = ddp::nearest(word, names)) std::cerr << " (did you mean '" << *near << "'?)";
+      std::cerr << "; run ddpctl --help for the list\n";
+      return 2;
+    }
+    break;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; a bad command line exits 2, as a bad job file does (CLI11's
+    // own codes, 105-109, mean nothing to a script).
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   if (verbose) ddp::log::set_level(spdlog::level::debug);
 
