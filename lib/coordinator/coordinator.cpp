@@ -63,6 +63,7 @@ class Coordinator {
         user_signals_(io_),
         tick_timer_(io_),
         heartbeat_timer_(io_),
+        progress_timer_(io_),
         log_(log::get("coord")),
         rdzv_(make_config(), now()) {}
 
@@ -81,6 +82,15 @@ class Coordinator {
     report_.exit_code = 1;
     log_->info("job {}: {} node{} ({}), rendezvous: {}", opts_.job_id, entries_.size(), entries_.size() == 1 ? "" : "s",
                join_first(hosts_, ", ", 16), rdzv_.status());
+    if (entries_.size() > static_cast<std::size_t>(opts_.spec.nnodes_max)) {
+      say(spdlog::level::warn,
+          "nnodes is {} but {} nodes are listed: the first {} agents to join run the job (whichever answer first, "
+          "not the first listed), the others stay idle",
+          opts_.spec.nnodes_min == opts_.spec.nnodes_max
+              ? std::to_string(opts_.spec.nnodes_max)
+              : fmt::format("{}:{}", opts_.spec.nnodes_min, opts_.spec.nnodes_max),
+          entries_.size(), opts_.spec.nnodes_max);
+    }
     started_ = std::chrono::system_clock::now();
     open_control_socket();
     if (opts_.on_listening) opts_.on_listening();
@@ -101,6 +111,7 @@ class Coordinator {
     heartbeat();
     dial_from(nodes_.begin());
     arm_tick();
+    arm_progress();
     io_.run();
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
     control_.reset();
@@ -492,6 +503,23 @@ class Coordinator {
     });
   }
 
+  // While the rendezvous waits for nodes (up to rendezvous.join_timeout, 10 minutes by default),
+  // a line every 30 s (a quarter of a shorter join_timeout) says who is missing: a launch waiting
+  // on a dead host is not a silent hang.
+  void arm_progress() {
+    const auto every = std::clamp<Millis>(std::chrono::duration_cast<Millis>(opts_.spec.join_timeout) / 4,
+                                          std::chrono::seconds(1), std::chrono::seconds(30));
+    progress_timer_.expires_after(every);
+    progress_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || done_) return;
+      if (rdzv_.state() == rdzv::State::joining) {
+        say(spdlog::level::info, "still waiting: {} (rendezvous.join_timeout: {})", rdzv_.status(),
+            format_duration(std::chrono::duration_cast<Millis>(opts_.spec.join_timeout)));
+      }
+      arm_progress();
+    });
+  }
+
   void apply(rdzv::Effects effects) {
     for (auto& e : effects) {
       if (done_) return;
@@ -754,6 +782,7 @@ class Coordinator {
     user_signals_.cancel(ignored);
     tick_timer_.cancel();
     heartbeat_timer_.cancel();
+    progress_timer_.cancel();
     for (auto& [name, n] : nodes_) {
       n->redial.cancel();
       if (n->conn) n->conn->close("the job is over", /*routine=*/true);
@@ -878,6 +907,7 @@ class Coordinator {
   asio::io_context io_;
   asio::signal_set signals_, user_signals_;
   asio::steady_timer tick_timer_, heartbeat_timer_;
+  asio::steady_timer progress_timer_;  // "still waiting" while nodes are missing
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;
   std::vector<std::string> hosts_;
