@@ -742,7 +742,10 @@ class Coordinator {
     if (!first) {
       for (std::size_t i = 0; i < failures_.size(); ++i) {
         const auto& e = exits_.at(failures_[i]);
-        const bool cause = i == 0 || !stop_issued_ || e.exit.when <= to_sys(*stop_issued_);
+        // Exits after the stop went out are its effect, not a cause; stopped by the user (Ctrl-C,
+        // `ddpctl stop`), none is a failure at all.
+        const bool before_stop = !stop_issued_ || e.exit.when <= to_sys(*stop_issued_);
+        const bool cause = phase == launch::Phase::stopped ? before_stop : (i == 0 || before_stop);
         if (cause && (!first || e.exit.when < first->exit.when)) first = &e;
       }
     }

@@ -236,7 +236,10 @@ def test_sigint_to_ddpctl_stops_every_node(cluster):
     assert rc == 128 + signal.SIGINT, err
     pids = [env["pid"] for _, env in seen.values()]
     assert wait_gone(pids, timeout=5) == [], "workers left running after Ctrl-C"
-    assert json.load(open(os.path.join(c.dir, "r.json")))["status"] == "stopped"
+    result = json.load(open(os.path.join(c.dir, "r.json")))
+    assert result["status"] == "stopped"
+    # the ranks the stop ended did not fail: no "first failure" for a Ctrl-C
+    assert "first failure" not in err and result["attempts"][0]["first_failure"] is None, err
     for h in c.hosts:
         assert c.agents[h.name].poll() is None
 
