@@ -124,6 +124,7 @@ int run_doctor(const DoctorArgs& a) {
 
   std::vector<F::NodeFacts> nodes;
   std::vector<std::string> notes;
+  bool unanswered = false;  // a --nodes node that did not answer fails the check, as an error would
   try {
     if (!a.nodes.empty()) {
       auto hosts = ddp::hostlist::expand(a.nodes);
@@ -144,7 +145,8 @@ int run_doctor(const DoctorArgs& a) {
         nodes.push_back(F::from_json(*g.facts, "agent " + g.node, &notes));
       }
       if (missing) {
-        std::cerr << "ddpctl doctor: not every node answered; the checks below cover those that did\n";
+        unanswered = true;
+        std::cerr << "ddpctl doctor: not every node answered; the checks below cover those that did (exit 1)\n";
         if (nodes.empty()) return 2;
       }
     } else if (a.facts_files.empty()) {
@@ -175,7 +177,7 @@ int run_doctor(const DoctorArgs& a) {
   if (a.no_rdma) job.rdma = false;
   if (a.world_size > 0) job.world_size = a.world_size;
   auto findings = F::check_consistency(nodes, job);
-  const int rc = F::has_errors(findings) ? 1 : 0;
+  const int rc = F::has_errors(findings) || unanswered ? 1 : 0;
 
   if (a.json) {
     if (nodes.size() == 1) {

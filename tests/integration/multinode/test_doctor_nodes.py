@@ -37,6 +37,13 @@ def test_doctor_gathers_live_facts_and_names_what_differs():
         errors = [f for f in report["findings"] if f["severity"] == "error"]
         assert errors and any("GPU" in f["message"] for f in errors), report["findings"]
 
+        # The same node with nothing wrong, plus one that does not answer: still a failed check.
+        r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "doctor", "--token-file", c.token, "--nodes", n1.addr], timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "doctor", "--token-file", c.token, "--nodes",
+                       f"{n1.addr},{n3.addr}"], timeout=60)
+        assert r.returncode == 1 and "not every node answered" in r.stderr, r.stdout + r.stderr
+
         # A wrong token: refused, said per node, nothing to check.
         bad = c.write_token("bad-token")
         r = c.ctl.run([*argv[:-4], "--token-file", bad, "--nodes", n1.addr], timeout=60)
