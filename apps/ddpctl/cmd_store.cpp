@@ -5,11 +5,13 @@
 #include "commands.hpp"
 
 #include "common/log.hpp"
+#include "jobspec/jobspec.hpp"
 #include "store/report.hpp"
 #include "store/server.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <fmt/format.h>
 
 #include <unistd.h>
 
@@ -58,13 +60,14 @@ std::pair<std::string, uint16_t> parse_listen(const std::string& text) {
 int serve(const ServeArgs& args) {
   auto [host, port] = parse_listen(args.listen);
   boost::asio::io_context io;
-  // As the job file's store.threads: auto, or 0 to 64.
-  int threads = -1;
+  // As the job file's store.threads: auto, or 0 to kMaxStoreThreads.
+  int threads = ddp::jobspec::kAutoThreads;
   if (args.threads != "auto") {
     const auto& t = args.threads;
     const bool digits = !t.empty() && t.size() <= 2 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (!digits || std::stoi(t) > 64) {
-      throw std::runtime_error("--threads `" + t + "`: expected an integer from 0 to 64, or auto");
+    if (!digits || std::stoi(t) > ddp::jobspec::kMaxStoreThreads) {
+      throw std::runtime_error(fmt::format("--threads `{}`: expected an integer from 0 to {}, or auto", t,
+                                           ddp::jobspec::kMaxStoreThreads));
     }
     threads = std::stoi(t);
   }

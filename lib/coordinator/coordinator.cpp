@@ -594,9 +594,11 @@ class Coordinator {
     if (!ready_pending_) send_start();
   }
 
+  json start_body(rdzv::Round round) const { return {{"job_id", opts_.job_id}, {"round", round.value}}; }
+
   void send_start() {
     if (!start_round_) return;
-    for (const auto& m : rdzv_.members()) send(*nodes_.at(m), "start", {{"job_id", opts_.job_id}, {"round", start_round_->value}});
+    for (const auto& m : rdzv_.members()) send(*nodes_.at(m), "start", start_body(*start_round_));
     start_round_.reset();
   }
 
@@ -633,14 +635,14 @@ class Coordinator {
       }
       Connection::Cork both(*target.conn);
       send(target, "assign", std::move(assign));
-      send(target, "start", {{"job_id", opts_.job_id}, {"round", start->value}});
+      send(target, "start", start_body(*start));
     }
     deferred_assign_.clear();
     say(spdlog::level::info, "round {}: store on {}:{}{}", round.value, master_, master_port_,
         has_id ? ", NCCL unique id from node rank 0" : "");
     if (start) {
       for (const auto& m : rdzv_.members()) {
-        if (!started.contains(m)) send(*nodes_.at(m), "start", {{"job_id", opts_.job_id}, {"round", start->value}});
+        if (!started.contains(m)) send(*nodes_.at(m), "start", start_body(*start));
       }
     }
   }

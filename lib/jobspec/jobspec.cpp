@@ -231,7 +231,7 @@ class Parser {
             if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) spec.store_port = static_cast<std::uint16_t>(*n);
           } else if (sv.IsScalar() && sv.Scalar() == "auto") {
             spec.store_threads = kAutoThreads;
-          } else if (auto n = integer(sv, "store.threads (or auto)", 0, 64)) {
+          } else if (auto n = integer(sv, "store.threads (or auto)", 0, kMaxStoreThreads)) {
             spec.store_threads = static_cast<int>(*n);
           }
         });

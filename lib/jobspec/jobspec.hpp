@@ -80,8 +80,9 @@ struct ContainerSpec {
 std::string_view runtime_name(ContainerRuntime r);
 std::optional<ContainerRuntime> runtime_from_name(std::string_view name);
 
-// store.threads: auto (the store picks from the machine's cores).
+// store.threads: auto (the store picks from the CPUs it may use), or 0 to kMaxStoreThreads.
 inline constexpr int kAutoThreads = -1;
+inline constexpr int kMaxStoreThreads = 64;
 
 struct JobSpec {
   std::string file;  // where it came from, for messages

@@ -130,7 +130,7 @@ JobPayload payload_from_json(const json& j) {
   s.store_port = get<std::uint16_t>(j, "store_port");
   // Absent from a launcher that predates it: the agent's loop, as then.
   const auto threads = j.contains("store_threads") ? get<long long>(j, "store_threads") : 0;
-  if (threads < jobspec::kAutoThreads || threads > 64) throw WireError("job spec: store_threads out of range");
+  if (threads < jobspec::kAutoThreads || threads > jobspec::kMaxStoreThreads) throw WireError("job spec: store_threads out of range");
   s.store_threads = static_cast<int>(threads);
   const auto nccl = get<std::string>(j, "nccl_unique_id");
   s.nccl_unique_id = nccl == "on" ? jobspec::NcclUniqueId::on
