@@ -68,9 +68,9 @@ struct Bench {
         cpu_first_accept_us = cpu_us();
       }
       last_accept_us = now_us();
+      // One coordinator per agent: no second accept (a real agent would answer a second with
+      // "busy"). The listener stays open, as a real agent's does.
       serve(i, std::move(s));
-      // One coordinator per agent: the acceptor closes, as a busy agent would refuse a second.
-      acceptors[i]->close();
     });
   }
 

@@ -3,7 +3,9 @@
 process) join one coordinator (`ddpctl launch --nodes`); reported per N: time from the first
 connection to the last `assign` (the rendezvous), to the last node's start (every node has its
 orders: under protocol version 4 a node's assign is also its start), and the whole launch (dial,
-handshakes, clock probes, rendezvous, start, every node's result) as ddpctl's wall time.
+handshakes, clock probes, rendezvous, start, every node's result) as ddpctl's wall time, and the
+CPU time (user + system) each side spent on the whole launch: on this benchmark both share the
+machine's cores, so what one side saves the other can use.
 
     python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
 
@@ -52,12 +54,20 @@ def one(build, n, tmp):
         nodes = ",".join(f"127.0.0.1:{base + i}" for i in range(n))
         job = os.path.join(tmp, "job.yaml")
         t0 = time.time()
-        r = subprocess.run([os.path.join(build, "bin", "ddpctl"), "launch", "-q", "--nodes", nodes, "--token-file", token,
-                            "--log-dir", os.path.join(tmp, "logs"), job], capture_output=True, text=True, timeout=300)
+        err = tempfile.TemporaryFile(mode="w+")
+        ctl = subprocess.Popen([os.path.join(build, "bin", "ddpctl"), "launch", "-q", "--nodes", nodes, "--token-file", token,
+                                "--log-dir", os.path.join(tmp, "logs"), job], stdout=subprocess.DEVNULL, stderr=err)
+        # wait4: the exit status and the process's CPU time (user + system) in one call.
+        _, status, ru = os.wait4(ctl.pid, 0)
         wall = time.time() - t0
-        if r.returncode != 0:
-            sys.exit(f"ddpctl failed with {r.returncode}:\n{r.stderr[-3000:]}")
-        agents.wait(timeout=60)
+        ctl.returncode = os.waitstatus_to_exitcode(status)
+        ctl_cpu = ru.ru_utime + ru.ru_stime
+        if ctl.returncode != 0:
+            err.seek(0)
+            sys.exit(f"ddpctl failed with {ctl.returncode}:\n{err.read()[-3000:]}")
+        _, status, ru = os.wait4(agents.pid, 0)
+        agents.returncode = os.waitstatus_to_exitcode(status)
+        agents_cpu = ru.ru_utime + ru.ru_stime
     finally:
         if agents.poll() is None:
             agents.kill()
@@ -66,7 +76,7 @@ def one(build, n, tmp):
     if got["assigned"] != n or got["finished"] != n:
         sys.exit(f"only {got['assigned']} of {n} agents were assigned, {got['finished']} finished")
     start = (got["last_start_us"] - got["first_accept_us"]) / 1e6 if "last_start_us" in got else None
-    return (got["last_assign_us"] - got["first_accept_us"]) / 1e6, start, wall
+    return (got["last_assign_us"] - got["first_accept_us"]) / 1e6, start, wall, ctl_cpu, agents_cpu
 
 
 def main():
@@ -84,7 +94,7 @@ def main():
         with open(os.path.join(tmp, "job.yaml"), "w") as f:
             f.write("name: rdzv-bench\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {port: 29500}\n")
         print(f"{'build':<24} {'nodes':>6} {'rendezvous (median)':>20} {'last start (median)':>20} "
-              f"{'whole launch (median)':>22}   runs (rendezvous/whole, ms)")
+              f"{'whole launch (median)':>22} {'CPU: ddpctl / agents':>21}   runs (rendezvous/whole, ms)")
         for n in (int(x) for x in args.sizes.split(",")):
             # Alternately, so that both builds see the same machine (load, TIME_WAIT sockets).
             runs = {b: [] for b in builds}
@@ -96,8 +106,9 @@ def main():
                 starts = [r[1] for r in runs[b] if r[1] is not None]
                 start = f"{statistics.median(starts) * 1000:>17.1f} ms" if starts else f"{'-':>20}"
                 wall = statistics.median(r[2] for r in runs[b])
-                print(f"{os.path.relpath(b, ROOT)[-24:]:<24} {n:>6} {rdzv * 1000:>17.1f} ms {start} {wall * 1000:>19.1f} ms   "
-                      + ", ".join(f"{x * 1000:.0f}/{z * 1000:.0f}" for x, _, z in runs[b]), flush=True)
+                cpu = f"{statistics.median(r[3] for r in runs[b]) * 1000:.0f} / {statistics.median(r[4] for r in runs[b]) * 1000:.0f} ms"
+                print(f"{os.path.relpath(b, ROOT)[-24:]:<24} {n:>6} {rdzv * 1000:>17.1f} ms {start} {wall * 1000:>19.1f} ms "
+                      f"{cpu:>21}   " + ", ".join(f"{r[0] * 1000:.0f}/{r[2] * 1000:.0f}" for r in runs[b]), flush=True)
 
 
 if __name__ == "__main__":

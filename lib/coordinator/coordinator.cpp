@@ -75,6 +75,7 @@ class Coordinator {
     for (auto& e : entries_) {
       auto n = std::make_unique<Node>(io_);
       n->entry = e;
+      n->label = dialer_ ? dialer_->describe(n->entry) : fmt::format("{} ({}:{})", e.name, e.host, e.port);
       nodes_.emplace(e.name, std::move(n));
     }
     report_.job_id = opts_.job_id;
@@ -129,6 +130,7 @@ class Coordinator {
   struct Node {
     explicit Node(asio::io_context& io) : redial(io) {}
     net::NodeEntry entry;
+    std::string label;  // for logs: the name and where we reach it (made once: 4096 nodes log a lot)
     std::shared_ptr<Connection> conn;
     std::string address;  // the agent's address as we reached it
     proto::ClockSync sync;
@@ -183,10 +185,7 @@ class Coordinator {
     if (opts_.events.notice) opts_.events.notice(level, text);
   }
 
-  std::string label(const Node& n) const {
-    if (dialer_) return dialer_->describe(n.entry);
-    return fmt::format("{} ({}:{})", n.entry.name, n.entry.host, n.entry.port);
-  }
+  static const std::string& label(const Node& n) { return n.label; }
 
   // ---- connections ----
 

@@ -11,6 +11,7 @@
 
 #include <pwd.h>
 #include <sys/socket.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 namespace ddp::net {
@@ -40,6 +41,7 @@ std::shared_ptr<Connection> Connection::make(tcp::socket socket, proto::Session 
   if (auto r = socket.remote_endpoint(ec); !ec) remote = r;
   if (auto l = socket.local_endpoint(ec); !ec) local = l;
   socket.set_option(tcp::no_delay(true), ec);
+  { int zero = 0; ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_QUICKACK, &zero, sizeof zero); }
   // The same descriptor as a generic stream (one read/write path for TCP and socketpairs),
   // moved with its reactor registration: no deregister, re-register and FIONBIO per connection.
   stream_socket generic(std::move(socket));
@@ -138,14 +140,20 @@ void Connection::read() {
       // Uncorked however the handling ends (a handler may throw to the io_context's caller);
       // what it queued leaves then, in one write.
       Cork cork(*self);
-      self->apply(self->session_.on_bytes(std::string_view(self->buf_.data(), n)));
+      self->apply(self->session_.on_bytes(std::string_view(self->buf_.get(), n)));
     }
+    // A full buffer: the peer streams; read more at a time from now on.
+    if (n == self->buf_size_ && self->buf_size_ < kReadMax) self->buf_.reset();
     if (!self->closed_ && !self->closing_) self->read();
   };
+  if (!buf_) {
+    buf_size_ = buf_size_ ? std::min(buf_size_ * 4, kReadMax) : kReadStart;
+    buf_.reset(new char[buf_size_]);
+  }
   if (tls_) {
-    tls_->stream.async_read_some(asio::buffer(buf_), std::move(on_read));
+    tls_->stream.async_read_some(asio::buffer(buf_.get(), buf_size_), std::move(on_read));
   } else {
-    socket_.async_read_some(asio::buffer(buf_), std::move(on_read));
+    socket_.async_read_some(asio::buffer(buf_.get(), buf_size_), std::move(on_read));
   }
 }
 

@@ -143,7 +143,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool routine_close_ = false;
   bool started_ = false;  // the protocol's handshake (after TLS's, if any)
   std::string close_reason_;
-  std::array<char, 64 * 1024> buf_;  // not zeroed: a 64 KiB memset per connection showed at 4096 nodes
+  // The read buffer: small while the peer sends small frames (most connections, all their
+  // life), 4x larger after a read that filled it, up to 64 KiB (a worker's output stream). At
+  // 4096 nodes a fixed 64 KiB each was 256 MiB of heap, and its page faults showed.
+  static constexpr std::size_t kReadStart = 4 * 1024, kReadMax = 64 * 1024;
+  std::unique_ptr<char[]> buf_;  // not zeroed
+  std::size_t buf_size_ = 0;
 };
 
 // Resolves and connects with a deadline; `done` gets an error or the connected socket.
