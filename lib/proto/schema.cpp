@@ -268,16 +268,28 @@ std::optional<ProtoError> validate(const nlohmann::json& m, const Sender& sender
     return err(ErrorCode::wrong_sender, "'" + type + "' may only be sent by " + join(spec.from, ", ") + ", not by " +
                                             (sender.role.empty() ? "the " + sender.side : "a " + sender.role));
   }
+  // The message's keys and the spec's fields are both sorted (std::map, the same order): one
+  // walk over both finds each field's value and every unknown key. Errors keep their order: the
+  // first bad or missing field in the spec's order, then the first unknown key.
+  const std::string* unknown = nullptr;
+  const auto& obj = m.get_ref<const nlohmann::json::object_t&>();
+  auto mit = obj.begin();
   for (const auto& [name, f] : spec.fields) {
-    auto fit = m.find(name);
-    if (fit == m.end()) {
+    for (; mit != obj.end() && mit->first < name; ++mit) {
+      if (!unknown && mit->first != "type" && mit->first != "v") unknown = &mit->first;
+    }
+    if (mit == obj.end() || mit->first != name) {
       if (f.required) return err(ErrorCode::missing_field, "'" + type + "' is missing required field '" + name + "'", name);
       continue;
     }
-    if (auto e = check_field(type, name, f, *fit)) return e;
+    if (auto e = check_field(type, name, f, mit->second)) return e;
+    ++mit;
   }
-  for (const auto& [name, value] : m.items()) {
-    if (name == "type" || name == "v" || spec.fields.count(name)) continue;
+  for (; !unknown && mit != obj.end(); ++mit) {
+    if (mit->first != "type" && mit->first != "v") unknown = &mit->first;
+  }
+  if (unknown) {
+    const auto& name = *unknown;
     auto e = err(ErrorCode::unknown_field, "'" + type + "' has unknown field '" + name.substr(0, 64) + "'", name);
     std::vector<std::string> known;
     for (const auto& [k, f] : spec.fields) known.push_back(k);
