@@ -547,45 +547,58 @@ class Coordinator {
     cur_.log_dir = attempt_dir_;
     attempt_open_ = true;
 
-    // The spec came with each node's job_offer; an assignment carries only the round. Node rank
-    // 0 (the store's host) also gets the job's node addresses, its allow-list: in every assign
-    // they made the round's traffic O(N^2).
-    json node_addresses = json::array();
-    for (const auto& na : a.nodes) node_addresses.push_back(nodes_.at(na.node)->address);
+    // The spec came with each node's job_offer; an assignment carries only the round.
+    node_addresses_ = json::array();
+    for (const auto& na : a.nodes) node_addresses_.push_back(nodes_.at(na.node)->address);
     const auto& master = nodes_.at(a.nodes.at(0).node)->address;
     std::vector<std::vector<std::string>> hcas;
     for (const auto& na : a.nodes) hcas.push_back(nodes_.at(na.node)->ib_hcas);
-    const auto ib_hca = binding::common_ib_hca(hcas);
+    ib_hca_ = binding::common_ib_hca(hcas);
+    master_ = master;
+    // What the log line shows of the placement (the first 16 nodes; at 4096 nodes formatting
+    // them all was a measurable share of the rendezvous).
+    constexpr std::size_t kShown = 16;
     std::vector<std::string> shares;
     for (const auto& na : a.nodes) {
       placement_[na.node] = Placement{na.node_rank.value, na.rank_base.value, na.local_world_size};
-      shares.push_back(fmt::format("{}: ranks {}-{}", na.node, na.rank_base.value, na.rank_base.value + na.local_world_size - 1));
-      json assign{{"job_id", opts_.job_id},
-            {"run_id", opts_.job_id},
-            {"user", opts_.user},
-            {"round", a.round.value},
-            {"restart_count", a.restart_count},
-            {"max_restarts", opts_.spec.max_restarts},
-            {"node_rank", na.node_rank.value},
-            {"nnodes", a.nodes.size()},
-            {"rank_base", na.rank_base.value},
-            {"local_world_size", na.local_world_size},
-            {"world_size", a.world_size},
-            {"master_addr", master},
-            {"master_port", opts_.spec.store_port}};
-      // Over SSH every agent learns its own address from the list (it has no socket address
-      // of its own): the list goes to all, as SSH launches are small.
-      if (na.node_rank.value == 0 || dialer_) assign["node_addresses"] = node_addresses;
-      if (ib_hca) assign["nccl_ib_hca"] = *ib_hca;
-      // Node rank 0 first: its `ready` brings the store's port and the attempt's NCCL id, which
-      // the others' assignments carry.
-      if (na.node_rank.value == 0) send(*nodes_.at(na.node), "assign", std::move(assign));
-      else deferred_assign_.emplace_back(na.node, std::move(assign));
+      if (shares.size() <= kShown) {
+        shares.push_back(fmt::format("{}: ranks {}-{}", na.node, na.rank_base.value, na.rank_base.value + na.local_world_size - 1));
+      }
     }
+    const auto more = a.nodes.size() > kShown + 1 ? fmt::format("; and {} more", a.nodes.size() - kShown) : std::string();
+    if (!more.empty()) shares.resize(kShown);
+    // Node rank 0 first: its `ready` brings the store's port and the attempt's NCCL id, which
+    // the others' assignments carry; theirs are made when they are sent.
+    send(*nodes_.at(a.nodes.at(0).node), "assign", assign_body(a, a.nodes.at(0)));
+    pending_assign_ = std::move(a);
     ready_pending_ = true;
-    master_ = master;
-    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} nodes ({}); MASTER_ADDR={}", a.round.value,
-        a.restart_count, a.world_size, a.nodes.size(), join_first(shares, "; ", 16), master);
+    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} nodes ({}{}); MASTER_ADDR={}",
+        pending_assign_->round.value, pending_assign_->restart_count, pending_assign_->world_size,
+        pending_assign_->nodes.size(), join(shares, "; "), more, master);
+  }
+
+  // A node's share of round `a`.
+  json assign_body(const rdzv::AssignRanks& a, const rdzv::NodeAssignment& na) const {
+    json assign{{"job_id", opts_.job_id},
+                {"run_id", opts_.job_id},
+                {"user", opts_.user},
+                {"round", a.round.value},
+                {"restart_count", a.restart_count},
+                {"max_restarts", opts_.spec.max_restarts},
+                {"node_rank", na.node_rank.value},
+                {"nnodes", a.nodes.size()},
+                {"rank_base", na.rank_base.value},
+                {"local_world_size", na.local_world_size},
+                {"world_size", a.world_size},
+                {"master_addr", master_},
+                {"master_port", opts_.spec.store_port}};
+    // Node rank 0 (the store's host) also gets the job's node addresses, its allow-list: in
+    // every assign they made the round's traffic O(N^2). Over SSH every agent learns its own
+    // address from the list (it has no socket address of its own): the list goes to all, as SSH
+    // launches are small.
+    if (na.node_rank.value == 0 || dialer_) assign["node_addresses"] = node_addresses_;
+    if (ib_hca_) assign["nccl_ib_hca"] = *ib_hca_;
+    return assign;
   }
 
   void on_effect(rdzv::StartAttempt& s) {
@@ -618,8 +631,11 @@ class Coordinator {
     // first are on their way while the last are built.
     const auto start = std::exchange(start_round_, std::nullopt);
     std::set<std::string> started;
-    for (auto& [node, assign] : deferred_assign_) {
+    const auto& a = *pending_assign_;
+    for (std::size_t i = 1; i < a.nodes.size(); ++i) {
+      const auto& node = a.nodes[i].node;
       auto& target = *nodes_.at(node);
+      auto assign = assign_body(a, a.nodes[i]);
       assign["master_port"] = master_port_;
       if (has_id) assign["nccl_unique_id"] = b["nccl_unique_id"];
       if (!start || !target.conn) {
@@ -636,7 +652,7 @@ class Coordinator {
       send(target, "assign", std::move(assign));
       send(target, "start", start_body(*start));
     }
-    deferred_assign_.clear();
+    pending_assign_.reset();
     say(spdlog::level::info, "round {}: store on {}:{}{}", round.value, master_, master_port_,
         has_id ? ", NCCL unique id from node rank 0" : "");
     if (start) {
@@ -649,7 +665,7 @@ class Coordinator {
   // The round is over before node rank 0 was ready: nothing of it may still go out.
   void drop_deferred() {
     ready_pending_ = false;
-    deferred_assign_.clear();
+    pending_assign_.reset();
     start_round_.reset();
   }
 
@@ -927,7 +943,9 @@ class Coordinator {
   rdzv::Round round_{0};
   // The round's assignments wait for node rank 0's `ready` (store port, NCCL id), and so does
   // its start.
-  std::vector<std::pair<std::string, json>> deferred_assign_;
+  std::optional<rdzv::AssignRanks> pending_assign_;
+  json node_addresses_;                 // the round's, by node rank
+  std::optional<std::string> ib_hca_;  // NCCL_IB_HCA common to the round's nodes
   bool ready_pending_ = false;
   std::optional<rdzv::Round> start_round_;
   std::string master_;

@@ -143,10 +143,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool routine_close_ = false;
   bool started_ = false;  // the protocol's handshake (after TLS's, if any)
   std::string close_reason_;
-  // The read buffer: small while the peer sends small frames (most connections, all their
+  // The read buffer: 1 KiB while the peer sends small frames (most connections, all their
   // life), 4x larger after a read that filled it, up to 64 KiB (a worker's output stream). At
   // 4096 nodes a fixed 64 KiB each was 256 MiB of heap, and its page faults showed.
-  static constexpr std::size_t kReadStart = 4 * 1024, kReadMax = 64 * 1024;
+  static constexpr std::size_t kReadStart = 1024, kReadMax = 64 * 1024;
   std::unique_ptr<char[]> buf_;  // not zeroed
   std::size_t buf_size_ = 0;
 };
