@@ -1,12 +1,14 @@
 // fake_agents: N agents in one process speaking the real protocol (lib/proto over lib/net), for
 // the rendezvous-at-scale benchmark (bench/rendezvous/run.py). Each listens on 127.0.0.1:BASE+i,
 // authenticates the coordinator with the token file, joins with one worker (with the clock stamps
-// a real agent's join carries), and on `start` reports that worker started and exited 0, so the
-// job succeeds. Everything
-// else about a node (facts, processes, logs) is left out: this measures the coordinator and the
-// protocol, not worker start-up.
+// a real agent's join carries), and on `start` reports that worker started at once and, --work-ms
+// later (default 0), that it exited 0, so the job succeeds. Everything else about a node (facts,
+// processes, logs) is left out: this measures the coordinator and the protocol, not worker
+// start-up. A worker that runs a while keeps the exits out of the rendezvous: with 0, the
+// simulated agents' own exit reports for the first nodes delay their handling of the last
+// nodes' assigns, which real agents on machines of their own would not.
 //
-//   fake_agents --count N --base-port P --token-file F --out times.json
+//   fake_agents --count N --base-port P --token-file F --out times.json [--work-ms MS]
 // prints "ready" once every port listens; writes {first_accept_us, last_assign_us, last_start_us, assigned,
 // finished, starts_in_assign, separate_starts} (system clock, microseconds) when every agent's job
 // is done or its link is gone. --version 3 speaks only the previous protocol version (the
@@ -59,6 +61,7 @@ struct Bench {
   int assigned = 0, finished = 0, closed = 0;
   int starts_in_assign = 0, separate_starts = 0;
   std::uint32_t version = 0;  // 0: every version this build speaks
+  int work_ms = 0;            // how long each worker "runs"
 
   void accept(int i) {
     acceptors[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket s) {
@@ -115,11 +118,19 @@ struct Bench {
       last_start_us = now_us();
       const json job = b["job_id"], round = b["round"];
       send(c, "worker_started", {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}});
-      send(c, "worker_exited",
-           {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}, {"exit_code", 0}, {"time_us", now_us()}});
-      send(c, "attempt_finished", {{"job_id", job}, {"round", round}, {"ok", true}});
-      ++finished;
+      if (work_ms <= 0) return exit_worker(c, i, job, round);
+      auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(work_ms));
+      timer->async_wait([this, timer, conn = c.shared_from_this(), i, job, round](boost::system::error_code) {
+        exit_worker(*conn, i, job, round);
+      });
     }
+  }
+
+  void exit_worker(Connection& c, int i, const json& job, const json& round) {
+    send(c, "worker_exited",
+         {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}, {"exit_code", 0}, {"time_us", now_us()}});
+    send(c, "attempt_finished", {{"job_id", job}, {"round", round}, {"ok", true}});
+    ++finished;
   }
 };
 
@@ -134,6 +145,7 @@ int main(int argc, char** argv) {
   app.add_option("--base-port", base_port)->required()->check(CLI::Range(1024, 65535));
   app.add_option("--token-file", token_file)->required();
   app.add_option("--out", out)->required();
+  app.add_option("--work-ms", bench.work_ms, "how long each worker runs before it exits 0")->check(CLI::Range(0, 600000));
   app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 4));
   CLI11_PARSE(app, argc, argv);
 

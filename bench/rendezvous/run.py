@@ -3,14 +3,17 @@
 process) join one coordinator (`ddpctl launch --nodes`); reported per N: time from the first
 connection to the last `assign` (the rendezvous), to the last node's start (every node has its
 orders: under protocol version 4 a node's assign is also its start), and the whole launch (dial,
-handshakes, clock probes, rendezvous, start, every node's result) as ddpctl's wall time, and the
-CPU time (user + system) each side spent on the whole launch: on this benchmark both share the
-machine's cores, so what one side saves the other can use.
+handshakes, clock probes, rendezvous, start, the workers' run, every node's result) as ddpctl's
+wall time, and the CPU time (user + system) each side spent on the whole launch: on this
+benchmark both share the machine's cores, so what one side saves the other can use.
 
     python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
+                                    [--work-ms 250] [--agents FAKE_AGENTS]
 
-Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 at once, so the job
-itself costs nothing; see fake_agents.cpp.
+Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 after --work-ms (see
+fake_agents.cpp for why not at once); the whole launch includes that time. With --compare both
+builds face the same fake_agents (--agents, default the --build's), so only the coordinator
+differs.
 """
 import argparse
 import json
@@ -41,12 +44,12 @@ def free_base(count):
     return base
 
 
-def one(build, n, tmp):
+def one(build, agents_bin, work_ms, n, tmp):
     token = os.path.join(tmp, "token")
     base = free_base(n)
     out = os.path.join(tmp, f"agents-{n}.json")
-    agents = subprocess.Popen([os.path.join(build, "bin", "fake_agents"), "--count", str(n), "--base-port", str(base),
-                               "--token-file", token, "--out", out], stdout=subprocess.PIPE, text=True,
+    agents = subprocess.Popen([agents_bin, "--count", str(n), "--base-port", str(base), "--token-file", token, "--out", out,
+                               "--work-ms", str(work_ms)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "DDP_LOG_LEVEL": "warn"})
     try:
         if agents.stdout.readline().strip() != "ready":
@@ -85,7 +88,10 @@ def main():
     ap.add_argument("--sizes", default="64,512,4096")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compare", help="another build folder (e.g. an older commit's), run alternately with --build")
+    ap.add_argument("--work-ms", type=int, default=250, help="how long each fake worker runs")
+    ap.add_argument("--agents", help="the fake_agents binary (default: the --build's)")
     args = ap.parse_args()
+    agents_bin = args.agents or os.path.join(args.build, "bin", "fake_agents")
     builds = [args.build] + ([args.compare] if args.compare else [])
     with tempfile.TemporaryDirectory(prefix="ddp-rdzv-bench-") as tmp:
         fd = os.open(os.path.join(tmp, "token"), os.O_WRONLY | os.O_CREAT, 0o600)
@@ -100,7 +106,7 @@ def main():
             runs = {b: [] for b in builds}
             for _ in range(args.repeats):
                 for b in builds:
-                    runs[b].append(one(b, n, tmp))
+                    runs[b].append(one(b, agents_bin, args.work_ms, n, tmp))
             for b in builds:
                 rdzv = statistics.median(r[0] for r in runs[b])
                 starts = [r[1] for r in runs[b] if r[1] is not None]
