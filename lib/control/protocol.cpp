@@ -83,14 +83,19 @@ std::string format_status(const json& s, std::int64_t now_unix_ms) {
                      s.value("mode", "?"), s.value("pid", 0), s.value("state", "?"), s.value("attempt", 0),
                      s.value("restarts", 0), s.value("max_restarts", 0),
                      static_cast<double>(std::max<std::int64_t>(0, now_unix_ms - started)) / 1000.0);
-  if (s.contains("store") && s["store"].is_string()) out += fmt::format("store: {}\n", s["store"].get<std::string>());
+  // An empty store: not up yet (a multi-node job's node rank 0 starts it once the round is
+  // complete); its waiters are then not worth a line either.
+  const bool store_up = s.contains("store") && s["store"].is_string() && !s["store"].get_ref<const std::string&>().empty();
+  if (s.contains("store")) out += fmt::format("store: {}\n", store_up ? s["store"].get<std::string>() : "not up yet");
   if (s.contains("nodes") && s["nodes"].is_array() && !s["nodes"].empty()) {
     out += "nodes:";
     for (const auto& n : s["nodes"]) out += fmt::format(" {}", n.is_string() ? n.get<std::string>() : n.dump());
     out += "\n";
   }
-  out += fmt::format("{:>5}  {:<16} {:>8}  {:<24} {}\n", "rank", "node", "pid", "state", "last output");
-  for (const auto& r : s.value("ranks", json::array())) {
+  const auto ranks = s.value("ranks", json::array());
+  if (ranks.empty()) out += "ranks: none started yet\n";
+  else out += fmt::format("{:>5}  {:<16} {:>8}  {:<24} {}\n", "rank", "node", "pid", "state", "last output");
+  for (const auto& r : ranks) {
     const auto pid = r.contains("pid") && r["pid"].is_number_integer() ? std::to_string(r["pid"].get<long long>()) : "-";
     const double a = r.contains("last_output_age_s") && r["last_output_age_s"].is_number() ? r["last_output_age_s"].get<double>() : -1;
     out += fmt::format("{:>5}  {:<16} {:>8}  {:<24} {}\n", r.value("rank", -1), r.value("node", "?"), pid,
@@ -100,7 +105,7 @@ std::string format_status(const json& s, std::int64_t now_unix_ms) {
   if (!waiters.empty()) {
     out += "store waiters:\n";
     for (const auto& w : waiters) out += fmt::format("  {}\n", w.is_string() ? w.get<std::string>() : w.dump());
-  } else if (s.contains("store_waiters")) {
+  } else if (s.contains("store_waiters") && store_up) {
     out += "store waiters: none\n";
   }
   return out;

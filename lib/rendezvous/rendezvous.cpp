@@ -213,8 +213,8 @@ std::string Rendezvous::status() const {
     case State::running: {
       std::uint32_t world = 0;
       for (const auto& m : members_) world += nodes_.at(m).nproc;
-      return r + ": running on " + std::to_string(members_.size()) + " nodes, world size " + std::to_string(world) +
-             ", restarts " + std::to_string(restart_count_) + "/" + std::to_string(config_.max_restarts);
+      // The restart count is the status line's own field (ddpctl status), not repeated here.
+      return r + ": running on " + std::to_string(members_.size()) + " nodes, world size " + std::to_string(world);
     }
     case State::stopping: {
       std::vector<std::string> waiting;

@@ -86,6 +86,20 @@ TEST(ControlProtocol, StatusAsText) {
   EXPECT_NE(format_status(s, 61'000).find("store waiters: none"), std::string::npos);
 }
 
+// While a multi-node job's nodes join there is no store and no rank yet: the status says so
+// instead of an empty `store:` line and a table header with no rows.
+TEST(ControlProtocol, StatusBeforeTheRoundStarts) {
+  json s{{"job_id", "j2"}, {"mode", "nodes"}, {"pid", 7}, {"started_unix_ms", 1000},
+         {"state", "round 1: waiting for nodes: 1/2 nodes joined; missing: n2"}, {"attempt", 0}, {"restarts", 0},
+         {"max_restarts", 0}, {"store", ""}, {"nodes", {"n1", "n2"}}, {"ranks", json::array()},
+         {"store_waiters", json::array()}};
+  const auto text = format_status(s, 3'000);
+  EXPECT_NE(text.find("store: not up yet\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ranks: none started yet\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("last output"), std::string::npos) << text;
+  EXPECT_EQ(text.find("store waiters"), std::string::npos) << text;
+}
+
 namespace {
 struct TempDir {
   std::filesystem::path p;
