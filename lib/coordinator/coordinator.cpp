@@ -292,9 +292,14 @@ class Coordinator {
       return fatal(fmt::format("{}: {}", label(n), reason));
     }
     if (reason.find("auth:") != std::string::npos && first_gathering) {
-      return fatal(fmt::format("{}: authentication failed: {}. The token file ({}) must hold the same secret as the agent's "
-                               "(/etc/ddpctl/token or its --token-file)",
-                               label(n), reason, opts_.keys.first()->id == "default" ? "--token-file" : "key " + opts_.keys.first()->id));
+      // "auth: the server failed to prove ..." / "peer refused: auth: ...": the protocol's
+      // words, less its prefix, and what to do.
+      auto why = reason.substr(reason.find("auth:") + 5);
+      if (!why.empty() && why.front() == ' ') why.erase(0, 1);
+      const auto& key = opts_.keys.first()->id;
+      return fatal(fmt::format("{}: authentication failed: {}. Fix: {} must hold the agent's secret (the agent's "
+                               "/etc/ddpctl/token or its --token-file)",
+                               label(n), why, key == "default" ? "--token-file" : "--token-file's key '" + key + "'"));
     }
     if (dialer_ && !n.ever_joined && rdzv_.round().value <= 1 && rdzv_.state() == rdzv::State::joining) {
       // Over SSH the agent we started is gone before it joined (it could not run, or refused

@@ -282,8 +282,13 @@ void Connection::closed(const std::string& reason) {
   socket_.close(ignored);
   out_.clear();
   queued_bytes_ = 0;
-  // A peer that never authenticated is worth a warning (a wrong token, a scanner, a stray).
-  const auto level = !was_established_ ? spdlog::level::warn : routine_close_ ? spdlog::level::debug : spdlog::level::info;
+  // A peer that never authenticated is worth a warning (a wrong token, a scanner, a stray);
+  // except a failed authentication on the dialling side, whose owner (the coordinator, doctor,
+  // a ctl client) stops and says so in its own words: the same reason twice helps nobody.
+  const bool owner_reports = session_.is_client() && (reason.starts_with("auth: ") || reason.starts_with("peer refused: auth: "));
+  const auto level = owner_reports || routine_close_ ? spdlog::level::debug
+                     : !was_established_          ? spdlog::level::warn
+                                                  : spdlog::level::info;
   log::get(log_subsystem_)->log(level, "{}: connection closed: {}", label_, reason);
   if (auto cb = std::move(handlers_.on_closed)) {
     handlers_ = {};

@@ -127,6 +127,7 @@ class Session {
   bool established() const { return state_ == State::established; }
   const PeerInfo& peer() const { return peer_; }
   std::uint32_t version() const { return version_; }
+  bool is_client() const { return is_client_; }
 
  private:
   Session() = default;
