@@ -499,11 +499,16 @@ class Coordinator {
   void arm_tick() {
     if (done_) return;
     auto d = rdzv_.next_deadline();
-    if (!d) return;
+    // Most events leave the next deadline as it was (the oldest heartbeat's): the timer set for
+    // it stands, rather than a cancel and a new wait per event (three per node while joining).
+    if (!d || d == tick_armed_) return;
+    tick_armed_ = d;
     auto wait = std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1);
     tick_timer_.expires_after(wait);
     tick_timer_.async_wait([this](boost::system::error_code ec) {
-      if (!ec) handle(rdzv::Tick{});
+      if (ec) return;
+      tick_armed_.reset();
+      handle(rdzv::Tick{});
     });
   }
 
@@ -932,6 +937,7 @@ class Coordinator {
   asio::io_context io_;
   asio::signal_set signals_, user_signals_;
   asio::steady_timer tick_timer_, heartbeat_timer_;
+  std::optional<rdzv::TimePoint> tick_armed_;  // the deadline tick_timer_ waits for
   asio::steady_timer progress_timer_;  // "still waiting" while nodes are missing
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;
