@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -74,6 +75,28 @@ std::vector<std::string> socket_jobs(const std::string& dir) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<std::string> sweep_stale_sockets(const std::string& dir) {
+  std::vector<std::string> removed;
+  for (const auto& job : socket_jobs(dir)) {
+    std::string path;
+    try {
+      path = socket_path(dir, job);
+    } catch (const ControlError&) {
+      continue;
+    }
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) break;
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+    // Non-blocking: a live launcher with a full backlog answers EAGAIN, not ECONNREFUSED.
+    const bool refused = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 && errno == ECONNREFUSED;
+    ::close(fd);
+    if (refused && ::unlink(path.c_str()) == 0) removed.push_back(job);
+  }
+  return removed;
 }
 
 }  // namespace ddp::control

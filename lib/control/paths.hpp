@@ -25,5 +25,9 @@ std::string runtime_dir();
 std::string socket_path(const std::string& dir, const std::string& job_id);
 // Job ids of the sockets in `dir` (sorted); no check that anyone listens.
 std::vector<std::string> socket_jobs(const std::string& dir);
+// Removes the sockets in `dir` that nobody listens on any more (left by launchers that were
+// SIGKILLed: a connect is refused); a live launcher's socket, or one whose backlog is full,
+// stays. Returns the job ids removed. Every launcher sweeps its folder when it opens its own.
+std::vector<std::string> sweep_stale_sockets(const std::string& dir);
 
 }  // namespace ddp::control

@@ -6,11 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 using namespace ddp::control;
@@ -126,6 +131,31 @@ TEST(ControlPaths, PrivateFolderUnderXdgRuntimeDir) {
   ::chmod(dir.c_str(), 0777);
   EXPECT_NE(runtime_dir(), dir);
   ::unsetenv("XDG_RUNTIME_DIR");
+}
+
+// A SIGKILLed launcher leaves its socket file; the next launcher's sweep removes it, and only
+// it: a socket someone listens on stays, and so does a file that is not a socket.
+TEST(ControlPaths, SweepRemovesOnlySocketsNobodyListensOn) {
+  TempDir d;
+  auto bound = [&](const std::string& job, bool listening) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    const auto path = socket_path(d.p.string(), job);
+    std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa), 0) << std::strerror(errno);
+    if (listening) EXPECT_EQ(::listen(fd, 4), 0);
+    return fd;
+  };
+  const int dead = bound("dead-job", false);
+  ::close(dead);  // the file stays, as after a SIGKILL
+  const int live = bound("live-job", true);
+  std::ofstream(d.p / "notes.sock") << "not a socket\n";
+  EXPECT_EQ(socket_jobs(d.p.string()), (std::vector<std::string>{"dead-job", "live-job"}));
+  EXPECT_EQ(sweep_stale_sockets(d.p.string()), std::vector<std::string>{"dead-job"});
+  EXPECT_EQ(socket_jobs(d.p.string()), std::vector<std::string>{"live-job"});
+  EXPECT_TRUE(std::filesystem::exists(d.p / "notes.sock"));
+  ::close(live);
 }
 
 // end(): with no client connected, the server leaves nothing for the loop to wait on (the
