@@ -10,7 +10,8 @@
 //
 //   fake_agents --count N --base-port P --token-file F --out times.json [--work-ms MS]
 // prints "ready" once every port listens; writes {first_accept_us, last_assign_us, last_start_us, assigned,
-// finished, starts_in_assign, separate_starts} (system clock, microseconds) when every agent's job
+// finished, starts_in_assign, separate_starts, setup_cpu_us} (system clock, microseconds; the
+// CPU time spent before "ready") when every agent's job
 // is done or its link is gone. --version 3 speaks only the previous protocol version (the
 // coordinator then sends each node a start of its own); tests/integration/coordinator uses it.
 #include "net/connection.hpp"
@@ -95,7 +96,7 @@ struct Bench {
                  }});
   }
 
-  void send(Connection& c, const char* type, json fields) { c.send(c.session().message(type, std::move(fields))); }
+  bool send(Connection& c, const char* type, json fields) { return c.send(c.session().message(type, std::move(fields))); }
 
   void on_message(Connection& c, int i, const ddp::proto::Message& m) {
     const auto& b = m.body;
@@ -127,10 +128,11 @@ struct Bench {
   }
 
   void exit_worker(Connection& c, int i, const json& job, const json& round) {
-    send(c, "worker_exited",
-         {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}, {"exit_code", 0}, {"time_us", now_us()}});
-    send(c, "attempt_finished", {{"job_id", job}, {"round", round}, {"ok", true}});
-    ++finished;
+    // Counted only when both reports went out (a link already gone sends nothing).
+    const bool sent = send(c, "worker_exited", {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i},
+                                                {"exit_code", 0}, {"time_us", now_us()}}) &&
+                      send(c, "attempt_finished", {{"job_id", job}, {"round", round}, {"ok", true}});
+    if (sent) ++finished;
   }
 };
 
@@ -170,6 +172,7 @@ int main(int argc, char** argv) {
     bench.acceptors.push_back(std::move(a));
     bench.accept(i);
   }
+  const auto setup_cpu_us = cpu_us();  // 4096 listeners and the rest: not the launch's
   std::cout << "ready" << std::endl;
   bench.io.run();
   std::ofstream(out) << json{{"first_accept_us", bench.first_accept_us},
@@ -181,6 +184,7 @@ int main(int argc, char** argv) {
                              {"rank0_assign_us", bench.rank0_assign_us},
                              {"first_assign_us", bench.first_assign_us},
                              {"agents_cpu_us", bench.cpu_last_assign_us - bench.cpu_first_accept_us},
+                             {"setup_cpu_us", setup_cpu_us},
                              {"assigned", bench.assigned},
                              {"finished", bench.finished},
                              {"starts_in_assign", bench.starts_in_assign},

@@ -44,6 +44,21 @@ def free_base(count):
     return base
 
 
+def reap(proc, timeout, what):
+    """wait4 on `proc` with a deadline (killed and the run abandoned past it): (status, rusage)."""
+    deadline = time.time() + timeout
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return status, ru
+        if time.time() > deadline:
+            proc.kill()
+            proc.wait()
+            sys.exit(f"{what} did not end within {timeout} s")
+        time.sleep(0.005)
+
+
 def one(build, agents_bin, work_ms, n, tmp):
     token = os.path.join(tmp, "token")
     base = free_base(n)
@@ -57,27 +72,26 @@ def one(build, agents_bin, work_ms, n, tmp):
         nodes = ",".join(f"127.0.0.1:{base + i}" for i in range(n))
         job = os.path.join(tmp, "job.yaml")
         t0 = time.time()
-        err = tempfile.TemporaryFile(mode="w+")
-        ctl = subprocess.Popen([os.path.join(build, "bin", "ddpctl"), "launch", "-q", "--nodes", nodes, "--token-file", token,
-                                "--log-dir", os.path.join(tmp, "logs"), job], stdout=subprocess.DEVNULL, stderr=err)
-        # wait4: the exit status and the process's CPU time (user + system) in one call.
-        _, status, ru = os.wait4(ctl.pid, 0)
-        wall = time.time() - t0
-        ctl.returncode = os.waitstatus_to_exitcode(status)
-        ctl_cpu = ru.ru_utime + ru.ru_stime
-        if ctl.returncode != 0:
-            err.seek(0)
-            sys.exit(f"ddpctl failed with {ctl.returncode}:\n{err.read()[-3000:]}")
-        _, status, ru = os.wait4(agents.pid, 0)
-        agents.returncode = os.waitstatus_to_exitcode(status)
+        with tempfile.TemporaryFile(mode="w+") as err:
+            ctl = subprocess.Popen([os.path.join(build, "bin", "ddpctl"), "launch", "-q", "--nodes", nodes, "--token-file",
+                                    token, "--log-dir", os.path.join(tmp, "logs"), job], stdout=subprocess.DEVNULL, stderr=err)
+            # wait4: the exit status and the process's CPU time (user + system) in one call.
+            status, ru = reap(ctl, 300, "ddpctl")
+            wall = time.time() - t0
+            ctl_cpu = ru.ru_utime + ru.ru_stime
+            if os.waitstatus_to_exitcode(status) != 0:
+                err.seek(0)
+                sys.exit(f"ddpctl failed with {os.waitstatus_to_exitcode(status)}:\n{err.read()[-3000:]}")
+        _, ru = reap(agents, 60, "fake_agents")
         agents_cpu = ru.ru_utime + ru.ru_stime
     finally:
-        if agents.poll() is None:
+        if agents.returncode is None and agents.poll() is None:
             agents.kill()
             agents.wait()
     got = json.load(open(out))
     if got["assigned"] != n or got["finished"] != n:
         sys.exit(f"only {got['assigned']} of {n} agents were assigned, {got['finished']} finished")
+    agents_cpu -= got.get("setup_cpu_us", 0) / 1e6  # the listeners it opened before "ready"
     start = (got["last_start_us"] - got["first_accept_us"]) / 1e6 if "last_start_us" in got else None
     return (got["last_assign_us"] - got["first_accept_us"]) / 1e6, start, wall, ctl_cpu, agents_cpu
 

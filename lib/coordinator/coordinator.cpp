@@ -301,6 +301,11 @@ class Coordinator {
                                "/etc/ddpctl/token or its --token-file)",
                                label(n), why, key == "default" ? "--token-file" : "--token-file's key '" + key + "'"));
     }
+    if (reason.find("auth:") != std::string::npos) {
+      // Later on (a restarted agent with another token): said here, as the connection leaves
+      // authentication failures to its owner; retried, as the agent may be fixed meanwhile.
+      log_->warn("{}: authentication failed: {}; retrying", label(n), reason);
+    }
     if (dialer_ && !n.ever_joined && rdzv_.round().value <= 1 && rdzv_.state() == rdzv::State::joining) {
       // Over SSH the agent we started is gone before it joined (it could not run, or refused
       // the job): starting it again would fail the same way. Its stderr is in our log above.
@@ -503,7 +508,10 @@ class Coordinator {
     // it stands, rather than a cancel and a new wait per event (three per node while joining).
     if (!d || d == tick_armed_) return;
     tick_armed_ = d;
-    auto wait = std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1);
+    // At most a second at a time: deadlines are on the system clock, the timer on the steady
+    // one, and a clock stepped forward must not put a lost node's detection off by the step.
+    auto wait = std::min<rdzv::Micros>(std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1),
+                                       std::chrono::seconds(1));
     tick_timer_.expires_after(wait);
     tick_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec) return;
@@ -538,6 +546,7 @@ class Coordinator {
 
   void on_effect(rdzv::AssignRanks& a) {
     round_ = a.round;
+    master_port_ = 0;  // the new round's store is up when its node rank 0 says `ready`
     placement_.clear();
     exits_.clear();
     failures_.clear();
@@ -675,6 +684,7 @@ class Coordinator {
   // The round is over before node rank 0 was ready: nothing of it may still go out.
   void drop_deferred() {
     ready_pending_ = false;
+    master_port_ = 0;
     pending_assign_.reset();
     start_round_.reset();
   }
