@@ -41,7 +41,11 @@ std::shared_ptr<Connection> Connection::make(tcp::socket socket, proto::Session 
   if (auto r = socket.remote_endpoint(ec); !ec) remote = r;
   if (auto l = socket.local_endpoint(ec); !ec) local = l;
   socket.set_option(tcp::no_delay(true), ec);
-  { int zero = 0; ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_QUICKACK, &zero, sizeof zero); }
+  // The protocol is request and reply: with quick ACKs off, the kernel's ACK of a frame rides on
+  // our reply instead of a segment of its own (18.4 segments per node at 4096 nodes instead of
+  // 21.4). Linux may turn them back on by itself; no Nagle (no_delay) means nothing waits on them.
+  const int zero = 0;
+  ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_QUICKACK, &zero, sizeof zero);
   // The same descriptor as a generic stream (one read/write path for TCP and socketpairs),
   // moved with its reactor registration: no deregister, re-register and FIONBIO per connection.
   stream_socket generic(std::move(socket));
