@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -221,8 +222,10 @@ void WorkerGroup::forward(int signal) {
 }
 
 void WorkerGroup::stop_all() {
+  // Once: a second stop (the coordinator's, then its link closing) must not be a second SIGTERM;
+  // the grace period that already runs ends in SIGKILL for whatever is left, latecomers too.
+  if (stopping_) return;
   signal_everything(SIGTERM);
-  if (stopping_) return;  // the grace period already runs
   stopping_ = true;
   grace_timer_.expires_after(opts_.stop_grace);
   grace_timer_.async_wait([this](boost::system::error_code ec) {
@@ -237,17 +240,35 @@ void WorkerGroup::stop_all() {
 }
 
 // The worker, its process group, its cgroup and every descendant we are subreaper of: a
-// grandchild that called setsid() escapes the group but not the other two.
+// grandchild that called setsid() escapes the group but not the other two. SIGKILL goes every
+// way; any other signal reaches each process once, as torchrun's does: a script that takes a
+// second SIGTERM as "abort now" would otherwise drop its own graceful checkpoint a few
+// milliseconds into it.
 void WorkerGroup::signal_everything(int sig) {
+  std::vector<pid_t> groups;  // process groups signalled as a whole
   for (pid_t p : worker_pids()) {
-    ::kill(-p, sig);
-    ::kill(p, sig);
+    if (::kill(-p, sig) == 0) {
+      groups.push_back(p);
+      if (sig == SIGKILL) ::kill(p, sig);
+    } else {
+      ::kill(p, sig);  // not a group leader (any more): the worker itself
+    }
   }
-  if (cgroup_) {
-    if (sig == SIGKILL) cgroup_->kill_all();
-    else cgroup_->signal_all(sig);
+  if (sig == SIGKILL) {
+    if (cgroup_) cgroup_->kill_all();
+    for (pid_t p : strays()) ::kill(p, sig);
+  } else {
+    std::set<pid_t> rest;  // what left those groups: in the cgroup, or below us
+    if (cgroup_) {
+      for (pid_t p : cgroup_->pids()) rest.insert(p);
+    }
+    for (pid_t p : strays()) rest.insert(p);
+    for (pid_t p : rest) {
+      const pid_t g = ::getpgid(p);
+      if (g > 0 && std::find(groups.begin(), groups.end(), g) != groups.end()) continue;
+      ::kill(p, sig);
+    }
   }
-  for (pid_t p : strays()) ::kill(p, sig);
   if (sig == SIGKILL && opts_.teardown) opts_.teardown();
 }
 

@@ -137,6 +137,33 @@ while True: time.sleep(1)
     assert res["status"] == "stopped" and len(res["attempts"]) == 1 and res["restarts"] == 0
 
 
+def test_a_stop_is_one_sigterm_per_worker(tmp_path):
+    # A script that treats a second SIGTERM as "abort now" must not get one from a single stop:
+    # the worker (and a child in its process group) each count what reaches them.
+    job = py_job(tmp_path, """
+import os, signal, subprocess, sys, time
+r = os.environ["RANK"]
+child = subprocess.Popen([sys.executable, "-c", '''
+import os, signal, sys, time
+r = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda *_: open(f"child-{r}.terms", "a").write("T"))
+open(f"child-{r}.ready", "w").write("")
+time.sleep(5); sys.exit(0)
+''', r])
+signal.signal(signal.SIGTERM, lambda *_: open(f"worker-{r}.terms", "a").write("T"))
+open(f"worker-{r}.ready", "w").write("")
+time.sleep(5)
+child.wait()
+sys.exit(0)
+""")
+    p = start_launch(job)
+    wait_for(lambda: len(list(tmp_path.glob("*.ready"))) == 4, what="workers and their children to start")
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    for name in ("worker-0", "worker-1", "child-0", "child-1"):
+        assert (tmp_path / f"{name}.terms").read_text() == "T", name  # one T per SIGTERM received
+
+
 def test_sigusr1_is_passed_to_workers(tmp_path):
     job = py_job(tmp_path, """
 import os, signal, time
