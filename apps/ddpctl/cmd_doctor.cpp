@@ -213,7 +213,8 @@ Command add_doctor_command(CLI::App& root) {
   sub->add_option("--facts", args->facts_files, "a facts file (from `ddpctl doctor --json`) instead of discovery; repeat, one per node")
       ->take_all();
   sub->add_option("--sysfs-root", args->sysfs_root, "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)");
-  sub->add_option("--nodes", args->nodes, "gather live facts from these nodes' ddp-agentd (node1,node2:29410,node[3-8]) and check them together");
+  sub->add_option("--nodes", args->nodes, "gather live facts from these nodes' ddp-agentd (node1,node2:29410,node[3-8]) and check them together")
+      ->check(ddpctl::non_empty_nodes());
   sub->add_option("--token-file", args->token_file, "the agents' shared secret (default: as for launch)");
   sub->add_flag("--tls", args->tls, "with --nodes: inside TLS 1.3, as launch --tls");
   auto* gpu = sub->add_flag("--gpu-job", args->gpu_job, "judge as a GPU (NCCL) job (default: if any node has a GPU)");

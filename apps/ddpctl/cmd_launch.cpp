@@ -12,6 +12,7 @@
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
 #include "launch/local_launcher.hpp"
+#include "launch/report.hpp"
 #include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
@@ -402,8 +403,13 @@ Command add_launch_command(CLI::App& root) {
       ->check(CLI::Range(0, 65535));
   sub->add_option("--ranks", args->ranks, "show only these ranks' output on the terminal, e.g. 0,3 (files get all)");
   sub->add_option("--job-id", args->job_id, "the job id (default: <name>-<date>-<time>-<random>)");
-  sub->add_option("--result-json", args->result_json, "write the job's result (first failure, exits) as JSON here");
-  sub->add_option("--nodes", args->nodes, "run on these nodes, each running ddp-agentd: node1,node2:29410,node[3-8]");
+  sub->add_option("--result-json", args->result_json, "write the job's result (first failure, exits) as JSON here")
+      // Checked before anything starts: a report that cannot be written is found out now, not
+      // after the job.
+      ->check(CLI::Validator(
+          [](std::string& path) -> std::string { return ddp::launch::result_file_problem(path).value_or(""); }, "FILE"));
+  sub->add_option("--nodes", args->nodes, "run on these nodes, each running ddp-agentd: node1,node2:29410,node[3-8]")
+      ->check(ddpctl::non_empty_nodes());
   sub->add_option("--token-file", args->token_file,
                   "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
   sub->add_flag("--tls", args->tls,

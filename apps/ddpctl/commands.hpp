@@ -20,4 +20,14 @@ Command add_render_command(CLI::App& root);
 Command add_generate_command(CLI::App& root);
 std::vector<Command> add_control_commands(CLI::App& root);  // status, logs, stop
 
+// --nodes given but empty (`--nodes "$NODES"` with NODES unset) is a mistake, not "run here".
+inline CLI::Validator non_empty_nodes() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.find_first_not_of(" \t,") != std::string::npos) return {};
+        return "is empty (an unset variable?): name the nodes, node1,node2,..., or leave --nodes out to run on this machine";
+      },
+      "NODES");
+}
+
 }  // namespace ddpctl

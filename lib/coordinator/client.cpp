@@ -106,14 +106,17 @@ class Submitter {
       return;
     }
     if (m.type == "job_result") {
+      bool report_lost = false;
       if (opts_.result_json && b.contains("report")) {
-        std::ofstream out(*opts_.result_json);
-        out << b["report"].dump(2) << "\n";
-        if (!out) log_->error("cannot write the result file {}", *opts_.result_json);
+        if (auto err = launch::write_result_file(*opts_.result_json, b["report"])) {
+          log_->error("{}", *err);
+          report_lost = true;
+        }
       }
       // A process status is 0..255; a coordinator's number outside it is no status (2, as any bad answer).
       const auto remote = b.contains("exit_code") ? b["exit_code"].get<std::int64_t>() : 1;
-      const int code = remote >= 0 && remote <= 255 ? static_cast<int>(remote) : 2;
+      int code = remote >= 0 && remote <= 255 ? static_cast<int>(remote) : 2;
+      if (report_lost && code == 0) code = 2;  // the job ran, its report is lost: not a success
       return end(code, code == 2 && !b.contains("report") ? b["message"].get<std::string>() : "");
     }
     if (m.type == "heartbeat") return;

@@ -218,9 +218,10 @@ class LocalLauncher {
     terminal_.flush();
 
     if (opts_.result_json) {
-      std::ofstream out(*opts_.result_json);
-      out << to_json(report_).dump(2) << "\n";
-      if (!out) log_->error("cannot write the result file {}", *opts_.result_json);
+      if (auto err = write_result_file(*opts_.result_json, to_json(report_))) {
+        log_->error("{}", *err);
+        if (report_.exit_code == 0) report_.exit_code = 2;  // the job ran, its report is lost: not a success
+      }
     }
     return report_.exit_code;
   }

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace ddp::launch {
 
@@ -139,6 +143,31 @@ nlohmann::json to_json(const JobReport& r) {
     attempts.push_back(aj);
   }
   return {{"job_id", r.job_id}, {"status", r.status}, {"exit_code", r.exit_code}, {"restarts", r.restarts}, {"attempts", attempts}};
+}
+
+std::optional<std::string> result_file_problem(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty()) return "no file named";
+  if (fs::is_directory(path, ec)) return fmt::format("{} is a folder", path);
+  if (fs::exists(path, ec)) {
+    if (::access(path.c_str(), W_OK) != 0) return fmt::format("{}: {}", path, std::strerror(errno));
+    return std::nullopt;
+  }
+  auto dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec)) return fmt::format("{}: the folder {} does not exist", path, dir.string());
+  if (::access(dir.c_str(), W_OK) != 0) return fmt::format("{}: cannot write in {}: {}", path, dir.string(), std::strerror(errno));
+  return std::nullopt;
+}
+
+std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report) {
+  std::ofstream out(path);
+  if (!out) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
+  out << report.dump(2) << "\n";
+  out.close();
+  if (!out) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
+  return std::nullopt;
 }
 
 }  // namespace ddp::launch

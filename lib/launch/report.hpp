@@ -54,6 +54,12 @@ struct JobReport {
 std::string format_attempt(const AttemptReport& a, int max_restarts);
 nlohmann::json to_json(const JobReport& r);
 
+// --result-json: whether `path` can be written, checked before anything starts (its folder
+// exists and is writable, or the file is); the reason when not.
+std::optional<std::string> result_file_problem(const std::string& path);
+// Writes `report` (indented JSON) to `path`; the reason when it could not.
+std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report);
+
 std::string format_time(SysTime t);  // "10:30:05.123" local time
 
 }  // namespace ddp::launch

@@ -214,6 +214,17 @@ def test_port_taken_is_reported_before_any_worker(tmp_path):
     assert not (tmp_path / "started").exists()
 
 
+def test_flags_that_cannot_work_are_refused_before_any_worker(tmp_path):
+    # `--nodes "$NODES"` with NODES unset must not quietly run here; a result file that cannot be
+    # written must be found out before the job, not after it.
+    job = py_job(tmp_path, "open('started', 'w').write('')\n")
+    r = launch(job, "--nodes", "")
+    assert r.returncode == 2 and "--nodes: is empty" in r.stderr, r.stderr
+    r = launch(job, "--result-json", str(tmp_path / "no-such-dir" / "r.json"))
+    assert r.returncode == 2 and "does not exist" in r.stderr, r.stderr
+    assert not (tmp_path / "started").exists()
+
+
 def test_bad_job_file_names_line_and_column(tmp_path):
     job = write_job(tmp_path, "command: [x]\nnproc_per_nod: 4\n")
     r = launch(job)
