@@ -102,8 +102,9 @@ int main(int argc, char** argv) {
   auto* log_dir = app.add_option("--log-dir", opts.log_dir,
                                  "where workers' per-rank logs go on this node (default /var/log/ddpctl; with --stdio "
                                  "$XDG_STATE_HOME/ddpctl/logs or ~/.local/state/ddpctl/logs)");
-  app.add_option("--heartbeat-timeout", heartbeat_timeout_s, "seconds of coordinator silence that stop the workers")
-      ->check(CLI::Range(0.5, 3600.0));
+  app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
+                 "seconds of coordinator silence that stop the workers (at least 2: coordinators beat every second)")
+      ->check(CLI::Range(2.0, 3600.0));
   std::string tls = "allowed";
   app.add_option("--tls", tls,
                  "TLS 1.3 keyed by the token: allowed (coordinators choose, per connection), required, or off")

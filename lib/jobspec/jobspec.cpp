@@ -179,8 +179,11 @@ class Parser {
         mapping(v, "rendezvous", {"join_timeout", "last_call", "heartbeat_timeout"}, [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
           auto d = duration(rv, "rendezvous." + rk);
           if (!d) return;
-          if (rk == "heartbeat_timeout" && *d < Millis(1000)) {
-            error(rv, "rendezvous.heartbeat_timeout: expected at least 1s (agents send a heartbeat every second)");
+          // Heartbeats come every second: a timeout of one interval loses nodes to ordinary
+          // jitter; two is the least that tolerates one late beat.
+          if (rk == "heartbeat_timeout" && *d < Millis(2000)) {
+            error(rv, "rendezvous.heartbeat_timeout: expected at least 2s (agents send a heartbeat every second; "
+                      "one late heartbeat must not lose a node)");
             return;
           }
           (rk == "join_timeout" ? spec.join_timeout : rk == "last_call" ? spec.last_call : spec.heartbeat_timeout) = *d;

@@ -89,7 +89,7 @@ TEST(AgentConfig, EveryBadValueIsReportedAtItsPosition) {
   EXPECT_EQ(d.size(), 10u);
   expect_error(yaml, 1, 9, "listen: expected HOST:PORT");
   expect_error(yaml, 2, 13, "token_file: expected an absolute path, got 'relative/token'");
-  expect_error(yaml, 3, 20, "heartbeat_timeout: expected a duration from 500ms to 1h");
+  expect_error(yaml, 3, 20, "heartbeat_timeout: expected a duration from 2s to 1h");
   expect_error(yaml, 4, 24, "allowed_users: expected a user name, got 'Root!'");
   expect_error(yaml, 5, 20, "container_runtime: expected podman, docker or none, got 'lxc'");
   expect_error(yaml, 6, 11, "gpus: expected a GPU index, UUID or PCI bus id, got a list");

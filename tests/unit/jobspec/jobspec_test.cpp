@@ -218,7 +218,8 @@ TEST(JobSpec, MultiNodeKeys) {
   EXPECT_EQ(s.last_call, ddp::Millis(2000));
   EXPECT_EQ(s.heartbeat_timeout, ddp::Millis(6000));
   EXPECT_EQ(parse_job_yaml("command: [x]\nrendezvous: {heartbeat_timeout: 3s}\n", "t").heartbeat_timeout, ddp::Millis(3000));
-  expect_error("command: [x]\nrendezvous: {heartbeat_timeout: 500ms}\n", 2, 33, "rendezvous.heartbeat_timeout: expected at least 1s");
+  expect_error("command: [x]\nrendezvous: {heartbeat_timeout: 500ms}\n", 2, 33, "rendezvous.heartbeat_timeout: expected at least 2s");
+  expect_error("command: [x]\nrendezvous: {heartbeat_timeout: 1s}\n", 2, 33, "one late heartbeat must not lose a node");
   EXPECT_EQ(parse_job_yaml("command: [x]\nhosts: 'n[1-4]'\n", "t").hosts, (std::vector<std::string>{"n[1-4]"}));
   auto e = parse_job_yaml("command: [x]\nnnodes: '2:4'\n", "t");
   EXPECT_EQ(e.nnodes_min, 2);
