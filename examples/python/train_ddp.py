@@ -3,8 +3,11 @@
 
 gloo on CPU, nccl when CUDA is there. A small regression model on synthetic data, sharded by
 DistributedSampler; rank 0 saves a checkpoint after every epoch (atomically), and every rank
-resumes from it when TORCHELASTIC_RESTART_COUNT > 0, so a job restarted by the launcher
-continues where it stopped and ends with the same parameters as an uninterrupted run.
+resumes from it whenever it exists, so a job restarted by the launcher continues where it
+stopped and ends with the same parameters as an uninterrupted run. Whenever, not only when
+TORCHELASTIC_RESTART_COUNT > 0: an elastic job (nnodes MIN:MAX) that loses a node re-forms
+without spending a restart (as torchrun's does), and the count stays where it was. The path
+holds the job's run id, so a new job never finds an old job's checkpoint.
 
 Test hooks (off by default):
   --crash RANK:EPOCH   on the first attempt only, that rank dies (exit 3) at the start of EPOCH
@@ -65,13 +68,14 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     start_epoch = 0
-    if restart_count > 0 and os.path.exists(args.checkpoint):
+    if os.path.exists(args.checkpoint):
         ckpt = torch.load(args.checkpoint, map_location=device)
         model.module.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_epoch = ckpt["epoch"] + 1
         if rank == 0:
-            print(f"resumed from {args.checkpoint} at epoch {start_epoch} (restart {restart_count})", flush=True)
+            print(f"resumed from {args.checkpoint} at epoch {start_epoch} (restart {restart_count}, "
+                  f"attempt {os.environ.get('DDP_ATTEMPT', '?')})", flush=True)
 
     dataset = make_dataset()
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
