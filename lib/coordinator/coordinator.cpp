@@ -777,13 +777,17 @@ class Coordinator {
       auto it = exits_.find({from_rdzv->node, from_rdzv->local_rank->value});
       if (it != exits_.end()) first = &it->second;
     }
+    // A node lost (or failing as a whole) is the cause unless a rank failed before it: the ranks
+    // the stop then ended elsewhere were not the first failure, however early their exits came.
+    const bool node_level = from_rdzv && !from_rdzv->local_rank;
     if (!first) {
       for (std::size_t i = 0; i < failures_.size(); ++i) {
         const auto& e = exits_.at(failures_[i]);
         // Exits after the stop went out are its effect, not a cause; stopped by the user (Ctrl-C,
         // `ddpctl stop`), none is a failure at all.
         const bool before_stop = !stop_issued_ || e.exit.when <= to_sys(*stop_issued_);
-        const bool cause = phase == launch::Phase::stopped ? before_stop : (i == 0 || before_stop);
+        bool cause = phase == launch::Phase::stopped ? before_stop : (i == 0 || before_stop);
+        if (node_level && phase != launch::Phase::stopped) cause = before_stop && e.exit.when < to_sys(from_rdzv->time);
         if (cause && (!first || e.exit.when < first->exit.when)) first = &e;
       }
     }
@@ -793,8 +797,11 @@ class Coordinator {
         if (auto it = rank_files_.find(first->exit.rank); it != rank_files_.end()) lines = it->second.last.lines();
       }
       cur_.first_failure = launch::RankFailure{first->exit, first->node, lines, first->error_file, contract_log(first->exit.rank)};
-    } else if (from_rdzv && !from_rdzv->local_rank) {
-      notes_.push_back(from_rdzv->describe());
+    } else if (node_level) {
+      notes_.push_back("first failure: " + from_rdzv->describe());
+      std::vector<std::string> then;
+      for (const auto& e : cur_.exits) then.push_back(fmt::format("rank {} {}", e.rank, e.describe()));
+      if (!then.empty()) notes_.push_back("then: " + join_first(then, ", ", 16));
     }
     cur_.notes = notes_;
     report_.attempts.push_back(cur_);
