@@ -693,6 +693,10 @@ class Coordinator {
   void on_effect(rdzv::StopAll& s) {
     drop_deferred();
     stop_issued_ = now();
+    // Who waits for what in the store (node rank 0's last word on it, at most a second old), at
+    // the moment it explains the most: before the stop ends the waits. The report shows it, as
+    // a local launch's does: the first clue in a hang.
+    for (const auto& w : store_waiters_) notes_.push_back("store: " + w);
     say(spdlog::level::warn, "stopping every node's workers: {}", s.reason);
     for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), s.round, s.reason, opts_.spec.stop_grace);
   }

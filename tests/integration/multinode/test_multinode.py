@@ -331,6 +331,8 @@ def test_status_logs_and_stop_reach_a_multinode_job(cluster, monkeypatch):
     assert r.returncode == 0 and "job mn-ctl has ended" in r.stderr, r.stderr
     rc, out, err = finish(p, timeout=60)
     assert rc == 143, err
+    # the report says what the job hung on, as a local launch's does
+    assert any(l.strip().startswith("store: 2/4 ranks waiting on") and "nobody_sets_this" in l for l in err.splitlines()), err
     assert wait_gone([env["pid"] for _, env in seen.values()]) == []
     assert not os.path.exists(os.path.join(rt, "ddpctl", "mn-ctl.sock"))
 
