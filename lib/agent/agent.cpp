@@ -578,8 +578,11 @@ class Agent {
       }
     }
     job->payload = std::move(payload);
-    log_->info("job {} offered by {} (user {}{}): node {}, {} worker{}", job_id, c->label(), job->user,
-               job->run_as ? fmt::format(", runs as uid {}", job->run_as->uid) : "", job->node, job->nproc,
+    // The label names the authenticated user already; the job's is said only when it differs (a
+    // standing coordinator submitting for someone).
+    log_->info("job {} offered by {}{}{}: node {}, {} worker{}", job_id, c->label(),
+               job->user == c->session().peer().user ? "" : fmt::format(" for user {}", job->user),
+               job->run_as ? fmt::format(" (runs as uid {})", job->run_as->uid) : "", job->node, job->nproc,
                job->nproc == 1 ? "" : "s");
     job_ = std::move(job);
     notify_.status(fmt::format("running job {} for {} (user {})", job_->job_id, c->label(), job_->user));

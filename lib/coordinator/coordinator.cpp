@@ -592,9 +592,9 @@ class Coordinator {
     send(*nodes_.at(a.nodes.at(0).node), "assign", assign_body(a, a.nodes.at(0)));
     pending_assign_ = std::move(a);
     ready_pending_ = true;
-    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} nodes ({}{}); MASTER_ADDR={}",
+    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} node{} ({}{}); MASTER_ADDR={}",
         pending_assign_->round.value, pending_assign_->restart_count, pending_assign_->world_size,
-        pending_assign_->nodes.size(), join(shares, "; "), more, master);
+        pending_assign_->nodes.size(), pending_assign_->nodes.size() == 1 ? "" : "s", join(shares, "; "), more, master);
   }
 
   // A node's share of round `a`.

@@ -385,8 +385,8 @@ void Rendezvous::after_stop() {
   if (user_stop_) return fail_job(JobFailed::Kind::stopped, "job stopped: " + *user_stop_);
   if (membership_change_ || (elastic() && lost_member_this_round_)) {
     // Re-form without spending a restart: the failures were the membership change's fallout.
-    out_.push_back(Progress{"re-forming with " + std::to_string(nodes_.size()) +
-                            " nodes (membership changed; no restart spent)"});
+    out_.push_back(Progress{"re-forming with " + std::to_string(nodes_.size()) + (nodes_.size() == 1 ? " node" : " nodes") +
+                            " (membership changed; no restart spent)"});
     return open_round();
   }
   const Failure* first = nullptr;
