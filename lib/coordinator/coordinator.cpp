@@ -807,6 +807,16 @@ class Coordinator {
       for (const auto& e : cur_.exits) then.push_back(fmt::format("rank {} {}", e.rank, e.describe()));
       if (!then.empty()) notes_.push_back("then: " + join_first(then, ", ", 16));
     }
+    // The grace period's end, said here as a local launch says it: the agents' own lines stay
+    // on the nodes.
+    if (stop_issued_) {
+      std::size_t killed = 0;
+      for (const auto& e : cur_.exits) killed += e.signal == SIGKILL && e.when > to_sys(*stop_issued_);
+      if (killed) {
+        notes_.push_back(fmt::format("{} rank{} still running after the {} stop grace: SIGKILL", killed, killed == 1 ? " was" : "s were",
+                                     format_duration(opts_.spec.stop_grace)));
+      }
+    }
     cur_.notes = notes_;
     report_.attempts.push_back(cur_);
     if (phase != launch::Phase::succeeded) {

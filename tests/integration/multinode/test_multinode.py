@@ -168,6 +168,28 @@ def test_rank_failure_on_node2_stops_node1_and_is_named(cluster):
     assert ff["rank"] == 3 and ff["node"] == n2.addr and ff["exit_code"] == 7
 
 
+def test_ranks_that_outlive_the_stop_grace_are_named_by_the_launcher(cluster):
+    # Rank 3 fails; the others ignore SIGTERM: the grace period (3 s) ends in SIGKILL on the
+    # nodes, and the launcher's report says so (the agents' own lines stay on the nodes).
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("stubborn.py", """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("up", flush=True)
+if os.environ["RANK"] == "3":
+    time.sleep(1)
+    sys.exit(5)
+time.sleep(120)
+""")
+    p = c.launch(job(c, "stubborn", [PY, worker]))
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 1, err
+    assert "first failure: rank 3" in err, err
+    assert "3 ranks were still running after the 3s stop grace: SIGKILL" in err, err
+
+
 def wait_for_families(p, n, timeout=60):
     """{rank: (node, pids)} once n ranks printed their FAMILY line."""
     return simcluster.wait_for_tagged(p, n, "FAMILY ", timeout)
