@@ -942,6 +942,8 @@ class Coordinator {
         if (auto it = exits_.find({node, i}); it != exits_.end()) {
           r["pid"] = it->second.exit.pid;
           r["state"] = it->second.exit.describe();
+        } else if (auto n = nodes_.find(node); n != nodes_.end() && !n->second->joined) {
+          r["state"] = "node lost";  // its agent is gone: nobody reports this rank any more
         }
         auto lo = last_output_.find(rank);
         r["last_output_age_s"] =

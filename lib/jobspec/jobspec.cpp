@@ -59,7 +59,7 @@ class Parser {
   static std::string describe(const YAML::Node& n) {
     switch (n.Type()) {
       case YAML::NodeType::Map: return "a mapping";
-      case YAML::NodeType::Sequence: return "a list";
+      case YAML::NodeType::Sequence: return n.size() == 0 ? "an empty list" : "a list";
       case YAML::NodeType::Null: return "nothing";
       case YAML::NodeType::Scalar: return fmt::format("'{}'", n.Scalar());
       default: return "an undefined value";
@@ -114,7 +114,9 @@ class Parser {
   template <typename F>
   void mapping(const YAML::Node& n, std::string_view where, const std::vector<std::string>& known, F&& on_key) {
     if (!n.IsMap()) {
-      error(n, fmt::format("{}: expected a mapping with keys {}, got {}", where, join(known, ", "), describe(n)));
+      // The whole file has no name of its own: "the job file", not ": expected ...".
+      error(n, fmt::format("{}: expected a mapping with keys {}, got {}", where.empty() ? "the job file" : where,
+                           join(known, ", "), describe(n)));
       return;
     }
     std::set<std::string> seen;
