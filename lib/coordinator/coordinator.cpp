@@ -724,6 +724,7 @@ class Coordinator {
       close_attempt(launch::Phase::failed, f.first_failure);
       report_.status = "failed";
       report_.exit_code = 1;
+      report_.message = f.message;
       say(spdlog::level::err, "job {} failed: {}", opts_.job_id, f.message);
     }
     finish();
@@ -832,6 +833,7 @@ class Coordinator {
     // closing the connections makes every agent forget the job.
     report_.status = "failed";
     report_.exit_code = 2;
+    report_.message = message;  // a detached launch's result.json says why, too
     finish();
   }
 

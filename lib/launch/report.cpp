@@ -142,7 +142,10 @@ nlohmann::json to_json(const JobReport& r) {
     }
     attempts.push_back(aj);
   }
-  return {{"job_id", r.job_id}, {"status", r.status}, {"exit_code", r.exit_code}, {"restarts", r.restarts}, {"attempts", attempts}};
+  nlohmann::json out{{"job_id", r.job_id}, {"status", r.status}, {"exit_code", r.exit_code}, {"restarts", r.restarts},
+                     {"attempts", attempts}};
+  if (!r.message.empty()) out["message"] = r.message;
+  return out;
 }
 
 std::optional<std::string> result_file_problem(const std::string& path) {

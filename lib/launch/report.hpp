@@ -49,6 +49,7 @@ struct JobReport {
   int exit_code = 0;   // ddpctl's own exit status
   int restarts = 0;
   std::vector<AttemptReport> attempts;
+  std::string message;  // why it failed, when that is not an attempt's (preflight, authentication)
 };
 
 std::string format_attempt(const AttemptReport& a, int max_restarts);

@@ -231,9 +231,15 @@ def test_wrong_token_is_refused_and_the_agent_serves_the_next_client(cluster):
         c.start_agent(h)
     worker = c.write("contract.py", CONTRACT_WORKER)
     bad = c.write_token("bad-token")
-    rc, out, err = finish(c.launch(job(c, "badtoken", [PY, worker]), token=bad), timeout=30)
+    result = os.path.join(c.dir, "badtoken.json")
+    rc, out, err = finish(c.launch(job(c, "badtoken", [PY, worker]), "--result-json", result, token=bad), timeout=30)
     assert rc == 2, err
     assert "authentication failed" in err and "failed to prove" in err and "token file" in err, err
+    # one line says it, not a warning and then the error
+    assert err.count("failed to prove") == 1, err
+    # the result file says why too (a detached launch's user reads that, not the terminal)
+    r = json.load(open(result))
+    assert r["status"] == "failed" and r["attempts"] == [] and "authentication failed" in r["message"], r
     assert "CONTRACT" not in out
     for h in c.hosts:
         assert c.agents[h.name].poll() is None
