@@ -810,7 +810,7 @@ class Coordinator {
     }
     // The grace period's end, said here as a local launch says it: the agents' own lines stay
     // on the nodes.
-    if (stop_issued_) {
+    if (stop_issued_ && !killed_now_) {
       std::size_t killed = 0;
       for (const auto& e : cur_.exits) killed += e.signal == SIGKILL && e.when > to_sys(*stop_issued_);
       if (killed) {
@@ -896,6 +896,7 @@ class Coordinator {
     if (done_) return;
     if (stop_signal_) {
       say(spdlog::level::warn, "{} again: killing every node's workers now", what);
+      killed_now_ = true;
       for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), round_, "killed by the user", Millis(0));
       return;
     }
@@ -974,6 +975,7 @@ class Coordinator {
   asio::signal_set signals_, user_signals_;
   asio::steady_timer tick_timer_, heartbeat_timer_;
   std::optional<rdzv::TimePoint> tick_armed_;  // the deadline tick_timer_ waits for
+  bool killed_now_ = false;                    // a second Ctrl-C: SIGKILL without the grace
   asio::steady_timer progress_timer_;  // "still waiting" while nodes are missing
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;
