@@ -575,26 +575,24 @@ class Coordinator {
     for (const auto& na : a.nodes) hcas.push_back(nodes_.at(na.node)->ib_hcas);
     ib_hca_ = binding::common_ib_hca(hcas);
     master_ = master;
-    // What the log line shows of the placement (the first 16 nodes; at 4096 nodes formatting
-    // them all was a measurable share of the rendezvous).
+    // What the log line shows of the placement: the first 16 nodes, as join_first() would, without
+    // formatting the other 4080 at 4096 nodes (a measurable share of the rendezvous).
     constexpr std::size_t kShown = 16;
     std::vector<std::string> shares;
     for (const auto& na : a.nodes) {
       placement_[na.node] = Placement{na.node_rank.value, na.rank_base.value, na.local_world_size};
-      if (shares.size() <= kShown) {
+      if (shares.size() < kShown) {
         shares.push_back(fmt::format("{}: ranks {}-{}", na.node, na.rank_base.value, na.rank_base.value + na.local_world_size - 1));
       }
     }
-    const auto more = a.nodes.size() > kShown + 1 ? fmt::format("; and {} more", a.nodes.size() - kShown) : std::string();
-    if (!more.empty()) shares.resize(kShown);
+    const auto more = a.nodes.size() > kShown ? fmt::format("; and {} more", a.nodes.size() - kShown) : std::string();
     // Node rank 0 first: its `ready` brings the store's port and the attempt's NCCL id, which
     // the others' assignments carry; theirs are made when they are sent.
     send(*nodes_.at(a.nodes.at(0).node), "assign", assign_body(a, a.nodes.at(0)));
+    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} node{} ({}{}); MASTER_ADDR={}", a.round.value,
+        a.restart_count, a.world_size, a.nodes.size(), a.nodes.size() == 1 ? "" : "s", join(shares, "; "), more, master);
     pending_assign_ = std::move(a);
     ready_pending_ = true;
-    say(spdlog::level::info, "round {} (attempt {}): world size {} on {} node{} ({}{}); MASTER_ADDR={}",
-        pending_assign_->round.value, pending_assign_->restart_count, pending_assign_->world_size,
-        pending_assign_->nodes.size(), pending_assign_->nodes.size() == 1 ? "" : "s", join(shares, "; "), more, master);
   }
 
   // A node's share of round `a`.
