@@ -24,10 +24,14 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -89,8 +93,29 @@ std::string slurm_node_list(const LaunchArgs& args, const ddp::jobspec::JobSpec&
 }
 
 // --detach without --coordinator: a background ddpctl (its own session, no terminal) runs the
-// embedded coordinator; we return once its control socket listens, so `ddpctl status/logs/stop`
-// reach it. Its log and result go beside the job's logs.
+// embedded coordinator. We wait until every rank of the job's first round has started, relaying
+// the background ddpctl's log meanwhile, so a job that cannot start (a failed preflight, a node
+// that never joins) fails here with its reason and exit status, as a foreground launch would;
+// once it runs we print its id and return, and `ddpctl status/logs/stop` reach it through its
+// control socket. Ctrl-C stops the waiting, not the job. Its log and result go beside the job's
+// logs.
+volatile std::sig_atomic_t detach_interrupted = 0;
+void on_detach_signal(int) { detach_interrupted = 1; }
+
+// Copies to our stderr what `path` has gained past `offset`.
+void relay_log(const std::string& path, off_t& offset) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[8192];
+  ssize_t n = 0;
+  while ((n = ::pread(fd, buf, sizeof buf, offset)) > 0) {
+    offset += n;
+    std::cerr.write(buf, n);
+  }
+  ::close(fd);
+  std::cerr.flush();
+}
+
 int run_detached(ddp::coordinator::CoordinatorOptions opts) {
   namespace fs = std::filesystem;
   const auto dir = fmt::format("{}/{}", opts.spec.log_dir, opts.job_id);
@@ -102,11 +127,16 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
   }
   const auto log_path = dir + "/coordinator.log";
   if (!opts.result_json) opts.result_json = dir + "/result.json";
-  int ready[2];
-  if (::pipe2(ready, O_CLOEXEC) != 0) {
-    std::cerr << "ddpctl launch: --detach: pipe failed\n";
+  // The background ddpctl says 'L' once its control socket listens (its stderr is the log from
+  // then on) and 'R' once the ranks run; its end closes the link. A socket, not a pipe: a send
+  // to a launcher that is gone (Ctrl-C) must not raise SIGPIPE.
+  int link[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, link) != 0) {
+    std::cerr << fmt::format("ddpctl launch: --detach: socketpair failed: {}\n", std::strerror(errno));
     return 2;
   }
+  struct stat st {};
+  off_t relayed = ::stat(log_path.c_str(), &st) == 0 ? st.st_size : 0;  // a reused job id's old lines stay unsaid
   std::cout.flush();
   std::cerr.flush();
   const pid_t pid = ::fork();
@@ -115,29 +145,51 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
     return 2;
   }
   if (pid > 0) {
-    ::close(ready[1]);
-    char c = 0;
-    ssize_t n = 0;
-    do n = ::read(ready[0], &c, 1);
-    while (n < 0 && errno == EINTR);
-    ::close(ready[0]);
-    if (n == 1) {
-      std::cout << opts.job_id << std::endl;
-      std::cerr << fmt::format("ddpctl launch: job {} runs in the background (pid {}; log {}); see it with ddpctl "
-                               "status|logs -f|stop {}\n",
-                               opts.job_id, pid, log_path, opts.job_id);
-      return 0;
+    ::close(link[1]);
+    struct sigaction sa {};
+    sa.sa_handler = on_detach_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    const auto see_it = fmt::format("see it with ddpctl status|logs -f|stop {}", opts.job_id);
+    bool listening = false;
+    for (;;) {
+      pollfd p{link[0], POLLIN, 0};
+      const int ready = ::poll(&p, 1, 200);
+      if (listening) relay_log(log_path, relayed);
+      if (detach_interrupted) {
+        std::cout << opts.job_id << std::endl;
+        std::cerr << fmt::format("ddpctl launch: stopped waiting; job {} goes on in the background (pid {}; log {}); {}\n",
+                                 opts.job_id, pid, log_path, see_it);
+        return 130;
+      }
+      if (ready <= 0) continue;
+      char c = 0;
+      const ssize_t n = ::recv(link[0], &c, 1, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 1 && c == 'L') {
+        listening = true;
+        continue;
+      }
+      if (n == 1 && c == 'R') {
+        std::cout << opts.job_id << std::endl;
+        std::cerr << fmt::format("ddpctl launch: job {} runs in the background (pid {}; log {}); {}\n", opts.job_id, pid,
+                                 log_path, see_it);
+        return 0;
+      }
+      // It ended before its ranks ran; it said why (on our stderr, or in the log relayed above).
+      ::close(link[0]);
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      if (listening) relay_log(log_path, relayed);
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 2;
     }
-    // It ended before it listened; it said why on our stderr.
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 2;
   }
-  ::close(ready[0]);
+  ::close(link[0]);
   ::setsid();
   opts.quiet = true;
-  opts.on_listening = [fd = ready[1], log_path] {
+  opts.on_listening = [fd = link[1], log_path] {
     // From here on nothing of ours holds the caller's terminal or pipes.
     const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
     const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -147,8 +199,10 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
     ::dup2(out, STDERR_FILENO);
     if (log >= 0) ::close(log);
     if (null >= 0) ::close(null);
-    const char one = '1';
-    [[maybe_unused]] auto w = ::write(fd, &one, 1);
+    [[maybe_unused]] auto w = ::send(fd, "L", 1, MSG_NOSIGNAL);
+  };
+  opts.on_running = [fd = link[1]] {
+    [[maybe_unused]] auto w = ::send(fd, "R", 1, MSG_NOSIGNAL);
     ::close(fd);
   };
   return ddp::coordinator::run_coordinator(std::move(opts));
@@ -430,8 +484,9 @@ Command add_launch_command(CLI::App& root) {
                   "submit the job to this standing ddp-coordinator (HOST[:PORT], port 29411) instead of coordinating it "
                   "here; it keeps running if ddpctl goes away");
   sub->add_flag("--detach", args->detach,
-                "with --nodes: print the job id and return while the job runs on (in a background ddpctl, or on "
-                "--coordinator); ddpctl status/logs/stop reach it");
+                "with --nodes: run the job in a background ddpctl (or on --coordinator) and print its id; without "
+                "--coordinator, return once every rank has started, or fail with the job's reason and status as a "
+                "foreground launch would; ddpctl status/logs/stop reach it");
   sub->add_flag("--slurm", args->slurm,
                 "inside a SLURM allocation (sbatch, salloc): run on its nodes (SLURM_JOB_NODELIST), starting a one-shot "
                 "ddp-agentd on each with one srun step; no daemon or token file needed");

@@ -363,8 +363,14 @@ class Coordinator {
       return;
     }
     if (m.type == "worker_started") {
-      if (rdzv::Round{b["round"].get<std::uint32_t>()} == round_) {
-        pids_[{n.entry.name, b["local_rank"].get<std::uint32_t>()}] = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
+      const auto local_rank = b["local_rank"].get<std::uint32_t>();
+      if (global_rank(n.entry.name, b["round"].get<std::uint32_t>(), local_rank)) {
+        pids_[{n.entry.name, local_rank}] = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
+        if (pids_.size() == world_size_ && !all_started_) {
+          all_started_ = true;
+          say(spdlog::level::info, "round {}: all {} rank{} started", round_.value, world_size_, world_size_ == 1 ? "" : "s");
+          if (opts_.on_running) std::exchange(opts_.on_running, nullptr)();
+        }
       }
       return;
     }
@@ -547,6 +553,8 @@ class Coordinator {
 
   void on_effect(rdzv::AssignRanks& a) {
     round_ = a.round;
+    world_size_ = a.world_size;
+    all_started_ = false;
     master_port_ = 0;  // the new round's store is up when its node rank 0 says `ready`
     placement_.clear();
     exits_.clear();
@@ -1005,6 +1013,8 @@ class Coordinator {
   std::map<int, RankFiles> rank_files_;
   std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
   std::map<std::pair<std::string, std::uint32_t>, pid_t> pids_;      // (node, local rank): this round's workers
+  std::uint32_t world_size_ = 0;                                     // this round's
+  bool all_started_ = false;                                         // ... pids_ has each of its ranks
   std::vector<std::string> store_waiters_;  // node rank 0's last report (sent with its heartbeat)
   std::optional<control::Server> control_;
   std::chrono::system_clock::time_point started_;

@@ -73,6 +73,9 @@ struct CoordinatorOptions {
   JobEvents events;
   // The job's control socket listens (or could not be opened): `launch --detach` returns then.
   std::function<void()> on_listening;
+  // Every rank of a round has started, the first time this happens (once per job): `launch
+  // --detach` returns then. A job that ends before never calls it.
+  std::function<void()> on_running;
   // TCP to the agents inside TLS 1.3 keyed by the token (net/tls.hpp); not for make_dialer's
   // links, which bring their own (SSH).
   bool tls = false;

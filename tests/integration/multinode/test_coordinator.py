@@ -225,3 +225,21 @@ def test_detach_without_a_coordinator_runs_in_a_background_ddpctl(cluster):
     result = json.load(open(os.path.join(log_dir, "result.json")))
     assert result["status"] == "stopped"
     assert "job solo-1 stopped" in open(os.path.join(log_dir, "coordinator.log")).read()
+
+
+def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
+    # --detach returns once every rank runs; a job that never gets there fails here, as a
+    # foreground launch would, and leaves no background ddpctl behind.
+    c = cluster
+    spec = c.write("missing.yaml", "name: missing\nnproc_per_node: 2\ncommand: [/no/such/program]\nstore: {port: 29500}\n")
+    p = c.ctl.popen([*runtime_env(c), os.path.join(c.bin, "ddpctl"), "launch", "--nodes", c.nodes_arg(c.nodes),
+                     "--token-file", c.token, "--detach", "--job-id", "gone-1", spec],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 2, err
+    assert out.strip() == "", out
+    assert "preflight failed" in err and "/no/such/program" in err, err
+    result = json.load(open(os.path.join(c.dir, "logs", "gone-1", "result.json")))
+    assert result["status"] == "failed" and "/no/such/program" in result["message"], result
+    rc, _, err = status(c, "gone-1")
+    assert rc != 0 and "gone-1" in err, err
