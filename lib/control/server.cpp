@@ -1,6 +1,7 @@
 #include "control/server.hpp"
 
 #include "common/log.hpp"
+#include "common/strings.hpp"
 #include "control/paths.hpp"
 
 #include <boost/asio/read_until.hpp>
@@ -190,6 +191,11 @@ void Server::on_request(const std::shared_ptr<Client>& c, const std::string& lin
       provider_.stop(fmt::format("ddpctl stop ({})", c->who));
       return;  // closed when the job has ended
     case Op::logs: {
+      if (auto missing = missing_ranks(r.ranks)) {
+        c->send({{"ok", false}, {"error", *missing}});
+        c->finish();
+        return;
+      }
       json files = json::array();
       for (const auto& [rank, path] : provider_.log_files(r.ranks)) {
         std::error_code ec;
@@ -206,6 +212,24 @@ void Server::on_request(const std::shared_ptr<Client>& c, const std::string& lin
       return;
     }
   }
+}
+
+// `--ranks` naming a rank the job does not have: a typo would otherwise show nothing, or wait
+// forever with -f. Before the ranks are placed (a rendezvous still gathering) any rank may come.
+std::optional<std::string> Server::missing_ranks(const std::set<int>& wanted) const {
+  if (wanted.empty()) return std::nullopt;
+  const auto all = provider_.log_files({});
+  if (all.empty()) return std::nullopt;
+  std::set<int> have;
+  for (const auto& f : all) have.insert(f.first);
+  std::vector<std::string> missing;
+  for (int r : wanted) {
+    if (!have.contains(r)) missing.push_back(std::to_string(r));
+  }
+  if (missing.empty()) return std::nullopt;
+  const auto lo = *have.begin(), hi = *have.rbegin();
+  const auto range = lo == hi ? fmt::format("rank {}", lo) : fmt::format("ranks {}-{}", lo, hi);
+  return fmt::format("the job has no rank{} {} (it has {})", missing.size() == 1 ? "" : "s", join(missing, ", "), range);
 }
 
 void Server::publish(int rank, supervisor::Stream stream, const std::string& line) {

@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -51,6 +52,7 @@ class Server {
  private:
   void accept();
   void on_request(const std::shared_ptr<Client>& c, const std::string& line);
+  std::optional<std::string> missing_ranks(const std::set<int>& wanted) const;  // why `wanted` is refused
 
   boost::asio::io_context& io_;
   std::string path_;

@@ -101,6 +101,9 @@ def test_status_logs_and_stop_from_another_process(tmp_path, rt):
         lines = r.stdout.splitlines()
         assert lines[0] == f"[0] PID {pids[0]}" and all(l.startswith("[0] ") for l in lines), lines[:5]
         assert "[0] tick 0 rank 0" in lines
+        # a rank the job does not have: said, not an empty answer (or, with -f, a wait for ever)
+        r = ctl(rt, "logs", "--ranks", "1,5")
+        assert r.returncode != 0 and "the job has no rank 5 (it has ranks 0-1)" in r.stderr, r.stderr
 
         # logs -f: the file, then the live stream, every line exactly once and in order.
         env = dict(os.environ, XDG_RUNTIME_DIR=str(rt))

@@ -144,7 +144,9 @@ TEST(ControlPaths, SweepRemovesOnlySocketsNobodyListensOn) {
     const auto path = socket_path(d.p.string(), job);
     std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
     EXPECT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa), 0) << std::strerror(errno);
-    if (listening) EXPECT_EQ(::listen(fd, 4), 0);
+    if (listening) {
+      EXPECT_EQ(::listen(fd, 4), 0);
+    }
     return fd;
   };
   const int dead = bound("dead-job", false);
