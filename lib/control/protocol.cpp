@@ -76,6 +76,20 @@ std::set<int> parse_rank_list(std::string_view text) {
   return out;
 }
 
+std::optional<std::string> ranks_outside(const std::set<int>& wanted, int world_size) {
+  std::vector<std::string> missing;
+  for (int r : wanted) {
+    if (r < 0 || r >= world_size) missing.push_back(std::to_string(r));
+  }
+  if (missing.empty()) return std::nullopt;
+  constexpr std::size_t kShown = 8;
+  auto named = join_first(missing, ", ", kShown);
+  const auto has = world_size <= 0   ? std::string("no ranks")
+                   : world_size == 1 ? std::string("rank 0")
+                                     : fmt::format("ranks 0-{}", world_size - 1);
+  return fmt::format("the job has no rank{} {} (it has {})", missing.size() == 1 ? "" : "s", named, has);
+}
+
 std::string format_status(const json& s, std::int64_t now_unix_ms) {
   std::string out;
   const auto started = s.value("started_unix_ms", now_unix_ms);

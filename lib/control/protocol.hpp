@@ -38,6 +38,9 @@ std::string encode_request(const Request& r);  // one line, '\n' included
 
 // "0,3,5-7" (as `--ranks` takes it); throws ControlError.
 std::set<int> parse_rank_list(std::string_view text);
+// The ranks of `wanted` that a job of `world_size` ranks (0..world_size-1) does not have, said
+// as "the job has no rank 9 (it has ranks 0-3)"; nullopt when it has them all.
+std::optional<std::string> ranks_outside(const std::set<int>& wanted, int world_size);
 
 // The status document (see LocalLauncher / Coordinator) as a user reads it.
 std::string format_status(const nlohmann::json& status, std::int64_t now_unix_ms);

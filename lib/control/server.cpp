@@ -1,7 +1,6 @@
 #include "control/server.hpp"
 
 #include "common/log.hpp"
-#include "common/strings.hpp"
 #include "control/paths.hpp"
 
 #include <boost/asio/read_until.hpp>
@@ -220,16 +219,7 @@ std::optional<std::string> Server::missing_ranks(const std::set<int>& wanted) co
   if (wanted.empty()) return std::nullopt;
   const auto all = provider_.log_files({});
   if (all.empty()) return std::nullopt;
-  std::set<int> have;
-  for (const auto& f : all) have.insert(f.first);
-  std::vector<std::string> missing;
-  for (int r : wanted) {
-    if (!have.contains(r)) missing.push_back(std::to_string(r));
-  }
-  if (missing.empty()) return std::nullopt;
-  const auto lo = *have.begin(), hi = *have.rbegin();
-  const auto range = lo == hi ? fmt::format("rank {}", lo) : fmt::format("ranks {}-{}", lo, hi);
-  return fmt::format("the job has no rank{} {} (it has {})", missing.size() == 1 ? "" : "s", join(missing, ", "), range);
+  return ranks_outside(wanted, static_cast<int>(all.size()));
 }
 
 void Server::publish(int rank, supervisor::Stream stream, const std::string& line) {

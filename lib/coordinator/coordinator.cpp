@@ -555,6 +555,9 @@ class Coordinator {
     round_ = a.round;
     world_size_ = a.world_size;
     all_started_ = false;
+    if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(a.world_size))) {
+      log_->warn("--ranks: {}", *outside);
+    }
     master_port_ = 0;  // the new round's store is up when its node rank 0 says `ready`
     placement_.clear();
     exits_.clear();

@@ -212,6 +212,9 @@ class LocalLauncher {
     log_->info("job {}: {} worker{} of '{}', store on {}, logs in {}/{}", opts_.job_id, first.ranks.size(),
                first.ranks.size() == 1 ? "" : "s", join(r0.argv, " "), store_->address(), opts_.spec.log_dir,
                opts_.job_id);
+    if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(first.ranks.size()))) {
+      log_->warn("--ranks: {}", *outside);
+    }
     start_attempt(0);
     io_.run();
     control_.reset();

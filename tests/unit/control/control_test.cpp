@@ -59,6 +59,15 @@ TEST(ControlProtocol, RankLists) {
   EXPECT_THROW(parse_rank_list("0-99999999"), ControlError);
 }
 
+TEST(ControlProtocol, RanksOutsideTheJob) {
+  EXPECT_EQ(ranks_outside({}, 4), std::nullopt);
+  EXPECT_EQ(ranks_outside({0, 3}, 4), std::nullopt);
+  EXPECT_EQ(ranks_outside({3, 4}, 4), "the job has no rank 4 (it has ranks 0-3)");
+  EXPECT_EQ(ranks_outside({1}, 1), "the job has no rank 1 (it has rank 0)");
+  EXPECT_EQ(ranks_outside(parse_rank_list("0-20"), 2),
+            "the job has no ranks 2, 3, 4, 5, 6, 7, 8, 9, and 11 more (it has ranks 0-1)");
+}
+
 TEST(ControlProtocol, LogLines) {
   auto l = parse_log_line("2026-12-02T10:30:00.123Z out| loss 0.5");
   ASSERT_TRUE(l);
