@@ -349,6 +349,16 @@ class Coordinator {
       return on_join(n, b);
     }
     if (!n.joined) return;
+    if (m.type == "leaving") {
+      // The node goes (its agent stops, and its workers with it): a lost node, told, not
+      // found out; what its workers' exits say after this is no failure of theirs.
+      if (b["job_id"].get<std::string>() != opts_.job_id) return;
+      const auto reason = b["reason"].get<std::string>();
+      say(spdlog::level::warn, "{}: {}", n.entry.name, reason);
+      n.joined = false;
+      handle(rdzv::NodeLeft{n.entry.name, reason});
+      return;
+    }
     if (m.type == "ready") return on_ready(n, b);
     if (m.type == "output") return on_output(n, b);
     if (m.type == "worker_exited") return on_worker_exited(n, b);

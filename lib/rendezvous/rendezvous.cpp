@@ -136,7 +136,7 @@ std::string Failure::describe() const {
         return who + " was killed by signal " + std::to_string(*signal) + (name ? std::string(" (") + name + ")" : "");
       }
       return who + " exited with code " + std::to_string(exit_code.value_or(-1));
-    case Kind::node_lost: return who + " was lost";
+    case Kind::node_lost: return who + " was lost" + (reason.empty() ? "" : ": " + reason);
     case Kind::node_reported: return who + " reported a failed attempt";
   }
   return who;
@@ -354,6 +354,7 @@ void Rendezvous::lose(const std::string& node, const std::string& reason, bool d
   Failure f;
   f.kind = Failure::Kind::node_lost;
   f.node = node;
+  f.reason = reason;
   f.node_rank = n.node_rank;
   f.time = now_;
   if (state_ == State::running) {

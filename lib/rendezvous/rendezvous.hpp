@@ -123,6 +123,7 @@ struct Failure {
   std::uint32_t pid = 0;
   TimePoint time{0};  // our clock
   Round round;
+  std::string reason;  // node_lost: why ("its agent is shutting down (SIGTERM)", ...)
   std::string describe() const;  // "rank 5 (n2, local rank 1, pid 4242) exited with code 1"
 };
 struct JobFailed {

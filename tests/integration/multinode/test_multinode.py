@@ -225,6 +225,27 @@ def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
     assert c.agents["n1"].poll() is None, "the surviving agent must keep serving"
 
 
+def test_agent_stopped_mid_run_is_named_as_the_failure_not_its_ranks(cluster):
+    # systemctl stop ddp-agentd (SIGTERM) on n2: the agent stops its workers and says why
+    # first, so the report names the node's leaving, not rank 2's and 3's SIGTERM exits.
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    p = c.launch(job(c, "term", [PY, worker, "family"]))
+    families = wait_for_families(p, 4)
+    n2 = c.hosts[1]
+    os.kill(c.agents["n2"].pid, signal.SIGTERM)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 1, err
+    assert f"first failure: node {n2.addr} was lost: its agent is shutting down (SIGTERM)" in err, err
+    # n2's own ranks are not reported as killed; n1's, stopped by the launcher, follow on "then:"
+    assert "rank 2 was killed" not in err and "rank 3 was killed" not in err, err
+    assert c.agents["n2"].wait(timeout=30) == 0, "the agent ends once its workers are stopped"
+    assert wait_gone([pid for _, f in families.values() for pid in f.values()]) == []
+    assert c.agents["n1"].poll() is None, "the other agent keeps serving"
+
+
 def test_wrong_token_is_refused_and_the_agent_serves_the_next_client(cluster):
     c = cluster
     for h in c.hosts:

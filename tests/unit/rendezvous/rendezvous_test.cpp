@@ -468,7 +468,7 @@ TEST(Restarts, FixedNodeCountLosingANodeSpendsARestartAndWaitsForItsReturn) {
   e = s.ack_all();
   auto rs = one<RestartScheduled>(e);
   ASSERT_TRUE(rs);
-  EXPECT_EQ(rs->reason, "node n3 was lost; restart 1/1 in 1s");
+  EXPECT_EQ(rs->reason, "node n3 was lost: connection closed; restart 1/1 in 1s");
   e = s.advance(1s);
   EXPECT_EQ(one<Progress>(e)->message, "round 2: waiting for nodes: 2/3 nodes joined; missing: n3");
   auto a = one<AssignRanks>(s.join("n3"));  // systemd restarted the agent
@@ -519,6 +519,8 @@ TEST(Restarts, SignalNamesInDescriptions) {
   lost.kind = Failure::Kind::node_lost;
   lost.node = "n2";
   EXPECT_EQ(lost.describe(), "node n2 was lost");
+  lost.reason = "no heartbeat for 10s";
+  EXPECT_EQ(lost.describe(), "node n2 was lost: no heartbeat for 10s");
 }
 
 // ---------------------------------------------------------------- first failure across clocks
