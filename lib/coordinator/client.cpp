@@ -58,7 +58,10 @@ class Submitter {
       conn_->start({[this](const proto::PeerInfo&) {
                       json submit{{"job_id", opts_.job_id}, {"user", opts_.user}, {"spec", net::to_json(opts_.payload)},
                                   {"nodes", opts_.nodes}};
-                      if (opts_.detach) submit["detach"] = true;
+                      // No "detach" (what older builds sent, to be answered at once): we
+                      // stay to see the ranks start (a `running` event), then leave the job
+                      // to the coordinator; one older than that never says it, and Ctrl-C
+                      // leaves then.
                       conn_->send(conn_->session().message("submit", std::move(submit)));
                     },
                     [this](proto::Message m) { on_message(std::move(m)); },
@@ -77,11 +80,10 @@ class Submitter {
     if (m.type == "job_accepted") {
       accepted_ = true;
       if (opts_.detach) {
-        std::cout << opts_.job_id << std::endl;
-        std::cerr << fmt::format("ddpctl launch: job {} runs on the coordinator at {}; see it with ddpctl status|logs -f|stop "
-                                 "--coordinator {} {}\n",
-                                 opts_.job_id, at(), at(), opts_.job_id);
-        return end(0, "");
+        log_->info("job {} accepted by the coordinator at {}; waiting for its ranks to start (Ctrl-C stops the waiting, "
+                   "not the job)",
+                   opts_.job_id, at());
+        return;
       }
       log_->info("job {} accepted by the coordinator at {} (it keeps running there if this ddpctl goes away; Ctrl-C stops it)",
                  opts_.job_id, at());
@@ -89,7 +91,7 @@ class Submitter {
     }
     if (m.type == "job_output") {
       const int rank = static_cast<int>(b["rank"].get<std::uint32_t>());
-      if (opts_.quiet || (!opts_.show_ranks.empty() && !opts_.show_ranks.contains(rank))) return;
+      if (opts_.quiet || opts_.detach || (!opts_.show_ranks.empty() && !opts_.show_ranks.contains(rank))) return;
       const auto s = b["stream"].get<std::string>() == "stderr" ? supervisor::Stream::err : supervisor::Stream::out;
       terminal_.write(s, fmt::format("[{}:{}] {}", b["node"].get<std::string>(), rank, b["data"].get<std::string>()));
       return;
@@ -97,6 +99,14 @@ class Submitter {
     if (m.type == "job_event") {
       const auto text = b["message"].get<std::string>();
       const auto kind = b["kind"].get<std::string>();
+      if (kind == "running") {
+        if (!opts_.detach) return;
+        std::cout << opts_.job_id << std::endl;
+        std::cerr << fmt::format("ddpctl launch: job {} runs on the coordinator at {}; see it with ddpctl status|logs -f|stop "
+                                 "--coordinator {} {}\n",
+                                 opts_.job_id, at(), at(), opts_.job_id);
+        return end(0, "");
+      }
       if (text.find('\n') != std::string::npos) {  // a failure report, printed as the embedded coordinator prints it
         terminal_.flush();
         std::fputs(text.c_str(), stderr);
@@ -136,6 +146,13 @@ class Submitter {
   void wait_signals() {
     signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec || done_) return;
+      if (conn_ && conn_->established() && accepted_ && opts_.detach) {
+        std::cout << opts_.job_id << std::endl;
+        std::cerr << fmt::format("ddpctl launch: stopped waiting; job {} goes on at the coordinator at {}; see it with "
+                                 "ddpctl status|logs -f|stop --coordinator {} {}\n",
+                                 opts_.job_id, at(), at(), opts_.job_id);
+        return end(130, "");
+      }
       if (conn_ && conn_->established() && accepted_) {
         log_->warn("{}: stopping job {} on the coordinator (again to kill its workers now)", supervisor::signal_name(sig),
                    opts_.job_id);

@@ -41,7 +41,8 @@ struct SubmitOptions {
   Millis dial_timeout{10000};
 };
 
-// ddpctl's exit status: the job's (0, 1, 128+signal), 0 once accepted with detach, 2 when it was
+// ddpctl's exit status: the job's (0, 1, 128+signal), 0 with detach once every rank has started
+// (130 when Ctrl-C ended the waiting: the job goes on), 2 when it was
 // refused or the coordinator could not be reached or was lost (the message says which).
 int submit_job(SubmitOptions options);
 

@@ -218,6 +218,12 @@ class Standing {
         send(job->submitter.lock().get(), "job_event", {{"job_id", job->id}, {"kind", level_kind(level)}, {"message", text.substr(0, 262144)}});
       });
     };
+    // What `launch --coordinator --detach` waits for before it returns (client.cpp).
+    o.on_running = [this, job] {
+      asio::post(io_, [job] {
+        send(job->submitter.lock().get(), "job_event", {{"job_id", job->id}, {"kind", "running"}, {"message", "every rank has started"}});
+      });
+    };
     o.events.started = [job](std::function<void(const std::string&)> stop) {
       std::lock_guard lock(job->mu);
       job->stop = std::move(stop);

@@ -185,6 +185,10 @@ def test_detach_with_a_standing_coordinator(cluster):
     rc, out, err = finish(submit(c, job(c, "bg", "tick"), "--detach", "--job-id", "bg-1"), timeout=30)
     assert rc == 0, err
     assert out.strip() == "bg-1"
+    # it returned once the ranks ran: their pids are known at once
+    rc, st, err = status(c, "bg-1", *via_coordinator(c))
+    assert rc == 0, err
+    assert len(st["ranks"]) == 4 and all(r.get("pid") for r in st["ranks"]), st
 
     f = c.ctl.popen([os.path.join(c.bin, "ddpctl"), "logs", "-f", *via_coordinator(c), "bg-1"], stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, text=True, cwd=c.dir)
@@ -208,6 +212,7 @@ def test_detach_without_a_coordinator_runs_in_a_background_ddpctl(cluster):
     assert rc == 0, err
     background = st["pid"]
     assert background != p.pid and alive(background)
+    assert len(st["ranks"]) == 4 and all(r.get("pid") for r in st["ranks"]), st  # it returned once they ran
 
     r = None
     deadline = time.time() + 60
@@ -225,6 +230,18 @@ def test_detach_without_a_coordinator_runs_in_a_background_ddpctl(cluster):
     result = json.load(open(os.path.join(log_dir, "result.json")))
     assert result["status"] == "stopped"
     assert "job solo-1 stopped" in open(os.path.join(log_dir, "coordinator.log")).read()
+
+
+def test_a_detached_submit_that_cannot_start_fails_with_its_reason(cluster):
+    # With a standing coordinator too: --detach returns once every rank runs, or fails as a
+    # foreground submit would.
+    c = cluster
+    start_coordinator(c)
+    spec = c.write("missing.yaml", "name: missing\nnproc_per_node: 2\ncommand: [/no/such/program]\nstore: {port: 29500}\n")
+    rc, out, err = finish(submit(c, spec, "--detach", "--job-id", "gone-2"), timeout=60)
+    assert rc == 2, err
+    assert out.strip() == "", out
+    assert "preflight failed" in err and "/no/such/program" in err, err
 
 
 def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
