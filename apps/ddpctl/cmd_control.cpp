@@ -54,7 +54,21 @@ struct Target {
   std::string job_id;
   int fd = -1;
   std::shared_ptr<ddp::coordinator::ControlRelay> relay;  // --coordinator: carries fd's conversation
+  std::optional<control::Ended> ended;                    // set (and fd -1): the job is over; its record
 };
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// "job X ended 3 min ago (failed, exit code 1); result: F; logs: D"
+std::string describe_ended(const control::Ended& e) {
+  const auto ago_s = std::max<std::int64_t>(0, now_ms() - e.ended_unix_ms) / 1000;
+  const auto ago = ago_s < 120 ? fmt::format("{} s", ago_s) : ago_s < 7200 ? fmt::format("{} min", ago_s / 60)
+                                                                            : fmt::format("{} h", ago_s / 3600);
+  return fmt::format("job {} ended {} ago ({}, exit code {}); {}logs: {}", e.job_id, ago, e.status, e.exit_code,
+                     e.result_json.empty() ? "" : fmt::format("result: {}; ", e.result_json), e.logs);
+}
 
 struct ControlArgs {
   std::string job;
@@ -112,6 +126,7 @@ std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
   if (!job.empty()) {
     const int fd = try_job(job);
     if (fd < 0) {
+      if (auto e = control::read_ended(dir, job)) return Target{job, -1, nullptr, std::move(e)};
       std::cerr << fmt::format("ddpctl {}: job {} is not running here (no live control socket in {})\n", cmd, job, dir);
       rc = 1;
       return std::nullopt;
@@ -183,14 +198,14 @@ std::optional<json> ask(LineReader& r, const control::Request& req, const char* 
   return reply;
 }
 
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 int run_status(const ControlArgs& a) {
   int rc = 0;
   auto t = find_job(a, "status", rc);
   if (!t) return rc;
+  if (t->ended) {
+    std::cerr << fmt::format("ddpctl status: {}\n", describe_ended(*t->ended));
+    return 1;  // not running
+  }
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::status, {}, false}, "status");
   if (!reply) return 1;
@@ -203,6 +218,10 @@ int run_stop(const ControlArgs& a) {
   int rc = 0;
   auto t = find_job(a, "stop", rc);
   if (!t) return rc;
+  if (t->ended) {
+    std::cerr << fmt::format("ddpctl stop: nothing to stop: {}\n", describe_ended(*t->ended));
+    return 1;
+  }
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::stop, {}, false}, "stop");
   if (!reply) return 1;
@@ -227,6 +246,25 @@ int run_logs(const ControlArgs& a) {
   int rc = 0;
   auto t = find_job(a, "logs", rc);
   if (!t) return rc;
+  if (t->ended) {  // the last attempt's files, as the launcher listed them when the job ended
+    const auto& files = t->ended->files;
+    if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())); outside && !files.empty()) {
+      std::cerr << fmt::format("ddpctl logs: {}\n", *outside);
+      return 1;
+    }
+    for (const auto& [rank, path] : files) {
+      if (!req.ranks.empty() && !req.ranks.contains(rank)) continue;
+      std::ifstream in(path);
+      if (!in) std::cerr << fmt::format("ddpctl logs: rank {}: cannot read {}\n", rank, path);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (auto l = control::parse_log_line(line)) std::cout << fmt::format("[{}] {}\n", rank, l->text);
+      }
+    }
+    std::cout.flush();
+    std::cerr << fmt::format("ddpctl logs: {}\n", describe_ended(*t->ended));
+    return 0;
+  }
   LineReader r(t->fd);
   auto reply = ask(r, req, "logs");
   if (!reply) return 1;

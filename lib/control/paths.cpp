@@ -1,6 +1,7 @@
 #include "control/paths.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,7 +12,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 
 namespace ddp::control {
 
@@ -20,6 +23,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::string_view kSuffix = ".sock";
+constexpr std::string_view kEndedSuffix = ".ended";
+constexpr auto kEndedKeep = std::chrono::hours(24 * 30);
 
 // Creates `dir` 0700 if missing; an error text when it is not a private folder of ours.
 std::string private_dir(const std::string& dir) {
@@ -96,7 +101,57 @@ std::vector<std::string> sweep_stale_sockets(const std::string& dir) {
     ::close(fd);
     if (refused && ::unlink(path.c_str()) == 0) removed.push_back(job);
   }
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename().string();
+    if (!name.ends_with(kEndedSuffix) || !e.is_regular_file(ec)) continue;
+    const auto t = fs::last_write_time(e.path(), ec);
+    if (!ec && now - t > kEndedKeep) fs::remove(e.path(), ec);
+  }
   return removed;
+}
+
+void record_ended(const std::string& dir, const Ended& e) {
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& [rank, path] : e.files) files.push_back({{"rank", rank}, {"path", path}});
+  const nlohmann::json j{{"job_id", e.job_id},       {"status", e.status}, {"exit_code", e.exit_code},
+                         {"ended_unix_ms", e.ended_unix_ms}, {"logs", e.logs},     {"result_json", e.result_json},
+                         {"files", files}};
+  const auto path = fmt::format("{}/{}{}", dir, e.job_id, kEndedSuffix);
+  const auto tmp = path + ".tmp";
+  {
+    const mode_t old = ::umask(077);
+    std::ofstream out(tmp, std::ios::trunc);
+    ::umask(old);
+    out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (!out.flush()) {
+      ::unlink(tmp.c_str());
+      return;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+std::optional<Ended> read_ended(const std::string& dir, const std::string& job_id) {
+  std::ifstream in(fmt::format("{}/{}{}", dir, job_id, kEndedSuffix));
+  if (!in) return std::nullopt;
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  try {
+    Ended e;
+    e.job_id = j.at("job_id").get<std::string>();
+    e.status = j.at("status").get<std::string>();
+    e.exit_code = j.at("exit_code").get<int>();
+    e.ended_unix_ms = j.at("ended_unix_ms").get<std::int64_t>();
+    e.logs = j.at("logs").get<std::string>();
+    e.result_json = j.at("result_json").get<std::string>();
+    for (const auto& f : j.at("files")) e.files.emplace_back(f.at("rank").get<int>(), f.at("path").get<std::string>());
+    if (e.job_id != job_id) return std::nullopt;
+    return e;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace ddp::control

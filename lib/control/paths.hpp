@@ -7,9 +7,11 @@
 // `ddpctl stop` or `logs` asks).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::control {
@@ -28,6 +30,24 @@ std::vector<std::string> socket_jobs(const std::string& dir);
 // Removes the sockets in `dir` that nobody listens on any more (left by launchers that were
 // SIGKILLed: a connect is refused); a live launcher's socket, or one whose backlog is full,
 // stays. Returns the job ids removed. Every launcher sweeps its folder when it opens its own.
+// Also removes end records (below) older than 30 days.
 std::vector<std::string> sweep_stale_sockets(const std::string& dir);
+
+// A job's last word, left beside its socket when it ends (`<job-id>.ended`, 0600): how it ended
+// and where its logs and result are, so that `ddpctl status|logs JOB` still answer once the job
+// and its launcher (a detached one, say) are gone.
+struct Ended {
+  std::string job_id;
+  std::string status;  // "succeeded", "failed", "stopped"
+  int exit_code = 0;
+  std::int64_t ended_unix_ms = 0;
+  std::string logs;         // the job's log folder
+  std::string result_json;  // empty: none was written
+  std::vector<std::pair<int, std::string>> files;  // (rank, path): the last attempt's log files
+};
+// Written whole or not at all (a temporary file renamed); failures are ignored: it is a courtesy.
+void record_ended(const std::string& dir, const Ended& e);
+// nullopt when there is none, or it is not one of ours (malformed).
+std::optional<Ended> read_ended(const std::string& dir, const std::string& job_id);
 
 }  // namespace ddp::control

@@ -229,6 +229,13 @@ void Server::publish(int rank, supervisor::Stream stream, const std::string& lin
   }
 }
 
+void Server::leave_record(Ended ended) {
+  const auto slash = path_.rfind('/');
+  if (slash == std::string::npos || slash == 0) return;
+  ended.files = provider_.log_files({});
+  record_ended(path_.substr(0, slash), ended);
+}
+
 void Server::end(const std::string& result) {
   if (ended_) return;
   ended_ = true;

@@ -8,6 +8,7 @@
 // launcher, found when binding, is replaced).
 #pragma once
 
+#include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "supervisor/output.hpp"
 
@@ -46,6 +47,8 @@ class Server {
   // The job is over: followers get {"end": result}; every client is closed once its queue is
   // written (at most 2 s: a stuck client must not hold the launcher's exit); nothing more is accepted.
   void end(const std::string& result);
+  // The job's end record, beside the socket (paths.hpp), with the provider's log files added.
+  void leave_record(Ended ended);
 
   struct Client;
 

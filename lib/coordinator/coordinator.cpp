@@ -115,14 +115,18 @@ class Coordinator {
     arm_progress();
     io_.run();
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
-    control_.reset();
     terminal_.flush();
     if (opts_.result_json) {
       if (auto err = launch::write_result_file(*opts_.result_json, launch::to_json(report_))) {
         log_->error("{}", *err);
         if (report_.exit_code == 0) report_.exit_code = 2;  // the job ran, its report is lost: not a success
+        opts_.result_json.reset();
       }
     }
+    if (control_) {
+      control_->leave_record(launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json));
+    }
+    control_.reset();
     if (opts_.events.done) opts_.events.done(report_);
     return report_.exit_code;
   }

@@ -217,15 +217,17 @@ class LocalLauncher {
     }
     start_attempt(0);
     io_.run();
-    control_.reset();
     terminal_.flush();
 
     if (opts_.result_json) {
       if (auto err = write_result_file(*opts_.result_json, to_json(report_))) {
         log_->error("{}", *err);
         if (report_.exit_code == 0) report_.exit_code = 2;  // the job ran, its report is lost: not a success
+        opts_.result_json.reset();
       }
     }
+    if (control_) control_->leave_record(end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json));
+    control_.reset();
     return report_.exit_code;
   }
 

@@ -164,6 +164,18 @@ std::optional<std::string> result_file_problem(const std::string& path) {
   return std::nullopt;
 }
 
+control::Ended end_record(const JobReport& report, const std::string& job_log_dir, const std::optional<std::string>& result_json) {
+  control::Ended e;
+  e.job_id = report.job_id;
+  e.status = report.status;
+  e.exit_code = report.exit_code;
+  e.ended_unix_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  e.logs = job_log_dir;
+  e.result_json = result_json.value_or("");
+  return e;
+}
+
 std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report) {
   std::ofstream out(path);
   if (!out) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));

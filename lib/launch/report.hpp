@@ -2,6 +2,7 @@
 // as text for the terminal and as JSON for --result-json.
 #pragma once
 
+#include "control/paths.hpp"
 #include "launch/attempt.hpp"
 
 #include <nlohmann/json.hpp>
@@ -60,6 +61,9 @@ nlohmann::json to_json(const JobReport& r);
 std::optional<std::string> result_file_problem(const std::string& path);
 // Writes `report` (indented JSON) to `path`; the reason when it could not.
 std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report);
+
+// What the job's control socket leaves when the job is over (control/paths.hpp): `ddpctl status|logs JOB` read it.
+control::Ended end_record(const JobReport& report, const std::string& job_log_dir, const std::optional<std::string>& result_json);
 
 std::string format_time(SysTime t);  // "10:30:05.123" local time
 

@@ -156,6 +156,17 @@ def test_several_jobs_are_listed_and_each_is_reached_by_id(tmp_path, rt):
         assert r.returncode == 1 and "no job of yours is running" in r.stderr
         r = ctl(rt, "logs", "nosuch")
         assert r.returncode == 1 and "job nosuch is not running here" in r.stderr
+        # an ended job, named: how it ended and where its logs are; its last attempt's lines
+        r = ctl(rt, "status", "ctl-a")
+        assert r.returncode == 1 and "job ctl-a ended" in r.stderr and "(stopped, exit code 143)" in r.stderr, r.stderr
+        assert f"logs: {tmp_path}/logs/ctl-a" in r.stderr, r.stderr
+        r = ctl(rt, "logs", "--ranks", "1", "ctl-a")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert "[1] tick 0 rank 1" in lines and all(l.startswith("[1] ") for l in lines), lines[:5]
+        assert ctl(rt, "logs", "--ranks", "2", "ctl-a").returncode == 1
+        r = ctl(rt, "stop", "ctl-b")
+        assert r.returncode == 1 and "nothing to stop: job ctl-b ended" in r.stderr, r.stderr
     finally:
         for p in procs:
             if p.poll() is None:

@@ -230,6 +230,11 @@ def test_detach_without_a_coordinator_runs_in_a_background_ddpctl(cluster):
     result = json.load(open(os.path.join(log_dir, "result.json")))
     assert result["status"] == "stopped"
     assert "job solo-1 stopped" in open(os.path.join(log_dir, "coordinator.log")).read()
+    # the background ddpctl is gone; status still says how the job ended and where its result is
+    rc, _, err = status(c, "solo-1")
+    assert rc == 1 and "job solo-1 ended" in err and f"result: {log_dir}/result.json" in err, err
+    r = ddpctl(c, "logs", "--ranks", "2", "solo-1")
+    assert r.returncode == 0 and "[2] hello from rank 2 of 4" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_detached_submit_that_cannot_start_fails_with_its_reason(cluster):

@@ -142,6 +142,44 @@ TEST(ControlPaths, PrivateFolderUnderXdgRuntimeDir) {
   ::unsetenv("XDG_RUNTIME_DIR");
 }
 
+TEST(ControlPaths, EndRecordsRoundTripAndOldOnesAreSwept) {
+  TempDir d;
+  const auto dir = d.p.string();
+  EXPECT_EQ(read_ended(dir, "job-1"), std::nullopt);
+  Ended e;
+  e.job_id = "job-1";
+  e.status = "failed";
+  e.exit_code = 1;
+  e.ended_unix_ms = 1700000000123;
+  e.logs = "/logs/job-1";
+  e.result_json = "/logs/job-1/result.json";
+  e.files = {{0, "/logs/job-1/attempt-0/rank-0.log"}, {1, "/logs/job-1/attempt-0/rank-1.log"}};
+  record_ended(dir, e);
+  struct stat st {};
+  ASSERT_EQ(::stat((d.p / "job-1.ended").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto back = read_ended(dir, "job-1");
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->status, "failed");
+  EXPECT_EQ(back->exit_code, 1);
+  EXPECT_EQ(back->ended_unix_ms, 1700000000123);
+  EXPECT_EQ(back->logs, e.logs);
+  EXPECT_EQ(back->result_json, e.result_json);
+  EXPECT_EQ(back->files, e.files);
+  // Another job's record under this name, or a damaged one, is no record.
+  std::filesystem::copy_file(d.p / "job-1.ended", d.p / "job-2.ended");
+  EXPECT_EQ(read_ended(dir, "job-2"), std::nullopt);
+  std::ofstream(d.p / "job-3.ended") << "{\"job_id\": \"job-3\"";
+  EXPECT_EQ(read_ended(dir, "job-3"), std::nullopt);
+  // The sweep keeps a fresh record and removes one older than 30 days.
+  sweep_stale_sockets(dir);
+  EXPECT_TRUE(read_ended(dir, "job-1"));
+  std::filesystem::last_write_time(d.p / "job-1.ended",
+                                   std::filesystem::file_time_type::clock::now() - std::chrono::hours(24 * 31));
+  sweep_stale_sockets(dir);
+  EXPECT_FALSE(std::filesystem::exists(d.p / "job-1.ended"));
+}
+
 // A SIGKILLed launcher leaves its socket file; the next launcher's sweep removes it, and only
 // it: a socket someone listens on stays, and so does a file that is not a socket.
 TEST(ControlPaths, SweepRemovesOnlySocketsNobodyListensOn) {
