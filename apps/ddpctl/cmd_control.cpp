@@ -8,6 +8,7 @@
 #include "coordinator/client.hpp"
 #include "coordinator/standing.hpp"
 #include "hostlist/hostlist.hpp"
+#include "jobspec/jobspec.hpp"
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
 
@@ -126,7 +127,12 @@ std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
   if (!job.empty()) {
     const int fd = try_job(job);
     if (fd < 0) {
-      if (auto e = control::read_ended(dir, job)) return Target{job, -1, nullptr, std::move(e)};
+      if (ddp::jobspec::valid_job_id(job)) {
+        try {
+          if (auto e = control::read_ended(control::records_dir(), job)) return Target{job, -1, nullptr, std::move(e)};
+        } catch (const control::ControlError&) {
+        }
+      }
       std::cerr << fmt::format("ddpctl {}: job {} is not running here (no live control socket in {})\n", cmd, job, dir);
       rc = 1;
       return std::nullopt;
@@ -203,7 +209,15 @@ int run_status(const ControlArgs& a) {
   auto t = find_job(a, "status", rc);
   if (!t) return rc;
   if (t->ended) {
-    std::cerr << fmt::format("ddpctl status: {}\n", describe_ended(*t->ended));
+    const auto& e = *t->ended;
+    if (a.json_out) {
+      std::cout << json{{"job_id", e.job_id},     {"state", "ended"},           {"status", e.status},
+                        {"exit_code", e.exit_code}, {"ended_unix_ms", e.ended_unix_ms}, {"logs", e.logs},
+                        {"result_json", e.result_json}}
+                       .dump(2)
+                << "\n";
+    }
+    std::cerr << fmt::format("ddpctl status: {}\n", describe_ended(e));
     return 1;  // not running
   }
   LineReader r(t->fd);

@@ -99,8 +99,8 @@ std::string slurm_node_list(const LaunchArgs& args, const ddp::jobspec::JobSpec&
 // once it runs we print its id and return, and `ddpctl status/logs/stop` reach it through its
 // control socket. Ctrl-C stops the waiting, not the job. Its log and result go beside the job's
 // logs.
-volatile std::sig_atomic_t detach_interrupted = 0;
-void on_detach_signal(int) { detach_interrupted = 1; }
+volatile std::sig_atomic_t detach_interrupted = 0;  // the signal that ended the waiting
+void on_detach_signal(int sig) { detach_interrupted = sig; }
 
 // Copies to our stderr what `path` has gained past `offset`.
 void relay_log(const std::string& path, off_t& offset) {
@@ -161,7 +161,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
         std::cout << opts.job_id << std::endl;
         std::cerr << fmt::format("ddpctl launch: stopped waiting; job {} goes on in the background (pid {}; log {}); {}\n",
                                  opts.job_id, pid, log_path, see_it);
-        return 130;
+        return 128 + detach_interrupted;
       }
       if (ready <= 0) continue;
       char c = 0;
@@ -183,7 +183,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
       if (listening) relay_log(log_path, relayed);
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 2;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 2;
     }
   }
   ::close(link[0]);
@@ -484,9 +484,9 @@ Command add_launch_command(CLI::App& root) {
                   "submit the job to this standing ddp-coordinator (HOST[:PORT], port 29411) instead of coordinating it "
                   "here; it keeps running if ddpctl goes away");
   sub->add_flag("--detach", args->detach,
-                "with --nodes: run the job in a background ddpctl (or on --coordinator) and print its id; without "
-                "--coordinator, return once every rank has started, or fail with the job's reason and status as a "
-                "foreground launch would; ddpctl status/logs/stop reach it");
+                "with --nodes: run the job in a background ddpctl (or on --coordinator), return once every rank has "
+                "started and print its id, or fail with the job's reason and status as a foreground launch would "
+                "(Ctrl-C stops the waiting, not the job); ddpctl status/logs/stop reach it");
   sub->add_flag("--slurm", args->slurm,
                 "inside a SLURM allocation (sbatch, salloc): run on its nodes (SLURM_JOB_NODELIST), starting a one-shot "
                 "ddp-agentd on each with one srun step; no daemon or token file needed");

@@ -1063,9 +1063,12 @@ class Agent {
         acceptor_.close(ignored);
         if (job_ && job_->running()) {
           // Said first, so that the launcher reports this node's leaving, not its workers'
-          // SIGTERM exits that follow, as the job's failure.
-          send(job_->owner.get(), "leaving",
-               {{"job_id", job_->job_id}, {"reason", fmt::format("its agent is shutting down ({})", supervisor::signal_name(sig))}});
+          // SIGTERM exits that follow, as the job's failure (protocol version 5; an older
+          // launcher finds the node lost when the connection closes).
+          if (job_->owner && job_->owner->session().version() >= 5) {
+            send(job_->owner.get(), "leaving",
+                 {{"job_id", job_->job_id}, {"reason", fmt::format("its agent is shutting down ({})", supervisor::signal_name(sig))}});
+          }
           job_->orphaned = true;
           job_->shepherd->request_stop(SIGTERM);
         } else {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -101,18 +102,32 @@ std::vector<std::string> sweep_stale_sockets(const std::string& dir) {
     ::close(fd);
     if (refused && ::unlink(path.c_str()) == 0) removed.push_back(job);
   }
-  std::error_code ec;
-  const auto now = fs::file_time_type::clock::now();
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const auto name = e.path().filename().string();
-    if (!name.ends_with(kEndedSuffix) || !e.is_regular_file(ec)) continue;
-    const auto t = fs::last_write_time(e.path(), ec);
-    if (!ec && now - t > kEndedKeep) fs::remove(e.path(), ec);
-  }
   return removed;
 }
 
+std::string records_dir() {
+  std::string base;
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/') base = x;
+  else if (const char* h = std::getenv("HOME"); h && *h == '/') base = fmt::format("{}/.local/state", h);
+  if (!base.empty()) {
+    std::error_code ec;
+    fs::create_directories(base, ec);
+    if (!ec && private_dir(base + "/ddpctl").empty() && private_dir(base + "/ddpctl/jobs").empty()) {
+      return base + "/ddpctl/jobs";
+    }
+  }
+  return runtime_dir();
+}
+
 void record_ended(const std::string& dir, const Ended& e) {
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& f : fs::directory_iterator(dir, ec)) {
+    const auto name = f.path().filename().string();
+    if (name.find(kEndedSuffix) == std::string::npos || !f.is_regular_file(ec)) continue;
+    const auto t = fs::last_write_time(f.path(), ec);
+    if (!ec && now - t > kEndedKeep) fs::remove(f.path(), ec);
+  }
   nlohmann::json files = nlohmann::json::array();
   for (const auto& [rank, path] : e.files) files.push_back({{"rank", rank}, {"path", path}});
   const nlohmann::json j{{"job_id", e.job_id},       {"status", e.status}, {"exit_code", e.exit_code},
@@ -120,17 +135,24 @@ void record_ended(const std::string& dir, const Ended& e) {
                          {"files", files}};
   const auto path = fmt::format("{}/{}{}", dir, e.job_id, kEndedSuffix);
   const auto tmp = path + ".tmp";
-  {
-    const mode_t old = ::umask(077);
-    std::ofstream out(tmp, std::ios::trunc);
-    ::umask(old);
-    out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (!out.flush()) {
-      ::unlink(tmp.c_str());
-      return;
-    }
+  const auto text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  // 0600 from the start, without the process's umask (other threads' files would get ours).
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return;
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+  const bool ok = done == text.size() && ::close(fd) == 0;
+  if (done != text.size()) ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+void forget_ended(const std::string& dir, const std::string& job_id) {
+  ::unlink(fmt::format("{}/{}{}", dir, job_id, kEndedSuffix).c_str());
 }
 
 std::optional<Ended> read_ended(const std::string& dir, const std::string& job_id) {

@@ -30,12 +30,12 @@ std::vector<std::string> socket_jobs(const std::string& dir);
 // Removes the sockets in `dir` that nobody listens on any more (left by launchers that were
 // SIGKILLed: a connect is refused); a live launcher's socket, or one whose backlog is full,
 // stays. Returns the job ids removed. Every launcher sweeps its folder when it opens its own.
-// Also removes end records (below) older than 30 days.
 std::vector<std::string> sweep_stale_sockets(const std::string& dir);
 
-// A job's last word, left beside its socket when it ends (`<job-id>.ended`, 0600): how it ended
+// A job's last word, left when it ends (`<job-id>.ended`, 0600, in records_dir()): how it ended
 // and where its logs and result are, so that `ddpctl status|logs JOB` still answer once the job
-// and its launcher (a detached one, say) are gone.
+// and its launcher (a detached one, say) are gone. Not beside the socket: the runtime folder
+// goes at logout and reboot, and a detached job's user comes back after both.
 struct Ended {
   std::string job_id;
   std::string status;  // "succeeded", "failed", "stopped"
@@ -45,8 +45,14 @@ struct Ended {
   std::string result_json;  // empty: none was written
   std::vector<std::pair<int, std::string>> files;  // (rank, path): the last attempt's log files
 };
+// $XDG_STATE_HOME/ddpctl/jobs, else ~/.local/state/ddpctl/jobs (private folders, created), else
+// runtime_dir(); throws ControlError when none is usable.
+std::string records_dir();
 // Written whole or not at all (a temporary file renamed); failures are ignored: it is a courtesy.
+// Records (and leftovers of a write) older than 30 days go at the same time.
 void record_ended(const std::string& dir, const Ended& e);
+// A record of `job_id` removed (a job id used again: its old record would answer for the new job).
+void forget_ended(const std::string& dir, const std::string& job_id);
 // nullopt when there is none, or it is not one of ours (malformed).
 std::optional<Ended> read_ended(const std::string& dir, const std::string& job_id);
 

@@ -97,6 +97,9 @@ Server::Server(asio::io_context& io, std::string path, Provider provider)
       log::get("control")->debug("removed the control socket of job {}, whose launcher no longer runs", job);
     }
   }
+  const auto slash = path_.rfind('/');
+  job_id_ = path_.substr(slash == std::string::npos ? 0 : slash + 1);
+  if (job_id_.ends_with(".sock")) job_id_.resize(job_id_.size() - 5);
   // A socket file already there: a live launcher of the same job id, or a dead one's leftover.
   struct stat st {};
   if (::lstat(path_.c_str(), &st) == 0) {
@@ -104,6 +107,11 @@ Server::Server(asio::io_context& io, std::string path, Provider provider)
     probe.connect(stream_protocol::endpoint(path_), ec);
     if (!ec) throw ControlError(fmt::format("another ddpctl already runs job {} (control socket {})", path_, path_));
     ::unlink(path_.c_str());
+  }
+  // A job id used again: the old run's end record must not answer for this one.
+  try {
+    forget_ended(records_dir(), job_id_);
+  } catch (const ControlError&) {
   }
   acceptor_.open(stream_protocol(), ec);
   if (!ec) {
@@ -229,16 +237,20 @@ void Server::publish(int rank, supervisor::Stream stream, const std::string& lin
   }
 }
 
-void Server::leave_record(Ended ended) {
-  const auto slash = path_.rfind('/');
-  if (slash == std::string::npos || slash == 0) return;
-  ended.files = provider_.log_files({});
-  record_ended(path_.substr(0, slash), ended);
+void Server::leave_record(Ended record) {
+  record.job_id = job_id_;
+  record.files = provider_.log_files({});
+  try {
+    record_ended(records_dir(), record);
+  } catch (const ControlError& e) {
+    log::get("control")->debug("no end record for job {}: {}", job_id_, e.what());
+  }
 }
 
-void Server::end(const std::string& result) {
+void Server::end(const std::string& result, std::optional<Ended> record) {
   if (ended_) return;
   ended_ = true;
+  if (record) leave_record(std::move(*record));
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   for (const auto& c : clients_) {

@@ -46,9 +46,11 @@ class Server {
   void publish(int rank, supervisor::Stream stream, const std::string& line);
   // The job is over: followers get {"end": result}; every client is closed once its queue is
   // written (at most 2 s: a stuck client must not hold the launcher's exit); nothing more is accepted.
-  void end(const std::string& result);
-  // The job's end record, beside the socket (paths.hpp), with the provider's log files added.
-  void leave_record(Ended ended);
+  // `record`: the job's end record (paths.hpp; the provider's log files added), left before any
+  // client hears of the end, so `ddpctl stop J && ddpctl status J` finds it.
+  void end(const std::string& result, std::optional<Ended> record = std::nullopt);
+  // The end record again (what ended differently after end(): a result file that could not be written).
+  void leave_record(Ended record);
 
   struct Client;
 
@@ -65,6 +67,7 @@ class Server {
   boost::asio::steady_timer end_timer_;
   std::chrono::steady_clock::time_point end_deadline_;
   void close_when_done();
+  std::string job_id_;  // the socket's name, less ".sock"
   ino_t inode_ = 0;
   bool ended_ = false;
 };

@@ -151,7 +151,7 @@ class Submitter {
         std::cerr << fmt::format("ddpctl launch: stopped waiting; job {} goes on at the coordinator at {}; see it with "
                                  "ddpctl status|logs -f|stop --coordinator {} {}\n",
                                  opts_.job_id, at(), at(), opts_.job_id);
-        return end(130, "");
+        return end(128 + sig, "");
       }
       if (conn_ && conn_->established() && accepted_) {
         log_->warn("{}: stopping job {} on the coordinator (again to kill its workers now)", supervisor::signal_name(sig),

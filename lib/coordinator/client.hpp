@@ -42,7 +42,7 @@ struct SubmitOptions {
 };
 
 // ddpctl's exit status: the job's (0, 1, 128+signal), 0 with detach once every rank has started
-// (130 when Ctrl-C ended the waiting: the job goes on), 2 when it was
+// (128+signal when Ctrl-C or SIGTERM ended the waiting: the job goes on), 2 when it was
 // refused or the coordinator could not be reached or was lost (the message says which).
 int submit_job(SubmitOptions options);
 

@@ -121,10 +121,8 @@ class Coordinator {
         log_->error("{}", *err);
         if (report_.exit_code == 0) report_.exit_code = 2;  // the job ran, its report is lost: not a success
         opts_.result_json.reset();
+        if (control_) control_->leave_record(end_record());
       }
-    }
-    if (control_) {
-      control_->leave_record(launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json));
     }
     control_.reset();
     if (opts_.events.done) opts_.events.done(report_);
@@ -140,6 +138,7 @@ class Coordinator {
     std::string address;  // the agent's address as we reached it
     proto::ClockSync sync;
     bool joined = false;
+    bool leaving = false;  // said `leaving`: its agent stops its ranks (until it joins again)
     std::vector<std::string> ib_hcas;  // the node's NCCL_IB_HCA entries, from its join
     std::string image_digest;          // a container job's image as the node resolved it
     bool ever_joined = false;
@@ -191,6 +190,10 @@ class Coordinator {
   }
 
   static const std::string& label(const Node& n) { return n.label; }
+
+  control::Ended end_record() const {
+    return launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+  }
 
   // ---- connections ----
 
@@ -352,7 +355,12 @@ class Coordinator {
       log_->debug("{}: clock offset {} us (+/- {} us)", label(n), off.offset.count(), off.uncertainty.count());
       return on_join(n, b);
     }
-    if (!n.joined) return;
+    if (!n.joined) {
+      // A node that left with `leaving` still reports its ranks' exits: they belong in the
+      // report's list of exits, though never as a cause (on_worker_exited).
+      if (n.leaving && m.type == "worker_exited") on_worker_exited(n, b);
+      return;
+    }
     if (m.type == "leaving") {
       // The node goes (its agent stops, and its workers with it): a lost node, told, not
       // found out; what its workers' exits say after this is no failure of theirs.
@@ -360,6 +368,7 @@ class Coordinator {
       const auto reason = b["reason"].get<std::string>();
       say(spdlog::level::warn, "{}: {}", n.entry.name, reason);
       n.joined = false;
+      n.leaving = true;
       handle(rdzv::NodeLeft{n.entry.name, reason});
       return;
     }
@@ -442,6 +451,7 @@ class Coordinator {
     log_->log(nodes_.size() <= 32 ? spdlog::level::info : spdlog::level::debug, "{} joined: agent '{}', {} worker{}", label(n),
               agent_name, nproc, nproc == 1 ? "" : "s");
     n.joined = true;
+    n.leaving = false;
     n.ever_joined = true;
     const auto off = n.sync.best().value_or(proto::ClockOffset{});
     handle(rdzv::NodeJoined{n.entry.name, nproc, off.offset});
@@ -505,7 +515,7 @@ class Coordinator {
       info.error_file = launch::ErrorFile{e.value("path", ""), e.value("message", ""), e.value("traceback", ""),
                                           e.value("raw", "")};
     }
-    if (!first) return;
+    if (!first || n.leaving) return;  // a leaving node's ranks were stopped with it: no cause, no event
     if (info.exit.failed()) failures_.push_back(key);
     rdzv::WorkerExited ev{n.entry.name, rdzv::Round{round}, rdzv::LocalRank{local_rank}, std::nullopt, std::nullopt,
                           agent_time, static_cast<std::uint32_t>(info.exit.pid)};
@@ -569,7 +579,8 @@ class Coordinator {
     round_ = a.round;
     world_size_ = a.world_size;
     all_started_ = false;
-    if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(a.world_size))) {
+    if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(a.world_size)); outside && !ranks_warned_) {
+      ranks_warned_ = true;  // once: a restart or re-form does not need to hear it again
       log_->warn("--ranks: {}", *outside);
     }
     master_port_ = 0;  // the new round's store is up when its node rank 0 says `ready`
@@ -863,7 +874,7 @@ class Coordinator {
   void finish() {
     if (done_) return;
     done_ = true;
-    if (control_) control_->end(report_.status);
+    if (control_) control_->end(report_.status, end_record());
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     user_signals_.cancel(ignored);
@@ -1032,6 +1043,7 @@ class Coordinator {
   std::map<std::pair<std::string, std::uint32_t>, pid_t> pids_;      // (node, local rank): this round's workers
   std::uint32_t world_size_ = 0;                                     // this round's
   bool all_started_ = false;                                         // ... pids_ has each of its ranks
+  bool ranks_warned_ = false;                                        // --ranks outside the job, said
   std::vector<std::string> store_waiters_;  // node rank 0's last report (sent with its heartbeat)
   std::optional<control::Server> control_;
   std::chrono::system_clock::time_point started_;

@@ -224,9 +224,9 @@ class LocalLauncher {
         log_->error("{}", *err);
         if (report_.exit_code == 0) report_.exit_code = 2;  // the job ran, its report is lost: not a success
         opts_.result_json.reset();
+        if (control_) control_->leave_record(end_record());
       }
     }
-    if (control_) control_->leave_record(end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json));
     control_.reset();
     return report_.exit_code;
   }
@@ -384,9 +384,13 @@ class LocalLauncher {
     done();
   }
 
+  control::Ended end_record() const {
+    return launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+  }
+
   void done() {
     done_ = true;
-    if (control_) control_->end(report_.status);
+    if (control_) control_->end(report_.status, end_record());
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     user_signals_.cancel(ignored);

@@ -172,7 +172,8 @@ control::Ended end_record(const JobReport& report, const std::string& job_log_di
   e.ended_unix_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   e.logs = job_log_dir;
-  e.result_json = result_json.value_or("");
+  std::error_code ec;
+  e.result_json = result_json ? std::filesystem::absolute(*result_json, ec).string() : std::string();  // read from anywhere
   return e;
 }
 

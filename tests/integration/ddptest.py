@@ -11,6 +11,15 @@ SOURCE_DIR = Path(os.environ.get("DDP_SOURCE_DIR", Path(__file__).resolve().pare
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
 PYTHON = "/usr/bin/python3"  # Debian's, with torch; the first python3 on PATH may lack it
 
+# Ended jobs leave records under $XDG_STATE_HOME (lib/control/paths.hpp): the tests' go to a
+# folder of their own (in /var/tmp, which simulated hosts share), not to the user's home.
+if "XDG_STATE_HOME" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="ddp-test-state-", dir="/var/tmp")
+    atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
+
 
 def write_job(tmp: Path, text: str, name="job.yaml") -> Path:
     p = tmp / name

@@ -264,4 +264,4 @@ def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
     result = json.load(open(os.path.join(c.dir, "logs", "gone-1", "result.json")))
     assert result["status"] == "failed" and "/no/such/program" in result["message"], result
     rc, _, err = status(c, "gone-1")
-    assert rc != 0 and "gone-1" in err, err
+    assert rc == 1 and "job gone-1 ended" in err and "(failed, exit code 2)" in err, err

@@ -239,8 +239,8 @@ def test_agent_stopped_mid_run_is_named_as_the_failure_not_its_ranks(cluster):
     rc, out, err = finish(p, timeout=60)
     assert rc == 1, err
     assert f"first failure: node {n2.addr} was lost: its agent is shutting down (SIGTERM)" in err, err
-    # n2's own ranks are not reported as killed; n1's, stopped by the launcher, follow on "then:"
-    assert "rank 2 was killed" not in err and "rank 3 was killed" not in err, err
+    # no rank is the cause: n2's were stopped by its agent, n1's by the launcher ("then:")
+    assert "first failure: rank" not in err, err
     assert c.agents["n2"].wait(timeout=30) == 0, "the agent ends once its workers are stopped"
     assert wait_gone([pid for _, f in families.values() for pid in f.values()]) == []
     assert c.agents["n1"].poll() is None, "the other agent keeps serving"

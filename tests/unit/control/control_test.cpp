@@ -171,13 +171,30 @@ TEST(ControlPaths, EndRecordsRoundTripAndOldOnesAreSwept) {
   EXPECT_EQ(read_ended(dir, "job-2"), std::nullopt);
   std::ofstream(d.p / "job-3.ended") << "{\"job_id\": \"job-3\"";
   EXPECT_EQ(read_ended(dir, "job-3"), std::nullopt);
-  // The sweep keeps a fresh record and removes one older than 30 days.
-  sweep_stale_sockets(dir);
+  // Writing a record removes those (and leftover temporary files) older than 30 days, and only those.
+  const auto old = std::filesystem::file_time_type::clock::now() - std::chrono::hours(24 * 31);
+  std::ofstream(d.p / "job-9.ended.tmp") << "{";
+  std::filesystem::last_write_time(d.p / "job-9.ended.tmp", old);
+  std::filesystem::last_write_time(d.p / "job-2.ended", old);
+  e.job_id = "job-4";
+  record_ended(dir, e);
   EXPECT_TRUE(read_ended(dir, "job-1"));
-  std::filesystem::last_write_time(d.p / "job-1.ended",
-                                   std::filesystem::file_time_type::clock::now() - std::chrono::hours(24 * 31));
-  sweep_stale_sockets(dir);
-  EXPECT_FALSE(std::filesystem::exists(d.p / "job-1.ended"));
+  EXPECT_TRUE(read_ended(dir, "job-4"));
+  EXPECT_FALSE(std::filesystem::exists(d.p / "job-2.ended"));
+  EXPECT_FALSE(std::filesystem::exists(d.p / "job-9.ended.tmp"));
+  forget_ended(dir, "job-1");
+  EXPECT_EQ(read_ended(dir, "job-1"), std::nullopt);
+}
+
+TEST(ControlPaths, RecordsLiveUnderXdgStateHome) {
+  TempDir d;
+  ::setenv("XDG_STATE_HOME", d.p.c_str(), 1);
+  const auto dir = records_dir();
+  EXPECT_EQ(dir, (d.p / "ddpctl" / "jobs").string());
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ::unsetenv("XDG_STATE_HOME");
 }
 
 // A SIGKILLed launcher leaves its socket file; the next launcher's sweep removes it, and only
@@ -212,6 +229,7 @@ TEST(ControlPaths, SweepRemovesOnlySocketsNobodyListensOn) {
 TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
   const auto dir = std::filesystem::temp_directory_path() / ("ddp-control-end-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
+  ::setenv("XDG_STATE_HOME", (dir / "state").c_str(), 1);  // the end record's folder
   const auto path = (dir / "job.sock").string();
   {
     boost::asio::io_context io;
@@ -228,17 +246,27 @@ TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
     const std::string follow = json{{"op", "logs"}, {"follow", true}}.dump() + "\n";
     boost::asio::write(client, boost::asio::buffer(follow));
     for (int i = 0; i < 100; ++i) io.run_for(std::chrono::milliseconds(5));  // accepted, following
-    server.end("succeeded");
+    Ended record;
+    record.status = "succeeded";
+    record.logs = "/logs/job";
+    server.end("succeeded", record);
     std::string got;
+    std::optional<Ended> seen;
     boost::asio::streambuf buf;
     boost::system::error_code ec;
     std::thread reader([&] {
       boost::asio::read(client, buf, ec);  // to EOF: the server closes after the last line
       got.assign(boost::asio::buffers_begin(buf.data()), boost::asio::buffers_end(buf.data()));
+      seen = read_ended(records_dir(), "job");  // there by the time a client hears of the end
     });
     io.run();
     reader.join();
     EXPECT_NE(got.find("\"end\":\"succeeded\""), std::string::npos) << got;
+    ASSERT_TRUE(seen);
+    EXPECT_EQ(seen->job_id, "job");
+    EXPECT_EQ(seen->status, "succeeded");
+    EXPECT_EQ(seen->logs, "/logs/job");
   }
+  ::unsetenv("XDG_STATE_HOME");
   std::filesystem::remove_all(dir);
 }
