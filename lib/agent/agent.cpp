@@ -948,6 +948,9 @@ class Agent {
       job_->shepherd->request_stop(SIGTERM);
     } else {
       forget_job();
+      // Shutting down (SIGTERM) and waiting only for this job: its workers' end may have come
+      // before their report, which then never comes to finish the shutdown.
+      if (stopping_) finish_shutdown();
     }
   }
 
