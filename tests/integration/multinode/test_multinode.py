@@ -195,7 +195,11 @@ def wait_for_families(p, n, timeout=60):
     return simcluster.wait_for_tagged(p, n, "FAMILY ", timeout)
 
 
-def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_agent_killed_or_stopped_mid_run_fails_the_job_and_leaves_nothing(cluster, sig):
+    # kill -9 of n2's agent: its shepherd still takes the job's whole tree down. SIGTERM
+    # (systemctl stop): the agent stops its workers and says why first (`leaving`), so the report
+    # names the node's leaving, not its ranks' SIGTERM exits, and the agent then exits.
     c = cluster
     for h in c.hosts:
         c.start_agent(h)
@@ -205,15 +209,21 @@ def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
     n2 = c.hosts[1]
     on_n2 = [pid for node, f in families.values() if node == n2.addr for pid in f.values()]
     assert len(on_n2) == 6 and all(alive(pid) for pid in on_n2), families
-    os.kill(c.agents["n2"].pid, signal.SIGKILL)
+    os.kill(c.agents["n2"].pid, sig)
     rc, out, err = finish(p, timeout=60)
     assert rc == 1, err
-    assert f"first failure: node {n2.addr} was lost" in err, err
-    # the other nodes' ranks, which the stop ended, are not the first failure
+    reason = ": its agent is shutting down (SIGTERM)" if sig == signal.SIGTERM else ""
+    assert f"first failure: node {n2.addr} was lost{reason}" in err, err
+    # no rank is the cause: the stop ended the other node's ranks ("then:"), n2's went with it
     assert "first failure: rank" not in err, err
-    # The agent's shepherd for the job kills the whole tree it is subreaper of, then exits:
-    # nothing at all is left on n2 (its network namespace is empty).
-    assert wait_gone(on_n2) == [], "processes left running on the node whose agent was killed"
+    if sig == signal.SIGTERM:
+        try:
+            assert c.agents["n2"].wait(timeout=30) == 0, "the agent ends once its workers are stopped"
+        except subprocess.TimeoutExpired:
+            raise AssertionError("n2's agent still runs 30 s after SIGTERM:\n" + c.agent_log(n2))
+    # Nothing at all is left on n2 (its network namespace is empty): the whole tree the job's
+    # shepherd is subreaper of is gone.
+    assert wait_gone(on_n2) == [], "processes left running on n2"
     deadline = time.time() + 15
     while n2.ns_pids() and time.time() < deadline:
         time.sleep(0.1)
@@ -223,30 +233,6 @@ def test_agent_killed_mid_run_fails_the_job_and_leaves_nothing(cluster):
     # Node 1's workers (and their descendants) are stopped by its agent.
     assert wait_gone([pid for _, f in families.values() for pid in f.values()]) == []
     assert c.agents["n1"].poll() is None, "the surviving agent must keep serving"
-
-
-def test_agent_stopped_mid_run_is_named_as_the_failure_not_its_ranks(cluster):
-    # systemctl stop ddp-agentd (SIGTERM) on n2: the agent stops its workers and says why
-    # first, so the report names the node's leaving, not rank 2's and 3's SIGTERM exits.
-    c = cluster
-    for h in c.hosts:
-        c.start_agent(h)
-    worker = c.write("contract.py", CONTRACT_WORKER)
-    p = c.launch(job(c, "term", [PY, worker, "family"]))
-    families = wait_for_families(p, 4)
-    n2 = c.hosts[1]
-    os.kill(c.agents["n2"].pid, signal.SIGTERM)
-    rc, out, err = finish(p, timeout=60)
-    assert rc == 1, err
-    assert f"first failure: node {n2.addr} was lost: its agent is shutting down (SIGTERM)" in err, err
-    # no rank is the cause: n2's were stopped by its agent, n1's by the launcher ("then:")
-    assert "first failure: rank" not in err, err
-    try:
-        assert c.agents["n2"].wait(timeout=30) == 0, "the agent ends once its workers are stopped"
-    except subprocess.TimeoutExpired:
-        raise AssertionError("n2's agent still runs 30 s after SIGTERM:\n" + c.agent_log(n2))
-    assert wait_gone([pid for _, f in families.values() for pid in f.values()]) == []
-    assert c.agents["n1"].poll() is None, "the other agent keeps serving"
 
 
 def test_wrong_token_is_refused_and_the_agent_serves_the_next_client(cluster):
