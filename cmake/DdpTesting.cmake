@@ -1,4 +1,5 @@
 # ddp_unit_test(NAME SOURCES... LIBS ...): one GoogleTest binary, registered per test case, label "unit".
+# XDG_STATE_HOME: ended jobs' records (lib/control/paths.hpp) stay in the build, not in $HOME.
 function(ddp_unit_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -6,6 +7,6 @@ function(ddp_unit_test name)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   include(GoogleTest)
   gtest_discover_tests(${name} PROPERTIES LABELS unit
-    ENVIRONMENT "DDP_SOURCE_DIR=${CMAKE_SOURCE_DIR};DDP_BINARY_DIR=${CMAKE_BINARY_DIR}"
+    ENVIRONMENT "DDP_SOURCE_DIR=${CMAKE_SOURCE_DIR};DDP_BINARY_DIR=${CMAKE_BINARY_DIR};XDG_STATE_HOME=${CMAKE_BINARY_DIR}/test-state"
     DISCOVERY_TIMEOUT 30)
 endfunction()
