@@ -15,6 +15,10 @@ namespace asio = boost::asio;
 std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
                                         const std::string& user, Millis timeout, const nlohmann::json& image, bool tls) {
   const auto entries = net::node_entries(nodes, 29410);
+  // Reaching an agent and its handshake take milliseconds; a node whose firewall drops the
+  // connection says nothing, and should not hold the whole answer for `timeout` (which also
+  // covers the facts, image look-ups included).
+  const Millis reach = std::min(timeout, kReachTimeout);
   const auto tls_context = tls ? net::tls_client_context(*keys.first()) : nullptr;
   std::vector<GatheredFacts> out(entries.size());
   std::vector<std::shared_ptr<net::Connection>> conns(entries.size());
@@ -29,7 +33,12 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
   };
   for (std::size_t i = 0; i < entries.size(); ++i) {
     out[i].node = entries[i].name;
-    net::dial(io, entries[i].host, entries[i].port, timeout, [&, i](boost::system::error_code ec, net::tcp::socket s) {
+    net::dial(io, entries[i].host, entries[i].port, reach, [&, i](boost::system::error_code ec, net::tcp::socket s) {
+      if (ec == asio::error::timed_out) {
+        return settle(i, fmt::format("cannot reach its agent at port {}: no answer within {} s (a firewall dropping "
+                                     "the connection?)",
+                                     entries[i].port, reach.count() / 1000));
+      }
       if (ec) return settle(i, fmt::format("cannot reach its agent at port {}: {}", entries[i].port, ec.message()));
       proto::ClientConfig cc;
       cc.role = proto::Role::coordinator;
@@ -39,7 +48,7 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
       cc.key = *keys.first();
       cc.nonce = proto::random_nonce();
       cc.expect_server = proto::Role::agent;
-      conns[i] = net::Connection::make(std::move(s), proto::Session::client(cc), entries[i].name, "doctor", timeout);
+      conns[i] = net::Connection::make(std::move(s), proto::Session::client(cc), entries[i].name, "doctor", reach);
       auto* c = conns[i].get();
       if (tls_context) c->use_tls({tls_context});
       c->start({[c, &image](const proto::PeerInfo&) {

@@ -20,6 +20,10 @@ struct GatheredFacts {
   std::string error;                    // why there is none: unreachable, refused, timed out
 };
 
+// Connecting to an agent and the handshake get at most this long (less when `timeout` is shorter):
+// a node whose firewall drops the connection is named as unreachable then, not at the deadline.
+inline constexpr Millis kReachTimeout{10000};
+
 // Entries as for --nodes (host, host:port, [v6]:port). One result per entry, in order.
 // tls: inside TLS 1.3 keyed by the token, as launch --tls.
 // `image` ({runtime, image}, or null): each node also looks that container image up (its facts'

@@ -5,6 +5,7 @@ has no GPU."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -43,6 +44,17 @@ def test_doctor_gathers_live_facts_and_names_what_differs():
         r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "doctor", "--token-file", c.token, "--nodes",
                        f"{n1.addr},{n3.addr}"], timeout=60)
         assert r.returncode == 1 and "not every node answered" in r.stderr, r.stdout + r.stderr
+
+        # A node whose firewall drops the connection (no refusal): named once the 10 s for
+        # reaching an agent are up, not after the whole 60 s the answers may take.
+        rules = f"table inet ddpdrop {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n" \
+                f"  ip daddr {n3.addr} tcp dport 29410 drop\n }}\n}}\n"
+        subprocess.run(["ip", "netns", "exec", c.ctl.ns, "nft", "-f", "-"], input=rules, text=True, check=True,
+                       capture_output=True, timeout=30)
+        r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "doctor", "--token-file", c.token, "--nodes",
+                       f"{n1.addr},{n3.addr}"], timeout=40)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"{n3.addr}: cannot reach its agent at port 29410: no answer within 10 s" in r.stderr, r.stderr
 
         # A wrong token: refused, said per node, nothing to check.
         bad = c.write_token("bad-token")
