@@ -58,7 +58,8 @@ def main():
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
-    env = dict(os.environ, DDP_LOG_LEVEL="warn")
+    # XDG_STATE_HOME: the ended jobs' records stay with the run's files, not in the user's state folder.
+    env = dict(os.environ, DDP_LOG_LEVEL="warn", XDG_STATE_HOME=str(tmp / "state"))
     print(f"# launch of N /bin/true workers; median of {args.repeats} (torchrun: {args.torchrun_repeats}) runs")
     print(f"# machine: {os.cpu_count()} CPUs, {os.uname().release}")
     print()

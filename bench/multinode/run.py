@@ -117,6 +117,7 @@ def main():
     if why:
         sys.exit(why)
     with simcluster.Cluster(nodes=3) as c:
+        os.environ["XDG_STATE_HOME"] = os.path.join(c.dir, "state")  # the ended jobs' records go with the run
         for h in c.hosts:
             c.start_agent(h)
         job = c.write("true.yaml", "name: true\nnproc_per_node: 2\ncommand: [/bin/true]\nstore: {port: 29500}\n")

@@ -108,6 +108,7 @@ def main():
     agents_bin = args.agents or os.path.join(args.build, "bin", "fake_agents")
     builds = [args.build] + ([args.compare] if args.compare else [])
     with tempfile.TemporaryDirectory(prefix="ddp-rdzv-bench-") as tmp:
+        os.environ["XDG_STATE_HOME"] = os.path.join(tmp, "state")  # the ended jobs' records go with the run
         fd = os.open(os.path.join(tmp, "token"), os.O_WRONLY | os.O_CREAT, 0o600)
         os.write(fd, (os.urandom(32).hex() + "\n").encode())
         os.close(fd)
