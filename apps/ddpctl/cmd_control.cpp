@@ -21,6 +21,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -211,11 +212,10 @@ int run_status(const ControlArgs& a) {
   if (t->ended) {
     const auto& e = *t->ended;
     if (a.json_out) {
-      std::cout << json{{"job_id", e.job_id},     {"state", "ended"},           {"status", e.status},
-                        {"exit_code", e.exit_code}, {"ended_unix_ms", e.ended_unix_ms}, {"logs", e.logs},
-                        {"result_json", e.result_json}}
-                       .dump(2)
-                << "\n";
+      auto j = control::to_json(e);
+      j.erase("files");
+      j["state"] = "ended";
+      std::cout << j.dump(2) << "\n";
     }
     std::cerr << fmt::format("ddpctl status: {}\n", describe_ended(e));
     return 1;  // not running
@@ -247,6 +247,18 @@ int run_stop(const ControlArgs& a) {
   return 0;
 }
 
+// A rank's log file as `[rank] line`, its first `limit` bytes; false when it cannot be read.
+bool print_log_file(int rank, const std::string& path, std::uint64_t limit = UINT64_MAX) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::string line;
+  while (limit > 0 && std::getline(in, line)) {
+    limit -= std::min<std::uint64_t>(limit, line.size() + 1);
+    if (auto l = control::parse_log_line(line)) std::cout << fmt::format("[{}] {}\n", rank, l->text);
+  }
+  return true;
+}
+
 int run_logs(const ControlArgs& a) {
   control::Request req{control::Op::logs, {}, a.follow};
   if (!a.ranks.empty()) {
@@ -268,12 +280,7 @@ int run_logs(const ControlArgs& a) {
     }
     for (const auto& [rank, path] : files) {
       if (!req.ranks.empty() && !req.ranks.contains(rank)) continue;
-      std::ifstream in(path);
-      if (!in) std::cerr << fmt::format("ddpctl logs: rank {}: cannot read {}\n", rank, path);
-      std::string line;
-      while (std::getline(in, line)) {
-        if (auto l = control::parse_log_line(line)) std::cout << fmt::format("[{}] {}\n", rank, l->text);
-      }
+      if (!print_log_file(rank, path)) std::cerr << fmt::format("ddpctl logs: rank {}: cannot read {}\n", rank, path);
     }
     std::cout.flush();
     std::cerr << fmt::format("ddpctl logs: {}\n", describe_ended(*t->ended));
@@ -285,14 +292,7 @@ int run_logs(const ControlArgs& a) {
   t->job_id = reply->value("job_id", t->job_id);
   // What the files held when we asked; with -f, the stream carries on from exactly there.
   for (const auto& f : (*reply)["files"]) {
-    const int rank = f.value("rank", -1);
-    std::ifstream in(f.value("path", ""));
-    std::uint64_t left = f.value("size", std::uint64_t{0});
-    std::string line;
-    while (left > 0 && std::getline(in, line)) {
-      left -= std::min<std::uint64_t>(left, line.size() + 1);
-      if (auto l = control::parse_log_line(line)) std::cout << fmt::format("[{}] {}\n", rank, l->text);
-    }
+    print_log_file(f.value("rank", -1), f.value("path", ""), f.value("size", std::uint64_t{0}));
   }
   std::cout.flush();
   // Without -f a launcher closes now; a coordinator first sends its files' lines inline.

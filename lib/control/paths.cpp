@@ -1,7 +1,6 @@
 #include "control/paths.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -119,6 +118,13 @@ std::string records_dir() {
   return runtime_dir();
 }
 
+nlohmann::json to_json(const Ended& e) {
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& [rank, path] : e.files) files.push_back({{"rank", rank}, {"path", path}});
+  return {{"job_id", e.job_id}, {"status", e.status}, {"exit_code", e.exit_code}, {"ended_unix_ms", e.ended_unix_ms},
+          {"logs", e.logs},     {"result_json", e.result_json}, {"files", files}};
+}
+
 void record_ended(const std::string& dir, const Ended& e) {
   std::error_code ec;
   const auto now = fs::file_time_type::clock::now();
@@ -128,14 +134,9 @@ void record_ended(const std::string& dir, const Ended& e) {
     const auto t = fs::last_write_time(f.path(), ec);
     if (!ec && now - t > kEndedKeep) fs::remove(f.path(), ec);
   }
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& [rank, path] : e.files) files.push_back({{"rank", rank}, {"path", path}});
-  const nlohmann::json j{{"job_id", e.job_id},       {"status", e.status}, {"exit_code", e.exit_code},
-                         {"ended_unix_ms", e.ended_unix_ms}, {"logs", e.logs},     {"result_json", e.result_json},
-                         {"files", files}};
   const auto path = fmt::format("{}/{}{}", dir, e.job_id, kEndedSuffix);
   const auto tmp = path + ".tmp";
-  const auto text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const auto text = to_json(e).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   // 0600 from the start, without the process's umask (other threads' files would get ours).
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return;
@@ -146,9 +147,9 @@ void record_ended(const std::string& dir, const Ended& e) {
     if (n <= 0) break;
     done += static_cast<std::size_t>(n);
   }
-  const bool ok = done == text.size() && ::close(fd) == 0;
-  if (done != text.size()) ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+  const bool written = done == text.size();
+  const bool closed = ::close(fd) == 0;
+  if (!written || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
 void forget_ended(const std::string& dir, const std::string& job_id) {

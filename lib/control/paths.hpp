@@ -7,6 +7,8 @@
 // `ddpctl stop` or `logs` asks).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -45,6 +47,8 @@ struct Ended {
   std::string result_json;  // empty: none was written
   std::vector<std::pair<int, std::string>> files;  // (rank, path): the last attempt's log files
 };
+// The record as JSON (what the file holds; `ddpctl status --json` shows it, less the files).
+nlohmann::json to_json(const Ended& e);
 // $XDG_STATE_HOME/ddpctl/jobs, else ~/.local/state/ddpctl/jobs (private folders, created), else
 // runtime_dir(); throws ControlError when none is usable.
 std::string records_dir();

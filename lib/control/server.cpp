@@ -90,16 +90,16 @@ struct Server::Client : std::enable_shared_from_this<Client> {
 Server::Server(asio::io_context& io, std::string path, Provider provider)
     : io_(io), path_(std::move(path)), provider_(std::move(provider)), acceptor_(io), end_timer_(io) {
   boost::system::error_code ec;
+  const auto slash = path_.rfind('/');
   // Other jobs' sockets left by launchers that were SIGKILLed: gone before they confuse a
   // `ddpctl status` with no job named.
-  if (const auto slash = path_.rfind('/'); slash != std::string::npos && slash > 0) {
+  if (slash != std::string::npos && slash > 0) {
     for (const auto& job : sweep_stale_sockets(path_.substr(0, slash))) {
       log::get("control")->debug("removed the control socket of job {}, whose launcher no longer runs", job);
     }
   }
-  const auto slash = path_.rfind('/');
   job_id_ = path_.substr(slash == std::string::npos ? 0 : slash + 1);
-  if (job_id_.ends_with(".sock")) job_id_.resize(job_id_.size() - 5);
+  if (job_id_.ends_with(".sock")) job_id_.resize(job_id_.size() - 5);  // socket_path()'s suffix
   // A socket file already there: a live launcher of the same job id, or a dead one's leftover.
   struct stat st {};
   if (::lstat(path_.c_str(), &st) == 0) {
