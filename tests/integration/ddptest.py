@@ -21,6 +21,13 @@ if "XDG_STATE_HOME" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 
 
+def torch_examples_built() -> bool:
+    """Whether the build was configured to make the libtorch examples (DDP_WITH_TORCH, on by default):
+    then a missing example binary is a failure, not a reason to skip."""
+    cache = BINARY_DIR / "CMakeCache.txt"
+    return cache.exists() and "DDP_WITH_TORCH:BOOL=ON" in cache.read_text()
+
+
 def write_job(tmp: Path, text: str, name="job.yaml") -> Path:
     p = tmp / name
     p.write_text(text)

@@ -3,13 +3,14 @@ import re
 
 import pytest
 
-from ddptest import BINARY_DIR, launch, write_job
+from ddptest import BINARY_DIR, launch, torch_examples_built, write_job
 
 EXAMPLE = BINARY_DIR / "bin" / "ddp_cpp_example"
 
 
-@pytest.mark.skipif(not EXAMPLE.exists(), reason="built only with libtorch (DDP_WITH_TORCH)")
+@pytest.mark.skipif(not torch_examples_built(), reason="the build was configured with DDP_WITH_TORCH=OFF")
 def test_cpp_ddp_ranks_agree_and_learn(tmp_path):
+    assert EXAMPLE.exists(), f"{EXAMPLE} is not built: DDP_WITH_TORCH is on, the build should have made it"
     job = write_job(tmp_path, f"nproc_per_node: 3\ncommand: [{EXAMPLE}, '15']\n")
     r = launch(job, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -59,21 +59,26 @@ def test_failing_rank_stops_everyone_and_nothing_survives(tmp_path):
     # and themselves ignore SIGTERM: only the grace period's SIGKILL, through the cgroup or the
     # subreaper walk, can end them.
     job = py_job(tmp_path, """
-import os, signal, sys, time
+import glob, os, signal, sys, time
+def publish(name, pid):  # atomically: rank 1 and the test never read a half-written file
+    open(name + ".tmp", "w").write(str(pid))
+    os.rename(name + ".tmp", name)
 r = int(os.environ["RANK"])
 if r == 1:
-    time.sleep(0.5)
+    # fails only once the others are set up (two workers, two grandchildren), within 30 s
+    deadline = time.monotonic() + 30
+    while len(glob.glob("*.pid")) < 4 and time.monotonic() < deadline: time.sleep(0.02)
     print("rank 1 gives up", flush=True)
     sys.exit(3)
 if os.fork() == 0:
     os.setsid()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.fork() == 0:
-        open(f"grandchild-{r}.pid", "w").write(str(os.getpid()))
+        publish(f"grandchild-{r}.pid", os.getpid())
         while True: time.sleep(1)
     os._exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-open(f"worker-{r}.pid", "w").write(str(os.getpid()))
+publish(f"worker-{r}.pid", os.getpid())
 while True: time.sleep(1)
 """, nproc=3)
     result = tmp_path / "result.json"
@@ -374,9 +379,13 @@ while True:
     p = start_launch(job)
     try:
         wait_for(lambda: len(read_pids(tmp_path)) == 2, what="workers to start")
+        log = next(tmp_path.glob("logs/**/rank-0.log"))
         p.stdout.close()  # the reader goes away
         p.stderr.close()
-        time.sleep(0.2)
+        # ddpctl has handled more output since (it writes each line to the log and the terminal)
+        size = log.stat().st_size
+        wait_for(lambda: log.stat().st_size > size + 200, what="ddpctl to relay output after the reader left")
+        assert p.poll() is None, "ddpctl died when its reader went away"
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 143
         for pid in read_pids(tmp_path):

@@ -18,7 +18,8 @@ def nccl_loadable():
     return r.returncode == 0 and not r.stdout.startswith("error:")
 
 
-pytestmark = pytest.mark.skipif(not NCCLID.exists() or not nccl_loadable(), reason="libnccl.so.2 is not loadable here")
+# (a missing ddp-ncclid, which every build makes, fails here rather than skipping)
+pytestmark = pytest.mark.skipif(not nccl_loadable(), reason="libnccl.so.2 is not loadable here")
 
 
 def test_every_worker_gets_the_attempts_id_and_its_root_listens(tmp_path):

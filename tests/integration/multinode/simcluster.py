@@ -45,10 +45,16 @@ def netns_unavailable():
     if r.returncode != 0:
         return f"ip netns add is not permitted here: {r.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    for b in ("ddpctl", "ddp-agentd"):
-        if not os.access(os.path.join(BIN, b), os.X_OK):
-            return f"{b} is not built in {BIN} (set DDP_BINARY_DIR)"
     return None
+
+
+BUILT = ("ddpctl", "ddp-agentd", "ddp-ncclid", "ddp-coordinator")  # every build makes these
+
+
+def require_built(*names):
+    """Fails (never skips) when the build did not make a binary the tests need."""
+    for b in names or BUILT:
+        assert os.access(os.path.join(BIN, b), os.X_OK), f"{b} is not built in {BIN}: the build should have made it"
 
 
 
@@ -170,9 +176,9 @@ class Cluster:
         # which every simulated host replaces with its own.
         self.bin = os.path.join(self.dir, "bin")
         os.makedirs(self.bin)
-        for b in ("ddpctl", "ddp-agentd", "ddp-ncclid", "ddp-coordinator"):
-            if os.path.exists(os.path.join(BIN, b)):
-                shutil.copy2(os.path.join(BIN, b), self.bin)
+        require_built()
+        for b in BUILT:
+            shutil.copy2(os.path.join(BIN, b), self.bin)
         if homes:
             for h in [self.ctl] + self.hosts:
                 os.makedirs(os.path.join(h.home, ".ssh"), mode=0o700)

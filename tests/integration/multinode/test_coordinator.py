@@ -21,8 +21,6 @@ from ddptest import alive  # noqa: E402
 from simcluster import finish  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
-if SKIP is None and not os.access(os.path.join(simcluster.BIN, "ddp-coordinator"), os.X_OK):
-    SKIP = f"ddp-coordinator is not built in {simcluster.BIN}"
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 PY = "/usr/bin/python3"

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
-from ddptest import alive  # noqa: E402
+from ddptest import alive, torch_examples_built  # noqa: E402
 from simcluster import LINE, contracts, finish, wait_for_contracts  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
@@ -412,8 +412,9 @@ def test_min_max_shrinks_without_a_restart_when_an_agent_is_killed():
 
 def test_libtorch_cpp_example_across_two_nodes(cluster):
     example = os.path.join(simcluster.BIN, "ddp_cpp_example")
-    if not os.path.exists(example):
-        pytest.skip("built only with libtorch (DDP_WITH_TORCH)")
+    if not torch_examples_built():
+        pytest.skip("the build was configured with DDP_WITH_TORCH=OFF")
+    assert os.path.exists(example), f"{example} is not built: DDP_WITH_TORCH is on, the build should have made it"
     c = cluster
     for h in c.hosts:
         c.start_agent(h)

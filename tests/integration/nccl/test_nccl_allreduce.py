@@ -38,7 +38,7 @@ def have_gpu():
     return False
 
 
-needs_gpu = pytest.mark.skipif(not have_gpu(), reason="no CUDA device (the GPU batch runs this)")
+needs_gpu = pytest.mark.skipif(not have_gpu(), reason="needs a GPU: no CUDA device here (tests/gpu runs it on the H200)")
 
 
 def base_env(**extra):

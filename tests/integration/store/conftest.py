@@ -1,6 +1,7 @@
 """Fixtures for the store's integration tests: `ddpctl store serve` on a free loopback port."""
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import time
@@ -37,6 +38,24 @@ class StoreProcess:
                 return text
             time.sleep(0.05)
         raise AssertionError(f"{needle!r} not in the store log:\n{self.log_text()}")
+
+    def wait_for_waiter(self, key, timeout=10.0):
+        """Waits until the store's wait report (SIGUSR1) names a client waiting on `key` (PyTorch's
+        clients put a '/' before their keys)."""
+        wanted = re.compile(r"waiting on `/*" + re.escape(key.lstrip("/")) + "`")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            start = len(self.log_text())
+            self.proc.send_signal(signal.SIGUSR1)
+            report_by = time.monotonic() + 2
+            while time.monotonic() < report_by:
+                new = self.log_text()[start:]
+                if "store: " in new and ("nobody is waiting" in new or new.endswith("\n")):
+                    break
+                time.sleep(0.02)
+            if wanted.search(new):
+                return new
+        raise AssertionError(f"no client waiting on {key!r} within {timeout} s:\n{self.log_text()}")
 
     def alive(self):
         return self.proc.poll() is None

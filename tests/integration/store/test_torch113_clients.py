@@ -74,15 +74,15 @@ def test_wait_released_by_another_clients_set(store):
 
     th = threading.Thread(target=wait)
     th.start()
-    time.sleep(0.3)
+    store.wait_for_waiter("go")
     setter.set("go", "1")
-    time.sleep(0.2)
+    store.wait_for_waiter("also")  # still waiting, now on the key that is missing
     assert th.is_alive(), "released before every key existed"
     setter.add("also", 1)
     th.join(timeout=10)
     assert not th.is_alive()
     assert done["value"] == b"1"
-    assert 0.4 < done["after"] < 5
+    assert done["after"] < 5
 
 
 def test_client_timeout_then_clean_replies(store):
@@ -173,8 +173,9 @@ def test_bad_clients_are_closed_and_nobody_else_notices(store, tmp_path):
     # A raw client vanishing mid-wait.
     w = _raw(store)
     w.sendall(b"\x05" + struct.pack("<Q", 1) + struct.pack("<Q", 6) + b"/never")
-    time.sleep(0.1)
+    store.wait_for_waiter("/never")
     w.close()
+    store.wait_for_log("went away while waiting")
     # A real 1.13 client killed mid-wait.
     script = textwrap.dedent(f"""
         import datetime, torch.distributed as d
@@ -184,10 +185,14 @@ def test_bad_clients_are_closed_and_nobody_else_notices(store, tmp_path):
     """)
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "waiting"
-    time.sleep(0.2)
+    store.wait_for_waiter("/also-never")
+    gone_before = store.log_text().count("went away while waiting")
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
-    store.wait_for_log("went away while waiting")
+    deadline = time.monotonic() + 10
+    while store.log_text().count("went away while waiting") == gone_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.log_text().count("went away while waiting") > gone_before
     # The good client carries on, with its state intact.
     assert good.get("before") == b"1"
     good.set("never", "now")
@@ -206,9 +211,7 @@ def test_wait_report_names_the_waiting_rank(store):
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert p.stdout.readline().strip() == "waiting"
-        time.sleep(0.2)
-        store.proc.send_signal(signal.SIGUSR1)
-        text = store.wait_for_log("waiting on `/nobody_sets_this`")
+        text = store.wait_for_waiter("/nobody_sets_this")
         line = next(l for l in text.splitlines() if "nobody_sets_this" in l)
         assert "1 client waiting on `/nobody_sets_this` for " in line
         assert "(rank 3)" in line

@@ -32,6 +32,17 @@ class ServerThread {
     boost::asio::post(io_, [&task] { task(); });
     return fut.get();
   }
+  // Asks pred() on the io thread until it holds or the deadline passes; returns its last answer.
+  // For states a test must see before its next step (a waiter registered, a connection gone).
+  template <class F>
+  bool eventually(F pred, std::chrono::milliseconds deadline = std::chrono::seconds(5)) {
+    const auto end = std::chrono::steady_clock::now() + deadline;
+    for (;;) {
+      if (call(pred)) return true;
+      if (std::chrono::steady_clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
 
  private:
   boost::asio::io_context io_;

@@ -121,12 +121,12 @@ TEST_P(StoreServer, ManyWaitersReleasedByOneSet) {
     waiters.push_back(std::make_unique<RawClient>(st.port()));
     waiters.back()->send(validate() + enc(Protocol::v2, wait_req({"/go"})));
   }
-  // All registered before the SET (the report says so).
-  for (int tries = 0; tries < 200; ++tries) {
-    auto r = st.call([&] { return st.server().waiters(); });
-    if (!r.waited.empty() && r.waited[0].waiters.size() == 64) break;
-    std::this_thread::sleep_for(5ms);
-  }
+  // All 64 registered before the SET (the report says so), so what releases them is the SET.
+  ASSERT_TRUE(st.eventually([&] {
+    auto r = st.server().waiters();
+    return r.waited.size() == 1 && r.waited[0].waiters.size() == 64;
+  })) << "the 64 WAITs did not all register";
+  EXPECT_TRUE(waiters.back()->quiet(50ms)) << "a waiter was answered before the key was set";
   RawClient setter(st.port());
   setter.send(validate() + enc(Protocol::v2, req(Op::set, "/go", "1")));
   for (auto& w : waiters) EXPECT_EQ(w->recv(1), std::string(1, '\0'));
@@ -139,9 +139,7 @@ TEST_P(StoreServer, WaiterThatVanishesIsForgotten) {
     w.send(enc(Protocol::v1, wait_req({"/k"})));
     EXPECT_TRUE(w.quiet(50ms));
   }
-  for (int tries = 0; tries < 200 && st.call([&] { return st.server().stats().connections; }) > 0; ++tries) {
-    std::this_thread::sleep_for(5ms);
-  }
+  ASSERT_TRUE(st.eventually([&] { return st.server().stats().connections == 0; }));
   EXPECT_TRUE(st.call([&] { return st.server().waiters(); }).waited.empty());
   RawClient c(st.port());
   c.send(enc(Protocol::v1, req(Op::set, "/k", "v")) + enc(Protocol::v1, req(Op::get_num_keys)));
@@ -197,11 +195,8 @@ TEST_P(StoreServer, WaitReportNamesThePidFromPingAndTheRank) {
   c.send(validate() + enc(Protocol::v2, ping));
   EXPECT_EQ(c.recv(4), std::string("\x92\x10\0\0", 4));
   c.send(enc(Protocol::v2, wait_req({"/default_pg/0//cuda//0"})));
-  WaitReport r;
-  for (int tries = 0; tries < 200 && r.waited.empty(); ++tries) {
-    r = st.call([&] { return st.server().waiters(); });
-    if (r.waited.empty()) std::this_thread::sleep_for(5ms);
-  }
+  ASSERT_TRUE(st.eventually([&] { return !st.server().waiters().waited.empty(); }));
+  WaitReport r = st.call([&] { return st.server().waiters(); });
   ASSERT_EQ(r.waited.size(), 1u);
   ASSERT_EQ(r.waited[0].waiters.size(), 1u);
   EXPECT_EQ(r.waited[0].waiters[0].pid, 4242);
@@ -226,11 +221,8 @@ TEST_P(StoreServer, WaitReportFindsAOneThirteenClientsPidThroughProc) {
   });
   RawClient c(st.port());
   c.send(enc(Protocol::v1, wait_req({"/k"})));
-  WaitReport r;
-  for (int tries = 0; tries < 200 && r.waited.empty(); ++tries) {
-    r = st.call([&] { return st.server().waiters(); });
-    if (r.waited.empty()) std::this_thread::sleep_for(5ms);
-  }
+  ASSERT_TRUE(st.eventually([&] { return !st.server().waiters().waited.empty(); }));
+  WaitReport r = st.call([&] { return st.server().waiters(); });
   ASSERT_EQ(r.waited.size(), 1u);
   EXPECT_EQ(r.waited[0].waiters[0].pid, self);
   EXPECT_EQ(r.waited[0].waiters[0].rank, 7);
