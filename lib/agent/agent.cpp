@@ -560,8 +560,6 @@ class Agent {
     // What this node offers, and whether it can run the command at all, before any rank starts.
     json preflight{{"command", true}, {"workdir", true}};
     std::vector<std::string> problems;
-    // Its log folder first: a job that cannot have one runs nothing.
-    if (auto problem = make_job_dir(*job, job_id); !problem.empty()) problems.push_back(problem);
     const auto& spec = payload.spec;
     switch (spec.nproc.kind) {
       case jobspec::Nproc::Kind::count: job->nproc = spec.nproc.count; break;
@@ -716,14 +714,14 @@ class Agent {
     // the workers' libnccl and NCCL_SOCKET_IFNAME); the coordinator hands it to every node.
     json ready{{"job_id", job.job_id}, {"round", job.round}, {"master_port", store_->port()}};
     job.assign->operator[]("master_port") = store_->port();
+    if (auto why = make_attempt_dir(assigned_restart_count()); !why.empty()) {
+      ready["error"] = fmt::format("{}: {}", opts_.name, why);
+      send(job.owner.get(), "ready", std::move(ready));
+      return;
+    }
     const auto node = node_context();
     try {
       const auto& spec = job.payload.spec;
-      if (auto why = make_attempt_dir(node.restart_count); !why.empty()) {
-        ready["error"] = fmt::format("{}: {}", opts_.name, why);
-        send(job.owner.get(), "ready", std::move(ready));
-        return;
-      }
       auto holder = launch::NcclHolder::start(io_, contract::worker_env(spec, node, worker_inherited(false), 0),
                                               spec.workdir.value_or("/"), node.attempt_dir, spec.nccl_unique_id,
                                               spec.container.has_value(), job_user());
@@ -739,6 +737,8 @@ class Agent {
     }
     send(job.owner.get(), "ready", std::move(ready));
   }
+
+  int assigned_restart_count() const { return static_cast<int>((*job_->assign)["restart_count"].get<std::uint32_t>()); }
 
   // The current assignment as the contract's node context.
   contract::NodeContext node_context() const {
@@ -757,7 +757,7 @@ class Agent {
     node.restart_count = static_cast<int>(a["restart_count"].get<std::uint32_t>());
     node.use_agent_store = true;
     node.local_mode = false;
-    // (no job folder: the preflight said why, and make_attempt_dir() refuses to start)
+    // (made by make_attempt_dir(), which comes first; without it nothing starts)
     node.attempt_dir = fmt::format("{}/attempt-{}", job.job_dir ? job.job_dir->path() : opts_.log_dir, node.restart_count);
     if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
     return node;
@@ -802,7 +802,8 @@ class Agent {
     return safefs::Owner{job.run_as->uid, job.run_as->gid};
   }
 
-  std::string make_job_dir(Job& job, const std::string& job_id) {
+  std::string make_job_dir(Job& job) const {
+    const auto& job_id = job.job_id;
     const auto user = job.run_as ? job.run_as->name : own_user_name();
     const auto owner = job_owner(job);
     try {
@@ -822,7 +823,9 @@ class Agent {
   std::string make_attempt_dir(int restart_count) {
     auto& job = *job_;
     if (job.attempt_dirs.count(restart_count)) return {};
-    if (!job.job_dir) return "the job has no log folder on this node (its preflight said why)";
+    if (!job.job_dir) {
+      if (auto why = make_job_dir(job); !why.empty()) return why;
+    }
     const auto name = fmt::format("attempt-{}", restart_count);
     const auto key = fmt::format("{}/{}", job.job_dir->path(), name);
     const bool ours = made_attempt_dirs_.count(key) != 0;
@@ -873,13 +876,13 @@ class Agent {
     }
     const auto& a = *job.assign;
     const auto& spec = job.payload.spec;
-    const auto node = node_context();
-    if (auto why = make_attempt_dir(node.restart_count); !why.empty()) {
+    if (auto why = make_attempt_dir(assigned_restart_count()); !why.empty()) {
       job.finished_sent.insert(round);
       send(job.owner.get(), "attempt_finished",
            {{"job_id", job.job_id}, {"round", round}, {"ok", false}, {"error", fmt::format("{}: {}", opts_.name, why)}});
       return;
     }
+    const auto node = node_context();
     auto inherited = worker_inherited(true);
     auto plan = contract::make_plan(spec, node, inherited);
     bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
