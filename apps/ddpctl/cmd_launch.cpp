@@ -192,7 +192,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
   opts.on_listening = [fd = link[1], log_path] {
     // From here on nothing of ours holds the caller's terminal or pipes.
     const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     const int out = log >= 0 ? log : null;
     ::dup2(null, STDIN_FILENO);
     ::dup2(out, STDOUT_FILENO);

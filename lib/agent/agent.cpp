@@ -10,6 +10,7 @@
 #include "container/runtime.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
+#include "common/safe_fs.hpp"
 #include "common/strings.hpp"
 #include "contract/contract.hpp"
 #include "facts/discover.hpp"
@@ -31,6 +32,7 @@
 #include <boost/asio.hpp>
 #include <fmt/format.h>
 
+#include <pwd.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <signal.h>
@@ -38,6 +40,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <deque>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -87,6 +90,17 @@ std::string plain_address(const asio::ip::address& addr) {
 }
 
 supervisor::RunAs run_as_of(const agentconfig::LocalUser& u) { return {u.uid, u.gid, u.groups}; }
+
+// Our own user's name: the log folder of jobs that run as the agent itself (no key_users).
+std::string own_user_name() {
+  struct passwd pw {};
+  struct passwd* res = nullptr;
+  std::vector<char> buf(16384);
+  if (::getpwuid_r(::geteuid(), &pw, buf.data(), buf.size(), &res) == 0 && res && pw.pw_name && *pw.pw_name) {
+    return pw.pw_name;
+  }
+  return fmt::format("uid-{}", ::geteuid());
+}
 
 std::string cut(const std::string& s, std::size_t n) { return s.size() <= n ? s : s.substr(0, n) + " ...(cut)"; }
 
@@ -252,6 +266,10 @@ class Agent {
     std::shared_ptr<Connection> owner;
     std::string job_id, node, user;
     std::optional<agentconfig::LocalUser> run_as;  // key_users' user; nullopt: the agent's own
+    // <log_dir>/<user>/<job id>, the job's user's (common/safe_fs.hpp: reached by fd only), and
+    // the attempt folders this job made in it (each made fresh, once).
+    std::shared_ptr<const safefs::Dir> job_dir;
+    std::set<int> attempt_dirs;
     net::JobPayload payload;
     int nproc = 0;
     contract::Env inherited;  // our environment + the launcher's forwarded variables
@@ -696,10 +714,14 @@ class Agent {
     // the workers' libnccl and NCCL_SOCKET_IFNAME); the coordinator hands it to every node.
     json ready{{"job_id", job.job_id}, {"round", job.round}, {"master_port", store_->port()}};
     job.assign->operator[]("master_port") = store_->port();
+    if (auto why = make_attempt_dir(assigned_restart_count()); !why.empty()) {
+      ready["error"] = fmt::format("{}: {}", opts_.name, why);
+      send(job.owner.get(), "ready", std::move(ready));
+      return;
+    }
     const auto node = node_context();
     try {
       const auto& spec = job.payload.spec;
-      make_attempt_dir(node.attempt_dir);
       auto holder = launch::NcclHolder::start(io_, contract::worker_env(spec, node, worker_inherited(false), 0),
                                               spec.workdir.value_or("/"), node.attempt_dir, spec.nccl_unique_id,
                                               spec.container.has_value(), job_user());
@@ -715,6 +737,8 @@ class Agent {
     }
     send(job.owner.get(), "ready", std::move(ready));
   }
+
+  int assigned_restart_count() const { return static_cast<int>((*job_->assign)["restart_count"].get<std::uint32_t>()); }
 
   // The current assignment as the contract's node context.
   contract::NodeContext node_context() const {
@@ -733,7 +757,8 @@ class Agent {
     node.restart_count = static_cast<int>(a["restart_count"].get<std::uint32_t>());
     node.use_agent_store = true;
     node.local_mode = false;
-    node.attempt_dir = fmt::format("{}/{}/attempt-{}", opts_.log_dir, job.job_id, node.restart_count);
+    // (made by make_attempt_dir(), which comes first; without it nothing starts)
+    node.attempt_dir = fmt::format("{}/attempt-{}", job.job_dir ? job.job_dir->path() : opts_.log_dir, node.restart_count);
     if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
     return node;
   }
@@ -760,15 +785,74 @@ class Agent {
     return inherited;
   }
 
-  // The attempt's folder on this node; workers (and the NCCL id holder) running as the job's
-  // user write their error files (and NCCL's log) there.
-  void make_attempt_dir(const std::string& dir) const {
-    const auto& job = *job_;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (job.run_as && ::chown(dir.c_str(), job.run_as->uid, job.run_as->gid) != 0) {
-      log_->warn("job {}: cannot give {} to user {}: {}", job.job_id, dir, job.run_as->name, std::strerror(errno));
+  // Log folders, made by us (maybe root) for the job's user (common/safe_fs.hpp):
+  //   <log_dir>/                      the admin's, trusted
+  //   <log_dir>/<user>/               the user's, 0700: one namespace of job ids per user
+  //   <log_dir>/<user>/<job>/         the user's, 0700
+  //   .../attempt-<n>/                the user's, 0700, made new; rank logs 0600
+  // Every step below <log_dir> goes by directory fd, without following a link. An attempt
+  // folder is used only if this agent made it, in its life, for the same user and job id: a
+  // coordinator that redials us (a dropped link, an elastic job re-forming without spending a
+  // restart) finds the folder it had. One that was there before (a job id used before this
+  // agent started) or that the job made itself is refused. (The protocol has no run identity,
+  // so a job id that comes again within the agent's life continues in its folders: they are
+  // the user's own, and every file in them is opened as above.)
+  std::optional<safefs::Owner> job_owner(const Job& job) const {
+    if (!job.run_as || job.run_as->uid == ::geteuid()) return std::nullopt;
+    return safefs::Owner{job.run_as->uid, job.run_as->gid};
+  }
+
+  std::string make_job_dir(Job& job) const {
+    const auto& job_id = job.job_id;
+    const auto user = job.run_as ? job.run_as->name : own_user_name();
+    const auto owner = job_owner(job);
+    try {
+      const auto root = safefs::Dir::open(opts_.log_dir);
+      const auto user_dir = safefs::make_dir(root, user, 0700, owner, false);
+      job.job_dir = std::make_shared<const safefs::Dir>(safefs::make_dir(user_dir, job_id, 0700, owner, false));
+    } catch (const safefs::FsError& e) {
+      return fmt::format("cannot make the job's log folder on {}: {}", opts_.name, e.what());
     }
+    return {};
+  }
+
+  // The attempt's folder on this node (node rank 0 makes it when it starts the NCCL id holder,
+  // then every node when it starts workers); workers (and the NCCL id holder) running as the
+  // job's user write their error files (and NCCL's log) there. Returns why it cannot be made
+  // (empty: it is there).
+  std::string make_attempt_dir(int restart_count) {
+    auto& job = *job_;
+    if (job.attempt_dirs.count(restart_count)) return {};
+    if (!job.job_dir) {
+      if (auto why = make_job_dir(job); !why.empty()) return why;
+    }
+    const auto name = fmt::format("attempt-{}", restart_count);
+    const auto key = fmt::format("{}/{}", job.job_dir->path(), name);
+    const bool ours = made_attempt_dirs_.count(key) != 0;
+    try {
+      safefs::make_dir(*job.job_dir, name, 0700, job_owner(job), !ours);
+    } catch (const safefs::FsError& e) {
+      const auto why =
+          e.error() == EEXIST
+              ? fmt::format("{} exists already, and this agent did not make it: job id '{}' was used on {} before (or the "
+                            "job made that folder itself); launch with another --job-id (the default is a new one every "
+                            "time), or remove {}",
+                            key, job.job_id, opts_.name, job.job_dir->path())
+              : fmt::format("cannot make the attempt's log folder: {}", e.what());
+      log_->error("job {}: {}", job.job_id, why);
+      return why;
+    }
+    if (!ours) {
+      // Bounded: the oldest go first (a redial comes within a job's life).
+      made_attempt_order_.push_back(key);
+      made_attempt_dirs_.insert(key);
+      if (made_attempt_order_.size() > 4096) {
+        made_attempt_dirs_.erase(made_attempt_order_.front());
+        made_attempt_order_.pop_front();
+      }
+    }
+    job.attempt_dirs.insert(restart_count);
+    return {};
   }
 
   // The job's user for processes of its attempts (nullopt: ours).
@@ -792,8 +876,13 @@ class Agent {
     }
     const auto& a = *job.assign;
     const auto& spec = job.payload.spec;
+    if (auto why = make_attempt_dir(assigned_restart_count()); !why.empty()) {
+      job.finished_sent.insert(round);
+      send(job.owner.get(), "attempt_finished",
+           {{"job_id", job.job_id}, {"round", round}, {"ok", false}, {"error", fmt::format("{}: {}", opts_.name, why)}});
+      return;
+    }
     const auto node = node_context();
-    make_attempt_dir(node.attempt_dir);
     auto inherited = worker_inherited(true);
     auto plan = contract::make_plan(spec, node, inherited);
     bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
@@ -804,6 +893,7 @@ class Agent {
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
     if (job.run_as && job.run_as->uid != ::geteuid()) go.run_as = run_as_of(*job.run_as);
+    go.log_root = opts_.log_dir;
     launch::GroupCallbacks cb;
     cb.on_line = [this](int rank, supervisor::Stream s, const std::string& line) { forward_line(rank, s, line); };
     cb.on_first_failure = [this](const launch::WorkerExit& ex) {
@@ -1112,6 +1202,8 @@ class Agent {
   std::vector<int> cpus_;    // the CPUs it manages: its affinity, narrowed by --cpus
   std::map<Connection*, Peer> peers_;
   std::unique_ptr<Job> job_;
+  std::set<std::string> made_attempt_dirs_;  // attempt folders this agent made (make_attempt_dir)
+  std::deque<std::string> made_attempt_order_;
   std::optional<store::Server> store_;
   std::optional<launch::NcclHolder> holder_;  // node rank 0: the current attempt's NCCL id
   std::optional<StdioLink> stdio_;

@@ -597,6 +597,11 @@ class Coordinator {
     std::error_code ec;
     fs::create_directories(attempt_dir_, ec);
     if (ec) log_->warn("cannot create {} for the launcher's copy of the logs: {}", attempt_dir_, ec.message());
+    // The job's folders are its submitter's business only (a standing coordinator keeps every
+    // user's here): 0700, and the rank files 0600 (supervisor::RankLogFile).
+    for (const auto& d : {fs::path(attempt_dir_).parent_path(), fs::path(attempt_dir_)}) {
+      if (!ec) fs::permissions(d, fs::perms::owner_all, fs::perm_options::replace, ec);
+    }
     cur_ = launch::AttemptReport{};
     cur_.attempt = static_cast<int>(a.restart_count);
     cur_.started = std::chrono::system_clock::now();

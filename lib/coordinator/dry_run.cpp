@@ -84,7 +84,9 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
     node.master_addr = nodes[0].host;
     node.master_port = spec.store_port;
     node.local_mode = false;
-    node.attempt_dir = fmt::format("/var/log/ddpctl/{}/attempt-0", job_id);  // the agent's default --log-dir
+    // The agent's default --log-dir, in the folder of the job's user (lib/agent: <log_dir>/<user>/<job>).
+    const auto user = launcher_env.count("USER") ? launcher_env.at("USER") : std::string("<user>");
+    node.attempt_dir = fmt::format("/var/log/ddpctl/{}/{}/attempt-0", user, job_id);
     auto plan = contract::make_plan(spec, node, inherited);
     if (!spec.binding.all_none()) {
       auto b = binding::plan_binding(facts[i], nproc[i], spec.binding);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace ddp::launch {
@@ -33,14 +34,29 @@ std::optional<ErrorFile> parse_error_file(const std::string& path, const std::st
   return ef;
 }
 
+std::optional<ErrorFile> read_error_file(const safefs::Dir& dir, const std::string& name, uid_t owner_uid) {
+  // The folder belongs to the job's user and the reader may be root: the rank may have put a
+  // link to a secret there. Only a regular file of the job's own user is read, bounded.
+  const auto path = dir.path_of(name);
+  auto r = safefs::read_owned(dir, name, owner_uid, kMaxErrorFileBytes);
+  switch (r.kind) {
+    case safefs::ReadResult::Kind::missing: return std::nullopt;
+    case safefs::ReadResult::Kind::refused: return ErrorFile{path, "", "", fmt::format("(error file not read: {})", r.reason)};
+    case safefs::ReadResult::Kind::too_big:
+      return ErrorFile{path, "", "", fmt::format("(error file of {} bytes not read)", r.size)};
+    case safefs::ReadResult::Kind::ok: break;
+  }
+  return parse_error_file(path, r.text);
+}
+
 std::optional<ErrorFile> read_error_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  if (st.st_size > (1 << 20)) return ErrorFile{path, "", "", fmt::format("(error file of {} bytes not read)", st.st_size)};
-  std::ifstream in(path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_error_file(path, ss.str());
+  const auto slash = path.rfind('/');
+  try {
+    const auto dir = safefs::Dir::open(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+    return read_error_file(dir, slash == std::string::npos ? path : path.substr(slash + 1), ::geteuid());
+  } catch (const safefs::FsError&) {
+    return std::nullopt;
+  }
 }
 
 std::string format_time(SysTime t) {
@@ -178,11 +194,13 @@ control::Ended end_record(const JobReport& report, const std::string& job_log_di
 }
 
 std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report) {
-  std::ofstream out(path);
-  if (!out) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
-  out << report.dump(2) << "\n";
-  out.close();
-  if (!out) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
+  // 0600: the first failure's output is the submitter's (a standing coordinator writes every user's).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
+  safefs::Fd f(fd);
+  if (!safefs::write_all(fd, report.dump(2) + "\n")) {
+    return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
+  }
   return std::nullopt;
 }
 

@@ -2,6 +2,8 @@
 // as text for the terminal and as JSON for --result-json.
 #pragma once
 
+#include "common/safe_fs.hpp"
+
 #include "control/paths.hpp"
 #include "launch/attempt.hpp"
 
@@ -22,6 +24,12 @@ struct ErrorFile {
   std::string traceback;
   std::string raw;  // when the shape is unknown
 };
+// A rank's TORCHELASTIC_ERROR_FILE, `name` in the attempt's folder: read only if it is a regular
+// file (not a link) of `owner_uid` (the job's user), at most kMaxErrorFileBytes; one that is not
+// is named in `raw`, unread. nullopt: there is none.
+inline constexpr std::size_t kMaxErrorFileBytes = 1u << 20;
+std::optional<ErrorFile> read_error_file(const safefs::Dir& dir, const std::string& name, uid_t owner_uid);
+// The same for a file of ours, in a folder of ours.
 std::optional<ErrorFile> read_error_file(const std::string& path);
 std::optional<ErrorFile> parse_error_file(const std::string& path, const std::string& content);
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <set>
 #include <signal.h>
 #include <sys/wait.h>
@@ -84,19 +85,33 @@ void WorkerGroup::start() {
   report_.started = std::chrono::system_clock::now();
   report_.log_dir = attempt_dir_;
   if (auto cg = supervisor::Cgroup::create(fmt::format("a{}", opts_.attempt))) cgroup_.emplace(std::move(*cg));
+  open_attempt_dir();
+  std::optional<std::pair<uid_t, gid_t>> owner;
+  if (opts_.run_as) owner.emplace(opts_.run_as->uid, opts_.run_as->gid);
   for (auto& rp : plan_.ranks) {
-    ::unlink(rp.error_file.c_str());  // an earlier run's (same --job-id) must not explain this one
     auto w = std::make_unique<Worker>();
-    std::optional<std::pair<uid_t, gid_t>> owner;
-    if (opts_.run_as) owner.emplace(opts_.run_as->uid, opts_.run_as->gid);
-    w->log = std::make_unique<supervisor::RankLogFile>(rp.log_file, opts_.log_max_bytes, owner);
     w->plan = rp;
+    if (dir_) {
+      // An earlier run's error file (same --job-id, in a launcher's own folder) must not explain this one.
+      if (auto name = name_in_attempt_dir(rp.error_file)) safefs::remove_in(*dir_, *name);
+      if (auto name = name_in_attempt_dir(rp.log_file)) {
+        w->log = std::make_unique<supervisor::RankLogFile>(dir_, *name, opts_.log_max_bytes, owner);
+      }
+    }
+    if (!w->log) w->log = std::make_unique<supervisor::RankLogFile>(nullptr, rp.log_file, opts_.log_max_bytes, owner);
     workers_.push_back(std::move(w));
   }
   // Fork every rank first, then collect their exec reports: the execs overlap.
   std::vector<std::optional<supervisor::PendingSpawn>> pending(workers_.size());
   for (std::size_t i = 0; i < workers_.size(); ++i) {
     auto& w = *workers_[i];
+    if (!w.log->error().empty()) {
+      // No rank runs without its log: its output would go nowhere, and a log that cannot be
+      // opened safely is a job tampering with its folder.
+      spawn_failed(w, fmt::format("rank {} not started: cannot write its log file {}: {}", w.plan.rank,
+                                  w.log->path(), dir_error_.empty() ? w.log->error() : dir_error_));
+      continue;
+    }
     try {
       pending[i].emplace(supervisor::spawn_start(spawn_spec(w)));
     } catch (const supervisor::SpawnError& e) {
@@ -122,6 +137,36 @@ void WorkerGroup::start() {
     }
   }
   check_finished();
+}
+
+void WorkerGroup::open_attempt_dir() {
+  try {
+    if (opts_.log_root.empty()) {
+      dir_ = std::make_shared<const safefs::Dir>(safefs::Dir::open(attempt_dir_));
+      return;
+    }
+    const auto& root = opts_.log_root;
+    if (attempt_dir_.size() <= root.size() || attempt_dir_.compare(0, root.size(), root) != 0 ||
+        (root.back() != '/' && attempt_dir_[root.size()] != '/')) {
+      throw safefs::FsError(EINVAL, fmt::format("the attempt folder {} is not below {}", attempt_dir_, root));
+    }
+    const uid_t uid = opts_.run_as ? opts_.run_as->uid : ::geteuid();
+    dir_ = std::make_shared<const safefs::Dir>(
+        safefs::Dir::open_beneath(safefs::Dir::open(root), std::string_view(attempt_dir_).substr(root.size()), uid));
+  } catch (const safefs::FsError& e) {
+    dir_error_ = e.what();
+    log::get("launch")->error("attempt {}: {}", opts_.attempt, dir_error_);
+  }
+}
+
+std::optional<std::string> WorkerGroup::name_in_attempt_dir(const std::string& path) const {
+  if (path.size() <= attempt_dir_.size() + 1 || path.compare(0, attempt_dir_.size(), attempt_dir_) != 0 ||
+      path[attempt_dir_.size()] != '/') {
+    return std::nullopt;
+  }
+  auto name = path.substr(attempt_dir_.size() + 1);
+  if (name.find('/') != std::string::npos || name == "." || name == "..") return std::nullopt;
+  return name;
 }
 
 supervisor::SpawnSpec WorkerGroup::spawn_spec(const Worker& w) const {
@@ -320,6 +365,12 @@ void WorkerGroup::check_finished() {
   finish();
 }
 
+std::optional<ErrorFile> WorkerGroup::error_file_of(const Worker& w) const {
+  const auto name = name_in_attempt_dir(w.plan.error_file);
+  if (!dir_ || !name) return std::nullopt;
+  return read_error_file(*dir_, *name, opts_.run_as ? opts_.run_as->uid : ::geteuid());
+}
+
 void WorkerGroup::finish() {
   finished_ = true;
   grace_timer_.cancel();
@@ -334,7 +385,7 @@ void WorkerGroup::finish() {
     for (const auto& w : workers_) {
       if (w->plan.rank != ff->rank) continue;
       report_.first_failure =
-          RankFailure{*ff, w->plan.node, w->last.lines(), read_error_file(w->plan.error_file), w->plan.log_file};
+          RankFailure{*ff, w->plan.node, w->last.lines(), error_file_of(*w), w->plan.log_file};
     }
   }
   // Post, so the owner may destroy this group from inside its callback.

@@ -36,6 +36,10 @@ struct GroupOptions {
   // The user the workers run as (ddp-agentd's per-user tokens; their log files are given to
   // it too); nullopt: ours.
   std::optional<supervisor::RunAs> run_as;
+  // The folder the attempt folder lies in that the job cannot write (a root agent's log_dir):
+  // below it each folder is opened without following a link and must belong to the workers'
+  // user. Empty: the attempt folder itself is ours (a launcher's own logs).
+  std::string log_root;
 };
 
 struct GroupCallbacks {
@@ -94,11 +98,17 @@ class WorkerGroup {
   void signal_everything(int sig);
   bool pipes_open() const;
   void finish();
-  std::vector<pid_t> strays() const;  // descendants of ours that are not kept helpers
+  std::vector<pid_t> strays() const;
+  void open_attempt_dir();
+  // `path`'s name if it is directly in the attempt folder.
+  std::optional<std::string> name_in_attempt_dir(const std::string& path) const;
+  std::optional<ErrorFile> error_file_of(const Worker& w) const;  // descendants of ours that are not kept helpers
 
   boost::asio::io_context& io_;
   contract::Plan plan_;
   std::string attempt_dir_;
+  std::shared_ptr<const safefs::Dir> dir_;  // the attempt folder, opened once at start
+  std::string dir_error_;                   // why it could not be
   GroupOptions opts_;
   GroupCallbacks cb_;
   AttemptTracker tracker_;

@@ -19,6 +19,13 @@ namespace {
 constexpr std::size_t kMaxTokenFileBytes = 64 * 1024;
 }  // namespace
 
+std::optional<std::string> token_owner_problem(const std::string& path, uid_t file_uid, uid_t self) {
+  if (file_uid == self || file_uid == 0) return std::nullopt;
+  return fmt::format("token file {} belongs to uid {}, not to uid {} (us) or root: whoever owns it may change or read "
+                     "its secret; give it to us: chown {} {}",
+                     path, file_uid, self, self, path);
+}
+
 proto::Keyring load_token_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
@@ -36,6 +43,7 @@ proto::Keyring load_token_file(const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw TokenError(fmt::format("cannot stat token file {}: {}", path, std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) throw TokenError(fmt::format("token file {} is not a regular file", path));
+  if (auto bad = token_owner_problem(path, st.st_uid, ::geteuid())) throw TokenError(*bad);
   if (st.st_mode & 077) {
     throw TokenError(fmt::format("token file {} is accessible by group or others (mode {:04o}); its secret must stay "
                                  "private: chmod 600 {}",

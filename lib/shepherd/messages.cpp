@@ -127,6 +127,7 @@ json encode_start(const StartAttempt& s) {
                {"workdir", s.options.workdir},
                {"stop_grace_ms", s.options.stop_grace.count()},
                {"log_max_bytes", s.options.log_max_bytes}};
+  if (!s.options.log_root.empty()) options["log_root"] = s.options.log_root;
   if (const auto& u = s.options.run_as) options["run_as"] = {{"uid", u->uid}, {"gid", u->gid}, {"groups", u->groups}};
   return with_type("start", {{"attempt_dir", s.attempt_dir},
                              {"options", std::move(options)},
@@ -141,6 +142,7 @@ StartAttempt decode_start(const json& m) {
   s.options.workdir = get_str(o, "workdir");
   s.options.stop_grace = Millis(get_int(o, "stop_grace_ms", 0, 24ll * 3600 * 1000));
   s.options.log_max_bytes = static_cast<std::uint64_t>(get_int(o, "log_max_bytes", 0, std::numeric_limits<long long>::max()));
+  if (o.contains("log_root")) s.options.log_root = get_str(o, "log_root");
   if (o.contains("run_as")) {
     const auto& u = get_object(o, "run_as");
     constexpr long long kMaxId = std::numeric_limits<std::uint32_t>::max() - 1;  // (uid_t)-1 means "unchanged"

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <ctime>
 #include <utility>
@@ -55,41 +56,91 @@ static std::string utc_timestamp() {
                      tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
 }
 
-namespace {
-// Best effort: a log file left ours is still written; only its owner is wrong.
-void give_to(const std::string& path, const std::optional<std::pair<uid_t, gid_t>>& owner) {
-  if (owner && ::chown(path.c_str(), owner->first, owner->second) != 0) return;
+RankLogFile::RankLogFile(std::shared_ptr<const safefs::Dir> dir, std::string name, std::uint64_t max_bytes,
+                         std::optional<std::pair<uid_t, gid_t>> owner)
+    : dir_(std::move(dir)), name_(std::move(name)), path_(dir_ ? dir_->path_of(name_) : name_), max_bytes_(max_bytes) {
+  if (owner) owner_ = safefs::Owner{owner->first, owner->second};
+  if (!dir_) {
+    error_ = "its folder could not be opened";
+    return;
+  }
+  open_first();
 }
-}  // namespace
 
-RankLogFile::RankLogFile(std::string path, std::uint64_t max_bytes, std::optional<std::pair<uid_t, gid_t>> owner)
-    : path_(std::move(path)), max_bytes_(max_bytes), owner_(owner), out_(path_, std::ios::app) {
-  give_to(path_, owner_);
+RankLogFile::RankLogFile(const std::string& path, std::uint64_t max_bytes) : path_(path), max_bytes_(max_bytes) {
+  const auto slash = path.rfind('/');
+  name_ = slash == std::string::npos ? path : path.substr(slash + 1);
+  try {
+    dir_ = std::make_shared<const safefs::Dir>(
+        safefs::Dir::open(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash)));
+  } catch (const safefs::FsError& e) {
+    error_ = e.what();
+    return;
+  }
+  open_first();
+}
+
+RankLogFile::~RankLogFile() { flush(); }
+
+void RankLogFile::open_first() {
+  try {
+    fd_ = safefs::open_append(*dir_, name_, owner_);
+  } catch (const safefs::FsError& e) {
+    error_ = e.what();
+  }
+}
+
+void RankLogFile::flush() {
+  if (fd_ && !buf_.empty()) safefs::write_all(fd_.get(), buf_);
+  buf_.clear();
+}
+
+void RankLogFile::append(std::string_view text) {
+  if (!fd_) return;
+  buf_.append(text);
+  if (buf_.size() >= 64 * 1024) flush();
 }
 
 void RankLogFile::rotate_if_needed(std::size_t next) {
-  if (written_ + next <= max_bytes_) return;
-  out_.close();
-  std::error_code ec;
-  std::filesystem::rename(path_, path_ + ".1", ec);
-  out_.open(path_, std::ios::trunc);
-  give_to(path_, owner_);
+  if (written_ + next <= max_bytes_ || !fd_) return;
+  flush();
   written_ = 0;
-  out_ << utc_timestamp() << " ddp| (older output rotated to " << path_ << ".1)\n";
+  // Within the folder's fd: a name the job swapped for a link is moved, never followed, and the
+  // new file is created fresh (O_EXCL, no link); whatever the job put in its place is removed
+  // first. A file that cannot be made fresh ends this log, said in the old one.
+  try {
+    safefs::rename_in(*dir_, name_, name_ + ".1");
+    safefs::Fd fresh;
+    for (int attempt = 0; attempt < 3 && !fresh; ++attempt) {
+      try {
+        fresh = safefs::create_new(*dir_, name_, owner_);
+      } catch (const safefs::FsError& e) {
+        if (e.error() != EEXIST || attempt == 2) throw;
+        safefs::remove_in(*dir_, name_);
+      }
+    }
+    fd_ = std::move(fresh);
+  } catch (const safefs::FsError& e) {
+    error_ = e.what();
+    safefs::write_all(fd_.get(), fmt::format("{} ddp| log rotation failed, no more output here: {}\n", utc_timestamp(), error_));
+    fd_ = safefs::Fd();
+    return;
+  }
+  append(fmt::format("{} ddp| (older output rotated to {}.1)\n", utc_timestamp(), path_));
 }
 
 void RankLogFile::write(Stream s, std::string_view line) {
   auto ts = utc_timestamp();
   rotate_if_needed(ts.size() + line.size() + 6);
-  out_ << ts << (s == Stream::out ? " out| " : " err| ") << line << '\n';
+  append(fmt::format("{}{}{}\n", ts, s == Stream::out ? " out| " : " err| ", line));
   written_ += ts.size() + line.size() + 6;
 }
 
 void RankLogFile::note(std::string_view text) {
   auto ts = utc_timestamp();
   rotate_if_needed(ts.size() + text.size() + 6);
-  out_ << ts << " ddp| " << text << '\n';
-  out_.flush();
+  append(fmt::format("{} ddp| {}\n", ts, text));
+  flush();
   written_ += ts.size() + text.size() + 6;
 }
 

@@ -6,13 +6,15 @@
 // and announced, never a blocked worker. Lines longer than kMaxLine are cut into pieces.
 #pragma once
 
+#include "common/safe_fs.hpp"
+
 #include <sys/types.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -52,24 +54,44 @@ enum class Stream { out, err };
 
 // One rank's log file: "2026-12-02T10:30:00.123Z out| text". Rotated once (to .1) at the cap,
 // so the newest output (the part that explains a failure) is always kept.
+//
+// The folder may be writable by the job (a root agent's attempt folder belongs to the job's
+// user): the file is opened through the folder's fd without following a link, checked before
+// the first byte (common/safe_fs.hpp), given to its owner through the fd, and rotation renames
+// within the folder and creates the new file with O_EXCL. A file that cannot be opened so is
+// not written at all (error() says why).
 class RankLogFile {
  public:
   // `owner`: the (uid, gid) the file (and each rotated successor) is given, for workers that
-  // run as another user than us; nullopt: ours.
-  RankLogFile(std::string path, std::uint64_t max_bytes, std::optional<std::pair<uid_t, gid_t>> owner = std::nullopt);
+  // run as another user than us; nullopt: ours. A null `dir`: not written (`name` is its path).
+  RankLogFile(std::shared_ptr<const safefs::Dir> dir, std::string name, std::uint64_t max_bytes,
+              std::optional<std::pair<uid_t, gid_t>> owner = std::nullopt);
+  // A file in a folder of our own (the launcher's copy of the logs): its folder is trusted.
+  RankLogFile(const std::string& path, std::uint64_t max_bytes);
+  ~RankLogFile();
+  RankLogFile(const RankLogFile&) = delete;
+  RankLogFile& operator=(const RankLogFile&) = delete;
+
   void write(Stream s, std::string_view line);
   void note(std::string_view text);  // a line of ddpctl's own, e.g. "exited with code 1"
   // To disk, so that `ddpctl logs` and `tail -f` see what arrived (once per read, not per line).
-  void flush() { out_.flush(); }
+  void flush();
   const std::string& path() const { return path_; }
+  // Why the file is not written (empty: it is).
+  const std::string& error() const { return error_; }
 
  private:
+  void open_first();
+  void append(std::string_view text);
   void rotate_if_needed(std::size_t next);
-  std::string path_;
+  std::shared_ptr<const safefs::Dir> dir_;
+  std::string name_, path_;
   std::uint64_t max_bytes_;
   std::uint64_t written_ = 0;
-  std::optional<std::pair<uid_t, gid_t>> owner_;
-  std::ofstream out_;
+  std::optional<safefs::Owner> owner_;
+  safefs::Fd fd_;
+  std::string buf_;  // written out by flush(), or when it grows past 64 KiB
+  std::string error_;
 };
 
 class TerminalSink {

@@ -182,7 +182,7 @@ def test_job_runs_as_the_user_its_key_maps_to(node):
         assert ids["HOME"] == str(node.home) and ids["USER"] == ids["LOGNAME"] == node.user, ids
         assert path.stat().st_uid == node.pw.pw_uid
     # The node's per-rank logs belong to the user too, and hold the workers' output.
-    logs = sorted(glob.glob(str(node.log_dir / "runas-*" / "attempt-0" / "rank-*.log")))
+    logs = sorted(glob.glob(str(node.log_dir / node.user / "runas-*" / "attempt-0" / "rank-*.log")))
     assert len(logs) == 2, logs
     for log in logs:
         assert os.stat(log).st_uid == node.pw.pw_uid, log
@@ -215,7 +215,7 @@ def test_a_job_claiming_another_user_is_refused_and_nothing_runs(node):
     assert r.returncode != 0
     assert "container jobs cannot run as a mapped user (key_users) yet" in r.stderr, r.stderr
     assert not marker.exists()
-    assert not glob.glob(str(node.log_dir / "*" / "attempt-*" / "rank-*.log"))
+    assert not glob.glob(str(node.log_dir / "*" / "*" / "attempt-*" / "rank-*.log"))
     node.stop_agent()
     assert "refused" in node.agent_log.read_text()
 

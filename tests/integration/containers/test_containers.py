@@ -411,7 +411,8 @@ def launch_nodes(tmp_path, env, ports, token, job, job_id, timeout=180):
 
 
 def ranks_started(tmp_path, n, job_id):
-    return [i for i in range(n) if (tmp_path / f"agent-logs-{i}" / job_id).exists()]
+    # <log_dir>/<user>/<job>/attempt-0: the agents run as root, and so do their jobs.
+    return [i for i in range(n) if (tmp_path / f"agent-logs-{i}" / "root" / job_id / "attempt-0").exists()]
 
 
 def test_agents_pull_per_policy_and_a_failed_pull_starts_no_rank(tmp_path, podman_env):

@@ -54,6 +54,25 @@ TEST(TokenFile, RefusesGroupOrWorldAccess) {
   EXPECT_NE(e.find("chmod 600"), std::string::npos) << e;
 }
 
+TEST(TokenFile, OwnerMustBeUsOrRoot) {
+  EXPECT_FALSE(token_owner_problem("/t", 1000, 1000));
+  EXPECT_FALSE(token_owner_problem("/t", 0, 1000));  // root's file, readable by us: root gave it to us
+  auto e = token_owner_problem("/t", 65534, 0);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->find("token file /t belongs to uid 65534, not to uid 0 (us) or root"), std::string::npos) << *e;
+  EXPECT_NE(e->find("chown 0 /t"), std::string::npos) << *e;
+  EXPECT_TRUE(token_owner_problem("/t", 1001, 1000));
+}
+
+TEST(TokenFile, RefusesAFileOfAnotherUserWhenRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the file to another user";
+  TempDir d;
+  auto p = write(d.path / "token", std::string(64, 'a') + "\n", 0600);
+  ASSERT_EQ(::chown(p.c_str(), 65534, 65534), 0);
+  auto e = error_of(p);
+  EXPECT_NE(e.find("belongs to uid 65534"), std::string::npos) << e;
+}
+
 TEST(TokenFile, MissingAndMalformed) {
   TempDir d;
   EXPECT_NE(error_of((d.path / "nope").string()).find("does not exist"), std::string::npos);

@@ -107,6 +107,16 @@ TEST(ShepherdMessages, RunAsRoundTripsAndIsAbsentByDefault) {
   EXPECT_THROW(decode_start(bad), MessageError);
 }
 
+TEST(ShepherdMessages, LogRootRoundTripsAndIsEmptyByDefault) {
+  auto s = sample_start();
+  EXPECT_EQ(decode_start(wire(encode_start(s))).options.log_root, "");
+  s.options.log_root = "/logs";
+  EXPECT_EQ(decode_start(wire(encode_start(s))).options.log_root, "/logs");
+  auto bad = encode_start(s);
+  bad["options"]["log_root"] = 7;
+  EXPECT_THROW(decode_start(bad), MessageError);
+}
+
 TEST(ShepherdMessages, BadStartsAreRefusedNamingTheField) {
   auto base = encode_start(sample_start());
   auto expect_error = [](json m, const std::string& needle) {

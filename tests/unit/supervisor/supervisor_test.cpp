@@ -3,7 +3,13 @@
 #include "supervisor/process.hpp"
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +45,73 @@ TEST(LastLines, KeepsTheLastN) {
   LastLines l(3);
   for (int i = 0; i < 10; ++i) l.add(std::to_string(i));
   EXPECT_EQ(l.lines(), (std::vector<std::string>{"7", "8", "9"}));
+}
+
+namespace {
+struct LogDir {
+  std::filesystem::path path;
+  LogDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ddp-ranklog-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~LogDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string read(const std::string& name) const {
+    std::ifstream in(path / name);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+};
+}  // namespace
+
+TEST(RankLogFile, RotatesOnceIntoAFreshPrivateFile) {
+  LogDir d;
+  auto dir = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::Dir::open(d.path.string()));
+  RankLogFile log(dir, "rank-0.log", 4096);
+  ASSERT_EQ(log.error(), "");
+  for (int i = 0; i < 50; ++i) log.write(Stream::out, std::string(100, 'a' + i % 26));
+  log.flush();
+  const auto now = d.read("rank-0.log"), old = d.read("rank-0.log.1");
+  EXPECT_NE(now.find("(older output rotated to"), std::string::npos) << now;
+  EXPECT_NE(old.find(std::string(100, 'a')), std::string::npos);
+  EXPECT_LE(now.size(), 4096u + 200);
+  struct stat st {};
+  ASSERT_EQ(::stat((d.path / "rank-0.log").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(RankLogFile, RotationMovesALinkTheJobSwappedInAndNeverFollowsIt) {
+  LogDir d;
+  std::ofstream(d.path / "victim") << "secret\n";
+  auto dir = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::Dir::open(d.path.string()));
+  RankLogFile log(dir, "rank-0.log", 4096);
+  log.write(Stream::out, "first");
+  log.flush();
+  std::filesystem::remove(d.path / "rank-0.log");
+  std::filesystem::create_symlink(d.path / "victim", d.path / "rank-0.log");
+  for (int i = 0; i < 50; ++i) log.write(Stream::out, std::string(100, 'x'));
+  log.flush();
+  EXPECT_EQ(d.read("victim"), "secret\n");
+  EXPECT_TRUE(std::filesystem::is_symlink(d.path / "rank-0.log.1"));
+  EXPECT_FALSE(std::filesystem::is_symlink(d.path / "rank-0.log"));
+  EXPECT_NE(d.read("rank-0.log").find(std::string(100, 'x')), std::string::npos);
+}
+
+TEST(RankLogFile, ALinkAtTheNameIsNotOpened) {
+  LogDir d;
+  std::ofstream(d.path / "victim") << "secret\n";
+  std::filesystem::create_symlink(d.path / "victim", d.path / "rank-0.log");
+  auto dir = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::Dir::open(d.path.string()));
+  RankLogFile log(dir, "rank-0.log", 4096);
+  EXPECT_NE(log.error().find("symbolic link"), std::string::npos) << log.error();
+  log.write(Stream::out, "lost");
+  log.note("lost too");
+  EXPECT_EQ(d.read("victim"), "secret\n");
+  RankLogFile none(nullptr, "/x/rank-0.log", 4096);
+  EXPECT_NE(none.error(), "");
 }
 
 TEST(Cgroup, MountFromMountinfo) {

@@ -1,0 +1,256 @@
+#include "common/safe_fs.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace ddp::safefs {
+
+namespace {
+
+std::string why_not_opened(int err) {
+  // O_NOFOLLOW on a link: ELOOP (a file), ELOOP or ENOTDIR (with O_DIRECTORY).
+  if (err == ELOOP) return "it is a symbolic link, which is not followed here";
+  if (err == ENOTDIR) return "it is not a folder (or is a symbolic link, which is not followed here)";
+  return std::strerror(err);
+}
+
+uid_t expected_uid(const std::optional<Owner>& owner) { return owner ? owner->uid : ::geteuid(); }
+
+// Gives an fd we opened to its owner and mode, through the fd.
+void give(int fd, const std::string& path, const std::optional<Owner>& owner, mode_t mode) {
+  if (owner && ::fchown(fd, owner->uid, owner->gid) != 0) {
+    throw FsError(errno, fmt::format("cannot give {} to uid {}: {}", path, owner->uid, std::strerror(errno)));
+  }
+  if (::fchmod(fd, mode) != 0) throw FsError(errno, fmt::format("cannot set the mode of {}: {}", path, std::strerror(errno)));
+}
+
+// The checks on a file that is open for writing, before a byte goes into it.
+void check_file(int fd, const std::string& path, uid_t uid) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw FsError(errno, fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw FsError(EPERM, fmt::format("{} is not a regular file; not written", path));
+  if (st.st_nlink != 1) {
+    throw FsError(EPERM, fmt::format("{} has {} names (a hard link); not written: remove it", path, st.st_nlink));
+  }
+  if (st.st_uid != uid) {
+    throw FsError(EPERM, fmt::format("{} belongs to uid {}, not to uid {}; not written: remove it", path, st.st_uid, uid));
+  }
+}
+
+// Back to blocking writes once the fd is known to be a regular file (O_NONBLOCK only kept a
+// FIFO from holding up the open).
+void make_blocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
+}  // namespace
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+void check_name(std::string_view name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos ||
+      name.find('\0') != std::string_view::npos) {
+    throw FsError(EINVAL, fmt::format("'{}' is not a single file name", name));
+  }
+}
+
+std::string Dir::path_of(std::string_view name) const {
+  if (path_.empty() || path_.back() == '/') return fmt::format("{}{}", path_, name);
+  return fmt::format("{}/{}", path_, name);
+}
+
+Dir Dir::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw FsError(errno, fmt::format("cannot open the folder {}: {}", path, std::strerror(errno)));
+  return Dir(Fd(fd), path);
+}
+
+Dir Dir::open_beneath(const Dir& base, std::string_view rel, std::optional<uid_t> expect_uid) {
+  Dir cur(Fd(::fcntl(base.fd(), F_DUPFD_CLOEXEC, 0)), base.path());
+  if (!cur.fd_) throw FsError(errno, fmt::format("cannot duplicate the fd of {}: {}", base.path(), std::strerror(errno)));
+  std::size_t steps = 0;
+  while (!rel.empty()) {
+    const auto slash = rel.find('/');
+    const auto part = rel.substr(0, slash);
+    rel = slash == std::string_view::npos ? std::string_view() : rel.substr(slash + 1);
+    if (part.empty()) continue;
+    check_name(part);
+    const std::string name(part);
+    const auto path = cur.path_of(name);
+    const int fd = ::openat(cur.fd(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) throw FsError(errno, fmt::format("cannot open the folder {}: {}", path, why_not_opened(errno)));
+    Dir next(Fd(fd), path);
+    if (expect_uid) {
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) throw FsError(errno, fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
+      if (st.st_uid != *expect_uid) {
+        throw FsError(EPERM, fmt::format("the folder {} belongs to uid {}, not to uid {}", path, st.st_uid, *expect_uid));
+      }
+    }
+    cur = std::move(next);
+    ++steps;
+  }
+  if (steps == 0) throw FsError(EINVAL, fmt::format("no folder below {} named", base.path()));
+  return cur;
+}
+
+Dir make_dir(const Dir& parent, const std::string& name, mode_t mode, const std::optional<Owner>& owner, bool fresh) {
+  check_name(name);
+  const auto path = parent.path_of(name);
+  // 0700 and ours until it is open: nobody else gets in before it has its owner and mode.
+  const bool made = ::mkdirat(parent.fd(), name.c_str(), 0700) == 0;
+  if (!made && errno != EEXIST) throw FsError(errno, fmt::format("cannot create the folder {}: {}", path, std::strerror(errno)));
+  if (!made && fresh) throw FsError(EEXIST, fmt::format("the folder {} exists already", path));
+  Dir dir = Dir::open_beneath(parent, name);  // without following a link
+  struct stat st {};
+  if (::fstat(dir.fd(), &st) != 0) throw FsError(errno, fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
+  // A folder we just made is ours; one that was there (or was put there meanwhile, in a parent
+  // its owner can write) must already belong to the owner: we never take over someone's folder.
+  const uid_t want = expected_uid(owner);
+  if (st.st_uid != want && !(made && st.st_uid == ::geteuid())) {
+    throw FsError(EPERM, fmt::format("the folder {} belongs to uid {}, not to uid {}; remove it or give it to uid {}", path,
+                                     st.st_uid, want, want));
+  }
+  if (made) give(dir.fd(), path, owner, mode);
+  return dir;
+}
+
+Fd open_append(const Dir& dir, const std::string& name, const std::optional<Owner>& owner) {
+  check_name(name);
+  const auto path = dir.path_of(name);
+  // New (O_EXCL: ours, whatever happens meanwhile), else the one that is there, checked; a few
+  // tries, as a job may remove the file between the two.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    int fd = ::openat(dir.fd(), name.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      Fd f(fd);
+      give(fd, path, owner, 0600);
+      return f;
+    }
+    if (errno != EEXIST) throw FsError(errno, fmt::format("cannot create {}: {}", path, why_not_opened(errno)));
+    fd = ::openat(dir.fd(), name.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) continue;
+    if (fd < 0) throw FsError(errno, fmt::format("cannot open {}: {}", path, why_not_opened(errno)));
+    Fd f(fd);
+    check_file(fd, path, expected_uid(owner));
+    make_blocking(fd);
+    return f;
+  }
+  throw FsError(EAGAIN, fmt::format("cannot open {}: it keeps appearing and disappearing", path));
+}
+
+Fd create_new(const Dir& dir, const std::string& name, const std::optional<Owner>& owner) {
+  check_name(name);
+  const auto path = dir.path_of(name);
+  const int fd = ::openat(dir.fd(), name.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw FsError(errno, fmt::format("cannot create {}: {}", path, why_not_opened(errno)));
+  Fd f(fd);
+  give(fd, path, owner, 0600);
+  return f;
+}
+
+void rename_in(const Dir& dir, const std::string& from, const std::string& to) {
+  check_name(from);
+  check_name(to);
+  if (::renameat(dir.fd(), from.c_str(), dir.fd(), to.c_str()) != 0) {
+    throw FsError(errno, fmt::format("cannot rename {} to {}: {}", dir.path_of(from), to, std::strerror(errno)));
+  }
+}
+
+void remove_in(const Dir& dir, const std::string& name) noexcept {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return;
+  ::unlinkat(dir.fd(), name.c_str(), 0);
+}
+
+ReadResult read_owned(const Dir& dir, const std::string& name, uid_t owner_uid, std::size_t max_bytes) noexcept {
+  ReadResult r;
+  try {
+    check_name(name);
+  } catch (const FsError& e) {
+    r.kind = ReadResult::Kind::refused;
+    r.reason = e.what();
+    return r;
+  }
+  const int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return r;
+    r.kind = ReadResult::Kind::refused;
+    r.reason = why_not_opened(errno);
+    return r;
+  }
+  Fd f(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    r.kind = ReadResult::Kind::refused;
+    r.reason = std::strerror(errno);
+    return r;
+  }
+  r.kind = ReadResult::Kind::refused;
+  if (!S_ISREG(st.st_mode)) {
+    r.reason = "it is not a regular file";
+    return r;
+  }
+  if (st.st_nlink != 1) {
+    r.reason = fmt::format("it has {} names (a hard link)", st.st_nlink);
+    return r;
+  }
+  if (st.st_uid != owner_uid) {
+    r.reason = fmt::format("it belongs to uid {}, not to uid {}", st.st_uid, owner_uid);
+    return r;
+  }
+  r.size = static_cast<std::uint64_t>(st.st_size);
+  if (r.size > max_bytes) {
+    r.kind = ReadResult::Kind::too_big;
+    return r;
+  }
+  // Bounded by max_bytes + 1 whatever the file does meanwhile (it may still be growing).
+  std::string text;
+  char buf[8192];
+  while (text.size() <= max_bytes) {
+    const ssize_t n = ::read(fd, buf, std::min(sizeof buf, max_bytes + 1 - text.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      r.reason = std::strerror(errno);
+      return r;
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  if (text.size() > max_bytes) {
+    r.kind = ReadResult::Kind::too_big;
+    r.size = text.size();
+    return r;
+  }
+  r.kind = ReadResult::Kind::ok;
+  r.text = std::move(text);
+  return r;
+}
+
+bool write_all(int fd, std::string_view data) noexcept {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+}  // namespace ddp::safefs
