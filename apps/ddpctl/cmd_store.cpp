@@ -1,5 +1,6 @@
-// `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N] [--threads N|auto]`: a standalone
-// c10d TCPStore-compatible server (the one launches embed), until SIGINT/SIGTERM.
+// `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N] [--threads N|auto]
+// [--max-size BYTES] [--max-keys N]`: a standalone c10d TCPStore-compatible server (the one launches
+// embed), until SIGINT/SIGTERM. From this host it serves only its own user and root.
 // Prints "listening on HOST:PORT" on stdout once it listens (port 0 picks a free port).
 // SIGUSR1 logs who waits for what; standalone, ranks come from the clients' RANK variable.
 #include "commands.hpp"
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <csignal>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +32,8 @@ struct ServeArgs {
   std::vector<std::string> allow;
   int world_size = 0;
   std::string threads = "auto";
+  std::size_t max_size = ddp::store::Totals{}.max_bytes;
+  std::size_t max_keys = ddp::store::Totals{}.max_keys;
 };
 
 // "HOST:PORT", "[V6]:PORT".
@@ -71,8 +75,14 @@ int serve(const ServeArgs& args) {
     }
     threads = std::stoi(t);
   }
-  ddp::store::Server server(
-      io, {.host = host, .port = port, .allowed_peers = args.allow, .threads = ddp::store::threads_for(threads)});
+  ddp::store::Totals totals;
+  totals.max_bytes = args.max_size;
+  totals.max_keys = args.max_keys;
+  ddp::store::Server server(io, {.host = host,
+                                 .port = port,
+                                 .allowed_peers = args.allow,
+                                 .totals = totals,
+                                 .threads = ddp::store::threads_for(threads)});
   const pid_t self = getpid();
   server.set_rank_resolver({
       .candidate_pids =
@@ -119,7 +129,15 @@ Command add_store_command(CLI::App& root) {
   auto* serve_cmd = sub->add_subcommand("serve", "serve a store until SIGINT/SIGTERM (SIGUSR1: log who waits)");
   serve_cmd->add_option("--listen", args->listen, "HOST:PORT to listen on ([::]:PORT for dual-stack; port 0: any)")
       ->capture_default_str();
-  serve_cmd->add_option("--allow", args->allow, "address of a peer allowed besides loopback (repeatable)");
+  serve_cmd->add_option("--allow", args->allow,
+                        "address of another host allowed to connect (repeatable); from this host only this "
+                        "process's user and root may");
+  serve_cmd->add_option("--max-size", args->max_size, "bytes of keys, values and queue items the store may hold")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
+  serve_cmd->add_option("--max-keys", args->max_keys, "keys the store may hold")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
   serve_cmd->add_option("--threads", args->threads,
                         "I/O threads serving the connections: auto (a quarter of the usable CPUs, 1..8), 1..64, or 0 (the main thread)")

@@ -688,6 +688,9 @@ class Agent {
         so.host = host;
         so.port = port;
         so.allowed_peers = job.node_addresses;
+        so.job_uid = job.run_as ? job.run_as->uid : ::geteuid();  // and root: who may connect from here
+        so.totals.max_bytes = job.payload.spec.store_max_bytes;
+        so.totals.max_keys = job.payload.spec.store_max_keys;
         so.threads = store::threads_for(job.payload.spec.store_threads);
         store_.emplace(io_, so);
         store_host_ = host;

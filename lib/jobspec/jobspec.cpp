@@ -231,9 +231,16 @@ class Parser {
           }
         });
       } else if (key == "store") {
-        mapping(v, "store", {"port", "threads"}, [&](const std::string& sk, const YAML::Node&, const YAML::Node& sv) {
+        mapping(v, "store", {"port", "threads", "max_size", "max_keys"}, [&](const std::string& sk, const YAML::Node&, const YAML::Node& sv) {
           if (sk == "port") {
             if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) spec.store_port = static_cast<std::uint16_t>(*n);
+          } else if (sk == "max_size") {
+            if (auto sz = size(sv, "store.max_size")) {
+              if (*sz < (1ull << 20)) error(sv, "store.max_size: expected at least 1MiB");
+              else spec.store_max_bytes = *sz;
+            }
+          } else if (sk == "max_keys") {
+            if (auto n = integer(sv, "store.max_keys", 1024, 1ll << 32)) spec.store_max_keys = static_cast<std::uint64_t>(*n);
           } else if (sv.IsScalar() && sv.Scalar() == "auto") {
             spec.store_threads = kAutoThreads;
           } else if (auto n = integer(sv, "store.threads (or auto)", 0, kMaxStoreThreads)) {

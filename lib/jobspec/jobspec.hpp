@@ -101,6 +101,10 @@ struct JobSpec {
   std::uint64_t log_max_bytes = 100ull << 20;  // per rank file, then rotated once
   std::uint16_t store_port = 29500;
   int store_threads = kAutoThreads;  // the store's own I/O threads; 0: the launcher's (agent's) loop
+  // The store's totals for the whole job (README "The store": far above what initialisation
+  // stores); the other totals (queue items, waiters, connections) are store::Totals' defaults.
+  std::uint64_t store_max_bytes = 1ull << 30;  // store.max_size: keys + values + queue items
+  std::uint64_t store_max_keys = 1ull << 20;   // store.max_keys
   NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
   BindingSpec binding;
   std::optional<ContainerSpec> container;

@@ -189,6 +189,9 @@ class LocalLauncher {
     store::ServerOptions so;
     so.host = node.master_addr;
     so.port = opts_.spec.store_port;
+    so.job_uid = ::geteuid();  // the workers run as we do; root may connect too
+    so.totals.max_bytes = opts_.spec.store_max_bytes;
+    so.totals.max_keys = opts_.spec.store_max_keys;
     so.threads = store::threads_for(opts_.spec.store_threads);
     store_.emplace(io_, so);
     try {

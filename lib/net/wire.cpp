@@ -68,6 +68,8 @@ json to_json(const JobPayload& p) {
          {"log_max_bytes", s.log_max_bytes},
          {"store_port", s.store_port},
          {"store_threads", s.store_threads},
+         {"store_max_bytes", s.store_max_bytes},
+         {"store_max_keys", s.store_max_keys},
          {"nccl_unique_id", s.nccl_unique_id == jobspec::NcclUniqueId::on    ? "on"
                             : s.nccl_unique_id == jobspec::NcclUniqueId::off ? "off"
                                                                              : "auto"},
@@ -132,6 +134,9 @@ JobPayload payload_from_json(const json& j) {
   const auto threads = j.contains("store_threads") ? get<long long>(j, "store_threads") : 0;
   if (threads < jobspec::kAutoThreads || threads > jobspec::kMaxStoreThreads) throw WireError("job spec: store_threads out of range");
   s.store_threads = static_cast<int>(threads);
+  // Absent from a launcher that predates them: the defaults.
+  if (j.contains("store_max_bytes")) s.store_max_bytes = get<std::uint64_t>(j, "store_max_bytes");
+  if (j.contains("store_max_keys")) s.store_max_keys = get<std::uint64_t>(j, "store_max_keys");
   const auto nccl = get<std::string>(j, "nccl_unique_id");
   s.nccl_unique_id = nccl == "on" ? jobspec::NcclUniqueId::on
                      : nccl == "off" ? jobspec::NcclUniqueId::off

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -28,12 +29,6 @@ asio::ip::address normalize(const asio::ip::address& a) {
 }
 
 bool is_loopback(const asio::ip::address& a) { return normalize(a).is_loopback(); }
-
-bool peer_allowed(const asio::ip::address& peer, std::span<const asio::ip::address> allowed) {
-  auto p = normalize(peer);
-  if (p.is_loopback()) return true;
-  return std::any_of(allowed.begin(), allowed.end(), [&](const asio::ip::address& a) { return normalize(a) == p; });
-}
 
 std::string format_endpoint(const tcp::endpoint& ep) {
   auto a = normalize(ep.address());
@@ -82,10 +77,7 @@ std::optional<tcp::endpoint> parse_proc_endpoint(std::string_view text) {
   return std::nullopt;
 }
 
-struct ProcSocket {
-  tcp::endpoint local, remote;
-  unsigned long inode = 0;
-};
+}  // namespace
 
 std::vector<ProcSocket> read_proc_net_tcp() {
   std::vector<ProcSocket> out;
@@ -99,13 +91,19 @@ std::vector<ProcSocket> read_proc_net_tcp() {
       unsigned long inode = 0;
       if (!(in >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode)) continue;
       auto l = parse_proc_endpoint(local), r = parse_proc_endpoint(remote);
-      if (!l || !r || inode == 0) continue;
+      unsigned state = 0;
+      std::from_chars(st.data(), st.data() + st.size(), state, 16);
+      auto owner = ddp::parse_int(uid);
+      if (!l || !r || !owner || *owner < 0) continue;
       out.push_back({tcp::endpoint(normalize(l->address()), l->port()),
-                     tcp::endpoint(normalize(r->address()), r->port()), inode});
+                     tcp::endpoint(normalize(r->address()), r->port()),
+                     static_cast<uint8_t>(state), static_cast<uid_t>(*owner), inode});
     }
   }
   return out;
 }
+
+namespace {
 
 // socket inode -> pids holding it, for the candidates.
 std::multimap<unsigned long, pid_t> socket_inodes_of(std::span<const pid_t> candidates) {

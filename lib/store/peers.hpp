@@ -1,10 +1,8 @@
-// Who is on the other end of a store connection: the allow-list decision at accept, and, for
-// peers on this host (loopback, or the server's own address) that never told us their pid (1.13
-// clients send no PING), the process that owns the client socket, found through /proc.
+// Who is on the other end of a store connection, for peers on this host (loopback, or the
+// server's own address) that never told us their pid (1.13 clients send no PING): the process
+// that owns the client socket, found through /proc. (Who may connect at all: access.hpp.)
 //
-// Policy: loopback (127/8, ::1, and their v4-mapped forms) is always allowed; other addresses
-// only when listed (compared as addresses, so "::ffff:10.0.0.2" matches "10.0.0.2"). The /proc
-// lookup reads only the network namespace we are in (/proc/net/tcp{,6} of this process) and
+// Policy: the /proc lookup reads only the network namespace we are in (/proc/net/tcp{,6} of this process) and
 // only the fd tables of the candidate pids the caller names; it never blocks on the network
 // and returns nothing rather than guess.
 #pragma once
@@ -24,7 +22,16 @@ namespace ddp::store {
 // v4-mapped v6 addresses as v4; everything else unchanged.
 boost::asio::ip::address normalize(const boost::asio::ip::address& a);
 bool is_loopback(const boost::asio::ip::address& a);
-bool peer_allowed(const boost::asio::ip::address& peer, std::span<const boost::asio::ip::address> allowed);
+
+// One line of /proc/self/net/tcp{,6} (this network namespace's TCP sockets), addresses
+// normalized. inode 0: no process holds the socket any more (closed, TIME_WAIT).
+struct ProcSocket {
+  boost::asio::ip::tcp::endpoint local, remote;
+  uint8_t state = 0;  // the kernel's TCP state number (10: LISTEN)
+  uid_t uid = 0;
+  unsigned long inode = 0;
+};
+std::vector<ProcSocket> read_proc_net_tcp();
 
 // "127.0.0.1:41234" / "[::1]:41234".
 std::string format_endpoint(const boost::asio::ip::tcp::endpoint& ep);

@@ -4,6 +4,7 @@
 
 #include "common/host.hpp"
 #include "common/log.hpp"
+#include "store/access.hpp"
 #include "store/state.hpp"
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -14,6 +15,7 @@
 
 #include <fmt/format.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -59,7 +61,13 @@ struct Loop {
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   Impl(asio::io_context& io, ServerOptions o)
-      : io(io), opts(std::move(o)), acceptor(io), accept_retry(io), log(ddp::log::get("store")) {}
+      : io(io),
+        opts(std::move(o)),
+        job_uid(opts.job_uid.value_or(::geteuid())),
+        acceptor(io),
+        accept_retry(io),
+        log(ddp::log::get("store")),
+        state(opts.limits, opts.totals) {}
 
   void do_accept();
   void on_accept(Loop& target, tcp::socket sock);
@@ -71,6 +79,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
 
   asio::io_context& io;
   ServerOptions opts;
+  uid_t job_uid;
   std::vector<asio::ip::address> allowed;  // caller's thread only
   tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
@@ -402,15 +411,30 @@ void Server::Impl::on_accept(Loop& target, tcp::socket sock) {
   tcp::endpoint peer = sock.remote_endpoint(ec);
   if (ec) return;  // already gone
   tcp::endpoint local = sock.local_endpoint(ec);
-  if (!peer_allowed(peer.address(), allowed)) {
-    {
-      std::lock_guard lk(mu);
-      ++stats.refused;
-    }
-    std::string list = "loopback";
-    for (const auto& a : allowed) list += ", " + a.to_string();
-    log->warn("refused a store connection from {}: not one of this job's nodes (allowed: {})",
-              format_endpoint(peer), list);
+  if (ec) return;
+  // Who it is, once per connection: this host's addresses (not for loopback) and the kernel's
+  // owner of the client socket (found only when the client is on this host).
+  const auto peer_addr = normalize(peer.address());
+  const auto host_addrs = peer_addr.is_loopback() ? std::vector<asio::ip::address>{} : host_addresses();
+  const auto owner = client_socket_owner(peer, local);
+  const AccessDecision access = decide_access(peer_addr, host_addrs, owner, job_uid, allowed);
+  std::size_t open;
+  {
+    std::lock_guard lk(mu);
+    open = conns.size();
+    if (!access.allowed || open >= opts.totals.max_connections) ++stats.refused;
+  }
+  if (!access.allowed) {
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a.to_string();
+    log->warn("refused a store connection from {}: {} (this host: the job's user, uid {}, and root; other hosts: {})",
+              format_endpoint(peer), access.why, job_uid, list.empty() ? "none" : list);
+    sock.close(ec);
+    return;
+  }
+  if (open >= opts.totals.max_connections) {
+    log->warn("refused a store connection from {}: the job's store has {} connections open, its limit", format_endpoint(peer),
+              open);
     sock.close(ec);
     return;
   }
@@ -431,7 +455,7 @@ void Server::Impl::on_accept(Loop& target, tcp::socket sock) {
     conns.emplace(id, conn);
     ++stats.accepted;
   }
-  log->debug("client {} connected from {}", conn->id, conn->peer_text);
+  log->debug("client {} connected from {} ({})", conn->id, conn->peer_text, access.why);
   next_loop = (next_loop + 1) % loops.size();
   if (!target.own) {
     conn->arm_read();

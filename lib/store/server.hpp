@@ -33,8 +33,14 @@
 //    while serving one connection (std::bad_alloc) closes that connection only.
 //  - Accepts dual-stack when host is "::"; SO_REUSEADDR; backlog 4096 (the kernel caps it at
 //    net.core.somaxconn); TCP_NODELAY on every client.
-//  - Access: loopback always; other peers only when their address is in allowed_peers.
-//    Refusals are logged with the peer's address.
+//  - Access (access.hpp): from this host (loopback, any of its addresses) only when the kernel
+//    says the client socket is the job's user's (job_uid) or root's, looked up once per accepted
+//    connection; from other hosts only when their address is in allowed_peers (the job's nodes).
+//    Refusals are logged with the peer's address and why.
+//  - Totals (state.hpp): what the whole store holds is bounded (bytes, keys, queue items,
+//    wait/watch registrations), and so are its open connections (Totals::max_connections; more
+//    are refused at accept). A client whose request would pass a total is closed; the log names
+//    the limit and the client.
 //  - The public calls (reset, stop, waiters, stats, set_allowed_peers, set_rank_resolver) are
 //    made from the caller's io_context thread, as start() is; with threads >= 1 they are safe
 //    against the I/O threads, and stop() joins them.
@@ -43,11 +49,13 @@
 #include "store/peers.hpp"
 #include "store/protocol.hpp"
 #include "store/report.hpp"
+#include "store/state.hpp"
 
 #include <boost/asio/io_context.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,8 +70,10 @@ class StoreError : public std::runtime_error {
 struct ServerOptions {
   std::string host = "127.0.0.1";          // an address or name; "::" = all, dual-stack
   uint16_t port = 29500;                    // 0: any free port (see port())
-  std::vector<std::string> allowed_peers;   // addresses besides loopback that may connect
+  std::vector<std::string> allowed_peers;   // other hosts' addresses that may connect (the job's nodes)
+  std::optional<uid_t> job_uid;             // the job's user; nullopt: this process's effective uid
   Limits limits;
+  Totals totals;
   unsigned threads = 0;                     // I/O threads of its own; 0: the caller's io_context
 };
 
@@ -78,7 +88,7 @@ inline unsigned threads_for(int asked) { return asked < 0 ? auto_threads() : sta
 struct ServerStats {
   std::size_t connections = 0;     // open now
   uint64_t accepted = 0;           // since start
-  uint64_t refused = 0;            // not in the allow-list
+  uint64_t refused = 0;            // not allowed (another user of this host, not a job's node, too many)
   uint64_t closed_bad = 0;         // closed for a protocol or limit violation
   uint64_t requests = 0;
 };

@@ -1,6 +1,8 @@
 // The store's semantics (see state.hpp for the policy).
 #include "store/state.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace ddp::store {
@@ -8,6 +10,18 @@ namespace {
 
 // Enough to tell "deleted" from "never set" for every key of a realistic job's waits.
 constexpr std::size_t kMaxDeletedRemembered = 64 * 1024;
+
+// A client's key as a log line may show it: at most 80 characters, non-printables escaped.
+std::string shown(std::string_view key) {
+  std::string out;
+  for (std::size_t i = 0; i < key.size() && i < 80; ++i) {
+    const auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7F && c != '\\') out.push_back(static_cast<char>(c));
+    else out += fmt::format("\\x{:02x}", c);
+  }
+  if (key.size() > 80) out += fmt::format("... ({} bytes)", key.size());
+  return out;
+}
 
 std::string bytes_reply(std::string_view value) {
   std::string out;
@@ -93,6 +107,7 @@ std::vector<KeyWaiters> State::waiters() const {
 
 void State::drop_wait(ClientId id, Client& c) {
   if (!c.wait.active) return;
+  registrations_ -= c.wait.keys.size();
   for (const auto& key : c.wait.keys) {
     auto it = waiting_.find(key);
     if (it == waiting_.end()) continue;
@@ -107,6 +122,7 @@ void State::disconnect(ClientId id) {
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
   drop_wait(id, it->second);
+  registrations_ -= it->second.watched.size();
   for (const auto& key : it->second.watched) {
     auto w = watchers_.find(key);
     if (w == watchers_.end()) continue;
@@ -124,6 +140,39 @@ void State::reset() {
   watchers_.clear();
   clients_.clear();
   deleted_.clear();
+  bytes_ = 0;
+  queue_items_ = 0;
+  registrations_ = 0;
+}
+
+bool State::admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes,
+                  Effects& out) {
+  if (inserted && kv_.size() > totals_.max_keys) {
+    out.close_reason = fmt::format(
+        "store full: {} of the new key `{}` would make {} keys, over this job's limit of {} (store.max_keys in "
+        "the job file)",
+        to_string(op), shown(key), kv_.size(), totals_.max_keys);
+    return false;
+  }
+  const std::size_t after = bytes_ - old_bytes + new_bytes;
+  if (new_bytes > old_bytes && after > totals_.max_bytes) {
+    out.close_reason = fmt::format(
+        "store full: {} of key `{}` would make the store hold {} bytes of keys, values and queue items, over "
+        "this job's limit of {} (store.max_size in the job file)",
+        to_string(op), shown(key), after, totals_.max_bytes);
+    return false;
+  }
+  bytes_ = after;
+  return true;
+}
+
+bool State::room_for_registrations(Op op, std::size_t n, Effects& out) const {
+  if (registrations_ + n <= totals_.max_waiters) return true;
+  out.close_reason = fmt::format(
+      "store full: {} would make {} waiting or watching registrations (one per client and key), over this "
+      "job's limit of {}",
+      to_string(op), registrations_ + n, totals_.max_waiters);
+  return false;
 }
 
 void State::wake_all(const std::string& key, Effects& out) {
@@ -182,17 +231,22 @@ void State::notify_watchers(const std::string& key, uint8_t type, std::string_vi
   for (ClientId id : it->second) out.pushes.emplace_back(id, msg);
 }
 
-void State::do_set(std::string key, std::string value, Effects& out) {
+bool State::do_set(Op op, std::string& key, std::string& value, Effects& out) {
+  auto [it, inserted] = kv_.try_emplace(std::move(key));
+  const std::size_t old_bytes = inserted ? 0 : it->first.size() + it->second.size();
+  if (!admit(op, it->first, inserted, old_bytes, it->first.size() + value.size(), out)) {
+    if (inserted) kv_.erase(it);
+    return false;
+  }
   if (watchers_.empty()) {
-    auto [it, inserted] = kv_.try_emplace(std::move(key));
     it->second = std::move(value);
     if (inserted) wake_all(it->first, out);
-    return;
+    return true;
   }
-  auto [it, inserted] = kv_.try_emplace(std::move(key));
   std::string old = std::exchange(it->second, std::move(value));
   notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
   if (inserted) wake_all(it->first, out);
+  return true;
 }
 
 void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& out) {
@@ -213,15 +267,30 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       return;
 
     case Op::set:
-      do_set(std::move(req.key), std::move(req.value), out);
+      do_set(Op::set, req.key, req.value, out);
       return;
 
     case Op::multi_set:
-      for (std::size_t i = 0; i < req.keys.size(); ++i) do_set(std::move(req.keys[i]), std::move(req.values[i]), out);
+      for (std::size_t i = 0; i < req.keys.size(); ++i) {
+        if (!do_set(Op::multi_set, req.keys[i], req.values[i], out)) return;
+      }
       return;
 
     case Op::append: {
       auto [it, inserted] = kv_.try_emplace(std::move(req.key));
+      if (it->second.size() + req.value.size() > limits_.max_value_bytes) {
+        out.close_reason = fmt::format("APPEND to key `{}` would make its value {} bytes, over the limit of {} per value",
+                                       shown(it->first), it->second.size() + req.value.size(),
+                                       limits_.max_value_bytes);
+        if (inserted) kv_.erase(it);
+        return;
+      }
+      const std::size_t old_bytes = inserted ? 0 : it->first.size() + it->second.size();
+      if (!admit(Op::append, it->first, inserted, old_bytes,
+                 (inserted ? it->first.size() : old_bytes) + req.value.size(), out)) {
+        if (inserted) kv_.erase(it);
+        return;
+      }
       std::string old = watchers_.empty() ? std::string() : it->second;
       it->second.append(req.value);
       notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
@@ -234,6 +303,10 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       if (it == kv_.end()) {
         if (req.value.empty()) {
           auto [ins, _] = kv_.emplace(std::move(req.key), req.value2);
+          if (!admit(Op::compare_set, ins->first, true, 0, ins->first.size() + ins->second.size(), out)) {
+            kv_.erase(ins);
+            return;
+          }
           notify_watchers(ins->first, kWatchKeyCreated, req.value, ins->second, out);
           out.reply = bytes_reply(ins->second);
           wake_all(ins->first, out);
@@ -243,6 +316,10 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         return;
       }
       if (it->second == req.value) {
+        if (!admit(Op::compare_set, it->first, false, it->first.size() + it->second.size(),
+                   it->first.size() + req.value2.size(), out)) {
+          return;
+        }
         it->second = std::move(req.value2);
         notify_watchers(it->first, kWatchKeyUpdated, req.value, it->second, out);
       }
@@ -274,8 +351,14 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         }
         sum = static_cast<int64_t>(static_cast<uint64_t>(*current) + static_cast<uint64_t>(req.number));
       }
+      std::string text = std::to_string(sum);
+      if (!admit(Op::add, it->first, inserted, inserted ? 0 : it->first.size() + it->second.size(),
+                 it->first.size() + text.size(), out)) {
+        if (inserted) kv_.erase(it);
+        return;
+      }
       std::string old = watchers_.empty() ? std::string() : std::move(it->second);
-      it->second = std::to_string(sum);
+      it->second = std::move(text);
       put_i64(out.reply, sum);
       notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
       if (inserted) wake_all(it->first, out);
@@ -295,6 +378,8 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         put_u8(out.reply, kStopWaiting);
         return;
       }
+      if (!room_for_registrations(Op::wait, missing, out)) return;
+      registrations_ += missing;
       me.wait.active = true;
       me.wait.barrier = false;
       me.wait.since = now;
@@ -325,6 +410,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         return;
       }
       notify_watchers(it->first, kWatchKeyDeleted, it->second, std::string_view(), out);
+      bytes_ -= it->first.size() + it->second.size();
       kv_.erase(it);
       if (deleted_.size() < kMaxDeletedRemembered) deleted_.insert(req.key);
       put_i64(out.reply, 1);
@@ -332,13 +418,32 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
     }
 
     case Op::watch_key:
+      if (!room_for_registrations(Op::watch_key, 1, out)) return;
+      ++registrations_;
       watchers_[req.key].push_back(from);
       me.watched.push_back(std::move(req.key));
       put_u8(out.reply, kWatchCallbackRegistered);
       return;
 
     case Op::queue_push: {
-      queues_[req.key].push_back(std::move(req.value));
+      if (queue_items_ >= totals_.max_queue_items) {
+        out.close_reason = fmt::format("store full: QUEUE_PUSH to `{}` would make {} queue items, over this job's limit of {}",
+                                       shown(req.key), queue_items_ + 1, totals_.max_queue_items);
+        return;
+      }
+      auto [q, created] = queues_.try_emplace(req.key);
+      const std::size_t add = req.value.size() + (created ? q->first.size() : 0);
+      if (bytes_ + add > totals_.max_bytes) {
+        out.close_reason = fmt::format(
+            "store full: QUEUE_PUSH to `{}` would make the store hold {} bytes of keys, values and queue items, "
+            "over this job's limit of {} (store.max_size in the job file)",
+            shown(req.key), bytes_ + add, totals_.max_bytes);
+        if (created) queues_.erase(q);
+        return;
+      }
+      bytes_ += add;
+      ++queue_items_;
+      q->second.push_back(std::move(req.value));
       wake_one(req.key, out);
       return;
     }
@@ -351,8 +456,13 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       }
       put_i64(out.reply, static_cast<int64_t>(it->second.size()));
       put_bytes(out.reply, it->second.front());
+      bytes_ -= it->second.front().size();
+      --queue_items_;
       it->second.pop_front();
-      if (it->second.empty()) queues_.erase(it);
+      if (it->second.empty()) {
+        bytes_ -= it->first.size();
+        queues_.erase(it);
+      }
       return;
     }
 
@@ -376,8 +486,17 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         }
         count = static_cast<int64_t>(static_cast<uint64_t>(*current) + 1);
       }
-      it->second = std::to_string(count);
-      if (count >= req.number) {
+      std::string text = std::to_string(count);
+      const bool parks = count < req.number;
+      if ((parks && !room_for_registrations(Op::barrier, 1, out)) ||
+          !admit(Op::barrier, it->first, inserted, inserted ? 0 : it->first.size() + it->second.size(),
+                 it->first.size() + text.size(), out)) {
+        if (inserted) kv_.erase(it);
+        return;
+      }
+      if (parks) ++registrations_;
+      it->second = std::move(text);
+      if (!parks) {
         wake_all(it->first, out);
         put_u8(out.reply, kStopWaiting);
         return;

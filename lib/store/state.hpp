@@ -29,6 +29,12 @@
 //    until that connection closes, pushes u8 type + key + old + new on every SET, ADD, APPEND,
 //    COMPARE_SET that changes the value, and DELETE_KEY of the key.
 //  - A wrong VALIDATE magic closes the client.
+//  - Totals (one store is one job's, whoever its clients are): the bytes of keys, values and
+//    queue items, the number of keys, of queue items and of wait/watch registrations are bounded
+//    by Totals. A request that would pass one (or an APPEND that would grow a value past
+//    Limits::max_value_bytes) changes nothing and closes its client with a close_reason that
+//    names the limit: PyTorch's protocol has no error reply, so the client sees its connection
+//    closed, and the server's log says which limit and which peer.
 //
 // Exception safety: apply() either completes or throws std::bad_alloc; each key's update is
 // all-or-nothing, so a throw leaves a consistent map (a MULTI_SET may be half applied). Nothing
@@ -51,6 +57,17 @@ namespace ddp::store {
 
 using ClientId = uint64_t;
 
+// What one job's store may hold in all, over all its connections. The defaults are far above
+// what initialisation stores (README, "The store": a few keys of at most a few hundred bytes
+// per rank and process group): they stop a runaway or hostile client, not a job.
+struct Totals {
+  std::size_t max_bytes = std::size_t{1} << 30;        // keys + values + queue items (store.max_size)
+  std::size_t max_keys = std::size_t{1} << 20;         // keys in the map (store.max_keys)
+  std::size_t max_queue_items = std::size_t{1} << 20;  // items in all queues
+  std::size_t max_waiters = std::size_t{1} << 20;      // (client, key) registrations: WAIT, BARRIER, WATCH_KEY
+  std::size_t max_connections = 65536;                 // open connections (the server's)
+};
+
 // What one event made the store do. The caller reuses one Effects, clear()ing it in between.
 struct Effects {
   std::string reply;                                     // for the client that sent the request
@@ -70,6 +87,8 @@ struct KeyWaiters {
 
 class State {
  public:
+  explicit State(Limits limits = {}, Totals totals = {}) : limits_(limits), totals_(totals) {}
+
   // Applies one request from `from`; fields of `req` may be moved from.
   void apply(ClientId from, Request& req, Clock::time_point now, Effects& out);
   // The client's connection closed: its waits and watches are dropped.
@@ -78,6 +97,9 @@ class State {
   void reset();
 
   std::size_t num_keys() const { return kv_.size(); }
+  std::size_t bytes() const { return bytes_; }            // keys + values + queue items, as counted
+  std::size_t queue_items() const { return queue_items_; }
+  std::size_t registrations() const { return registrations_; }
   const std::string* find(const std::string& key) const;
   std::size_t queue_length(const std::string& key) const;
   std::optional<uint32_t> client_pid(ClientId id) const;   // from its PING
@@ -105,7 +127,20 @@ class State {
   void wake_one(const std::string& key, Effects& out);
   void notify_watchers(const std::string& key, uint8_t type, std::string_view old_value,
                        std::string_view new_value, Effects& out);
-  void do_set(std::string key, std::string value, Effects& out);
+  // False (and out.close_reason set, nothing changed) when the totals refuse it.
+  bool do_set(Op op, std::string& key, std::string& value, Effects& out);
+  // Whether the map may go from `old_bytes` to `new_bytes` for entry `key` (a key just inserted
+  // when `inserted`); accounts it if so, else sets out.close_reason.
+  bool admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes,
+             Effects& out);
+  // Whether n more wait/watch registrations fit (the caller adds them); else sets out.close_reason.
+  bool room_for_registrations(Op op, std::size_t n, Effects& out) const;
+
+  Limits limits_;
+  Totals totals_;
+  std::size_t bytes_ = 0;
+  std::size_t queue_items_ = 0;
+  std::size_t registrations_ = 0;  // WAIT keys of active waits (all they were registered on) + watches
 
   std::unordered_map<std::string, std::string> kv_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;  // non-empty queues only

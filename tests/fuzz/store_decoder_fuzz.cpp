@@ -40,7 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   lim.max_batch_keys = 1024;
   lim.max_connection_bytes = 1 << 20;
   Decoder dec(lim);
-  State state;
+  // Small totals, so that the limits' paths are taken and their bounds checked.
+  const Totals totals{.max_bytes = 1 << 17, .max_keys = 64, .max_queue_items = 64, .max_waiters = 64};
+  State state(lim, totals);
   Effects fx;
   Request req;
   const auto now = Clock::time_point(std::chrono::seconds(1));
@@ -68,6 +70,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       const ClientId client = base + (turn++ * (1u + (seed >> 4))) % 3;
       fx.clear();
       state.apply(client, req, now, fx);
+      if (state.bytes() > totals.max_bytes || state.num_keys() > totals.max_keys ||
+          state.queue_items() > totals.max_queue_items || state.registrations() > totals.max_waiters) {
+        std::abort();
+      }
       if (!fx.close_reason.empty()) {
         state.disconnect(client);
         base += 3;

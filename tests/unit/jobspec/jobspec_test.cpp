@@ -43,7 +43,7 @@ env: {NCCL_DEBUG: WARN, SEED: 7}
 env_forward: [PATH, "NCCL_*"]
 restart: {max_restarts: 3, backoff: 2s}
 logs: {dir: ./logs, max_size: 10MiB}
-store: {port: 29600, threads: 4}
+store: {port: 29600, threads: 4, max_size: 64MiB, max_keys: 10000}
 stop: {grace: 5s}
 nccl: {unique_id: off}
 )", "train.yaml");
@@ -63,6 +63,8 @@ nccl: {unique_id: off}
   EXPECT_EQ(s.log_max_bytes, 10u << 20);
   EXPECT_EQ(s.store_port, 29600);
   EXPECT_EQ(s.store_threads, 4);
+  EXPECT_EQ(s.store_max_bytes, 64u << 20);
+  EXPECT_EQ(s.store_max_keys, 10000u);
   EXPECT_EQ(s.stop_grace, ddp::Millis(5s));
   EXPECT_EQ(s.nccl_unique_id, NcclUniqueId::off);
 }
@@ -74,6 +76,8 @@ TEST(JobSpec, DefaultsForAMinimalFile) {
   EXPECT_EQ(s.max_restarts, 0);
   EXPECT_EQ(s.store_port, 29500);
   EXPECT_EQ(s.store_threads, kAutoThreads);
+  EXPECT_EQ(s.store_max_bytes, 1u << 30);
+  EXPECT_EQ(s.store_max_keys, 1u << 20);
   EXPECT_EQ(parse_job_yaml("command: [x]\nstore: {threads: 0}\n", "t.yaml").store_threads, 0);
   EXPECT_EQ(s.stop_grace, ddp::Millis(30s));
   EXPECT_EQ(s.log_dir, "./logs");
@@ -115,6 +119,8 @@ TEST(JobSpec, WrongTypes) {
   expect_error("command: [x]\nstop: {grace: soon}\n", 2, 15, "expected a duration");
   expect_error("command: [x]\nstore: {port: 70000}\n", 2, 15, "from 0 to 65535");
   expect_error("command: [x]\nstore: {threads: many}\n", 2, 18, "store.threads (or auto): expected an integer from 0 to 64");
+  expect_error("command: [x]\nstore: {max_size: 1KiB}\n", 2, 19, "store.max_size: expected at least 1MiB");
+  expect_error("command: [x]\nstore: {max_keys: 10}\n", 2, 19, "store.max_keys");
   expect_error("command: [x]\nenv: [A, B]\n", 2, 6, "expected a mapping of NAME: value");
   expect_error("command: [x]\nenv: {A: [1]}\n", 2, 10, "expected a string value");
   expect_error("command: [x]\nenv: {1A: x}\n", 2, 7, "expected a variable name");

@@ -9,7 +9,7 @@ TEST(Wire, PayloadRoundTrips) {
   JobPayload p;
   p.spec = ddp::jobspec::parse_job_yaml(
       "name: t\nnnodes: 2\nnproc_per_node: 3\ncommand: [python3, a.py, --x]\nworkdir: /w\nenv: {A: '1', B: two}\n"
-      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555, threads: 3}\nstop: {grace: 4s}\n"
+      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555, threads: 3, max_size: 2MiB, max_keys: 5000}\nstop: {grace: 4s}\n"
       "binding: {gpu: isolate, numa: exclusive, nic: rank}\n",
       "t.yaml");
   p.forward_env = {{"PATH", "/usr/bin"}};
@@ -24,6 +24,8 @@ TEST(Wire, PayloadRoundTrips) {
   EXPECT_EQ(back.spec.restart_backoff, ddp::Millis(3000));
   EXPECT_EQ(back.spec.store_port, 29555);
   EXPECT_EQ(back.spec.store_threads, 3);
+  EXPECT_EQ(back.spec.store_max_bytes, 2u << 20);
+  EXPECT_EQ(back.spec.store_max_keys, 5000u);
   EXPECT_EQ(back.spec.stop_grace, ddp::Millis(4000));
   EXPECT_EQ(back.forward_env, p.forward_env);
   EXPECT_EQ(back.spec.binding.gpu, ddp::jobspec::GpuBinding::isolate);
@@ -38,6 +40,10 @@ TEST(Wire, StoreThreadsAutoTravelsAndAnOlderLauncherMeansTheAgentsLoop) {
   EXPECT_EQ(payload_from_json(j).spec.store_threads, ddp::jobspec::kAutoThreads);
   j.erase("store_threads");
   EXPECT_EQ(payload_from_json(j).spec.store_threads, 0);
+  j.erase("store_max_bytes");
+  j.erase("store_max_keys");
+  EXPECT_EQ(payload_from_json(j).spec.store_max_bytes, ddp::jobspec::JobSpec{}.store_max_bytes);
+  EXPECT_EQ(payload_from_json(j).spec.store_max_keys, ddp::jobspec::JobSpec{}.store_max_keys);
   j["store_threads"] = 1000;
   EXPECT_THROW(payload_from_json(j), WireError);
   j["store_threads"] = 4294967299ull;  // 3 if truncated to 32 bits

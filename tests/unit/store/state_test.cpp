@@ -1,9 +1,13 @@
 // Store semantics, pure: WAIT/CANCEL_WAIT ordering, ADD's decimal storage, COMPARE_SET's
-// quirks, queues waking one, BARRIER, WATCH_KEY pushes, DELETE_KEY, GETNUMKEYS, the wait report.
+// quirks, queues waking one, BARRIER, WATCH_KEY pushes, DELETE_KEY, GETNUMKEYS, the wait report,
+// the store's totals (bytes, keys, queue items, registrations) and APPEND's value limit.
 #include "store/report.hpp"
 #include "store/state.hpp"
 
 #include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
 
 using namespace ddp::store;
 using namespace std::chrono_literals;
@@ -23,6 +27,8 @@ std::string bytes(std::string_view v) {
 }
 
 struct Harness {
+  Harness() = default;
+  Harness(Limits limits, Totals totals) : st(limits, totals) {}
   State st;
   Effects fx;
   Clock::time_point now = Clock::time_point(1000s);
@@ -407,4 +413,192 @@ TEST(StoreReport, RankList) {
   EXPECT_EQ(format_rank_list({5, 1, 2, 3, 3, 9, 10}), "1-3,5,9,10");
   EXPECT_EQ(format_rank_list({}), "");
   EXPECT_EQ(format_rank_list({0}), "0");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Totals: one job's store is bounded whoever writes it; a refused request changes nothing.
+
+namespace {
+
+Request appended(std::string k, std::string v) {
+  Request r;
+  r.op = Op::append;
+  r.key = std::move(k);
+  r.value = std::move(v);
+  return r;
+}
+
+// The byte count from scratch: every key with its value, every queue's key and items.
+std::size_t recount(const State& st, const std::vector<std::string>& keys, const std::vector<std::string>& queues) {
+  std::size_t n = 0;
+  for (const auto& k : keys) {
+    if (const auto* v = st.find(k)) n += k.size() + v->size();
+  }
+  for (const auto& q : queues) {
+    if (st.queue_length(q) > 0) n += q.size();  // items are added by the caller
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST(StoreTotals, SetPastTheByteTotalIsRefusedAndChangesNothing) {
+  Harness h(Limits{}, Totals{.max_bytes = 100});
+  EXPECT_TRUE(h.set(1, "/a", std::string(48, 'x')).close_reason.empty());  // 50 bytes
+  EXPECT_TRUE(h.set(2, "/b", std::string(48, 'y')).close_reason.empty());  // 100: at the limit
+  EXPECT_EQ(h.st.bytes(), 100u);
+  const auto& why = h.set(3, "/c", "z").close_reason;
+  EXPECT_NE(why.find("store full"), std::string::npos) << why;
+  EXPECT_NE(why.find("store.max_size"), std::string::npos) << why;
+  EXPECT_NE(why.find("`/c`"), std::string::npos) << why;
+  EXPECT_EQ(h.st.find("/c"), nullptr);
+  EXPECT_EQ(h.st.num_keys(), 2u);
+  // Growing an existing value past it is refused too; the old value stays.
+  EXPECT_FALSE(h.set(3, "/a", std::string(49, 'x')).close_reason.empty());
+  EXPECT_EQ(*h.st.find("/a"), std::string(48, 'x'));
+  // Shrinking is always allowed, and frees room.
+  EXPECT_TRUE(h.set(1, "/a", "").close_reason.empty());
+  EXPECT_EQ(h.st.bytes(), 52u);
+  EXPECT_TRUE(h.set(3, "/c", "z").close_reason.empty());
+  // DELETE_KEY frees what the key held.
+  EXPECT_EQ(h.simple(1, Op::delete_key, "/b").reply, i64(1));
+  EXPECT_EQ(h.st.bytes(), recount(h.st, {"/a", "/b", "/c"}, {}));
+}
+
+TEST(StoreTotals, KeyCountIsBounded) {
+  Harness h(Limits{}, Totals{.max_keys = 3});
+  for (auto k : {"/1", "/2", "/3"}) EXPECT_TRUE(h.set(1, k, "v").close_reason.empty());
+  const auto& why = h.set(1, "/4", "v").close_reason;
+  EXPECT_NE(why.find("store.max_keys"), std::string::npos) << why;
+  EXPECT_EQ(h.st.num_keys(), 3u);
+  EXPECT_TRUE(h.set(1, "/3", "replaced").close_reason.empty());  // not a new key
+  EXPECT_FALSE(h.add(1, "/n", 1).close_reason.empty());
+  EXPECT_FALSE(h.cas(1, "/n", "", "v").close_reason.empty());
+  EXPECT_FALSE(h.barrier(1, "/n", 1).close_reason.empty());
+  EXPECT_FALSE(h.run(1, appended("/n", "v")).close_reason.empty());
+  EXPECT_EQ(h.st.find("/n"), nullptr);
+  EXPECT_EQ(h.st.num_keys(), 3u);
+}
+
+TEST(StoreTotals, AppendPastTheValueLimitIsRefused) {
+  Harness h(Limits{.max_value_bytes = 10}, Totals{});
+  EXPECT_TRUE(h.run(1, appended("/a", "12345")).close_reason.empty());
+  EXPECT_TRUE(h.run(1, appended("/a", "67890")).close_reason.empty());  // 10: at the limit
+  const auto& why = h.run(1, appended("/a", "x")).close_reason;
+  EXPECT_NE(why.find("APPEND"), std::string::npos) << why;
+  EXPECT_NE(why.find("per value"), std::string::npos) << why;
+  EXPECT_EQ(*h.st.find("/a"), "1234567890");
+}
+
+TEST(StoreTotals, AppendAddCompareSetCountAgainstTheByteTotal) {
+  Harness h(Limits{}, Totals{.max_bytes = 20});
+  EXPECT_TRUE(h.run(1, appended("/a", "12345678")).close_reason.empty());  // 10
+  EXPECT_FALSE(h.run(1, appended("/a", "123456789ab")).close_reason.empty());
+  EXPECT_EQ(*h.st.find("/a"), "12345678");
+  EXPECT_TRUE(h.cas(1, "/a", "12345678", "1").close_reason.empty());  // 3
+  EXPECT_FALSE(h.cas(1, "/a", "1", std::string(19, 'x')).close_reason.empty());
+  EXPECT_EQ(*h.st.find("/a"), "1");
+  EXPECT_TRUE(h.add(1, "/n", 1000000).close_reason.empty());  // "/n" + "1000000": 9, total 12
+  EXPECT_FALSE(h.add(1, "/n", 1000000000000000000).close_reason.empty());  // 19 digits: 24 in all
+  EXPECT_EQ(*h.st.find("/n"), "1000000");
+  EXPECT_EQ(h.st.bytes(), recount(h.st, {"/a", "/n"}, {}));
+}
+
+TEST(StoreTotals, MultiSetStopsAtTheTotal) {
+  Harness h(Limits{}, Totals{.max_keys = 2});
+  Request r;
+  r.op = Op::multi_set;
+  r.keys = {"/a", "/b", "/c"};
+  r.values = {"1", "2", "3"};
+  EXPECT_FALSE(h.run(1, r).close_reason.empty());
+  EXPECT_EQ(h.st.find("/c"), nullptr);
+  EXPECT_EQ(h.st.num_keys(), 2u);
+}
+
+TEST(StoreTotals, QueueItemsAndBytesAreBounded) {
+  Harness h(Limits{}, Totals{.max_bytes = 12, .max_queue_items = 2});
+  EXPECT_TRUE(h.push(1, "/q", "abcd").close_reason.empty());  // "/q" + 4 = 6
+  EXPECT_TRUE(h.push(1, "/q", "ef").close_reason.empty());    // 8
+  EXPECT_NE(h.push(1, "/q", "g").close_reason.find("queue items"), std::string::npos);
+  EXPECT_EQ(h.st.queue_length("/q"), 2u);
+  EXPECT_EQ(h.simple(1, Op::queue_pop, "/q").reply, i64(2) + bytes("abcd"));
+  EXPECT_EQ(h.st.bytes(), 4u);
+  EXPECT_NE(h.push(1, "/r", "123456789").close_reason.find("store.max_size"), std::string::npos);
+  EXPECT_EQ(h.st.queue_length("/r"), 0u);
+  EXPECT_EQ(h.simple(1, Op::queue_pop, "/q").reply, i64(1) + bytes("ef"));
+  EXPECT_EQ(h.st.bytes(), 0u);
+  EXPECT_EQ(h.st.queue_items(), 0u);
+}
+
+TEST(StoreTotals, WaitAndWatchRegistrationsAreBounded) {
+  Harness h(Limits{}, Totals{.max_waiters = 3});
+  EXPECT_TRUE(h.wait(1, {"/a", "/b"}).close_reason.empty());
+  EXPECT_EQ(h.st.registrations(), 2u);
+  const auto& why = h.wait(2, {"/c", "/d"}).close_reason;
+  EXPECT_NE(why.find("registrations"), std::string::npos) << why;
+  EXPECT_FALSE(h.st.is_waiting(2));
+  EXPECT_TRUE(h.simple(3, Op::watch_key, "/w").close_reason.empty());
+  EXPECT_FALSE(h.simple(4, Op::watch_key, "/w").close_reason.empty());
+  EXPECT_FALSE(h.barrier(5, "/bar", 2).close_reason.empty());
+  EXPECT_EQ(h.st.find("/bar"), nullptr);  // a refused BARRIER does not count its caller
+  // Released waits and closed watchers give their room back.
+  h.set(9, "/a", "1");
+  h.set(9, "/b", "1");
+  EXPECT_EQ(h.st.registrations(), 1u);
+  h.st.disconnect(3);
+  EXPECT_EQ(h.st.registrations(), 0u);
+  EXPECT_TRUE(h.barrier(5, "/bar", 2).close_reason.empty());
+  EXPECT_EQ(h.st.registrations(), 1u);
+  h.barrier(6, "/bar", 2);
+  EXPECT_EQ(h.st.registrations(), 0u);
+  h.wait(7, {"/x"});
+  h.simple(7, Op::cancel_wait);
+  EXPECT_EQ(h.st.registrations(), 0u);
+  h.wait(7, {"/x"});
+  h.st.reset();
+  EXPECT_EQ(h.st.registrations(), 0u);
+  EXPECT_EQ(h.st.bytes(), 0u);
+}
+
+TEST(StoreTotals, RandomOperationsKeepTheCountExact) {
+  // Whatever mix of writes, deletes and pops, the running byte count equals a recount, and
+  // never passes the total.
+  Harness h(Limits{.max_value_bytes = 64}, Totals{.max_bytes = 400, .max_keys = 12, .max_queue_items = 10});
+  std::vector<std::string> keys, queues{"/q0", "/q1"};
+  for (int i = 0; i < 16; ++i) keys.push_back("/k" + std::to_string(i));
+  uint64_t seed = 42;
+  auto rnd = [&](uint64_t n) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (seed >> 33) % n;
+  };
+  std::map<std::string, std::deque<std::string>> shadow;  // the queues, as the test saw them
+  for (int step = 0; step < 20000; ++step) {
+    const auto& k = keys[rnd(keys.size())];
+    const auto& q = queues[rnd(2)];
+    std::string v(rnd(40), 'v');
+    switch (rnd(7)) {
+      case 0: h.set(1, k, v); break;
+      case 1: h.run(1, appended(k, v)); break;
+      case 2: h.add(1, k, static_cast<int64_t>(rnd(1000000))); break;
+      case 3: h.cas(1, k, h.st.find(k) ? *h.st.find(k) : "", v); break;
+      case 4: h.simple(1, Op::delete_key, k); break;
+      case 5:
+        if (h.push(1, q, v).close_reason.empty()) shadow[q].push_back(v);
+        break;
+      case 6:
+        h.simple(1, Op::queue_pop, q);
+        if (!shadow[q].empty()) shadow[q].pop_front();
+        break;
+    }
+    std::size_t items = 0, item_bytes = 0;
+    for (const auto& [name, items_of] : shadow) {
+      ASSERT_EQ(h.st.queue_length(name), items_of.size());
+      items += items_of.size();
+      for (const auto& item : items_of) item_bytes += item.size();
+    }
+    ASSERT_EQ(items, h.st.queue_items());
+    ASSERT_LE(h.st.bytes(), 400u);
+    ASSERT_LE(h.st.num_keys(), 12u);
+    ASSERT_EQ(h.st.bytes(), recount(h.st, keys, queues) + item_bytes) << "step " << step;
+  }
 }
