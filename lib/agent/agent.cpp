@@ -17,6 +17,7 @@
 #include "launch/bind.hpp"
 #include "launch/nccl_holder.hpp"
 #include "launch/worker_group.hpp"
+#include "net/acceptor.hpp"
 #include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
@@ -290,12 +291,12 @@ class Agent {
     }
   }
 
+  // Out of descriptors: back off; unauthenticated connections capped (net/acceptor.hpp).
   void accept() {
-    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
-      if (ec == asio::error::operation_aborted || stopping_) return;
-      if (!ec) on_accept(std::move(s));
-      accept();
+    accept_loop_.emplace(acceptor_, "agent listener", log_, [this](tcp::socket s) {
+      if (!stopping_) on_accept(std::move(s));
     });
+    accept_loop_->start();
   }
 
   proto::Session server_session() const {
@@ -313,6 +314,9 @@ class Agent {
     boost::system::error_code ec;
     auto remote = s.remote_endpoint(ec);
     auto conn = Connection::make(std::move(s), server_session(), ec ? "?" : peer_label(remote), "agent", opts_.handshake_timeout);
+    conn->hold_until_established(accept_loop_->admit([w = std::weak_ptr<Connection>(conn)] {
+      if (auto c = w.lock()) c->close("too many unauthenticated connections: the oldest is closed", /*routine=*/true);
+    }));
     if (opts_.tls != net::TlsMode::off) {
       if (!tls_) tls_ = net::tls_server_context(opts_.keys);
       conn->use_tls({tls_, /*server=*/true, opts_.tls});
@@ -965,6 +969,7 @@ class Agent {
       log_->info("one-shot: exiting after the job");
       stopping_ = true;
       boost::system::error_code ignored;
+      if (accept_loop_) accept_loop_->stop();
       acceptor_.close(ignored);
       finish_shutdown();
     }
@@ -1063,6 +1068,7 @@ class Agent {
         notify_.stopping(fmt::format("{}: stopping{}", supervisor::signal_name(sig),
                                      job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
         boost::system::error_code ignored;
+        if (accept_loop_) accept_loop_->stop();
         acceptor_.close(ignored);
         if (job_ && job_->running()) {
           // Said first, so that the launcher reports this node's leaving, not its workers'
@@ -1108,6 +1114,7 @@ class Agent {
   asio::steady_timer heartbeat_timer_, watchdog_timer_;
   sdnotify::Notifier notify_;
   std::shared_ptr<spdlog::logger> log_;
+  std::optional<net::Acceptor<tcp>> accept_loop_;  // after log_ and acceptor_, which it uses
   facts::NodeFacts facts_;  // narrowed to the GPUs this agent manages
   std::vector<int> cpus_;    // the CPUs it manages: its affinity, narrowed by --cpus
   std::map<Connection*, Peer> peers_;
