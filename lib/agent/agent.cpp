@@ -667,6 +667,11 @@ class Agent {
     const auto host = own_address();
     const auto port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
     try {
+      // The root agent binds it for the job: not a port the job's user could not bind itself.
+      if (job.run_as) {
+        auto why = agentconfig::store_port_refusal(port, *job.run_as, agentconfig::unprivileged_port_start());
+        if (!why.empty()) throw store::StoreError(why);
+      }
       // store.port 0: the port picked for the first round stays the job's.
       if (store_ && (store_host_ != host || store_port_ != port)) store_.reset();
       if (!store_) {
