@@ -539,7 +539,8 @@ class Agent {
     job->node = b["node"].get<std::string>();
     job->user = b["user"].get<std::string>();
     job->inherited = own_environment();
-    for (const auto& [k, v] : payload.forward_env) job->inherited[k] = v;
+    // Only what the job's env_forward selects, whatever the launcher sent.
+    for (const auto& [k, v] : contract::filter_forwarded(payload.forward_env, payload.spec.env_forward)) job->inherited[k] = v;
     job->offer_t0_us = b["t0_us"];
     job->offer_rx_us = rx_us;
 
