@@ -196,6 +196,14 @@ class Agent {
     std::error_code ec;
     fs::create_directories(opts_.log_dir, ec);
     if (ec) throw AgentError(fmt::format("cannot create the log directory {}: {}", opts_.log_dir, ec.message()));
+    if (!opts_.key_users.empty()) {  // mapped users' container env files (confinement())
+      const auto dir = confined_env_dir();
+      ::mkdir(dir.c_str(), 0700);
+      struct stat st {};
+      if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077)) {
+        throw AgentError(fmt::format("{} must be a folder of this agent's user with mode 0700: remove it", dir));
+      }
+    }
     if (!opts_.stdio) listen();
     // Shepherds run this same binary; after an upgrade on disk /proc/self/exe still names ours.
     fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -526,11 +534,13 @@ class Agent {
       return;
     }
     // A policy refusal like the two above (auth: the coordinator gives up instead of redialling).
+    // A mapped user's container runs confined (container.hpp's Confinement), or not at all.
     if (decision.user && decision.user->uid != ::geteuid() && payload.spec.container) {
-      c->refuse(proto::ErrorCode::auth,
-                fmt::format("{}: container jobs cannot run as a mapped user (key_users) yet", opts_.name),
-                "run the job without 'container:', or on an agent without key_users");
-      return;
+      if (auto why = container::confinement_problem(*payload.spec.container)) {
+        c->refuse(proto::ErrorCode::auth, fmt::format("{}: {}", opts_.name, *why),
+                  "a mapped user's container may not do what the user could not do without it");
+        return;
+      }
     }
     auto job = std::make_unique<Job>();
     if (decision.user) job->run_as = *decision.user;
@@ -582,6 +592,12 @@ class Agent {
         problems.push_back(fmt::format("user {} may not run {} on {}", job->run_as->name, *exe, opts_.name));
       }
     }
+    if (container && job->run_as && job->run_as->uid != ::geteuid()) {
+      for (auto& p : confine_mounts(*payload.spec.container, *job->run_as, workdir)) {
+        preflight["mounts"] = false;
+        problems.push_back(fmt::format("{} on {}", p, opts_.name));
+      }
+    }
     job->payload = std::move(payload);
     // The label names the authenticated user already; the job's is said only when it differs (a
     // standing coordinator submitting for someone).
@@ -596,7 +612,8 @@ class Agent {
     // digest for the coordinator to compare across nodes, and checks command[0] and the workdir
     // in there. The join waits for it; heartbeats and other coordinators do not.
     const auto request =
-        preflight_request("job", job_id, job_->payload, contract::scrub(job_->inherited), workdir);
+        preflight_request("job", job_id, job_->payload,
+                          contract::scrub(job_->run_as ? own_environment() : job_->inherited), workdir, confinement());
     Job* pending = job_.get();
     try {
       job_->preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) mutable {
@@ -782,6 +799,42 @@ class Agent {
   }
 
   // The job's user for processes of its attempts (nullopt: ours).
+  // A mapped user's container job: how it is confined (container.hpp); nullopt for the others.
+  // Its env files go to a folder of root's under the log folder (made at the start).
+  std::optional<container::Confinement> confinement() const {
+    const auto& job = *job_;
+    if (!job.payload.spec.container || !job.run_as || job.run_as->uid == ::geteuid()) return std::nullopt;
+    container::Confinement c{job.run_as->uid, job.run_as->gid, {}, confined_env_dir()};
+    for (auto g : job.run_as->groups) c.groups.push_back(g);
+    return c;
+  }
+  std::string confined_env_dir() const { return opts_.log_dir + "/.container-env"; }
+
+  // A mapped user's container mounts: each source made absolute (against the workdir) and
+  // canonical, and readable by the user (as the user: every folder on the way counts), since
+  // root's runtime mounts it. What is wrong, for the preflight; the sources are rewritten to
+  // the canonical paths checked, which the runtime then gets.
+  static std::vector<std::string> confine_mounts(jobspec::ContainerSpec& cs, const agentconfig::LocalUser& user,
+                                                 const std::string& workdir) {
+    std::vector<std::string> problems;
+    cs = container::with_absolute_mounts(std::move(cs), workdir);
+    for (auto& m : cs.mounts) {
+      std::error_code ec;
+      const auto real = fs::canonical(m.source, ec);
+      if (ec) {
+        problems.push_back(fmt::format("container mount source {} cannot be used: {}", m.source, ec.message()));
+        continue;
+      }
+      const int mode = fs::is_directory(real, ec) ? (R_OK | X_OK) : R_OK;
+      if (!supervisor::accessible_as(run_as_of(user), real.string(), mode)) {
+        problems.push_back(fmt::format("user {} cannot read container mount source {}", user.name, m.source));
+        continue;
+      }
+      m.source = real.string();
+    }
+    return problems;
+  }
+
   std::optional<supervisor::RunAs> job_user() const {
     const auto& job = *job_;
     if (!job.run_as || job.run_as->uid == ::geteuid()) return std::nullopt;
@@ -809,8 +862,11 @@ class Agent {
     bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
     // The shepherd owns the containers (env files, teardown, watchdog); their owner label names
     // this agent, whose death the next job's sweep on this node recognises.
-    container::wrap_plan(plan, spec, job.inherited, container::read_host_layout(), node.restart_count,
-                         container::own_owner(), spec.workdir.value_or("/"));
+    // A mapped user's runtime client runs as root: with root's environment (its PATH finds the
+    // runtime), not the user's forwarded one.
+    const auto confine = confinement();
+    container::wrap_plan(plan, spec, confine ? own_environment() : job.inherited, container::read_host_layout(),
+                         node.restart_count, container::own_owner(), spec.workdir.value_or("/"), confine);
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
     if (job.run_as && job.run_as->uid != ::geteuid()) go.run_as = run_as_of(*job.run_as);
