@@ -104,12 +104,14 @@ class NofileLimit {
   bool ok_ = false;
 };
 
-int highest_open_fd() {
-  int high = 2;
-  for (int fd = 3; fd < 4096; ++fd) {
-    if (::fcntl(fd, F_GETFD) != -1) high = fd;
+// The descriptor limit that leaves exactly `room` descriptors free for new files: the kernel
+// hands out the lowest free number, below the soft limit (holes count, numbers above do not).
+rlim_t limit_with_room(int room) {
+  int free_seen = 0;
+  for (int fd = 0; fd < 65536; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1 && ++free_seen > room) return static_cast<rlim_t>(fd);
   }
-  return high;
+  return 65536;
 }
 
 struct Listener {
@@ -133,7 +135,7 @@ TEST(Acceptor, BacksOffWhileOutOfDescriptorsThenAcceptsTheBacklog) {
   Acceptor<tcp> loop(l.acceptor, "test listener", log::get("net"), [&](tcp::socket s) { kept.push_back(std::move(s)); },
                      {.max_pending = 128, .backoff_first = milliseconds(20), .backoff_max = milliseconds(100)});
   {
-    NofileLimit limit(static_cast<rlim_t>(highest_open_fd() + 3));  // room for 2 accepted sockets
+    NofileLimit limit(limit_with_room(2));  // room for 2 accepted sockets
     ASSERT_TRUE(limit.ok());
     loop.start();
     l.io.run_for(milliseconds(500));
@@ -167,7 +169,7 @@ TEST(Acceptor, OutOfDescriptorsEvictsTheOldestUnauthenticated) {
       sock->close(ignored);
     }));
   });
-  NofileLimit limit(static_cast<rlim_t>(highest_open_fd() + 3));
+  NofileLimit limit(limit_with_room(2));
   ASSERT_TRUE(limit.ok());
   loop->start();
   for (int i = 0; i < 100 && pending.size() < 6; ++i) l.io.run_one_for(milliseconds(200));
