@@ -15,7 +15,9 @@ PendingSet::Admitted PendingSet::admit() {
   return a;
 }
 
-bool PendingSet::release(Id id) { return held_.erase(id) == 1; }
+bool PendingSet::release(Id id) {
+  return held_.erase(id) == 1;
+}
 
 std::optional<PendingSet::Id> PendingSet::pop_oldest() {
   if (held_.empty()) return std::nullopt;
@@ -108,9 +110,10 @@ std::shared_ptr<void> AcceptGate::admit(std::function<void()> evict) {
     }
     if (!warned_cap_) {
       warned_cap_ = true;
-      log_->warn("{}: {} connections have not authenticated yet, the most kept at once: closing the oldest to "
-                 "make room for each new one (said once, until they are gone)",
-                 what_, set_.cap());
+      log_->warn(
+          "{}: {} connections have not authenticated yet, the most kept at once: closing the oldest to "
+          "make room for each new one (said once, until they are gone)",
+          what_, set_.cap());
     }
   }
   evict_.emplace(a.id, std::move(evict));
@@ -138,9 +141,10 @@ bool AcceptGate::evict_oldest(const char* why) {
   }
   if (!backoff_.in_episode() && !warned_cap_) {
     warned_cap_ = true;
-    log_->warn("{}: {}: closing the oldest of {} unauthenticated connections to make room (said once, until they "
-               "are gone)",
-               what_, why, set_.size() + 1);
+    log_->warn(
+        "{}: {}: closing the oldest of {} unauthenticated connections to make room (said once, until they "
+        "are gone)",
+        what_, why, set_.size() + 1);
   }
   if (victim) victim();
   return true;
@@ -154,10 +158,11 @@ std::optional<Millis> AcceptGate::on_error(const boost::system::error_code& ec) 
   ++failures_;
   const auto step = backoff_.failed();
   if (step.starts_episode) {
-    log_->warn("{}: accept failed: {} ({} unauthenticated connections held); trying again every {} ms up to {} ms "
-               "until it works (said once, until it recovers){}",
-               what_, ec.message(), set_.size(), step.delay.count(), backoff_max_.count(),
-               out_of_descriptors(ec) ? ": raise the descriptor limit (LimitNOFILE= in the unit, ulimit -n)" : "");
+    log_->warn(
+        "{}: accept failed: {} ({} unauthenticated connections held); trying again every {} ms up to {} ms "
+        "until it works (said once, until it recovers){}",
+        what_, ec.message(), set_.size(), step.delay.count(), backoff_max_.count(),
+        out_of_descriptors(ec) ? ": raise the descriptor limit (LimitNOFILE= in the unit, ulimit -n)" : "");
   }
   return step.delay;
 }

@@ -22,10 +22,10 @@
 
 #include "common/duration.hpp"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/basic_socket_acceptor.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <spdlog/spdlog.h>
 
 #include <cstdint>
 #include <functional>
@@ -143,8 +143,8 @@ template <class Protocol>
 class Acceptor {
  public:
   using Socket = typename Protocol::socket;
-  Acceptor(boost::asio::basic_socket_acceptor<Protocol>& acceptor, std::string what, std::shared_ptr<spdlog::logger> log,
-           std::function<void(Socket)> on_socket, AcceptorLimits limits = {})
+  Acceptor(boost::asio::basic_socket_acceptor<Protocol>& acceptor, std::string what,
+           std::shared_ptr<spdlog::logger> log, std::function<void(Socket)> on_socket, AcceptorLimits limits = {})
       : acceptor_(acceptor),
         retry_(acceptor.get_executor()),
         gate_(std::make_shared<AcceptGate>(std::move(what), std::move(log), limits)),

@@ -5,8 +5,8 @@
 
 #include "common/log.hpp"
 
-#include <boost/asio.hpp>
 #include <gtest/gtest.h>
+#include <boost/asio.hpp>
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -22,7 +22,9 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using std::chrono::milliseconds;
 
-boost::system::error_code sys(int e) { return {e, boost::system::system_category()}; }
+boost::system::error_code sys(int e) {
+  return {e, boost::system::system_category()};
+}
 
 TEST(PendingSet, KeepsAtMostCapAndEvictsTheOldest) {
   PendingSet s(3);
@@ -61,8 +63,10 @@ TEST(PendingCap, AQuarterOfTheDescriptorsAtMost) {
 }
 
 TEST(AcceptError, ResourcesWaitOtherFailuresGoOn) {
-  for (int e : {EMFILE, ENFILE, ENOBUFS, ENOMEM, EBADF}) EXPECT_EQ(classify_accept_error(sys(e)), AcceptError::resources) << e;
-  for (int e : {ECONNABORTED, EPROTO, EPERM, EINTR}) EXPECT_EQ(classify_accept_error(sys(e)), AcceptError::per_connection) << e;
+  for (int e : {EMFILE, ENFILE, ENOBUFS, ENOMEM, EBADF})
+    EXPECT_EQ(classify_accept_error(sys(e)), AcceptError::resources) << e;
+  for (int e : {ECONNABORTED, EPROTO, EPERM, EINTR})
+    EXPECT_EQ(classify_accept_error(sys(e)), AcceptError::per_connection) << e;
   EXPECT_EQ(classify_accept_error(asio::error::operation_aborted), AcceptError::aborted);
   EXPECT_TRUE(out_of_descriptors(sys(EMFILE)));
   EXPECT_TRUE(out_of_descriptors(sys(ENFILE)));
