@@ -45,6 +45,18 @@ std::optional<std::string> confinement_problem(const jobspec::ContainerSpec& spe
                        "root's flags to the runtime",
                        join(spec.extra_args, " "));
   }
+  // `--volume SRC:DST[:OPTS]`: a ':' or ',' of the job's would add options of its own (podman's
+  // `:U` chowns the source to the container's user, as root).
+  for (const auto& m : spec.mounts) {
+    for (const auto* p : {&m.source, &m.target}) {
+      if (p->find_first_of(":,") != std::string::npos ||
+          std::any_of(p->begin(), p->end(), [](unsigned char c) { return c < ' ' || c == 0x7f; })) {
+        return fmt::format("container mount path '{}' holds ':', ',' or a control character, which a mapped user's "
+                           "container may not use (they would be options to the runtime's --volume)",
+                           *p);
+      }
+    }
+  }
   return std::nullopt;
 }
 

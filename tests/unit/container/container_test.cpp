@@ -404,6 +404,13 @@ TEST(Confinement, RootsFlagsAndRootRunningRuntimesAreRefused) {
     ASSERT_TRUE(container::confinement_problem(spec)) << rt;
     EXPECT_THROW(container::command_check_argv(spec, "python3", "", "n", "1-2", kAlice), std::invalid_argument) << rt;
   }
+  // A mount path may not smuggle --volume options (podman's :U would chown the source, as root).
+  auto smuggled = *job(kPlainPodman).container;
+  smuggled.mounts.at(0).target = "/work:U";  // past the job file's parser: it came over the wire
+  ASSERT_TRUE(container::confinement_problem(smuggled));
+  EXPECT_THAT(*container::confinement_problem(smuggled), HasSubstr("'/work:U'"));
+  smuggled.mounts.at(0) = {"/home/alice/a,b", "/work", false};
+  EXPECT_TRUE(container::confinement_problem(smuggled));
   // A spec that is refused never becomes a command line, however it got here.
   auto spec = job("  runtime: podman\n  image: img:1\n  extra_args: [--volume, '/:/host']\n");
   EXPECT_THROW(confined_plan(spec), std::invalid_argument);
