@@ -18,6 +18,7 @@
 #include "launch/bind.hpp"
 #include "launch/nccl_holder.hpp"
 #include "launch/worker_group.hpp"
+#include "net/acceptor.hpp"
 #include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
@@ -209,6 +210,14 @@ class Agent {
     std::error_code ec;
     fs::create_directories(opts_.log_dir, ec);
     if (ec) throw AgentError(fmt::format("cannot create the log directory {}: {}", opts_.log_dir, ec.message()));
+    if (!opts_.key_users.empty()) {  // mapped users' container env files (confinement())
+      const auto dir = confined_env_dir();
+      ::mkdir(dir.c_str(), 0700);
+      struct stat st {};
+      if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077)) {
+        throw AgentError(fmt::format("{} must be a folder of this agent's user with mode 0700: remove it", dir));
+      }
+    }
     if (!opts_.stdio) listen();
     // Shepherds run this same binary; after an upgrade on disk /proc/self/exe still names ours.
     fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -308,12 +317,12 @@ class Agent {
     }
   }
 
+  // Out of descriptors: back off; unauthenticated connections capped (net/acceptor.hpp).
   void accept() {
-    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
-      if (ec == asio::error::operation_aborted || stopping_) return;
-      if (!ec) on_accept(std::move(s));
-      accept();
+    accept_loop_.emplace(acceptor_, "agent listener", log_, [this](tcp::socket s) {
+      if (!stopping_) on_accept(std::move(s));
     });
+    accept_loop_->start();
   }
 
   proto::Session server_session() const {
@@ -331,6 +340,9 @@ class Agent {
     boost::system::error_code ec;
     auto remote = s.remote_endpoint(ec);
     auto conn = Connection::make(std::move(s), server_session(), ec ? "?" : peer_label(remote), "agent", opts_.handshake_timeout);
+    conn->hold_until_established(accept_loop_->admit([w = std::weak_ptr<Connection>(conn)] {
+      if (auto c = w.lock()) c->close("too many unauthenticated connections: the oldest is closed", /*routine=*/true);
+    }));
     if (opts_.tls != net::TlsMode::off) {
       if (!tls_) tls_ = net::tls_server_context(opts_.keys);
       conn->use_tls({tls_, /*server=*/true, opts_.tls});
@@ -540,11 +552,13 @@ class Agent {
       return;
     }
     // A policy refusal like the two above (auth: the coordinator gives up instead of redialling).
+    // A mapped user's container runs confined (container.hpp's Confinement), or not at all.
     if (decision.user && decision.user->uid != ::geteuid() && payload.spec.container) {
-      c->refuse(proto::ErrorCode::auth,
-                fmt::format("{}: container jobs cannot run as a mapped user (key_users) yet", opts_.name),
-                "run the job without 'container:', or on an agent without key_users");
-      return;
+      if (auto why = container::confinement_problem(*payload.spec.container)) {
+        c->refuse(proto::ErrorCode::auth, fmt::format("{}: {}", opts_.name, *why),
+                  "a mapped user's container may not do what the user could not do without it");
+        return;
+      }
     }
     auto job = std::make_unique<Job>();
     if (decision.user) job->run_as = *decision.user;
@@ -553,7 +567,8 @@ class Agent {
     job->node = b["node"].get<std::string>();
     job->user = b["user"].get<std::string>();
     job->inherited = own_environment();
-    for (const auto& [k, v] : payload.forward_env) job->inherited[k] = v;
+    // Only what the job's env_forward selects, whatever the launcher sent.
+    for (const auto& [k, v] : contract::filter_forwarded(payload.forward_env, payload.spec.env_forward)) job->inherited[k] = v;
     job->offer_t0_us = b["t0_us"];
     job->offer_rx_us = rx_us;
 
@@ -595,6 +610,12 @@ class Agent {
         problems.push_back(fmt::format("user {} may not run {} on {}", job->run_as->name, *exe, opts_.name));
       }
     }
+    if (container && job->run_as && job->run_as->uid != ::geteuid()) {
+      for (auto& p : confine_mounts(*payload.spec.container, *job->run_as, workdir)) {
+        preflight["mounts"] = false;
+        problems.push_back(fmt::format("{} on {}", p, opts_.name));
+      }
+    }
     job->payload = std::move(payload);
     // The label names the authenticated user already; the job's is said only when it differs (a
     // standing coordinator submitting for someone).
@@ -609,7 +630,8 @@ class Agent {
     // digest for the coordinator to compare across nodes, and checks command[0] and the workdir
     // in there. The join waits for it; heartbeats and other coordinators do not.
     const auto request =
-        preflight_request("job", job_id, job_->payload, contract::scrub(job_->inherited), workdir);
+        preflight_request("job", job_id, job_->payload,
+                          contract::scrub(job_->run_as ? own_environment() : job_->inherited), workdir, confinement());
     Job* pending = job_.get();
     try {
       job_->preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) mutable {
@@ -681,6 +703,11 @@ class Agent {
     const auto host = own_address();
     const auto port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
     try {
+      // The root agent binds it for the job: not a port the job's user could not bind itself.
+      if (job.run_as) {
+        auto why = agentconfig::store_port_refusal(port, *job.run_as, agentconfig::unprivileged_port_start());
+        if (!why.empty()) throw store::StoreError(why);
+      }
       // store.port 0: the port picked for the first round stays the job's.
       if (store_ && (store_host_ != host || store_port_ != port)) store_.reset();
       if (!store_) {
@@ -859,6 +886,42 @@ class Agent {
   }
 
   // The job's user for processes of its attempts (nullopt: ours).
+  // A mapped user's container job: how it is confined (container.hpp); nullopt for the others.
+  // Its env files go to a folder of root's under the log folder (made at the start).
+  std::optional<container::Confinement> confinement() const {
+    const auto& job = *job_;
+    if (!job.payload.spec.container || !job.run_as || job.run_as->uid == ::geteuid()) return std::nullopt;
+    container::Confinement c{job.run_as->uid, job.run_as->gid, {}, confined_env_dir()};
+    for (auto g : job.run_as->groups) c.groups.push_back(g);
+    return c;
+  }
+  std::string confined_env_dir() const { return opts_.log_dir + "/.container-env"; }
+
+  // A mapped user's container mounts: each source made absolute (against the workdir) and
+  // canonical, and readable by the user (as the user: every folder on the way counts), since
+  // root's runtime mounts it. What is wrong, for the preflight; the sources are rewritten to
+  // the canonical paths checked, which the runtime then gets.
+  static std::vector<std::string> confine_mounts(jobspec::ContainerSpec& cs, const agentconfig::LocalUser& user,
+                                                 const std::string& workdir) {
+    std::vector<std::string> problems;
+    cs = container::with_absolute_mounts(std::move(cs), workdir);
+    for (auto& m : cs.mounts) {
+      std::error_code ec;
+      const auto real = fs::canonical(m.source, ec);
+      if (ec) {
+        problems.push_back(fmt::format("container mount source {} cannot be used: {}", m.source, ec.message()));
+        continue;
+      }
+      const int mode = fs::is_directory(real, ec) ? (R_OK | X_OK) : R_OK;
+      if (!supervisor::accessible_as(run_as_of(user), real.string(), mode)) {
+        problems.push_back(fmt::format("user {} cannot read container mount source {}", user.name, m.source));
+        continue;
+      }
+      m.source = real.string();
+    }
+    return problems;
+  }
+
   std::optional<supervisor::RunAs> job_user() const {
     const auto& job = *job_;
     if (!job.run_as || job.run_as->uid == ::geteuid()) return std::nullopt;
@@ -891,8 +954,11 @@ class Agent {
     bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
     // The shepherd owns the containers (env files, teardown, watchdog); their owner label names
     // this agent, whose death the next job's sweep on this node recognises.
-    container::wrap_plan(plan, spec, job.inherited, container::read_host_layout(), node.restart_count,
-                         container::own_owner(), spec.workdir.value_or("/"));
+    // A mapped user's runtime client runs as root: with root's environment (its PATH finds the
+    // runtime), not the user's forwarded one.
+    const auto confine = confinement();
+    container::wrap_plan(plan, spec, confine ? own_environment() : job.inherited, container::read_host_layout(),
+                         node.restart_count, container::own_owner(), spec.workdir.value_or("/"), confine);
 
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
     if (job.run_as && job.run_as->uid != ::geteuid()) go.run_as = run_as_of(*job.run_as);
@@ -1058,6 +1124,7 @@ class Agent {
       log_->info("one-shot: exiting after the job");
       stopping_ = true;
       boost::system::error_code ignored;
+      if (accept_loop_) accept_loop_->stop();
       acceptor_.close(ignored);
       finish_shutdown();
     }
@@ -1156,6 +1223,7 @@ class Agent {
         notify_.stopping(fmt::format("{}: stopping{}", supervisor::signal_name(sig),
                                      job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
         boost::system::error_code ignored;
+        if (accept_loop_) accept_loop_->stop();
         acceptor_.close(ignored);
         if (job_ && job_->running()) {
           // Said first, so that the launcher reports this node's leaving, not its workers'
@@ -1201,6 +1269,7 @@ class Agent {
   asio::steady_timer heartbeat_timer_, watchdog_timer_;
   sdnotify::Notifier notify_;
   std::shared_ptr<spdlog::logger> log_;
+  std::optional<net::Acceptor<tcp>> accept_loop_;  // after log_ and acceptor_, which it uses
   facts::NodeFacts facts_;  // narrowed to the GPUs this agent manages
   std::vector<int> cpus_;    // the CPUs it manages: its affinity, narrowed by --cpus
   std::map<Connection*, Peer> peers_;

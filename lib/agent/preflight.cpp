@@ -23,8 +23,16 @@ namespace asio = boost::asio;
 using nlohmann::json;
 
 json preflight_request(const std::string& mode, const std::string& job_id, const net::JobPayload& payload,
-                       const contract::Env& client_env, const std::string& cwd) {
-  return {{"mode", mode}, {"job_id", job_id}, {"spec", net::to_json(payload)}, {"env", client_env}, {"cwd", cwd}};
+                       const contract::Env& client_env, const std::string& cwd,
+                       const std::optional<container::Confinement>& confine) {
+  // The helper runs as root: nothing that changes what it (or the runtime it runs) loads.
+  json r{{"mode", mode},
+         {"job_id", job_id},
+         {"spec", net::to_json(payload)},
+         {"env", contract::without_loader_variables(client_env)},
+         {"cwd", cwd}};
+  if (confine) r["confine"] = {{"uid", confine->uid}, {"gid", confine->gid}, {"groups", confine->groups}};
+  return r;
 }
 
 int run_preflight_helper(std::istream& in, std::ostream& out) {
@@ -38,6 +46,13 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
     const auto& spec = payload.spec;
     if (!spec.container) throw std::invalid_argument("the job has no container");
     const auto& cs = *spec.container;
+    std::optional<container::Confinement> confine;
+    if (req.contains("confine")) {
+      const auto& c = req.at("confine");
+      confine = container::Confinement{c.at("uid").get<unsigned>(), c.at("gid").get<unsigned>(),
+                                       c.at("groups").get<std::vector<unsigned>>(), ""};
+      if (auto why = container::confinement_problem(cs)) throw container::ContainerError(*why);
+    }
     auto id = container::prepare_image(cs, env, cwd, job);
     answer["digest"] = id.digest;
     answer["repo_digest"] = id.repo_digest;
@@ -47,7 +62,8 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
       if (auto w = container::check_command_in_image(container::with_absolute_mounts(cs, cwd), argv0,
                                                      container::worker_path(spec), env,
                                                      container::check_container_name(req.at("job_id").get<std::string>(),
-                                                                                     ::getpid()))) {
+                                                                                     ::getpid()),
+                                                     confine)) {
         answer["warning"] = *w;
       }
     }
@@ -118,7 +134,7 @@ std::shared_ptr<PreflightRun> PreflightRun::start(asio::io_context& io, const st
   s->done = std::move(done);
   supervisor::SpawnSpec spec;
   spec.argv = {exe, "preflight"};
-  spec.env = request.at("env").get<contract::Env>();
+  spec.env = contract::without_loader_variables(request.at("env").get<contract::Env>());
   spec.workdir.assign(1, '/');
   spec.stdin_pipe = true;
   auto sp = supervisor::spawn(spec);  // own process group, dies with us

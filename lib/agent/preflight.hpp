@@ -13,6 +13,7 @@
 // the image is only looked up.
 #pragma once
 
+#include "container/container.hpp"
 #include "contract/contract.hpp"
 #include "net/wire.hpp"
 
@@ -30,8 +31,11 @@ namespace ddp::agent {
 // The helper's main: request from `in`, answer to `out`. Returns its exit status.
 int run_preflight_helper(std::istream& in, std::ostream& out);
 
+// `confine`: a mapped user's job (container.hpp's Confinement): the check in the image runs as
+// that user too.
 nlohmann::json preflight_request(const std::string& mode, const std::string& job_id, const net::JobPayload& payload,
-                                 const contract::Env& client_env, const std::string& cwd);
+                                 const contract::Env& client_env, const std::string& cwd,
+                                 const std::optional<container::Confinement>& confine = std::nullopt);
 
 // One helper run, driven from the agent's loop. `done` gets the answer (or {error} when the
 // helper failed) on the loop's thread, unless cancel() came first. cancel() (also on

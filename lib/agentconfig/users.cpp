@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 namespace ddp::agentconfig {
 
@@ -96,6 +97,20 @@ KeyUserMap resolve_key_users(const AgentConfig& cfg, const std::vector<std::stri
   }
   if (!diags.empty()) throw ConfigError(std::move(diags));
   return out;
+}
+
+std::string store_port_refusal(unsigned port, const LocalUser& user, unsigned unprivileged_start) {
+  if (port == 0 || user.uid == 0 || port >= unprivileged_start) return {};
+  return fmt::format("store port {} is a privileged port (below {}), which user {} could not bind: pick a port of "
+                     "{} or more, or 0 for any free one (store.port in the job file)",
+                     port, unprivileged_start, user.name, unprivileged_start);
+}
+
+unsigned unprivileged_port_start() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_unprivileged_port_start");
+  unsigned v = 0;
+  if (f >> v && v <= 65536) return v;
+  return 1024;
 }
 
 }  // namespace ddp::agentconfig

@@ -56,4 +56,12 @@ std::optional<LocalUser> lookup_system_user(const std::string& name);
 KeyUserMap resolve_key_users(const AgentConfig& cfg, const std::vector<std::string>& key_ids, uid_t agent_uid,
                              const UserLookup& lookup = lookup_system_user);
 
+// The store port a job asks for (the assign's master_port; the root agent binds it), when the job
+// runs as a user other than root: a port that user could bind itself, at or above
+// `unprivileged_start` (the kernel's net.ipv4.ip_unprivileged_port_start, 1024 unless the admin
+// changed it), or 0 (any free port). Empty: allowed; else why not. Pure.
+std::string store_port_refusal(unsigned port, const LocalUser& user, unsigned unprivileged_start);
+// net.ipv4.ip_unprivileged_port_start; 1024 when it cannot be read.
+unsigned unprivileged_port_start();
+
 }  // namespace ddp::agentconfig

@@ -23,7 +23,59 @@ std::optional<Owner> parse_owner(std::string_view label) {
   return Owner{*pid, static_cast<unsigned long long>(*started)};
 }
 
+std::optional<std::string> image_problem(std::string_view image) {
+  if (image.empty()) return "an image reference cannot be empty";
+  if (image.front() == '-') {
+    return fmt::format("'{}' starts with '-', which the runtime would read as an option, not an image", image);
+  }
+  for (unsigned char c : image) {
+    if (c <= ' ' || c == 0x7f) return fmt::format("'{}' holds whitespace or a control character", image);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> confinement_problem(const jobspec::ContainerSpec& spec) {
+  if (spec.runtime != ContainerRuntime::docker && spec.runtime != ContainerRuntime::podman) {
+    return fmt::format("container.runtime {} cannot run a mapped user's container here (the runtime would run as "
+                       "root); use podman or docker",
+                       jobspec::runtime_name(spec.runtime));
+  }
+  if (!spec.extra_args.empty()) {
+    return fmt::format("container.extra_args ({}) are not allowed for a mapped user's container: they would be "
+                       "root's flags to the runtime",
+                       join(spec.extra_args, " "));
+  }
+  // `--volume SRC:DST[:OPTS]`: a ':' or ',' of the job's would add options of its own (podman's
+  // `:U` chowns the source to the container's user, as root).
+  for (const auto& m : spec.mounts) {
+    for (const auto* p : {&m.source, &m.target}) {
+      if (p->find_first_of(":,") != std::string::npos ||
+          std::any_of(p->begin(), p->end(), [](unsigned char c) { return c < ' ' || c == 0x7f; })) {
+        return fmt::format("container mount path '{}' holds ':', ',' or a control character, which a mapped user's "
+                           "container may not use (they would be options to the runtime's --volume)",
+                           *p);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> confinement_flags(const Confinement& c) {
+  std::vector<std::string> a{"--user", fmt::format("{}:{}", c.uid, c.gid)};
+  for (auto g : c.groups) {
+    if (g != c.gid) a.insert(a.end(), {"--group-add", std::to_string(g)});
+  }
+  a.insert(a.end(), {"--cap-drop", "all", "--security-opt", "no-new-privileges"});
+  return a;
+}
+
 namespace {
+// Every builder that puts the image on a command line goes through here.
+const std::string& checked_image(const std::string& image) {
+  if (auto why = image_problem(image)) throw std::invalid_argument("container.image: " + *why);
+  return image;
+}
+
 // docker and podman accept [a-zA-Z0-9][a-zA-Z0-9_.-]*; a --job-id may hold anything.
 std::string name_safe(std::string id) {
   for (char& c : id) {
@@ -128,12 +180,17 @@ std::vector<std::string> oci_run(const jobspec::ContainerSpec& spec, const RankR
     }
   }
   a.insert(a.end(), {"--env-file", run.env_file});
+  if (run.confine) {
+    if (auto why = confinement_problem(spec)) throw std::invalid_argument(*why);
+    auto f = confinement_flags(*run.confine);
+    a.insert(a.end(), f.begin(), f.end());
+  }
   for (const auto& m : spec.mounts) {
     a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", m.source, m.target, m.read_only ? ":ro" : "")});
   }
   if (spec.workdir) a.insert(a.end(), {"--workdir", *spec.workdir});
   a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
-  a.push_back(spec.image);
+  a.push_back(checked_image(spec.image));
   a.insert(a.end(), run.argv.begin(), run.argv.end());
   return a;
 }
@@ -143,6 +200,7 @@ std::vector<std::string> oci_run(const jobspec::ContainerSpec& spec, const RankR
 // default; the CPU binding reaches the container because its processes are the client's
 // children and inherit its affinity.
 std::vector<std::string> apptainer_exec(const jobspec::ContainerSpec& spec, const RankRun& run) {
+  if (run.confine) throw std::invalid_argument(*confinement_problem(spec));
   std::vector<std::string> a{"apptainer", "exec", "--cleanenv", "--env-file", run.env_file};
   if (!run.gpus.empty()) a.push_back("--nv");
   if (spec.workdir) a.insert(a.end(), {"--pwd", *spec.workdir});
@@ -150,7 +208,7 @@ std::vector<std::string> apptainer_exec(const jobspec::ContainerSpec& spec, cons
     a.insert(a.end(), {"--bind", fmt::format("{}:{}{}", m.source, m.target, m.read_only ? ":ro" : "")});
   }
   a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
-  a.push_back(spec.image);
+  a.push_back(checked_image(spec.image));
   a.insert(a.end(), run.argv.begin(), run.argv.end());
   return a;
 }
@@ -161,6 +219,7 @@ std::vector<std::string> apptainer_exec(const jobspec::ContainerSpec& spec, cons
 // reach the container through enroot's standard hooks, which read NVIDIA_VISIBLE_DEVICES and
 // MELLANOX_VISIBLE_DEVICES. enroot has no working-directory flag: a shell inside changes to it.
 std::vector<std::string> enroot_start(const jobspec::ContainerSpec& spec, const RankRun& run, const HostLayout& host) {
+  if (run.confine) throw std::invalid_argument(*confinement_problem(spec));
   std::vector<std::string> a{"enroot", "start"};
   Env names = run.env;
   for (const auto& [k, v] : client_env(spec, run, host)) names[k] = v;
@@ -170,7 +229,7 @@ std::vector<std::string> enroot_start(const jobspec::ContainerSpec& spec, const 
                                               m.read_only ? ",ro" : "")});
   }
   a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
-  a.push_back(spec.image);
+  a.push_back(checked_image(spec.image));
   if (spec.workdir) a.insert(a.end(), {"/bin/sh", "-c", "cd -- \"$0\" && exec \"$@\"", *spec.workdir});
   a.insert(a.end(), run.argv.begin(), run.argv.end());
   return a;
@@ -223,7 +282,7 @@ std::vector<std::string> image_identity_argv(ContainerRuntime runtime, const std
   // registry it pulled from (none for a built, imported or loaded image).
   const char* format = runtime == ContainerRuntime::podman ? "{{.Id}} {{.Digest}}"
                                                            : "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}";
-  return {std::string(jobspec::runtime_name(runtime)), "image", "inspect", "--format", format, image};
+  return {std::string(jobspec::runtime_name(runtime)), "image", "inspect", "--format", format, "--", checked_image(image)};
 }
 
 std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std::string_view out) {
@@ -250,7 +309,10 @@ std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std:
 
 std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, const std::string& argv0,
                                             const std::string& path, const std::string& name,
-                                            const std::string& owner) {
+                                            const std::string& owner, const std::optional<Confinement>& confine) {
+  if (confine) {
+    if (auto why = confinement_problem(spec)) throw std::invalid_argument(*why);
+  }
   // Exit 3: no such working directory; 4: no such command. `cd` here rather than the runtime's
   // working-directory flag, which docker and podman would create when it is missing.
   static const std::string script = "[ -z \"$1\" ] || cd -- \"$1\" || exit 3; command -v -- \"$2\" >/dev/null || exit 4";
@@ -264,15 +326,20 @@ std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, 
            "--label", fmt::format("{}={}", kOwnerLabel, owner), "--network", "none", "--pull=never"};
       for (const auto& m : spec.mounts) a.insert(a.end(), {"--volume", mount(m)});
       if (!path.empty()) a.insert(a.end(), {"--env", "PATH=" + path});
+      // The image's shell runs with the job's mounts: as the job's user, like its workers.
+      if (confine) {
+        auto f = confinement_flags(*confine);
+        a.insert(a.end(), f.begin(), f.end());
+      }
       a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
-      a.insert(a.end(), {"--entrypoint", "/bin/sh", spec.image});
+      a.insert(a.end(), {"--entrypoint", "/bin/sh", checked_image(spec.image)});
       break;
     case ContainerRuntime::apptainer:
       a = {"apptainer", "exec", "--cleanenv"};
       for (const auto& m : spec.mounts) a.insert(a.end(), {"--bind", mount(m)});
       if (!path.empty()) a.insert(a.end(), {"--env", "PATH=" + path});
       a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
-      a.insert(a.end(), {spec.image, "/bin/sh"});
+      a.insert(a.end(), {checked_image(spec.image), "/bin/sh"});
       break;
     case ContainerRuntime::enroot:
       a = {"enroot", "start"};
@@ -282,7 +349,7 @@ std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, 
                                                   m.read_only ? ",ro" : "")});
       }
       a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
-      a.insert(a.end(), {spec.image, "/bin/sh"});
+      a.insert(a.end(), {checked_image(spec.image), "/bin/sh"});
       break;
   }
   a.insert(a.end(), {"-c", script, "sh", workdir, argv0});
@@ -302,7 +369,7 @@ CommandCheck classify_command_check(ContainerRuntime, int exit_code) {
 
 std::vector<std::string> pull_argv(ContainerRuntime runtime, const std::string& image) {
   if (!has_image_store(runtime)) return {};
-  return {std::string(jobspec::runtime_name(runtime)), "pull", image};
+  return {std::string(jobspec::runtime_name(runtime)), "pull", "--", checked_image(image)};
 }
 
 jobspec::ContainerSpec with_absolute_mounts(jobspec::ContainerSpec spec, const std::string& host_cwd) {
@@ -328,15 +395,15 @@ std::string worker_path(const jobspec::JobSpec& spec) {
 }
 
 void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& inherited, const HostLayout& host,
-               int attempt, const Owner& owner, const std::string& host_cwd) {
+               int attempt, const Owner& owner, const std::string& host_cwd, const std::optional<Confinement>& confine) {
   if (!spec.container) return;
   const jobspec::ContainerSpec cs = with_absolute_mounts(*spec.container, host_cwd);
   for (auto& r : plan.ranks) {
     RankRun run;
     run.name = container_name(plan.job_id, attempt, r.rank);
-    run.env_file = cs.runtime == ContainerRuntime::enroot
-                       ? std::string()
-                       : fs::path(r.log_file).replace_extension(".env").string();
+    run.env_file = cs.runtime == ContainerRuntime::enroot ? std::string()
+                   : confine ? (fs::path(confine->env_dir) / (run.name + ".env")).string()
+                             : fs::path(r.log_file).replace_extension(".env").string();
     run.argv = r.argv;
     run.env = r.env;
     for (const auto& [k, v] : cs.env) run.env[k] = v;
@@ -350,11 +417,13 @@ void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& in
     run.owner_label = owner.label();
     run.job_id = plan.job_id;
     run.rank = r.rank;
+    run.confine = confine;
 
     r.argv = run_argv(cs, run, host);
     Env client = contract::scrub(inherited);
     for (const auto& [k, v] : client_env(cs, run, host)) client[k] = v;
-    r.env = std::move(client);
+    // The client may run as root (a root agent's job): nothing that changes what it loads.
+    r.env = contract::without_loader_variables(client);
     r.container = contract::ContainerRun{std::string(jobspec::runtime_name(cs.runtime)), cs.image,
                                          has_image_store(cs.runtime) ? run.name : std::string(), run.env_file,
                                          std::move(run.env)};

@@ -58,6 +58,12 @@ std::string container_name(const std::string& job_id, int attempt, int rank);
 // on one node apart).
 std::string check_container_name(const std::string& job_id, long long pid);
 
+// Why `image` may not reach a runtime's command line: empty, a leading '-' (it would read as an
+// option: `--privileged`), whitespace or control characters (no image reference has them);
+// nullopt: fine. The builders below throw std::invalid_argument for such an image, and put `--`
+// before it where the runtime takes one (image inspect, pull).
+std::optional<std::string> image_problem(std::string_view image);
+
 // The part of ddpctl's environment that enters the container (see the policy above): the
 // launcher plans a container job's ranks from this instead of everything it inherited.
 Env forwarded_into_container(const Env& inherited, const jobspec::JobSpec& spec);
@@ -67,8 +73,33 @@ Env forwarded_into_container(const Env& inherited, const jobspec::JobSpec& spec)
 // std::invalid_argument for a value with a newline (no env file format can carry it).
 std::string env_file_text(ContainerRuntime runtime, const Env& env);
 
+// A container for a user other than root (agent.yaml key_users). The model: the runtime (docker
+// or podman) still runs as root, so what the job may ask of it is narrowed to what the user
+// could do without it: the container's processes run as the user's uid, gid and groups
+// (`--user`, `--group-add`), with every capability dropped (`--cap-drop all`) and no way to gain
+// one back (`--security-opt no-new-privileges`: setuid files in the image do nothing); no
+// `extra_args` (`--privileged`, `--device`, `--volume`, `--pid host` would be root's power);
+// only the GPUs the node gave the job and the node's RDMA devices; and mounts only of paths
+// the user can read, checked as the user by the agent before anything runs
+// (confinement_problem() is the pure part). apptainer and enroot would run as root in this
+// setup: refused.
+struct Confinement {
+  unsigned uid = 0, gid = 0;
+  std::vector<unsigned> groups;  // supplementary groups (the primary one may be among them)
+  // Where the ranks' env files go: a folder only root may write. Not beside the rank's log, in
+  // the user's attempt folder, where the user could swap the file for a link to a root-only
+  // file between its writing and root's runtime reading it into the container.
+  std::string env_dir;
+};
+// Why this container spec cannot run confined; nullopt: it may (its mounts still need checking
+// as the user).
+std::optional<std::string> confinement_problem(const jobspec::ContainerSpec& spec);
+// The flags that confine a docker or podman container (see Confinement).
+std::vector<std::string> confinement_flags(const Confinement& c);
+
 // One rank's container run.
 struct RankRun {
+  std::optional<Confinement> confine;  // a mapped user's job
   std::string name;
   std::string env_file;                // where the launcher writes env_file_text(); unused by enroot
   std::vector<std::string> argv;       // the worker's command, run inside
@@ -119,7 +150,8 @@ std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std:
 // killed midway is swept like a rank's container.
 std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, const std::string& argv0,
                                             const std::string& path, const std::string& name,
-                                            const std::string& owner);
+                                            const std::string& owner,
+                                            const std::optional<Confinement>& confine = std::nullopt);
 enum class CommandCheck { ok, no_workdir, no_command, no_shell, runtime_error };
 // What the check's exit code means: the script exits 3 (workdir) or 4 (command) itself; 126 and
 // 127 come from the runtime when the image has no /bin/sh to run it (a distroless image: the
@@ -137,7 +169,8 @@ bool has_image_store(ContainerRuntime runtime);
 // the worker's environment inside (the planned one, then `container.env`). Relative mount
 // sources are made absolute against `host_cwd`.
 void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& inherited, const HostLayout& host,
-               int attempt, const Owner& owner, const std::string& host_cwd);
+               int attempt, const Owner& owner, const std::string& host_cwd,
+               const std::optional<Confinement>& confine = std::nullopt);
 
 // The spec with relative mount sources made absolute against `host_cwd` (and no trailing '/').
 jobspec::ContainerSpec with_absolute_mounts(jobspec::ContainerSpec spec, const std::string& host_cwd);

@@ -157,6 +157,7 @@ std::string sha256_of_file(const std::string& path) {
 
 ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& client_env, const std::string& cwd,
                             bool may_pull) {
+  if (auto why = image_problem(spec.image)) throw ContainerError("container.image: " + *why);
   const std::string runtime(jobspec::runtime_name(spec.runtime));
   auto path = client_env.count("PATH") ? client_env.at("PATH") : std::string();
   if (!supervisor::resolve_executable(runtime, path, cwd)) {
@@ -204,10 +205,10 @@ ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& clien
 
 std::optional<std::string> check_command_in_image(const jobspec::ContainerSpec& spec, const std::string& argv0,
                                                   const std::string& path, const Env& client_env,
-                                                  const std::string& name) {
+                                                  const std::string& name, const std::optional<Confinement>& confine) {
   Env env = client_env;
   if (spec.runtime == ContainerRuntime::enroot && !path.empty()) env["PATH"] = path;  // enroot passes it by name
-  auto argv = command_check_argv(spec, argv0, path, name, own_owner().label());
+  auto argv = command_check_argv(spec, argv0, path, name, own_owner().label(), confine);
   auto r = run_command(argv, env, std::chrono::minutes(2));
   const std::string where = spec.workdir ? fmt::format(" (workdir {})", *spec.workdir) : "";
   switch (r.timed_out ? CommandCheck::runtime_error : classify_command_check(spec.runtime, r.exit_code)) {
@@ -239,7 +240,7 @@ void write_env_files(const contract::Plan& plan, ContainerRuntime runtime) {
       throw ContainerError(fmt::format("rank {}: {}", r.rank, e.what()));
     }
     ::unlink(path.c_str());  // a file of an earlier run with the same --job-id, whatever its mode
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) throw ContainerError(fmt::format("cannot create {}: {}", path, std::strerror(errno)));
     const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
     ::close(fd);

@@ -63,7 +63,8 @@ ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& clien
 // returns a warning when the image has no /bin/sh to check with (the job may still be fine).
 std::optional<std::string> check_command_in_image(const jobspec::ContainerSpec& spec, const std::string& argv0,
                                                   const std::string& path, const Env& client_env,
-                                                  const std::string& name);
+                                                  const std::string& name,
+                                                  const std::optional<Confinement>& confine = std::nullopt);
 
 // "sha256:<hex>" of a file's contents. Throws ContainerError when it cannot be read.
 std::string sha256_of_file(const std::string& path);

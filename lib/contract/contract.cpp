@@ -36,6 +36,34 @@ bool is_scrubbed(const std::string& name) {
   return false;
 }
 
+Env filter_forwarded(const std::map<std::string, std::string>& forwarded, const std::vector<std::string>& patterns) {
+  Env out;
+  for (const auto& [k, v] : forwarded) {
+    if (matches_forward(k, patterns)) out.emplace(k, v);
+  }
+  return out;
+}
+
+bool is_loader_variable(const std::string& name) {
+  // glibc's UNSECURE_ENVVARS (sysdeps/generic/unsecvars.h), and every LD_* besides.
+  static const char* const kNames[] = {"GCONV_PATH",   "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN",
+                                       "LOCPATH",      "MALLOC_TRACE", "NIS_PATH",      "NLSPATH",     "RESOLV_HOST_CONF",
+                                       "RES_OPTIONS",  "TMPDIR",      "TZDIR",          "MALLOC_CHECK_", "MALLOC_PERTURB_"};
+  if (name.starts_with("LD_")) return true;
+  for (const char* n : kNames) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
+Env without_loader_variables(const Env& env) {
+  Env out;
+  for (const auto& [k, v] : env) {
+    if (!is_loader_variable(k)) out.emplace(k, v);
+  }
+  return out;
+}
+
 Env scrub(const Env& inherited) {
   Env out;
   for (const auto& [k, v] : inherited) {

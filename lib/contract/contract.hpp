@@ -47,6 +47,17 @@ Env scrub(const Env& inherited);
 
 // Whether `name` matches an env_forward entry (exact, or NAME_* prefix pattern).
 bool matches_forward(const std::string& name, const std::vector<std::string>& patterns);
+// The launcher's forwarded variables that the job's env_forward selects: an agent applies the
+// filter itself rather than trust the launcher to have done it.
+Env filter_forwarded(const std::map<std::string, std::string>& forwarded, const std::vector<std::string>& patterns);
+
+// Variables that change what a program loads or trusts: the dynamic loader's LD_*, and the rest
+// of glibc's "unsecure" list that ld.so drops for setuid programs (GCONV_PATH, LOCPATH,
+// GLIBC_TUNABLES, ...). Never given to a process that runs as root on a job's behalf (the
+// container preflight, a container runtime's client); a job's own workers, which run as the
+// job's user, still get them.
+bool is_loader_variable(const std::string& name);
+Env without_loader_variables(const Env& env);
 
 std::string rank_log_file(const std::string& attempt_dir, int rank);
 std::string rank_error_file(const std::string& attempt_dir, int rank);

@@ -41,6 +41,7 @@ struct Server::Client : std::enable_shared_from_this<Client> {
   bool close_after_write = false;
   bool closed = false;
   std::string who;
+  std::shared_ptr<void> slot;  // among the clients that have not sent their request yet
 
   void send(const json& j, bool bounded = false) {
     if (closed) return;
@@ -84,6 +85,7 @@ struct Server::Client : std::enable_shared_from_this<Client> {
     boost::system::error_code ignored;
     deadline.cancel();
     sock.close(ignored);
+    slot.reset();
   }
 };
 
@@ -128,6 +130,7 @@ Server::Server(asio::io_context& io, std::string path, Provider provider)
 
 Server::~Server() {
   boost::system::error_code ignored;
+  if (accept_loop_) accept_loop_->stop();
   acceptor_.close(ignored);
   end_timer_.cancel();
   for (const auto& c : clients_) c->close();
@@ -136,46 +139,53 @@ Server::~Server() {
   if (inode_ && ::lstat(path_.c_str(), &st) == 0 && st.st_ino == inode_) ::unlink(path_.c_str());
 }
 
+// The job's own user (or root) only; out of descriptors, back off; clients that have not sent
+// their request yet are capped (net/acceptor.hpp).
 void Server::accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec, stream_protocol::socket s) {
-    if (ec == asio::error::operation_aborted || ended_) return;
-    if (!ec) {
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      auto c = std::make_shared<Client>(std::move(s));
-      if (::getsockopt(c->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-          (cred.uid != ::geteuid() && cred.uid != 0)) {
-        log::get("control")->warn("refused a control client of uid {} (pid {})", cred.uid, cred.pid);
-        c->send({{"ok", false}, {"error", "permission denied: not the job's user"}});
-        c->finish();
-      } else {
-        c->who = fmt::format("pid {}", cred.pid);
-        clients_.insert(c);
-        c->deadline.expires_after(kRequestDeadline);
-        c->deadline.async_wait([c](boost::system::error_code e) {
-          if (!e) c->close();
-        });
-        asio::async_read_until(c->sock, c->in, '\n', [this, c](boost::system::error_code e, std::size_t n) {
-          if (c->closed) return;
-          c->deadline.cancel();
-          if (e) {
-            if (e == asio::error::not_found) {
-              c->send({{"ok", false}, {"error", "request too long"}});
-              c->finish();
-            } else {
-              c->close();
-            }
-            return;
-          }
-          std::string line(asio::buffers_begin(c->in.data()), asio::buffers_begin(c->in.data()) + static_cast<long>(n));
-          on_request(c, line);
-        });
+  accept_loop_.emplace(acceptor_, "control socket", log::get("control"),
+                       [this](stream_protocol::socket s) { on_socket(std::move(s)); });
+  accept_loop_->start();
+}
+
+void Server::on_socket(stream_protocol::socket s) {
+  if (ended_) return;
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  auto c = std::make_shared<Client>(std::move(s));
+  if (::getsockopt(c->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+      (cred.uid != ::geteuid() && cred.uid != 0)) {
+    log::get("control")->warn("refused a control client of uid {} (pid {})", cred.uid, cred.pid);
+    c->send({{"ok", false}, {"error", "permission denied: not the job's user"}});
+    c->finish();
+  } else {
+    c->who = fmt::format("pid {}", cred.pid);
+    clients_.insert(c);
+    c->slot = accept_loop_->admit([w = std::weak_ptr<Client>(c)] {
+      if (auto cl = w.lock()) cl->close();
+    });
+    c->deadline.expires_after(kRequestDeadline);
+    c->deadline.async_wait([c](boost::system::error_code e) {
+      if (!e) c->close();
+    });
+    asio::async_read_until(c->sock, c->in, '\n', [this, c](boost::system::error_code e, std::size_t n) {
+      if (c->closed) return;
+      c->deadline.cancel();
+      c->slot.reset();
+      if (e) {
+        if (e == asio::error::not_found) {
+          c->send({{"ok", false}, {"error", "request too long"}});
+          c->finish();
+        } else {
+          c->close();
+        }
+        return;
       }
-    }
-    // Forget clients that are gone (bounded by the accepts that find them).
-    std::erase_if(clients_, [](const auto& x) { return x->closed; });
-    accept();
-  });
+      std::string line(asio::buffers_begin(c->in.data()), asio::buffers_begin(c->in.data()) + static_cast<long>(n));
+      on_request(c, line);
+    });
+  }
+  // Forget clients that are gone (bounded by the accepts that find them).
+  std::erase_if(clients_, [](const auto& x) { return x->closed; });
 }
 
 void Server::on_request(const std::shared_ptr<Client>& c, const std::string& line) {
@@ -252,6 +262,7 @@ void Server::end(const std::string& result, std::optional<Ended> record) {
   ended_ = true;
   if (record) leave_record(std::move(*record));
   boost::system::error_code ignored;
+  if (accept_loop_) accept_loop_->stop();
   acceptor_.close(ignored);
   for (const auto& c : clients_) {
     if (c->follower) c->send({{"end", result}});

@@ -10,6 +10,7 @@
 
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
+#include "net/acceptor.hpp"
 #include "supervisor/output.hpp"
 
 #include <boost/asio/io_context.hpp>
@@ -56,6 +57,7 @@ class Server {
 
  private:
   void accept();
+  void on_socket(boost::asio::local::stream_protocol::socket s);
   void on_request(const std::shared_ptr<Client>& c, const std::string& line);
   std::optional<std::string> missing_ranks(const std::set<int>& wanted) const;  // why `wanted` is refused
 
@@ -70,6 +72,7 @@ class Server {
   std::string job_id_;  // the socket's name, less ".sock"
   ino_t inode_ = 0;
   bool ended_ = false;
+  std::optional<net::Acceptor<boost::asio::local::stream_protocol>> accept_loop_;  // last: uses acceptor_
 };
 
 }  // namespace ddp::control

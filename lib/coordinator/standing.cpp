@@ -7,6 +7,7 @@
 #include "control/protocol.hpp"
 #include "coordinator/coordinator.hpp"
 #include "jobspec/jobspec.hpp"
+#include "net/acceptor.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "sdnotify/sdnotify.hpp"
@@ -112,12 +113,12 @@ class Standing {
     }
   }
 
+  // Out of descriptors: back off; unauthenticated connections capped (net/acceptor.hpp).
   void accept() {
-    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
-      if (ec == asio::error::operation_aborted || stopping_) return;
-      if (!ec) on_accept(std::move(s));
-      accept();
+    accept_loop_.emplace(acceptor_, "coordinator listener", log_, [this](tcp::socket s) {
+      if (!stopping_) on_accept(std::move(s));
     });
+    accept_loop_->start();
   }
 
   void on_accept(tcp::socket s) {
@@ -132,6 +133,9 @@ class Standing {
     sc.accept_roles = {proto::Role::ctl};  // agents are dialled by us, never the other way
     auto conn = Connection::make(std::move(s), proto::Session::server(sc), ec ? "?" : endpoint_label(remote), "coordinator",
                                  opts_.handshake_timeout);
+    conn->hold_until_established(accept_loop_->admit([w = std::weak_ptr<Connection>(conn)] {
+      if (auto c = w.lock()) c->close("too many unauthenticated connections: the oldest is closed", /*routine=*/true);
+    }));
     Connection* raw = conn.get();
     clients_[raw] = conn;
     conn->start({[this, raw](const proto::PeerInfo& p) {
@@ -451,6 +455,7 @@ class Standing {
         log_->warn("{}: shutting down (stopping {} job{} first)", name, jobs_.size(), jobs_.size() == 1 ? "" : "s");
         notify_.stopping(fmt::format("{}: stopping", name));
         boost::system::error_code ignored;
+        if (accept_loop_) accept_loop_->stop();
         acceptor_.close(ignored);
         if (jobs_.empty()) return finish();
       } else {
@@ -481,6 +486,7 @@ class Standing {
   std::map<Connection*, std::shared_ptr<Relay>> relays_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;
+  std::optional<net::Acceptor<tcp>> accept_loop_;  // last: it uses acceptor_ and log_
 };
 
 }  // namespace

@@ -385,6 +385,7 @@ class Parser {
       } else if (ck == "image") {
         if (auto s = string(cv, "container.image")) {
           if (trim(*s).empty()) error(cv, "container.image: expected an image reference such as pytorch-cuda:v2.6, got an empty string");
+          else if ((*s)[0] == '-') error(cv, fmt::format("container.image: expected an image reference, got '{}', which a runtime would read as an option", *s));
           else have_image = true, c.image = *s;
         }
       } else if (ck == "workdir") {

@@ -177,7 +177,10 @@ supervisor::SpawnSpec WorkerGroup::spawn_spec(const Worker& w) const {
   s.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
   s.cpus = w.plan.cpus;
   s.mem_node = w.plan.mem_node;
-  s.run_as = opts_.run_as;
+  // A container rank's process is the client of root's docker or podman, which runs the
+  // container itself as the job's user (container.hpp's Confinement): started as that user it
+  // would be another, rootless runtime that has none of root's images.
+  s.run_as = w.plan.container ? std::nullopt : opts_.run_as;
   return s;
 }
 

@@ -25,6 +25,7 @@ struct CallbackListener::Caller {
   asio::steady_timer timer;
   asio::streambuf buf;
   std::string peer;
+  std::shared_ptr<void> slot;  // among the callers whose tag has not come yet
 };
 
 CallbackListener::CallbackListener(asio::io_context& io, std::uint16_t port) : io_(io), acceptor_(io) {
@@ -42,6 +43,7 @@ CallbackListener::CallbackListener(asio::io_context& io, std::uint16_t port) : i
 
 CallbackListener::~CallbackListener() {
   boost::system::error_code ignored;
+  if (accept_loop_) accept_loop_->stop();
   acceptor_.close(ignored);
   for (const auto& c : callers_) c->sock.close(ignored);
 }
@@ -56,19 +58,21 @@ bool CallbackListener::forget(const std::string& tag) {
   return expected_.erase(tag) == 1;
 }
 
+// Out of descriptors: back off; callers that have not sent their tag yet are capped
+// (acceptor.hpp): the oldest goes.
 void CallbackListener::accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
-      auto c = std::make_shared<Caller>(std::move(s));
-      boost::system::error_code e2;
-      const auto remote = c->sock.remote_endpoint(e2);
-      c->peer = e2 ? "?" : fmt::format("{}:{}", remote.address().to_string(), remote.port());
-      callers_.insert(c);
-      read_tag(c);
-    }
-    accept();
+  accept_loop_ = std::make_unique<Acceptor<tcp>>(acceptor_, "connect-back listener", log::get("coord"), [this](tcp::socket s) {
+    auto c = std::make_shared<Caller>(std::move(s));
+    boost::system::error_code e2;
+    const auto remote = c->sock.remote_endpoint(e2);
+    c->peer = e2 ? "?" : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+    callers_.insert(c);
+    c->slot = accept_loop_->admit([this, w = std::weak_ptr<Caller>(c)] {
+      if (auto cl = w.lock()) drop(cl, "too many callers that have not sent their tag: the oldest is closed", /*quiet=*/true);
+    });
+    read_tag(c);
   });
+  accept_loop_->start();
 }
 
 void CallbackListener::read_tag(const std::shared_ptr<Caller>& c) {
@@ -92,13 +96,17 @@ void CallbackListener::read_tag(const std::shared_ptr<Caller>& c) {
     }
     if (!on_connect) return drop(c, "a tag nobody expects");
     callers_.erase(c);
+    c->slot.reset();
     on_connect(std::move(c->sock));
   });
 }
 
-void CallbackListener::drop(const std::shared_ptr<Caller>& c, const std::string& why) {
+void CallbackListener::drop(const std::shared_ptr<Caller>& c, const std::string& why, bool quiet) {
   if (!callers_.erase(c)) return;
-  log::get("coord")->warn("connection from {} to the connect-back port closed: {}", c->peer, why);
+  c->slot.reset();
+  // quiet: the accept loop has warned once for the episode.
+  log::get("coord")->log(quiet ? spdlog::level::debug : spdlog::level::warn, "connection from {} to the connect-back port closed: {}",
+                         c->peer, why);
   boost::system::error_code ignored;
   c->sock.close(ignored);
 }

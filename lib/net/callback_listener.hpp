@@ -5,12 +5,15 @@
 // channel (stdin, never a command line); it says which node is calling and nothing more: the
 // protocol's handshake then authenticates the agent with the run's secret as always. A
 // connection whose tag is not expected, whose line is over 128 bytes or is followed by more
-// bytes (the agent speaks only after our hello), or that sends no line within 10 s is closed.
+// bytes (the agent speaks only after our hello), or that sends no line within 10 s is closed;
+// callers still owing their tag are capped, the oldest closed first (acceptor.hpp).
 //
 // `expect` and `forget` may be called from any thread (the SSH dialer's); the rest runs on the
 // io_context's thread. Binds every address (dual-stack): the address agents dial may not be one
 // of this machine's (NAT, a port forward).
 #pragma once
+
+#include "net/acceptor.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -44,7 +47,7 @@ class CallbackListener {
  private:
   void accept();
   void read_tag(const std::shared_ptr<Caller>& c);
-  void drop(const std::shared_ptr<Caller>& c, const std::string& why);
+  void drop(const std::shared_ptr<Caller>& c, const std::string& why, bool quiet = false);
 
   boost::asio::io_context& io_;
   boost::asio::ip::tcp::acceptor acceptor_;
@@ -52,6 +55,7 @@ class CallbackListener {
   std::mutex mu_;
   std::map<std::string, std::function<void(boost::asio::ip::tcp::socket)>> expected_;
   std::set<std::shared_ptr<Caller>> callers_;
+  std::unique_ptr<Acceptor<boost::asio::ip::tcp>> accept_loop_;  // last: uses acceptor_
 };
 
 }  // namespace ddp::net

@@ -169,6 +169,7 @@ void Connection::apply(proto::Effects effects) {
     } else if (auto* est = std::get_if<proto::Established>(&e)) {
       timer_.cancel();
       was_established_ = true;
+      pending_slot_.reset();
       if (handlers_.on_established) handlers_.on_established(est->peer);
     } else if (auto* d = std::get_if<proto::Deliver>(&e)) {
       if (!closing_ && handlers_.on_message) handlers_.on_message(std::move(d->message));
@@ -286,6 +287,7 @@ void Connection::closed(const std::string& reason) {
   socket_.close(ignored);
   out_.clear();
   queued_bytes_ = 0;
+  pending_slot_.reset();
   // A peer that never authenticated is worth a warning (a wrong token, a scanner, a stray);
   // except a failed authentication on the dialling side, whose owner (the coordinator, doctor,
   // a ctl client) stops and says so in its own words: the same reason twice helps nobody.

@@ -61,6 +61,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Before start(): run the connection inside TLS.
   void use_tls(TlsSetup tls) { tls_setup_ = std::move(tls); }
+  // Before start(): a place among a listener's unauthenticated connections (acceptor.hpp),
+  // given back once the peer has authenticated or the connection has ended.
+  void hold_until_established(std::shared_ptr<void> slot) { pending_slot_ = std::move(slot); }
   // Starts reading and the handshake (a client sends its hello now; TLS's handshake, if any,
   // comes first; the handshake deadline covers both).
   void start(ConnectionHandlers handlers);
@@ -143,6 +146,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool routine_close_ = false;
   bool started_ = false;  // the protocol's handshake (after TLS's, if any)
   std::string close_reason_;
+  std::shared_ptr<void> pending_slot_;
   // The read buffer: 1 KiB while the peer sends small frames (most connections, all their
   // life), 4x larger after a read that filled it, up to 64 KiB (a worker's output stream). At
   // 4096 nodes a fixed 64 KiB each was 256 MiB of heap, and its page faults showed.

@@ -209,11 +209,12 @@ def test_a_job_claiming_another_user_is_refused_and_nothing_runs(node):
     r = node.launch(node.job("private", marker, workdir=private), node.user_token, as_user=True)
     assert r.returncode != 0
     assert f"user {node.user} cannot enter workdir {private}" in r.stderr, r.stderr
-    # A container job as the mapped user is not built yet: refused, said so.
-    r = node.launch(node.job("incontainer", marker, extra="container: {runtime: podman, image: ddp-none:1}\n"),
+    # A container job as the mapped user may not hand root's runtime flags of its own.
+    r = node.launch(node.job("incontainer", marker,
+                             extra="container: {runtime: podman, image: ddp-none:1, extra_args: [--privileged]}\n"),
                     node.user_token, as_user=True)
     assert r.returncode != 0
-    assert "container jobs cannot run as a mapped user (key_users) yet" in r.stderr, r.stderr
+    assert "container.extra_args (--privileged) are not allowed for a mapped user's container" in r.stderr, r.stderr
     assert not marker.exists()
     assert not glob.glob(str(node.log_dir / "*" / "*" / "attempt-*" / "rank-*.log"))
     node.stop_agent()
@@ -242,3 +243,20 @@ def test_an_unknown_user_stops_the_agent_at_start_naming_the_line(node):
     assert p.returncode == 2
     text = node.agent_log.read_text()
     assert f"{node.dir}/agent.yaml:3:10: error: key_users: key 'u-key': no local user 'ddp-nobody-here'" in text, text
+
+
+def test_a_mapped_user_cannot_make_the_root_agent_bind_a_privileged_port(node):
+    node.start_agent(f"key_users:\n  u-key: {node.user}\n")
+    node.wait_listening()
+    marker = node.dir / "ran"
+    job = node.dir / "port81.yaml"
+    job.write_text(f"name: port81\ncommand: [/usr/bin/touch, '{marker}']\nnproc_per_node: 1\nworkdir: {node.dir}\n"
+                   "store: {port: 81}\n")
+    job.chmod(0o644)
+    r = node.launch(job, node.user_token, as_user=True)
+    assert r.returncode != 0
+    assert f"store port 81 is a privileged port (below 1024), which user {node.user} could not bind" in r.stderr, \
+        f"{r.stderr}\n{node.agent_log.read_text()}"
+    assert not marker.exists()
+    # Nothing listens there for the job (the agent never bound it).
+    assert f"store on 127.0.0.1:81" not in node.agent_log.read_text()

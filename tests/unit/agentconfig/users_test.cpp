@@ -131,3 +131,21 @@ TEST(KeyUsers, SystemLookup) {
   EXPECT_NE(std::find(root->groups.begin(), root->groups.end(), 0u), root->groups.end());
   EXPECT_FALSE(lookup_system_user("ddp-no-such-user-x"));
 }
+
+TEST(StorePort, AMappedUserGetsOnlyPortsItCouldBindItself) {
+  LocalUser alice{"alice", 1001, 1001, {1001}, "/home/alice", "/bin/sh"};
+  LocalUser root{"root", 0, 0, {0}, "/root", "/bin/sh"};
+  EXPECT_EQ(store_port_refusal(0, alice, 1024), "");  // any free port
+  EXPECT_EQ(store_port_refusal(1024, alice, 1024), "");
+  EXPECT_EQ(store_port_refusal(29500, alice, 1024), "");
+  EXPECT_EQ(store_port_refusal(81, alice, 1024),
+            "store port 81 is a privileged port (below 1024), which user alice could not bind: pick a port of 1024 or "
+            "more, or 0 for any free one (store.port in the job file)");
+  EXPECT_NE(store_port_refusal(1023, alice, 1024), "");
+  // The admin's sysctl moves the line.
+  EXPECT_EQ(store_port_refusal(81, alice, 80), "");
+  EXPECT_NE(store_port_refusal(2000, alice, 4096), "");
+  // root's jobs may (root could bind it anyway).
+  EXPECT_EQ(store_port_refusal(81, root, 1024), "");
+  EXPECT_GT(unprivileged_port_start(), 0u);
+}

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 using namespace ddp;
@@ -244,10 +245,10 @@ TEST(Container, RuntimeCommands) {
               ElementsAre("podman", "ps", "--all", "--filter", "label=ddpctl.owner", "--format",
                           "{{.Names}} {{index .Labels \"ddpctl.owner\"}}"));
   EXPECT_THAT(container::image_identity_argv(ContainerRuntime::docker, "img:1"),
-              ElementsAre("docker", "image", "inspect", "--format", "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}", "img:1"));
+              ElementsAre("docker", "image", "inspect", "--format", "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}", "--", "img:1"));
   EXPECT_THAT(container::image_identity_argv(ContainerRuntime::podman, "img:1"),
-              ElementsAre("podman", "image", "inspect", "--format", "{{.Id}} {{.Digest}}", "img:1"));
-  EXPECT_THAT(container::pull_argv(ContainerRuntime::podman, "img:1"), ElementsAre("podman", "pull", "img:1"));
+              ElementsAre("podman", "image", "inspect", "--format", "{{.Id}} {{.Digest}}", "--", "img:1"));
+  EXPECT_THAT(container::pull_argv(ContainerRuntime::podman, "img:1"), ElementsAre("podman", "pull", "--", "img:1"));
   EXPECT_TRUE(container::image_identity_argv(ContainerRuntime::enroot, "x.sqsh").empty());
 }
 
@@ -345,4 +346,122 @@ TEST(Container, JobWithoutContainerIsLeftAlone) {
   container::wrap_plan(plan, spec, kInherited, kIb, 0, kOwner, "/");
   EXPECT_EQ(plan.ranks.at(0).argv, before);
   EXPECT_FALSE(plan.ranks.at(0).container);
+}
+
+// ---- a mapped user's container (Confinement) and what reaches the runtime's command line ----
+
+namespace {
+const container::Confinement kAlice{1001, 1001, {1001, 27, 44}, "/var/log/ddp/.container-env"};
+const std::string kPlainPodman = "  runtime: podman\n  image: img:1\n  mounts: ['/home/alice/p:/work']\n  workdir: /work\n";
+
+contract::Plan confined_plan(const jobspec::JobSpec& spec) {
+  contract::NodeContext node;
+  node.job_id = "j";
+  node.local_world_size = 1;
+  node.attempt_dir = "/var/log/ddp/j/attempt-0";
+  auto plan = contract::make_plan(spec, node, container::forwarded_into_container(kInherited, spec));
+  container::wrap_plan(plan, spec, kInherited, HostLayout{}, 0, kOwner, "/home/alice", kAlice);
+  return plan;
+}
+}  // namespace
+
+TEST(Confinement, TheWorkerRunsAsTheUserWithNoCapabilitiesAndNoWayUp) {
+  auto plan = confined_plan(job(kPlainPodman));
+  const auto& a = plan.ranks.at(0).argv;
+  auto at = std::find(a.begin(), a.end(), "--user");
+  ASSERT_NE(at, a.end());
+  // Before the mounts and the image: flags, not arguments of the worker.
+  EXPECT_THAT(std::vector<std::string>(at, at + 10),
+              ElementsAre("--user", "1001:1001", "--group-add", "27", "--group-add", "44", "--cap-drop", "all",
+                          "--security-opt", "no-new-privileges"));
+  EXPECT_LT(at - a.begin(), std::find(a.begin(), a.end(), "img:1") - a.begin());
+  EXPECT_THAT(a, Not(Contains("--privileged")));
+  // The env file lives in root's folder, not in the user's attempt folder.
+  EXPECT_EQ(plan.ranks.at(0).container->env_file, "/var/log/ddp/.container-env/ddpctl-j-a0-r0.env");
+  EXPECT_THAT(a, Contains("/var/log/ddp/.container-env/ddpctl-j-a0-r0.env"));
+}
+
+TEST(Confinement, TheCommandCheckInTheImageRunsConfinedToo) {
+  auto spec = *job(kPlainPodman).container;
+  auto a = container::command_check_argv(spec, "python3", "", "n", "1-2", kAlice);
+  auto at = std::find(a.begin(), a.end(), "--user");
+  ASSERT_NE(at, a.end());
+  EXPECT_EQ(*(at + 1), "1001:1001");
+  EXPECT_THAT(a, Contains("no-new-privileges"));
+  EXPECT_LT(at - a.begin(), std::find(a.begin(), a.end(), "img:1") - a.begin());
+  // Without a confinement: as before, no --user.
+  EXPECT_THAT(container::command_check_argv(spec, "python3", "", "n", "1-2"), Not(Contains("--user")));
+}
+
+TEST(Confinement, RootsFlagsAndRootRunningRuntimesAreRefused) {
+  EXPECT_EQ(container::confinement_problem(*job(kPlainPodman).container), std::nullopt);
+  EXPECT_EQ(container::confinement_problem(*job("  runtime: docker\n  image: img:1\n").container), std::nullopt);
+  auto extra = container::confinement_problem(*job("  runtime: podman\n  image: img:1\n  extra_args: [--privileged]\n").container);
+  ASSERT_TRUE(extra);
+  EXPECT_THAT(*extra, HasSubstr("container.extra_args (--privileged) are not allowed"));
+  for (const char* rt : {"apptainer", "enroot"}) {
+    auto spec = *job(std::string("  runtime: ") + rt + "\n  image: x.sif\n").container;
+    ASSERT_TRUE(container::confinement_problem(spec)) << rt;
+    EXPECT_THROW(container::command_check_argv(spec, "python3", "", "n", "1-2", kAlice), std::invalid_argument) << rt;
+  }
+  // A mount path may not smuggle --volume options (podman's :U would chown the source, as root).
+  auto smuggled = *job(kPlainPodman).container;
+  smuggled.mounts.at(0).target = "/work:U";  // past the job file's parser: it came over the wire
+  ASSERT_TRUE(container::confinement_problem(smuggled));
+  EXPECT_THAT(*container::confinement_problem(smuggled), HasSubstr("'/work:U'"));
+  smuggled.mounts.at(0) = {"/home/alice/a,b", "/work", false};
+  EXPECT_TRUE(container::confinement_problem(smuggled));
+  // A spec that is refused never becomes a command line, however it got here.
+  auto spec = job("  runtime: podman\n  image: img:1\n  extra_args: [--volume, '/:/host']\n");
+  EXPECT_THROW(confined_plan(spec), std::invalid_argument);
+}
+
+TEST(ImageName, AnOptionIsNeverTakenForAnImage) {
+  EXPECT_EQ(container::image_problem("nvcr.io/nvidia/pytorch:24.05-py3"), std::nullopt);
+  EXPECT_EQ(container::image_problem("localhost/x@sha256:abc"), std::nullopt);
+  EXPECT_TRUE(container::image_problem("--privileged"));
+  EXPECT_TRUE(container::image_problem("-v"));
+  EXPECT_TRUE(container::image_problem(""));
+  EXPECT_TRUE(container::image_problem("img:1 --privileged"));
+  EXPECT_TRUE(container::image_problem("img\n"));
+  // `--` before the image where the runtime takes one, and a refusal in every builder.
+  EXPECT_THAT(container::pull_argv(ContainerRuntime::docker, "img:1"), ElementsAre("docker", "pull", "--", "img:1"));
+  EXPECT_THROW(container::image_identity_argv(ContainerRuntime::podman, "--help"), std::invalid_argument);
+  EXPECT_THROW(container::pull_argv(ContainerRuntime::podman, "--all-tags"), std::invalid_argument);
+  jobspec::ContainerSpec bad = *job(kPlainPodman).container;
+  bad.image = "--privileged";  // past the job file's own check (it came over the wire)
+  EXPECT_THROW(container::command_check_argv(bad, "python3", "", "n", "1-2"), std::invalid_argument);
+  container::RankRun run;
+  run.argv = {"python3"};
+  for (auto rt : {ContainerRuntime::podman, ContainerRuntime::docker, ContainerRuntime::apptainer, ContainerRuntime::enroot}) {
+    bad.runtime = rt;
+    EXPECT_THROW(container::run_argv(bad, run, HostLayout{}), std::invalid_argument);
+  }
+}
+
+TEST(ImageName, TheJobFileRefusesAnImageThatReadsAsAnOption) {
+  try {
+    job("  runtime: podman\n  image: --privileged\n");
+    FAIL() << "accepted";
+  } catch (const jobspec::JobSpecError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("which a runtime would read as an option"));
+  }
+}
+
+TEST(Container, TheRuntimesClientNeverGetsTheLoadersVariables) {
+  contract::Env host = kInherited;
+  host["LD_PRELOAD"] = "/tmp/evil.so";
+  host["GCONV_PATH"] = "/tmp/g";
+  auto spec = job(kPlainPodman);
+  contract::NodeContext node;
+  node.job_id = "j";
+  node.local_world_size = 1;
+  node.attempt_dir = "/a";
+  auto plan = contract::make_plan(spec, node, container::forwarded_into_container(host, spec));
+  container::wrap_plan(plan, spec, host, HostLayout{}, 0, kOwner, "/home/u");
+  const auto& env = plan.ranks.at(0).env;
+  EXPECT_FALSE(env.count("LD_PRELOAD"));
+  EXPECT_FALSE(env.count("LD_LIBRARY_PATH"));
+  EXPECT_FALSE(env.count("GCONV_PATH"));
+  EXPECT_EQ(env.at("PATH"), "/usr/bin:/bin");
 }

@@ -161,3 +161,20 @@ TEST(Contract, ShellCommand) {
   auto plan = make_plan(spec_of("command: echo hi && exit 3\n"), node4(), {});
   EXPECT_EQ(plan.ranks[0].argv, (std::vector<std::string>{"/bin/sh", "-c", "echo hi && exit 3"}));
 }
+
+TEST(Forwarding, TheAgentKeepsOnlyWhatEnvForwardSelects) {
+  // A launcher (or anything holding a key) may send more than the job's env_forward selects.
+  const std::map<std::string, std::string> sent{
+      {"PATH", "/usr/bin"}, {"NCCL_DEBUG", "INFO"}, {"LD_PRELOAD", "/tmp/evil.so"}, {"NCCLX", "no"}};
+  const auto kept = filter_forwarded(sent, {"PATH", "NCCL_*"});
+  EXPECT_EQ(kept, (Env{{"PATH", "/usr/bin"}, {"NCCL_DEBUG", "INFO"}}));
+}
+
+TEST(Forwarding, LoaderVariablesNeverReachRootsProcesses) {
+  for (const char* v : {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_ANYTHING", "GCONV_PATH", "GLIBC_TUNABLES",
+                        "LOCPATH", "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "TMPDIR", "MALLOC_TRACE"}) {
+    EXPECT_TRUE(is_loader_variable(v)) << v;
+  }
+  for (const char* v : {"PATH", "HOME", "NCCL_DEBUG", "OLD_LD_PRELOAD", "CONTAINERS_CONF"}) EXPECT_FALSE(is_loader_variable(v)) << v;
+  EXPECT_EQ(without_loader_variables({{"PATH", "/bin"}, {"LD_PRELOAD", "x"}, {"GCONV_PATH", "y"}}), (Env{{"PATH", "/bin"}}));
+}

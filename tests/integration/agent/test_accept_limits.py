@@ -1,0 +1,119 @@
+"""Idle unauthenticated connections against a daemon with few descriptors (issue 21, item 4).
+
+With RLIMIT_NOFILE 64, 80 idle connections that never say a word used to leave the agent's
+accept failing with EMFILE and re-armed at once: a whole core spent until their handshake
+deadline. Now the listener keeps at most a quarter of its descriptors' worth of unauthenticated
+connections (the oldest is closed for each newcomer) and waits between failed accepts, so the
+daemon stays idle and an honest coordinator still completes its handshake while the flood
+lasts, and after it.
+
+The daemons run on loopback, started by the test (their pids are the test's children)."""
+import os
+import resource
+import socket
+import subprocess
+import time
+
+import pytest
+
+from ddptest import BINARY_DIR, free_port, wait_for
+from protoclient import Client
+
+AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
+COORDINATOR = str(BINARY_DIR / "bin" / "ddp-coordinator")
+NOFILE = 64
+IDLE = 80
+WINDOW_S = 2.0  # well inside the 10 s handshake deadline that frees idle connections anyway
+
+
+def cpu_seconds(pid):
+    """utime + stime of `pid`, from /proc/PID/stat (fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def few_descriptors():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+
+
+class Daemon:
+    def __init__(self, tmp_path, argv, log_name):
+        self.secret = os.urandom(32).hex()
+        token = tmp_path / "token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"k1: {self.secret}\n")
+        self.port = free_port()
+        self.log = tmp_path / log_name
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([*argv(self.port, token, tmp_path)], stdout=out, stderr=subprocess.STDOUT,
+                                         preexec_fn=few_descriptors)
+
+    def wait_listening(self):
+        def listening():
+            assert self.proc.poll() is None, self.log.read_text()
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+        wait_for(listening, 30, "the daemon to listen")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+
+def agent_argv(port, token, tmp):
+    return [AGENTD, "--listen", f"127.0.0.1:{port}", "--token-file", str(token), "--log-dir", str(tmp / "logs")]
+
+
+def coordinator_argv(port, token, tmp):
+    return [COORDINATOR, "--listen", f"127.0.0.1:{port}", "--token-file", str(token), "--log-dir", str(tmp / "logs")]
+
+
+@pytest.mark.parametrize("kind", ["agent", "coordinator"])
+def test_idle_connections_neither_spin_nor_lock_out_a_real_peer(tmp_path, kind):
+    argv, role = (agent_argv, "coordinator") if kind == "agent" else (coordinator_argv, "ctl")
+    d = Daemon(tmp_path, argv, f"{kind}.log")
+    idle = []
+    try:
+        d.wait_listening()
+        base_fds = open_fds(d.proc.pid)
+        assert base_fds < NOFILE // 2, base_fds
+        for _ in range(IDLE):
+            s = socket.socket()
+            s.connect(("127.0.0.1", d.port))  # completes in the kernel's backlog; says nothing
+            idle.append(s)
+        # The daemon has met the flood: it closes the oldest for each newcomer (said once), or
+        # (before the cap) its descriptors ran out.
+        wait_for(lambda: "have not authenticated yet" in d.log.read_text() or open_fds(d.proc.pid) >= NOFILE - 2, 10,
+                 "the idle connections to reach the cap or the descriptor limit")
+        before = cpu_seconds(d.proc.pid)
+        time.sleep(WINDOW_S)  # a measuring window, not an ordering of events
+        used = cpu_seconds(d.proc.pid) - before
+        # Spinning on EMFILE costs ~1 s of CPU per second; idle costs next to nothing.
+        assert used < 0.3 * WINDOW_S, f"{kind} used {used:.2f} s of CPU in {WINDOW_S} s with {IDLE} idle connections"
+        assert open_fds(d.proc.pid) < NOFILE - 4
+        # An honest peer during the flood: its connection evicts the oldest idle one.
+        Client("127.0.0.1", d.port, "k1", d.secret, role=role, timeout=5).sock.close()
+        for s in idle:
+            s.close()
+        idle.clear()
+        # And afterwards, as ever.
+        Client("127.0.0.1", d.port, "k1", d.secret, role=role, timeout=5).sock.close()
+        assert d.proc.poll() is None
+    finally:
+        for s in idle:
+            s.close()
+        d.stop()
+    text = d.log.read_text()
+    # One warning for the whole episode, not one per connection.
+    assert text.count("have not authenticated yet") == 1, text
