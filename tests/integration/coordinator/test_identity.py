@@ -189,9 +189,12 @@ def site():
         s.teardown()
 
 
-def test_a_job_through_the_standing_coordinator_runs_as_its_submitters_user(site):
+# Without --key-user too: the coordinator then takes the declared name, but the delegation binds
+# the job to the key that signed it, and the agent maps that key itself.
+@pytest.mark.parametrize("coordinator_key_users", [True, False])
+def test_a_job_through_the_standing_coordinator_runs_as_its_submitters_user(site, coordinator_key_users):
     site.start_agent()
-    site.start_coordinator()
+    site.start_coordinator(key_users=coordinator_key_users)
     for user in (site.alice, site.bob):
         r = site.launch(user, user.token, site.job(f"mine-{user.name}"))
         assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{site.log('agent.log')}\n{site.log('coordinator.log')}"
@@ -283,7 +286,7 @@ def test_the_agent_refuses_a_forged_expired_or_replayed_delegation(site):
     # A good one is taken: the agent joins, for alice.
     answer = offer(site, "coord", site.coord_secret, "j1", signed())
     assert answer["type"] == "join", answer
-    assert f"for user {a.name} (runs as uid {a.pw.pw_uid})" in site.log("agent.log")
+    assert f"job j1 offered by coordinator" in site.log("agent.log") and f"(runs as uid {a.pw.pw_uid})" in site.log("agent.log")
 
 
 def test_allowed_users_is_the_authenticated_user(site):
