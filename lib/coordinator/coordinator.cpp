@@ -305,6 +305,12 @@ class Coordinator {
                             reason.find("only TLS") != std::string::npos)) {
       return fatal(fmt::format("{}: {}", label(n), reason));
     }
+    if (reason.find("auth:") != std::string::npos && first_gathering &&
+        (reason.find("delegation") != std::string::npos || reason.find("key_users") != std::string::npos ||
+         reason.find("allowed_users") != std::string::npos)) {
+      // A policy refusal (who the job runs as), not a wrong secret: its own words say what to do.
+      return fatal(fmt::format("{}: refused: {}", label(n), reason.substr(reason.find("auth:") + 6)));
+    }
     if (reason.find("auth:") != std::string::npos && first_gathering) {
       // "auth: the server failed to prove ..." / "peer refused: auth: ...": the protocol's
       // words, less its prefix, and what to do.

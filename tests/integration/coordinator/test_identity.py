@@ -295,6 +295,7 @@ def test_allowed_users_is_the_authenticated_user(site):
     r = site.launch(site.bob, site.bob.token, site.job("bobs"))
     assert r.returncode != 0
     assert f"does not accept jobs from user '{site.bob.name}'" in r.stderr, f"{r.stderr}\n{site.log('agent.log')}"
+    assert "must hold the agent's secret" not in r.stderr, r.stderr  # a policy refusal, not a wrong token
     r = site.launch(site.alice, site.alice.token, site.job("alices"))
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{site.log('agent.log')}"
     assert ids_of(r.stdout)[0]["uid"] == site.alice.pw.pw_uid
