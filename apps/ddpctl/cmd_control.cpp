@@ -79,6 +79,7 @@ struct ControlArgs {
   std::string ranks;
   std::string coordinator;
   std::string token_file;
+  bool tls = false;
 };
 
 // --coordinator HOST[:PORT]: the job is asked for through the standing coordinator.
@@ -92,7 +93,8 @@ std::optional<Target> relay_job(const ControlArgs& a, const char* cmd, int& rc) 
   try {
     auto keys = ddp::net::load_token_file(a.token_file.empty() ? ddp::net::find_client_token_file() : a.token_file);
     auto relay = std::make_shared<ddp::coordinator::ControlRelay>(
-        ep.endpoint.host, ep.endpoint.port.value_or(ddp::coordinator::kStandingPort), std::move(keys), ddp::net::local_user(), a.job);
+        ep.endpoint.host, ep.endpoint.port.value_or(ddp::coordinator::kStandingPort), std::move(keys), ddp::net::local_user(), a.job,
+        a.tls);
     return Target{a.job, relay->fd(), relay};
   } catch (const std::exception& e) {
     std::cerr << fmt::format("ddpctl {}: {}\n", cmd, e.what());
@@ -104,6 +106,11 @@ std::optional<Target> relay_job(const ControlArgs& a, const char* cmd, int& rc) 
 // The job named, or the only one running; otherwise says what runs and returns nullopt (exit code in `rc`).
 std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
   if (!a.coordinator.empty()) return relay_job(a, cmd, rc);
+  if (a.tls) {
+    std::cerr << fmt::format("ddpctl {}: --tls is for --coordinator (a job on this machine is reached through its local socket)\n", cmd);
+    rc = 2;
+    return std::nullopt;
+  }
   const std::string& job = a.job;
   std::string dir;
   try {
@@ -333,6 +340,7 @@ std::vector<Command> add_control_commands(CLI::App& root) {
     cmd->add_option("--token-file", args->token_file,
                     "with --coordinator: the shared secret (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, "
                     "/etc/ddpctl/token)");
+    cmd->add_flag("--tls", args->tls, "with --coordinator: talk to it inside TLS 1.3, keyed by the token");
   }
   return out;
 }

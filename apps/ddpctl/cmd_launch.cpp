@@ -354,7 +354,6 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   }
   if (!args.coordinator.empty()) {
     if (args.ssh) return fail("--coordinator with --ssh: a standing coordinator reaches its agents over TCP (SSH mode starts its own)");
-    if (args.tls) return fail("--tls with --coordinator is not built yet: a standing coordinator speaks to ddpctl and agents in plaintext (authenticated)");
     auto ep = ddp::hostlist::parse_endpoint(args.coordinator);
     if (!ep.ok()) return fail(fmt::format("--coordinator '{}': {}", args.coordinator, ep.error->to_string()));
     ddp::coordinator::SubmitOptions so;
@@ -374,6 +373,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     so.quiet = args.quiet;
     so.show_ranks = opts.show_ranks;
     so.result_json = opts.result_json;
+    so.tls = args.tls;
     return ddp::coordinator::submit_job(std::move(so));
   }
   try {
@@ -405,7 +405,10 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
                                 so.agent_binary));
       }
       opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::ssh::Dialer>(io, so); };
-      if (args.tls) return fail("--tls is not used with --ssh: SSH already encrypts the link to each agent");
+      if (args.tls && args.advertise_addr.empty()) {
+        return fail("--tls is not used with --ssh: SSH already encrypts the link to each agent (with --advertise-addr, "
+                    "where the agents connect back over TCP, it is)");
+      }
     } else if (args.slurm) {
       // A fresh secret per run, as over SSH: srun carries it to the agents in their environment
       // (slurm::kSecretEnv), which they read and remove; never a command-line word or a file.
@@ -426,7 +429,6 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
         return fail(fmt::format("--slurm: our ddp-agentd is not at {} (srun runs it from there on every node)", so.step.agent));
       }
       opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::slurm::StepDialer>(io, so); };
-      if (args.tls) return fail("--tls with --slurm is not built yet (the agents srun starts are reached in plaintext, authenticated)");
     } else {
       opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
     }
@@ -467,8 +469,9 @@ Command add_launch_command(CLI::App& root) {
   sub->add_option("--token-file", args->token_file,
                   "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
   sub->add_flag("--tls", args->tls,
-                "with --nodes: talk to the agents inside TLS 1.3, keyed by the token (no certificates); agents allow it "
-                "by default");
+                "talk to the agents inside TLS 1.3, keyed by the token (no certificates; agents allow it by default): "
+                "with --nodes, --slurm, --ssh --advertise-addr, and --coordinator (the link to it, and its links to "
+                "this job's agents)");
   sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery; "
                   "with --nodes and --dry-run: one file per node, comma-separated, or one for all");
   sub->add_flag("--ssh", args->ssh,

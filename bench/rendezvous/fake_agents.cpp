@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file)->required();
   app.add_option("--out", out)->required();
   app.add_option("--work-ms", bench.work_ms, "how long each worker runs before it exits 0")->check(CLI::Range(0, 600000));
-  app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 5));
+  app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 6));
   CLI11_PARSE(app, argc, argv);
 
   // Two descriptors per agent (listener, connection): raise the soft limit as far as allowed.

@@ -75,6 +75,9 @@ std::int64_t now_us() {
       .count();
 }
 
+// A delegation's expiry is on the wall clock (Unix seconds), as its signer wrote it.
+std::uint64_t wall_seconds() { return static_cast<std::uint64_t>(now_us() / 1000000); }
+
 
 
 
@@ -385,7 +388,13 @@ class Agent {
                     stopping_ = true;
                     return finish_shutdown();
                   }
-                  serve(Connection::make(std::move(*sock), server_session(), "launcher " + where, "agent", opts_.handshake_timeout));
+                  auto conn = Connection::make(std::move(*sock), server_session(), "launcher " + where, "agent", opts_.handshake_timeout);
+                  // The launcher speaks first, so TLS (launch --ssh --advertise-addr --tls) is told apart as on our port.
+                  if (opts_.tls != net::TlsMode::off) {
+                    if (!tls_) tls_ = net::tls_server_context(opts_.keys);
+                    conn->use_tls({tls_, /*server=*/true, opts_.tls});
+                  }
+                  serve(std::move(conn));
                 });
               });
   }
@@ -530,15 +539,10 @@ class Agent {
       c->refuse(proto::ErrorCode::unexpected, fmt::format("busy: job {} still has workers running", job_->job_id));
       return;
     }
-    if (const auto user = b["user"].get<std::string>(); !opts_.allowed_users.empty() &&
-        std::find(opts_.allowed_users.begin(), opts_.allowed_users.end(), user) == opts_.allowed_users.end()) {
-      log_->warn("job {} from {}: user {} is not in allowed_users; refused", job_id, c->label(), user);
-      c->refuse(proto::ErrorCode::auth, fmt::format("{} does not accept jobs from user '{}'", opts_.name, user),
-                "the node's /etc/ddpctl/agent.yaml lists the users it accepts (allowed_users)");
-      return;
-    }
-    const auto& key_id = c->session().peer().key_id;
-    const auto decision = agentconfig::decide_run_as(opts_.key_users, key_id, b["user"].get<std::string>());
+    // Whose job this is: the key that signed its delegation (a standing coordinator's offer,
+    // version 6), else the key this link proved; with key_users, that key's user (users.hpp).
+    const auto decision = agentconfig::decide_offer(opts_.key_users, opts_.allowed_users, opts_.keys, c->session().peer().key_id,
+                                                    b, wall_seconds());
     if (!decision.refusal.empty()) {
       log_->warn("job {} from {}: {}; refused", job_id, c->label(), decision.refusal);
       c->refuse(proto::ErrorCode::auth, fmt::format("{}: {}", opts_.name, decision.refusal), decision.hint);

@@ -52,8 +52,8 @@ struct AgentConfig {
   std::optional<std::string> log_dir;
   std::optional<std::string> name;
   std::optional<Millis> heartbeat_timeout;  // 500ms .. 1h, as --heartbeat-timeout
-  // Submitting users (the job's `user`) this agent accepts jobs from; empty: everyone the token
-  // admits. A policy check on what the authenticated coordinator declares, not a login.
+  // Users this agent accepts jobs from; empty: everyone the token admits. The authenticated user
+  // (users.hpp, decide_offer): with key_users the job's key's user; without, the declared name.
   std::vector<std::string> allowed_users;
   // Per-user tokens: each key id of the token file mapped to the local user its jobs run as
   // (agentconfig/users.hpp). Empty: not configured, and jobs run as the agent's own user.

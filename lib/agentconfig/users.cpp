@@ -2,6 +2,7 @@
 #include "agentconfig/users.hpp"
 
 #include "common/strings.hpp"
+#include "proto/delegation.hpp"
 
 #include <fmt/format.h>
 
@@ -32,6 +33,40 @@ RunAsDecision decide_run_as(const KeyUserMap& users, std::string_view key_id, st
     return d;
   }
   d.user = &it->second;
+  return d;
+}
+
+RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::string>& allowed_users, const proto::Keyring& keys,
+                           std::string_view link_key, const nlohmann::json& offer, std::uint64_t now_s) {
+  const auto claimed = offer.at("user").get<std::string>();
+  std::string key_id(link_key);
+  if (offer.contains("delegation")) {
+    RunAsDecision d;
+    std::string error;
+    auto del = proto::delegation_from_json(offer["delegation"], &error);
+    if (del) {
+      if (auto why = proto::verify_delegation(*del, keys,
+                                              {offer.at("job_id").get<std::string>(), claimed, std::string(link_key), "",
+                                               proto::payload_digest(offer.at("spec")), now_s})) {
+        error = *why;
+      }
+    }
+    if (!error.empty()) {
+      d.refusal = error;
+      d.hint = "a standing coordinator's job carries the delegation its submitter's ddpctl signed: submit the job again";
+      return d;
+    }
+    key_id = del->key_id;
+  }
+  auto d = decide_run_as(users, key_id, claimed);
+  if (!d.refusal.empty()) return d;
+  const std::string& user = d.user ? d.user->name : claimed;
+  if (!allowed_users.empty() && std::find(allowed_users.begin(), allowed_users.end(), user) == allowed_users.end()) {
+    RunAsDecision r;
+    r.refusal = fmt::format("does not accept jobs from user '{}': not in allowed_users", user);
+    r.hint = "the node's /etc/ddpctl/agent.yaml lists the users it accepts (allowed_users)";
+    return r;
+  }
   return d;
 }
 

@@ -6,10 +6,15 @@
 // user; a key that is not mapped runs nothing. root only with allow_root: true (checked on the
 // name by the parser, and on uid 0 whatever its name when the users are looked up here). When
 // key_users is absent, nothing changes: any key of the token file may run jobs, as the agent's
-// own user (allowed_users still filters the submitting users).
+// own user (allowed_users still filters the submitting users). A standing coordinator's offer
+// carries the submitter's delegation (version 6): the key that signed it is the job's key, not
+// the coordinator's (decide_offer).
 #pragma once
 
 #include "agentconfig/agentconfig.hpp"
+#include "proto/keyring.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <sys/types.h>
 
@@ -41,6 +46,17 @@ struct RunAsDecision {
   std::string hint;
 };
 RunAsDecision decide_run_as(const KeyUserMap& users, std::string_view key_id, std::string_view claimed_user);
+
+// The whole decision on a job_offer (its JSON, checked by the schema), pure, time injected:
+// 1. whose key: the offer's delegation's (protocol version 6, from a standing coordinator;
+//    proto/delegation.hpp), which must verify with `keys` for this job, user, spec and the key the
+//    link proved (`link_key`), unexpired at `now_s`; else the link's own key;
+// 2. decide_run_as with that key and the offer's user;
+// 3. allowed_users on the authenticated user: with key_users, the user that key maps to (step 2
+//    made the offer's user equal it); without, the name the authenticated peer (or the
+//    delegation's signer) declares, since a shared token cannot tell users apart.
+RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::string>& allowed_users, const proto::Keyring& keys,
+                           std::string_view link_key, const nlohmann::json& offer, std::uint64_t now_s);
 
 // The environment a job's workers get for their user (HOME, USER, LOGNAME, SHELL).
 std::map<std::string, std::string> user_environment(const LocalUser& u);

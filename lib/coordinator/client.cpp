@@ -5,6 +5,7 @@
 #include "coordinator/standing.hpp"
 #include "launch/report.hpp"
 #include "net/connection.hpp"
+#include "proto/delegation.hpp"
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
 
@@ -55,9 +56,17 @@ class Submitter {
       if (ec) return end(2, fmt::format("cannot reach the coordinator at {}: {}", at(), ec.message()));
       conn_ = Connection::make(std::move(s), proto::Session::client(ctl_config(opts_.keys, opts_.user)), "coordinator " + at(),
                                "coord", std::chrono::seconds(10));
-      conn_->start({[this](const proto::PeerInfo&) {
-                      json submit{{"job_id", opts_.job_id}, {"user", opts_.user}, {"spec", net::to_json(opts_.payload)},
-                                  {"nodes", opts_.nodes}};
+      if (opts_.tls) conn_->use_tls({net::tls_client_context(*opts_.keys.first())});
+      conn_->start({[this](const proto::PeerInfo& p) {
+                      auto spec = net::to_json(opts_.payload);
+                      json submit{{"job_id", opts_.job_id}, {"user", opts_.user}, {"nodes", opts_.nodes}};
+                      if (opts_.tls) submit["tls"] = true;  // only here with version 6: TLS needs it
+                      // Version 6: our key's permission for the coordinator's key to run this
+                      // job as us, which the agents check (proto/delegation.hpp).
+                      if (p.version >= 6 && !p.delegate_key.empty()) {
+                        submit["delegation"] = proto::to_json(delegation(p.delegate_key, spec));
+                      }
+                      submit["spec"] = std::move(spec);
                       // No "detach" (what older builds sent, to be answered at once): we
                       // stay to see the ranks start (a `running` event), then leave the job
                       // to the coordinator; one older than that never says it, and Ctrl-C
@@ -73,6 +82,20 @@ class Submitter {
   }
 
  private:
+  proto::Delegation delegation(const std::string& coordinator_key, const json& spec) const {
+    const auto nonce = proto::random_nonce();
+    proto::Delegation d;
+    d.user = opts_.user;
+    d.coordinator_key = coordinator_key;
+    d.job_id = opts_.job_id;
+    d.expires_s = static_cast<std::uint64_t>(
+                      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()) +
+                  proto::kDelegationSeconds;
+    d.nonce = proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), 16));
+    d.spec_sha256 = proto::payload_digest(spec);
+    return proto::sign_delegation(std::move(d), *opts_.keys.first());
+  }
+
   std::string at() const { return where(opts_.host, opts_.port); }
 
   void on_message(proto::Message m) {
@@ -196,8 +219,8 @@ int submit_job(SubmitOptions options) {
 // The relay's thread: the caller's request line goes out as one `control` frame once the
 // session is established; every `control` line that comes back is written to the caller's end.
 struct ControlRelay::Impl {
-  Impl(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id, int fd)
-      : host(std::move(host)), port(port), keys(std::move(keys)), user(std::move(user)), job_id(std::move(job_id)),
+  Impl(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id, int fd, bool tls)
+      : host(std::move(host)), port(port), keys(std::move(keys)), user(std::move(user)), job_id(std::move(job_id)), tls(tls),
         local(io, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fd), buf(768u << 10) {}
 
   void run() {
@@ -205,6 +228,7 @@ struct ControlRelay::Impl {
       if (ec) return fail(fmt::format("cannot reach the coordinator at {}: {}", where(host, port), ec.message()));
       conn = Connection::make(std::move(s), proto::Session::client(ctl_config(keys, user)), "coordinator " + where(host, port),
                               "coord", std::chrono::seconds(10));
+      if (tls) conn->use_tls({net::tls_client_context(*keys.first())});
       conn->start({[this](const proto::PeerInfo&) { read_request(); },
                    [this](proto::Message m) {
                      if (m.type != "control") return;
@@ -274,6 +298,7 @@ struct ControlRelay::Impl {
   std::uint16_t port;
   proto::Keyring keys;
   std::string user, job_id;
+  bool tls = false;
   asio::io_context io;
   asio::generic::stream_protocol::socket local;
   asio::streambuf buf;
@@ -283,11 +308,12 @@ struct ControlRelay::Impl {
   bool finishing = false;
 };
 
-ControlRelay::ControlRelay(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id) {
+ControlRelay::ControlRelay(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id,
+                           bool tls) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair failed");
   fd_ = sv[0];
-  impl_ = std::make_unique<Impl>(std::move(host), port, std::move(keys), std::move(user), std::move(job_id), sv[1]);
+  impl_ = std::make_unique<Impl>(std::move(host), port, std::move(keys), std::move(user), std::move(job_id), sv[1], tls);
   thread_ = std::thread([this] { impl_->run(); });
 }
 

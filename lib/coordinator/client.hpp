@@ -39,6 +39,9 @@ struct SubmitOptions {
   std::set<int> show_ranks;
   std::optional<std::string> result_json;
   Millis dial_timeout{10000};
+  // --tls: the link to the coordinator inside TLS 1.3 keyed by our key (net/tls.hpp), and the
+  // coordinator asked to reach this job's agents inside TLS too (submit.tls, version 6).
+  bool tls = false;
 };
 
 // ddpctl's exit status: the job's (0, 1, 128+signal), 0 with detach once every rank has started
@@ -50,7 +53,8 @@ class ControlRelay {
  public:
   // Starts connecting; the request line written to fd() goes to job `job_id` (empty: the only
   // one of ours). Errors (unreachable, refused) come back as a control error line.
-  ControlRelay(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id);
+  ControlRelay(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id,
+               bool tls = false);
   ~ControlRelay();  // stops the thread and joins it (close the fd first)
   ControlRelay(const ControlRelay&) = delete;
   ControlRelay& operator=(const ControlRelay&) = delete;

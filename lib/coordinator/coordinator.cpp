@@ -210,8 +210,15 @@ class Coordinator {
           return schedule_redial(n);
         }
         n.address = d.address;
-        start_session(n, Connection::make(std::move(*d.socket), proto::Session::client(client_config()), label(n), "coord",
-                                          std::chrono::seconds(10)));
+        auto conn = Connection::make(std::move(*d.socket), proto::Session::client(client_config()), label(n), "coord",
+                                     std::chrono::seconds(10));
+        // A TCP link a dialer made (srun's agents, SSH's connect-back): TLS as over --nodes. The
+        // CLI leaves tls off for a link inside an SSH channel, which SSH encrypts already.
+        if (opts_.tls) {
+          if (!tls_) tls_ = net::tls_client_context(*opts_.keys.first());
+          conn->use_tls({tls_});
+        }
+        start_session(n, std::move(conn));
       });
       return;
     }
@@ -277,11 +284,10 @@ class Coordinator {
                      n.dial_failures = 0;
                      // The offer is also the first clock probe: the join echoes its t0_us with
                      // the agent's stamps (proto/clock_sync.hpp); heartbeats refine it later.
-                     n.conn->send_with(n.conn->session().message("job_offer", {{"t0_us", now().count()},
-                                                                               {"job_id", opts_.job_id},
-                                                                               {"user", opts_.user},
-                                                                               {"node", n.entry.name}}),
-                                       "spec", offer_spec_);
+                     auto offer = n.conn->session().message(
+                         "job_offer", {{"t0_us", now().count()}, {"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}});
+                     if (opts_.delegation && n.conn->session().version() >= 6) offer["delegation"] = *opts_.delegation;
+                     n.conn->send_with(std::move(offer), "spec", offer_spec_);
                    },
                    [this, &n](proto::Message m) { on_message(n, std::move(m)); },
                    [this, &n, raw](const std::string& reason) { on_closed(n, raw, reason); }});
@@ -298,6 +304,12 @@ class Coordinator {
     if (first_gathering && (reason.find("TLS handshake failed") != std::string::npos ||
                             reason.find("only TLS") != std::string::npos)) {
       return fatal(fmt::format("{}: {}", label(n), reason));
+    }
+    if (reason.find("auth:") != std::string::npos && first_gathering &&
+        (reason.find("delegation") != std::string::npos || reason.find("key_users") != std::string::npos ||
+         reason.find("allowed_users") != std::string::npos)) {
+      // A policy refusal (who the job runs as), not a wrong secret: its own words say what to do.
+      return fatal(fmt::format("{}: refused: {}", label(n), reason.substr(reason.find("auth:") + 6)));
     }
     if (reason.find("auth:") != std::string::npos && first_gathering) {
       // "auth: the server failed to prove ..." / "peer refused: auth: ...": the protocol's

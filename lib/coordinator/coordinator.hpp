@@ -24,6 +24,8 @@
 #include "proto/keyring.hpp"
 #include "supervisor/output.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <boost/asio/io_context.hpp>
 
 #include <functional>
@@ -58,6 +60,9 @@ struct CoordinatorOptions {
   proto::Keyring keys;
   std::string job_id;
   std::string user;
+  // A standing coordinator's: the submitting user's delegation (proto/delegation.hpp), sent in
+  // every job_offer to agents that speak protocol version 6; absent: none (the link's key is the user's).
+  std::optional<nlohmann::json> delegation;
   std::set<int> show_ranks;  // terminal filter; empty: all
   bool quiet = false;
   std::optional<std::string> result_json;
@@ -76,8 +81,8 @@ struct CoordinatorOptions {
   // Every rank of a round has started, the first time this happens (once per job): `launch
   // --detach` returns then. A job that ends before never calls it.
   std::function<void()> on_running;
-  // TCP to the agents inside TLS 1.3 keyed by the token (net/tls.hpp); not for make_dialer's
-  // links, which bring their own (SSH).
+  // TCP to the agents inside TLS 1.3 keyed by the token (net/tls.hpp), also over the TCP links a
+  // make_dialer makes (srun's agents, SSH's connect-back); never set for SSH's own channels.
   bool tls = false;
 };
 

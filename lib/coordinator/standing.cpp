@@ -10,6 +10,7 @@
 #include "net/acceptor.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
+#include "proto/delegation.hpp"
 #include "sdnotify/sdnotify.hpp"
 #include "supervisor/process.hpp"
 
@@ -131,16 +132,27 @@ class Standing {
     sc.keys = opts_.keys;
     sc.nonce = proto::random_nonce();
     sc.accept_roles = {proto::Role::ctl};  // agents are dialled by us, never the other way
+    sc.delegate_key = opts_.keys.first()->id;  // what ddpctl's delegations name (version 6)
     auto conn = Connection::make(std::move(s), proto::Session::server(sc), ec ? "?" : endpoint_label(remote), "coordinator",
                                  opts_.handshake_timeout);
     conn->hold_until_established(accept_loop_->admit([w = std::weak_ptr<Connection>(conn)] {
       if (auto c = w.lock()) c->close("too many unauthenticated connections: the oldest is closed", /*routine=*/true);
     }));
+    if (opts_.tls != net::TlsMode::off) {
+      if (!tls_) tls_ = net::tls_server_context(opts_.keys);
+      conn->use_tls({tls_, /*server=*/true, opts_.tls});
+    }
     Connection* raw = conn.get();
     clients_[raw] = conn;
     conn->start({[this, raw](const proto::PeerInfo& p) {
-                   raw->set_label(fmt::format("ddpctl {} (user {})", raw->label(), p.user));
-                   log_->debug("{}: authenticated with key '{}'", raw->label(), p.key_id);
+                   const auto id = client_identity(opts_.key_users, p.key_id, p.user);
+                   if (!id.refusal.empty()) {
+                     log_->warn("ddpctl {}: {}; refused", raw->label(), id.refusal);
+                     return raw->refuse(proto::ErrorCode::auth, id.refusal, id.hint);
+                   }
+                   users_[raw] = id.user;
+                   raw->set_label(fmt::format("ddpctl {} (user {})", raw->label(), id.user));
+                   log_->debug("{}: authenticated with key '{}'{}", raw->label(), p.key_id, raw->encrypted() ? ", inside TLS 1.3" : "");
                  },
                  [this, raw](proto::Message m) { on_message(raw, std::move(m)); },
                  [this, raw](const std::string&) {
@@ -154,6 +166,7 @@ class Standing {
                      relays_.erase(it);
                    }
                    clients_.erase(raw);
+                   users_.erase(raw);
                  }});
   }
 
@@ -161,7 +174,14 @@ class Standing {
     if (c && c->established()) c->send(c->session().message(type, std::move(fields)));
   }
 
+  // The user a client acts as (identity.hpp), set once its connection is established and not refused.
+  const std::string* user_of(Connection* c) const {
+    auto it = users_.find(c);
+    return it == users_.end() ? nullptr : &it->second;
+  }
+
   void on_message(Connection* c, proto::Message m) {
+    if (!user_of(c)) return;  // refused at establishment: its frames behind the handshake are moot
     if (m.type == "submit") return on_submit(c, m.body);
     if (m.type == "stop_job") return on_stop_job(c, m.body);
     if (m.type == "control") return on_control(c, m.body);
@@ -169,8 +189,8 @@ class Standing {
     c->refuse(proto::ErrorCode::unexpected, fmt::format("a coordinator does not take '{}' from ddpctl", m.type));
   }
 
-  // The submitter, or root, may stop or inspect a job.
-  static bool may_touch(const Job& j, const std::string& user) { return user == j.user || user == "root"; }
+  // The submitter, or root (a root-mapped key with key_users), may stop or inspect a job.
+  static bool may_touch(const Job& j, const std::string& user) { return coordinator::may_touch(j.user, user); }
 
   void on_submit(Connection* c, const json& b) {
     const auto job_id = b["job_id"].get<std::string>();
@@ -180,10 +200,11 @@ class Standing {
                        fmt::format("submit.job_id: expected {}, got '{}'", jobspec::kJobIdRule, job_id));
     }
     const auto user = b["user"].get<std::string>();
-    const auto& peer_user = c->session().peer().user;
+    const auto& peer_user = *user_of(c);
     if (user != peer_user) {
       return c->refuse(proto::ErrorCode::auth,
-                       fmt::format("the job claims user '{}' but this connection is user '{}'", user, peer_user));
+                       fmt::format("the job claims user '{}' but this connection is user '{}'", user, peer_user),
+                       opts_.key_users.empty() ? "" : "with key_users, a job runs as the user its submitter's key maps to");
     }
     if (stopping_) return c->refuse(proto::ErrorCode::unexpected, "ddp-coordinator is shutting down");
     if (jobs_.count(job_id)) {
@@ -197,6 +218,28 @@ class Standing {
     }
     auto nodes = b["nodes"].get<std::vector<std::string>>();
     if (nodes.empty()) return c->refuse(proto::ErrorCode::bad_value, "submit.nodes: no nodes to run on");
+    // The delegation goes to the agents as it came; checked here too (we hold the same keys) so
+    // that a bad one is refused now, with its reason, not by every agent at the job's start.
+    std::optional<json> delegation;
+    if (b.contains("delegation")) {
+      std::string error;
+      auto d = proto::delegation_from_json(b["delegation"], &error);
+      if (d) {
+        const auto now_s = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                                          std::chrono::system_clock::now().time_since_epoch())
+                                                          .count());
+        if (auto why = proto::verify_delegation(*d, opts_.keys,
+                                                {job_id, user, opts_.keys.first()->id, c->session().peer().key_id,
+                                                 proto::payload_digest(b["spec"]), now_s})) {
+          error = *why;
+        }
+      }
+      if (!error.empty()) {
+        log_->warn("job {} from {}: {}; refused", job_id, c->label(), error);
+        return c->refuse(proto::ErrorCode::auth, "submit: " + error);
+      }
+      delegation = b["delegation"];
+    }
     const bool detach = b.value("detach", false);
 
     auto job = std::make_shared<Job>();
@@ -211,6 +254,9 @@ class Standing {
     o.keys = opts_.keys;
     o.job_id = job_id;
     o.user = user;
+    o.delegation = std::move(delegation);
+    // The submitter asked for TLS on every link of its job (its own is already), or we insist.
+    o.tls = b.value("tls", false) || opts_.tls == net::TlsMode::required;
     o.quiet = true;
     o.launcher_env = std::move(payload.forward_env);
     o.own_signals = false;
@@ -299,7 +345,7 @@ class Standing {
 
   void on_stop_job(Connection* c, const json& b) {
     auto it = jobs_.find(b["job_id"].get<std::string>());
-    if (it == jobs_.end() || !may_touch(*it->second, c->session().peer().user)) {
+    if (it == jobs_.end() || !may_touch(*it->second, *user_of(c))) {
       return c->refuse(proto::ErrorCode::bad_value, fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
     }
     stop(*it->second, fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""));
@@ -321,7 +367,7 @@ class Standing {
 
   void on_control(Connection* c, const json& b) {
     if (relays_.count(c)) return c->refuse(proto::ErrorCode::unexpected, "one control request per connection");
-    const auto& user = c->session().peer().user;
+    const auto& user = *user_of(c);
     std::string id = b.value("job_id", std::string());
     if (id.empty()) {
       std::vector<std::string> mine;
@@ -484,6 +530,8 @@ class Standing {
   std::shared_ptr<spdlog::logger> log_;
   std::map<Connection*, std::shared_ptr<Connection>> clients_;
   std::map<Connection*, std::shared_ptr<Relay>> relays_;
+  std::map<Connection*, std::string> users_;  // each established client's user (identity.hpp)
+  std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first client
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;
   std::optional<net::Acceptor<tcp>> accept_loop_;  // last: it uses acceptor_ and log_

@@ -13,14 +13,19 @@
 // it, so status/logs/stop mean the same here as on the launching machine; the log files that
 // `logs` names are read here and sent inline.
 //
-// Policy: only role ctl is accepted, and only after the handshake; a submit must name the user
-// its hello named (with one shared token that is a claim, not a proof: per-user tokens will
-// make it one); a job is stopped or inspected only by its submitter or root. A submitter that
+// Policy: only role ctl is accepted, and only after the handshake. Identity is the key: with
+// key_users a client acts only as the user its key maps to (identity.hpp; a hello or submit that
+// names anyone else is refused), and its jobs reach the agents with the delegation its ddpctl
+// signed with that key (proto/delegation.hpp, protocol version 6), which the agents check and
+// map themselves; without key_users a client is the user it declares (one shared token cannot
+// tell users apart). A job is stopped or inspected only by its submitter or root. A submitter that
 // reads slowly loses output lines (counted, and told), never slows the job. SIGTERM stops every
 // job (their workers on every node), then the daemon exits.
 #pragma once
 
 #include "common/duration.hpp"
+#include "coordinator/identity.hpp"
+#include "net/tls.hpp"
 #include "proto/keyring.hpp"
 
 #include <cstdint>
@@ -35,7 +40,13 @@ inline constexpr const char* kStandingVersion = "ddp-coordinator 0.1.0";
 struct StandingOptions {
   std::string listen_host = "::";
   std::uint16_t port = kStandingPort;
-  proto::Keyring keys;  // proves us to the agents, and clients to us
+  proto::Keyring keys;  // proves us to the agents (the first), and clients to us
+  // Key id → the user a client proving that key acts as (--key-user); empty: the declared user.
+  CoordinatorKeyUsers key_users;
+  // TLS 1.3 keyed by the token (net/tls.hpp) from ddpctl: allowed (told apart per connection),
+  // required (plaintext clients refused, and every job's agents reached inside TLS), or off.
+  // A job submitted with --tls reaches its agents inside TLS whatever this says.
+  net::TlsMode tls = net::TlsMode::allowed;
   std::string log_dir = "/var/log/ddpctl/coordinator";  // the launcher's copy of every job's per-rank logs
   Millis handshake_timeout{10000};
 };

@@ -85,6 +85,7 @@ Session Session::server(ServerConfig c) {
   s.nonce_s_.assign(reinterpret_cast<const char*>(c.nonce.data()), c.nonce.size());
   s.versions_ = c.versions.empty() ? all_versions() : std::move(c.versions);
   s.accept_roles_ = std::move(c.accept_roles);
+  s.delegate_key_ = std::move(c.delegate_key);
   s.decoder_.set_max_body(limits().max_handshake_frame_bytes);
   s.state_ = State::await_hello;
   return s;
@@ -250,6 +251,7 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   nlohmann::json fields{{"version", chosen}, {"nonce", to_hex(nonce_s_)}, {"role", std::string(to_string(role_))}};
   if (!name_.empty()) fields["name"] = name_;
   if (!software_.empty()) fields["software"] = software_;
+  if (chosen >= 6 && !delegate_key_.empty()) fields["delegate_key"] = delegate_key_;
   auto ack = make_message("hello_ack", chosen, std::move(fields));
   ack_body_ = dump(ack);
   std::string t;
@@ -277,6 +279,7 @@ Effects Session::handle_hello_ack(const Message& m, std::string_view body) {
   peer_.role = *role_from(b["role"].get<std::string>());
   peer_.name = b.value("name", "");
   peer_.software = b.value("software", "");
+  peer_.delegate_key = b.value("delegate_key", "");
   peer_.key_id = key_.id;
   if (expect_server_ && *expect_server_ != peer_.role) {
     return fail(ErrorCode::unexpected, "expected to reach a " + std::string(to_string(*expect_server_)) +

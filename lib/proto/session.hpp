@@ -54,6 +54,9 @@ struct PeerInfo {
   std::string name;    // from hello / hello_ack, for logs
   std::string software;
   std::uint32_t version = 0;
+  // Client side, version 6: the key id a standing coordinator dials agents with (hello_ack's
+  // delegate_key), for the delegation ddpctl signs (proto/delegation.hpp); empty otherwise.
+  std::string delegate_key;
 };
 
 // Effects, in the order the edge must carry them out.
@@ -91,6 +94,8 @@ struct ServerConfig {
   Nonce nonce{};
   std::vector<std::uint32_t> versions;  // empty: every version this build speaks
   std::vector<Role> accept_roles{Role::agent, Role::ctl, Role::coordinator};
+  // Sent in hello_ack when version 6 or later is chosen (a standing coordinator's dial key).
+  std::string delegate_key;
 };
 
 class Session {
@@ -150,7 +155,7 @@ class Session {
   bool is_client_ = true;
   State state_ = State::idle;
   Role role_ = Role::agent;
-  std::string user_, name_, software_;
+  std::string user_, name_, software_, delegate_key_;
   Keyring keys_;
   Key key_;
   std::string nonce_c_, nonce_s_;

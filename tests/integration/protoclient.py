@@ -1,5 +1,6 @@
-"""A second, independent implementation of the client side of ddpctl's wire protocol (version 3,
-which ddpctl still speaks beside 4; the handshake is the same;
+"""A second, independent implementation of the client side of ddpctl's wire protocol (version 3 by
+default, which ddpctl still speaks beside 4 to 6; the handshake is the same; version 6's
+delegations are signed here too;
 lib/proto/session.hpp), for tests that must say on the wire what ddpctl itself never would (a job
 id that climbs out of the log directory, say). Written from the construction in session.hpp, not
 from the C++ code, so a handshake it completes also checks that description."""
@@ -24,19 +25,21 @@ def _lp(b: bytes) -> bytes:
 class Client:
     """Dials HOST:PORT as `role` with (key_id, secret) and completes the handshake."""
 
-    def __init__(self, host, port, key_id, secret, role="coordinator", user="mallory", timeout=20):
+    def __init__(self, host, port, key_id, secret, role="coordinator", user="mallory", timeout=20, version=VERSION):
+        self.version = version
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.buf = b""
         self.secret = secret.encode()
         self.key_id = key_id
         self.role = role
         nonce_c = os.urandom(32)
-        hello = json.dumps({"type": "hello", "v": VERSION, "versions": [VERSION], "key_id": key_id,
+        hello = json.dumps({"type": "hello", "v": version, "versions": [version], "key_id": key_id,
                             "nonce": nonce_c.hex(), "role": role, "user": user, "name": "protoclient"},
                            separators=(",", ":")).encode()
         self._send_frame(hello)
         ack_body = self._read_frame()
         ack = json.loads(ack_body)
+        self.ack = ack  # version 6: a standing coordinator's delegate_key is here
         if ack.get("type") != "hello_ack":
             raise ProtocolError(f"expected hello_ack, got {ack}")
         nonce_s = bytes.fromhex(ack["nonce"])
@@ -49,7 +52,7 @@ class Client:
         ok = json.loads(self._read_frame())  # the server proves first (version 3)
         if ok.get("type") != "auth_ok" or not hmac.compare_digest(bytes.fromhex(ok["proof"]), proof(b"ddpctl server proof")):
             raise ProtocolError(f"the server's proof did not check out: {ok}")
-        self._send_frame(json.dumps({"type": "auth", "v": VERSION, "proof": proof(b"ddpctl client proof").hex()},
+        self._send_frame(json.dumps({"type": "auth", "v": version, "proof": proof(b"ddpctl client proof").hex()},
                                     separators=(",", ":")).encode())
         self.key = hmac.new(self.secret, b"ddpctl session\0" + nonce_c + nonce_s + transcript, hashlib.sha256).digest()
         self.seq_out = self.seq_in = 0
@@ -71,7 +74,7 @@ class Client:
 
     def send(self, type_, **fields):
         """A sealed message: JSON, then HMAC(session key, 'C' || seq || JSON)."""
-        body = json.dumps({"type": type_, "v": VERSION, **fields}, separators=(",", ":")).encode()
+        body = json.dumps({"type": type_, "v": self.version, **fields}, separators=(",", ":")).encode()
         tag = hmac.new(self.key, b"C" + struct.pack(">Q", self.seq_out) + body, hashlib.sha256).digest()
         self.seq_out += 1
         self._send_frame(body + tag)
@@ -88,6 +91,24 @@ class Client:
 
     def close(self):
         self.sock.close()
+
+
+def payload_digest(spec):
+    """SHA-256 (hex) of a job payload as the C++ side writes it (keys sorted, no spaces), without
+    log_dir: what a delegation binds (lib/proto/delegation.hpp)."""
+    body = {k: v for k, v in spec.items() if k != "log_dir"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
+
+
+def delegation(key_id, secret, user, coordinator_key, job_id, expires_s, spec, nonce=None):
+    """A version-6 delegation, signed from the construction in lib/proto/delegation.hpp."""
+    nonce = nonce or os.urandom(16).hex()
+    digest = payload_digest(spec)
+    data = (b"ddpctl delegation v1\0" + _lp(user.encode()) + _lp(key_id.encode()) + _lp(coordinator_key.encode()) +
+            _lp(job_id.encode()) + struct.pack(">Q", expires_s) + _lp(nonce.encode()) + _lp(digest.encode()))
+    mac = hmac.new(secret.encode(), data, hashlib.sha256).hexdigest()
+    return {"user": user, "key_id": key_id, "coordinator_key": coordinator_key, "job_id": job_id,
+            "expires_s": expires_s, "nonce": nonce, "spec_sha256": digest, "mac": mac}
 
 
 def read_token(path):

@@ -1,4 +1,4 @@
-"""The coordinator with agents of each protocol version it speaks, on loopback: version 4 and 5 agents
+"""The coordinator with agents of each protocol version it speaks, on loopback: version 4 to 6 agents
 get each round's start inside their assign (one frame), version 3 agents (the previous release)
 a start of their own; either way every node runs its share and the launch succeeds. The agents
 are bench/rendezvous's fake_agents (the real protocol, workers that exit 0 at once)."""
@@ -16,7 +16,7 @@ DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
 NODES = 3
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_every_node_starts_whichever_version_it_speaks(tmp_path, version):
     assert os.path.exists(FAKE_AGENTS), f"{FAKE_AGENTS} is not built (scripts/build builds it)"
     token = write_token(tmp_path / "token")

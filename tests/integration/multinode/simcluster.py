@@ -376,3 +376,43 @@ class Cluster:
             f.write(text)
         os.chmod(path, 0o755)
         return path
+
+
+# ---- what an eavesdropper on a host's link sees (TLS tests) ----
+
+# Records every frame on eth0 until the stop file appears (bounded), as a node-side tap would.
+SNIFFER = r'''
+import os, socket, sys, time
+out, stop = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.bind(("eth0", 0))
+s.settimeout(0.2)
+open(out + ".ready", "w").close()
+deadline = time.time() + 120
+with open(out, "wb") as f:
+    while not os.path.exists(stop) and time.time() < deadline:
+        try:
+            f.write(s.recv(65535))
+        except socket.timeout:
+            pass
+'''
+
+
+def captured(c, host, run):
+    """Runs run() while host's eth0 is captured; returns (run's result, the captured bytes)."""
+    out = os.path.join(c.dir, f"capture-{host.name}-{time.monotonic_ns()}")
+    stop = out + ".stop"
+    sniffer = c.write("sniffer.py", SNIFFER)
+    p = subprocess.Popen(["ip", "netns", "exec", host.ns, "/usr/bin/python3", sniffer, out, stop])
+    c.procs.append(p)
+    deadline = time.time() + 20
+    while not os.path.exists(out + ".ready") and time.time() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(out + ".ready"), "the capture did not start"
+    try:
+        result = run()
+    finally:
+        open(stop, "w").close()
+        p.wait(timeout=30)
+    with open(out, "rb") as f:
+        return result, f.read()

@@ -3,6 +3,8 @@ that requires TLS and one that merely allows it; a plaintext launch to the one t
 is refused with a message that names --tls; and what an eavesdropper on a node's link sees,
 captured from that node's own interface (an AF_PACKET socket inside its namespace): the job's
 command line in clear without TLS (the control that shows the capture works), nowhere with it.
+The same through a standing coordinator (`launch --coordinator --tls`): its link to ddpctl and
+its links to the job's agents, captured on the coordinator's host.
 """
 import os
 import subprocess
@@ -13,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
-from simcluster import LINE, finish, job_file  # noqa: E402
+from simcluster import LINE, captured, finish, job_file  # noqa: E402
 job = job_file  # nproc 1, no extra lines
 
 SKIP = simcluster.netns_unavailable()
@@ -26,23 +28,6 @@ import os, sys
 print("RANK " + os.environ["RANK"] + " " + sys.argv[1], flush=True)
 '''
 
-# Records every frame on eth0 until the stop file appears (bounded), as a node-side tap would.
-SNIFFER = r'''
-import os, socket, sys, time
-out, stop = sys.argv[1], sys.argv[2]
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-s.bind(("eth0", 0))
-s.settimeout(0.2)
-open(out + ".ready", "w").close()
-deadline = time.time() + 120
-with open(out, "wb") as f:
-    while not os.path.exists(stop) and time.time() < deadline:
-        try:
-            f.write(s.recv(65535))
-        except socket.timeout:
-            pass
-'''
-
 
 @pytest.fixture
 def cluster():
@@ -52,26 +37,6 @@ def cluster():
 
 def ranks(out):
     return sorted(int(m["rank"]) for m in map(LINE.match, out.splitlines()) if m and m["text"].startswith("RANK "))
-
-
-def captured(c, host, run):
-    """Runs run() while host's eth0 is captured; returns (run's result, the captured bytes)."""
-    out = os.path.join(c.dir, f"capture-{host.name}-{time.monotonic_ns()}")
-    stop = out + ".stop"
-    sniffer = c.write("sniffer.py", SNIFFER)
-    p = subprocess.Popen(["ip", "netns", "exec", host.ns, PY, sniffer, out, stop])
-    c.procs.append(p)
-    deadline = time.time() + 20
-    while not os.path.exists(out + ".ready") and time.time() < deadline:
-        time.sleep(0.05)
-    assert os.path.exists(out + ".ready"), "the capture did not start"
-    try:
-        result = run()
-    finally:
-        open(stop, "w").close()
-        p.wait(timeout=30)
-    with open(out, "rb") as f:
-        return result, f.read()
 
 
 def test_tls_launch_hides_the_job_from_the_wire_and_plaintext_shows_it(cluster):
@@ -117,3 +82,49 @@ def test_agent_requiring_tls_refuses_a_plaintext_launch_and_says_how(cluster):
     rc, out, err = finish(c.launch(job(c, "right", [PY, worker, "x"]), "--tls", hosts=[n1]), timeout=60)
     assert rc == 0, out + err
     assert ranks(out) == [0]
+
+
+COORD_PORT = 29411
+
+
+def test_tls_through_a_standing_coordinator_hides_the_job_on_every_link(cluster3):
+    c = cluster3
+    n1, n2, co = c.hosts
+    c.start_agent(n1, extra=("--tls", "required"))
+    c.start_agent(n2)
+    log = open(os.path.join(c.dir, "coordinator.log"), "ab")
+    co.popen([os.path.join(c.bin, "ddp-coordinator"), "--listen", f"{co.addr}:{COORD_PORT}", "--token-file", c.token,
+              "--log-dir", "/tmp/coord-logs"], stdout=log, stderr=subprocess.STDOUT)
+    c.wait_listening(co, port=COORD_PORT)
+    worker = c.write("worker.py", WORKER)
+    marker = "marker-" + os.urandom(8).hex()
+    spec = job(c, "viaco", [PY, worker, marker])
+
+    def submit(*args, hosts):
+        argv = [os.path.join(c.bin, "ddpctl"), "launch", "--coordinator", f"{co.addr}:{COORD_PORT}", "--nodes",
+                c.nodes_arg(hosts), "--token-file", c.token, *args, spec]
+        return finish(c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir))
+
+    # The control: in plaintext to n2 (which allows it), the marker crosses the coordinator's link.
+    (rc, out, err), wire = captured(c, co, lambda: submit(hosts=[n2]))
+    assert rc == 0, out + err
+    assert marker.encode() in wire, "the capture saw no plaintext job: it would prove nothing below"
+    # n1 takes only TLS: a plaintext submit fails there, saying so.
+    rc, out, err = submit(hosts=[n1])
+    assert rc != 0 and "only TLS" in out + err, out + err
+    # --tls: ddpctl to the coordinator, and the coordinator to both agents.
+    (rc, out, err), wire = captured(c, co, lambda: submit("--tls", hosts=[n1, n2]))
+    assert rc == 0, out + err
+    assert ranks(out) == [0, 1] and out.count(marker) == 2, out + err
+    assert len(wire) > 2000, "nothing captured"
+    assert marker.encode() not in wire
+    # ddpctl status --coordinator --tls reaches it too (the relay's link).
+    r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "status", "--coordinator", f"{co.addr}:{COORD_PORT}", "--token-file",
+                   c.token, "--tls"], cwd=c.dir)
+    assert "no job of yours runs on this coordinator" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.fixture
+def cluster3():
+    with simcluster.Cluster(nodes=3) as c:
+        yield c

@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
 import simcluster  # noqa: E402
 from ddptest import alive  # noqa: E402
-from simcluster import contracts, finish, job_file, wait_for_contracts  # noqa: E402
+from simcluster import captured, contracts, finish, job_file, wait_for_contracts  # noqa: E402
 job = job_file  # nproc 1, no extra lines
 
 SKIP = simcluster.netns_unavailable()
@@ -155,6 +155,27 @@ def test_slurm_launch_runs_the_contract_on_every_node_of_the_allocation(cluster)
     assert argv.index("--partition=debug") < agent
     assert argv[agent + 1:] == ["--oneshot", "--listen", "[::]:0", "--secret-env", "DDP_AGENT_SECRET", "--announce"]
     assert calls[0]["secret_len"] == 64 and calls[0]["slurm_job_id"] == "4242"
+    assert_nothing_left(c)
+
+
+def test_slurm_launch_with_tls_hides_the_job_from_the_wire(cluster):
+    """The agents srun starts are dialled over TCP; --tls puts those links in TLS 1.3 keyed by the
+    run's secret. Captured on n1's interface: the marker crosses in clear without --tls (the
+    control), nowhere with it."""
+    c = cluster
+    s = Slurm(c, hosts=c.hosts[:1])
+    worker = c.write("worker-echo.py", "import sys\nprint('ECHO ' + sys.argv[1], flush=True)\n")
+    marker = "marker-" + os.urandom(8).hex()
+    spec = job(c, "slurmtls", [PY, worker, marker])
+    n1 = c.hosts[0]
+    (rc, out, err), wire = captured(c, n1, lambda: finish(s.launch(spec)))
+    assert rc == 0, out + err
+    assert marker.encode() in wire, "the capture saw no plaintext job: it would prove nothing below"
+    (rc, out, err), wire = captured(c, n1, lambda: finish(s.launch(spec, "--tls")))
+    assert rc == 0, out + err
+    assert f"ECHO {marker}" in out, out + err
+    assert len(wire) > 2000, "nothing captured"
+    assert marker.encode() not in wire
     assert_nothing_left(c)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
 import simcluster  # noqa: E402
-from simcluster import contracts, finish, wait_for_contracts  # noqa: E402
+from simcluster import captured, contracts, finish, wait_for_contracts  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
 if SKIP is None and not os.access("/usr/sbin/sshd", os.X_OK):
@@ -412,6 +412,33 @@ def test_advertise_addr_makes_the_agents_connect_back_over_tcp(cluster):
             if port:
                 assert started.group(1) == port
         assert wait_nothing_left(c, hosts) == {}
+
+
+def test_advertise_addr_with_tls_hides_the_connect_back_link(cluster):
+    """--advertise-addr puts the job on a TCP link outside SSH; --tls encrypts it (the agent tells the
+    ClientHello from a hello, as on its port). Captured on n1's interface: the marker (in the
+    command line and the output) crosses in clear without --tls, the control; nowhere with it."""
+    c = cluster
+    n1 = c.hosts[0]
+    c.start_sshd(n1)
+    c.trust([n1])
+    worker = c.write("worker-echo.py", "import sys\nprint('ECHO ' + sys.argv[1], flush=True)\n")
+    marker = "marker-" + os.urandom(8).hex()
+    spec = job(c, "backtls", [PY, worker, marker])
+    advertise = f"{c.ctl.addr}:29556"
+    (rc, out, err), wire = captured(c, n1, lambda: finish(c.launch_ssh(spec, "--advertise-addr", advertise, hosts=[n1]),
+                                                          timeout=120))
+    assert rc == 0, out + err
+    assert marker.encode() in wire, "the capture saw no plaintext job: it would prove nothing below"
+    (rc, out, err), wire = captured(c, n1, lambda: finish(c.launch_ssh(spec, "--advertise-addr", advertise, "--tls",
+                                                                       hosts=[n1]), timeout=120))
+    assert rc == 0, out + err
+    assert f"ECHO {marker}" in out, out + err
+    assert len(wire) > 2000, "nothing captured"
+    assert marker.encode() not in wire
+    # Without --advertise-addr the link is the SSH channel: --tls is refused as pointless.
+    rc, out, err = finish(c.launch_ssh(spec, "--tls", hosts=[n1]), timeout=60)
+    assert rc == 2 and "SSH already encrypts" in err, err
 
 
 def test_advertise_addr_behind_nat_fails_naming_the_node_and_leaves_nothing(cluster):

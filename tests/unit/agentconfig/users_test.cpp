@@ -1,4 +1,5 @@
 #include "agentconfig/users.hpp"
+#include "proto/delegation.hpp"
 
 #include <gtest/gtest.h>
 
@@ -148,4 +149,83 @@ TEST(StorePort, AMappedUserGetsOnlyPortsItCouldBindItself) {
   // root's jobs may (root could bind it anyway).
   EXPECT_EQ(store_port_refusal(81, root, 1024), "");
   EXPECT_GT(unprivileged_port_start(), 0u);
+}
+
+// ---- decide_offer: whose job an offer is (a delegation's key, else the link's) ----
+
+namespace {
+
+const ddp::proto::Key kAliceKey{"alice-key", std::string(40, 'a')};
+const ddp::proto::Key kBobKey{"bob-key", std::string(40, 'b')};
+const ddp::proto::Keyring kKeys({kAliceKey, kBobKey, ddp::proto::Key{"coord", std::string(40, 'c')}});
+constexpr std::uint64_t kNow = 1'800'000'000;
+
+nlohmann::json offer(const std::string& user, const std::optional<ddp::proto::Key>& signer = std::nullopt,
+                     const std::string& delegated_user = "") {
+  nlohmann::json o{{"job_id", "j1"}, {"user", user}, {"node", "n1"}, {"spec", {{"command", {"/bin/true"}}, {"log_dir", "/l"}}}};
+  if (signer) {
+    ddp::proto::Delegation d;
+    d.user = delegated_user.empty() ? user : delegated_user;
+    d.coordinator_key = "coord";
+    d.job_id = "j1";
+    d.expires_s = kNow + 600;
+    d.nonce = std::string(32, '1');
+    d.spec_sha256 = ddp::proto::payload_digest(o["spec"]);
+    o["delegation"] = ddp::proto::to_json(ddp::proto::sign_delegation(d, *signer));
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST(DecideOffer, AStandingCoordinatorsOfferRunsAsTheDelegatingKeysUser) {
+  const KeyUserMap m{{"alice-key", user("alice", 1001)}, {"bob-key", user("bob", 1002)}};
+  // The coordinator's key is mapped to nobody; alice's delegation makes it alice's job.
+  auto d = decide_offer(m, {}, kKeys, "coord", offer("alice", kAliceKey), kNow);
+  ASSERT_TRUE(d.refusal.empty()) << d.refusal;
+  ASSERT_NE(d.user, nullptr);
+  EXPECT_EQ(d.user->name, "alice");
+  // Without one, the coordinator's own key decides, as before version 6: unmapped, refused.
+  d = decide_offer(m, {}, kKeys, "coord", offer("alice"), kNow);
+  EXPECT_NE(d.refusal.find("key 'coord' is not mapped"), std::string::npos) << d.refusal;
+  // Bob's delegation for a job that names alice.
+  d = decide_offer(m, {}, kKeys, "coord", offer("alice", kBobKey, "alice"), kNow);
+  EXPECT_NE(d.refusal.find("key 'bob-key' runs jobs only as user 'bob'"), std::string::npos) << d.refusal;
+  // A delegation for bob attached to an offer naming alice.
+  d = decide_offer(m, {}, kKeys, "coord", offer("alice", kBobKey, "bob"), kNow);
+  EXPECT_NE(d.refusal.find("for user 'bob', not 'alice'"), std::string::npos) << d.refusal;
+}
+
+TEST(DecideOffer, ABadDelegationIsRefusedWhateverTheMap) {
+  for (const KeyUserMap& m : {KeyUserMap{}, KeyUserMap{{"alice-key", user("alice", 1001)}}}) {
+    auto o = offer("alice", kAliceKey);
+    o["delegation"]["mac"] = std::string(64, '0');
+    EXPECT_NE(decide_offer(m, {}, kKeys, "coord", o, kNow).refusal.find("does not verify"), std::string::npos);
+    EXPECT_NE(decide_offer(m, {}, kKeys, "coord", offer("alice", kAliceKey), kNow + 601).refusal.find("expired"),
+              std::string::npos);
+    o = offer("alice", kAliceKey);
+    o["job_id"] = "j2";  // replayed for another job
+    EXPECT_NE(decide_offer(m, {}, kKeys, "coord", o, kNow).refusal.find("for job j1, not j2"), std::string::npos);
+    // Copied off the wire and offered over a link that proved bob's key.
+    EXPECT_NE(decide_offer(m, {}, kKeys, "bob-key", offer("alice", kAliceKey), kNow).refusal.find("not 'bob-key'"),
+              std::string::npos);
+  }
+}
+
+TEST(DecideOffer, AllowedUsersIsTheAuthenticatedUser) {
+  const KeyUserMap m{{"alice-key", user("alice", 1001)}, {"bob-key", user("bob", 1002)}};
+  // Bob's key on the link, the offer claiming alice (who is allowed): the key's user decides first.
+  auto d = decide_offer(m, {"alice"}, kKeys, "bob-key", offer("alice"), kNow);
+  EXPECT_NE(d.refusal.find("runs jobs only as user 'bob'"), std::string::npos) << d.refusal;
+  // Bob as himself: not in the list.
+  d = decide_offer(m, {"alice"}, kKeys, "bob-key", offer("bob"), kNow);
+  EXPECT_EQ(d.refusal, "does not accept jobs from user 'bob': not in allowed_users");
+  // Through a coordinator with bob's delegation: still bob, still refused.
+  d = decide_offer(m, {"alice"}, kKeys, "coord", offer("bob", kBobKey), kNow);
+  EXPECT_EQ(d.refusal, "does not accept jobs from user 'bob': not in allowed_users");
+  d = decide_offer(m, {"alice"}, kKeys, "coord", offer("alice", kAliceKey), kNow);
+  EXPECT_TRUE(d.refusal.empty()) << d.refusal;
+  // Without key_users: the declared name (one shared token cannot tell users apart).
+  EXPECT_TRUE(decide_offer({}, {"alice"}, kKeys, "coord", offer("alice"), kNow).refusal.empty());
+  EXPECT_FALSE(decide_offer({}, {"alice"}, kKeys, "coord", offer("bob"), kNow).refusal.empty());
 }

@@ -100,11 +100,40 @@ TEST(Session, HandshakeEstablishesBothSides) {
   EXPECT_EQ(p.s.established->role, Role::agent);
   EXPECT_EQ(p.s.established->key_id, "default");
   EXPECT_EQ(p.s.established->name, "n1");
-  EXPECT_EQ(p.s.established->version, 5u);
+  EXPECT_EQ(p.s.established->version, 6u);
   ASSERT_TRUE(p.c.established);
   EXPECT_EQ(p.c.established->role, Role::coordinator);
   EXPECT_EQ(p.c.established->name, "coord");
-  EXPECT_EQ(p.client.version(), 5u);
+  EXPECT_EQ(p.client.version(), 6u);
+  EXPECT_EQ(p.c.established->delegate_key, "");  // a server without one says nothing
+}
+
+// Version 6: a standing coordinator names the key it dials agents with, for ddpctl's delegation;
+// only to a client that negotiated 6 (an older one's schema would refuse the field).
+TEST(Session, AStandingCoordinatorNamesItsDelegateKeyFromVersion6) {
+  {
+    Pair p;
+    auto scfg = server_config();
+    scfg.delegate_key = "coord-key";
+    p.server = Session::server(scfg);
+    p.connect();
+    ASSERT_TRUE(p.client.established()) << p.c.dropped.value_or("");
+    EXPECT_EQ(p.c.established->delegate_key, "coord-key");
+  }
+  {
+    Pair p;
+    auto cfg = client_config();
+    cfg.versions = {3, 4, 5};
+    p.client = Session::client(cfg);
+    auto scfg = server_config();
+    scfg.delegate_key = "coord-key";
+    p.server = Session::server(scfg);
+    p.connect();
+    ASSERT_TRUE(p.client.established()) << p.c.dropped.value_or("");
+    EXPECT_EQ(p.client.version(), 5u);
+    EXPECT_EQ(p.c.established->delegate_key, "");
+    EXPECT_EQ(p.wire.find("delegate_key"), std::string::npos);
+  }
 }
 
 TEST(Session, TheSecretNeverCrossesTheWire) {
@@ -254,19 +283,19 @@ TEST(Session, VersionMismatchGivesAHint) {
   {
     Pair p;
     auto cfg = client_config();
-    cfg.versions = {6, 7};
+    cfg.versions = {7, 8};
     p.client = Session::client(cfg);
     p.connect();
     ASSERT_TRUE(p.s.dropped);
     EXPECT_EQ(*p.s.dropped,
-              "version: no common protocol version: the client speaks 6, 7, 'coord' speaks 3, 4, 5 (upgrade ddpctl on "
+              "version: no common protocol version: the client speaks 7, 8, 'coord' speaks 3, 4, 5, 6 (upgrade ddpctl on "
               "'coord' (it is older than the client))");
     EXPECT_NE(p.c.dropped->find("peer refused: version"), std::string::npos);
   }
   {
     Pair p;
     auto scfg = server_config();
-    scfg.versions = {6};
+    scfg.versions = {7};
     p.server = Session::server(scfg);
     p.connect();
     EXPECT_NE(p.s.dropped->find("upgrade the client's ddpctl"), std::string::npos);
@@ -308,7 +337,7 @@ TEST(Session, ClientRefusesAVersionItDidNotOffer) {
   auto ack = make_message("hello_ack", 7, {{"version", 7}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
   auto o = absorb(client.on_bytes(encode_frame(dump(ack))));
   ASSERT_TRUE(o.dropped);
-  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (3, 4, 5)"), std::string::npos);
+  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (3, 4, 5, 6)"), std::string::npos);
   auto sent = json::parse(body_of(o.sent));
   EXPECT_EQ(sent["type"], "error");
   EXPECT_EQ(sent["code"], "version");
@@ -471,8 +500,8 @@ TEST(SessionFrames, InvalidAuthenticatedMessageGetsAnErrorThenDrop) {
            {R"({"type":"join","v":1,"job_id":"j","node":"n1","nproc":"8"})",
             "wrong_type: 'join.nproc' must be an unsigned integer, got a string"},
            {R"({"type":"assign","v":1})", "wrong_sender"},
-           {R"({"type":"heartbeat","v":1})", "version: 'heartbeat' is framed as version 1, negotiated 5"},
-           {R"({"type":"hello","v":5,"versions":[5],"key_id":"k","nonce":")" + std::string(64, 'a') +
+           {R"({"type":"heartbeat","v":1})", "version: 'heartbeat' is framed as version 1, negotiated 6"},
+           {R"({"type":"hello","v":6,"versions":[6],"key_id":"k","nonce":")" + std::string(64, 'a') +
                 R"(","role":"agent","user":"u"})",
             "unexpected: 'hello' after the handshake finished"},
            {R"(not json)", "bad_json"},
