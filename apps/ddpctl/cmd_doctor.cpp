@@ -9,6 +9,8 @@
 //   --image IMAGE --runtime R / --job FILE
 //                                     also look the job's container image up on each node (never
 //                                     pulling) and check that every node has the same digest
+//   --job FILE (no container)         on this node, ask the job's interpreter (lib/pyenv) for its
+//                                     Python and PyTorch; without it, python3 on PATH is asked
 //   --sysfs-root DIR (or DDP_SYSFS_ROOT)  discover from a copied or fixture sysfs/procfs tree
 //   --gpu-job / --cpu-job             what the job needs (default: GPUs iff any node has one)
 //   --rdma / --no-rdma                whether the job must use RDMA (default: if all nodes have it)
@@ -28,6 +30,7 @@
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
 #include "net/wire.hpp"
+#include "pyenv/probe.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -55,9 +58,7 @@ extern "C" char** environ;
 // The container image to look up (--image/--runtime or --job's container), or nullopt.
 std::optional<ddp::jobspec::ContainerSpec> wanted_image(const DoctorArgs& a) {
   if (!a.job.empty()) {
-    auto spec = ddp::jobspec::load_job_file(a.job);
-    if (!spec.container) throw std::invalid_argument(a.job + " has no container: section");
-    return spec.container;
+    return ddp::jobspec::load_job_file(a.job).container;  // a host job: only its Python is asked about
   }
   if (a.image.empty()) return std::nullopt;
   auto runtime = ddp::jobspec::runtime_from_name(a.runtime);
@@ -68,13 +69,36 @@ std::optional<ddp::jobspec::ContainerSpec> wanted_image(const DoctorArgs& a) {
   return cs;
 }
 
-// This node's view of the image, looked up here (never pulled).
-ddp::facts::ContainerImage look_up_here(const ddp::jobspec::ContainerSpec& cs) {
+ddp::contract::Env own_env() {
   ddp::contract::Env env;
   for (char** e = environ; e && *e; ++e) {
     std::string_view kv(*e);
     if (auto eq = kv.find('='); eq != std::string_view::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
   }
+  return env;
+}
+
+// The job's Python here (--job FILE of a host job), else python3 on this PATH, as a launch would
+// probe it (lib/pyenv): the torch version that doctor shows and compares is the job's.
+std::optional<ddp::facts::PythonFacts> python_here(const DoctorArgs& a) {
+  ddp::jobspec::JobSpec spec;
+  if (!a.job.empty()) spec = ddp::jobspec::load_job_file(a.job);
+  if (spec.container) return std::nullopt;  // the image's Python: not probed here yet
+  ddp::pyenv::ProbeRequest req;
+  if (a.job.empty()) {
+    req.choice = {{"python3"}, "python3 on PATH (give --job FILE to ask the job's own interpreter)", true};
+  } else {
+    req.choice = ddp::pyenv::choose_interpreter(spec);
+  }
+  req.env = ddp::contract::scrub(own_env());
+  for (const auto& [k, v] : spec.env) req.env[k] = v;
+  req.workdir = spec.workdir.value_or(std::filesystem::current_path().string());
+  return ddp::pyenv::probe_python(req, &ddp::pyenv::process_cache(ddp::pyenv::default_cache_file()));
+}
+
+// This node's view of the image, looked up here (never pulled).
+ddp::facts::ContainerImage look_up_here(const ddp::jobspec::ContainerSpec& cs) {
+  const auto env = own_env();
   ddp::facts::ContainerImage ci{std::string(ddp::jobspec::runtime_name(cs.runtime)), cs.image, {}, {}, {}};
   try {
     auto id = ddp::container::prepare_image(cs, ddp::contract::scrub(env), std::filesystem::current_path().string(), false);
@@ -155,6 +179,9 @@ int run_doctor(const DoctorArgs& a) {
       opt.use_nvml = !a.no_nvml;
       nodes.push_back(F::discover(opt));
       if (image) nodes.back().container_image = look_up_here(*image);
+      // The live machine only: a copied sysfs tree is another node, whose Python is not here.
+      if (root.empty() && (nodes.back().python = python_here(a)) && nodes.back().python->torch)
+        nodes.back().versions.torch = nodes.back().python->torch;
     } else {
       for (const auto& file : a.facts_files) nodes.push_back(F::load_facts_file(file, &notes));
     }
@@ -227,7 +254,10 @@ Command add_doctor_command(CLI::App& root) {
   auto* image = sub->add_option("--image", args->image,
                                 "look this container image up on each node (never pulled) and compare their digests");
   sub->add_option("--runtime", args->runtime, "the runtime of --image: docker, podman, apptainer or enroot")->needs(image);
-  sub->add_option("--job", args->job, "look up the container image of this job file (its runtime and image)")->excludes(image);
+  sub->add_option("--job", args->job,
+                  "this job file's container image (looked up on each node), or for a host job its Python and "
+                  "PyTorch here")
+      ->excludes(image);
   return {sub, [args] { return run_doctor(*args); }};
 }
 

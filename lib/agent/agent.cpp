@@ -4,6 +4,7 @@
 
 #include "agent/interfaces.hpp"
 #include "agent/preflight.hpp"
+#include "pyenv/probe.hpp"
 #include "binding/binding.hpp"
 #include "agent/stdio_link.hpp"
 #include "container/container.hpp"
@@ -298,7 +299,8 @@ class Agent {
     std::set<int> exits_sent;               // local ranks whose exit went up this round
     std::uint64_t dropped_lines = 0;
     bool orphaned = false;  // the owner is gone: stop, then forget the job
-    std::shared_ptr<PreflightRun> preflight;  // a container job's, until it joins (killed with the job)
+    std::shared_ptr<PreflightRun> preflight;  // until it joins (killed with the job): image, or Python
+    std::optional<facts::PythonFacts> python;  // the job's interpreter here (lib/pyenv), for the contract
     json offer_t0_us;                          // the offer's coordinator time, echoed in the join
     std::int64_t offer_rx_us = 0;              // when the offer arrived here
     bool running() const { return shepherd && shepherd->running(); }
@@ -629,7 +631,8 @@ class Agent {
                job->nproc == 1 ? "" : "s");
     job_ = std::move(job);
     notify_.status(fmt::format("running job {} for {} (user {})", job_->job_id, c->label(), job_->user));
-    if (!container || !problems.empty()) return send_join(preflight, problems);
+    if (!problems.empty()) return send_join(preflight, problems);
+    if (!container) return probe_python(preflight, workdir);
     // The command runs inside the image: the helper pulls it (per container.pull), resolves its
     // digest for the coordinator to compare across nodes, and checks command[0] and the workdir
     // in there. The join waits for it; heartbeats and other coordinators do not.
@@ -661,6 +664,32 @@ class Agent {
     }
   }
 
+  // A host job's interpreter, asked for its Python and PyTorch (lib/pyenv) by the helper, as the
+  // workers' user with their environment, before the join: the contract sets what that PyTorch
+  // reads. A probe that fails leaves the release unknown (the contract's safe default), never
+  // the job refused.
+  void probe_python(json preflight, const std::string& workdir) {
+    auto env = contract::scrub(job_->inherited);
+    for (const auto& [k, v] : job_->payload.spec.env) env[k] = v;
+    auto request = preflight_request("python", job_->job_id, job_->payload, env, workdir);
+    if (job_->run_as && job_->run_as->uid != ::geteuid()) {
+      const auto r = run_as_of(*job_->run_as);
+      request["run_as"] = {{"uid", r.uid}, {"gid", r.gid}, {"groups", r.groups}};
+    }
+    Job* pending = job_.get();
+    try {
+      job_->preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) {
+        if (job_.get() != pending) return;
+        if (answer.contains("python")) job_->python = pyenv::python_from_json(answer["python"]);
+        else log_->warn("job {}: no Python probe: {}", job_->job_id, answer.value("error", std::string("no answer")));
+        send_join(preflight, {});
+      });
+    } catch (const supervisor::SpawnError& e) {
+      log_->warn("job {}: cannot start the Python probe: {}", job_->job_id, e.what());
+      send_join(preflight, {});
+    }
+  }
+
   // The job's join, with what the preflight found; the job stays held until its coordinator
   // decides (a failed preflight makes it give up, which closes the connection).
   void send_join(json preflight, const std::vector<std::string>& problems) {
@@ -672,6 +701,11 @@ class Agent {
                        {"cpus", cpus_.size()},
                        {"gpus", facts::gpu_count(facts_)},
                        {"ib_hcas", binding::ib_hcas(facts_)}};
+    if (job.python) {
+      facts_summary["python"] = facts::to_json(*job.python);
+      log_->info("job {}: Python {} {}, torch {}", job.job_id, job.python->interpreter, job.python->version.value_or("?"),
+                 job.python->torch.value_or(job.python->error ? "unknown: " + *job.python->error : "none"));
+    }
     // The offer's time, when it arrived and when the join leaves: a clock-offset sample with
     // this node's preflight taken out of the round trip (proto/clock_sync.hpp).
     send(job.owner.get(), "join",
@@ -794,6 +828,7 @@ class Agent {
     // (made by make_attempt_dir(), which comes first; without it nothing starts)
     node.attempt_dir = fmt::format("{}/attempt-{}", job.job_dir ? job.job_dir->path() : opts_.log_dir, node.restart_count);
     if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
+    if (job.python) node.torch_version = job.python->torch;
     return node;
   }
 

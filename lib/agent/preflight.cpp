@@ -3,6 +3,7 @@
 #include "common/log.hpp"
 #include "container/container.hpp"
 #include "container/runtime.hpp"
+#include "pyenv/probe.hpp"
 #include "supervisor/process.hpp"
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -44,6 +45,19 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
     const auto cwd = req.at("cwd").get<std::string>();
     const bool job = req.at("mode").get<std::string>() == "job";
     const auto& spec = payload.spec;
+    if (req.at("mode").get<std::string>() == "python") {
+      // A host job's interpreter, as its workers' user, with their environment and workdir.
+      pyenv::ProbeRequest probe;
+      probe.choice = pyenv::choose_interpreter(spec);
+      probe.env = env;
+      probe.workdir = cwd;
+      if (auto it = req.find("run_as"); it != req.end())
+        probe.run_as = supervisor::RunAs{it->at("uid").get<uid_t>(), it->at("gid").get<gid_t>(),
+                                         it->at("groups").get<std::vector<gid_t>>()};
+      answer["python"] = facts::to_json(pyenv::probe_python(probe, nullptr));
+      out << answer.dump() << "\n";
+      return 0;
+    }
     if (!spec.container) throw std::invalid_argument("the job has no container");
     const auto& cs = *spec.container;
     std::optional<container::Confinement> confine;

@@ -6,8 +6,10 @@
 // process's children, whose exit codes that process reads itself.
 //
 // The helper reads one JSON request on stdin and writes one JSON answer on stdout:
-//   request {mode: "job" | "image", job_id, spec: <job payload>, env: {...}, cwd}
+//   request {mode: "job" | "image" | "python", job_id, spec: <job payload>, env: {...}, cwd,
+//            run_as: {uid, gid, groups} (python, optional)}
 //   answer  {digest, repo_digest, error, warning}   (error empty: the node is ready)
+//           + {python: <facts' python>} in mode "python": a host job's interpreter (lib/pyenv)
 // "job" (a job offer): the image is pulled per `container.pull`, containers of dead launchers
 // are swept, and command[0] and the workdir are checked inside the image. "image" (doctor):
 // the image is only looked up.

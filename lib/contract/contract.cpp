@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace ddp::contract {
 
 const std::vector<std::string>& scrubbed_variables() {
@@ -84,14 +86,54 @@ std::string rank_error_file(const std::string& attempt_dir, int rank) {
   return fmt::format("{}/rank-{}.error.json", attempt_dir, rank);
 }
 
+std::optional<TorchRelease> parse_torch_release(std::string_view v) {
+  auto number = [&v]() -> std::optional<int> {
+    std::size_t n = 0;
+    int out = 0;
+    while (n < v.size() && n < 4 && v[n] >= '0' && v[n] <= '9') out = out * 10 + (v[n++] - '0');
+    if (n == 0 || (n < v.size() && v[n] >= '0' && v[n] <= '9')) return std::nullopt;
+    v.remove_prefix(n);
+    return out;
+  };
+  auto major = number();
+  if (!major || v.empty() || v.front() != '.') return std::nullopt;
+  v.remove_prefix(1);
+  auto minor = number();
+  if (!minor) return std::nullopt;
+  return TorchRelease{*major, *minor};
+}
+
+AsyncErrorHandling async_error_handling(const std::optional<std::string>& torch_version) {
+  const auto release = torch_version ? parse_torch_release(*torch_version) : std::nullopt;
+  if (!release) {
+    return {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"},
+            torch_version ? fmt::format("PyTorch {} is not a release ddpctl can read: both names, which every release "
+                                        "understands (2.2 and later warn about the old one)",
+                                        *torch_version)
+                          : std::string("PyTorch's release is not known on this node: both names, which every release "
+                                        "understands (2.2 and later warn about the old one); set python: in the job "
+                                        "file if the command is not the interpreter")};
+  }
+  if (*release >= kTorchNccl)
+    return {{"TORCH_NCCL_ASYNC_ERROR_HANDLING"},
+            fmt::format("PyTorch {} reads TORCH_NCCL_ASYNC_ERROR_HANDLING and warns about the old name", *torch_version)};
+  return {{"NCCL_ASYNC_ERROR_HANDLING"},
+          fmt::format("PyTorch {} reads only NCCL_ASYNC_ERROR_HANDLING (the TORCH_ name came in 2.2)", *torch_version)};
+}
+
 Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env& inherited, int local_rank) {
   Env env = scrub(inherited);
 
   // Defaults, which the inherited environment or the job may already have chosen.
   auto set_default = [&env](const std::string& k, const std::string& v) { env.try_emplace(k, v); };
   if (node.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");  // as torchrun: N ranks x all cores thrash
-  set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  set_default("NCCL_ASYNC_ERROR_HANDLING", "1");  // PyTorch 1.13's name
+  // One name per release (see async_error_handling); none where the user chose already.
+  const bool chosen = env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") || env.count("NCCL_ASYNC_ERROR_HANDLING") ||
+                      std::any_of(spec.env.begin(), spec.env.end(), [](const auto& kv) {
+                        return kv.first == "TORCH_NCCL_ASYNC_ERROR_HANDLING" || kv.first == "NCCL_ASYNC_ERROR_HANDLING";
+                      });
+  if (!chosen)
+    for (const auto& name : async_error_handling(node.torch_version).names) set_default(name, "1");
   if (node.local_mode) {
     set_default("NCCL_SOCKET_IFNAME", "lo");
     set_default("GLOO_SOCKET_IFNAME", "lo");

@@ -6,16 +6,21 @@
 // Precedence, lowest first: the inherited environment (scrubbed of other launchers' variables),
 // our defaults (OMP_NUM_THREADS, *_SOCKET_IFNAME, async error handling), the job's `env:`,
 // then the contract variables themselves, which nobody overrides (the job file may not set them).
+// Async error handling is set under the name the node's PyTorch reads (NodeContext::torch_version),
+// and not at all when the inherited environment or the job already set either name: a second
+// name would override the user's choice on one release and make the other warn.
 #pragma once
 
 #include "jobspec/jobspec.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddp::contract {
@@ -37,7 +42,33 @@ struct NodeContext {
   bool local_mode = true;  // single node on loopback: socket interfaces default to lo
   std::optional<std::string> nccl_unique_id_hex;
   std::string attempt_dir;  // <logs>/<job-id>/attempt-<n>
+  // The PyTorch release of the job's interpreter on this node ("2.11.0+cu128"), as lib/pyenv
+  // found it; nullopt: not known (no probe, no torch, or the probe failed).
+  std::optional<std::string> torch_version;
 };
+
+// PyTorch's release as {major, minor} from a version string ("2.2.0a0+git", "1.13.1"); nullopt
+// when it does not start with two dotted numbers.
+struct TorchRelease {
+  int major = 0, minor = 0;
+  friend auto operator<=>(const TorchRelease&, const TorchRelease&) = default;
+};
+std::optional<TorchRelease> parse_torch_release(std::string_view version);
+
+// The first release that reads TORCH_NCCL_ASYNC_ERROR_HANDLING (pytorch#114077, commit 8f8722e,
+// in 2.2.0); from then on the old NCCL_ASYNC_ERROR_HANDLING is a deprecated alias that makes
+// every process group print "Warning: Environment variable NCCL_ASYNC_ERROR_HANDLING is
+// deprecated". Releases before it read only the old name.
+inline constexpr TorchRelease kTorchNccl{2, 2};
+
+// The names of NCCL async error handling that ddpctl sets for this release, and why (for the
+// dry-run). Unknown release: both, because a release that reads only the old name would
+// otherwise hang on an NCCL error where it should stop, while a newer one only prints a warning.
+struct AsyncErrorHandling {
+  std::vector<std::string> names;
+  std::string why;
+};
+AsyncErrorHandling async_error_handling(const std::optional<std::string>& torch_version);
 
 // Variables of other launchers (or stale ones of ours) that would mislead a worker.
 // Exact names, and prefixes written with a trailing '*'.

@@ -87,6 +87,10 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
     // The agent's default --log-dir, in the folder of the job's user (lib/agent: <log_dir>/<user>/<job>).
     const auto user = launcher_env.count("USER") ? launcher_env.at("USER") : std::string("<user>");
     node.attempt_dir = fmt::format("/var/log/ddpctl/{}/{}/attempt-0", user, job_id);
+    // The job's PyTorch as the node's facts found it (ddpctl doctor --job FILE --json); the
+    // system Python's versions.torch is not the job's and is not used.
+    if (facts[i].python) node.torch_version = facts[i].python->torch;
+    const auto aeh = contract::async_error_handling(node.torch_version);
     auto plan = contract::make_plan(spec, node, inherited);
     if (!spec.binding.all_none()) {
       auto b = binding::plan_binding(facts[i], nproc[i], spec.binding);
@@ -100,7 +104,9 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
       container::wrap_plan(plan, spec, forwarded, host, 0, container::Owner{}, spec.workdir.value_or("/"));
     }
     out["nodes"].push_back({{"node", nodes[i].name}, {"node_rank", i}, {"hostname", facts[i].hostname},
-                            {"rank_base", base}, {"plan", contract::to_json(plan)}});
+                            {"rank_base", base}, {"plan", contract::to_json(plan)},
+                            {"python", facts[i].python ? facts::to_json(*facts[i].python) : nlohmann::json(nullptr)},
+                            {"async_error_handling", {{"names", aeh.names}, {"why", aeh.why}}}});
     base += nproc[i];
   }
   return out;

@@ -83,6 +83,7 @@ class Checker {
     duplicates();
     if (job_.gpu) gpus();
     versions();
+    python();
     nics();
     limits();
     image();
@@ -104,6 +105,58 @@ class Checker {
     std::vector<std::string> parts;
     for (const auto& [value, nodes] : v) parts.push_back(value + " on " + join(nodes, ", "));
     return join(parts, "; ");
+  }
+
+  // "2.11" of "2.11.0+cu128", "3.11" of "3.11.2": the release; the whole string if it has no
+  // two dotted parts (then only equal strings are the same release).
+  static std::string release_of(const std::string& v) {
+    auto dot = v.find('.');
+    if (dot == std::string::npos) return v;
+    auto end = v.find_first_not_of("0123456789", dot + 1);
+    return v.substr(0, end == std::string::npos ? v.size() : end);
+  }
+
+  // The job's PyTorch and Python (the probed interpreter's, else the system Python's torch):
+  // another PyTorch release on one node is an error (its collectives, store and pickled objects
+  // are another's; the store cannot tell the wire layouts apart), another build of one release a
+  // warning; another Python minor version an error (pickles and extension modules differ).
+  void python() {
+    Groups torch_release, torch_build, py_minor;
+    bool all_probed = true;  // else some torch is the system Python's, maybe not the job's: a warning
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      const auto& n = nodes_[i];
+      all_probed = all_probed && n.python;
+      std::optional<std::string> torch = n.python ? n.python->torch : n.versions.torch;
+      // Known to have none only when the interpreter answered; else unknown, never compared.
+      const bool answered = n.python && !n.python->error;
+      if (torch) {
+        torch_release[release_of(*torch)].push_back(labels_[i]);
+        torch_build[*torch].push_back(labels_[i]);
+      } else if (answered) {
+        torch_release["no torch"].push_back(labels_[i]);
+      }
+      if (answered && n.python->version) py_minor["Python " + release_of(*n.python->version)].push_back(labels_[i]);
+    }
+    auto nodes_of = [](const Groups& g) {
+      std::vector<std::string> out;
+      for (const auto& [v, l] : g) out.insert(out.end(), l.begin(), l.end());
+      return out;
+    };
+    if (torch_release.size() > 1) {
+      add(all_probed ? Severity::error : Severity::warning, "torch-release-mismatch",
+          "PyTorch releases differ: " + describe(torch_release) +
+              (all_probed ? " (ranks of different releases disagree on collectives and the store's wire; install one "
+                            "release everywhere)"
+                          : " (of the system Python where the job's was not asked: `ddpctl doctor --job FILE`)"),
+          nodes_of(torch_release));
+    } else if (torch_build.size() > 1) {
+      add(Severity::warning, "torch-version-mismatch", "PyTorch builds differ: " + describe(torch_build), nodes_of(torch_build));
+    }
+    if (py_minor.size() > 1) {
+      add(Severity::error, "python-version-mismatch",
+          "Python versions differ: " + describe(py_minor) + " (pickled objects and extension modules differ between them)",
+          nodes_of(py_minor));
+    }
   }
 
   // A job's container image (doctor --image/--job): on every node, and the same there.
@@ -179,8 +232,6 @@ class Checker {
          gpu ? Severity::error : Severity::info, false, "mixed CUDA drivers make NCCL fail or hang"},
         {"NCCL", "nccl-version", [](const NodeFacts& n) -> const auto& { return n.versions.nccl; },
          gpu ? Severity::error : Severity::info, false, "NCCL refuses peers of another version"},
-        {"torch", "torch-version", [](const NodeFacts& n) -> const auto& { return n.versions.torch; }, Severity::warning, false,
-         "DDP across torch versions may disagree on the wire"},
         {"kernel", "kernel-version", [](const NodeFacts& n) -> const auto& { return n.versions.kernel; }, Severity::info, false, ""},
     };
     for (const auto& c : checks) {

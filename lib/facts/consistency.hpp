@@ -22,7 +22,12 @@
 //     connection per rank, gloo and NCCL hold sockets per peer, plus the libraries' own), below
 //     4096 a warning (DataLoader workers passing tensors by fd exhaust 1024 quickly).
 //   - /dev/shm below 1 GiB (warning: DataLoader workers share batches through it).
-//   - torch versions differ (warning); kernel versions differ (info); the same hostname twice,
+//   - the job's PyTorch (facts' python.torch, else versions.torch): another release (major.minor)
+//     on a node, or none where others have one, is an error (collectives, the store's wire and
+//     pickles differ between releases) when every node's job interpreter was asked, a warning
+//     where some torch is only the system Python's; another build of one release a warning. The job's Python
+//     minor version differs: an error (pickles and extension modules).
+//   - kernel versions differ (info); the same hostname twice,
 //     or a GPU UUID on two nodes (error: the same node was described twice).
 //   - CPU jobs: GPU, driver and NCCL differences are info only.
 // Versions are compared as strings; "unknown" (absent) never equals anything.

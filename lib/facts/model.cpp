@@ -104,6 +104,15 @@ json limit_value(const std::optional<std::uint64_t>& v) { return v ? json(*v) : 
 
 }  // namespace
 
+json to_json(const PythonFacts& py) {
+  json o{{"interpreter", py.interpreter}, {"source", py.source}};
+  put(o, "executable", py.executable);
+  put(o, "version", py.version);
+  put(o, "torch", py.torch);
+  put(o, "error", py.error);
+  return o;
+}
+
 json to_json(const NodeFacts& f) {
   json j;
   j["facts_version"] = kFactsVersion;
@@ -155,6 +164,7 @@ json to_json(const NodeFacts& f) {
     put(o, "error", ci->error);
     j["container_image"] = std::move(o);
   }
+  if (f.python) j["python"] = to_json(*f.python);
   if (!f.sources.empty()) j["sources"] = f.sources;
   return j;
 }
@@ -401,6 +411,18 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     ci.error = r.str("error");
     r.finish();
     f.container_image = std::move(ci);
+  }
+  if (auto* v = top.find("python")) {
+    Reader r(*v, source, "python", notes);
+    PythonFacts py;
+    py.interpreter = *r.str("interpreter", true);
+    py.source = r.str("source").value_or("");
+    py.executable = r.str("executable");
+    py.version = r.str("version");
+    py.torch = r.str("torch");
+    py.error = r.str("error");
+    r.finish();
+    f.python = std::move(py);
   }
   f.sources = strings_of(top, "sources");
   top.finish();

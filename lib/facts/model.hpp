@@ -65,7 +65,8 @@ struct Versions {
   std::optional<std::string> cuda_driver;  // CUDA version the driver supports, "12.4"
   std::optional<std::string> nccl;         // as libnccl.so.2 (the workers' one) reports it, "2.28.9"
   std::optional<std::string> nccl_library; // which file that was
-  std::optional<std::string> torch;        // torch/version.py of the system Python, if any
+  std::optional<std::string> torch;        // the job's interpreter's (python.torch) when probed,
+                                           // else torch/version.py of the system Python, if any
   std::optional<std::string> kernel;       // "6.1.0-18-amd64"
 };
 
@@ -91,6 +92,17 @@ struct ContainerImage {
   std::optional<std::string> error;        // why there is no digest ("not present on this node")
 };
 
+// The Python a job runs on this node and its PyTorch, as lib/pyenv's probe found them: the
+// interpreter run as the job's user, with the job's environment, in its workdir (or image).
+struct PythonFacts {
+  std::string interpreter;                // what was run: a resolved path, or a wrapper's argv joined
+  std::string source;                     // why that one ("command", "python: key", a guess)
+  std::optional<std::string> executable;  // sys.executable's real path, as the interpreter said
+  std::optional<std::string> version;     // "3.11.2"
+  std::optional<std::string> torch;       // "2.11.0+cu128"; absent: no torch there (or see error)
+  std::optional<std::string> error;       // why nothing is known (not found, timed out, ...)
+};
+
 struct NodeFacts {
   std::string hostname;
   std::vector<NumaNode> numa_nodes;
@@ -100,6 +112,7 @@ struct NodeFacts {
   Limits limits;
   std::optional<std::vector<std::string>> container_runtimes;  // nullopt: not looked at
   std::optional<ContainerImage> container_image;               // nullopt: none asked about
+  std::optional<PythonFacts> python;                           // nullopt: not probed
   std::vector<std::string> sources;  // how facts were found ("nvml", "procfs", "sysfs", "file:...")
 };
 
@@ -111,6 +124,7 @@ class FactsError : public std::runtime_error {
 std::string_view to_string(NicKind k);
 
 nlohmann::json to_json(const NodeFacts& facts);
+nlohmann::json to_json(const PythonFacts& python);
 // `source` names the input in errors and notes (a file name, "node2's report").
 NodeFacts from_json(const nlohmann::json& j, std::string_view source, std::vector<std::string>* notes = nullptr);
 // Reads and parses a facts file; errors (FactsError) name the file and what is wrong.

@@ -143,6 +143,14 @@ std::string format_node(const NodeFacts& f) {
   else if (f.container_runtimes->empty()) out += "none";
   else out += join(*f.container_runtimes, ", ");
   out += "\n";
+  if (const auto& py = f.python) {
+    out += "\npython (" + py->source + ")\n  " + py->interpreter;
+    if (py->executable && *py->executable != py->interpreter) out += " -> " + *py->executable;
+    out += "\n  ";
+    if (py->error) out += "unknown: " + *py->error;
+    else out += "Python " + py->version.value_or("?") + ", torch " + py->torch.value_or("none");
+    out += "\n";
+  }
   if (const auto& ci = f.container_image) {
     out += "\ncontainer image (" + ci->runtime + ")\n  " + ci->image + "\n  ";
     out += ci->digest ? *ci->digest : "not resolved: " + ci->error.value_or("?");
@@ -154,12 +162,16 @@ std::string format_node(const NodeFacts& f) {
 
 std::string format_nodes_summary(const std::vector<NodeFacts>& nodes) {
   const bool images = std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return n.container_image.has_value(); });
+  const bool pythons = std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return n.python.has_value(); });
   std::vector<std::string> head{"node", "gpus", "nics", "driver", "cuda", "nccl", "torch"};
+  if (pythons) head.push_back("python");
   if (images) head.push_back("image digest");
   Table t(head);
   for (const auto& n : nodes) {
     std::vector<std::string> row{n.hostname, gpu_summary(n), nic_summary(n), opt(n.versions.driver),
-                                 opt(n.versions.cuda_driver), opt(n.versions.nccl), opt(n.versions.torch)};
+                                 opt(n.versions.cuda_driver), opt(n.versions.nccl),
+                                 n.python ? (n.python->error ? "-" : n.python->torch.value_or("none")) : opt(n.versions.torch)};
+    if (pythons) row.push_back(n.python && n.python->version ? *n.python->version : "-");
     if (images) {
       const auto& ci = n.container_image;
       row.push_back(!ci ? "-" : ci->digest ? *ci->digest : "missing");

@@ -36,7 +36,8 @@ namespace {
 // Keys we know. Those in `not_yet` belong to features of later issues.
 const std::vector<std::string> kTopKeys{
     "name",    "nnodes",  "hosts", "nproc_per_node", "command", "workdir", "env",  "env_forward",
-    "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous"};
+    "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous",
+    "python"};
 const std::map<std::string, std::string> kNotYet{};
 
 // Environment variables that ddpctl owns: a job may not set them (the value would be a lie).
@@ -201,6 +202,8 @@ class Parser {
       } else if (key == "command") {
         have_command = true;
         parse_command(v, spec);
+      } else if (key == "python") {
+        parse_python(v, spec);
       } else if (key == "workdir") {
         if (auto s = string(v, key)) {
           if (s->empty()) error(v, "workdir: expected a directory, got an empty string");
@@ -358,6 +361,29 @@ class Parser {
       spec.command.push_back(item.Scalar());
     }
     if (spec.command[0].empty()) error(v[0], "command: the program (first item) is empty");
+  }
+
+  // python: a program, or a non-empty list of strings (a command that acts as the interpreter).
+  void parse_python(const YAML::Node& v, JobSpec& spec) {
+    constexpr const char* kExpected = "a program such as python3 or /venv/bin/python, or a list such as [uv, run, python]";
+    if (v.IsScalar()) {
+      if (trim(v.Scalar()).empty()) error(v, fmt::format("python: expected {}, got an empty string", kExpected));
+      else spec.python = {v.Scalar()};
+      return;
+    }
+    if (!v.IsSequence() || v.size() == 0) {
+      error(v, fmt::format("python: expected {}, got {}", kExpected, describe(v)));
+      return;
+    }
+    std::vector<std::string> argv;
+    for (const auto& item : v) {
+      if (!item.IsScalar() || item.Scalar().empty()) {
+        error(item, fmt::format("python: every item must be a non-empty string, got {}", describe(item)));
+        return;
+      }
+      argv.push_back(item.Scalar());
+    }
+    spec.python = std::move(argv);
   }
 
   // container: {runtime, image, mounts, workdir, pull, extra_args, env}; runtime and image required.

@@ -92,6 +92,10 @@ struct JobSpec {
   Nproc nproc;
   std::vector<std::string> command;  // argv; run directly, no shell
   bool shell = false;                // command was a string: run as /bin/sh -c '<string>'
+  // python: the interpreter the command runs, where the command is not one (a shell script,
+  // uv run, conda run): a program ("python3", "/venv/bin/python") or the argv of a command that
+  // acts as one ([uv, run, python]). Empty: lib/pyenv decides from the command.
+  std::vector<std::string> python;
   std::optional<std::string> workdir;
   std::vector<std::pair<std::string, std::string>> env;  // in file order
   std::vector<std::string> env_forward{"PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "NCCL_*"};

@@ -18,6 +18,7 @@
 #include "facts/discover.hpp"
 #include "facts/model.hpp"
 #include "launch/nccl_holder.hpp"
+#include "pyenv/probe.hpp"
 #include "store/peers.hpp"
 #include "store/report.hpp"
 #include "store/server.hpp"
@@ -81,6 +82,17 @@ static const facts::NodeFacts& node_facts(const LaunchOptions& opts) {
   return *cached;
 }
 
+std::optional<facts::PythonFacts> job_python(const LaunchOptions& opts) {
+  if (opts.facts_file) return node_facts(opts).python;
+  if (opts.spec.container) return std::nullopt;
+  pyenv::ProbeRequest req;
+  req.choice = pyenv::choose_interpreter(opts.spec);
+  req.env = contract::scrub(own_environment());
+  for (const auto& [k, v] : opts.spec.env) req.env[k] = v;
+  req.workdir = opts.spec.workdir.value_or("/");
+  return pyenv::probe_python(req, &pyenv::process_cache(pyenv::default_cache_file()));
+}
+
 contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   auto& spec = opts.spec;
   if (spec.nproc.kind == jobspec::Nproc::Kind::cpu) {
@@ -118,6 +130,9 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   node.restart_count = attempt;
   node.use_agent_store = true;  // ddpctl serves the store; no worker binds MASTER_PORT
   node.attempt_dir = fmt::format("{}/{}/attempt-{}", spec.log_dir, opts.job_id, attempt);
+  // Once per launch, before any event loop (the probe waits for its child itself).
+  if (attempt == 0 && !opts.python) opts.python = job_python(opts);
+  if (opts.python) node.torch_version = opts.python->torch;
   return node;
 }
 
@@ -158,7 +173,11 @@ static contract::Plan make_attempt_plan(const LaunchOptions& opts, const contrac
 
 nlohmann::json dry_run(LaunchOptions opts) {
   auto node = resolve_node_context(opts, 0);
-  return contract::to_json(make_attempt_plan(opts, node, own_environment(), container::read_host_layout(), 0));
+  auto out = contract::to_json(make_attempt_plan(opts, node, own_environment(), container::read_host_layout(), 0));
+  out["python"] = opts.python ? facts::to_json(*opts.python) : nlohmann::json(nullptr);
+  const auto aeh = contract::async_error_handling(node.torch_version);
+  out["async_error_handling"] = {{"names", aeh.names}, {"why", aeh.why}};
+  return out;
 }
 
 namespace {

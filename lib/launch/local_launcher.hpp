@@ -5,6 +5,7 @@
 #pragma once
 
 #include "contract/contract.hpp"
+#include "facts/model.hpp"
 #include "jobspec/jobspec.hpp"
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,8 @@ struct LaunchOptions {
   bool quiet = false;                  // no worker output on the terminal
   std::optional<std::string> result_json;
   std::optional<std::string> facts_file;  // describe the node from this facts file, not discovery
+  // The job's Python and PyTorch on this node (lib/pyenv), probed once by resolve_node_context.
+  std::optional<facts::PythonFacts> python;
 };
 
 class LaunchError : public std::runtime_error {
@@ -32,6 +35,11 @@ class LaunchError : public std::runtime_error {
 // Resolves what the spec leaves open (nproc cpu, workdir, log dir, job id) and returns the
 // node's context for attempt `attempt`. Throws LaunchError with a clear message.
 contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt);
+
+// The job's Python on this node: from the --facts file when it has one, else the interpreter
+// probed here (lib/pyenv; cached in $XDG_CACHE_HOME/ddpctl). nullopt for a container job (its
+// Python is the image's, which this launcher does not probe yet) or a facts file without one.
+std::optional<facts::PythonFacts> job_python(const LaunchOptions& opts);
 
 // `ddpctl launch --dry-run`: the plan as JSON; starts nothing, binds nothing.
 nlohmann::json dry_run(LaunchOptions opts);

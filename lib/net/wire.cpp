@@ -79,6 +79,7 @@ json to_json(const JobPayload& p) {
                       {"nic", kNicBinding.at(static_cast<std::size_t>(s.binding.nic))}}},
          {"forward_env", p.forward_env}};
   if (s.workdir) j["workdir"] = *s.workdir;
+  if (!s.python.empty()) j["python"] = s.python;
   if (s.container) {
     const auto& c = *s.container;
     json mounts = json::array(), cenv = json::array();
@@ -118,6 +119,10 @@ JobPayload payload_from_json(const json& j) {
   if (s.command.empty() || s.command[0].empty()) throw WireError("job spec: 'command' is empty");
   s.shell = get<bool>(j, "shell");
   if (j.contains("workdir")) s.workdir = get<std::string>(j, "workdir");
+  if (j.contains("python")) {
+    s.python = get<std::vector<std::string>>(j, "python");
+    if (s.python.empty() || s.python.size() > 64 || s.python[0].empty()) throw WireError("job spec: 'python' must be a non-empty argv");
+  }
   for (const auto& kv : get<json>(j, "env")) {
     if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) {
       throw WireError("job spec: 'env' items must be [name, value] pairs of strings");

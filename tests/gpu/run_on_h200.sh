@@ -40,6 +40,33 @@ YAML
 echo "train rc=${PIPESTATUS[0]}"
 grep -h "NCCL\|backend" "$work"/logs/*/attempt-0/rank-0.log | head -5
 
+section "issue 22: the job's PyTorch as ddpctl sees it, and no warning caused by ddpctl's environment"
+# The dry-run names the interpreter and the async-error-handling variable chosen for its release;
+# every rank log of the training run above must be free of PyTorch's "Environment variable X is
+# deprecated" warning (2.2 and later print it for NCCL_ASYNC_ERROR_HANDLING).
+{
+  (cd "$work" && "$B/ddpctl" launch train.yaml --dry-run) > "$work/dry.json" 2>"$work/dry.err"
+  python3 - "$work/dry.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+py = p["python"] or {}
+print("dry-run python:", py.get("interpreter"), py.get("version"), "torch", py.get("torch"), "|", "async names:",
+      " ".join(p["async_error_handling"]["names"]))
+PY
+  "$B/ddpctl" doctor | sed -n '/^python/,/^$/p'
+  logs=$(ls "$work"/logs/*/attempt-0/rank-*.log 2>/dev/null)
+  n=$(printf '%s\n' "$logs" | grep -c .)
+  bad=$(grep -l -E "Environment variable [A-Z_]+ is deprecated" $logs 2>/dev/null)
+  tv=$(python3 -c 'from importlib import metadata; print(metadata.version("torch"))')
+  if [ "$n" -gt 0 ] && [ -z "$bad" ] && grep -q '"TORCH_NCCL_ASYNC_ERROR_HANDLING"' "$work/dry.json" \
+     && ! grep -q '"NCCL_ASYNC_ERROR_HANDLING"' "$work/dry.json"; then
+    echo "ISSUE22 PASS: PyTorch $tv, $n rank log(s), no deprecated-variable warning, only TORCH_NCCL_ASYNC_ERROR_HANDLING set"
+  else
+    echo "ISSUE22 FAIL: PyTorch $tv, $n rank log(s); warned in: ${bad:-none}"
+    grep -h -E "is deprecated" $logs 2>/dev/null | head -4
+  fi
+} 2>&1 | tee "$out/issue22.txt"
+
 section "raw NCCL all-reduce from ddpctl's broadcast id (1 rank) vs the same worker with its own id"
 cat > "$work/nccl.yaml" <<YAML
 name: nccl-allreduce

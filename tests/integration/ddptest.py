@@ -19,6 +19,13 @@ if "XDG_STATE_HOME" not in os.environ:
     import tempfile
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="ddp-test-state-", dir="/var/tmp")
     atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
+# ddpctl's cache of probed interpreters (lib/pyenv) likewise.
+if "XDG_CACHE_HOME" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ddp-test-cache-", dir="/var/tmp")
+    atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 
 def torch_examples_built() -> bool:

@@ -65,7 +65,7 @@ TEST(Contract, DefaultsAndWhoWins) {
   auto spec = spec_of("command: [x]\n");
   auto env = worker_env(spec, node4(), {}, 0);
   EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
-  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");  // release not known: both names
   EXPECT_EQ(env["NCCL_ASYNC_ERROR_HANDLING"], "1");
   EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "lo");
   EXPECT_EQ(env["GLOO_SOCKET_IFNAME"], "lo");
@@ -177,4 +177,73 @@ TEST(Forwarding, LoaderVariablesNeverReachRootsProcesses) {
   }
   for (const char* v : {"PATH", "HOME", "NCCL_DEBUG", "OLD_LD_PRELOAD", "CONTAINERS_CONF"}) EXPECT_FALSE(is_loader_variable(v)) << v;
   EXPECT_EQ(without_loader_variables({{"PATH", "/bin"}, {"LD_PRELOAD", "x"}, {"GCONV_PATH", "y"}}), (Env{{"PATH", "/bin"}}));
+}
+
+// ---- NCCL async error handling: the name each PyTorch release reads, and nothing it warns about
+
+TEST(Contract, TorchReleaseParses) {
+  EXPECT_EQ(parse_torch_release("2.11.0+cu128"), (TorchRelease{2, 11}));
+  EXPECT_EQ(parse_torch_release("1.13.1"), (TorchRelease{1, 13}));
+  EXPECT_EQ(parse_torch_release("2.2.0a0+git8f8722e"), (TorchRelease{2, 2}));
+  EXPECT_EQ(parse_torch_release("2.2"), (TorchRelease{2, 2}));
+  EXPECT_FALSE(parse_torch_release(""));
+  EXPECT_FALSE(parse_torch_release("2"));
+  EXPECT_FALSE(parse_torch_release("2."));
+  EXPECT_FALSE(parse_torch_release("v2.1.0"));
+  EXPECT_FALSE(parse_torch_release("99999.1"));  // bounded: no overflow from a hostile string
+  EXPECT_TRUE(TorchRelease({2, 1}) < kTorchNccl);
+  EXPECT_TRUE(TorchRelease({10, 0}) > kTorchNccl);
+}
+
+namespace {
+std::vector<std::string> async_names(const Env& env) {
+  std::vector<std::string> out;
+  for (const auto* n : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
+    if (env.count(n)) out.push_back(n + std::string("=") + env.at(n));
+  return out;
+}
+using Names = std::vector<std::string>;
+}  // namespace
+
+TEST(Contract, AsyncErrorHandlingNewReleaseGetsOnlyTheTorchName) {
+  auto spec = spec_of("command: [x]\n");
+  for (const auto* v : {"2.2.0", "2.11.0+cu128", "3.0.0"}) {
+    auto n = node4();
+    n.torch_version = v;
+    EXPECT_EQ(async_names(worker_env(spec, n, {}, 0)), (Names{"TORCH_NCCL_ASYNC_ERROR_HANDLING=1"})) << v;
+    EXPECT_EQ(async_error_handling(n.torch_version).names, (Names{"TORCH_NCCL_ASYNC_ERROR_HANDLING"}));
+  }
+}
+
+TEST(Contract, AsyncErrorHandlingOldReleaseGetsOnlyTheOldName) {
+  auto spec = spec_of("command: [x]\n");
+  for (const auto* v : {"1.13.1", "2.0.1", "2.1.2+cu121"}) {
+    auto n = node4();
+    n.torch_version = v;
+    EXPECT_EQ(async_names(worker_env(spec, n, {}, 0)), (Names{"NCCL_ASYNC_ERROR_HANDLING=1"})) << v;
+  }
+}
+
+TEST(Contract, AsyncErrorHandlingUnknownReleaseGetsBothAndSaysWhy) {
+  auto spec = spec_of("command: [x]\n");
+  auto n = node4();  // no torch_version
+  EXPECT_EQ(async_names(worker_env(spec, n, {}, 0)),
+            (Names{"NCCL_ASYNC_ERROR_HANDLING=1", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1"}));
+  EXPECT_NE(async_error_handling(std::nullopt).why.find("not known"), std::string::npos);
+  n.torch_version = "nightly";
+  EXPECT_EQ(async_names(worker_env(spec, n, {}, 0)).size(), 2u);
+  EXPECT_NE(async_error_handling(n.torch_version).why.find("nightly"), std::string::npos);
+}
+
+TEST(Contract, AsyncErrorHandlingTheUsersChoiceStandsAlone) {
+  auto n = node4();
+  n.torch_version = "1.13.1";
+  // The job file chose the new name: we add no old name beside it (it would override on 1.13).
+  auto spec = spec_of("command: [x]\nenv: {TORCH_NCCL_ASYNC_ERROR_HANDLING: '3'}\n");
+  EXPECT_EQ(async_names(worker_env(spec, n, {}, 0)), (Names{"TORCH_NCCL_ASYNC_ERROR_HANDLING=3"}));
+  // Inherited (env_forward): likewise, on a new release the inherited old name stays alone.
+  n.torch_version = "2.11.0";
+  auto plain = spec_of("command: [x]\n");
+  EXPECT_EQ(async_names(worker_env(plain, n, {{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, 0)),
+            (Names{"NCCL_ASYNC_ERROR_HANDLING=0"}));
 }

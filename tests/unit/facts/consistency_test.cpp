@@ -210,3 +210,66 @@ TEST(Consistency, ImageMissingOrDifferentIsAnError) {
   EXPECT_EQ(m->nodes, std::vector<std::string>{nodes[1].hostname});
   EXPECT_FALSE(find(missing, "image-mismatch"));
 }
+
+// The job's PyTorch and Python (lib/pyenv's probe): another release or Python minor is an error.
+namespace {
+PythonFacts py(const char* version, std::optional<std::string> torch) {
+  return PythonFacts{"/venv/bin/python3", "the command's program", "/usr/bin/python3.11", version, std::move(torch), {}};
+}
+}  // namespace
+
+TEST(Consistency, TorchReleasesAndPythonMinorsMustMatch) {
+  auto nodes = load({"cpu-a", "cpu-b"});
+  nodes[0].python = py("3.11.2", "2.11.0+cu128");
+  nodes[1].python = py("3.11.9", "2.11.0+cu128");
+  EXPECT_FALSE(has_errors(check(nodes))) << codes(check(nodes));  // patch releases of Python agree
+
+  nodes[1].python = py("3.11.2", "2.11.0+cu126");  // another build of one release: a warning
+  auto fs = check(nodes);
+  ASSERT_TRUE(find(fs, "torch-version-mismatch")) << codes(fs);
+  EXPECT_EQ(find(fs, "torch-version-mismatch")->severity, Severity::warning);
+  EXPECT_FALSE(find(fs, "torch-release-mismatch"));
+
+  nodes[1].python = py("3.11.2", "2.10.1");  // another release: an error naming both
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "torch-release-mismatch")) << codes(fs);
+  EXPECT_EQ(find(fs, "torch-release-mismatch")->severity, Severity::error);
+  EXPECT_THAT(find(fs, "torch-release-mismatch")->message, HasSubstr("2.10 on cpu-b"));
+  EXPECT_THAT(find(fs, "torch-release-mismatch")->message, HasSubstr("2.11 on cpu-a"));
+
+  nodes[1].python = py("3.11.2", std::nullopt);  // the interpreter answered: no torch there
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "torch-release-mismatch")) << codes(fs);
+  EXPECT_THAT(find(fs, "torch-release-mismatch")->message, HasSubstr("no torch on cpu-b"));
+
+  nodes[1].python = py("3.12.1", "2.11.0+cu128");  // another Python minor: an error
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-version-mismatch")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-version-mismatch")->severity, Severity::error);
+
+  // Where a node's torch is only the system Python's (no probe), a release mismatch is a warning.
+  nodes[1].python.reset();
+  nodes[1].versions.torch = "2.3.0";
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "torch-release-mismatch")) << codes(fs);
+  EXPECT_EQ(find(fs, "torch-release-mismatch")->severity, Severity::warning);
+
+  // A probe that failed is unknown, never a mismatch.
+  nodes[1].python = PythonFacts{"python3", "a guess", {}, {}, {}, std::string("python3 not found")};
+  fs = check(nodes);
+  EXPECT_FALSE(find(fs, "torch-release-mismatch")) << codes(fs);
+  EXPECT_FALSE(find(fs, "python-version-mismatch")) << codes(fs);
+}
+
+TEST(Report, ShowsTheJobsPython) {
+  auto nodes = load({"cpu-a"});
+  nodes[0].python = py("3.11.2", "1.13.1");
+  auto table = format_node(nodes[0]);
+  EXPECT_THAT(table, HasSubstr("/venv/bin/python3 -> /usr/bin/python3.11"));
+  EXPECT_THAT(table, HasSubstr("Python 3.11.2, torch 1.13.1"));
+  // and the facts file keeps it
+  auto back = from_json(to_json(nodes[0]), "t");
+  ASSERT_TRUE(back.python);
+  EXPECT_EQ(back.python->torch, "1.13.1");
+  EXPECT_EQ(back.python->executable, "/usr/bin/python3.11");
+}

@@ -287,3 +287,17 @@ TEST(JobSpec, ValidJobId) {
   EXPECT_FALSE(valid_job_id(std::string(129, 'j')));
   EXPECT_FALSE(valid_job_id(std::string("a\0b", 3)));
 }
+
+// python: the interpreter of a command that is not one (shell script, uv run, conda run).
+TEST(JobSpec, PythonKey) {
+  EXPECT_TRUE(parse_job_yaml("command: [x]\n", "t.yaml").python.empty());
+  EXPECT_EQ(parse_job_yaml("command: [sh, run.sh]\npython: /venv/bin/python\n", "t.yaml").python,
+            (std::vector<std::string>{"/venv/bin/python"}));
+  EXPECT_EQ(parse_job_yaml("command: [uv, run, train.py]\npython: [uv, run, python]\n", "t.yaml").python,
+            (std::vector<std::string>{"uv", "run", "python"}));
+  expect_error("command: [x]\npython: ''\n", 2, 9, "python: expected a program");
+  expect_error("command: [x]\npython: []\n", 2, 9, "python: expected a program");
+  expect_error("command: [x]\npython: {a: 1}\n", 2, 9, "python: expected a program");
+  expect_error("command: [x]\npython: [uv, [run]]\n", 2, 14, "every item must be a non-empty string");
+  expect_error("command: [x]\npyhton: python3\n", 2, 1, "did you mean 'python'");
+}

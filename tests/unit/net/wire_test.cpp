@@ -139,3 +139,16 @@ TEST(Wire, NodeEntriesTakeALoginUserOnlyForSsh) {
     EXPECT_NE(std::string(err.what()).find("only for --ssh"), std::string::npos) << err.what();
   }
 }
+
+TEST(Wire, PythonTravelsAndIsChecked) {
+  JobPayload p;
+  p.spec = ddp::jobspec::parse_job_yaml("command: [sh, run.sh]\npython: [uv, run, python]\n", "t.yaml");
+  auto j = to_json(p);
+  EXPECT_EQ(payload_from_json(j).spec.python, (std::vector<std::string>{"uv", "run", "python"}));
+  j.erase("python");  // an older launcher: the agent decides from the command
+  EXPECT_TRUE(payload_from_json(j).spec.python.empty());
+  j["python"] = nlohmann::json::array();
+  EXPECT_THROW(payload_from_json(j), WireError);
+  j["python"] = {""};
+  EXPECT_THROW(payload_from_json(j), WireError);
+}

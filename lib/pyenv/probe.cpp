@@ -1,0 +1,251 @@
+#include "pyenv/probe.hpp"
+
+#include "common/log.hpp"
+#include "common/strings.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace ddp::pyenv {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::size_t kMaxStdout = 64 << 10;
+constexpr std::size_t kMaxStderr = 4 << 10;
+constexpr std::size_t kMaxEntries = 64;           // of the file cache: one per interpreter and env
+constexpr std::uintmax_t kMaxCacheFile = 1 << 20;
+
+std::optional<std::int64_t> mtime_ns(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+facts::PythonFacts python_from_json(const json& o) {
+  facts::PythonFacts f;
+  f.interpreter = o.at("interpreter").get<std::string>();
+  f.source = o.value("source", std::string());
+  auto get = [&o](const char* k) -> std::optional<std::string> {
+    if (auto it = o.find(k); it != o.end() && it->is_string()) return it->get<std::string>();
+    return std::nullopt;
+  };
+  f.executable = get("executable");
+  f.version = get("version");
+  f.torch = get("torch");
+  f.error = get("error");
+  return f;
+}
+
+namespace {
+using facts::to_json;
+
+// Runs argv with a deadline; returns (stdout, stderr, exit status or -1 when killed).
+struct Ran {
+  std::string out, err;
+  int status = 0;
+  bool timed_out = false;
+};
+
+Ran run_bounded(const supervisor::SpawnSpec& spec, std::chrono::milliseconds timeout) {
+  auto sp = supervisor::spawn(spec);  // own process group; throws SpawnError
+  Ran r;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::array<pollfd, 2> fds{pollfd{sp.stdout_fd, POLLIN, 0}, pollfd{sp.stderr_fd, POLLIN, 0}};
+  int open = 2;
+  char buf[4096];
+  while (open > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      r.timed_out = true;
+      break;
+    }
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(left.count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+        continue;
+      }
+      auto& text = i == 0 ? r.out : r.err;
+      const std::size_t cap = i == 0 ? kMaxStdout : kMaxStderr;
+      if (text.size() < cap) text.append(buf, std::min<std::size_t>(static_cast<std::size_t>(got), cap - text.size()));
+    }
+  }
+  for (auto& p : fds)
+    if (p.fd >= 0) ::close(p.fd);
+  // At the deadline, or when both pipes closed: whatever is left of the group goes (a wrapper's
+  // children included); the interpreter itself is ours to reap.
+  ::kill(-sp.pid, SIGKILL);
+  int st = 0;
+  while (::waitpid(sp.pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// The variables that change which Python runs or what it finds.
+bool python_variable(const std::string& k) {
+  for (std::string_view p : {"PYTHON", "CONDA", "UV_", "PIP_"})
+    if (starts_with(k, p)) return true;
+  return k == "PATH" || k == "VIRTUAL_ENV" || k == "HOME" || k == "LD_LIBRARY_PATH";
+}
+
+}  // namespace
+
+std::string cache_key(const ProbeRequest& req, const std::string& resolved) {
+  json env = json::object();
+  for (const auto& [k, v] : req.env)
+    if (python_variable(k)) env[k] = v;
+  json k{{"argv", req.choice.argv}, {"resolved", resolved}, {"uid", req.run_as ? req.run_as->uid : ::geteuid()},
+         {"workdir", req.workdir}, {"env", env}};
+  return k.dump();
+}
+
+ProbeCache::ProbeCache(std::optional<fs::path> file) : file_(std::move(file)) {
+  if (!file_) return;
+  std::error_code ec;
+  const auto size = fs::file_size(*file_, ec);
+  if (ec || size > kMaxCacheFile) return;  // none yet, or not ours to trust: start afresh
+  std::ifstream in(*file_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    const auto j = json::parse(ss.str());
+    if (j.value("version", 0) != 1) return;
+    for (const auto& [key, e] : j.at("entries").items()) {
+      Entry entry{python_from_json(e.at("facts")), {}};
+      for (const auto& s : e.at("stamps")) entry.stamps.emplace_back(s.at(0).get<std::string>(), s.at(1).get<std::int64_t>());
+      entries_.emplace(key, std::move(entry));
+    }
+  } catch (const json::exception&) {
+    entries_.clear();  // a damaged cache costs one probe, nothing more
+  }
+}
+
+std::optional<facts::PythonFacts> ProbeCache::find(const std::string& key) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  for (const auto& [path, ns] : it->second.stamps)
+    if (mtime_ns(path) != ns) return std::nullopt;
+  return it->second.facts;
+}
+
+void ProbeCache::put(const std::string& key, const facts::PythonFacts& f, const std::vector<std::string>& stamp_paths) {
+  Entry e{f, {}};
+  for (const auto& p : stamp_paths) {
+    auto ns = mtime_ns(p);
+    if (!ns) return;  // a folder that vanished meanwhile: do not cache what cannot be validated
+    e.stamps.emplace_back(p, *ns);
+  }
+  if (entries_.size() >= kMaxEntries && !entries_.count(key)) entries_.erase(entries_.begin());
+  entries_[key] = std::move(e);
+  save();
+}
+
+void ProbeCache::save() const {
+  if (!file_) return;
+  json entries = json::object();
+  for (const auto& [key, e] : entries_) {
+    json stamps = json::array();
+    for (const auto& [p, ns] : e.stamps) stamps.push_back({p, ns});
+    entries[key] = {{"facts", to_json(e.facts)}, {"stamps", stamps}};
+  }
+  std::error_code ec;
+  fs::create_directories(file_->parent_path(), ec);
+  const auto tmp = file_->string() + fmt::format(".{}.tmp", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return;  // a cache we cannot write is only slower
+    out << json{{"version", 1}, {"entries", entries}}.dump() << "\n";
+    if (!out) return;
+  }
+  fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write, ec);
+  fs::rename(tmp, *file_, ec);
+  if (ec) fs::remove(tmp, ec);
+}
+
+std::optional<fs::path> default_cache_file() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') return fs::path(x) / "ddpctl" / "python.json";
+  if (const char* h = std::getenv("HOME"); h && *h == '/') return fs::path(h) / ".cache" / "ddpctl" / "python.json";
+  return std::nullopt;
+}
+
+ProbeCache& process_cache(std::optional<fs::path> file) {
+  static ProbeCache cache(std::move(file));
+  return cache;
+}
+
+facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
+  facts::PythonFacts f;
+  f.interpreter = join(req.choice.argv, " ");
+  f.source = req.choice.source;
+  const auto path = req.env.count("PATH") ? req.env.at("PATH") : std::string("/usr/bin:/bin");
+  const auto resolved = supervisor::resolve_executable(req.choice.argv.at(0), path, req.workdir);
+  if (!resolved) {
+    f.error = fmt::format("{} not found (PATH={}, workdir={})", req.choice.argv.at(0), path, req.workdir);
+    return f;
+  }
+  if (req.choice.argv.size() == 1) f.interpreter = *resolved;
+  const auto key = cache_key(req, *resolved);
+  if (cache)
+    if (auto hit = cache->find(key)) return *hit;
+
+  supervisor::SpawnSpec spec;
+  spec.argv = req.choice.argv;
+  spec.argv.at(0) = *resolved;
+  spec.argv.push_back("-c");
+  spec.argv.push_back(probe_script());
+  spec.env = req.env;
+  spec.workdir = req.workdir;
+  spec.run_as = req.run_as;
+  Ran ran;
+  try {
+    ran = run_bounded(spec, req.timeout);
+  } catch (const supervisor::SpawnError& e) {
+    f.error = fmt::format("cannot run {}: {}", *resolved, e.what());
+    return f;
+  }
+  auto answer = parse_probe_output(ran.out);
+  answer.facts.interpreter = f.interpreter;
+  answer.facts.source = f.source;
+  if (ran.timed_out) {
+    answer.facts.error = fmt::format("{} did not answer within {} ms", f.interpreter, req.timeout.count());
+  } else if (answer.facts.error) {
+    auto first = std::string(trim(ran.err.substr(0, ran.err.find('\n'))));
+    *answer.facts.error += fmt::format(" (exit status {}{})", ran.status, first.empty() ? "" : ": " + first);
+  }
+  if (answer.facts.error) {
+    log::get("pyenv")->debug("python probe of {}: {}", f.interpreter, *answer.facts.error);
+    return answer.facts;  // not cached: the next launch tries again
+  }
+  std::vector<std::string> stamps{*resolved};
+  if (answer.facts.executable) stamps.push_back(*answer.facts.executable);
+  stamps.insert(stamps.end(), answer.site.begin(), answer.site.end());
+  if (cache) cache->put(key, answer.facts, stamps);
+  return answer.facts;
+}
+
+}  // namespace ddp::pyenv

@@ -1,0 +1,186 @@
+// lib/pyenv: the interpreter choice and the probe's parser (pure), and the probe itself against
+// stand-in interpreters (shell scripts in a temporary folder): answer, timeout, cache, staleness.
+#include "pyenv/probe.hpp"
+#include "pyenv/pyenv.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+using namespace ddp;
+using namespace ddp::pyenv;
+namespace fs = std::filesystem;
+
+namespace {
+jobspec::JobSpec spec_of(const std::string& yaml) { return jobspec::parse_job_yaml(yaml, "t.yaml"); }
+}  // namespace
+
+TEST(Pyenv, LooksLikePython) {
+  for (const auto* p : {"python", "python3", "python3.11", "/venv/bin/python3", "pypy3", "./python"})
+    EXPECT_TRUE(looks_like_python(p)) << p;
+  for (const auto* p : {"bash", "uv", "conda", "torchrun", "python-config", "/usr/bin/pythonista", "train.py", ""})
+    EXPECT_FALSE(looks_like_python(p)) << p;
+}
+
+TEST(Pyenv, ChoosesThePythonKeyThenTheCommandThenAGuess) {
+  auto c = choose_interpreter(spec_of("command: [sh, run.sh]\npython: [uv, run, python]\n"));
+  EXPECT_EQ(c.argv, (std::vector<std::string>{"uv", "run", "python"}));
+  EXPECT_FALSE(c.guessed);
+  EXPECT_NE(c.source.find("python: in t.yaml"), std::string::npos);
+
+  c = choose_interpreter(spec_of("command: [/venv/bin/python3, train.py]\n"));
+  EXPECT_EQ(c.argv, (std::vector<std::string>{"/venv/bin/python3"}));
+  EXPECT_FALSE(c.guessed);
+
+  c = choose_interpreter(spec_of("command: [bash, run.sh]\n"));
+  EXPECT_EQ(c.argv, (std::vector<std::string>{"python3"}));
+  EXPECT_TRUE(c.guessed);
+  EXPECT_NE(c.source.find("set python:"), std::string::npos);
+
+  // A shell string is a shell, even when it starts with python.
+  EXPECT_TRUE(choose_interpreter(spec_of("command: python3 train.py\n")).guessed);
+}
+
+TEST(Pyenv, ParsesTheAnswerAfterNoise) {
+  auto a = parse_probe_output(
+      "hello from sitecustomize\nDDPCTL-PYENV {\"executable\": \"/usr/bin/python3.11\", \"python\": \"3.11.2\", "
+      "\"torch\": \"1.13.0a0+git\", \"site\": [\"/usr/lib/python3/dist-packages\", 7]}\n");
+  EXPECT_FALSE(a.facts.error);
+  EXPECT_EQ(a.facts.executable, "/usr/bin/python3.11");
+  EXPECT_EQ(a.facts.version, "3.11.2");
+  EXPECT_EQ(a.facts.torch, "1.13.0a0+git");
+  EXPECT_EQ(a.site, (std::vector<std::string>{"/usr/lib/python3/dist-packages"}));  // a non-string is dropped
+
+  a = parse_probe_output("DDPCTL-PYENV {\"executable\": \"/v/bin/python\", \"python\": \"3.11.2\", \"torch\": null}\n");
+  EXPECT_FALSE(a.facts.error);
+  EXPECT_FALSE(a.facts.torch);  // no torch there
+}
+
+TEST(Pyenv, BadAnswersAreErrorsNotGuesses) {
+  EXPECT_NE(parse_probe_output("").facts.error->find("no answer"), std::string::npos);
+  EXPECT_NE(parse_probe_output("DDPCTL-PYENV {nope\n").facts.error->find("not JSON"), std::string::npos);
+  EXPECT_NE(parse_probe_output("DDPCTL-PYENV [1]\n").facts.error->find("not a JSON object"), std::string::npos);
+  EXPECT_NE(parse_probe_output("DDPCTL-PYENV {\"torch\": \"2.1\"}\n").facts.error->find("no Python version"), std::string::npos);
+  // An absurd torch string is not a version.
+  auto a = parse_probe_output("DDPCTL-PYENV {\"python\": \"3.11.2\", \"torch\": \"" + std::string(200, '9') + "\"}\n");
+  EXPECT_FALSE(a.facts.torch);
+}
+
+// ---- the probe, against stand-ins
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/pyenv-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// A stand-in "python3" that answers like the probe script would (and counts its runs).
+void write_interpreter(const fs::path& file, const std::string& body) {
+  std::ofstream(file) << "#!/bin/sh\n" << body;
+  fs::permissions(file, fs::perms::owner_all);
+}
+
+std::string answering(const fs::path& site, const fs::path& counter, const std::string& torch) {
+  return "echo run >> " + counter.string() + "\necho 'DDPCTL-PYENV {\"executable\": \"'$0'\", \"python\": \"3.11.2\", "
+         "\"torch\": \"" + torch + "\", \"site\": [\"" + site.string() + "\"]}'\n";
+}
+
+int runs(const fs::path& counter) {
+  std::ifstream in(counter);
+  int n = 0;
+  for (std::string l; std::getline(in, l);) ++n;
+  return n;
+}
+
+ProbeRequest request_in(const TempDir& d) {
+  ProbeRequest r;
+  r.choice = {{"python3"}, "test", false};
+  r.env = {{"PATH", (d.path / "bin").string()}};
+  r.workdir = d.path.string();
+  return r;
+}
+
+}  // namespace
+
+TEST(PyenvProbe, FindsTheInterpreterOnTheJobsPathAndCachesUntilSitePackagesChange) {
+  TempDir d;
+  fs::create_directories(d.path / "bin");
+  fs::create_directories(d.path / "site");
+  const auto counter = d.path / "runs";
+  write_interpreter(d.path / "bin/python3", answering(d.path / "site", counter, "2.11.0+cu128"));
+  ProbeCache cache(d.path / "cache/python.json");
+  auto f = probe_python(request_in(d), &cache);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_EQ(f.interpreter, (d.path / "bin/python3").string());
+  EXPECT_EQ(f.torch, "2.11.0+cu128");
+  EXPECT_EQ(runs(counter), 1);
+
+  // The same request: answered from the cache, also by a new process's cache (the file).
+  EXPECT_EQ(probe_python(request_in(d), &cache).torch, "2.11.0+cu128");
+  ProbeCache reloaded(d.path / "cache/python.json");
+  EXPECT_EQ(probe_python(request_in(d), &reloaded).torch, "2.11.0+cu128");
+  EXPECT_EQ(runs(counter), 1);
+
+  // Another user's view or another PATH is another key.
+  auto other = request_in(d);
+  other.env["PYTHONPATH"] = "/elsewhere";
+  probe_python(other, &cache);
+  EXPECT_EQ(runs(counter), 2);
+
+  // "pip install": a new entry in a site folder changes its mtime; the cached answer is stale.
+  struct timespec ts[2] = {{0, UTIME_OMIT}, {1, 0}};  // an mtime that cannot be the cached one
+  ASSERT_EQ(::utimensat(AT_FDCWD, (d.path / "site").c_str(), ts, 0), 0);
+  write_interpreter(d.path / "bin/python3", answering(d.path / "site", counter, "2.12.0"));
+  EXPECT_EQ(probe_python(request_in(d), &cache).torch, "2.12.0");
+  EXPECT_EQ(runs(counter), 3);
+}
+
+TEST(PyenvProbe, MissingSilentOrHangingInterpretersAreErrors) {
+  TempDir d;
+  fs::create_directories(d.path / "bin");
+  auto f = probe_python(request_in(d), nullptr);
+  ASSERT_TRUE(f.error);
+  EXPECT_NE(f.error->find("python3 not found"), std::string::npos) << *f.error;
+
+  write_interpreter(d.path / "bin/python3", "echo 'SyntaxError: nope' >&2\nexit 1\n");
+  f = probe_python(request_in(d), nullptr);
+  ASSERT_TRUE(f.error);
+  EXPECT_NE(f.error->find("exit status 1: SyntaxError: nope"), std::string::npos) << *f.error;
+
+  // A wrapper that never answers (and a child of it holding the pipe): killed at the deadline.
+  write_interpreter(d.path / "bin/python3", "/bin/sleep 60 &\nexec /bin/sleep 60\n");
+  auto r = request_in(d);
+  r.timeout = std::chrono::milliseconds(300);
+  const auto t0 = std::chrono::steady_clock::now();
+  f = probe_python(r, nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ASSERT_TRUE(f.error);
+  EXPECT_NE(f.error->find("did not answer within 300 ms"), std::string::npos) << *f.error;
+}
+
+TEST(PyenvProbe, TheRealScriptOnThisMachinesPython) {
+  // Debian's python3 here has torch 1.13 (python3-torch); the script must not import it.
+  ASSERT_TRUE(fs::exists("/usr/bin/python3")) << "scripts/setup installs python3-torch";
+  ProbeRequest r;
+  r.choice = {{"/usr/bin/python3"}, "test", false};
+  r.env = {{"PATH", "/usr/bin:/bin"}};
+  auto f = probe_python(r, nullptr);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_EQ(f.version->substr(0, 2), "3.");
+  ASSERT_TRUE(f.torch);
+  EXPECT_EQ(f.torch->substr(0, 5), "1.13.");
+}
