@@ -78,6 +78,7 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
   opts.gpus = cfg.gpus;
   opts.cpus = cfg.cpus;
   if (cfg.tls && unset("--tls")) opts.tls = *ddp::net::parse_tls_mode(*cfg.tls);
+  opts.limits = cfg.limits;
 }
 
 }  // namespace

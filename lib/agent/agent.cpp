@@ -500,6 +500,16 @@ class Agent {
       c->refuse(proto::ErrorCode::bad_value, "facts_request: image must be {runtime: docker|podman|apptainer|enroot, image}");
       return;
     }
+    if (!opts_.key_users.empty() && !container::has_image_store(*runtime)) {
+      // An apptainer or enroot image is a file that root would open and hash: with key_users
+      // those runtimes run no user's job here (container.hpp's confinement), so nobody's key
+      // gets root to read a path of its choosing.
+      ci.error = fmt::format("not checked: this agent runs {} images for no key_users user", ci.runtime);
+      auto f = facts_;
+      f.container_image = ci;
+      send(c, "facts", {{"facts", facts::to_json(f)}});
+      return;
+    }
     net::JobPayload payload;
     payload.spec.command = {"true"};
     payload.spec.container = jobspec::ContainerSpec{*runtime, ci.image, {}, std::nullopt, jobspec::PullPolicy::never, {}, {}};
@@ -555,6 +565,13 @@ class Agent {
       payload = net::payload_from_json(b["spec"]);
     } catch (const net::WireError& e) {
       c->refuse(proto::ErrorCode::bad_value, e.what());
+      return;
+    }
+    // The store and the rank logs are the root agent's memory and writes: the job asks within
+    // the admin's limits (agent.yaml), whatever its spec says.
+    if (auto why = agentconfig::over_limits(payload.spec, opts_.limits); !why.empty()) {
+      log_->warn("job {} from {}: {}; refused", job_id, c->label(), why);
+      c->refuse(proto::ErrorCode::auth, fmt::format("{}: {}", opts_.name, why));
       return;
     }
     // A policy refusal like the two above (auth: the coordinator gives up instead of redialling).
@@ -954,6 +971,31 @@ class Agent {
       const int mode = fs::is_directory(real, ec) ? (R_OK | X_OK) : R_OK;
       if (!supervisor::accessible_as(run_as_of(user), real.string(), mode)) {
         problems.push_back(fmt::format("user {} cannot read container mount source {}", user.name, m.source));
+        continue;
+      }
+      // The runtime resolves the path again when it starts the container: a folder above the
+      // source that the user can write could by then hold a link to what the user cannot read.
+      // In a sticky folder (/tmp, /var/tmp) only an entry's or the folder's owner may rename it.
+      std::optional<fs::path> writable;
+      for (auto below = real, up = real.parent_path(); !writable; below = up, up = up.parent_path()) {
+        struct stat dir {}, entry {};
+        const bool sticky_protects = ::lstat(up.c_str(), &dir) == 0 && (dir.st_mode & S_ISVTX) &&
+                                     ::lstat(below.c_str(), &entry) == 0 && dir.st_uid != user.uid &&
+                                     entry.st_uid != user.uid;
+        if (!sticky_protects && supervisor::accessible_as(run_as_of(user), up.string(), W_OK)) writable = up;
+        if (up == up.root_path()) break;
+      }
+      if (writable) {
+        problems.push_back(fmt::format("container mount source {} lies in {}, which user {} can change (it could be "
+                                       "swapped for a link before the runtime mounts it): mount {} itself, or a folder "
+                                       "in one that only root changes",
+                                       m.source, writable->string(), user.name, writable->string()));
+        continue;
+      }
+      // Canonical, the path must still carry no --volume options (a link's target may hold ':').
+      if (real.string().find_first_of(":,") != std::string::npos) {
+        problems.push_back(fmt::format("container mount source {} resolves to {}, which holds ':' or ','", m.source,
+                                       real.string()));
         continue;
       }
       m.source = real.string();

@@ -25,6 +25,7 @@
 // itself, go to the running workers as they are.
 #pragma once
 
+#include "agentconfig/agentconfig.hpp"
 #include "agentconfig/users.hpp"
 #include "common/duration.hpp"
 #include "jobunit/systemd.hpp"
@@ -74,6 +75,8 @@ struct AgentOptions {
   // TLS 1.3 under the protocol (net/tls.hpp), keyed by `keys`. Not for --stdio: SSH already
   // encrypts that link.
   net::TlsMode tls = net::TlsMode::allowed;
+  // What one job may ask of the agent's own store and log writes (agent.yaml's limits:).
+  agentconfig::JobLimits limits;
   // Serve exactly one job, then exit (the job ends when its coordinator leaves).
   bool oneshot = false;
   // No listener: the one coordinator speaks over stdin/stdout (SSH mode; implies oneshot).

@@ -44,7 +44,7 @@ namespace {
 const std::vector<std::string> kKeys{"listen",        "token_file", "log_dir",    "name",
                                      "heartbeat_timeout", "allowed_users", "key_users", "allow_root",
                                      "container_runtime", "job_units",  "gpus",      "cpus",
-                                     "tls"};
+                                     "tls",        "limits"};
 
 // POSIX portable user names (what useradd accepts by default).
 const std::regex& user_name_re() {
@@ -154,6 +154,8 @@ class Parser {
       const std::string s = v.IsScalar() ? v.Scalar() : "";
       if (s == "off" || s == "allowed" || s == "required") cfg.tls = s;
       else error(v.Mark(), fmt::format("tls: expected allowed, required or off, got {}", describe(v)));
+    } else if (key == "limits") {
+      limits(cfg, v);
     } else if (key == "gpus") {
       gpus(cfg, v);
     } else if (key == "cpus") {
@@ -164,6 +166,45 @@ class Parser {
         error(v.Mark(), fmt::format("cpus: expected a CPU list such as 0-15,32-47, got {}", describe(v)));
       } else {
         cfg.cpus = std::move(*list);
+      }
+    }
+  }
+
+  // limits: {store_max_size: 4GiB, store_max_keys: 4194304, log_max_size: 10GiB}
+  void limits(AgentConfig& cfg, const YAML::Node& v) {
+    if (!v.IsMap()) {
+      error(v.Mark(), fmt::format("limits: expected a mapping with keys store_max_size, store_max_keys, log_max_size, "
+                                  "got {}", describe(v)));
+      return;
+    }
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string k = it->first.IsScalar() ? it->first.Scalar() : "";
+      const YAML::Node val = it->second;
+      if (k == "store_max_keys") {
+        static const std::regex re(R"(^\d{1,10}$)");
+        if (!val.IsScalar() || !std::regex_match(val.Scalar(), re) || std::stoull(val.Scalar()) < 1024) {
+          error(val.Mark(), fmt::format("limits.store_max_keys: expected a number of keys of at least 1024, got {}", describe(val)));
+        } else {
+          cfg.limits.store_max_keys = std::stoull(val.Scalar());
+        }
+      } else if (k == "store_max_size" || k == "log_max_size") {
+        static const std::regex re(R"(^(\d{1,15})\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?$)");
+        std::smatch m;
+        std::optional<std::uint64_t> bytes;
+        const std::string text = val.IsScalar() ? val.Scalar() : "";
+        if (std::regex_match(text, m, re)) {
+          const std::string u = m[2];
+          const std::uint64_t mult = u == "KiB" ? 1ull << 10 : u == "MiB" ? 1ull << 20 : u == "GiB" ? 1ull << 30
+                                     : u == "TiB" ? 1ull << 40 : u == "KB" ? 1000ull : u == "MB" ? 1000'000ull
+                                     : u == "GB" ? 1000'000'000ull : u == "TB" ? 1000'000'000'000ull : 1ull;
+          const std::uint64_t n = std::stoull(m[1]);
+          if (n <= (1ull << 50) / mult && n * mult >= (1ull << 20)) bytes = n * mult;
+        }
+        if (!bytes) error(val.Mark(), fmt::format("limits.{}: expected a size of at least 1MiB such as 4GiB, got {}", k, describe(val)));
+        else (k == "store_max_size" ? cfg.limits.store_max_size : cfg.limits.log_max_size) = *bytes;
+      } else {
+        error(it->first.Mark(), fmt::format("limits: unknown key {}; expected store_max_size, store_max_keys or log_max_size",
+                                            describe(it->first)));
       }
     }
   }
@@ -282,6 +323,22 @@ AgentConfig load_agent_config(const std::string& path) {
   text << in.rdbuf();
   if (in.bad()) throw ConfigError({{path, 0, 0, fmt::format("cannot read the agent config: {}", std::strerror(errno))}});
   return parse_agent_config(text.str(), path);
+}
+
+}  // namespace ddp::agentconfig
+
+namespace ddp::agentconfig {
+
+std::string over_limits(const jobspec::JobSpec& spec, const JobLimits& limits) {
+  auto over = [](const char* what, std::uint64_t asked, const char* key, std::uint64_t max) {
+    return fmt::format("the job's {} ({}) is above this node's limit of {} (limits.{} in the agent's config file, "
+                       "/etc/ddpctl/agent.yaml): ask for less, or have the admin raise it",
+                       what, asked, max, key);
+  };
+  if (spec.store_max_bytes > limits.store_max_size) return over("store.max_size", spec.store_max_bytes, "store_max_size", limits.store_max_size);
+  if (spec.store_max_keys > limits.store_max_keys) return over("store.max_keys", spec.store_max_keys, "store_max_keys", limits.store_max_keys);
+  if (spec.log_max_bytes > limits.log_max_size) return over("logs.max_size", spec.log_max_bytes, "log_max_size", limits.log_max_size);
+  return {};
 }
 
 }  // namespace ddp::agentconfig

@@ -45,6 +45,18 @@ struct KeyUser {
   int line = 0, column = 0;
 };
 
+// What one job may ask of this root agent's own resources (agent.yaml's `limits:`). The store
+// and the rank logs are the agent's (root's memory, root's writes to log_dir: no user quota
+// applies), so the job file's store.max_size, store.max_keys and logs.max_size may not pass them.
+struct JobLimits {
+  std::uint64_t store_max_size = 1ull << 30;  // the job file's default
+  std::uint64_t store_max_keys = 1ull << 20;  // the job file's default
+  std::uint64_t log_max_size = 1ull << 30;    // per rank file (kept twice: rotated once)
+};
+
+// Empty when the job's own limits fit within the agent's, else why not and what to change.
+std::string over_limits(const jobspec::JobSpec& spec, const JobLimits& limits);
+
 struct AgentConfig {
   std::string file;
   std::optional<std::string> listen;      // HOST:PORT, checked with lib/hostlist's endpoint syntax
@@ -69,6 +81,7 @@ struct AgentConfig {
   // TLS under the protocol (net/tls.hpp): "allowed" (either, told apart per connection),
   // "required" (plaintext coordinators are refused) or "off"; absent: allowed.
   std::optional<std::string> tls;
+  JobLimits limits;
 };
 
 // Parses YAML text; `file` names it in diagnostics. Throws ConfigError.

@@ -31,6 +31,20 @@ std::optional<std::string> image_problem(std::string_view image) {
   for (unsigned char c : image) {
     if (c <= ' ' || c == 0x7f) return fmt::format("'{}' holds whitespace or a control character", image);
   }
+  // podman and skopeo read "transport:reference": oci-archive:/path, dir:/path, docker-daemon:,
+  // containers-storage:[driver@root+run]... name files and stores on this host, which root's
+  // runtime would open. Registry references ("host:port/name", "name:tag") and docker:// pass.
+  if (const auto colon = image.find(':'); colon != std::string_view::npos) {
+    const auto prefix = image.substr(0, colon);
+    for (std::string_view t : {"oci", "oci-archive", "docker-archive", "docker-daemon", "dir", "containers-storage",
+                               "ostree", "sif", "tarball"}) {
+      if (prefix == t) {
+        return fmt::format("'{}' names a file or store on the node through podman's '{}:' transport; give a registry "
+                           "reference (name:tag, host/name@sha256:...)",
+                           image, t);
+      }
+    }
+  }
   return std::nullopt;
 }
 
@@ -44,6 +58,14 @@ std::optional<std::string> confinement_problem(const jobspec::ContainerSpec& spe
     return fmt::format("container.extra_args ({}) are not allowed for a mapped user's container: they would be "
                        "root's flags to the runtime",
                        join(spec.extra_args, " "));
+  }
+  // The GPUs are the node's to give (the binding's CUDA_VISIBLE_DEVICES becomes --gpus or
+  // --device); NVIDIA_* would have the runtime's hook hand over others.
+  for (const auto& [k, v] : spec.env) {
+    if (k.rfind("NVIDIA_", 0) == 0) {
+      return fmt::format("container.env {} is not allowed for a mapped user's container: the node gives the job its "
+                         "GPUs", k);
+    }
   }
   // `--volume SRC:DST[:OPTS]`: a ':' or ',' of the job's would add options of its own (podman's
   // `:U` chowns the source to the container's user, as root).
@@ -406,12 +428,14 @@ void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& in
                              : fs::path(r.log_file).replace_extension(".env").string();
     run.argv = r.argv;
     run.env = r.env;
-    for (const auto& [k, v] : cs.env) run.env[k] = v;
+    // The GPUs the rank was given on the host, before container.env: a CUDA_VISIBLE_DEVICES
+    // there is the container's own numbering, not a way to ask the runtime for more devices.
     if (auto it = run.env.find("CUDA_VISIBLE_DEVICES"); it != run.env.end()) {
       for (auto g : split(it->second, ',')) {
         if (!trim(g).empty()) run.gpus.emplace_back(trim(g));
       }
     }
+    for (const auto& [k, v] : cs.env) run.env[k] = v;
     run.cpus = r.cpus;
     run.mem_node = r.mem_node;
     run.owner_label = owner.label();

@@ -131,8 +131,20 @@ CommandResult run_command(const std::vector<std::string>& argv, const Env& env, 
 }
 
 std::string sha256_of_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw ContainerError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  // Look before opening: opening a device can act (a watchdog arms on open, a tape rewinds),
+  // and a FIFO would block. O_PATH opens nothing; the regular file it names is then reopened
+  // through /proc/self/fd, so what is read is the inode that was checked.
+  const int pfd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (pfd < 0) throw ContainerError(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(pfd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(pfd);
+    throw ContainerError(fmt::format("{} is not a regular file (an image file is expected)", path));
+  }
+  const int fd = ::open(fmt::format("/proc/self/fd/{}", pfd).c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  const int open_err = errno;
+  ::close(pfd);
+  if (fd < 0) throw ContainerError(fmt::format("cannot read {}: {}", path, std::strerror(open_err)));
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
   std::vector<char> buf(1 << 20);

@@ -18,6 +18,9 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <regex>
+
 #include <csignal>
 #include <fstream>
 #include <map>
@@ -239,6 +242,19 @@ class Standing {
         return c->refuse(proto::ErrorCode::auth, "submit: " + error);
       }
       delegation = b["delegation"];
+    } else if (!opts_.key_users.empty()) {
+      // Without one the agents would decide by our own key: with --key-user, only a job its
+      // submitter signed runs anywhere.
+      log_->warn("job {} from {}: no delegation; refused", job_id, c->label());
+      return c->refuse(proto::ErrorCode::auth,
+                       "submit: the job carries no delegation, and this coordinator (--key-user) runs only jobs their "
+                       "submitter signed",
+                       "use a ddpctl of protocol version 6 or later (ddpctl --version)");
+    }
+    // Each user's logs in a folder of their own: a job id another user used before is theirs.
+    static const std::regex user_re("^[a-z_][a-z0-9_-]{0,31}\\$?$");
+    if (!std::regex_match(user, user_re)) {
+      return c->refuse(proto::ErrorCode::bad_value, fmt::format("submit.user: '{}' is not a user name", user));
     }
     const bool detach = b.value("detach", false);
 
@@ -249,7 +265,7 @@ class Standing {
 
     CoordinatorOptions o;
     o.spec = std::move(payload.spec);
-    o.spec.log_dir = opts_.log_dir;  // the launcher's copy of the logs is kept here
+    o.spec.log_dir = (std::filesystem::path(opts_.log_dir) / user).string();  // the launcher's copy of the logs
     o.nodes = std::move(nodes);
     o.keys = opts_.keys;
     o.job_id = job_id;

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <regex>
+
 #include <algorithm>
 #include <set>
 
@@ -98,6 +100,14 @@ json to_json(const JobPayload& p) {
 
 JobPayload payload_from_json(const json& j) {
   if (!j.is_object()) throw WireError("job spec: expected an object");
+  // A variable's name as the job file allows it: a name with '=' or a newline would smuggle
+  // another variable past the agent's filters (a loader variable to a root process) or add a
+  // line to a container's env file. Values may hold anything but NUL.
+  auto check_var = [](const std::string& where, const std::string& name, const std::string* value) {
+    static const std::regex re("^[A-Za-z_][A-Za-z0-9_]{0,255}$");
+    if (!std::regex_match(name, re)) throw WireError(fmt::format("job spec: {}: '{}' is not a variable name", where, name));
+    if (value && value->find('\0') != std::string::npos) throw WireError(fmt::format("job spec: {}: {} holds a NUL byte", where, name));
+  };
   JobPayload p;
   auto& s = p.spec;
   s.file = get<std::string>(j, "file");
@@ -128,8 +138,12 @@ JobPayload payload_from_json(const json& j) {
       throw WireError("job spec: 'env' items must be [name, value] pairs of strings");
     }
     s.env.emplace_back(kv[0].get<std::string>(), kv[1].get<std::string>());
+    check_var("env", s.env.back().first, &s.env.back().second);
   }
   s.env_forward = get<std::vector<std::string>>(j, "env_forward");
+  for (const auto& pat : s.env_forward) {
+    check_var("env_forward", !pat.empty() && pat.back() == '*' ? pat.substr(0, pat.size() - 1) + "_" : pat, nullptr);
+  }
   s.max_restarts = get<int>(j, "max_restarts");
   s.restart_backoff = Millis(get<long long>(j, "restart_backoff_ms"));
   s.log_dir = get<std::string>(j, "log_dir");
@@ -178,18 +192,22 @@ JobPayload payload_from_json(const json& j) {
         throw WireError("job spec: 'container.env' items must be [name, value] pairs of strings");
       }
       c.env.emplace_back(kv[0].get<std::string>(), kv[1].get<std::string>());
+      check_var("container.env", c.env.back().first, &c.env.back().second);
     }
     if (cj.contains("workdir")) c.workdir = get<std::string>(cj, "workdir");
     s.container = std::move(c);
   }
   p.forward_env = get<std::map<std::string, std::string>>(j, "forward_env");
+  for (const auto& [k, v] : p.forward_env) check_var("forward_env", k, &v);
   return p;
 }
 
 std::map<std::string, std::string> forwarded_env(const std::map<std::string, std::string>& launcher_env,
                                                  const std::vector<std::string>& patterns) {
   std::map<std::string, std::string> out;
+  static const std::regex name_re("^[A-Za-z_][A-Za-z0-9_]{0,255}$");  // what an agent accepts (payload_from_json)
   for (const auto& [k, v] : launcher_env) {
+    if (!std::regex_match(k, name_re) || v.find('\0') != std::string::npos) continue;
     for (const auto& p : patterns) {
       const bool prefix = !p.empty() && p.back() == '*';
       if (prefix ? k.rfind(p.substr(0, p.size() - 1), 0) == 0 : k == p) {

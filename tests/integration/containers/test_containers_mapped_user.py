@@ -88,8 +88,10 @@ def setup(tmp_path_factory):
 
 
 def job_in(s, name, command, mounts='["./:/work"]', extra=""):
-    """A job folder of the user's, holding its job file."""
-    d = s["home"] / name
+    """A job folder of the user's, holding its job file; in root's folder, so that the user cannot
+    swap it for a link before the runtime mounts it (a mount source's folders above it must be ones
+    the user cannot change)."""
+    d = s["base"] / name
     d.mkdir()
     os.chown(d, s["pw"].pw_uid, s["pw"].pw_gid)
     job = d / "job.yaml"
@@ -157,6 +159,20 @@ def test_a_mount_the_user_cannot_read_is_refused_before_anything_runs(setup):
     assert f"user {s['user']} cannot read container mount source {link}" in r.stderr, r.stderr
     assert not (d2 / "ran").exists()
     assert not [l for l in (s["base"] / "agent-logs").rglob("rank-*.log")]
+
+
+def test_a_mount_in_a_folder_the_user_can_change_is_refused(setup):
+    # /home/u/data passes a check as the user, but the user could rename it and leave a link to
+    # a folder of another user's in its place before root's runtime resolves the path again.
+    s = setup
+    data = s["home"] / "data"
+    data.mkdir()
+    os.chown(data, s["pw"].pw_uid, s["pw"].pw_gid)
+    d, job = job_in(s, "inhome", "[/bin/sh, -c, 'touch /work/ran']", mounts=f'["./:/work", "{data}:/data"]')
+    r = launch_as_user(s, job)
+    assert r.returncode != 0
+    assert (f"container mount source {data} lies in {s['home']}, which user {s['user']} can change") in r.stderr, r.stderr
+    assert not (d / "ran").exists()
 
 
 def test_root_flags_and_other_runtimes_are_refused(setup):

@@ -248,6 +248,27 @@ SPEC = {"file": "j.yaml", "name": "j", "nnodes_min": 1, "nnodes_max": 1, "nproc"
         "binding": {"gpu": "auto", "numa": "auto", "nic": "auto"}}
 
 
+def test_with_key_user_a_job_without_its_submitters_delegation_is_refused(site):
+    # Without a delegation the agents would decide by the coordinator's own key; with --key-user
+    # the coordinator runs only jobs their submitter signed (a version-5 ddpctl, or a modified one).
+    site.start_agent()
+    site.start_coordinator()
+    marker = site.dir / "ran-undelegated"
+    spec = dict(SPEC, command=["/usr/bin/touch", str(marker)])
+    for version in (5, 6):
+        c = protoclient.Client("127.0.0.1", site.coord_port, site.alice.key_id, site.alice.secret, role="ctl",
+                               user=site.alice.name, version=version)
+        try:
+            c.send("submit", job_id=f"undelegated-{version}", user=site.alice.name, spec=spec,
+                   nodes=[f"127.0.0.1:{site.agent_port}"])
+            answer = c.receive()
+        finally:
+            c.close()
+        assert answer["type"] == "error" and answer["code"] == "auth", answer
+        assert "carries no delegation" in answer["message"], answer
+    assert not marker.exists()
+
+
 def offer(site, key_id, secret, job_id, delegation):
     """The agent's answer to a version-6 job_offer carrying `delegation`, over a link proving key_id."""
     c = protoclient.Client("127.0.0.1", site.agent_port, key_id, secret, role="coordinator", user=site.alice.name,

@@ -155,3 +155,34 @@ TEST(AgentConfig, RootOnlyWithAllowRootWhereverAllowRootIsWritten) {
   ASSERT_EQ(c.key_users.size(), 1u);
   EXPECT_EQ(c.key_users[0].user, "root");
 }
+
+// The store and the rank logs are the root agent's memory and writes: a job asks within limits
+// the admin sets, whatever its own job file says.
+TEST(AgentConfig, LimitsBoundWhatAJobMayAsk) {
+  const auto d = parse_agent_config("", "agent.yaml");
+  EXPECT_EQ(d.limits.store_max_size, 1ull << 30);
+  EXPECT_EQ(d.limits.store_max_keys, 1ull << 20);
+  EXPECT_EQ(d.limits.log_max_size, 1ull << 30);
+  const auto c = parse_agent_config("limits: {store_max_size: 4GiB, store_max_keys: 4194304, log_max_size: 10GiB}\n", "agent.yaml");
+  EXPECT_EQ(c.limits.store_max_size, 4ull << 30);
+  EXPECT_EQ(c.limits.store_max_keys, 4194304u);
+  EXPECT_EQ(c.limits.log_max_size, 10ull << 30);
+  expect_error("limits: {store_max_size: lots}\n", 1, 26, "limits.store_max_size: expected a size of at least 1MiB");
+  expect_error("limits: {store_max_keys: 10}\n", 1, 26, "limits.store_max_keys: expected a number of keys of at least 1024");
+  expect_error("limits: {log_size: 1GiB}\n", 1, 10, "limits: unknown key 'log_size'");
+  expect_error("limits: 5\n", 1, 9, "limits: expected a mapping");
+
+  ddp::jobspec::JobSpec spec;  // the job file's defaults fit the agent's
+  EXPECT_EQ(over_limits(spec, d.limits), "");
+  spec.store_max_bytes = (1ull << 30) + 1;
+  EXPECT_NE(over_limits(spec, d.limits).find("the job's store.max_size (1073741825) is above this node's limit of "
+                                              "1073741824 (limits.store_max_size"),
+            std::string::npos);
+  EXPECT_EQ(over_limits(spec, c.limits), "");
+  spec = {};
+  spec.store_max_keys = ~0ull;
+  EXPECT_NE(over_limits(spec, d.limits).find("store.max_keys"), std::string::npos);
+  spec = {};
+  spec.log_max_bytes = 1ull << 50;
+  EXPECT_NE(over_limits(spec, c.limits).find("logs.max_size"), std::string::npos);
+}

@@ -2,12 +2,17 @@
 // with and without RDMA devices and an unlimited memlock: the argv a user would type by hand.
 #include "binding/binding.hpp"
 #include "container/container.hpp"
+#include "container/runtime.hpp"
 #include "facts/model.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <cstdlib>
 
 using namespace ddp;
@@ -146,6 +151,21 @@ TEST(Container, IsolatedGpuIsTheOnlyOnePassed) {
   ASSERT_NE(it, a.end());
   EXPECT_EQ(*(it + 1), "device=" + uuid(3));  // one device: no quotes needed
   EXPECT_EQ(plan.ranks.at(3).container->env.at("CUDA_VISIBLE_DEVICES"), uuid(3));
+}
+
+TEST(Container, ContainerEnvDoesNotWidenTheGpus) {
+  // container.env's CUDA_VISIBLE_DEVICES is the numbering inside; the runtime still gets the rank's GPU.
+  auto spec = job("  runtime: docker\n  image: img:1\n  env: {CUDA_VISIBLE_DEVICES: all}\n", "binding: {gpu: isolate}\n");
+  auto plan = plan_for(spec, kIb);
+  const auto& a = plan.ranks.at(3).argv;
+  auto it = std::find(a.begin(), a.end(), "--gpus");
+  ASSERT_NE(it, a.end());
+  EXPECT_EQ(*(it + 1), "device=" + uuid(3));
+  // NVIDIA_* would have the runtime's hook hand over GPUs: not for a mapped user's container.
+  auto nv = *job("  runtime: podman\n  image: img:1\n").container;
+  nv.env = {{"NVIDIA_VISIBLE_DEVICES", "all"}};
+  ASSERT_TRUE(container::confinement_problem(nv));
+  EXPECT_THAT(*container::confinement_problem(nv), HasSubstr("NVIDIA_VISIBLE_DEVICES"));
 }
 
 TEST(Container, PodmanWithALimitedMemlockCopiesTheClientsLimits) {
@@ -424,6 +444,16 @@ TEST(ImageName, AnOptionIsNeverTakenForAnImage) {
   EXPECT_TRUE(container::image_problem(""));
   EXPECT_TRUE(container::image_problem("img:1 --privileged"));
   EXPECT_TRUE(container::image_problem("img\n"));
+  // podman's transports that name files or stores on the node (root's runtime would open them).
+  for (const char* t : {"oci-archive:/root/private.tar", "docker-archive:/var/backups/x.tar", "dir:/srv/img",
+                        "oci:/dev/watchdog", "containers-storage:[overlay@/home/u/root+/home/u/run]img",
+                        "docker-daemon:img:1"}) {
+    ASSERT_TRUE(container::image_problem(t)) << t;
+    EXPECT_THAT(*container::image_problem(t), HasSubstr("transport")) << t;
+  }
+  EXPECT_EQ(container::image_problem("docker://nvcr.io/nvidia/pytorch:24.05-py3"), std::nullopt);
+  EXPECT_EQ(container::image_problem("registry.example:5000/team/img:2"), std::nullopt);
+  EXPECT_EQ(container::image_problem("dir.example.com/img:2"), std::nullopt);
   // `--` before the image where the runtime takes one, and a refusal in every builder.
   EXPECT_THAT(container::pull_argv(ContainerRuntime::docker, "img:1"), ElementsAre("docker", "pull", "--", "img:1"));
   EXPECT_THROW(container::image_identity_argv(ContainerRuntime::podman, "--help"), std::invalid_argument);
@@ -464,4 +494,19 @@ TEST(Container, TheRuntimesClientNeverGetsTheLoadersVariables) {
   EXPECT_FALSE(env.count("LD_LIBRARY_PATH"));
   EXPECT_FALSE(env.count("GCONV_PATH"));
   EXPECT_EQ(env.at("PATH"), "/usr/bin:/bin");
+}
+
+// An apptainer or enroot image is hashed by root: only a regular file is opened, never a
+// device (a watchdog arms on open) or a FIFO (the read would block).
+TEST(ImageFile, OnlyARegularFileIsOpened) {
+  char dir[] = "/tmp/ddp-image-file-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string file = std::string(dir) + "/img.sif", fifo = std::string(dir) + "/fifo";
+  { std::ofstream(file) << "abc"; }
+  EXPECT_EQ(container::sha256_of_file(file), "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW(container::sha256_of_file(fifo), container::ContainerError);  // returns: nothing opened the FIFO
+  EXPECT_THROW(container::sha256_of_file("/dev/null"), container::ContainerError);
+  EXPECT_THROW(container::sha256_of_file(std::string(dir) + "/none"), container::ContainerError);
+  std::filesystem::remove_all(dir);
 }

@@ -105,8 +105,34 @@ TEST(Wire, BadPayloadNamesTheField) {
 }
 
 TEST(Wire, ForwardedEnvMatchesNamesAndPrefixes) {
-  auto f = forwarded_env({{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}, {"HOME", "h"}, {"PATHX", "no"}}, {"PATH", "NCCL_*"});
+  auto f = forwarded_env({{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}, {"HOME", "h"}, {"PATHX", "no"}, {"NCCL_A-B", "odd"}}, {"PATH", "NCCL_*"});
   EXPECT_EQ(f, (std::map<std::string, std::string>{{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}}));
+}
+
+// A name the job file could not hold never reaches an agent's filters: "GCONV_PATH=/x" would
+// become GCONV_PATH in a root process's environment, "X\nY" a line of a container's env file.
+TEST(Wire, AVariableNameIsAName) {
+  JobPayload p;
+  p.spec.command = {"x"};
+  p.spec.env = {{"OK_1", "v=w"}};
+  p.forward_env = {{"NCCL_DEBUG", "INFO"}};
+  EXPECT_NO_THROW(payload_from_json(to_json(p)));
+  for (const char* bad : {"GCONV_PATH=/home/u/g", "X\nHTTPS_PROXY", "", "1A", "A B"}) {
+    auto j = to_json(p);
+    j["env"] = nlohmann::json::array({nlohmann::json::array({bad, "x"})});
+    EXPECT_THROW(payload_from_json(j), WireError) << bad;
+    j = to_json(p);
+    j["forward_env"] = {{bad, "x"}};
+    EXPECT_THROW(payload_from_json(j), WireError) << bad;
+  }
+  auto j = to_json(p);
+  j["env"] = nlohmann::json::array({nlohmann::json::array({"A", std::string("x\0y", 3)})});
+  EXPECT_THROW(payload_from_json(j), WireError);
+  j = to_json(p);
+  j["env_forward"] = {"LD_*", "GCONV_PATH=*"};
+  EXPECT_THROW(payload_from_json(j), WireError);
+  j["env_forward"] = {"LD_*", "NCCL_*", "PATH"};
+  EXPECT_NO_THROW(payload_from_json(j));
 }
 
 TEST(Wire, NodeEntries) {
