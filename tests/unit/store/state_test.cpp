@@ -101,6 +101,12 @@ struct Harness {
 };
 
 using Pushes = std::vector<std::pair<ClientId, std::string>>;
+// The pushes of one event, as (client, bytes).
+Pushes flat(const Effects& fx) {
+  Pushes out;
+  for (const auto& p : fx.pushes) out.emplace_back(p.to, *p.bytes);
+  return out;
+}
 
 }  // namespace
 
@@ -121,7 +127,7 @@ TEST(StoreState, WaitRegistersOnlyMissingKeysAndWakesWhenTheLastAppears) {
   EXPECT_EQ(w[0].key, "/b");
   EXPECT_EQ(w[1].key, "/c");
   EXPECT_TRUE(h.set(1, "/b", "x").pushes.empty());
-  EXPECT_EQ(h.add(1, "/c", 1).pushes, (Pushes{{2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.add(1, "/c", 1)), (Pushes{{2, u8(kStopWaiting)}}));
   EXPECT_FALSE(h.st.is_waiting(2));
   EXPECT_TRUE(h.st.waiters().empty());
 }
@@ -139,7 +145,7 @@ TEST(StoreState, EveryWriterWakesWaiters) {
       case 3: r.op = Op::multi_set; r.keys = {"/k"}; r.values = {"v"}; break;
       case 4: r.op = Op::compare_set; r.value2 = "v"; break;
     }
-    EXPECT_EQ(h.run(1, r).pushes, (Pushes{{2, u8(kStopWaiting)}})) << how;
+    EXPECT_EQ(flat(h.run(1, r)), (Pushes{{2, u8(kStopWaiting)}})) << how;
   }
 }
 
@@ -155,7 +161,7 @@ TEST(StoreState, CancelWaitAfterStopWaitingStillRepliesCanceled) {
   // The race the 2.x client expects: STOP_WAITING went out, then its CANCEL_WAIT arrives.
   Harness h;
   h.wait(2, {"/k"});
-  EXPECT_EQ(h.set(1, "/k", "v").pushes, (Pushes{{2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.set(1, "/k", "v")), (Pushes{{2, u8(kStopWaiting)}}));
   EXPECT_EQ(h.simple(2, Op::cancel_wait).reply, u8(kWaitCanceled));
 }
 
@@ -267,13 +273,13 @@ TEST(StoreState, QueuePushWakesOneWaiter) {
   h.wait(2, {"/q"});
   h.wait(3, {"/q"});
   h.wait(4, {"/q"});
-  EXPECT_EQ(h.push(1, "/q", "a").pushes, (Pushes{{2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.push(1, "/q", "a")), (Pushes{{2, u8(kStopWaiting)}}));
   EXPECT_EQ(h.simple(2, Op::queue_pop, "/q").reply, i64(1) + bytes("a"));
-  EXPECT_EQ(h.push(1, "/q", "b").pushes, (Pushes{{3, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.push(1, "/q", "b")), (Pushes{{3, u8(kStopWaiting)}}));
   EXPECT_TRUE(h.st.is_waiting(4));
   EXPECT_EQ(h.simple(1, Op::queue_len, "/q").reply, i64(1));
   // A SET of the same key wakes everyone left.
-  EXPECT_EQ(h.set(1, "/q", "v").pushes, (Pushes{{4, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.set(1, "/q", "v")), (Pushes{{4, u8(kStopWaiting)}}));
 }
 
 TEST(StoreState, QueueFifoOrder) {
@@ -294,7 +300,7 @@ TEST(StoreState, BarrierCountsAndWakesAllAtWorldSize) {
   EXPECT_EQ(w[0].clients.size(), 2u);
   auto& fx = h.barrier(3, "/b", 3);
   EXPECT_EQ(fx.reply, u8(kStopWaiting));
-  EXPECT_EQ(fx.pushes, (Pushes{{1, u8(kStopWaiting)}, {2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(fx), (Pushes{{1, u8(kStopWaiting)}, {2, u8(kStopWaiting)}}));
   EXPECT_EQ(*h.st.find("/b"), "3");
   // A barrier waiter can cancel.
   h.barrier(4, "/b2", 2);
@@ -308,13 +314,13 @@ TEST(StoreState, WatchKeyPushesCreatedUpdatedDeleted) {
   auto push = [](uint8_t type, std::string_view k, std::string_view o, std::string_view n) {
     return u8(type) + bytes(k) + bytes(o) + bytes(n);
   };
-  EXPECT_EQ(h.set(1, "/w", "a").pushes, (Pushes{{9, push(kWatchKeyCreated, "/w", "", "a")}}));
-  EXPECT_EQ(h.set(1, "/w", "b").pushes, (Pushes{{9, push(kWatchKeyUpdated, "/w", "a", "b")}}));
-  EXPECT_EQ(h.cas(1, "/w", "b", "c").pushes, (Pushes{{9, push(kWatchKeyUpdated, "/w", "b", "c")}}));
+  EXPECT_EQ(flat(h.set(1, "/w", "a")), (Pushes{{9, push(kWatchKeyCreated, "/w", "", "a")}}));
+  EXPECT_EQ(flat(h.set(1, "/w", "b")), (Pushes{{9, push(kWatchKeyUpdated, "/w", "a", "b")}}));
+  EXPECT_EQ(flat(h.cas(1, "/w", "b", "c")), (Pushes{{9, push(kWatchKeyUpdated, "/w", "b", "c")}}));
   EXPECT_TRUE(h.cas(1, "/w", "zz", "d").pushes.empty());  // no change, no push
-  EXPECT_EQ(h.simple(1, Op::delete_key, "/w").pushes, (Pushes{{9, push(kWatchKeyDeleted, "/w", "c", "")}}));
-  EXPECT_EQ(h.add(1, "/w", 3).pushes, (Pushes{{9, push(kWatchKeyCreated, "/w", "", "3")}}));
-  EXPECT_EQ(h.add(1, "/w", 3).pushes, (Pushes{{9, push(kWatchKeyUpdated, "/w", "3", "6")}}));
+  EXPECT_EQ(flat(h.simple(1, Op::delete_key, "/w")), (Pushes{{9, push(kWatchKeyDeleted, "/w", "c", "")}}));
+  EXPECT_EQ(flat(h.add(1, "/w", 3)), (Pushes{{9, push(kWatchKeyCreated, "/w", "", "3")}}));
+  EXPECT_EQ(flat(h.add(1, "/w", 3)), (Pushes{{9, push(kWatchKeyUpdated, "/w", "3", "6")}}));
   EXPECT_TRUE(h.set(1, "/other", "x").pushes.empty());
 }
 
