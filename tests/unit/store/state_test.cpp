@@ -521,6 +521,31 @@ TEST(StoreTotals, MultiSetStopsAtTheTotal) {
   EXPECT_EQ(h.st.num_keys(), 2u);
 }
 
+TEST(StoreTotals, AMultiGetReplyIsBoundedLikeARequest) {
+  // Naming one 100-byte key 20 times asks for a 2160-byte reply; the connection's cap is 1000.
+  Harness h(Limits{.max_connection_bytes = 1000}, Totals{});
+  h.set(1, "/big", std::string(100, 'v'));
+  Request mg;
+  mg.op = Op::multi_get;
+  mg.keys.assign(9, "/big");  // 9 x 108 = 972: served
+  EXPECT_EQ(h.run(1, mg).reply.size(), 972u);
+  EXPECT_TRUE(h.fx.close_reason.empty());
+  mg.keys.assign(20, "/big");
+  Effects& fx = h.run(1, mg);
+  EXPECT_TRUE(fx.reply.empty()) << "built a reply of " << fx.reply.size() << " bytes";
+  EXPECT_NE(fx.close_reason.find("MULTI_GET of 20 keys would reply 2160 bytes"), std::string::npos) << fx.close_reason;
+}
+
+TEST(StoreState, OneWatchMessageIsSharedByEveryWatcher) {
+  // A SET of a large value with many watchers must not copy old + new once per watcher before
+  // the server can bound what it queues.
+  Harness h;
+  for (ClientId w = 10; w < 20; ++w) h.simple(w, Op::watch_key, "/w");
+  const Effects& fx = h.set(1, "/w", std::string(1000, 'v'));
+  ASSERT_EQ(fx.pushes.size(), 10u);
+  for (const auto& p : fx.pushes) EXPECT_EQ(p.bytes.get(), fx.pushes[0].bytes.get());
+}
+
 TEST(StoreTotals, QueueItemsAndBytesAreBounded) {
   Harness h(Limits{}, Totals{.max_bytes = 12, .max_queue_items = 2});
   EXPECT_TRUE(h.push(1, "/q", "abcd").close_reason.empty());  // "/q" + 4 = 6
