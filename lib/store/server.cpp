@@ -305,6 +305,9 @@ void Connection::handle(Server::Impl& s) {
     }
     self_ok = self_ok && !closed;  // shed meanwhile for the store's in-flight bound
     if (self_ok && !s.fx.close_reason.empty()) close_locked(s.fx.close_reason, true);
+    // A large reply (GET of a big value, MULTI_GET) is in the connection's queue now, counted;
+    // the store's one Effects does not keep its capacity.
+    if (s.fx.reply.capacity() > kReadChunk) std::string().swap(s.fx.reply);
   }
 }
 

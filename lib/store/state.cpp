@@ -494,10 +494,19 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       put_i64(out.reply, static_cast<int64_t>(queue_length(req.key)));
       return;
 
-    case Op::list_keys:
+    case Op::list_keys: {
+      std::size_t total = 8;
+      for (const auto& [k, _] : kv_) total += 8 + k.size();
+      if (total > limits_.max_connection_bytes) {
+        out.close_reason = fmt::format("LIST_KEYS of {} keys would reply {} bytes, more than the connection's memory cap of {}",
+                                       kv_.size(), total, limits_.max_connection_bytes);
+        return;
+      }
+      out.reply.reserve(total);
       put_i64(out.reply, static_cast<int64_t>(kv_.size()));
       for (const auto& [k, _] : kv_) put_bytes(out.reply, k);
       return;
+    }
 
     case Op::barrier: {
       auto [it, inserted] = kv_.try_emplace(req.key);

@@ -35,6 +35,9 @@
 //    Limits::max_value_bytes) changes nothing and closes its client with a close_reason that
 //    names the limit: PyTorch's protocol has no error reply, so the client sees its connection
 //    closed, and the server's log says which limit and which peer.
+//  - Replies are bounded like requests: a MULTI_GET or LIST_KEYS whose reply would pass
+//    Limits::max_connection_bytes closes its client before any of it is built. A WATCH_KEY
+//    message is built once and shared by every watcher's Push.
 //
 // Exception safety: apply() either completes or throws std::bad_alloc; each key's update is
 // all-or-nothing, so a throw leaves a consistent map (a MULTI_SET may be half applied). Nothing

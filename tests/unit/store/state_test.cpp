@@ -4,6 +4,7 @@
 #include "store/report.hpp"
 #include "store/state.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -534,6 +535,17 @@ TEST(StoreTotals, AMultiGetReplyIsBoundedLikeARequest) {
   Effects& fx = h.run(1, mg);
   EXPECT_TRUE(fx.reply.empty()) << "built a reply of " << fx.reply.size() << " bytes";
   EXPECT_NE(fx.close_reason.find("MULTI_GET of 20 keys would reply 2160 bytes"), std::string::npos) << fx.close_reason;
+}
+
+TEST(StoreTotals, AListKeysReplyIsBoundedLikeARequest) {
+  // 20 keys of 60 bytes: 8 + 20 x 68 = 1368 bytes of reply, past a cap of 1000.
+  Harness h(Limits{.max_connection_bytes = 1000}, Totals{});
+  for (int i = 0; i < 20; ++i) h.set(1, fmt::format("/{:059}", i), "v");
+  Request lk;
+  lk.op = Op::list_keys;
+  Effects& fx = h.run(1, lk);
+  EXPECT_TRUE(fx.reply.empty()) << "built a reply of " << fx.reply.size() << " bytes";
+  EXPECT_NE(fx.close_reason.find("LIST_KEYS of 20 keys would reply 1368 bytes"), std::string::npos) << fx.close_reason;
 }
 
 TEST(StoreState, OneWatchMessageIsSharedByEveryWatcher) {
