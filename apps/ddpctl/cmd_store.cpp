@@ -1,5 +1,5 @@
 // `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N] [--threads N|auto]
-// [--max-size BYTES] [--max-keys N]`: a standalone c10d TCPStore-compatible server (the one launches
+// [--max-size BYTES] [--max-keys N] [--max-inflight BYTES]`: a standalone c10d TCPStore-compatible server (the one launches
 // embed), until SIGINT/SIGTERM. From this host it serves only its own user and root.
 // Prints "listening on HOST:PORT" on stdout once it listens (port 0 picks a free port).
 // SIGUSR1 logs who waits for what; standalone, ranks come from the clients' RANK variable.
@@ -34,6 +34,7 @@ struct ServeArgs {
   std::string threads = "auto";
   std::size_t max_size = ddp::store::Totals{}.max_bytes;
   std::size_t max_keys = ddp::store::Totals{}.max_keys;
+  std::size_t max_inflight = ddp::store::Totals{}.max_inflight_bytes;
 };
 
 // "HOST:PORT", "[V6]:PORT".
@@ -78,6 +79,7 @@ int serve(const ServeArgs& args) {
   ddp::store::Totals totals;
   totals.max_bytes = args.max_size;
   totals.max_keys = args.max_keys;
+  totals.max_inflight_bytes = args.max_inflight;
   ddp::store::Server server(io, {.host = host,
                                  .port = port,
                                  .allowed_peers = args.allow,
@@ -136,6 +138,11 @@ Command add_store_command(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
   serve_cmd->add_option("--max-keys", args->max_keys, "keys the store may hold")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
+  serve_cmd->add_option("--max-inflight", args->max_inflight,
+                        "bytes of requests being read and replies not yet written, over all connections; past it "
+                        "the connection holding the most is closed")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");

@@ -60,6 +60,11 @@ struct Limits {
   // Per connection: the request being decoded plus replies not yet written. A MULTI_SET of a
   // few maximal values, or a GET of a maximal value to a slow reader, fits.
   std::size_t max_connection_bytes = 256 * 1024 * 1024;
+  // Per connection: replies queued for a client that is not reading them. One reply of any
+  // size (up to max_connection_bytes) may always be queued; another on top of what is still
+  // unwritten only while the sum stays under this (one maximal value plus 16 MiB). PyTorch's
+  // clients wait for each reply, so only a client that does not read comes near it.
+  std::size_t max_unread_bytes = 80 * 1024 * 1024;
 };
 
 // One decoded request. Fields not used by `op` are empty/zero.

@@ -76,6 +76,9 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   void drop_all();
   void start_threads();
   void join_threads();
+  // Under mu: while the in-flight total is over its bound, closes the connection that holds the
+  // most. Rare (an attack or a store far past what a job needs), so it may scan every connection.
+  void shed_locked();
 
   asio::io_context& io;
   ServerOptions opts;
@@ -98,6 +101,10 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   std::unordered_map<ClientId, std::shared_ptr<Connection>> conns;
   ClientId next_id = 1;
   ServerStats stats;
+
+  // Bytes in flight over all connections: each connection's `counted`, summed. Changed under
+  // that connection's out_mu (never under a store-wide lock), read anywhere.
+  std::atomic<std::size_t> inflight{0};
 };
 
 struct Connection : std::enable_shared_from_this<Connection> {
@@ -105,6 +112,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
       : srv(std::move(srv)), loop(loop), sock(std::move(s)), id(id), dec(this->srv->opts.limits) {}
 
   std::size_t queued() const { return out.size() - out_off; }  // under out_mu
+  // Under out_mu: brings this connection's share of the store's in-flight total to held_in +
+  // queued(). True when it grew and the total is now over Totals::max_inflight_bytes.
+  bool recount_locked();
+  // Under out_mu, once closed: gives back its share and frees its queued replies.
+  void release_locked();
   std::string name_locked() const;                             // under srv->mu
   void arm_read();
   void arm_write();
@@ -126,7 +138,6 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::string peer_text;
   Decoder dec;                              // loop's thread only
   std::atomic<Protocol> protocol{Protocol::unknown};
-  std::atomic<std::size_t> pending_in{0};   // dec.pending_bytes(), for appends from other threads
   std::atomic<bool> closed{false};          // set under srv->mu
   std::atomic<bool> flush_posted{false};
   bool reading = false;                     // loop's thread only
@@ -137,7 +148,32 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::string out;
   std::size_t out_off = 0;
   bool writing = false, paused = false;
+  std::size_t held_in = 0;               // dec.pending_bytes() as last seen on loop's thread
+  bool released = false;                 // closed and no longer counted
+  std::atomic<std::size_t> counted{0};   // this connection's share of srv->inflight (written under out_mu)
 };
+
+bool Connection::recount_locked() {
+  if (released) return false;
+  const std::size_t now = held_in + queued();
+  const std::size_t before = counted.load(std::memory_order_relaxed);
+  if (now == before) return false;
+  counted.store(now, std::memory_order_relaxed);
+  if (now < before) {
+    srv->inflight.fetch_sub(before - now, std::memory_order_relaxed);
+    return false;
+  }
+  const std::size_t total = srv->inflight.fetch_add(now - before, std::memory_order_relaxed) + (now - before);
+  return total > srv->opts.totals.max_inflight_bytes;
+}
+
+void Connection::release_locked() {
+  if (released) return;
+  released = true;
+  srv->inflight.fetch_sub(counted.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+  std::string().swap(out);  // its thread writes no more: `closed` is set
+  out_off = 0;
+}
 
 std::string Connection::name_locked() const {
   std::string s = fmt::format("client {} ({}", id, peer_text);
@@ -206,7 +242,17 @@ void Connection::feed(std::span<const uint8_t> in) {
     }
     dec.set_budget(q < cap ? cap - q : 0);
     const auto status = dec.next(in, loop.req);
-    pending_in.store(dec.pending_bytes(), std::memory_order_relaxed);
+    bool over;
+    {
+      std::lock_guard lk(out_mu);
+      held_in = dec.pending_bytes();
+      over = recount_locked();
+    }
+    if (over) {
+      std::lock_guard lk(s.mu);
+      s.shed_locked();
+    }
+    if (closed) return;
     if (protocol.load(std::memory_order_relaxed) != dec.protocol()) protocol.store(dec.protocol());
     switch (status) {
       case Decoder::Status::need_more: return;
@@ -247,34 +293,48 @@ void Connection::handle(Server::Impl& s) {
     // A requester over its output cap is closed, but the others' pushes still go: the state
     // has released their waits.
     bool self_ok = s.fx.reply.empty() || append_locked(s.fx.reply);
-    for (auto& [to, bytes] : s.fx.pushes) {
-      auto it = s.conns.find(to);
+    for (auto& push : s.fx.pushes) {
+      auto it = s.conns.find(push.to);
       if (it == s.conns.end()) continue;
       std::shared_ptr<Connection> other = it->second;
       if (other.get() == this) {
-        self_ok = self_ok && append_locked(bytes);
+        self_ok = self_ok && append_locked(*push.bytes);
         continue;
       }
-      if (other->append_locked(bytes)) woken.push_back(std::move(other));
+      if (other->append_locked(*push.bytes)) woken.push_back(std::move(other));
     }
+    self_ok = self_ok && !closed;  // shed meanwhile for the store's in-flight bound
     if (self_ok && !s.fx.close_reason.empty()) close_locked(s.fx.close_reason, true);
+    // A large reply (GET of a big value, MULTI_GET) is in the connection's queue now, counted;
+    // the store's one Effects does not keep its capacity.
+    if (s.fx.reply.capacity() > kReadChunk) std::string().swap(s.fx.reply);
   }
 }
 
 bool Connection::append_locked(std::string_view bytes) {
   if (closed) return false;
-  const std::size_t cap = srv->opts.limits.max_connection_bytes;
-  std::size_t total;
+  const Limits& lim = srv->opts.limits;
+  std::string refused;
+  bool over = false;
   {
     std::lock_guard lk(out_mu);
-    total = queued() + bytes.size();
-    if (total + pending_in.load(std::memory_order_relaxed) <= cap) {
+    const std::size_t q = queued(), total = q + bytes.size();
+    if (total + held_in > lim.max_connection_bytes) {
+      refused = fmt::format("it is not reading its replies ({} bytes queued, cap {})", total, lim.max_connection_bytes);
+    } else if (q > 0 && total > lim.max_unread_bytes) {
+      refused = fmt::format("it is not reading its replies ({} bytes queued, over the cap of {} on unread replies)",
+                            total, lim.max_unread_bytes);
+    } else {
       out.append(bytes);
-      return true;
+      over = recount_locked();
     }
   }
-  close_locked(fmt::format("it is not reading its replies ({} bytes queued, cap {})", total, cap), true);
-  return false;
+  if (!refused.empty()) {
+    close_locked(refused, true);
+    return false;
+  }
+  if (over) srv->shed_locked();
+  return !closed;
 }
 
 // Writes what is queued for a client whose reply another client's request produced: at once
@@ -318,6 +378,7 @@ void Connection::flush() {
       if (out.capacity() > kReadChunk) out.shrink_to_fit();
       resume = std::exchange(paused, false);
     }
+    recount_locked();  // only ever lower here
   }
   if (!failed.empty()) return close("write failed: " + failed, false);
   if (arm) arm_write();
@@ -372,9 +433,42 @@ void Connection::close_locked(const std::string& reason, bool bad) {
     s.log->debug("{} closed after {} requests: {}", name_locked(), requests, reason);
   }
   closed = true;
+  {
+    std::lock_guard lk(out_mu);
+    release_locked();
+  }
   s.state.disconnect(id);
   s.conns.erase(id);
   close_socket();
+}
+
+void Server::Impl::shed_locked() {
+  const std::size_t bound = opts.totals.max_inflight_bytes;
+  for (;;) {
+    const std::size_t total = inflight.load(std::memory_order_relaxed);
+    if (total <= bound) return;
+    Connection* most = nullptr;
+    std::size_t most_bytes = 0;
+    for (auto& [id, c] : conns) {
+      const std::size_t b = c->counted.load(std::memory_order_relaxed);
+      if (b > most_bytes) {
+        most = c.get();
+        most_bytes = b;
+      }
+    }
+    if (!most) return;  // what is over is being released by its own thread
+    std::size_t unread;
+    {
+      std::lock_guard lk(most->out_mu);
+      unread = most->queued();
+    }
+    most->close_locked(
+        fmt::format("store in flight: {} bytes of requests being read and replies not yet written over all "
+                    "connections, over the store's limit of {}; this client held the most, {} ({} of replies it has "
+                    "not read)",
+                    total, bound, most_bytes, unread),
+        true);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -470,7 +564,11 @@ void Server::Impl::drop_all() {
     std::lock_guard lk(mu);
     all = std::move(conns);
     conns.clear();
-    for (auto& [id, c] : all) c->closed = true;
+    for (auto& [id, c] : all) {
+      c->closed = true;
+      std::lock_guard olk(c->out_mu);
+      c->release_locked();
+    }
     state.reset();
   }
   for (auto& [id, c] : all) c->close_socket();
@@ -609,6 +707,7 @@ ServerStats Server::stats() const {
   std::lock_guard lk(impl_->mu);
   ServerStats st = impl_->stats;
   st.connections = impl_->conns.size();
+  st.inflight_bytes = impl_->inflight.load(std::memory_order_relaxed);
   return st;
 }
 

@@ -27,7 +27,14 @@
 //    so an idle connection (every 1.13 client keeps one) costs no buffer. Replies are written at
 //    once when the kernel takes them, else queued. A connection whose queued replies pass 4 MiB
 //    is not read from until they drain (TCP pushes back on that client only); one whose request
-//    plus queued output would pass Limits::max_connection_bytes is closed.
+//    plus queued output would pass Limits::max_connection_bytes, or that is sent a reply while
+//    its unwritten ones pass Limits::max_unread_bytes, is closed.
+//  - In flight: the bytes of requests being decoded (as their lengths announce them) plus
+//    replies not yet written are summed over all connections, and bounded by
+//    Totals::max_inflight_bytes. Each connection keeps its share under its own output mutex and
+//    adds the change to one atomic total, so the accounting takes no store-wide lock. When the
+//    total passes the bound, the connection holding the most is closed (logged with its peer,
+//    pid, PyTorch version and the limit); the others are served as before.
 //  - A bad client (undecodable bytes, a limit exceeded, ADD on a non-number, a wrong VALIDATE)
 //    is closed and logged with its peer address and pid; no other client notices. An exception
 //    while serving one connection (std::bad_alloc) closes that connection only.
@@ -91,6 +98,7 @@ struct ServerStats {
   uint64_t refused = 0;            // not allowed (another user of this host, not a job's node, too many)
   uint64_t closed_bad = 0;         // closed for a protocol or limit violation
   uint64_t requests = 0;
+  std::size_t inflight_bytes = 0;  // now: requests being read + replies not yet written, all connections
 };
 
 class Server {

@@ -32,6 +32,14 @@ std::string bytes_reply(std::string_view value) {
 
 }  // namespace
 
+namespace {
+// The one byte that releases a waiter, shared by every release.
+const std::shared_ptr<const std::string>& stop_waiting_push() {
+  static const auto msg = std::make_shared<const std::string>(1, static_cast<char>(kStopWaiting));
+  return msg;
+}
+}  // namespace
+
 void Effects::clear() {
   reply.clear();
   pushes.clear();
@@ -188,7 +196,7 @@ void State::wake_all(const std::string& key, Effects& out) {
     if (wait.remaining == 0) {
       // Its other keys' lists no longer name it (they were all woken before this one).
       drop_wait(id, c->second);
-      out.pushes.emplace_back(id, std::string(1, static_cast<char>(kStopWaiting)));
+      out.pushes.push_back({id, stop_waiting_push()});
     }
   }
 }
@@ -215,7 +223,7 @@ void State::wake_one(const std::string& key, Effects& out) {
   if (wait.remaining > 0) --wait.remaining;
   if (wait.remaining == 0) {
     drop_wait(id, c->second);
-    out.pushes.emplace_back(id, std::string(1, static_cast<char>(kStopWaiting)));
+    out.pushes.push_back({id, stop_waiting_push()});
   }
 }
 
@@ -223,12 +231,13 @@ void State::notify_watchers(const std::string& key, uint8_t type, std::string_vi
                             std::string_view new_value, Effects& out) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
-  std::string msg;
-  put_u8(msg, type);
-  put_bytes(msg, key);
-  put_bytes(msg, old_value);
-  put_bytes(msg, new_value);
-  for (ClientId id : it->second) out.pushes.emplace_back(id, msg);
+  auto msg = std::make_shared<std::string>();
+  put_u8(*msg, type);
+  put_bytes(*msg, key);
+  put_bytes(*msg, old_value);
+  put_bytes(*msg, new_value);
+  std::shared_ptr<const std::string> shared = std::move(msg);
+  for (ClientId id : it->second) out.pushes.push_back({id, shared});
 }
 
 bool State::do_set(Op op, std::string& key, std::string& value, Effects& out) {
@@ -333,12 +342,27 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       return;
     }
 
-    case Op::multi_get:
+    case Op::multi_get: {
+      // The reply is bounded like a request: naming one large key many times must not make
+      // the store build a reply of many gigabytes.
+      std::size_t total = 0;
+      for (const auto& k : req.keys) {
+        auto it = kv_.find(k);
+        total += 8 + (it == kv_.end() ? 0 : it->second.size());
+      }
+      if (total > limits_.max_connection_bytes) {
+        out.close_reason = fmt::format(
+            "MULTI_GET of {} keys would reply {} bytes, more than the connection's memory cap of {}", req.keys.size(),
+            total, limits_.max_connection_bytes);
+        return;
+      }
+      out.reply.reserve(total);
       for (const auto& k : req.keys) {
         auto it = kv_.find(k);
         put_bytes(out.reply, it == kv_.end() ? std::string_view() : std::string_view(it->second));
       }
       return;
+    }
 
     case Op::add: {
       auto [it, inserted] = kv_.try_emplace(std::move(req.key));
@@ -470,10 +494,19 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       put_i64(out.reply, static_cast<int64_t>(queue_length(req.key)));
       return;
 
-    case Op::list_keys:
+    case Op::list_keys: {
+      std::size_t total = 8;
+      for (const auto& [k, _] : kv_) total += 8 + k.size();
+      if (total > limits_.max_connection_bytes) {
+        out.close_reason = fmt::format("LIST_KEYS of {} keys would reply {} bytes, more than the connection's memory cap of {}",
+                                       kv_.size(), total, limits_.max_connection_bytes);
+        return;
+      }
+      out.reply.reserve(total);
       put_i64(out.reply, static_cast<int64_t>(kv_.size()));
       for (const auto& [k, _] : kv_) put_bytes(out.reply, k);
       return;
+    }
 
     case Op::barrier: {
       auto [it, inserted] = kv_.try_emplace(req.key);

@@ -35,6 +35,9 @@
 //    Limits::max_value_bytes) changes nothing and closes its client with a close_reason that
 //    names the limit: PyTorch's protocol has no error reply, so the client sees its connection
 //    closed, and the server's log says which limit and which peer.
+//  - Replies are bounded like requests: a MULTI_GET or LIST_KEYS whose reply would pass
+//    Limits::max_connection_bytes closes its client before any of it is built. A WATCH_KEY
+//    message is built once and shared by every watcher's Push.
 //
 // Exception safety: apply() either completes or throws std::bad_alloc; each key's update is
 // all-or-nothing, so a throw leaves a consistent map (a MULTI_SET may be half applied). Nothing
@@ -46,6 +49,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -66,12 +70,24 @@ struct Totals {
   std::size_t max_queue_items = std::size_t{1} << 20;  // items in all queues
   std::size_t max_waiters = std::size_t{1} << 20;      // (client, key) registrations: WAIT, BARRIER, WATCH_KEY
   std::size_t max_connections = 65536;                 // open connections (the server's)
+  // Bytes in flight over all connections (the server's): requests being decoded (as their
+  // lengths announce them) plus replies queued and not yet written. Separate from max_bytes
+  // because what is in flight grows with clients times reply size, not with what is stored;
+  // with both, a store holds at most their sum (2 GiB by default) whoever its clients are.
+  std::size_t max_inflight_bytes = std::size_t{1} << 30;
+};
+
+// A message for another client (a WAIT released, a WATCH_KEY callback). One WATCH_KEY message
+// goes to every watcher of the key: they share its bytes until the server queues them.
+struct Push {
+  ClientId to = 0;
+  std::shared_ptr<const std::string> bytes;
 };
 
 // What one event made the store do. The caller reuses one Effects, clear()ing it in between.
 struct Effects {
   std::string reply;                                     // for the client that sent the request
-  std::vector<std::pair<ClientId, std::string>> pushes;  // for other clients, in this order
+  std::vector<Push> pushes;                              // for other clients, in this order
   std::string close_reason;                              // non-empty: close the requester
   bool gave_up_wait = false;                             // an implicit cancel happened (for logs)
   void clear();

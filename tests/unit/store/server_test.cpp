@@ -366,6 +366,135 @@ TEST_P(StoreServer, ConnectionsPastTheTotalAreRefused) {
   EXPECT_EQ(b.recv(9), std::string("\x01\0\0\0\0\0\0\0v", 9));
 }
 
+// In flight (issue 21): what the store holds for requests being read and replies not yet
+// written is bounded over all connections, not only per connection. Each attack below holds far
+// more in all than the bound while staying under every per-connection cap of the code before.
+
+namespace {
+constexpr std::size_t kMiB = 1024 * 1024;
+
+ServerStats stats_of(ServerThread& st) {
+  return st.call([&] { return st.server().stats(); });
+}
+
+// An honest client still gets its answers.
+void expect_served(uint16_t port, const std::string& key) {
+  RawClient honest(port);
+  honest.send(enc(Protocol::v1, req(Op::set, key, "ok")) + enc(Protocol::v1, req(Op::get, key)));
+  EXPECT_EQ(honest.recv(10), std::string("\x02\0\0\0\0\0\0\0ok", 10));
+}
+}  // namespace
+
+TEST_P(StoreServer, MultiSetsThatNeverFinishAreBoundedOverAllConnections) {
+  // Attack (a): each connection announces a 3 MiB value and sends none of it; the code before
+  // held up to 256 MiB per connection for that, in no total.
+  ServerThread st({.host = "127.0.0.1", .port = 0, .totals = {.max_inflight_bytes = 4 * kMiB}, .threads = GetParam()});
+  Request ms;
+  ms.op = Op::multi_set;
+  ms.keys = {"/never"};
+  ms.values = {std::string(3 * kMiB, 'x')};
+  const std::string whole = enc(Protocol::v1, ms);
+  const std::string header = whole.substr(0, whole.size() - 3 * kMiB + 100);  // lengths + 100 bytes
+  std::vector<std::unique_ptr<RawClient>> attackers;
+  for (int i = 0; i < 4; ++i) {
+    attackers.push_back(std::make_unique<RawClient>(st.port()));
+    attackers.back()->send(header);
+    // Each announcement is counted before the next one comes: from the second on, the total
+    // passes 4 MiB and one of the two holding 3 MiB is closed.
+    ASSERT_TRUE(st.eventually([&] {
+      auto x = st.server().stats();
+      return x.closed_bad == static_cast<uint64_t>(i) && x.inflight_bytes >= 3 * kMiB;
+    })) << "after attacker " << i << ": closed " << stats_of(st).closed_bad << ", in flight "
+        << stats_of(st).inflight_bytes;
+  }
+  int closed = 0;
+  for (auto& a : attackers) closed += a->closed_by_peer(200ms) ? 1 : 0;
+  EXPECT_EQ(closed, 3);
+  EXPECT_LE(stats_of(st).inflight_bytes, 4 * kMiB);
+  expect_served(st.port(), "/honest");
+}
+
+TEST_P(StoreServer, NonReadingGettersOfALargeValueAreBoundedOverAllConnections) {
+  // Attack (b): one 8 MiB value, then connections that never read ask for it three times each:
+  // ~24 MiB queued per connection (under the per-connection caps), 144 MiB in all.
+  ServerThread st({.host = "127.0.0.1", .port = 0, .totals = {.max_inflight_bytes = 40 * kMiB}, .threads = GetParam()});
+  const std::string big(8 * kMiB, 'v');
+  {
+    RawClient setter(st.port());
+    setter.send(enc(Protocol::v1, req(Op::set, "/big", big)) + enc(Protocol::v1, req(Op::get_num_keys)));
+    ASSERT_EQ(setter.recv(8), i64(1));
+  }
+  std::string gets;
+  for (int i = 0; i < 3; ++i) gets += enc(Protocol::v1, req(Op::get, "/big"));
+  std::vector<std::unique_ptr<RawClient>> attackers;
+  for (int i = 0; i < 6; ++i) {
+    attackers.push_back(std::make_unique<RawClient>(st.port()));
+    attackers.back()->send(gets);
+  }
+  // The total stays bounded because the largest holders were closed.
+  ASSERT_TRUE(st.eventually([&] { return st.server().stats().closed_bad >= 2; }, 10s))
+      << "closed: " << stats_of(st).closed_bad << ", in flight: " << stats_of(st).inflight_bytes;
+  EXPECT_LE(stats_of(st).inflight_bytes, 40 * kMiB);
+  // An honest reader of the same value is served in full.
+  RawClient reader(st.port());
+  reader.send(enc(Protocol::v1, req(Op::get, "/big")));
+  EXPECT_EQ(reader.recv(8 + big.size(), 10s).size(), 8 + big.size());
+  expect_served(st.port(), "/honest");
+}
+
+TEST_P(StoreServer, UnreadRepliesPastTheirCapCloseTheClient) {
+  // One client that does not read: 20 GETs of 8 MiB (160 MiB) stay under the per-connection cap
+  // of 256 MiB, but pass the 80 MiB that unread replies may reach.
+  ServerThread st(opts());
+  {
+    RawClient setter(st.port());
+    setter.send(enc(Protocol::v1, req(Op::set, "/big", std::string(8 * kMiB, 'v'))) + enc(Protocol::v1, req(Op::get_num_keys)));
+    ASSERT_EQ(setter.recv(8), i64(1));
+  }
+  RawClient c(st.port());
+  std::string gets;
+  for (int i = 0; i < 20; ++i) gets += enc(Protocol::v1, req(Op::get, "/big"));
+  c.send(gets);
+  EXPECT_TRUE(c.closed_by_peer(10s));
+  EXPECT_EQ(stats_of(st).closed_bad, 1u);
+  expect_served(st.port(), "/honest");
+}
+
+TEST_P(StoreServer, NonReadingWatchersAreBoundedOverAllConnections) {
+  // Attack (c): 1.13 WATCH_KEY connections that never read; a SET of an 8 MiB value over
+  // another pushes old + new into every one of them (16 MiB each, 160 MiB over ten).
+  ServerThread st({.host = "127.0.0.1", .port = 0, .totals = {.max_inflight_bytes = 40 * kMiB}, .threads = GetParam()});
+  RawClient setter(st.port());
+  setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'a'))) + enc(Protocol::v1, req(Op::get_num_keys)));
+  ASSERT_EQ(setter.recv(8, 10s), i64(1));
+  std::vector<std::unique_ptr<RawClient>> watchers;
+  for (int i = 0; i < 10; ++i) {
+    watchers.push_back(std::make_unique<RawClient>(st.port()));
+    watchers.back()->send(enc(Protocol::v1, req(Op::watch_key, "/w")));
+    ASSERT_EQ(watchers.back()->recv(1), std::string(1, static_cast<char>(kWatchCallbackRegistered)));
+  }
+  setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'b'))) + enc(Protocol::v1, req(Op::get_num_keys)));
+  // The setter is served (it holds nothing in flight); watchers were closed to keep the bound.
+  EXPECT_EQ(setter.recv(8, 10s), i64(1));
+  EXPECT_GE(stats_of(st).closed_bad, 2u);
+  EXPECT_LE(stats_of(st).inflight_bytes, 40 * kMiB);
+  expect_served(st.port(), "/honest");
+}
+
+TEST_P(StoreServer, AMultiGetNamingALargeKeyManyTimesIsClosed) {
+  // 1000 names of one 1 MiB key would build a 1 GiB reply in one request.
+  ServerThread st(opts());
+  RawClient a(st.port());
+  a.send(enc(Protocol::v1, req(Op::set, "/big", std::string(kMiB, 'v'))) + enc(Protocol::v1, req(Op::get_num_keys)));
+  ASSERT_EQ(a.recv(8), i64(1));
+  Request mg;
+  mg.op = Op::multi_get;
+  mg.keys.assign(1000, "/big");
+  a.send(enc(Protocol::v1, mg));
+  EXPECT_TRUE(a.closed_by_peer(10s));
+  expect_served(st.port(), "/honest");
+}
+
 TEST(StoreServerSetup, BadAllowListEntryIsRefusedAtConstruction) {
   boost::asio::io_context io;
   EXPECT_THROW(Server(io, {.allowed_peers = {"node1"}}), StoreError);

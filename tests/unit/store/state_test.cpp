@@ -4,6 +4,7 @@
 #include "store/report.hpp"
 #include "store/state.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -101,6 +102,12 @@ struct Harness {
 };
 
 using Pushes = std::vector<std::pair<ClientId, std::string>>;
+// The pushes of one event, as (client, bytes).
+Pushes flat(const Effects& fx) {
+  Pushes out;
+  for (const auto& p : fx.pushes) out.emplace_back(p.to, *p.bytes);
+  return out;
+}
 
 }  // namespace
 
@@ -121,7 +128,7 @@ TEST(StoreState, WaitRegistersOnlyMissingKeysAndWakesWhenTheLastAppears) {
   EXPECT_EQ(w[0].key, "/b");
   EXPECT_EQ(w[1].key, "/c");
   EXPECT_TRUE(h.set(1, "/b", "x").pushes.empty());
-  EXPECT_EQ(h.add(1, "/c", 1).pushes, (Pushes{{2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.add(1, "/c", 1)), (Pushes{{2, u8(kStopWaiting)}}));
   EXPECT_FALSE(h.st.is_waiting(2));
   EXPECT_TRUE(h.st.waiters().empty());
 }
@@ -139,7 +146,7 @@ TEST(StoreState, EveryWriterWakesWaiters) {
       case 3: r.op = Op::multi_set; r.keys = {"/k"}; r.values = {"v"}; break;
       case 4: r.op = Op::compare_set; r.value2 = "v"; break;
     }
-    EXPECT_EQ(h.run(1, r).pushes, (Pushes{{2, u8(kStopWaiting)}})) << how;
+    EXPECT_EQ(flat(h.run(1, r)), (Pushes{{2, u8(kStopWaiting)}})) << how;
   }
 }
 
@@ -155,7 +162,7 @@ TEST(StoreState, CancelWaitAfterStopWaitingStillRepliesCanceled) {
   // The race the 2.x client expects: STOP_WAITING went out, then its CANCEL_WAIT arrives.
   Harness h;
   h.wait(2, {"/k"});
-  EXPECT_EQ(h.set(1, "/k", "v").pushes, (Pushes{{2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.set(1, "/k", "v")), (Pushes{{2, u8(kStopWaiting)}}));
   EXPECT_EQ(h.simple(2, Op::cancel_wait).reply, u8(kWaitCanceled));
 }
 
@@ -267,13 +274,13 @@ TEST(StoreState, QueuePushWakesOneWaiter) {
   h.wait(2, {"/q"});
   h.wait(3, {"/q"});
   h.wait(4, {"/q"});
-  EXPECT_EQ(h.push(1, "/q", "a").pushes, (Pushes{{2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.push(1, "/q", "a")), (Pushes{{2, u8(kStopWaiting)}}));
   EXPECT_EQ(h.simple(2, Op::queue_pop, "/q").reply, i64(1) + bytes("a"));
-  EXPECT_EQ(h.push(1, "/q", "b").pushes, (Pushes{{3, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.push(1, "/q", "b")), (Pushes{{3, u8(kStopWaiting)}}));
   EXPECT_TRUE(h.st.is_waiting(4));
   EXPECT_EQ(h.simple(1, Op::queue_len, "/q").reply, i64(1));
   // A SET of the same key wakes everyone left.
-  EXPECT_EQ(h.set(1, "/q", "v").pushes, (Pushes{{4, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(h.set(1, "/q", "v")), (Pushes{{4, u8(kStopWaiting)}}));
 }
 
 TEST(StoreState, QueueFifoOrder) {
@@ -294,7 +301,7 @@ TEST(StoreState, BarrierCountsAndWakesAllAtWorldSize) {
   EXPECT_EQ(w[0].clients.size(), 2u);
   auto& fx = h.barrier(3, "/b", 3);
   EXPECT_EQ(fx.reply, u8(kStopWaiting));
-  EXPECT_EQ(fx.pushes, (Pushes{{1, u8(kStopWaiting)}, {2, u8(kStopWaiting)}}));
+  EXPECT_EQ(flat(fx), (Pushes{{1, u8(kStopWaiting)}, {2, u8(kStopWaiting)}}));
   EXPECT_EQ(*h.st.find("/b"), "3");
   // A barrier waiter can cancel.
   h.barrier(4, "/b2", 2);
@@ -308,13 +315,13 @@ TEST(StoreState, WatchKeyPushesCreatedUpdatedDeleted) {
   auto push = [](uint8_t type, std::string_view k, std::string_view o, std::string_view n) {
     return u8(type) + bytes(k) + bytes(o) + bytes(n);
   };
-  EXPECT_EQ(h.set(1, "/w", "a").pushes, (Pushes{{9, push(kWatchKeyCreated, "/w", "", "a")}}));
-  EXPECT_EQ(h.set(1, "/w", "b").pushes, (Pushes{{9, push(kWatchKeyUpdated, "/w", "a", "b")}}));
-  EXPECT_EQ(h.cas(1, "/w", "b", "c").pushes, (Pushes{{9, push(kWatchKeyUpdated, "/w", "b", "c")}}));
+  EXPECT_EQ(flat(h.set(1, "/w", "a")), (Pushes{{9, push(kWatchKeyCreated, "/w", "", "a")}}));
+  EXPECT_EQ(flat(h.set(1, "/w", "b")), (Pushes{{9, push(kWatchKeyUpdated, "/w", "a", "b")}}));
+  EXPECT_EQ(flat(h.cas(1, "/w", "b", "c")), (Pushes{{9, push(kWatchKeyUpdated, "/w", "b", "c")}}));
   EXPECT_TRUE(h.cas(1, "/w", "zz", "d").pushes.empty());  // no change, no push
-  EXPECT_EQ(h.simple(1, Op::delete_key, "/w").pushes, (Pushes{{9, push(kWatchKeyDeleted, "/w", "c", "")}}));
-  EXPECT_EQ(h.add(1, "/w", 3).pushes, (Pushes{{9, push(kWatchKeyCreated, "/w", "", "3")}}));
-  EXPECT_EQ(h.add(1, "/w", 3).pushes, (Pushes{{9, push(kWatchKeyUpdated, "/w", "3", "6")}}));
+  EXPECT_EQ(flat(h.simple(1, Op::delete_key, "/w")), (Pushes{{9, push(kWatchKeyDeleted, "/w", "c", "")}}));
+  EXPECT_EQ(flat(h.add(1, "/w", 3)), (Pushes{{9, push(kWatchKeyCreated, "/w", "", "3")}}));
+  EXPECT_EQ(flat(h.add(1, "/w", 3)), (Pushes{{9, push(kWatchKeyUpdated, "/w", "3", "6")}}));
   EXPECT_TRUE(h.set(1, "/other", "x").pushes.empty());
 }
 
@@ -513,6 +520,42 @@ TEST(StoreTotals, MultiSetStopsAtTheTotal) {
   EXPECT_FALSE(h.run(1, r).close_reason.empty());
   EXPECT_EQ(h.st.find("/c"), nullptr);
   EXPECT_EQ(h.st.num_keys(), 2u);
+}
+
+TEST(StoreTotals, AMultiGetReplyIsBoundedLikeARequest) {
+  // Naming one 100-byte key 20 times asks for a 2160-byte reply; the connection's cap is 1000.
+  Harness h(Limits{.max_connection_bytes = 1000}, Totals{});
+  h.set(1, "/big", std::string(100, 'v'));
+  Request mg;
+  mg.op = Op::multi_get;
+  mg.keys.assign(9, "/big");  // 9 x 108 = 972: served
+  EXPECT_EQ(h.run(1, mg).reply.size(), 972u);
+  EXPECT_TRUE(h.fx.close_reason.empty());
+  mg.keys.assign(20, "/big");
+  Effects& fx = h.run(1, mg);
+  EXPECT_TRUE(fx.reply.empty()) << "built a reply of " << fx.reply.size() << " bytes";
+  EXPECT_NE(fx.close_reason.find("MULTI_GET of 20 keys would reply 2160 bytes"), std::string::npos) << fx.close_reason;
+}
+
+TEST(StoreTotals, AListKeysReplyIsBoundedLikeARequest) {
+  // 20 keys of 60 bytes: 8 + 20 x 68 = 1368 bytes of reply, past a cap of 1000.
+  Harness h(Limits{.max_connection_bytes = 1000}, Totals{});
+  for (int i = 0; i < 20; ++i) h.set(1, fmt::format("/{:059}", i), "v");
+  Request lk;
+  lk.op = Op::list_keys;
+  Effects& fx = h.run(1, lk);
+  EXPECT_TRUE(fx.reply.empty()) << "built a reply of " << fx.reply.size() << " bytes";
+  EXPECT_NE(fx.close_reason.find("LIST_KEYS of 20 keys would reply 1368 bytes"), std::string::npos) << fx.close_reason;
+}
+
+TEST(StoreState, OneWatchMessageIsSharedByEveryWatcher) {
+  // A SET of a large value with many watchers must not copy old + new once per watcher before
+  // the server can bound what it queues.
+  Harness h;
+  for (ClientId w = 10; w < 20; ++w) h.simple(w, Op::watch_key, "/w");
+  const Effects& fx = h.set(1, "/w", std::string(1000, 'v'));
+  ASSERT_EQ(fx.pushes.size(), 10u);
+  for (const auto& p : fx.pushes) EXPECT_EQ(p.bytes.get(), fx.pushes[0].bytes.get());
 }
 
 TEST(StoreTotals, QueueItemsAndBytesAreBounded) {
