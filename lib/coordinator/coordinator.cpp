@@ -3,6 +3,8 @@
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
 
+#include "coordinator/job_clock.hpp"
+
 #include "binding/binding.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -43,11 +45,8 @@ namespace {
 constexpr auto kRedialMin = std::chrono::milliseconds(500);
 constexpr auto kRedialMax = std::chrono::milliseconds(5000);
 
-rdzv::TimePoint now() {
-  return std::chrono::duration_cast<rdzv::Micros>(std::chrono::system_clock::now().time_since_epoch());
-}
-
-launch::SysTime to_sys(rdzv::TimePoint t) { return launch::SysTime(std::chrono::duration_cast<launch::SysTime::duration>(t)); }
+// A time on the job's clock (job_clock.hpp) as a report's wall time.
+launch::SysTime to_sys(rdzv::TimePoint t) { return JobClock::to_wall(t); }
 
 std::string plain_address(const asio::ip::address& addr) {
   auto a = addr;
@@ -92,7 +91,7 @@ class Coordinator {
               : fmt::format("{}:{}", opts_.spec.nnodes_min, opts_.spec.nnodes_max),
           entries_.size(), opts_.spec.nnodes_max);
     }
-    started_ = std::chrono::system_clock::now();
+    started_ = clock_.wall_now();
     open_control_socket();
     if (opts_.on_listening) opts_.on_listening();
     if (opts_.own_signals) {
@@ -190,6 +189,8 @@ class Coordinator {
   }
 
   static const std::string& label(const Node& n) { return n.label; }
+
+  rdzv::TimePoint now() const { return clock_.now(); }
 
   control::Ended end_record() const {
     return launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
@@ -551,10 +552,8 @@ class Coordinator {
     // it stands, rather than a cancel and a new wait per event (three per node while joining).
     if (!d || d == tick_armed_) return;
     tick_armed_ = d;
-    // At most a second at a time: deadlines are on the system clock, the timer on the steady
-    // one, and a clock stepped forward must not put a lost node's detection off by the step.
-    auto wait = std::min<rdzv::Micros>(std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1),
-                                       std::chrono::seconds(1));
+    // Deadlines and the timer are on the same (steady) clock: one wait, however far.
+    const auto wait = std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1);
     tick_timer_.expires_after(wait);
     tick_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec) return;
@@ -616,7 +615,7 @@ class Coordinator {
     }
     cur_ = launch::AttemptReport{};
     cur_.attempt = static_cast<int>(a.restart_count);
-    cur_.started = std::chrono::system_clock::now();
+    cur_.started = clock_.wall_now();
     cur_.log_dir = attempt_dir_;
     attempt_open_ = true;
 
@@ -821,7 +820,7 @@ class Coordinator {
     if (!attempt_open_) return;
     attempt_open_ = false;
     terminal_.flush();
-    cur_.ended = std::chrono::system_clock::now();
+    cur_.ended = clock_.wall_now();
     cur_.phase = phase;
     std::vector<ExitInfo*> all;
     for (auto& [k, v] : exits_) all.push_back(&v);
@@ -1031,6 +1030,7 @@ class Coordinator {
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;
   std::vector<std::string> hosts_;
+  JobClock clock_;  // every deadline and stamp of the job; before rdzv_, which starts on it
   rdzv::Rendezvous rdzv_;
   net::JobPayload payload_;
   std::string offer_spec_;  // payload_ as job_offer carries it, encoded once
