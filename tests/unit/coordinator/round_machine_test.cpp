@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <map>
 #include <random>
+#include <set>
 
 using namespace ddp::coordinator::round;
 using namespace std::chrono_literals;
