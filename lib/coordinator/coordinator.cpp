@@ -1,7 +1,10 @@
-// The coordinator edge: agent connections, clock offsets, the rendezvous machine's events and
-// effects, the live stream, per-rank files on the launching machine, reports and the exit
+// The coordinator edge: agent connections, clock offsets, the rendezvous and round machines'
+// events and effects, the live stream, per-rank files on the launching machine, reports and the exit
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
+
+#include "coordinator/job_clock.hpp"
+#include "coordinator/round_machine.hpp"
 
 #include "binding/binding.hpp"
 #include "common/log.hpp"
@@ -43,11 +46,8 @@ namespace {
 constexpr auto kRedialMin = std::chrono::milliseconds(500);
 constexpr auto kRedialMax = std::chrono::milliseconds(5000);
 
-rdzv::TimePoint now() {
-  return std::chrono::duration_cast<rdzv::Micros>(std::chrono::system_clock::now().time_since_epoch());
-}
-
-launch::SysTime to_sys(rdzv::TimePoint t) { return launch::SysTime(std::chrono::duration_cast<launch::SysTime::duration>(t)); }
+// A time on the job's clock (job_clock.hpp) as a report's wall time.
+launch::SysTime to_sys(rdzv::TimePoint t) { return JobClock::to_wall(t); }
 
 std::string plain_address(const asio::ip::address& addr) {
   auto a = addr;
@@ -92,7 +92,7 @@ class Coordinator {
               : fmt::format("{}:{}", opts_.spec.nnodes_min, opts_.spec.nnodes_max),
           entries_.size(), opts_.spec.nnodes_max);
     }
-    started_ = std::chrono::system_clock::now();
+    started_ = clock_.wall_now();
     open_control_socket();
     if (opts_.on_listening) opts_.on_listening();
     if (opts_.own_signals) {
@@ -146,10 +146,6 @@ class Coordinator {
     asio::steady_timer redial;
   };
 
-  struct Placement {  // a member's share of the current round
-    std::uint32_t node_rank = 0, rank_base = 0, local_world_size = 0;
-  };
-
   struct ExitInfo {
     launch::WorkerExit exit;
     std::string node;
@@ -190,6 +186,8 @@ class Coordinator {
   }
 
   static const std::string& label(const Node& n) { return n.label; }
+
+  rdzv::TimePoint now() const { return clock_.now(); }
 
   control::Ended end_record() const {
     return launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
@@ -398,16 +396,9 @@ class Coordinator {
       return;
     }
     if (m.type == "worker_started") {
-      const auto local_rank = b["local_rank"].get<std::uint32_t>();
-      if (global_rank(n.entry.name, b["round"].get<std::uint32_t>(), local_rank)) {
-        pids_[{n.entry.name, local_rank}] = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
-        if (pids_.size() == world_size_ && !all_started_) {
-          all_started_ = true;
-          say(spdlog::level::info, "round {}: all {} rank{} started", round_.value, world_size_, world_size_ == 1 ? "" : "s");
-          if (opts_.on_running) std::exchange(opts_.on_running, nullptr)();
-        }
-      }
-      return;
+      return apply_round(rounds_.handle(round::WorkerStarted{n.entry.name, rdzv::Round{b["round"].get<std::uint32_t>()},
+                                                             rdzv::LocalRank{b["local_rank"].get<std::uint32_t>()},
+                                                             b["pid"].get<std::uint32_t>()}));
     }
     if (m.type == "status") {  // node rank 0's store: who waits for what
       for (const auto& j : b["jobs"]) {
@@ -472,10 +463,7 @@ class Coordinator {
   // ---- the live stream and per-rank files ----
 
   std::optional<int> global_rank(const std::string& node, std::uint32_t round, std::uint32_t local_rank) const {
-    if (round != round_.value) return std::nullopt;
-    auto it = placement_.find(node);
-    if (it == placement_.end() || local_rank >= it->second.local_world_size) return std::nullopt;
-    return static_cast<int>(it->second.rank_base + local_rank);
+    return rounds_.global_rank(node, rdzv::Round{round}, local_rank);
   }
 
   RankFiles& files_of(int rank) {
@@ -513,27 +501,25 @@ class Coordinator {
     const auto agent_time = rdzv::Micros(b["time_us"].get<std::int64_t>());
     auto key = std::make_pair(n.entry.name, local_rank);
     auto& info = exits_[key];
-    const bool first = info.node.empty();
     info.node = n.entry.name;
     info.exit.rank = *rank;
     info.exit.local_rank = static_cast<int>(local_rank);
     info.exit.pid = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
     info.exit.signal = b.contains("signal") ? static_cast<int>(b["signal"].get<std::uint32_t>()) : 0;
     info.exit.exit_code = b.contains("exit_code") ? static_cast<int>(b["exit_code"].get<std::int64_t>()) : 0;
-    info.exit.when = to_sys(n.sync.to_local(agent_time));
+    const auto when = n.sync.to_local(agent_time);
+    info.exit.when = to_sys(when);
     if (b.contains("tail")) info.tail = b["tail"].get<std::vector<std::string>>();
     if (b.contains("error_file") && b["error_file"].is_object()) {
       const auto& e = b["error_file"];
       info.error_file = launch::ErrorFile{e.value("path", ""), e.value("message", ""), e.value("traceback", ""),
                                           e.value("raw", "")};
     }
-    if (!first || n.leaving) return;  // a leaving node's ranks were stopped with it: no cause, no event
-    if (info.exit.failed()) failures_.push_back(key);
-    rdzv::WorkerExited ev{n.entry.name, rdzv::Round{round}, rdzv::LocalRank{local_rank}, std::nullopt, std::nullopt,
-                          agent_time, static_cast<std::uint32_t>(info.exit.pid)};
+    round::WorkerExited ev{n.entry.name, rdzv::Round{round}, rdzv::LocalRank{local_rank}, std::nullopt, std::nullopt,
+                           agent_time, when, static_cast<std::uint32_t>(info.exit.pid), n.leaving};
     if (info.exit.signal) ev.signal = info.exit.signal;
     else ev.exit_code = info.exit.exit_code;
-    handle(ev);
+    apply_round(rounds_.handle(ev));
   }
 
   // ---- the rendezvous machine ----
@@ -551,10 +537,8 @@ class Coordinator {
     // it stands, rather than a cancel and a new wait per event (three per node while joining).
     if (!d || d == tick_armed_) return;
     tick_armed_ = d;
-    // At most a second at a time: deadlines are on the system clock, the timer on the steady
-    // one, and a clock stepped forward must not put a lost node's detection off by the step.
-    auto wait = std::min<rdzv::Micros>(std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1),
-                                       std::chrono::seconds(1));
+    // Deadlines and the timer are on the same (steady) clock: one wait, however far.
+    const auto wait = std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1);
     tick_timer_.expires_after(wait);
     tick_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec) return;
@@ -588,23 +572,15 @@ class Coordinator {
   }
 
   void on_effect(rdzv::AssignRanks& a) {
-    round_ = a.round;
-    world_size_ = a.world_size;
-    all_started_ = false;
     if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(a.world_size)); outside && !ranks_warned_) {
       ranks_warned_ = true;  // once: a restart or re-form does not need to hear it again
       log_->warn("--ranks: {}", *outside);
     }
-    master_port_ = 0;  // the new round's store is up when its node rank 0 says `ready`
-    placement_.clear();
     exits_.clear();
-    failures_.clear();
     notes_.clear();
     rank_files_.clear();
     last_output_.clear();
-    pids_.clear();
     store_waiters_.clear();
-    stop_issued_.reset();
     attempt_dir_ = fmt::format("{}/{}/attempt-{}", opts_.spec.log_dir, opts_.job_id, a.restart_count);
     std::error_code ec;
     fs::create_directories(attempt_dir_, ec);
@@ -616,9 +592,8 @@ class Coordinator {
     }
     cur_ = launch::AttemptReport{};
     cur_.attempt = static_cast<int>(a.restart_count);
-    cur_.started = std::chrono::system_clock::now();
+    cur_.started = clock_.wall_now();
     cur_.log_dir = attempt_dir_;
-    attempt_open_ = true;
 
     // The spec came with each node's job_offer; an assignment carries only the round.
     node_addresses_ = json::array();
@@ -633,19 +608,15 @@ class Coordinator {
     constexpr std::size_t kShown = 16;
     std::vector<std::string> shares;
     for (const auto& na : a.nodes) {
-      placement_[na.node] = Placement{na.node_rank.value, na.rank_base.value, na.local_world_size};
       if (shares.size() < kShown) {
         shares.push_back(fmt::format("{}: ranks {}-{}", na.node, na.rank_base.value, na.rank_base.value + na.local_world_size - 1));
       }
     }
     const auto more = a.nodes.size() > kShown ? fmt::format("; and {} more", a.nodes.size() - kShown) : std::string();
-    // Node rank 0 first: its `ready` brings the store's port and the attempt's NCCL id, which
-    // the others' assignments carry; theirs are made when they are sent.
-    send(*nodes_.at(a.nodes.at(0).node), "assign", assign_body(a, a.nodes.at(0)));
+    // The round machine opens the attempt and sends node rank 0's assign first.
+    apply_round(rounds_.handle(round::Assigned{a}));
     say(spdlog::level::info, "round {} (attempt {}): world size {} on {} node{} ({}{}); MASTER_ADDR={}", a.round.value,
         a.restart_count, a.world_size, a.nodes.size(), a.nodes.size() == 1 ? "" : "s", join(shares, "; "), more, master);
-    pending_assign_ = std::move(a);
-    ready_pending_ = true;
   }
 
   // A node's share of round `a`.
@@ -672,78 +643,72 @@ class Coordinator {
     return assign;
   }
 
-  void on_effect(rdzv::StartAttempt& s) {
-    start_round_ = s.round;
-    if (!ready_pending_) send_start();
-  }
+  void on_effect(rdzv::StartAttempt& s) { apply_round(rounds_.handle(round::StartDue{s.round})); }
 
   json start_body(rdzv::Round round) const { return {{"job_id", opts_.job_id}, {"round", round.value}}; }
 
-  void send_start() {
-    if (!start_round_) return;
-    for (const auto& m : rdzv_.members()) send(*nodes_.at(m), "start", start_body(*start_round_));
-    start_round_.reset();
-  }
-
-  // Node rank 0 holds the round's store (and NCCL id): now the others may have their share.
+  // Node rank 0 holds the round's store (and NCCL id): the round machine releases the others.
   void on_ready(Node& n, const json& b) {
-    const auto round = rdzv::Round{b["round"].get<std::uint32_t>()};
-    auto it = placement_.find(n.entry.name);
-    if (!ready_pending_ || round != round_ || it == placement_.end() || it->second.node_rank != 0) {
-      log_->debug("{}: ready for round {} ignored (not awaited)", n.entry.name, round.value);
-      return;
-    }
-    if (b.contains("error")) return fatal(b["error"].get<std::string>());
-    ready_pending_ = false;
-    master_port_ = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
-    const bool has_id = b.contains("nccl_unique_id");
-    // The round is normally complete by now, so each node's assign is also its start (protocol
-    // version 4: one frame; version 3: a start in the same write). Node by node, so that the
-    // first are on their way while the last are built.
-    const auto start = std::exchange(start_round_, std::nullopt);
-    std::set<std::string> started;
-    const auto& a = *pending_assign_;
-    for (std::size_t i = 1; i < a.nodes.size(); ++i) {
-      const auto& node = a.nodes[i].node;
-      auto& target = *nodes_.at(node);
-      auto assign = assign_body(a, a.nodes[i]);
-      assign["master_port"] = master_port_;
-      if (has_id) assign["nccl_unique_id"] = b["nccl_unique_id"];
-      if (!start || !target.conn) {
-        send(target, "assign", std::move(assign));
-        continue;
-      }
-      started.insert(node);
-      if (target.conn->session().version() >= 4) {
-        assign["start"] = true;
-        send(target, "assign", std::move(assign));
-        continue;
-      }
-      Connection::Cork both(*target.conn);
-      send(target, "assign", std::move(assign));
-      send(target, "start", start_body(*start));
-    }
-    pending_assign_.reset();
-    say(spdlog::level::info, "round {}: store on {}:{}{}", round.value, master_, master_port_,
-        has_id ? ", NCCL unique id from node rank 0" : "");
-    if (start) {
-      for (const auto& m : rdzv_.members()) {
-        if (!started.contains(m)) send(*nodes_.at(m), "start", start_body(*start));
-      }
+    round::Ready r{n.entry.name, rdzv::Round{b["round"].get<std::uint32_t>()}};
+    if (b.contains("error")) r.error = b["error"].get<std::string>();
+    else r.master_port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
+    if (b.contains("nccl_unique_id")) r.nccl_id = b["nccl_unique_id"].get<std::string>();
+    apply_round(rounds_.handle(r));
+  }
+
+  // ---- the round machine's effects ----
+
+  void apply_round(round::Effects effects) {
+    for (auto& e : effects) {
+      if (done_) return;
+      std::visit([this](auto& x) { on_round(x); }, e);
     }
   }
 
-  // The round is over before node rank 0 was ready: nothing of it may still go out.
-  void drop_deferred() {
-    ready_pending_ = false;
-    master_port_ = 0;
-    pending_assign_.reset();
-    start_round_.reset();
+  // Node rank 0's share as the round opens; the others' when its ready released them, with its
+  // store port and NCCL id. An assign that is also the start is one frame under protocol
+  // version 4 (`start: true`), an assign and a start in one write under version 3.
+  void on_round(round::SendAssign& s) {
+    const auto& a = rounds_.assignment();
+    auto& target = *nodes_.at(s.node);
+    auto assign = assign_body(a, a.nodes.at(s.index));
+    if (s.release) {
+      assign["master_port"] = s.release->master_port;
+      if (s.release->nccl_id) assign["nccl_unique_id"] = *s.release->nccl_id;
+    }
+    if (!s.start) return send(target, "assign", std::move(assign));
+    if (target.conn && target.conn->session().version() >= 4) {
+      assign["start"] = true;
+      return send(target, "assign", std::move(assign));
+    }
+    std::optional<Connection::Cork> both;
+    if (target.conn) both.emplace(*target.conn);
+    send(target, "assign", std::move(assign));
+    send(target, "start", start_body(a.round));
   }
+
+  void on_round(round::SendStart& s) { send(*nodes_.at(s.node), "start", start_body(s.round)); }
+
+  void on_round(round::StoreUp& u) {
+    say(spdlog::level::info, "round {}: store on {}:{}{}", u.round.value, master_, u.master_port,
+        u.has_nccl_id ? ", NCCL unique id from node rank 0" : "");
+  }
+
+  void on_round(round::ReadyFailed& f) { fatal(f.message); }
+
+  void on_round(round::ReadyIgnored& r) {
+    log_->debug("{}: ready for round {} ignored (not awaited)", r.node, r.round.value);
+  }
+
+  void on_round(round::AllStarted& a) {
+    say(spdlog::level::info, "round {}: all {} rank{} started", a.round.value, a.world_size, a.world_size == 1 ? "" : "s");
+    if (opts_.on_running) std::exchange(opts_.on_running, nullptr)();
+  }
+
+  void on_round(round::ForwardExit& f) { handle(f.exit); }
 
   void on_effect(rdzv::StopAll& s) {
-    drop_deferred();
-    stop_issued_ = now();
+    apply_round(rounds_.handle(round::StopIssued{s.round, now()}));
     // Who waits for what in the store (node rank 0's last word on it, at most a second old), at
     // the moment it explains the most: before the stop ends the waits. The report shows it, as
     // a local launch's does: the first clue in a hang.
@@ -815,63 +780,51 @@ class Coordinator {
     else log_->debug("{}", p.message);
   }
 
-  // The attempt's report: exits by rank, the first failure by mapped time (exits stamped after
-  // the stop went out are its consequences, unless nothing came before them).
+  // The round machine closes the attempt (once) and picks its first failure by mapped time.
   void close_attempt(launch::Phase phase, const std::optional<rdzv::Failure>& from_rdzv) {
-    if (!attempt_open_) return;
-    attempt_open_ = false;
+    const auto outcome = phase == launch::Phase::succeeded ? round::Outcome::succeeded
+                         : phase == launch::Phase::stopped ? round::Outcome::stopped
+                                                           : round::Outcome::failed;
+    apply_round(rounds_.handle(round::Close{outcome, from_rdzv}));
+  }
+
+  // The attempt's report: exits by rank, the first failure the machine named, its notes.
+  void on_round(round::AttemptClosed& c) {
     terminal_.flush();
-    cur_.ended = std::chrono::system_clock::now();
-    cur_.phase = phase;
+    cur_.ended = clock_.wall_now();
+    cur_.phase = c.outcome == round::Outcome::succeeded ? launch::Phase::succeeded
+                 : c.outcome == round::Outcome::stopped ? launch::Phase::stopped
+                                                        : launch::Phase::failed;
     std::vector<ExitInfo*> all;
     for (auto& [k, v] : exits_) all.push_back(&v);
     std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->exit.rank < b->exit.rank; });
     for (auto* e : all) cur_.exits.push_back(e->exit);
 
-    const ExitInfo* first = nullptr;
-    if (from_rdzv && from_rdzv->local_rank) {
-      auto it = exits_.find({from_rdzv->node, from_rdzv->local_rank->value});
-      if (it != exits_.end()) first = &it->second;
-    }
-    // A node lost (or failing as a whole) is the cause unless a rank failed before it: the ranks
-    // the stop then ended elsewhere were not the first failure, however early their exits came.
-    const bool node_level = from_rdzv && !from_rdzv->local_rank;
-    if (!first) {
-      for (std::size_t i = 0; i < failures_.size(); ++i) {
-        const auto& e = exits_.at(failures_[i]);
-        // Exits after the stop went out are its effect, not a cause; stopped by the user (Ctrl-C,
-        // `ddpctl stop`), none is a failure at all.
-        const bool before_stop = !stop_issued_ || e.exit.when <= to_sys(*stop_issued_);
-        bool cause = phase == launch::Phase::stopped ? before_stop : (i == 0 || before_stop);
-        if (node_level && phase != launch::Phase::stopped) cause = before_stop && e.exit.when < to_sys(from_rdzv->time);
-        if (cause && (!first || e.exit.when < first->exit.when)) first = &e;
-      }
-    }
-    if (first && phase != launch::Phase::succeeded) {
-      auto lines = first->tail;
+    if (c.first_failure) {
+      const auto& first = exits_.at(*c.first_failure);
+      auto lines = first.tail;
       if (lines.empty()) {
-        if (auto it = rank_files_.find(first->exit.rank); it != rank_files_.end()) lines = it->second.last.lines();
+        if (auto it = rank_files_.find(first.exit.rank); it != rank_files_.end()) lines = it->second.last.lines();
       }
-      cur_.first_failure = launch::RankFailure{first->exit, first->node, lines, first->error_file, contract_log(first->exit.rank)};
-    } else if (node_level) {
-      notes_.push_back("first failure: " + from_rdzv->describe());
+      cur_.first_failure = launch::RankFailure{first.exit, first.node, lines, first.error_file, contract_log(first.exit.rank)};
+    } else if (c.node_failure) {
+      // A node lost (or failing as a whole) and no rank failed before it: the ranks the stop
+      // then ended elsewhere were not the first failure, however early their exits came.
+      notes_.push_back("first failure: " + c.node_failure->describe());
       std::vector<std::string> then;
       for (const auto& e : cur_.exits) then.push_back(fmt::format("rank {} {}", e.rank, e.describe()));
       if (!then.empty()) notes_.push_back("then: " + join_first(then, ", ", 16));
     }
     // The grace period's end, said here as a local launch says it: the agents' own lines stay
     // on the nodes.
-    if (stop_issued_ && !killed_now_) {
-      std::size_t killed = 0;
-      for (const auto& e : cur_.exits) killed += e.signal == SIGKILL && e.when > to_sys(*stop_issued_);
-      if (killed) {
-        notes_.push_back(fmt::format("{} rank{} still running after the {} stop grace: SIGKILL", killed, killed == 1 ? " was" : "s were",
-                                     format_duration(opts_.spec.stop_grace)));
-      }
+    if (c.killed_after_stop && !killed_now_) {
+      const auto killed = c.killed_after_stop;
+      notes_.push_back(fmt::format("{} rank{} still running after the {} stop grace: SIGKILL", killed, killed == 1 ? " was" : "s were",
+                                   format_duration(opts_.spec.stop_grace)));
     }
     cur_.notes = notes_;
     report_.attempts.push_back(cur_);
-    if (phase != launch::Phase::succeeded) {
+    if (cur_.phase != launch::Phase::succeeded) {
       const auto text = launch::format_attempt(cur_, opts_.spec.max_restarts);
       std::fputs(text.c_str(), stderr);
       if (opts_.events.notice) opts_.events.notice(spdlog::level::err, text);
@@ -928,14 +881,14 @@ class Coordinator {
     user_signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec || done_) return;
       const auto members = rdzv_.members();
-      if (round_.value == 0 || members.empty()) {
+      if (rounds_.round().value == 0 || members.empty()) {
         log_->warn("{}: no workers run yet; not passed on", supervisor::signal_name(sig));
       } else {
         log_->info("{}: passing it to every worker on {} node{}", supervisor::signal_name(sig), members.size(),
                    members.size() == 1 ? "" : "s");
         for (const auto& m : members) {
           send(*nodes_.at(m), "signal",
-               {{"job_id", opts_.job_id}, {"round", round_.value}, {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}});
+               {{"job_id", opts_.job_id}, {"round", rounds_.round().value}, {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}});
         }
       }
       wait_user_signals();
@@ -948,7 +901,7 @@ class Coordinator {
     if (stop_signal_) {
       say(spdlog::level::warn, "{} again: killing every node's workers now", what);
       killed_now_ = true;
-      for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), round_, "killed by the user", Millis(0));
+      for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), rounds_.round(), "killed by the user", Millis(0));
       return;
     }
     stop_signal_ = sig;
@@ -966,7 +919,7 @@ class Coordinator {
     p.stop = [this](const std::string& who) { stop_job(SIGTERM, who); };
     p.log_files = [this](const std::set<int>& ranks) {
       std::vector<std::pair<int, std::string>> out;
-      for (const auto& [node, pl] : placement_) {
+      for (const auto& [node, pl] : rounds_.placement()) {
         for (std::uint32_t i = 0; i < pl.local_world_size; ++i) {
           const int rank = static_cast<int>(pl.rank_base + i);
           if (!ranks.empty() && !ranks.contains(rank)) continue;
@@ -987,11 +940,11 @@ class Coordinator {
   json status() const {
     const auto now_steady = std::chrono::steady_clock::now();
     json ranks = json::array();
-    for (const auto& [node, pl] : placement_) {
+    for (const auto& [node, pl] : rounds_.placement()) {
       for (std::uint32_t i = 0; i < pl.local_world_size; ++i) {
         const int rank = static_cast<int>(pl.rank_base + i);
         json r{{"rank", rank}, {"node", node}, {"pid", nullptr}, {"state", "running"}};
-        if (auto p = pids_.find({node, i}); p != pids_.end()) r["pid"] = p->second;
+        if (auto p = rounds_.pid({node, i})) r["pid"] = *p;
         else r["state"] = "starting";
         if (auto it = exits_.find({node, i}); it != exits_.end()) {
           r["pid"] = it->second.exit.pid;
@@ -1016,7 +969,7 @@ class Coordinator {
             {"max_restarts", opts_.spec.max_restarts},
             {"nodes", rdzv_.members().empty() ? hosts_ : rdzv_.members()},
             {"ranks", ranks},
-            {"store", master_port_ ? fmt::format("{}:{}", master_, master_port_) : ""},
+            {"store", rounds_.master_port() ? fmt::format("{}:{}", master_, rounds_.master_port()) : ""},
             {"store_waiters", store_waiters_},
             {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
   }
@@ -1031,6 +984,7 @@ class Coordinator {
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;
   std::vector<std::string> hosts_;
+  JobClock clock_;  // every deadline and stamp of the job; before rdzv_, which starts on it
   rdzv::Rendezvous rdzv_;
   net::JobPayload payload_;
   std::string offer_spec_;  // payload_ as job_offer carries it, encoded once
@@ -1040,33 +994,22 @@ class Coordinator {
   std::shared_ptr<boost::asio::ssl::context> tls_;  // --tls: made at the first dial
   supervisor::TerminalSink terminal_;
 
-  rdzv::Round round_{0};
-  // The round's assignments wait for node rank 0's `ready` (store port, NCCL id), and so does
-  // its start.
-  std::optional<rdzv::AssignRanks> pending_assign_;
+  // After the rendezvous's AssignRanks: node rank 0's ready, the others' assigns and starts,
+  // the workers' starts and exits, the attempt's close (round_machine.hpp).
+  round::RoundMachine rounds_;
   json node_addresses_;                 // the round's, by node rank
   std::optional<std::string> ib_hca_;  // NCCL_IB_HCA common to the round's nodes
-  bool ready_pending_ = false;
-  std::optional<rdzv::Round> start_round_;
   std::string master_;
-  std::uint16_t master_port_ = 0;
-  std::map<std::string, Placement> placement_;
   std::map<std::pair<std::string, std::uint32_t>, ExitInfo> exits_;
-  std::vector<std::pair<std::string, std::uint32_t>> failures_;  // in arrival order
-  std::optional<rdzv::TimePoint> stop_issued_;
   std::vector<std::string> notes_;
   std::map<int, RankFiles> rank_files_;
   std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
-  std::map<std::pair<std::string, std::uint32_t>, pid_t> pids_;      // (node, local rank): this round's workers
-  std::uint32_t world_size_ = 0;                                     // this round's
-  bool all_started_ = false;                                         // ... pids_ has each of its ranks
   bool ranks_warned_ = false;                                        // --ranks outside the job, said
   std::vector<std::string> store_waiters_;  // node rank 0's last report (sent with its heartbeat)
   std::optional<control::Server> control_;
   std::chrono::system_clock::time_point started_;
   std::string attempt_dir_;
   launch::AttemptReport cur_;
-  bool attempt_open_ = false;
   launch::JobReport report_;
   int stop_signal_ = 0;
   bool done_ = false;

@@ -1,5 +1,6 @@
 // The multi-node launch's coordinator, embedded in `ddpctl launch --nodes`: the I/O edge around
-// the pure rendezvous machine (lib/rendezvous).
+// the pure rendezvous machine (lib/rendezvous) and the pure round machine that follows its
+// assign (round_machine.hpp: node rank 0's ready, the others' assigns and starts, the close).
 //
 //   per node: dial ─▶ handshake (role coordinator) ─▶ job_offer{t0}
 //             ◀─ join{nproc, preflight, t0 rx tx: the clock offset} ─▶ NodeJoined ... rendezvous effects:
