@@ -731,7 +731,8 @@ class Agent {
                b["rank_base"].get<std::uint32_t>() + b["local_world_size"].get<std::uint32_t>() - 1,
                b["world_size"].get<std::uint32_t>(), b["master_addr"].get<std::string>(),
                b["master_port"].get<std::uint32_t>());
-    holder_.reset();  // the last attempt's id dies with it
+    holder_wait_.reset();  // the last attempt's id dies with it
+    holder_.reset();
     if (node_rank != 0) {
       store_.reset();
       return;
@@ -787,23 +788,30 @@ class Agent {
       send(job.owner.get(), "ready", std::move(ready));
       return;
     }
+    // The holder prints the id once NCCL has scanned the interfaces (up to 30 s): waited for on
+    // this loop, asynchronously, so heartbeats, the watchdog and other coordinators go on.
     const auto node = node_context();
-    try {
-      const auto& spec = job.payload.spec;
-      auto holder = launch::NcclHolder::start(io_, contract::worker_env(spec, node, worker_inherited(false), 0),
-                                              spec.workdir.value_or("/"), node.attempt_dir, spec.nccl_unique_id,
-                                              spec.container.has_value(), job_user());
-      if (holder) {
-        holder_.emplace(std::move(*holder));
-        ready["nccl_unique_id"] = holder_->hex();
-        job.assign->operator[]("nccl_unique_id") = holder_->hex();
-        log_->info("job {} round {}: NCCL unique id held by ddp-ncclid pid {}", job.job_id, job.round, holder_->pid());
-      }
-    } catch (const launch::NcclIdError& e) {
-      ready["error"] = fmt::format("nccl.unique_id: on, but node rank 0 ({}) cannot make the id: {}", opts_.name, e.what());
-      log_->error("job {}: {}", job.job_id, ready["error"].get<std::string>());
-    }
-    send(job.owner.get(), "ready", std::move(ready));
+    const auto& spec = job.payload.spec;
+    Job* pending = job_.get();
+    const auto round = job.round;
+    holder_wait_ = launch::NcclHolder::start(
+        io_, contract::worker_env(spec, node, worker_inherited(false), 0), spec.workdir.value_or("/"), node.attempt_dir,
+        spec.nccl_unique_id, spec.container.has_value(), job_user(),
+        [this, pending, round, ready = std::move(ready)](std::optional<launch::NcclHolder> holder, std::string error) mutable {
+          holder_wait_.reset();
+          if (job_.get() != pending || job_->round != round) return;  // (the wait is dropped first; belt and braces)
+          auto& job = *job_;
+          if (!error.empty()) {
+            ready["error"] = fmt::format("nccl.unique_id: on, but node rank 0 ({}) cannot make the id: {}", opts_.name, error);
+            log_->error("job {}: {}", job.job_id, ready["error"].get<std::string>());
+          } else if (holder) {
+            holder_.emplace(std::move(*holder));
+            ready["nccl_unique_id"] = holder_->hex();
+            job.assign->operator[]("nccl_unique_id") = holder_->hex();
+            log_->info("job {} round {}: NCCL unique id held by ddp-ncclid pid {}", job.job_id, job.round, holder_->pid());
+          }
+          send(job.owner.get(), "ready", std::move(ready));
+        });
   }
 
   int assigned_restart_count() const { return static_cast<int>((*job_->assign)["restart_count"].get<std::uint32_t>()); }
@@ -970,7 +978,8 @@ class Agent {
   void on_start(const json& b) {
     auto& job = *job_;
     const auto round = b["round"].get<std::uint32_t>();
-    if (!job.assign || round != job.round || job.running() || job.finished_sent.count(round)) {
+    // (Node rank 0 is started only after its ready: while the id is on its way, nothing is assigned yet.)
+    if (!job.assign || round != job.round || job.running() || job.finished_sent.count(round) || holder_wait_) {
       if (!job.finished_sent.count(round)) {
         log_->warn("job {}: start for round {} without its assignment; refusing", job.job_id, round);
         job.finished_sent.insert(round);
@@ -1046,6 +1055,7 @@ class Agent {
     // The round is over for every node: NCCL's bootstrap root goes with it. (A round that ends
     // well keeps it until the job is forgotten: ranks elsewhere may still be joining it after
     // this node's workers are done.)
+    holder_wait_.reset();
     holder_.reset();
     if (job.running() && job.group_round == round) {
       log_->warn("job {} round {}: stop: {}", job.job_id, round, b["reason"].get<std::string>());
@@ -1157,6 +1167,7 @@ class Agent {
     if (job_) log_->info("job {}: done on this node", job_->job_id);
     job_.reset();
     store_.reset();
+    holder_wait_.reset();
     holder_.reset();
     if (!stopping_) notify_.status(idle_status());
     if (had_job && (opts_.oneshot || opts_.stdio) && !stopping_) {
@@ -1317,6 +1328,7 @@ class Agent {
   std::deque<std::string> made_attempt_order_;
   std::optional<store::Server> store_;
   std::optional<launch::NcclHolder> holder_;  // node rank 0: the current attempt's NCCL id
+  std::unique_ptr<launch::NcclHolderWait> holder_wait_;  // node rank 0: the id on its way (then the ready)
   std::optional<StdioLink> stdio_;
   std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first accepted connection
   std::optional<asio::posix::stream_descriptor> stdin_;  // --connect: watched for EOF
