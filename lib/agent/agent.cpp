@@ -1,8 +1,11 @@
 // The agent daemon: listener, per-connection protocol handling, the one job's attempts, the
 // store on node rank 0, heartbeats, signals and reaping. See agent.hpp for the flow and policy.
+// The job's lifecycle is job_machine's (pure): this file turns frames, the shepherd's
+// callbacks, closed links and signals into its events, and its effects into I/O.
 #include "agent/agent.hpp"
 
 #include "agent/interfaces.hpp"
+#include "agent/job_machine.hpp"
 #include "agent/preflight.hpp"
 #include "pyenv/probe.hpp"
 #include "binding/binding.hpp"
@@ -119,8 +122,10 @@ class Agent {
         sigchld_(io_, SIGCHLD),
         heartbeat_timer_(io_),
         watchdog_timer_(io_),
-        log_(log::get("agent")) {
+        log_(log::get("agent")),
+        machine_(job::Config{}) {
     if (opts_.name.empty()) opts_.name = own_hostname();
+    machine_ = job::JobMachine(job::Config{opts_.name, opts_.oneshot, opts_.stdio});
   }
 
   // The GPUs and CPUs this agent manages (--gpus, --cpus), checked against the node.
@@ -272,9 +277,11 @@ class Agent {
     // that the coordinator gets a clock-offset sample every interval (proto/clock_sync.hpp).
     std::optional<std::int64_t> echo_t0_us, echo_rx_us;
     std::shared_ptr<PreflightRun> doctor;  // a facts_request's image lookup, killed if the peer goes
+    job::LinkId id = 0;                    // the job machine's name for this link
   };
 
-  // The one job this agent runs, owned by one coordinator connection.
+  // The data of the one job this agent runs (its lifecycle is machine_'s), owned by one
+  // coordinator connection.
   struct Job {
     std::shared_ptr<Connection> owner;
     std::string job_id, node, user;
@@ -290,20 +297,17 @@ class Agent {
     // and SSH launches get it: the store's allow-list, and how a stdio agent finds its own).
     std::optional<json> assign;
     std::vector<std::string> node_addresses;
-    std::uint32_t round = 0;
     // The job's shepherd process (from its first start to the job's end) runs each round's workers.
     std::unique_ptr<shepherd::Client> shepherd;
-    std::uint32_t group_round = 0;
     int rank_base = 0;
-    std::set<std::uint32_t> finished_sent;  // rounds we reported attempt_finished for
-    std::set<int> exits_sent;               // local ranks whose exit went up this round
     std::uint64_t dropped_lines = 0;
-    bool orphaned = false;  // the owner is gone: stop, then forget the job
+    // The running round's exits as the shepherd reported them, for the machine's ReportExit.
+    std::map<int, launch::WorkerExit> exits;
+    std::optional<launch::RankFailure> first_failure;
     std::shared_ptr<PreflightRun> preflight;  // until it joins (killed with the job): image, or Python
     std::optional<facts::PythonFacts> python;  // the job's interpreter here (lib/pyenv), for the contract
     json offer_t0_us;                          // the offer's coordinator time, echoed in the join
     std::int64_t offer_rx_us = 0;              // when the offer arrived here
-    bool running() const { return shepherd && shepherd->running(); }
   };
 
   void listen() {
@@ -325,7 +329,7 @@ class Agent {
   // Out of descriptors: back off; unauthenticated connections capped (net/acceptor.hpp).
   void accept() {
     accept_loop_.emplace(acceptor_, "agent listener", log_, [this](tcp::socket s) {
-      if (!stopping_) on_accept(std::move(s));
+      if (!machine_.shutting_down()) on_accept(std::move(s));
     });
     accept_loop_->start();
   }
@@ -373,22 +377,20 @@ class Agent {
     const auto where = net::format_host_port(opts_.connect_host, opts_.connect_port);
     net::dial(io_, opts_.connect_host, opts_.connect_port, std::chrono::seconds(10),
               [this, where](boost::system::error_code ec, tcp::socket s) {
-                if (stopping_) return;
+                if (machine_.shutting_down()) return;
                 if (ec) {
                   log_->error("cannot connect back to the launcher at {}: {}", where, ec.message());
-                  stopping_ = true;
-                  return finish_shutdown();
+                  return feed(job::DialFailed{});
                 }
                 boost::system::error_code ignored;
                 s.set_option(tcp::no_delay(true), ignored);
                 auto sock = std::make_shared<tcp::socket>(std::move(s));
                 auto line = std::make_shared<std::string>(opts_.connect_tag + "\n");
                 asio::async_write(*sock, asio::buffer(*line), [this, sock, line, where](boost::system::error_code ec, std::size_t) {
-                  if (stopping_) return;
+                  if (machine_.shutting_down()) return;
                   if (ec) {
                     log_->error("cannot connect back to the launcher at {}: {}", where, ec.message());
-                    stopping_ = true;
-                    return finish_shutdown();
+                    return feed(job::DialFailed{});
                   }
                   auto conn = Connection::make(std::move(*sock), server_session(), "launcher " + where, "agent", opts_.handshake_timeout);
                   // The launcher speaks first, so TLS (launch --ssh --advertise-addr --tls) is told apart as on our port.
@@ -406,16 +408,14 @@ class Agent {
       if (!ec) return watch_stdin();  // nothing more is expected on stdin; its end is what counts
       log_->info("the launcher's SSH channel closed");
       for (auto& [raw, p] : std::map<Connection*, Peer>(peers_)) p.conn->close("the launcher's SSH channel closed");
-      if (peers_.empty() && !job_ && !stopping_) {
-        stopping_ = true;
-        finish_shutdown();
-      }
+      feed(job::LauncherGone{!peers_.empty()});
     });
   }
 
   void serve(std::shared_ptr<Connection> conn) {
     Connection* raw = conn.get();
     peers_[raw] = Peer{conn, std::chrono::steady_clock::now()};
+    peers_[raw].id = ++last_link_;
     conn->start({[this, raw](const proto::PeerInfo& p) {
                    raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(), p.name.empty() ? "?" : p.name,
                                               p.user));
@@ -429,18 +429,9 @@ class Agent {
     auto it = peers_.find(raw);
     if (it == peers_.end()) return;
     auto conn = it->second.conn;
+    const auto link = it->second.id;
     peers_.erase(it);
-    if (job_ && job_->owner.get() == raw) {
-      // After the round's result went up and no worker runs, this is how a job normally ends.
-      if (!job_->running() && job_->finished_sent.count(job_->round)) {
-        log_->info("job {}: its coordinator closed the connection after the round's result ({})", job_->job_id, reason);
-      } else {
-        log_->warn("job {}: its coordinator is gone ({}); stopping its workers", job_->job_id, reason);
-      }
-      abandon_job();
-    } else if (opts_.stdio && !job_) {
-      finish_shutdown();  // our only coordinator left before offering a job
-    }
+    feed(job::LinkClosed{link, reason});
   }
 
   void send(Connection* c, std::string_view type, json fields) {
@@ -462,27 +453,105 @@ class Agent {
     }
     if (m.type == "facts_request") return on_facts_request(c, b);  // doctor --nodes: answered busy or not
     if (m.type == "job_offer") return on_offer(c, b, rx_us);
-    if (!job_ || job_->owner.get() != c) {
-      c->refuse(proto::ErrorCode::unexpected, fmt::format("'{}' for a job this agent does not hold for you", m.type));
-      return;
-    }
-    if (b.contains("job_id") && b["job_id"].get<std::string>() != job_->job_id) {
-      c->refuse(proto::ErrorCode::bad_value,
-                fmt::format("'{}' names job {}, but this connection's job is {}", m.type, b["job_id"].get<std::string>(),
-                            job_->job_id));
-      return;
-    }
+    const auto link = it->second.id;
+    const auto job_id = b.contains("job_id") ? std::optional(b["job_id"].get<std::string>()) : std::nullopt;
+    if (auto r = machine_.addressed(link, job_id, m.type)) return refuse(c, *r);
+    const auto round = [&] { return b["round"].get<std::uint32_t>(); };
     if (m.type == "assign") {
-      on_assign(b);
-      // Version 4: an assign sent once the round is complete is also its start (unless the
-      // assign was refused, which closes the link).
-      if (job_ && job_->owner && job_->owner->established() && b.value("start", false)) on_start(b);
-      return;
+      assign_body_ = b;  // for PrepareRound
+      return feed(job::Assign{link, round(), b["node_rank"].get<std::uint32_t>(), b.value("start", false)});
     }
-    if (m.type == "start") return on_start(b);
-    if (m.type == "stop") return on_stop(b);
-    if (m.type == "signal") return on_signal(b);
+    if (m.type == "start") return feed(job::Start{link, round()});
+    if (m.type == "stop") {
+      return feed(job::Stop{link, round(), b["grace_ms"].get<std::uint64_t>() == 0, b["reason"].get<std::string>()});
+    }
+    if (m.type == "signal") {
+      const auto name = b["signal"].get<std::string>();
+      return feed(job::Signal{round(), name == "SIGUSR1" ? SIGUSR1 : SIGUSR2, name});
+    }
     c->refuse(proto::ErrorCode::unexpected, fmt::format("an agent does not take '{}'", m.type));
+  }
+
+  // ---- the job machine's effects (lib/agent/job_machine.hpp) ----
+
+  // Events are handled one at a time, in order: one that an effect raises (a store that cannot
+  // be served, a closed link) waits until the effects before it are done.
+  void feed(job::Event e) {
+    events_.push_back(std::move(e));
+    if (feeding_) return;
+    feeding_ = true;
+    while (!events_.empty()) {
+      auto next = std::move(events_.front());
+      events_.pop_front();
+      for (auto& effect : machine_.handle(next)) std::visit([this](auto& x) { apply(x); }, effect);
+    }
+    feeding_ = false;
+  }
+
+  Connection* conn_of(job::LinkId link) const {
+    for (const auto& [raw, p] : peers_) {
+      if (p.id == link) return raw;
+    }
+    return nullptr;
+  }
+
+  void refuse(Connection* c, const job::Refuse& r) {
+    if (!c) return;
+    c->refuse(r.code == job::RefuseCode::bad_value ? proto::ErrorCode::bad_value : proto::ErrorCode::unexpected, r.message,
+              r.hint);
+  }
+
+  Connection* owner() const { return job_ ? job_->owner.get() : nullptr; }
+
+  void apply(job::Refuse& r) { refuse(conn_of(r.link), r); }
+  void apply(job::PrepareRound& p) { prepare_round(p.round, p.serve); }
+  void apply(job::StartWorkers& s) { start_workers(s.round); }
+  void apply(job::StopWorkers& s) {
+    if (!job_ || !job_->shepherd) return;
+    if (s.now) job_->shepherd->kill_now();
+    else job_->shepherd->request_stop(SIGTERM);
+  }
+  void apply(job::ForwardSignal& f) {
+    if (job_ && job_->shepherd) job_->shepherd->forward(f.sig);
+  }
+  void apply(job::DropIdHolder&) {
+    holder_wait_.reset();
+    holder_.reset();
+  }
+  void apply(job::ReportExit& r) {
+    if (!job_ || !job_->exits.count(r.local_rank)) return;
+    const auto* detail = r.detail && job_->first_failure ? &*job_->first_failure : nullptr;
+    send_exit(job_->exits.at(r.local_rank), detail);
+  }
+  void apply(job::ReportFinished& f) {
+    if (!job_) return;
+    json m{{"job_id", job_->job_id}, {"round", f.round}, {"ok", f.ok}};
+    if (!f.error.empty()) m["error"] = f.error;
+    send(owner(), "attempt_finished", std::move(m));
+  }
+  void apply(job::SendLeaving& l) {
+    // Protocol version 5; an older launcher finds the node lost when the connection closes.
+    if (owner() && owner()->session().version() >= 5) send(owner(), "leaving", {{"job_id", job_->job_id}, {"reason", l.reason}});
+  }
+  void apply(job::Forget&) {
+    job_.reset();
+    store_.reset();
+    holder_wait_.reset();
+    holder_.reset();
+    if (!machine_.shutting_down()) notify_.status(idle_status());
+  }
+  void apply(job::Exit&) {
+    boost::system::error_code ignored;
+    if (accept_loop_) accept_loop_->stop();
+    acceptor_.close(ignored);
+    finish_shutdown();
+  }
+  void apply(job::Log& l) {
+    switch (l.level) {
+      case job::Log::Level::info: log_->info("{}", l.text); break;
+      case job::Log::Level::warn: log_->warn("{}", l.text); break;
+      case job::Log::Level::error: log_->error("{}", l.text); break;
+    }
   }
 
   // With an image ({runtime, image}), the answer waits for the helper that looks the image up
@@ -541,15 +610,16 @@ class Agent {
                 fmt::format("job_offer.job_id: expected {}, got '{}'", jobspec::kJobIdRule, job_id));
       return;
     }
-    if (job_ && job_->owner.get() != c) {
-      c->refuse(proto::ErrorCode::unexpected,
-                fmt::format("busy: {} runs job {} for {}", opts_.name, job_->job_id, job_->owner->label()),
-                "one job at a time: wait for it to end or stop it");
-      return;
-    }
-    if (job_ && job_->running()) {
-      c->refuse(proto::ErrorCode::unexpected, fmt::format("busy: job {} still has workers running", job_->job_id));
-      return;
+    switch (machine_.busy(peers_.at(c).id)) {
+      case job::JobMachine::Busy::no: break;
+      case job::JobMachine::Busy::other_link:
+        c->refuse(proto::ErrorCode::unexpected,
+                  fmt::format("busy: {} runs job {} for {}", opts_.name, job_->job_id, job_->owner->label()),
+                  "one job at a time: wait for it to end or stop it");
+        return;
+      case job::JobMachine::Busy::workers_running:
+        c->refuse(proto::ErrorCode::unexpected, fmt::format("busy: job {} still has workers running", job_->job_id));
+        return;
     }
     // Whose job this is: the key that signed its delegation (a standing coordinator's offer,
     // version 6), else the key this link proved; with key_users, that key's user (users.hpp).
@@ -647,6 +717,7 @@ class Agent {
                job->run_as ? fmt::format(" (runs as uid {})", job->run_as->uid) : "", job->node, job->nproc,
                job->nproc == 1 ? "" : "s");
     job_ = std::move(job);
+    feed(job::Offer{peers_.at(c).id, job_id});
     notify_.status(fmt::format("running job {} for {} (user {})", job_->job_id, c->label(), job_->user));
     if (!problems.empty()) return send_join(preflight, problems);
     if (!container) return probe_python(preflight, workdir);
@@ -728,28 +799,28 @@ class Agent {
     send(job.owner.get(), "join",
          {{"t0_us", job.offer_t0_us}, {"rx_us", job.offer_rx_us}, {"tx_us", now_us()}, {"job_id", job.job_id},
           {"node", opts_.name}, {"nproc", job.nproc}, {"facts", facts_summary}, {"preflight", std::move(preflight)}});
+    feed(job::Joined{});
   }
 
-  void on_assign(const json& b) {
+  // The machine took the round: its assignment, and on node rank 0 the store and the NCCL id,
+  // then the ready (or the round's failure).
+  void prepare_round(std::uint32_t round, bool serve) {
+    if (!job_ || !assign_body_) return;
     auto& job = *job_;
-    if (job.running()) {
-      job.owner->refuse(proto::ErrorCode::unexpected,
-                        fmt::format("assign for round {} while round {}'s workers still run", b["round"].get<std::uint32_t>(),
-                                    job.group_round));
-      return;
-    }
+    const json b = std::move(*assign_body_);
+    assign_body_.reset();
     // The spec came with the offer; the assignment adds the round's node list where we need it.
     job.node_addresses = b.value("node_addresses", std::vector<std::string>{});
     job.assign = b;
-    job.round = b["round"].get<std::uint32_t>();
     const auto node_rank = b["node_rank"].get<std::uint32_t>();
-    log_->info("job {} round {}: node rank {} of {}, ranks {}-{} of {}, master {}:{}", job.job_id, job.round, node_rank,
+    log_->info("job {} round {}: node rank {} of {}, ranks {}-{} of {}, master {}:{}", job.job_id, round, node_rank,
                b["nnodes"].get<std::uint32_t>(), b["rank_base"].get<std::uint32_t>(),
                b["rank_base"].get<std::uint32_t>() + b["local_world_size"].get<std::uint32_t>() - 1,
                b["world_size"].get<std::uint32_t>(), b["master_addr"].get<std::string>(),
                b["master_port"].get<std::uint32_t>());
-    holder_.reset();  // the last attempt's id dies with it
-    if (node_rank != 0) {
+    holder_wait_.reset();  // the last attempt's id dies with it
+    holder_.reset();
+    if (!serve) {
       store_.reset();
       return;
     }
@@ -791,36 +862,41 @@ class Agent {
       store_.reset();
       const std::string why = fmt::format("{} cannot serve the job's store: {}", opts_.name, e.what());
       log_->error("job {}: {}", job.job_id, why);
-      job.finished_sent.insert(job.round);
-      send(job.owner.get(), "attempt_finished", {{"job_id", job.job_id}, {"round", job.round}, {"ok", false}, {"error", why}});
-      return;
+      return feed(job::RoundFailed{round, why});
     }
     // The attempt's NCCL unique id, made here, by a holder with rank 0's environment (so with
     // the workers' libnccl and NCCL_SOCKET_IFNAME); the coordinator hands it to every node.
-    json ready{{"job_id", job.job_id}, {"round", job.round}, {"master_port", store_->port()}};
+    json ready{{"job_id", job.job_id}, {"round", round}, {"master_port", store_->port()}};
     job.assign->operator[]("master_port") = store_->port();
     if (auto why = make_attempt_dir(assigned_restart_count()); !why.empty()) {
       ready["error"] = fmt::format("{}: {}", opts_.name, why);
       send(job.owner.get(), "ready", std::move(ready));
-      return;
+      return feed(job::Ready{round});
     }
+    // The holder prints the id once NCCL has scanned the interfaces (up to 30 s): waited for on
+    // this loop, asynchronously, so heartbeats, the watchdog and other coordinators go on.
     const auto node = node_context();
-    try {
-      const auto& spec = job.payload.spec;
-      auto holder = launch::NcclHolder::start(io_, contract::worker_env(spec, node, worker_inherited(false), 0),
-                                              spec.workdir.value_or("/"), node.attempt_dir, spec.nccl_unique_id,
-                                              spec.container.has_value(), job_user());
-      if (holder) {
-        holder_.emplace(std::move(*holder));
-        ready["nccl_unique_id"] = holder_->hex();
-        job.assign->operator[]("nccl_unique_id") = holder_->hex();
-        log_->info("job {} round {}: NCCL unique id held by ddp-ncclid pid {}", job.job_id, job.round, holder_->pid());
-      }
-    } catch (const launch::NcclIdError& e) {
-      ready["error"] = fmt::format("nccl.unique_id: on, but node rank 0 ({}) cannot make the id: {}", opts_.name, e.what());
-      log_->error("job {}: {}", job.job_id, ready["error"].get<std::string>());
-    }
-    send(job.owner.get(), "ready", std::move(ready));
+    const auto& spec = job.payload.spec;
+    Job* pending = job_.get();
+    holder_wait_ = launch::NcclHolder::start(
+        io_, contract::worker_env(spec, node, worker_inherited(false), 0), spec.workdir.value_or("/"), node.attempt_dir,
+        spec.nccl_unique_id, spec.container.has_value(), job_user(),
+        [this, pending, round, ready = std::move(ready)](std::optional<launch::NcclHolder> holder, std::string error) mutable {
+          holder_wait_.reset();
+          if (job_.get() != pending || machine_.round() != round) return;  // (the wait is dropped first; belt and braces)
+          auto& job = *job_;
+          if (!error.empty()) {
+            ready["error"] = fmt::format("nccl.unique_id: on, but node rank 0 ({}) cannot make the id: {}", opts_.name, error);
+            log_->error("job {}: {}", job.job_id, ready["error"].get<std::string>());
+          } else if (holder) {
+            holder_.emplace(std::move(*holder));
+            ready["nccl_unique_id"] = holder_->hex();
+            job.assign->operator[]("nccl_unique_id") = holder_->hex();
+            log_->info("job {} round {}: NCCL unique id held by ddp-ncclid pid {}", job.job_id, round, holder_->pid());
+          }
+          send(job.owner.get(), "ready", std::move(ready));
+          feed(job::Ready{round});
+        });
   }
 
   int assigned_restart_count() const { return static_cast<int>((*job_->assign)["restart_count"].get<std::uint32_t>()); }
@@ -1009,25 +1085,15 @@ class Agent {
     return supervisor::RunAs{job.run_as->uid, job.run_as->gid, job.run_as->groups};
   }
 
-  void on_start(const json& b) {
+  // The machine started the assigned round: its plan, to the job's shepherd.
+  void start_workers(std::uint32_t round) {
+    if (!job_) return;
+    if (!job_->assign) return feed(job::RoundFailed{round, fmt::format("{}: start without an assignment", opts_.name)});
     auto& job = *job_;
-    const auto round = b["round"].get<std::uint32_t>();
-    if (!job.assign || round != job.round || job.running() || job.finished_sent.count(round)) {
-      if (!job.finished_sent.count(round)) {
-        log_->warn("job {}: start for round {} without its assignment; refusing", job.job_id, round);
-        job.finished_sent.insert(round);
-        send(job.owner.get(), "attempt_finished",
-             {{"job_id", job.job_id}, {"round", round}, {"ok", false}, {"error", "start without an assignment"}});
-      }
-      return;
-    }
     const auto& a = *job.assign;
     const auto& spec = job.payload.spec;
     if (auto why = make_attempt_dir(assigned_restart_count()); !why.empty()) {
-      job.finished_sent.insert(round);
-      send(job.owner.get(), "attempt_finished",
-           {{"job_id", job.job_id}, {"round", round}, {"ok", false}, {"error", fmt::format("{}: {}", opts_.name, why)}});
-      return;
+      return feed(job::RoundFailed{round, fmt::format("{}: {}", opts_.name, why)});
     }
     const auto node = node_context();
     auto inherited = worker_inherited(true);
@@ -1048,22 +1114,21 @@ class Agent {
     cb.on_line = [this](int rank, supervisor::Stream s, const std::string& line) { forward_line(rank, s, line); };
     cb.on_first_failure = [this](const launch::WorkerExit& ex) {
       if (!job_) return;
-      log_->warn("job {} round {}: rank {} {}; stopping this node's other workers", job_->job_id, job_->group_round,
-                 job_->rank_base + ex.local_rank, ex.describe());
-      send_exit(ex, nullptr);
+      job_->exits[ex.local_rank] = ex;
+      feed(job::FirstFailure{ex.local_rank, job_->rank_base + ex.local_rank, ex.describe()});
     };
     cb.on_started = [this](const std::vector<pid_t>& pids) {
       if (!job_) return;
       for (std::size_t i = 0; i < pids.size(); ++i) {
         if (pids[i] <= 0) continue;
         send(job_->owner.get(), "worker_started",
-             {{"job_id", job_->job_id}, {"round", job_->group_round}, {"local_rank", i}, {"pid", pids[i]}});
+             {{"job_id", job_->job_id}, {"round", machine_.group_round()}, {"local_rank", i}, {"pid", pids[i]}});
       }
     };
     cb.on_finished = [this](launch::AttemptReport r) { on_group_finished(std::move(r)); };
     job.rank_base = node.rank_base;
-    job.exits_sent.clear();
-    job.group_round = round;
+    job.exits.clear();
+    job.first_failure.reset();
     job.dropped_lines = 0;
     log_->info("job {} round {}: starting {} worker{} (ranks {}-{}), logs in {}", job.job_id, round, node.local_world_size,
                node.local_world_size == 1 ? "" : "s", node.rank_base, node.rank_base + node.local_world_size - 1,
@@ -1075,42 +1140,7 @@ class Agent {
       job.shepherd->start({node.attempt_dir, go, std::move(plan)}, std::move(cb));
     } catch (const shepherd::ShepherdError& e) {
       log_->error("job {} round {}: {}", job.job_id, round, e.what());
-      job.finished_sent.insert(round);
-      send(job.owner.get(), "attempt_finished",
-           {{"job_id", job.job_id}, {"round", round}, {"ok", false}, {"error", fmt::format("{}: {}", opts_.name, e.what())}});
-    }
-  }
-
-  void on_stop(const json& b) {
-    auto& job = *job_;
-    const auto round = b["round"].get<std::uint32_t>();
-    const auto grace_ms = b["grace_ms"].get<std::uint64_t>();
-    // The round is over for every node: NCCL's bootstrap root goes with it. (A round that ends
-    // well keeps it until the job is forgotten: ranks elsewhere may still be joining it after
-    // this node's workers are done.)
-    holder_.reset();
-    if (job.running() && job.group_round == round) {
-      log_->warn("job {} round {}: stop: {}", job.job_id, round, b["reason"].get<std::string>());
-      if (grace_ms == 0) job.shepherd->kill_now();
-      else job.shepherd->request_stop(SIGTERM);
-      return;
-    }
-    // Nothing of that round runs here (never started, or already over): say so at once.
-    if (!job.finished_sent.count(round)) {
-      job.finished_sent.insert(round);
-      send(job.owner.get(), "attempt_finished", {{"job_id", job.job_id}, {"round", round}, {"ok", false}});
-    }
-  }
-
-  // The coordinator passes on a signal it received (SIGUSR1/2: a scheduler's warning) to every
-  // worker of the round, as it is; a round that is not running here has nobody to tell.
-  void on_signal(const json& b) {
-    auto& job = *job_;
-    const auto name = b["signal"].get<std::string>();
-    const int sig = name == "SIGUSR1" ? SIGUSR1 : SIGUSR2;
-    if (job.running() && job.group_round == b["round"].get<std::uint32_t>()) {
-      log_->info("job {} round {}: {} from the coordinator: passing it to the workers", job.job_id, job.group_round, name);
-      job.shepherd->forward(sig);
+      feed(job::RoundFailed{round, fmt::format("{}: {}", opts_.name, e.what())});
     }
   }
 
@@ -1125,7 +1155,7 @@ class Agent {
     const char* stream = s == supervisor::Stream::out ? "stdout" : "stderr";
     for (std::size_t pos = 0; pos < line.size() || pos == 0; pos += kOutputChunk) {
       send(job.owner.get(), "output",
-           {{"job_id", job.job_id}, {"round", job.group_round}, {"local_rank", local_rank}, {"stream", stream},
+           {{"job_id", job.job_id}, {"round", machine_.group_round()}, {"local_rank", local_rank}, {"stream", stream},
             {"data", line.substr(pos, kOutputChunk)}});
       if (line.empty()) break;
     }
@@ -1134,7 +1164,7 @@ class Agent {
   void send_exit(const launch::WorkerExit& ex, const launch::RankFailure* detail) {
     auto& job = *job_;
     json m{{"job_id", job.job_id},
-           {"round", job.group_round},
+           {"round", machine_.group_round()},
            {"local_rank", ex.local_rank},
            {"pid", ex.pid > 0 ? ex.pid : 0},
            {"time_us", std::chrono::duration_cast<std::chrono::microseconds>(ex.when.time_since_epoch()).count()}};
@@ -1152,63 +1182,24 @@ class Agent {
                            {"raw", cut(e.raw, kErrorFieldBytes)}};
       }
     }
-    job.exits_sent.insert(ex.local_rank);
     send(job.owner.get(), "worker_exited", m);
   }
 
   void on_group_finished(launch::AttemptReport r) {
     if (!job_) return;
-    auto& job = *job_;
-    const auto round = job.group_round;
-    if (job.dropped_lines) {
-      log_->warn("job {} round {}: {} output line(s) were not sent to the coordinator (still in the log files)",
-                 job.job_id, round, job.dropped_lines);
-    }
-    const launch::RankFailure* ff = r.first_failure ? &*r.first_failure : nullptr;
+    job::WorkersDone done;
+    done.ok = r.phase == launch::Phase::succeeded;
+    done.dropped_lines = job_->dropped_lines;
     for (const auto& ex : r.exits) {
       if (!ex.started) continue;
-      const bool first = ff && ff->exit.rank == ex.rank;
-      if (job.exits_sent.count(ex.local_rank) && !first) continue;
-      send_exit(ex, first ? ff : nullptr);
+      job_->exits[ex.local_rank] = ex;
+      done.started_ranks.push_back(ex.local_rank);
     }
-    const bool ok = r.phase == launch::Phase::succeeded;
-    log_->info("job {} round {}: workers done ({})", job.job_id, round, ok ? "all exited 0" : "not all ok");
-    if (!job.finished_sent.count(round)) {
-      job.finished_sent.insert(round);
-      send(job.owner.get(), "attempt_finished", {{"job_id", job.job_id}, {"round", round}, {"ok", ok}});
+    if (r.first_failure) {
+      done.first_failure = r.first_failure->exit.local_rank;
+      job_->first_failure = std::move(r.first_failure);
     }
-    if (job.orphaned) forget_job();
-    if (stopping_ && !job_) finish_shutdown();
-  }
-
-  // The owner is gone: stop the workers; the job is forgotten once they are.
-  void abandon_job() {
-    job_->orphaned = true;
-    if (job_->running()) {
-      job_->shepherd->request_stop(SIGTERM);
-    } else {
-      forget_job();
-      // Shutting down (SIGTERM) and waiting only for this job: its workers' end may have come
-      // before their report, which then never comes to finish the shutdown.
-      if (stopping_) finish_shutdown();
-    }
-  }
-
-  void forget_job() {
-    const bool had_job = job_ != nullptr;
-    if (job_) log_->info("job {}: done on this node", job_->job_id);
-    job_.reset();
-    store_.reset();
-    holder_.reset();
-    if (!stopping_) notify_.status(idle_status());
-    if (had_job && (opts_.oneshot || opts_.stdio) && !stopping_) {
-      log_->info("one-shot: exiting after the job");
-      stopping_ = true;
-      boost::system::error_code ignored;
-      if (accept_loop_) accept_loop_->stop();
-      acceptor_.close(ignored);
-      finish_shutdown();
-    }
+    feed(std::move(done));
   }
 
   // The address the job's peers reach this node at: where the coordinator reached us over TCP;
@@ -1257,7 +1248,7 @@ class Agent {
     if (lines == last_waiters_) return;
     last_waiters_ = lines;
     send(job_->owner.get(), "status",
-         {{"jobs", json::array({{{"job_id", job_->job_id}, {"round", job_->round}, {"store", store_->address()},
+         {{"jobs", json::array({{{"job_id", job_->job_id}, {"round", machine_.round()}, {"store", store_->address()},
                                  {"store_waiters", lines}}})}});
   }
 
@@ -1295,32 +1286,14 @@ class Agent {
   void wait_signals() {
     signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec) return;
-      if (stopping_) {
-        log_->warn("{} again: killing the workers now", supervisor::signal_name(sig));
-        if (job_ && job_->running()) job_->shepherd->kill_now();
-      } else {
-        stopping_ = true;
-        log_->warn("{}: shutting down (stopping this node's workers first)", supervisor::signal_name(sig));
-        notify_.stopping(fmt::format("{}: stopping{}", supervisor::signal_name(sig),
-                                     job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
+      const auto name = supervisor::signal_name(sig);
+      if (!machine_.shutting_down()) {
+        notify_.stopping(fmt::format("{}: stopping{}", name, job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
         boost::system::error_code ignored;
         if (accept_loop_) accept_loop_->stop();
         acceptor_.close(ignored);
-        if (job_ && job_->running()) {
-          // Said first, so that the launcher reports this node's leaving, not its workers'
-          // SIGTERM exits that follow, as the job's failure (protocol version 5; an older
-          // launcher finds the node lost when the connection closes).
-          if (job_->owner && job_->owner->session().version() >= 5) {
-            send(job_->owner.get(), "leaving",
-                 {{"job_id", job_->job_id}, {"reason", fmt::format("its agent is shutting down ({})", supervisor::signal_name(sig))}});
-          }
-          job_->orphaned = true;
-          job_->shepherd->request_stop(SIGTERM);
-        } else {
-          forget_job();
-          finish_shutdown();
-        }
       }
+      feed(job::Shutdown{name});
       wait_signals();
     });
   }
@@ -1330,10 +1303,7 @@ class Agent {
   void wait_user_signals() {
     user_signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec) return;
-      if (job_ && job_->running()) {
-        log_->info("{}: passing it to job {}'s workers", supervisor::signal_name(sig), job_->job_id);
-        job_->shepherd->forward(sig);
-      }
+      feed(job::Signal{std::nullopt, sig, supervisor::signal_name(sig)});
       wait_user_signals();
     });
   }
@@ -1354,11 +1324,17 @@ class Agent {
   facts::NodeFacts facts_;  // narrowed to the GPUs this agent manages
   std::vector<int> cpus_;    // the CPUs it manages: its affinity, narrowed by --cpus
   std::map<Connection*, Peer> peers_;
-  std::unique_ptr<Job> job_;
+  std::unique_ptr<Job> job_;    // the job's data; its lifecycle is machine_'s
+  job::JobMachine machine_;
+  std::deque<job::Event> events_;  // fed, not yet handled (feed())
+  bool feeding_ = false;
+  job::LinkId last_link_ = 0;
+  std::optional<json> assign_body_;  // the assign being taken (PrepareRound)
   std::set<std::string> made_attempt_dirs_;  // attempt folders this agent made (make_attempt_dir)
   std::deque<std::string> made_attempt_order_;
   std::optional<store::Server> store_;
   std::optional<launch::NcclHolder> holder_;  // node rank 0: the current attempt's NCCL id
+  std::unique_ptr<launch::NcclHolderWait> holder_wait_;  // node rank 0: the id on its way (then the ready)
   std::optional<StdioLink> stdio_;
   std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first accepted connection
   std::optional<asio::posix::stream_descriptor> stdin_;  // --connect: watched for EOF
@@ -1369,7 +1345,6 @@ class Agent {
   std::string shepherd_exe_;
   std::unique_ptr<jobunit::Manager> units_;  // nullptr: shepherds are our children
   unsigned units_started_ = 0;
-  bool stopping_ = false;
 };
 
 }  // namespace

@@ -300,19 +300,24 @@ class LocalLauncher {
     fs::create_directories(node.attempt_dir, ec);
     if (ec) throw LaunchError(fmt::format("cannot create the log directory {}: {}", node.attempt_dir, ec.message()));
 
-    // A new NCCL unique id for every attempt, from a holder started with rank 0's environment.
+    // A new NCCL unique id for every attempt, from a holder started with rank 0's environment,
+    // waited for on the loop (signals and `ddpctl stop` still answer meanwhile).
     holder_.reset();
     auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
-    try {
-      if (auto h = NcclHolder::start(io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id,
-                                     opts_.spec.container.has_value())) {
-        holder_.emplace(std::move(*h));
-        node.nccl_unique_id_hex = holder_->hex();
-      }
-    } catch (const NcclIdError& e) {
-      throw LaunchError(e.what());
-    }
+    holder_wait_ = NcclHolder::start(io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id,
+                                     opts_.spec.container.has_value(), std::nullopt,
+                                     [this, node, attempt](std::optional<NcclHolder> h, std::string error) mutable {
+                                       holder_wait_.reset();
+                                       if (!error.empty()) throw LaunchError(error);
+                                       if (h) {
+                                         holder_.emplace(std::move(*h));
+                                         node.nccl_unique_id_hex = holder_->hex();
+                                       }
+                                       start_workers(std::move(node), attempt);
+                                     });
+  }
 
+  void start_workers(contract::NodeContext node, int attempt) {
     auto plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
     GroupOptions go{attempt, *opts_.spec.workdir, opts_.spec.stop_grace, opts_.spec.log_max_bytes, {}};
     if (opts_.spec.container) {
@@ -418,6 +423,7 @@ class LocalLauncher {
     user_signals_.cancel(ignored);
     sigchld_.cancel(ignored);
     backoff_timer_.cancel();
+    holder_wait_.reset();
     if (store_) store_->stop();
   }
 
@@ -538,6 +544,7 @@ class LocalLauncher {
 
   std::optional<store::Server> store_;
   std::optional<NcclHolder> holder_;
+  std::unique_ptr<NcclHolderWait> holder_wait_;  // the attempt's id on its way
   container::HostLayout host_;
   std::optional<contract::Plan> env_files_;  // the attempt's plan, for its env files
   std::vector<std::string> container_names_;

@@ -1,13 +1,14 @@
 #include "launch/nccl_holder.hpp"
 
+#include "common/duration.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "nccl/holder_protocol.hpp"
 #include "supervisor/process.hpp"
 
-#include <boost/asio/read.hpp>
+#include <boost/asio/post.hpp>
+#include <fmt/format.h>
 
-#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,69 +20,162 @@ namespace ddp::launch {
 namespace asio = boost::asio;
 namespace fs = std::filesystem;
 
-std::optional<NcclHolder> NcclHolder::start(asio::io_context& io, contract::Env env, const std::string& workdir,
-                                            const std::string& attempt_dir, jobspec::NcclUniqueId mode,
-                                            bool in_container, std::optional<supervisor::RunAs> run_as) {
+// The wait for one holder's id: its stdout read on the owner's loop, line by line, raced
+// against the deadline. Everything here runs on that loop; the handlers hold it weakly, so
+// dropping the NcclHolderWait ends the wait wherever it is.
+struct NcclHolderWait::State : std::enable_shared_from_this<NcclHolderWait::State> {
+  State(asio::io_context& io, jobspec::NcclUniqueId mode, NcclHolderDone done, std::chrono::milliseconds deadline)
+      : io(io), timer(io), mode(mode), done(std::move(done)), deadline(deadline) {}
+
+  asio::io_context& io;
+  asio::steady_timer timer;
+  jobspec::NcclUniqueId mode;
+  NcclHolderDone done;
+  std::chrono::milliseconds deadline;
+  std::optional<NcclHolder> holder;
+  std::shared_ptr<NcclHolder::Drain> out;  // the holder's stdout, where the id line comes
+  std::string pending;                     // read from stdout, not yet a whole line
+  std::string last;                        // the last line that was not the id
+  int lines = 0;
+  bool over = false;
+
+  // The policy's answer when no id can be made: `on` reports why; `auto` goes on without one.
+  std::string refusal(const std::string& why) const {
+    if (mode == jobspec::NcclUniqueId::on) return why;
+    log::get("nccl")->debug("no NCCL unique id for this job: {}", why);
+    return {};
+  }
+
+  void complete(std::optional<NcclHolder> h, std::string error) {
+    over = true;
+    timer.cancel();
+    auto cb = std::move(done);
+    cb(std::move(h), std::move(error));
+  }
+
+  // Later, on the loop (start() never calls back from inside itself).
+  void complete_later(std::string error) {
+    asio::post(io, [w = weak_from_this(), error = std::move(error)]() mutable {
+      if (auto s = w.lock(); s && !s->over) s->complete(std::nullopt, std::move(error));
+    });
+  }
+
+  void give_up(const std::string& why) {
+    if (holder) holder->stop();
+    holder.reset();
+    complete(std::nullopt, refusal(why));
+  }
+
+  void wait_deadline() {
+    timer.expires_after(deadline);
+    timer.async_wait([w = weak_from_this()](boost::system::error_code ec) {
+      auto s = w.lock();
+      if (ec || !s || s->over) return;
+      s->give_up(s->last.empty() ? fmt::format("ddp-ncclid gave no id within {}", format_duration(s->deadline))
+                                 : std::string(trim(s->last)));
+    });
+  }
+
+  void read() {
+    out->sd.async_read_some(asio::buffer(out->buf), [w = weak_from_this(), d = out](boost::system::error_code ec, std::size_t n) {
+      auto s = w.lock();
+      if (!s || s->over) return;
+      if (ec) {
+        return s->give_up(s->last.empty() ? std::string("ddp-ncclid ended without printing an id (see its stderr above)")
+                                          : std::string(trim(s->last)));
+      }
+      s->pending.append(d->buf.data(), n);
+      if (s->take_lines()) s->read();
+    });
+  }
+
+  // Each whole line of stdout (bounded at 4 KiB): the id ends the wait, an "error: " line or 64
+  // stray lines give up. False once the wait is over.
+  bool take_lines() {
+    while (true) {
+      auto nl = pending.find('\n');
+      if (nl == std::string::npos && pending.size() < 4096) return true;
+      std::string line = pending.substr(0, nl);
+      pending.erase(0, nl == std::string::npos ? pending.size() : nl + 1);
+      if (nccl::holder::parse_line(line)) {
+        holder->hex_ = std::string(trim(line));
+        log::get("nccl")->debug("NCCL unique id from ddp-ncclid pid {}", holder->pid());
+        // From now on nobody needs its output, but it must never block on a full pipe.
+        NcclHolder::discard(out);
+        auto h = std::move(holder);
+        holder.reset();
+        complete(std::move(h), {});
+        return false;
+      }
+      last = line;
+      if (starts_with(line, nccl::holder::kErrorPrefix) || ++lines >= 64) {
+        give_up(std::string(trim(last)));
+        return false;
+      }
+    }
+  }
+};
+
+NcclHolderWait::~NcclHolderWait() {
+  if (!s_) return;
+  s_->over = true;
+  s_->timer.cancel();
+  if (s_->holder) s_->holder->stop();
+  s_->holder.reset();
+}
+
+std::unique_ptr<NcclHolderWait> NcclHolder::start(asio::io_context& io, contract::Env env, const std::string& workdir,
+                                                  const std::string& attempt_dir, jobspec::NcclUniqueId mode,
+                                                  bool in_container, std::optional<supervisor::RunAs> run_as,
+                                                  NcclHolderDone done, std::chrono::milliseconds deadline) {
   auto log = log::get("nccl");
-  if (mode == jobspec::NcclUniqueId::off) return std::nullopt;
+  auto s = std::make_shared<NcclHolderWait::State>(io, mode, std::move(done), deadline);
+  auto wait = std::make_unique<NcclHolderWait>(s);
+  if (mode == jobspec::NcclUniqueId::off) {
+    s->complete_later({});
+    return wait;
+  }
   if (in_container) {
     // This holder would load the host's libnccl; the workers load the image's (`on` is refused
     // by the job file parser for the same reason).
     log->debug("no NCCL unique id for a container job: the host's libnccl may not match the image's");
-    return std::nullopt;
+    s->complete_later({});
+    return wait;
   }
-  auto fail = [&](const std::string& why) -> std::optional<NcclHolder> {
-    if (mode == jobspec::NcclUniqueId::on) throw NcclIdError(why);
-    log->debug("no NCCL unique id for this job: {}", why);
-    return std::nullopt;
-  };
   auto exe = holder_binary();
-  if (!exe) return fail("ddp-ncclid was not found beside this program or on PATH");
+  if (!exe) {
+    s->complete_later(s->refusal("ddp-ncclid was not found beside this program or on PATH"));
+    return wait;
+  }
   // NCCL's own log lines (NCCL_DEBUG=INFO) go to stdout by default, where the id is: keep
   // them in a file of the attempt unless the job chose a place.
   env.try_emplace("NCCL_DEBUG_FILE", attempt_dir + "/ddp-ncclid.nccl.log");
-  supervisor::SpawnSpec s;
-  s.argv = {*exe, "--expect-parent", std::to_string(::getpid())};
-  s.env = std::move(env);
-  s.workdir = workdir;
-  s.stdin_pipe = true;
-  s.own_process_group = false;
-  s.run_as = std::move(run_as);
+  supervisor::SpawnSpec spec;
+  spec.argv = {*exe, "--expect-parent", std::to_string(::getpid())};
+  spec.env = std::move(env);
+  spec.workdir = workdir;
+  spec.stdin_pipe = true;
+  spec.own_process_group = false;
+  spec.run_as = std::move(run_as);
   supervisor::Spawned sp;
   try {
-    sp = supervisor::spawn(s);
+    sp = supervisor::spawn(spec);
   } catch (const supervisor::SpawnError& e) {
-    return fail(e.what());
+    s->complete_later(s->refusal(e.what()));
+    return wait;
   }
-  NcclHolder h(sp.pid, sp.stdin_fd, sp.stdout_fd, sp.stderr_fd);
-  std::string last;
-  for (int i = 0; i < 64; ++i) {  // the id line, past any stray lines before it
-    auto line = h.read_line(std::chrono::seconds(30));
-    if (line.empty()) break;
-    if (auto id = nccl::holder::parse_line(line)) {
-      h.hex_ = std::string(trim(line));
-      break;
-    }
-    last = line;
-    if (starts_with(line, nccl::holder::kErrorPrefix)) break;
-  }
-  if (h.hex_.empty()) {
-    h.stop();
-    return fail(last.empty() ? "ddp-ncclid gave no id within 30 s" : std::string(trim(last)));
-  }
-  h.drain(io);  // from now on nobody needs its output, but it must never block on a full pipe
-  log->debug("NCCL unique id from ddp-ncclid pid {}", sp.pid);
-  return h;
+  s->holder.emplace(NcclHolder(sp.pid, sp.stdin_fd));
+  s->out = std::make_shared<Drain>(io, sp.stdout_fd);
+  auto err = std::make_shared<Drain>(io, sp.stderr_fd);
+  s->holder->drains_ = {s->out, err};
+  discard(err);
+  s->read();
+  s->wait_deadline();
+  return wait;
 }
 
 NcclHolder::NcclHolder(NcclHolder&& o) noexcept
-    : pid_(std::exchange(o.pid_, -1)),
-      in_(std::exchange(o.in_, -1)),
-      out_(std::exchange(o.out_, -1)),
-      err_(std::exchange(o.err_, -1)),
-      hex_(std::move(o.hex_)),
-      pending_(std::move(o.pending_)),
-      drains_(std::move(o.drains_)) {}
+    : pid_(std::exchange(o.pid_, -1)), in_(std::exchange(o.in_, -1)), hex_(std::move(o.hex_)), drains_(std::move(o.drains_)) {}
 
 void NcclHolder::stop() {
   for (auto& d : drains_) {
@@ -89,9 +183,7 @@ void NcclHolder::stop() {
     d->sd.close(ignored);
   }
   drains_.clear();
-  for (int* fd : {&in_, &out_, &err_}) {
-    if (*fd >= 0) ::close(*fd), *fd = -1;
-  }
+  if (in_ >= 0) ::close(in_), in_ = -1;
   if (pid_ > 0) ::kill(pid_, SIGTERM), pid_ = -1;
 }
 
@@ -107,40 +199,10 @@ std::optional<std::string> NcclHolder::holder_binary() {
   return supervisor::resolve_executable(std::string(nccl::holder::kBinaryName), path ? path : "", "/");
 }
 
-// One line of the holder's stdout (bounded at 4 KiB); "" at EOF or when the deadline passes.
-std::string NcclHolder::read_line(std::chrono::milliseconds deadline) {
-  std::string& line = pending_;
-  auto until = std::chrono::steady_clock::now() + deadline;
-  while (line.find('\n') == std::string::npos && line.size() < 4096) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    pollfd p{out_, POLLIN, 0};
-    int r = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    char buf[512];
-    ssize_t n = ::read(out_, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    line.append(buf, static_cast<std::size_t>(n));
-  }
-  auto nl = line.find('\n');
-  std::string out = line.substr(0, nl);
-  line.erase(0, nl == std::string::npos ? line.size() : nl + 1);
-  return out;
-}
-
 void NcclHolder::discard(const std::shared_ptr<Drain>& d) {
   d->sd.async_read_some(asio::buffer(d->buf), [d](boost::system::error_code ec, std::size_t) {
     if (!ec) discard(d);
   });
-}
-
-void NcclHolder::drain(asio::io_context& io) {
-  for (int* fd : {&out_, &err_}) {
-    drains_.push_back(std::make_shared<Drain>(io, std::exchange(*fd, -1)));
-    discard(drains_.back());
-  }
 }
 
 }  // namespace ddp::launch

@@ -6,9 +6,11 @@
 //
 // Policy: `nccl.unique_id: off`, and container jobs (the host's libnccl may not be the image's),
 // get no holder. `auto` gets none, quietly (a debug line), when the holder cannot be found or
-// libnccl cannot be loaded; `on` then throws NcclIdError with the holder's own message.
-// start() blocks until the id line (NCCL scans interfaces first: well under a second here; at
-// most 30 s). The owner's SIGCHLD handling reaps the holder after stop().
+// libnccl cannot be loaded; `on` then fails with the holder's own message.
+// The wait for the id line is asynchronous, on the owner's loop (NCCL scans interfaces first:
+// well under a second here, at most 30 s): that loop also carries heartbeats and the systemd
+// watchdog, which a blocking read would starve (issue 23). The owner's SIGCHLD handling reaps
+// the holder after stop().
 #pragma once
 
 #include "contract/contract.hpp"
@@ -17,11 +19,13 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <sys/types.h>
 
 #include <array>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -30,18 +34,38 @@
 
 namespace ddp::launch {
 
-class NcclIdError : public std::runtime_error {
+class NcclHolder;
+
+// What a holder's start ends with, on the owner's loop:
+//   holder set:           the id is in holder->hex(); the holder keeps NCCL's root alive;
+//   no holder, no error:  no id for this job (the policy above);
+//   no holder, an error:  `on`, and no id could be made: why (the holder's own message).
+using NcclHolderDone = std::function<void(std::optional<NcclHolder> holder, std::string error)>;
+
+// A start in progress. Dropping it cancels the wait: the holder is stopped and `done` is never
+// called. After `done` it holds nothing.
+class NcclHolderWait {
  public:
-  using std::runtime_error::runtime_error;
+  struct State;
+  explicit NcclHolderWait(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  NcclHolderWait(const NcclHolderWait&) = delete;
+  NcclHolderWait& operator=(const NcclHolderWait&) = delete;
+  ~NcclHolderWait();
+
+ private:
+  std::shared_ptr<State> s_;
 };
 
 class NcclHolder {
  public:
-  // nullopt: no id for this job (see the policy above). Throws NcclIdError when `mode` is on
-  // and no id can be made. `run_as`: the job's user, when its workers run as another one.
-  static std::optional<NcclHolder> start(boost::asio::io_context& io, contract::Env env, const std::string& workdir,
-                                         const std::string& attempt_dir, jobspec::NcclUniqueId mode, bool in_container,
-                                         std::optional<supervisor::RunAs> run_as = std::nullopt);
+  // Starts the attempt's holder and waits, on `io`'s loop, for its id line (at most `deadline`);
+  // `done` is called there, once, never from inside start(). `run_as`: the job's user, when its
+  // workers run as another one.
+  static std::unique_ptr<NcclHolderWait> start(boost::asio::io_context& io, contract::Env env, const std::string& workdir,
+                                               const std::string& attempt_dir, jobspec::NcclUniqueId mode,
+                                               bool in_container, std::optional<supervisor::RunAs> run_as,
+                                               NcclHolderDone done,
+                                               std::chrono::milliseconds deadline = std::chrono::seconds(30));
 
   NcclHolder(NcclHolder&& o) noexcept;
   NcclHolder& operator=(NcclHolder&&) = delete;
@@ -60,16 +84,16 @@ class NcclHolder {
     std::array<char, 4096> buf{};
   };
 
-  NcclHolder(pid_t pid, int in, int out, int err) : pid_(pid), in_(in), out_(out), err_(err) {}
+  friend struct NcclHolderWait::State;
+  NcclHolder(pid_t pid, int in) : pid_(pid), in_(in) {}
   static std::optional<std::string> holder_binary();
-  std::string read_line(std::chrono::milliseconds deadline);
   static void discard(const std::shared_ptr<Drain>& d);
-  void drain(boost::asio::io_context& io);
 
   pid_t pid_ = -1;
-  int in_ = -1, out_ = -1, err_ = -1;
+  int in_ = -1;
   std::string hex_;
-  std::string pending_;  // read from stdout, not yet returned as a line
+  // stdout and stderr, read (and, once the id is in, discarded) on the owner's loop: the holder
+  // must never block on a full pipe.
   std::vector<std::shared_ptr<Drain>> drains_;
 };
 
