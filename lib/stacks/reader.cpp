@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <regex>
 
 namespace ddp::stacks {
 
@@ -54,6 +54,21 @@ std::string permission_hint(int err) {
   return "";
 }
 
+// "3.10" from "python3.10" or "libpython3.10.so.1.0".
+std::optional<std::string> version_in_name(const std::string& base) {
+  const auto at = base.find("python");
+  if (at == std::string::npos) return std::nullopt;
+  std::size_t i = at + 6, digits = 0;
+  std::string v;
+  while (i < base.size() && (std::isdigit(static_cast<unsigned char>(base[i])) || (base[i] == '.' && digits == 1))) {
+    if (base[i] != '.') ++digits;
+    if (base[i] == '.' && v.find('.') != std::string::npos) break;
+    v += base[i++];
+  }
+  if (v.size() < 3 || v.find('.') == std::string::npos || v.back() == '.') return std::nullopt;
+  return v;
+}
+
 void read_python(pid_t pid, const std::vector<Mapping>& maps, ProcessStacks& out, std::map<int, PyThread>& py) {
   ProcessMemory mem(pid);
   std::optional<std::string> versioned_name;
@@ -61,9 +76,7 @@ void read_python(pid_t pid, const std::vector<Mapping>& maps, ProcessStacks& out
     if (m.offset != 0 || m.path.empty() || m.path[0] != '/') continue;
     const std::string base = basename_of(m.path);
     if (base.find("python") == std::string::npos) continue;
-    static const std::regex ver(R"(python(\d)\.(\d+))");
-    std::smatch sm;
-    if (std::regex_search(base, sm, ver)) versioned_name = sm[1].str() + "." + sm[2].str();
+    if (auto v = version_in_name(base)) versioned_name = v;
     auto runtime = find_dynamic_symbol(mem, m.start, "_PyRuntime");
     if (!runtime) {
       if (mem.last_errno() == EPERM || mem.last_errno() == EACCES || mem.last_errno() == ESRCH) break;
