@@ -12,7 +12,7 @@ PTRACE_DETACH: an upper bound, since it includes the reader's own wake-up), and,
 target's own view, the longest gap of its spinning thread that overlaps a read of it. The
 control: each read of the target alternates with the same read of a second, identical process,
 and the spinner's longest gap during those reads is the machine's scheduling noise under the
-same load (on a loaded machine it is not zero). Environment: BUILD_DIR, PYTHON (default
+same load (on a loaded machine it is not zero). Environment: BUILD_DIR or DDPCTL, PYTHON (default
 /usr/bin/python3.11), READS (20), THREADS (8), DEPTH (30)."""
 import json
 import os
@@ -24,7 +24,7 @@ from pathlib import Path
 
 root = Path(__file__).resolve().parents[2]
 build = Path(os.environ.get("BUILD_DIR", root / "build"))
-ddpctl = build / "bin" / "ddpctl"
+ddpctl = Path(os.environ.get("DDPCTL", build / "bin" / "ddpctl"))
 python = os.environ.get("PYTHON", "/usr/bin/python3.11")
 reads = int(os.environ.get("READS", "20"))
 if not ddpctl.exists():

@@ -204,7 +204,9 @@ def test_gloo_rank_in_all_reduce_and_the_stuck_rank(targets):
     assert [g["ranks"] for g in groups] == [[0], [1]]
     top0 = groups[0]["python"]
     assert top0[0]["function"] == "all_reduce" and top0[0]["file"].endswith("torch/distributed/distributed_c10d.py"), top0
-    assert top0[1] == {"function": "step", "file": str(GLOO), "line": line_of(GLOO, "ALL_REDUCE_LINE")}
+    # The caller: the first frame of the script's own (PyTorch 2.x puts a logging wrapper between).
+    caller = next(f for f in top0 if f["file"] == str(GLOO))
+    assert caller == {"function": "step", "file": str(GLOO), "line": line_of(GLOO, "ALL_REDUCE_LINE")}
     assert groups[1]["python"][0] == {"function": "stuck_here", "file": str(GLOO), "line": line_of(GLOO, "STUCK_LINE")}
 
 
