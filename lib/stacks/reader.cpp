@@ -125,6 +125,7 @@ ProcessStacks read_process(pid_t pid, const ReadOptions& options) {
   auto maps_text = slurp(proc + "/maps", kMaxMaps, err);
   if (!maps_text || maps_text->empty()) {
     if (maps_text) err = EPERM;  // an empty maps file: no right to look (or a kernel thread)
+    out.python = "not read";
     out.errors.push_back("cannot read " + proc + "/maps: " + std::strerror(err) + permission_hint(err));
     return out;
   }

@@ -216,3 +216,31 @@ def test_a_process_that_is_gone_is_named_with_why(targets):
     r = subprocess.run([DDPCTL, "stacks", "--pid", str(t.pid)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "the process is gone" in r.stdout, r.stdout
+
+
+def yama_scope() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except OSError:
+        return 0  # no Yama: the classic rule (same uid, dumpable target)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the target and the reader as other users")
+def test_as_the_jobs_user_and_as_another_user(targets):
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    t = targets([*nobody, "/usr/bin/python3.11", str(THREADS)])
+    t.wait_line("ready")
+    wait_for(lambda: len(tids(t.pid)) == 4 and syscall_of(t.pid, t.pid) == SYS_READ, what="the target to block")
+    # Same user as the target: allowed by the kernel's ptrace rule (unless Yama restricts it).
+    r = subprocess.run([*nobody, DDPCTL, "stacks", "--pid", str(t.pid), "--native"], capture_output=True, text=True, timeout=120)
+    if yama_scope() == 0:
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[1] == f"    stuck_here ({THREADS}:{line_of(THREADS, 'STUCK_LINE')})", r.stdout
+        assert "native:" in r.stdout and "cannot ptrace" not in r.stderr, r.stderr
+    else:
+        assert "ptrace_scope" in r.stdout + r.stderr, r.stdout + r.stderr
+    # Another user: refused, and the message says what is needed.
+    daemon = ["setpriv", "--reuid=1", "--regid=1", "--clear-groups"]
+    r = subprocess.run([*daemon, DDPCTL, "stacks", "--pid", str(t.pid)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout
+    assert "Permission denied" in r.stdout and "needs root, or the same user" in r.stdout, r.stdout
