@@ -76,11 +76,6 @@ PyLayout layout_312() {
 
 // Location table entries (Objects/locations.md): a first byte 1ccccLLL (code, length-1 in code
 // units), then varints of 6 bits with 0x40 as "more".
-struct Cursor {
-  std::span<const std::uint8_t> t;
-  std::size_t i = 0;
-};
-
 unsigned scan_varint(std::span<const std::uint8_t> t, std::size_t i) {
   unsigned val = 0, shift = 0;
   for (; i < t.size() && shift < 32; ++i, shift += 6) {
@@ -97,12 +92,17 @@ int scan_signed_varint(std::span<const std::uint8_t> t, std::size_t i) {
 
 int line_delta(std::span<const std::uint8_t> t, std::size_t i) {
   switch ((t[i] >> 3) & 15) {
-    case 15: return 0;  // no location
-    case 14:            // long form
-    case 13: return scan_signed_varint(t, i + 1);  // no columns
-    case 12: return 2;  // one-line forms: line delta is code - 10
-    case 11: return 1;
-    default: return 0;  // 10 and the short forms: same line
+    case 15:
+      return 0;  // no location
+    case 14:     // long form
+    case 13:
+      return scan_signed_varint(t, i + 1);  // no columns
+    case 12:
+      return 2;  // one-line forms: line delta is code - 10
+    case 11:
+      return 1;
+    default:
+      return 0;  // 10 and the short forms: same line
   }
 }
 
@@ -116,7 +116,8 @@ std::optional<PyLayout> layout_for(std::uint32_t v) {
 }
 
 std::string format_version(std::uint32_t v) {
-  return std::to_string((v >> 24) & 0xff) + "." + std::to_string((v >> 16) & 0xff) + "." + std::to_string((v >> 8) & 0xff);
+  return std::to_string((v >> 24) & 0xff) + "." + std::to_string((v >> 16) & 0xff) + "." +
+         std::to_string((v >> 8) & 0xff);
 }
 
 int addr_to_line(std::span<const std::uint8_t> t, int first_line, int addr) {
@@ -161,7 +162,8 @@ class Walker {
     if (!compact || (kind != 1 && kind != 2 && kind != 4)) return "?";
     const std::size_t n = std::min<std::size_t>(std::size_t(*length), lim_.max_string);
     std::vector<std::uint8_t> raw(n * kind);
-    if (!raw.empty() && !mem_.read(obj + (ascii ? l_.unicode_ascii_size : l_.unicode_compact_size), raw.data(), raw.size()))
+    if (!raw.empty() &&
+        !mem_.read(obj + (ascii ? l_.unicode_ascii_size : l_.unicode_compact_size), raw.data(), raw.size()))
       return "?";
     std::string out;
     for (std::size_t k = 0; k < n; ++k) {

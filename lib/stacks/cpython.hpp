@@ -66,7 +66,7 @@ struct WalkLimits {
   int max_interpreters = 64;
   int max_threads = 4096;
   int max_depth = 512;
-  std::size_t max_string = 4096;     // characters of a file or function name
+  std::size_t max_string = 4096;        // characters of a file or function name
   std::size_t max_linetable = 1 << 20;  // bytes
 };
 

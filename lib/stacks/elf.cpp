@@ -94,12 +94,23 @@ std::optional<std::uint64_t> find_dynamic_symbol(Memory& mem, std::uint64_t base
   for (const auto& d : dyn) {
     if (d.d_tag == DT_NULL) break;
     switch (d.d_tag) {
-      case DT_SYMTAB: symtab = d.d_un.d_ptr; break;
-      case DT_STRTAB: strtab = d.d_un.d_ptr; break;
-      case DT_STRSZ: strsz = d.d_un.d_val; break;
-      case DT_GNU_HASH: gnuhash = d.d_un.d_ptr; break;
-      case DT_HASH: sysvhash = d.d_un.d_ptr; break;
-      default: break;
+      case DT_SYMTAB:
+        symtab = d.d_un.d_ptr;
+        break;
+      case DT_STRTAB:
+        strtab = d.d_un.d_ptr;
+        break;
+      case DT_STRSZ:
+        strsz = d.d_un.d_val;
+        break;
+      case DT_GNU_HASH:
+        gnuhash = d.d_un.d_ptr;
+        break;
+      case DT_HASH:
+        sysvhash = d.d_un.d_ptr;
+        break;
+      default:
+        break;
     }
   }
   // glibc's loader rewrites these to run-time addresses on most architectures (not where the

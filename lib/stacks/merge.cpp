@@ -154,8 +154,8 @@ nlohmann::json to_json(const std::vector<Group>& groups) {
     auto members = nlohmann::json::array();
     for (const auto& m : g.members)
       members.push_back({{"rank", m.rank}, {"node", m.node}, {"pid", m.pid}, {"tid", m.tid}, {"thread", m.thread}});
-    nlohmann::json j{{"ranks", g.ranks},     {"ranks_text", format_ranks(g.ranks)}, {"nodes", g.nodes},
-                     {"members", members},   {"python", frames_json(g.python)},     {"native", frames_json(g.native)}};
+    nlohmann::json j{{"ranks", g.ranks},   {"ranks_text", format_ranks(g.ranks)}, {"nodes", g.nodes},
+                     {"members", members}, {"python", frames_json(g.python)},     {"native", frames_json(g.native)}};
     if (!g.note.empty()) j["note"] = g.note;
     a.push_back(std::move(j));
   }

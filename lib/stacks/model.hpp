@@ -11,30 +11,29 @@ namespace ddp::stacks {
 struct Frame {
   enum class Kind { python, native };
   Kind kind = Kind::python;
-  std::string function;  // Python: co_qualname; native: the (demangled) symbol, or "??"
-  std::string file;      // Python: co_filename; native: the module's file name
-  int line = 0;          // Python only (0: unknown)
+  std::string function;      // Python: co_qualname; native: the (demangled) symbol, or "??"
+  std::string file;          // Python: co_filename; native: the module's file name
+  int line = 0;              // Python only (0: unknown)
   std::uint64_t offset = 0;  // native only: pc - symbol start (not part of a frame's identity)
 
-  // Where a human would say the thread is: file:line for Python, module for native.
-  bool same_place(const Frame& o) const { return kind == o.kind && function == o.function && file == o.file && line == o.line; }
+  // Field-wise (offset included); the merger compares places without the offset (merge.cpp).
   bool operator==(const Frame&) const = default;
 };
 
 struct ThreadStack {
   int tid = 0;
-  std::string name;  // /proc/PID/task/TID/comm
-  bool main = false;  // tid == pid
+  std::string name;           // /proc/PID/task/TID/comm
+  bool main = false;          // tid == pid
   std::vector<Frame> python;  // innermost first; empty: no Python frame on this thread (or not Python)
   std::vector<Frame> native;  // innermost first; only with --native
   bool truncated = false;     // a depth limit cut it
 };
 
 struct Timing {
-  double read_ms = 0;            // the reader's wall time for this process
+  double read_ms = 0;             // the reader's wall time for this process
   double native_stop_max_ms = 0;  // longest any one thread was stopped (ptrace), 0 without --native
   double native_stop_total_ms = 0;
-  int memory_reads = 0;          // process_vm_readv calls for the Python walk
+  int memory_reads = 0;  // process_vm_readv calls for the Python walk
 };
 
 struct ProcessStacks {

@@ -28,7 +28,9 @@ namespace ddp::stacks {
 
 #ifndef DDP_HAVE_LIBDW
 
-bool native_available() { return false; }
+bool native_available() {
+  return false;
+}
 
 NativeRead read_native(pid_t, const NativeLimits&) {
   NativeRead r;
@@ -59,7 +61,7 @@ struct Ctx {
   Dwfl* dwfl;
   const NativeLimits* limits;
   NativeRead* out;
-  std::map<int, std::vector<std::uint64_t>> pcs;  // raw, symbolised after every detach
+  std::map<int, std::vector<std::uint64_t> > pcs;  // raw, symbolised after every detach
   std::vector<std::uint64_t>* current = nullptr;
   bool current_truncated = false;
 };
@@ -114,7 +116,9 @@ int preload(Dwfl_Module* m, void**, const char*, Dwarf_Addr, void*) {
 
 }  // namespace
 
-bool native_available() { return true; }
+bool native_available() {
+  return true;
+}
 
 namespace {
 
@@ -134,7 +138,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 std::string ptrace_hint(int err) {
   if (err == EPERM || err == EACCES)
-    return " (ptrace needs root, or the same user with kernel.yama.ptrace_scope=0, and no other tracer such as a debugger)";
+    return " (ptrace needs root, or the same user with kernel.yama.ptrace_scope=0, and no other tracer such as a "
+           "debugger)";
   return "";
 }
 
@@ -195,8 +200,8 @@ std::string take_snapshot(pid_t pid, int tid, const std::vector<Mapping>& maps, 
   const std::string stat = slurp_small("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat", 4096);
   if (auto rp = stat.rfind(')'); rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] == 'D') {
     std::string wchan = slurp_small("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/wchan", 256);
-    return "thread " + std::to_string(tid) + " is in uninterruptible sleep (in the kernel at " + (wchan.empty() ? "?" : wchan) +
-           "): its native stack was not taken";
+    return "thread " + std::to_string(tid) + " is in uninterruptible sleep (in the kernel at " +
+           (wchan.empty() ? "?" : wchan) + "): its native stack was not taken";
   }
   if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
     const int e = errno;
@@ -285,7 +290,7 @@ const Dwfl_Thread_Callbacks snapshot_callbacks = {
 struct SnapCtx {
   SnapshotState* state;
   const NativeLimits* limits;
-  std::map<int, std::vector<std::uint64_t>> pcs;
+  std::map<int, std::vector<std::uint64_t> > pcs;
   std::map<int, bool> truncated;
   std::vector<std::string> errors;
   std::vector<std::uint64_t>* current = nullptr;
@@ -320,7 +325,8 @@ void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, Na
   std::vector<int> tids;
   if (DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str())) {
     while (dirent* e = ::readdir(d))
-      if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && int(tids.size()) < limits.max_threads) tids.push_back(std::atoi(e->d_name));
+      if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && int(tids.size()) < limits.max_threads)
+        tids.push_back(std::atoi(e->d_name));
     ::closedir(d);
   }
   std::vector<Snapshot> snaps;
@@ -362,7 +368,8 @@ NativeRead read_native(pid_t pid, const NativeLimits& limits) {
   }
   dwfl_report_begin(dwfl.get());
   if (int e = dwfl_linux_proc_report(dwfl.get(), pid); e != 0) {
-    out.errors.push_back("native stacks: cannot read /proc/" + std::to_string(pid) + "/maps: " + std::strerror(e > 0 ? e : EINVAL));
+    out.errors.push_back("native stacks: cannot read /proc/" + std::to_string(pid) +
+                         "/maps: " + std::strerror(e > 0 ? e : EINVAL));
     return out;
   }
   dwfl_report_end(dwfl.get(), nullptr, nullptr);

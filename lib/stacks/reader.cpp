@@ -49,7 +49,8 @@ std::string basename_of(const std::string& p) {
 
 std::string permission_hint(int err) {
   if (err == EPERM || err == EACCES)
-    return " (reading another process needs root, or the same user with kernel.yama.ptrace_scope=0; see docs/architecture.md)";
+    return " (reading another process needs root, or the same user with kernel.yama.ptrace_scope=0; see "
+           "docs/architecture.md)";
   if (err == ESRCH || err == ENOENT) return " (the process is gone)";
   return "";
 }
@@ -85,8 +86,9 @@ void read_python(pid_t pid, const std::vector<Mapping>& maps, ProcessStacks& out
     auto version_addr = find_dynamic_symbol(mem, m.start, "Py_Version");
     auto version = version_addr ? mem.get<std::uint32_t>(*version_addr) : std::nullopt;
     if (!version) {
-      out.python = "Python " + versioned_name.value_or("older than 3.11") +
-                   " (no Py_Version): only native stacks are available (--native); Python frames are read for 3.11 and 3.12";
+      out.python =
+          "Python " + versioned_name.value_or("older than 3.11") +
+          " (no Py_Version): only native stacks are available (--native); Python frames are read for 3.11 and 3.12";
       return;
     }
     auto layout = layout_for(*version);
@@ -110,8 +112,9 @@ void read_python(pid_t pid, const std::vector<Mapping>& maps, ProcessStacks& out
                          std::strerror(mem.last_errno()) + permission_hint(mem.last_errno()));
     return;
   }
-  out.python = versioned_name ? "Python " + *versioned_name + " without _PyRuntime: only native stacks are available (--native)"
-                              : "not a Python process: only native stacks are available (--native)";
+  out.python = versioned_name
+                   ? "Python " + *versioned_name + " without _PyRuntime: only native stacks are available (--native)"
+                   : "not a Python process: only native stacks are available (--native)";
 }
 
 }  // namespace

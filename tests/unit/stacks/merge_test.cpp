@@ -12,12 +12,17 @@ using namespace ddp::stacks;
 
 namespace {
 
-Frame py(const std::string& fn, const std::string& file, int line) { return {Frame::Kind::python, fn, file, line, 0}; }
-Frame nat(const std::string& fn, const std::string& mod, std::uint64_t off) { return {Frame::Kind::native, fn, mod, 0, off}; }
+Frame py(const std::string& fn, const std::string& file, int line) {
+  return {Frame::Kind::python, fn, file, line, 0};
+}
+Frame nat(const std::string& fn, const std::string& mod, std::uint64_t off) {
+  return {Frame::Kind::native, fn, mod, 0, off};
+}
 
-const std::vector<Frame> kAllReduce{py("all_reduce", "/torch/distributed/distributed_c10d.py", 1555), py("step", "/w/train.py", 42),
-                                    py("<module>", "/w/train.py", 60)};
-const std::vector<Frame> kStuck{py("stuck_here", "/w/train.py", 12), py("step", "/w/train.py", 40), py("<module>", "/w/train.py", 60)};
+const std::vector<Frame> kAllReduce{py("all_reduce", "/torch/distributed/distributed_c10d.py", 1555),
+                                    py("step", "/w/train.py", 42), py("<module>", "/w/train.py", 60)};
+const std::vector<Frame> kStuck{py("stuck_here", "/w/train.py", 12), py("step", "/w/train.py", 40),
+                                py("<module>", "/w/train.py", 60)};
 const std::vector<Frame> kLoader{py("_worker_loop", "/torch/utils/data/_utils/worker.py", 300)};
 
 RankStacks rank(int r, const std::string& node, std::vector<Frame> main, std::vector<Frame> other = {}) {
@@ -45,7 +50,8 @@ RankStacks rank(int r, const std::string& node, std::vector<Frame> main, std::ve
 
 std::vector<RankStacks> hang(int world, int odd, int per_node) {
   std::vector<RankStacks> v;
-  for (int r = 0; r < world; ++r) v.push_back(rank(r, "node" + std::to_string(r / per_node), r == odd ? kStuck : kAllReduce));
+  for (int r = 0; r < world; ++r)
+    v.push_back(rank(r, "node" + std::to_string(r / per_node), r == odd ? kStuck : kAllReduce));
   return v;
 }
 
@@ -64,7 +70,8 @@ TEST(StacksMergeRanks, FoldsRuns) {
 }
 
 TEST(StacksMerge, OddRankFirstAt8AsAt4096) {
-  for (auto [world, odd, per_node] : {std::tuple{8, 1, 4}, std::tuple{4096, 1, 8}, std::tuple{4096, 4095, 8}, std::tuple{2, 0, 1}}) {
+  for (auto [world, odd, per_node] :
+       {std::tuple{8, 1, 4}, std::tuple{4096, 1, 8}, std::tuple{4096, 4095, 8}, std::tuple{2, 0, 1}}) {
     const auto groups = merge(hang(world, odd, per_node));
     ASSERT_EQ(groups.size(), 2u) << world;
     EXPECT_EQ(groups[0].ranks, std::vector<int>{odd});
@@ -78,8 +85,8 @@ TEST(StacksMerge, OddRankFirstAt8AsAt4096) {
     EXPECT_EQ(groups[1].nodes.size(), other_nodes.size());
     const std::string text = render_text(groups, world);
     const std::string first = text.substr(0, text.find('\n'));
-    EXPECT_EQ(first, "rank " + std::to_string(odd) + " (1 of " + std::to_string(world) + ") on node" + std::to_string(odd / per_node) +
-                         ", thread python3 (tid " + std::to_string(1000 + odd) + "):");
+    EXPECT_EQ(first, "rank " + std::to_string(odd) + " (1 of " + std::to_string(world) + ") on node" +
+                         std::to_string(odd / per_node) + ", thread python3 (tid " + std::to_string(1000 + odd) + "):");
     EXPECT_EQ(text.substr(text.find('\n') + 1, text.find('\n', text.find('\n') + 1) - text.find('\n') - 1),
               "    stuck_here (/w/train.py:12)");
   }
@@ -88,8 +95,10 @@ TEST(StacksMerge, OddRankFirstAt8AsAt4096) {
 TEST(StacksMerge, NodesListIsCappedInText) {
   const auto groups = merge(hang(4096, 7, 8));
   const std::string text = render_text(groups, 4096);
-  EXPECT_NE(text.find("ranks 0-6,8-4095 (4095 of 4096) on node0,node1,node10,node100,node101,node102,node103,node104 +504 more, "),
-            std::string::npos)
+  EXPECT_NE(
+      text.find(
+          "ranks 0-6,8-4095 (4095 of 4096) on node0,node1,node10,node100,node101,node102,node103,node104 +504 more, "),
+      std::string::npos)
       << text.substr(0, 400);
 }
 
@@ -180,7 +189,8 @@ TEST(StacksMerge, RandomWorldsKeepTheInvariants) {
     std::vector<RankStacks> v;
     std::size_t threads = 0;
     for (int r = 0; r < world; ++r) {
-      auto rs = rank(r, "node" + std::to_string(rng() % 5), places[rng() % places.size()], places[rng() % places.size()]);
+      auto rs =
+          rank(r, "node" + std::to_string(rng() % 5), places[rng() % places.size()], places[rng() % places.size()]);
       if (rng() % 13 == 0) {
         rs.stacks.threads.clear();
         rs.stacks.errors.push_back("gone");

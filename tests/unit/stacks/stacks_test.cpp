@@ -22,7 +22,8 @@ namespace {
 
 std::vector<std::uint8_t> unhex(std::string_view h) {
   std::vector<std::uint8_t> out;
-  for (std::size_t i = 0; i + 1 < h.size(); i += 2) out.push_back(std::uint8_t(std::stoi(std::string(h.substr(i, 2)), nullptr, 16)));
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2)
+    out.push_back(std::uint8_t(std::stoi(std::string(h.substr(i, 2)), nullptr, 16)));
   return out;
 }
 
@@ -36,26 +37,54 @@ struct LineFixture {
   std::vector<std::pair<int, int>> lines;
 };
 
-const LineFixture k311{"3.11.2", 202,
-    "8000d80c0d8045dd0d12903189588c58f000040517f0000405178801d80b0c8871893590418a3a883ad80c119051894a88458845e00c119051894a88458845f04c03030511d80c29d00c299d45a025994c9c4cd00c29d10c29d40c2988018801f8dd0b15f000010511f000010511f000010511d80c10880188018801f003010511f8f8f8e00c11d80c0df003010c0ff00001050f",
-    {{0,202},{2,203},{4,203},{6,204},{8,204},{10,204},{12,204},{14,204},{16,204},{18,204},{20,204},{22,204},{24,204},{26,204},{28,204},{30,204},{32,204},{34,204},{36,204},{38,204},{40,205},{42,205},{44,205},{46,205},{48,205},{50,205},{52,205},{54,205},{56,205},{58,206},{60,206},{62,206},{64,206},{66,206},{68,206},{70,208},{72,208},{74,208},{76,208},{78,208},{80,208},{82,310},{84,311},{86,311},{88,311},{90,311},{92,311},{94,311},{96,311},{98,311},{100,311},{102,311},{104,311},{106,311},{108,311},{110,311},{112,311},{114,311},{116,311},{118,311},{120,311},{122,311},{124,311},{126,311},{128,311},{130,311},{132,311},{134,311},{136,-1},{138,312},{140,312},{142,312},{144,312},{146,312},{148,312},{150,312},{152,312},{154,312},{156,313},{158,313},{160,313},{162,313},{164,312},{166,-1},{168,-1},{170,-1},{172,314},{174,315},{176,314},{178,314}}};
+const LineFixture k311{
+    "3.11.2",
+    202,
+    "8000d80c0d8045dd0d12903189588c58f000040517f0000405178801d80b0c8871893590418a3a883ad80c119051894a88458845e00c119051"
+    "894a88458845f04c03030511d80c29d00c299d45a025994c9c4cd00c29d10c29d40c2988018801f8dd0b15f000010511f000010511f0000105"
+    "11d80c10880188018801f003010511f8f8f8e00c11d80c0df003010c0ff00001050f",
+    {{0, 202},   {2, 203},   {4, 203},   {6, 204},   {8, 204},   {10, 204},  {12, 204},  {14, 204},  {16, 204},
+     {18, 204},  {20, 204},  {22, 204},  {24, 204},  {26, 204},  {28, 204},  {30, 204},  {32, 204},  {34, 204},
+     {36, 204},  {38, 204},  {40, 205},  {42, 205},  {44, 205},  {46, 205},  {48, 205},  {50, 205},  {52, 205},
+     {54, 205},  {56, 205},  {58, 206},  {60, 206},  {62, 206},  {64, 206},  {66, 206},  {68, 206},  {70, 208},
+     {72, 208},  {74, 208},  {76, 208},  {78, 208},  {80, 208},  {82, 310},  {84, 311},  {86, 311},  {88, 311},
+     {90, 311},  {92, 311},  {94, 311},  {96, 311},  {98, 311},  {100, 311}, {102, 311}, {104, 311}, {106, 311},
+     {108, 311}, {110, 311}, {112, 311}, {114, 311}, {116, 311}, {118, 311}, {120, 311}, {122, 311}, {124, 311},
+     {126, 311}, {128, 311}, {130, 311}, {132, 311}, {134, 311}, {136, -1},  {138, 312}, {140, 312}, {142, 312},
+     {144, 312}, {146, 312}, {148, 312}, {150, 312}, {152, 312}, {154, 312}, {156, 313}, {158, 313}, {160, 313},
+     {162, 313}, {164, 312}, {166, -1},  {168, -1},  {170, -1},  {172, 314}, {174, 315}, {176, 314}, {178, 314}}};
 
-const LineFixture k312{"3.12.1", 202,
-    "8000d80c0d8045dc0d1290318b58f2000405178801d80b0c8871893590418a3ad80c119051894a8945e00c119051894a8945f009040517f05403030511dc1c21a0259b4cd60c299071885190118b55d00c298801d00c29f006000d12d80c0df003010c0ff00001050ff9f207000d2af8dc0b15f200010511d80c108901d80c11d80c0df003010c0ff00001050ff005010511fa",
-    {{0,202},{2,203},{4,203},{6,204},{8,204},{10,204},{12,204},{14,204},{16,204},{18,204},{20,204},{22,204},{24,204},{26,204},{28,204},{30,204},{32,204},{34,205},{36,205},{38,205},{40,205},{42,205},{44,205},{46,205},{48,205},{50,206},{52,206},{54,206},{56,206},{58,206},{60,206},{62,208},{64,208},{66,208},{68,208},{70,208},{72,208},{74,204},{76,310},{78,311},{80,311},{82,311},{84,311},{86,311},{88,311},{90,311},{92,311},{94,311},{96,311},{98,311},{100,311},{102,311},{104,311},{106,311},{108,311},{110,311},{112,311},{114,311},{116,311},{118,311},{120,311},{122,311},{124,311},{126,311},{128,311},{130,311},{132,314},{134,315},{136,314},{138,314},{140,-1},{142,-1},{144,311},{146,311},{148,311},{150,-1},{152,312},{154,312},{156,312},{158,312},{160,312},{162,312},{164,312},{166,312},{168,313},{170,313},{172,313},{174,314},{176,315},{178,314},{180,314},{182,312},{184,-1},{186,-1},{188,-1}}};
+const LineFixture k312{
+    "3.12.1",
+    202,
+    "8000d80c0d8045dc0d1290318b58f2000405178801d80b0c8871893590418a3ad80c119051894a8945e00c119051894a8945f009040517f054"
+    "03030511dc1c21a0259b4cd60c299071885190118b55d00c298801d00c29f006000d12d80c0df003010c0ff00001050ff9f207000d2af8dc0b"
+    "15f200010511d80c108901d80c11d80c0df003010c0ff00001050ff005010511fa",
+    {{0, 202},   {2, 203},   {4, 203},   {6, 204},   {8, 204},   {10, 204},  {12, 204},  {14, 204},  {16, 204},
+     {18, 204},  {20, 204},  {22, 204},  {24, 204},  {26, 204},  {28, 204},  {30, 204},  {32, 204},  {34, 205},
+     {36, 205},  {38, 205},  {40, 205},  {42, 205},  {44, 205},  {46, 205},  {48, 205},  {50, 206},  {52, 206},
+     {54, 206},  {56, 206},  {58, 206},  {60, 206},  {62, 208},  {64, 208},  {66, 208},  {68, 208},  {70, 208},
+     {72, 208},  {74, 204},  {76, 310},  {78, 311},  {80, 311},  {82, 311},  {84, 311},  {86, 311},  {88, 311},
+     {90, 311},  {92, 311},  {94, 311},  {96, 311},  {98, 311},  {100, 311}, {102, 311}, {104, 311}, {106, 311},
+     {108, 311}, {110, 311}, {112, 311}, {114, 311}, {116, 311}, {118, 311}, {120, 311}, {122, 311}, {124, 311},
+     {126, 311}, {128, 311}, {130, 311}, {132, 314}, {134, 315}, {136, 314}, {138, 314}, {140, -1},  {142, -1},
+     {144, 311}, {146, 311}, {148, 311}, {150, -1},  {152, 312}, {154, 312}, {156, 312}, {158, 312}, {160, 312},
+     {162, 312}, {164, 312}, {166, 312}, {168, 313}, {170, 313}, {172, 313}, {174, 314}, {176, 315}, {178, 314},
+     {180, 314}, {182, 312}, {184, -1},  {186, -1},  {188, -1}}};
 
 }  // namespace
 
 TEST(StacksLineTable, MatchesCPythonForEveryInstruction) {
   for (const auto* fx : {&k311, &k312}) {
     const auto table = unhex(fx->table);
-    for (auto [addr, line] : fx->lines) EXPECT_EQ(addr_to_line(table, fx->first_line, addr), line) << fx->version << " addr " << addr;
+    for (auto [addr, line] : fx->lines)
+      EXPECT_EQ(addr_to_line(table, fx->first_line, addr), line) << fx->version << " addr " << addr;
   }
 }
 
 TEST(StacksLineTable, EdgesAreBounded) {
   const auto table = unhex(k311.table);
-  EXPECT_EQ(addr_to_line(table, 202, -2), 202);   // before the first instruction: the def line
+  EXPECT_EQ(addr_to_line(table, 202, -2), 202);     // before the first instruction: the def line
   EXPECT_EQ(addr_to_line(table, 202, 100000), -1);  // past the end
   EXPECT_EQ(addr_to_line({}, 7, 0), -1);
   // A truncated varint (continuation bit on the last byte) must not read past the table.
@@ -84,20 +113,32 @@ TEST(StacksLayout, Table311MatchesDebianHeaders) {
   ASSERT_EQ(std::fscanf(p.get(), "version %31s\n", ver), 1);
   while (std::fscanf(p.get(), "%127s %llu\n", name, &v) == 2) got[name] = v;
   const PyLayout l = *layout_for(0x030b00f0);
-  const std::map<std::string, std::uint64_t> want{
-      {"runtime_interpreters_head", l.runtime_interpreters_head}, {"interp_next", l.interp_next},
-      {"interp_threads_head", l.interp_threads_head},             {"tstate_next", l.tstate_next},
-      {"tstate_thread_id", l.tstate_thread_id},                   {"tstate_native_thread_id", l.tstate_native_thread_id},
-      {"tstate_cframe", l.tstate_cframe},                         {"cframe_current_frame", l.cframe_current_frame},
-      {"frame_code", l.frame_code},                               {"frame_previous", l.frame_previous},
-      {"frame_prev_instr", l.frame_prev_instr},                   {"frame_owner", l.frame_owner},
-      {"owner_generator", std::uint64_t(l.owner_generator)},      {"code_filename", l.code_filename},
-      {"code_name", l.code_name},                                 {"code_qualname", l.code_qualname},
-      {"code_firstlineno", l.code_firstlineno},                   {"code_linetable", l.code_linetable},
-      {"code_firsttraceable", l.code_firsttraceable},             {"code_adaptive", l.code_adaptive},
-      {"bytes_size", l.bytes_size},                               {"bytes_sval", l.bytes_sval},
-      {"unicode_length", l.unicode_length},                       {"unicode_state", l.unicode_state},
-      {"unicode_ascii_size", l.unicode_ascii_size},               {"unicode_compact_size", l.unicode_compact_size}};
+  const std::map<std::string, std::uint64_t> want{{"runtime_interpreters_head", l.runtime_interpreters_head},
+                                                  {"interp_next", l.interp_next},
+                                                  {"interp_threads_head", l.interp_threads_head},
+                                                  {"tstate_next", l.tstate_next},
+                                                  {"tstate_thread_id", l.tstate_thread_id},
+                                                  {"tstate_native_thread_id", l.tstate_native_thread_id},
+                                                  {"tstate_cframe", l.tstate_cframe},
+                                                  {"cframe_current_frame", l.cframe_current_frame},
+                                                  {"frame_code", l.frame_code},
+                                                  {"frame_previous", l.frame_previous},
+                                                  {"frame_prev_instr", l.frame_prev_instr},
+                                                  {"frame_owner", l.frame_owner},
+                                                  {"owner_generator", std::uint64_t(l.owner_generator)},
+                                                  {"code_filename", l.code_filename},
+                                                  {"code_name", l.code_name},
+                                                  {"code_qualname", l.code_qualname},
+                                                  {"code_firstlineno", l.code_firstlineno},
+                                                  {"code_linetable", l.code_linetable},
+                                                  {"code_firsttraceable", l.code_firsttraceable},
+                                                  {"code_adaptive", l.code_adaptive},
+                                                  {"bytes_size", l.bytes_size},
+                                                  {"bytes_sval", l.bytes_sval},
+                                                  {"unicode_length", l.unicode_length},
+                                                  {"unicode_state", l.unicode_state},
+                                                  {"unicode_ascii_size", l.unicode_ascii_size},
+                                                  {"unicode_compact_size", l.unicode_compact_size}};
   EXPECT_EQ(std::string(ver), "3.11");
   EXPECT_EQ(got, want);
 #endif
@@ -195,7 +236,8 @@ std::vector<std::uint8_t> make_elf(std::uint64_t base, const std::vector<ElfSym>
 
 TEST(StacksElf, FindsDefinedDynamicSymbols) {
   const std::uint64_t base = 0x7f0000000000;
-  const std::vector<ElfSym> syms{{"PyDict_New", 0x1000}, {"_PyRuntime", 0x1a2b3c}, {"Py_Version", 0x1234}, {"memcpy", 0, false}};
+  const std::vector<ElfSym> syms{
+      {"PyDict_New", 0x1000}, {"_PyRuntime", 0x1a2b3c}, {"Py_Version", 0x1234}, {"memcpy", 0, false}};
   for (bool gnu : {true, false}) {
     for (bool relocated : {true, false}) {
       Image img;
@@ -204,7 +246,7 @@ TEST(StacksElf, FindsDefinedDynamicSymbols) {
       EXPECT_EQ(find_dynamic_symbol(img, base, "_PyRuntime"), base + 0x1a2b3c);
       EXPECT_EQ(find_dynamic_symbol(img, base, "Py_Version"), base + 0x1234);
       EXPECT_EQ(find_dynamic_symbol(img, base, "PyDict_New"), base + 0x1000);
-      EXPECT_FALSE(find_dynamic_symbol(img, base, "memcpy"));   // an import, not a definition
+      EXPECT_FALSE(find_dynamic_symbol(img, base, "memcpy"));     // an import, not a definition
       EXPECT_FALSE(find_dynamic_symbol(img, base, "_PyRuntim"));  // a prefix is not the name
       EXPECT_FALSE(find_dynamic_symbol(img, base, "nope"));
     }
@@ -283,7 +325,8 @@ struct FakePython {
     img.put<std::uint64_t>(c + l.code_linetable, bytes(t));
     return c;
   }
-  std::uint64_t code(const std::string& name, const std::string& file, int first, int units = 32, int first_traceable = 0) {
+  std::uint64_t code(const std::string& name, const std::string& file, int first, int units = 32,
+                     int first_traceable = 0) {
     return code(str(name), file, first, units, first_traceable);
   }
   // A frame executing code unit `unit` of `code`.
@@ -341,7 +384,8 @@ TEST_P(StacksWalk, EveryThreadInnermostFirstWithLines) {
   ASSERT_EQ(w.threads.size(), 2u);
   EXPECT_EQ(w.threads[0].native_tid, 101);
   EXPECT_EQ(w.threads[0].thread_id, 0x7f0000001000u + 101);
-  EXPECT_EQ(describe(w.threads[0].frames), "stuck_here@/w/train.py:13;Trainer.step@/w/train.py:42;<module>@/w/train.py:6;");
+  EXPECT_EQ(describe(w.threads[0].frames),
+            "stuck_here@/w/train.py:13;Trainer.step@/w/train.py:42;<module>@/w/train.py:6;");
   EXPECT_EQ(w.threads[1].native_tid, 102);
   EXPECT_EQ(describe(w.threads[1].frames), "worker_loop@/usr/lib/python3/dist-packages/torch/data.py:107;");
 }
@@ -353,7 +397,7 @@ TEST_P(StacksWalk, SkipsIncompleteFramesAndKeepsGenerators) {
   const auto c_new = py.code("just_called", "/a.py", 30, 32, 4);
   auto f0 = py.frame(c_outer, 1, 0);
   auto f1 = py.frame(c_gen, 1, f0, py.l.owner_generator);  // a generator before its first traceable unit: kept
-  auto f2 = py.frame(c_new, 1, f1);                         // a frame still in its prologue: skipped
+  auto f2 = py.frame(c_new, 1, f1);                        // a frame still in its prologue: skipped
   py.set_interpreters(py.interp(py.thread(7, f2)));
   const PyWalk w = walk_python(py.img, py.runtime, py.l);
   ASSERT_EQ(w.threads.size(), 1u);
@@ -428,5 +472,6 @@ TEST(StacksWalk312, ShimFramesAreNotPython) {
   EXPECT_EQ(describe(w.threads[0].frames), "caller@/c.py:1;");
 }
 
-INSTANTIATE_TEST_SUITE_P(Versions, StacksWalk, ::testing::Values(0x030b02f0u, 0x030c01f0u),
-                         [](const auto& info) { return info.param == 0x030b02f0u ? std::string("py311") : std::string("py312"); });
+INSTANTIATE_TEST_SUITE_P(Versions, StacksWalk, ::testing::Values(0x030b02f0u, 0x030c01f0u), [](const auto& info) {
+  return info.param == 0x030b02f0u ? std::string("py311") : std::string("py312");
+});
