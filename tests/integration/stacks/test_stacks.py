@@ -105,6 +105,16 @@ def pythons():
     return found
 
 
+def other_pythons():
+    """Interpreters whose frames are not read (3.10, 3.13), where this machine has them."""
+    found = []
+    for minor in (10, 13):
+        cands = sorted(glob.glob(f"/root/.pyenv/versions/3.{minor}*/bin/python3.{minor}")) + [f"/usr/bin/python3.{minor}"]
+        p = next((c for c in cands if os.access(c, os.X_OK)), None)
+        found.append(pytest.param(p, id=f"3.{minor}", marks=pytest.mark.skipif(not p, reason=f"no python3.{minor} on this machine")))
+    return found
+
+
 def start_threads_target(targets, python):
     t = targets([python, str(THREADS)])
     t.wait_line("ready")
@@ -244,3 +254,18 @@ def test_as_the_jobs_user_and_as_another_user(targets):
     r = subprocess.run([*daemon, DDPCTL, "stacks", "--pid", str(t.pid)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout
     assert "Permission denied" in r.stdout and "needs root, or the same user" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("python", other_pythons())
+def test_other_versions_say_only_native_stacks(targets, python):
+    t = start_threads_target(targets, python)
+    j = stacks(t.pid)
+    proc = j["processes"][0]
+    assert not proc["python_ok"]
+    assert "only native stacks are available (--native)" in proc["python"], proc["python"]
+    assert all(not th["python"] for th in proc["threads"])
+    assert j["groups"][0]["note"] == proc["python"]
+    j = stacks(t.pid, native=True)  # and the native stacks are there
+    main = next(th for th in j["processes"][0]["threads"] if th["main"])
+    assert any(f["function"] in ("read", "__libc_read") for f in main["native"][:2]), main["native"][:3]
+    t.release()
