@@ -222,7 +222,10 @@ class Walker {
         out.truncated = true;
         return;
       }
-      if (!mem_.read(f, buf.data(), buf.size())) return;
+      if (!mem_.read(f, buf.data(), buf.size())) {
+        out.truncated = true;  // the chain points where nothing is mapped (it moved under us)
+        return;
+      }
       std::uint64_t code_addr = 0, previous = 0, prev_instr = 0;
       std::memcpy(&code_addr, buf.data() + l_.frame_code, 8);
       std::memcpy(&previous, buf.data() + l_.frame_previous, 8);

@@ -454,7 +454,15 @@ TEST_P(StacksWalk, HostileImagesAreBounded) {
   const PyWalk w2 = walk_python(py.img, py.runtime, py.l);
   ASSERT_EQ(w2.threads.size(), 1u);
   ASSERT_EQ(w2.threads[0].frames.size(), 1u);  // the frame with an unreadable code object is left out
+  EXPECT_FALSE(w2.threads[0].truncated);
   EXPECT_EQ(w2.threads[0].frames[0].function, "?");
+  // A previous pointer into nothing: the walk stops there and says the stack is cut.
+  auto dangling = py.frame(c, 0, 0xbad00000);
+  py.set_interpreters(py.interp(py.thread(4, dangling)));
+  const PyWalk w3 = walk_python(py.img, py.runtime, py.l);
+  ASSERT_EQ(w3.threads.size(), 1u);
+  EXPECT_EQ(w3.threads[0].frames.size(), 1u);
+  EXPECT_TRUE(w3.threads[0].truncated);
   // Nothing readable at _PyRuntime.
   Image empty;
   EXPECT_NE(walk_python(empty, 0x1000, py.l).error, "");
