@@ -56,7 +56,7 @@ def run(native: bool):
                        for _ in range(2))
     try:
         assert target.stdout.readline().strip() == "ready" and control.stdout.readline().strip() == "ready"
-        windows, control_windows, read_ms, stop_max, stop_total, nthreads, frames = [], [], [], [], [], 0, 0
+        windows, control_windows, read_ms, stop_max, stop_total, per_thread, nthreads, frames = [], [], [], [], [], [], 0, 0
         for _ in range(reads):
             control_windows.append(read(control.pid, native)[0])
             window, p = read(target.pid, native)
@@ -64,6 +64,7 @@ def run(native: bool):
             read_ms.append(p["timing"]["read_ms"])
             stop_max.append(p["timing"]["native_stop_max_ms"])
             stop_total.append(p["timing"]["native_stop_total_ms"])
+            per_thread += [t["native_stop_ms"] for t in p["threads"] if native]
             nthreads = len(p["threads"])
             frames = sum(len(t["python"]) + len(t["native"]) for t in p["threads"])
         target.stdin.close()
@@ -83,7 +84,9 @@ def run(native: bool):
         "frames": frames,
         "reads": reads,
         "read_ms": {"median": statistics.median(read_ms), "p90": pct(read_ms, 90), "max": max(read_ms)},
-        "ptrace_stop_per_thread_ms": {"median": statistics.median(stop_max), "p90": pct(stop_max, 90), "max": max(stop_max)},
+        "ptrace_stop_per_thread_ms": {"median": statistics.median(per_thread or [0]), "p90": pct(per_thread or [0], 90),
+                                      "max": max(per_thread or [0])},
+        "ptrace_stop_longest_thread_per_read_ms_median": statistics.median(stop_max),
         "ptrace_stop_all_threads_ms_median": statistics.median(stop_total),
         "target_longest_gap_in_a_read_ms": longest_gap(gaps, windows),
         "target_longest_gap_in_a_control_read_ms": longest_gap(gaps, control_windows),
@@ -97,7 +100,7 @@ print(f"# {python}, {os.environ.get('THREADS', '8')} parked threads {os.environ.
 for r in results:
     print(f"{r['mode']:6}  threads {r['threads']:3}  frames {r['frames']:5}  "
           f"read ms median {r['read_ms']['median']:.2f} p90 {r['read_ms']['p90']:.2f} max {r['read_ms']['max']:.2f}  |  "
-          f"ptrace stop per thread ms median {r['ptrace_stop_per_thread_ms']['median']:.2f} "
+          f"ptrace stop per thread ms (all threads of all reads) median {r['ptrace_stop_per_thread_ms']['median']:.2f} "
           f"p90 {r['ptrace_stop_per_thread_ms']['p90']:.2f} max {r['ptrace_stop_per_thread_ms']['max']:.2f}  |  "
           f"target's longest gap: in a read of it {r['target_longest_gap_in_a_read_ms']:.2f} ms, "
           f"in a read of the control {r['target_longest_gap_in_a_control_read_ms']:.2f} ms")

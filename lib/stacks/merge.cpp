@@ -170,7 +170,8 @@ nlohmann::json to_json(const ProcessStacks& p) {
                        {"main", t.main},
                        {"python", frames_json(t.python)},
                        {"native", frames_json(t.native)},
-                       {"truncated", t.truncated}});
+                       {"truncated", t.truncated},
+                       {"native_stop_ms", t.native_stop_ms}});
   return {{"pid", p.pid},
           {"python", p.python},
           {"python_ok", p.python_ok},

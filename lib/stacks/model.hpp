@@ -27,6 +27,7 @@ struct ThreadStack {
   std::vector<Frame> python;  // innermost first; empty: no Python frame on this thread (or not Python)
   std::vector<Frame> native;  // innermost first; only with --native
   bool truncated = false;     // a depth limit cut it
+  double native_stop_ms = 0;  // how long --native kept this thread stopped
 };
 
 struct Timing {

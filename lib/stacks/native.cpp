@@ -91,6 +91,7 @@ int on_thread(Dwfl_Thread* thread, void* arg) {
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = dwfl_thread_getframes(thread, on_frame, c);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  c->out->stop_ms[tid] = ms;
   c->out->stop_max_ms = std::max(c->out->stop_max_ms, ms);
   c->out->stop_total_ms += ms;
   c->out->truncated[tid] = c->current_truncated;
@@ -335,6 +336,7 @@ void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, Na
     Snapshot s;
     double stop = 0;
     std::string err = take_snapshot(pid, tid, maps, s, stop);
+    if (stop > 0) out.stop_ms[tid] = stop;
     out.stop_max_ms = std::max(out.stop_max_ms, stop);
     out.stop_total_ms += stop;
     if (!err.empty()) out.errors.push_back("native stacks: " + err);

@@ -22,6 +22,7 @@ struct NativeRead {
   std::map<int, std::vector<Frame>> threads;  // tid -> frames, innermost first
   std::map<int, bool> truncated;
   std::vector<std::string> errors;
+  std::map<int, double> stop_ms;  // tid -> how long it was stopped (attach or interrupt to detach)
   double stop_max_ms = 0, stop_total_ms = 0;
 };
 

@@ -170,6 +170,7 @@ ProcessStacks read_process(pid_t pid, const ReadOptions& options) {
       t.tid = tid;
       t.main = tid == pid;
       t.native = std::move(frames);
+      t.native_stop_ms = n.stop_ms.count(tid) ? n.stop_ms[tid] : 0;
       t.truncated = t.truncated || n.truncated[tid];
     }
     out.timing.native_stop_max_ms = n.stop_max_ms;
