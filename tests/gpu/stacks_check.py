@@ -42,9 +42,39 @@ def wait_for(pred, what, timeout=60):
     raise SystemExit(f"FAIL: timed out waiting for {what}")
 
 
+def yama_scope():
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except OSError:
+        return 0
+
+
+def has_cap_sys_ptrace():
+    caps = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("CapEff:"))
+    return bool(int(caps.split()[1], 16) & (1 << 19))
+
+
+# ddpctl is not the targets' ancestor here: with Yama at 1 and no CAP_SYS_PTRACE (a container's
+# root usually lacks it), the kernel refuses the read. The targets then name any process as
+# their tracer (PR_SET_PTRACER_ANY) so that the reader itself is checked; the line below says
+# so, because a real job on such a machine needs the agent's shepherd (an ancestor) or root
+# with CAP_SYS_PTRACE (docs/architecture.md).
+allow_any = yama_scope() == 1 and not has_cap_sys_ptrace()
+print(f"ptrace: yama scope {yama_scope()}, CAP_SYS_PTRACE {'yes' if has_cap_sys_ptrace() else 'no'}"
+      + ("; targets set PR_SET_PTRACER_ANY for this check" if allow_any else ""))
+if yama_scope() >= 2 and not has_cap_sys_ptrace():
+    raise SystemExit("FAIL: kernel.yama.ptrace_scope >= 2 and no CAP_SYS_PTRACE: no process may read another here")
+
+
+def allow_tracers():
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(0x59616D61, ctypes.c_ulong(2**64 - 1), 0, 0, 0)  # PR_SET_PTRACER_ANY
+
+
 def start(argv, env=None):
     r, w = os.pipe()
     p = subprocess.Popen(argv, pass_fds=(r,), stdout=subprocess.PIPE, text=True,
+                         preexec_fn=allow_tracers if allow_any else None,
                          env=dict(os.environ, STACKS_TEST_FD=str(r), **(env or {})))
     os.close(r)
     return p, w
