@@ -18,6 +18,7 @@ Command add_doctor_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
 Command add_render_command(CLI::App& root);
 Command add_generate_command(CLI::App& root);
+Command add_stacks_command(CLI::App& root);  // hidden: local processes (lib/stacks)
 std::vector<Command> add_control_commands(CLI::App& root);  // status, logs, stop
 
 // --nodes given but empty (`--nodes "$NODES"` with NODES unset) is a mistake, not "run here".

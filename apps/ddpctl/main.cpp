@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
       ddpctl::add_store_command(app),
       ddpctl::add_render_command(app),
       ddpctl::add_generate_command(app),
+      ddpctl::add_stacks_command(app),
   };
   for (auto& c : ddpctl::add_control_commands(app)) commands.push_back(std::move(c));
 
