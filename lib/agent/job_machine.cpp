@@ -2,6 +2,8 @@
 // job_machine.hpp for the lifecycle, the invariants and what the edge does with each effect.
 #include "agent/job_machine.hpp"
 
+#include "common/variant_index.hpp"
+
 #include <fmt/format.h>
 
 #include <limits>
@@ -10,18 +12,8 @@
 namespace ddp::agent::job {
 namespace {
 
-template <class T, class V>
-struct index_of;
-template <class T, class... Ts>
-struct index_of<T, std::variant<Ts...>> {
-  static constexpr std::size_t value = [] {
-    std::size_t i = 0;
-    ((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
-    return i;
-  }();
-};
 template <class T>
-constexpr std::size_t ev = index_of<T, Event>::value;
+constexpr std::size_t ev = variant_index_v<T, Event>;
 
 Log warn(std::string text) { return Log{Log::Level::warn, std::move(text)}; }
 Log info(std::string text) { return Log{Log::Level::info, std::move(text)}; }

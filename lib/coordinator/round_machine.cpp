@@ -2,24 +2,16 @@
 // round_machine.hpp for the lifecycle, the policy and the invariants.
 #include "coordinator/round_machine.hpp"
 
+#include "common/variant_index.hpp"
+
 #include <csignal>
 #include <limits>
 
 namespace ddp::coordinator::round {
 namespace {
 
-template <class T, class V>
-struct index_of;
-template <class T, class... Ts>
-struct index_of<T, std::variant<Ts...>> {
-  static constexpr std::size_t value = [] {
-    std::size_t i = 0;
-    ((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
-    return i;
-  }();
-};
 template <class T>
-constexpr std::size_t ev = index_of<T, Event>::value;
+constexpr std::size_t ev = variant_index_v<T, Event>;
 
 }  // namespace
 

@@ -36,6 +36,19 @@ class HmacKey {
   std::shared_ptr<const State> state_;  // SHA-256 after the inner and the outer padded key
 };
 
+// What is MACed is built of big-endian integers and length-prefixed strings (put_lp: a u32
+// length, then the bytes), so that no two different field lists give the same input.
+inline void put_u32(std::string& out, std::uint32_t n) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
+}
+inline void put_u64(std::string& out, std::uint64_t n) {
+  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
+}
+inline void put_lp(std::string& out, std::string_view s) {
+  put_u32(out, static_cast<std::uint32_t>(s.size()));
+  out.append(s);
+}
+
 // Constant-time for equal lengths (CRYPTO_memcmp); different lengths are simply unequal.
 bool equal_ct(std::string_view a, std::string_view b);
 

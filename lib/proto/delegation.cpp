@@ -16,16 +16,6 @@ constexpr std::size_t kNonceHex = 32;
 constexpr std::size_t kMaxUser = 256;
 constexpr std::size_t kMaxJobId = 256;
 
-void put_u32(std::string& out, std::uint32_t n) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
-}
-void put_u64(std::string& out, std::uint64_t n) {
-  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
-}
-void put_lp(std::string& out, std::string_view s) {
-  put_u32(out, static_cast<std::uint32_t>(s.size()));
-  out.append(s);
-}
 
 std::string mac_input(const Delegation& d) {
   std::string in(kLabel);

@@ -24,17 +24,6 @@ std::string versions_text(const std::vector<std::uint32_t>& v) {
   return parts.empty() ? "none" : join(parts, ", ");
 }
 
-void put_u32(std::string& out, std::uint32_t n) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
-}
-void put_u64(std::string& out, std::uint64_t n) {
-  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
-}
-void put_lp(std::string& out, std::string_view s) {
-  put_u32(out, static_cast<std::uint32_t>(s.size()));
-  out.append(s);
-}
-
 // The MAC input of a frame: direction byte, 8-byte big-endian sequence number, JSON bytes.
 Digest frame_mac(const HmacKey& key, char dir, std::uint64_t seq, std::string_view json) {
   std::string head(1, dir);

@@ -2,6 +2,8 @@
 // See rendezvous.hpp for the lifecycle and policy.
 #include "rendezvous/rendezvous.hpp"
 
+#include "common/variant_index.hpp"
+
 #include <algorithm>
 #include <csignal>
 #include <limits>
@@ -12,18 +14,8 @@
 namespace ddp::rendezvous {
 namespace {
 
-template <class T, class V>
-struct index_of;
-template <class T, class... Ts>
-struct index_of<T, std::variant<Ts...>> {
-  static constexpr std::size_t value = [] {
-    std::size_t i = 0;
-    ((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
-    return i;
-  }();
-};
 template <class T>
-constexpr std::size_t ev = index_of<T, Event>::value;
+constexpr std::size_t ev = variant_index_v<T, Event>;
 constexpr std::size_t kAnyEvent = std::numeric_limits<std::size_t>::max();
 
 std::string dur(Micros d) { return format_duration(std::chrono::duration_cast<Millis>(d)); }
