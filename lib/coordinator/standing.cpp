@@ -197,7 +197,7 @@ class Standing {
 
   void on_submit(Connection* c, const json& b) {
     const auto job_id = b["job_id"].get<std::string>();
-    // The id names <log_dir>/<id> and a control socket, made as root: no '/' or '..' from the network.
+    // The id names <log_dir>/<user>/<id> and a control socket, made as root: no '/' or '..' from the network.
     if (!jobspec::valid_job_id(job_id)) {
       return c->refuse(proto::ErrorCode::bad_value,
                        fmt::format("submit.job_id: expected {}, got '{}'", jobspec::kJobIdRule, job_id));

@@ -202,6 +202,11 @@ def test_a_job_through_the_standing_coordinator_runs_as_its_submitters_user(site
         assert len(ids) == 1 and ids[0]["uid"] == user.pw.pw_uid and ids[0]["user"] == user.name, r.stdout
     # The coordinator's own key maps to nobody on the agent: the delegations made the users.
     assert f"runs as uid {site.alice.pw.pw_uid}" in site.log("agent.log")
+    # The coordinator keeps each user's copy of the logs in a folder of their own.
+    logs = site.dir / "coord-logs"
+    for user in (site.alice, site.bob):
+        assert list((logs / user.name).glob(f"mine-{user.name}*")), sorted(str(p) for p in logs.rglob("*"))
+    assert not list(logs.glob("mine-*")), sorted(str(p) for p in logs.rglob("*"))
 
 
 def test_a_client_acts_only_as_the_user_its_key_maps_to(site):
