@@ -252,7 +252,8 @@ class Standing {
                        "use a ddpctl of protocol version 6 or later (ddpctl --version)");
     }
     // Each user's logs in a folder of their own: a job id another user used before is theirs.
-    static const std::regex user_re("^[a-z_][a-z0-9_-]{0,31}\\$?$");
+    // (a path component: no '/', no leading '.' or '-'; dots, capitals and digits as LDAP has them)
+    static const std::regex user_re("^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}\\$?$");
     if (!std::regex_match(user, user_re)) {
       return c->refuse(proto::ErrorCode::bad_value, fmt::format("submit.user: '{}' is not a user name", user));
     }
