@@ -1,5 +1,6 @@
 #include "agentconfig/agentconfig.hpp"
 
+#include "common/size.hpp"
 #include "common/strings.hpp"
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
@@ -188,18 +189,9 @@ class Parser {
           cfg.limits.store_max_keys = std::stoull(val.Scalar());
         }
       } else if (k == "store_max_size" || k == "log_max_size") {
-        static const std::regex re(R"(^(\d{1,15})\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?$)");
-        std::smatch m;
         std::optional<std::uint64_t> bytes;
-        const std::string text = val.IsScalar() ? val.Scalar() : "";
-        if (std::regex_match(text, m, re)) {
-          const std::string u = m[2];
-          const std::uint64_t mult = u == "KiB" ? 1ull << 10 : u == "MiB" ? 1ull << 20 : u == "GiB" ? 1ull << 30
-                                     : u == "TiB" ? 1ull << 40 : u == "KB" ? 1000ull : u == "MB" ? 1000'000ull
-                                     : u == "GB" ? 1000'000'000ull : u == "TB" ? 1000'000'000'000ull : 1ull;
-          const std::uint64_t n = std::stoull(m[1]);
-          if (n <= (1ull << 50) / mult && n * mult >= (1ull << 20)) bytes = n * mult;
-        }
+        if (val.IsScalar()) bytes = parse_size(val.Scalar());
+        if (bytes && *bytes < (1ull << 20)) bytes.reset();
         if (!bytes) error(val.Mark(), fmt::format("limits.{}: expected a size of at least 1MiB such as 4GiB, got {}", k, describe(val)));
         else (k == "store_max_size" ? cfg.limits.store_max_size : cfg.limits.log_max_size) = *bytes;
       } else {

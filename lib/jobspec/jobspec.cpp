@@ -1,5 +1,6 @@
 #include "jobspec/jobspec.hpp"
 
+#include "common/size.hpp"
 #include "common/strings.hpp"
 
 #include <fmt/format.h>
@@ -96,16 +97,7 @@ class Parser {
 
   std::optional<std::uint64_t> size(const YAML::Node& n, std::string_view key) {
     if (n.IsScalar()) {
-      static const std::regex re(R"(^(\d{1,15})\s*(B|KiB|MiB|GiB|KB|MB|GB)?$)");
-      std::smatch m;
-      const std::string s = n.Scalar();
-      if (std::regex_match(s, m, re)) {
-        std::uint64_t v = std::stoull(m[1]);
-        std::string u = m[2];
-        std::uint64_t mult = u == "KiB" ? 1ull << 10 : u == "MiB" ? 1ull << 20 : u == "GiB" ? 1ull << 30
-                             : u == "KB" ? 1000 : u == "MB" ? 1000'000 : u == "GB" ? 1000'000'000 : 1;
-        if (v <= (1ull << 50) / mult) return v * mult;  // beyond a petabyte is a typo, and would overflow
-      }
+      if (auto v = parse_size(n.Scalar())) return v;
     }
     error(n, fmt::format("{}: expected a size such as 100MiB or 1GiB, got {}", key, describe(n)));
     return std::nullopt;

@@ -1,4 +1,5 @@
 #include "common/duration.hpp"
+#include "common/size.hpp"
 #include "common/strings.hpp"
 
 #include <gtest/gtest.h>
@@ -57,4 +58,19 @@ TEST(Strings, JoinFirstSaysHowManyItLeftOut) {
   EXPECT_EQ(join_first(v, ", ", 2), "a, b, and 2 more");
   EXPECT_EQ(join_first(v, "; ", 0), "and 4 more");
   EXPECT_EQ(join_first({}, ", ", 0), "");
+}
+
+// One size syntax for the job file (logs.max_size, store.max_size) and agent.yaml (limits:).
+TEST(Strings, ParseSize) {
+  EXPECT_EQ(ddp::parse_size("100"), 100u);
+  EXPECT_EQ(ddp::parse_size("100B"), 100u);
+  EXPECT_EQ(ddp::parse_size("4 KiB"), 4096u);
+  EXPECT_EQ(ddp::parse_size("100MiB"), 100ull << 20);
+  EXPECT_EQ(ddp::parse_size("1GiB"), 1ull << 30);
+  EXPECT_EQ(ddp::parse_size("2TiB"), 2ull << 40);
+  EXPECT_EQ(ddp::parse_size("5MB"), 5000000u);
+  EXPECT_EQ(ddp::parse_size("1024TiB"), 1ull << 50);  // a petabyte: the most
+  EXPECT_FALSE(ddp::parse_size("1025TiB"));
+  EXPECT_FALSE(ddp::parse_size("9999999999999999"));  // 16 digits
+  for (const char* bad : {"", "MiB", "1.5GiB", "-1", "10 mib", "10GiBs", "lots", " 10"}) EXPECT_FALSE(ddp::parse_size(bad)) << bad;
 }
