@@ -104,6 +104,24 @@ def free_port_run(count: int) -> int:
     raise AssertionError(f"no run of {count} free ports")
 
 
+def write_secret_file(path: Path, text: str, uid=0, gid=0) -> Path:
+    """A secret (token) file: created 0600, never readable by others in between, owned by uid:gid."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chown(path, uid, gid)
+    return path
+
+
+def wait_listening(port: int, proc, log=None, timeout=30.0):
+    """Until something listens on 127.0.0.1:port; fails at once if proc exits (with its log)."""
+    def listening():
+        assert proc.poll() is None, Path(log).read_text() if log else proc.communicate()[0]
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    wait_for(listening, timeout, f"something to listen on 127.0.0.1:{port}")
+
+
 def write_token(path: Path) -> Path:
     """A token file with one fresh random secret (key id 'default'), mode 0600."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

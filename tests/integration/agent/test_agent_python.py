@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import BINARY_DIR, DDPCTL, PYTHON, free_port, write_job, write_token
+from ddptest import BINARY_DIR, DDPCTL, PYTHON, free_port, write_job, write_token, wait_listening
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 
@@ -23,17 +23,6 @@ names = {k: v for k, v in os.environ.items() if "ASYNC_ERROR_HANDLING" in k}
 json.dump(names, open(f"async-{os.environ['RANK']}.json", "w"))
 """
 
-
-def wait_listening(port, p, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert p.poll() is None, p.communicate()[0]
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
 
 
 @pytest.fixture

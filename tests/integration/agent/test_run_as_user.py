@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import BINARY_DIR, free_port
+from ddptest import BINARY_DIR, free_port, write_secret_file
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
@@ -45,12 +45,6 @@ def needs():
             return f"'{tool}' not found"
     return None
 
-
-def write_secret_file(path, text, uid=0, gid=0):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chown(path, uid, gid)
 
 
 class Node:

@@ -13,23 +13,12 @@ from pathlib import Path
 import pytest
 
 import protoclient
-from ddptest import BINARY_DIR, DDPCTL, free_port, write_job, write_token
+from ddptest import BINARY_DIR, DDPCTL, free_port, write_job, write_token, wait_listening
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 COORDINATOR = str(BINARY_DIR / "bin" / "ddp-coordinator")
 BAD_IDS = ["../x", "a/b", "..", "/abs"]
 
-
-def wait_listening(port, p, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert p.poll() is None, p.communicate()[0]
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import BINARY_DIR, DDPCTL, free_port, wait_for
+from ddptest import BINARY_DIR, DDPCTL, free_port, wait_for, write_secret_file
 from test_containers import BUSYBOX, IMAGE, PODMAN, drop_podman_store, make_podman_store
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
@@ -29,12 +29,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv not found"),
 ]
 
-
-def write_secret(path, text, uid=0, gid=0):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chown(path, uid, gid)
 
 
 @pytest.fixture
@@ -54,8 +48,8 @@ def setup(tmp_path_factory):
         home.mkdir()
         os.chown(home, pw.pw_uid, pw.pw_gid)
         secret = os.urandom(32).hex()
-        write_secret(base / "agent-token", f"u-key: {secret}\n")
-        write_secret(home / "token", f"u-key: {secret}\n", pw.pw_uid, pw.pw_gid)
+        write_secret_file(base / "agent-token", f"u-key: {secret}\n")
+        write_secret_file(home / "token", f"u-key: {secret}\n", pw.pw_uid, pw.pw_gid)
         port = free_port()
         (base / "agent.yaml").write_text(f'listen: "127.0.0.1:{port}"\nkey_users:\n  u-key: {user}\n')
         log = base / "agent.log"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import protoclient
-from ddptest import BINARY_DIR, free_port
+from ddptest import BINARY_DIR, free_port, wait_listening, write_secret_file
 
 AGENTD = str(BINARY_DIR / "bin" / "ddp-agentd")
 COORDINATOR = str(BINARY_DIR / "bin" / "ddp-coordinator")
@@ -44,22 +44,6 @@ def needs():
     return None
 
 
-def write_secret_file(path, text, uid=0, gid=0):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chown(path, uid, gid)
-
-
-def wait_listening(port, p, log, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert p.poll() is None, Path(log).read_text()
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port}:\n" + Path(log).read_text())
 
 
 class User:
