@@ -95,9 +95,9 @@ int serve(const ServeArgs& args) {
           },
       .rank_of_pid = [](pid_t pid) { return ddp::store::rank_from_environ(pid); },
   });
-  server.start();
-  std::cout << "listening on " << server.address() << std::endl;
-
+  // The signals are ours before anyone can know the port: with I/O threads, clients are served
+  // from start() on, and a SIGUSR1 or SIGTERM that came before these handlers would kill the
+  // store with its default action (its clients then see their connections reset).
   auto log = ddp::log::get("store");
   boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   stop_signals.async_wait([&](const boost::system::error_code& ec, int sig) {
@@ -118,6 +118,8 @@ int serve(const ServeArgs& args) {
     });
   };
   arm_report();
+  server.start();
+  std::cout << "listening on " << server.address() << std::endl;
   io.run();
   return 0;
 }

@@ -179,3 +179,20 @@ def test_another_uid_is_refused_over_the_hosts_own_address(netns, tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_signals_are_handled_from_the_listening_line_on(tmp_path):
+    # With I/O threads the store serves clients as soon as it listens; a SIGUSR1 (the wait
+    # report) or SIGTERM sent right after the "listening on" line must reach its handlers, not
+    # kill it with the default action (which reset every client's connection: PyTorch 1.13's
+    # clients then abort their process). Twenty starts, because the old window was short.
+    for attempt in range(20):
+        log = tmp_path / f"store.{attempt}.log"
+        with open(log, "w") as err:
+            p = subprocess.Popen([str(DDPCTL), "store", "serve", "--listen", "127.0.0.1:0", "--threads", "2"],
+                                 stdout=subprocess.PIPE, stderr=err, text=True)
+            assert p.stdout.readline().startswith("listening on 127.0.0.1:")
+            p.send_signal(signal.SIGUSR1)
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=10) == 0, f"start {attempt}: the store died of a signal it handles:\n{log.read_text()}"
+        assert "store stopping on signal 15" in log.read_text()
