@@ -6,6 +6,7 @@
 #include "cliexport/cliexport.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "common/version.hpp"
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
 #include "net/token_file.hpp"
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (generate_man) {
-    std::cout << ddp::cliexport::man_page(app, {"ddp-agentd", 8, "ddp-agentd 0.1.0", "ddpctl(1), systemd.service(5)"});
+    std::cout << ddp::cliexport::man_page(app, {"ddp-agentd", 8, ddp::kAgentVersion, "ddpctl(1), systemd.service(5)"});
     return 0;
   }
   if (verbose) ddp::log::set_level(spdlog::level::debug);

@@ -4,6 +4,7 @@
 #include "commands.hpp"
 
 #include "cliexport/cliexport.hpp"
+#include "common/version.hpp"
 
 #include <iostream>
 #include <memory>
@@ -17,7 +18,7 @@ Command add_generate_command(CLI::App& root) {
   sub->add_option("what", *what, "man | bash-completion")->required()->check(CLI::IsMember({"man", "bash-completion"}));
   return {sub, [what, &root]() {
             if (*what == "man") {
-              std::cout << ddp::cliexport::man_page(root, {"ddpctl", 1, "ddpctl 0.1.0", "ddp-agentd(8)"});
+              std::cout << ddp::cliexport::man_page(root, {"ddpctl", 1, ddp::kCtlVersion, "ddp-agentd(8)"});
             } else {
               std::cout << ddp::cliexport::bash_completion(root, "ddpctl");
             }

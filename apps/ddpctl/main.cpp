@@ -2,6 +2,7 @@
 #include "commands.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "common/version.hpp"
 
 #include <algorithm>
 #include <csignal>
@@ -14,7 +15,7 @@ int main(int argc, char** argv) {
   // signal reset to its default before exec.
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ddpctl: launch and supervise PyTorch DDP / NCCL training jobs"};
-  app.set_version_flag("--version", "ddpctl 0.1.0");
+  app.set_version_flag("--version", ddp::kCtlVersion);
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");

@@ -28,6 +28,7 @@
 #include "agentconfig/agentconfig.hpp"
 #include "agentconfig/users.hpp"
 #include "common/duration.hpp"
+#include "common/version.hpp"
 #include "jobunit/systemd.hpp"
 #include "net/tls.hpp"
 #include "proto/keyring.hpp"
@@ -43,7 +44,7 @@ namespace ddp::agent {
 
 inline constexpr std::uint16_t kDefaultPort = 29410;
 // What `ddp-agentd --version` prints; SSH mode runs a remote agent only when it prints the same.
-inline constexpr const char* kVersion = "ddp-agentd 0.1.0";
+inline constexpr const char* kVersion = ddp::kAgentVersion;
 
 struct AgentOptions {
   std::string listen_host = "::";  // dual-stack, all addresses

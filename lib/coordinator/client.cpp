@@ -2,6 +2,7 @@
 #include "coordinator/client.hpp"
 
 #include "common/log.hpp"
+#include "common/version.hpp"
 #include "coordinator/standing.hpp"
 #include "launch/report.hpp"
 #include "net/connection.hpp"
@@ -35,7 +36,7 @@ proto::ClientConfig ctl_config(const proto::Keyring& keys, const std::string& us
   cc.role = proto::Role::ctl;
   cc.user = user;
   cc.name = "ddpctl";
-  cc.software = "ddpctl 0.1.0";
+  cc.software = ddp::kCtlVersion;
   cc.key = *keys.first();
   cc.nonce = proto::random_nonce();
   cc.expect_server = proto::Role::coordinator;

@@ -3,6 +3,7 @@
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
 
+#include "common/version.hpp"
 #include "coordinator/job_clock.hpp"
 #include "coordinator/round_machine.hpp"
 
@@ -255,7 +256,7 @@ class Coordinator {
     cc.role = proto::Role::coordinator;
     cc.user = opts_.user;
     cc.name = "ddpctl";
-    cc.software = "ddpctl 0.1.0";
+    cc.software = ddp::kCtlVersion;
     cc.key = *opts_.keys.first();
     cc.nonce = proto::random_nonce();
     cc.expect_server = proto::Role::agent;

@@ -1,5 +1,6 @@
 #include "coordinator/gather.hpp"
 
+#include "common/version.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 
@@ -44,7 +45,7 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
       cc.role = proto::Role::coordinator;
       cc.user = user;
       cc.name = "ddpctl doctor";
-      cc.software = "ddpctl 0.1.0";
+      cc.software = ddp::kCtlVersion;
       cc.key = *keys.first();
       cc.nonce = proto::random_nonce();
       cc.expect_server = proto::Role::agent;

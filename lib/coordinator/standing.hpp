@@ -24,6 +24,7 @@
 #pragma once
 
 #include "common/duration.hpp"
+#include "common/version.hpp"
 #include "coordinator/identity.hpp"
 #include "net/tls.hpp"
 #include "proto/keyring.hpp"
@@ -35,7 +36,7 @@
 namespace ddp::coordinator {
 
 inline constexpr std::uint16_t kStandingPort = 29411;
-inline constexpr const char* kStandingVersion = "ddp-coordinator 0.1.0";
+inline constexpr const char* kStandingVersion = ddp::kCoordinatorVersion;
 
 struct StandingOptions {
   std::string listen_host = "::";
