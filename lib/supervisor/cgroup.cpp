@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -114,13 +115,20 @@ std::optional<Cgroup> Cgroup::create(const std::string& tag) {
     return std::nullopt;
   }
   std::string path = fmt::format("{}/ddpctl-{}-{}-{}", *base, ::getpid(), start_time_of(::getpid()).value_or(0), tag);
+  // Root (the agent, its shepherd, a root launch) is expected to contain its workers: losing
+  // the cgroup is said at warning. A user's launch usually may not write its own cgroup's
+  // parent, and the subreaper walk is the documented way there: debug.
+  const auto level = ::geteuid() == 0 ? spdlog::level::warn : spdlog::level::debug;
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-    log->debug("cannot create cgroup {}: {}; using the subreaper walk", path, std::strerror(errno));
+    log->log(level, "cannot create cgroup {}: {}; workers are tracked by the subreaper walk instead (a worker "
+             "that leaves the process tree by double-forking is then not killed with the attempt)", path,
+             std::strerror(errno));
     return std::nullopt;
   }
   int fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
-    log->debug("cannot open {}/cgroup.procs: {}; using the subreaper walk", path, std::strerror(errno));
+    log->log(level, "cannot open {}/cgroup.procs: {}; workers are tracked by the subreaper walk instead", path,
+             std::strerror(errno));
     ::rmdir(path.c_str());
     return std::nullopt;
   }
@@ -137,8 +145,37 @@ Cgroup::~Cgroup() {
   if (path_.empty()) return;
   if (!empty()) kill_all();
   // rmdir fails with EBUSY until the killed processes are gone; they are (SIGKILL is final) by
-  // the time the launcher destroys the cgroup after reaping, but give the kernel a moment.
-  for (int i = 0; i < 200 && ::rmdir(path_.c_str()) != 0 && errno == EBUSY; ++i) ::usleep(5000);
+  // the time the launcher destroys the cgroup after reaping, but the kernel may still be tearing
+  // them down: wait for cgroup.events to say "populated 0" (an event, not a poll), at most 1 s.
+  if (::rmdir(path_.c_str()) == 0 || errno != EBUSY) return;
+  if (!wait_unpopulated(std::chrono::seconds(1)) || ::rmdir(path_.c_str()) != 0) {
+    log::get("supervisor")->warn("cannot remove cgroup {}: {} (a process of the job may still be exiting; "
+                                 "the next launch's sweep removes it)", path_, std::strerror(errno));
+  }
+}
+
+bool Cgroup::wait_unpopulated(std::chrono::milliseconds limit) const {
+  int fd = ::open((path_ + "/cgroup.events").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return empty();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  bool unpopulated = false;
+  while (true) {
+    // kernfs: read the whole file from offset 0, then poll() wakes with POLLPRI on a change.
+    char buf[256];
+    ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    if (n < 0) break;
+    buf[n] = '\0';
+    if (std::strstr(buf, "populated 0")) {
+      unpopulated = true;
+      break;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLPRI, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) < 0 && errno != EINTR) break;
+  }
+  ::close(fd);
+  return unpopulated;
 }
 
 std::vector<pid_t> Cgroup::pids() const {

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <optional>
 #include <utility>
 #include <string>
@@ -27,7 +28,7 @@ std::optional<unsigned long long> start_time_from_stat(std::string_view stat_lin
 
 class Cgroup {
  public:
-  // Creates the attempt's cgroup, or returns nullopt (with a debug log line saying why).
+  // Creates the attempt's cgroup, or returns nullopt with a log line saying why (warning as root).
   static std::optional<Cgroup> create(const std::string& tag);
 
   Cgroup(Cgroup&& other) noexcept;
@@ -41,6 +42,8 @@ class Cgroup {
   void signal_all(int sig) const;
   void kill_all() const;  // cgroup.kill where the kernel has it, else SIGKILL to each pid
   bool empty() const { return pids().empty(); }
+  // Waits (on cgroup.events, no polling loop) until no process is left, at most `limit`.
+  bool wait_unpopulated(std::chrono::milliseconds limit) const;
 
   // Kills and removes cgroups of launchers that no longer exist.
   static void sweep_stale();
