@@ -25,6 +25,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -151,11 +152,30 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
+    // Woken by events only: the link, the log folder changing (inotify: the relay follows the
+    // log as it grows), or SIGINT/SIGTERM, which stay blocked except inside ppoll() so that one
+    // arriving between the check and the wait cannot be missed.
+    sigset_t stop_signals, waiting_mask;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    ::sigprocmask(SIG_BLOCK, &stop_signals, &waiting_mask);
+    sigdelset(&waiting_mask, SIGINT);
+    sigdelset(&waiting_mask, SIGTERM);
+    const int changes = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (changes >= 0) ::inotify_add_watch(changes, dir.c_str(), IN_MODIFY | IN_CREATE);
     const auto see_it = fmt::format("see it with ddpctl status|logs -f|stop {}", opts.job_id);
     bool listening = false;
     for (;;) {
-      pollfd p{link[0], POLLIN, 0};
-      const int ready = ::poll(&p, 1, 200);
+      pollfd p[2] = {{link[0], POLLIN, 0}, {changes, POLLIN, 0}};
+      // Without inotify (a kernel built without it), the log is relayed every 200 ms instead.
+      const timespec fallback{0, 200'000'000};
+      const int ready = ::ppoll(p, changes >= 0 ? 2 : 1, changes >= 0 ? nullptr : &fallback, &waiting_mask);
+      if (changes >= 0 && ready > 0 && p[1].revents) {
+        char events[4096];
+        while (::read(changes, events, sizeof events) > 0) {
+        }
+      }
       if (listening) relay_log(log_path, relayed);
       if (detach_interrupted) {
         std::cout << opts.job_id << std::endl;
@@ -163,7 +183,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
                                  opts.job_id, pid, log_path, see_it);
         return 128 + detach_interrupted;
       }
-      if (ready <= 0) continue;
+      if (ready <= 0 || !p[0].revents) continue;
       char c = 0;
       const ssize_t n = ::recv(link[0], &c, 1, 0);
       if (n < 0 && errno == EINTR) continue;

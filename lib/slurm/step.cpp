@@ -5,13 +5,14 @@
 #include "common/strings.hpp"
 #include "hostlist/hostlist.hpp"
 #include "net/connection.hpp"
-#include "ssh/policy.hpp"
 #include "supervisor/process.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio.hpp>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,18 +88,34 @@ StepDialer::~StepDialer() {
 }
 
 bool StepDialer::wait_exit(Millis timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
+  auto reaped = [this] {
     int status = 0;
     const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) {
-      status_ = r == pid_ ? status : 0;
-      logger()->debug("srun ended: {}", describe_status(*status_));
-      return true;
+    if (r != pid_ && !(r < 0 && errno == ECHILD)) return false;
+    status_ = r == pid_ ? status : 0;
+    logger()->debug("srun ended: {}", describe_status(*status_));
+    return true;
+  };
+  if (reaped()) return true;
+  // Woken by srun's exit itself: a pidfd is readable once the process ends (Linux 5.3+).
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::max<Millis::rep>(left.count(), 0))) < 0 && errno == EINTR) continue;
+    } else {
+      std::this_thread::sleep_for(std::min<Millis>(std::max(left, Millis(0)), Millis(20)));  // an old kernel
     }
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (reaped()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (pidfd >= 0) ::close(pidfd);
+      return false;
+    }
   }
+  if (pidfd >= 0) ::close(pidfd);
+  return true;
 }
 
 std::string StepDialer::node_of(int task) const {
@@ -139,8 +156,8 @@ void StepDialer::read_stderr() {
       logger()->warn("srun| {}", line);  // srun's own message ("srun: error: ...")
     } else {
       // An agent's log line, at its own level (info and debug only with -v / DDP_LOG_LEVEL=debug).
-      const auto r = ssh::relay_line(l.text);
-      using L = ssh::RelayedLine::Level;
+      const auto r = log::relay_line(l.text);
+      using L = log::RelayedLine::Level;
       const auto level = r.level == L::debug || r.level == L::info ? spdlog::level::debug
                          : r.level == L::warn                      ? spdlog::level::warn
                                                                    : spdlog::level::err;
