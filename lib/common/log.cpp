@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 
 namespace ddp::log {
 namespace {
@@ -68,6 +69,17 @@ std::shared_ptr<spdlog::logger> get(std::string_view subsystem) {
   logger->set_level(r.level_for(subsystem));
   r.loggers.emplace(std::string(subsystem), logger);
   return logger;
+}
+
+RelayedLine relay_line(std::string_view line) {
+  using L = RelayedLine::Level;
+  static constexpr std::pair<std::string_view, L> kLevels[] = {
+      {"ddpctl trace ", L::debug}, {"ddpctl debug ", L::debug},  {"ddpctl info ", L::info},
+      {"ddpctl warning ", L::warn}, {"ddpctl error ", L::error}, {"ddpctl critical ", L::error}};
+  for (const auto& [prefix, level] : kLevels) {
+    if (line.starts_with(prefix)) return {level, std::string(line.substr(prefix.size()))};
+  }
+  return {L::warn, std::string(line)};
 }
 
 }  // namespace ddp::log

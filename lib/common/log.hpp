@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace ddp::log {
@@ -20,5 +21,14 @@ std::shared_ptr<spdlog::logger> get(std::string_view subsystem);
 // Re-reads DDP_LOG_LEVEL / DDP_LOG_SUBSYS (tests and CLI --verbose use this).
 void configure_from_env();
 void set_level(spdlog::level::level_enum level);
+
+// A line of another of our processes' stderr (a remote agent over SSH or srun) as our log shows
+// it: at that process's own level when it is one of our log lines ("ddpctl warning [agent] ..."),
+// else (a crash, the shell) at warning. Pure.
+struct RelayedLine {
+  enum class Level { debug, info, warn, error } level = Level::warn;
+  std::string text;
+};
+RelayedLine relay_line(std::string_view line);
 
 }  // namespace ddp::log

@@ -170,17 +170,6 @@ std::string agent_command(const std::string& program, const std::string& node_na
                      connect_back.empty() ? "" : " --connect " + shell_quote(connect_back), verbose ? " -v" : "");
 }
 
-RelayedLine relay_line(std::string_view line) {
-  using L = RelayedLine::Level;
-  static constexpr std::pair<std::string_view, L> kLevels[] = {
-      {"ddpctl trace ", L::debug}, {"ddpctl debug ", L::debug},  {"ddpctl info ", L::info},
-      {"ddpctl warning ", L::warn}, {"ddpctl error ", L::error}, {"ddpctl critical ", L::error}};
-  for (const auto& [prefix, level] : kLevels) {
-    if (line.starts_with(prefix)) return {level, std::string(line.substr(prefix.size()))};
-  }
-  return {L::warn, std::string(line)};
-}
-
 std::vector<std::string> LineSplitter::feed(std::string_view bytes) {
   std::vector<std::string> lines;
   for (char c : bytes) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common/duration.hpp"
+#include "common/log.hpp"
 
 #include <optional>
 #include <string>
@@ -95,13 +96,9 @@ AgentChoice choose_agent(const Probe& probe, const std::string& our_version, con
 std::string agent_command(const std::string& program, const std::string& node_name, bool verbose,
                           const std::string& connect_back = "");
 
-// A line of the remote agent's stderr as our log shows it: at the agent's own level when it is
-// one of our log lines ("ddpctl warning [agent] ..."), else (a crash, the shell) at warning.
-struct RelayedLine {
-  enum class Level { debug, info, warn, error } level = Level::warn;
-  std::string text;
-};
-RelayedLine relay_line(std::string_view line);
+// A line of the remote agent's stderr as our log shows it (common/log.hpp).
+using log::RelayedLine;
+using log::relay_line;
 
 // Splits a byte stream into lines (the remote agent's stderr, relayed to our log). Bounded: a
 // line longer than `max_line` is emitted in pieces.
