@@ -170,9 +170,12 @@ void Connection::apply(proto::Effects effects) {
       timer_.cancel();
       was_established_ = true;
       pending_slot_.reset();
-      if (handlers_.on_established) handlers_.on_established(est->peer);
+      if (handlers_.on_established && !guarded("its authentication", [&] { handlers_.on_established(est->peer); })) return;
     } else if (auto* d = std::get_if<proto::Deliver>(&e)) {
-      if (!closing_ && handlers_.on_message) handlers_.on_message(std::move(d->message));
+      if (!closing_ && handlers_.on_message) {
+        const std::string what = "its '" + d->message.type + "'";
+        if (!guarded(what, [&] { handlers_.on_message(std::move(d->message)); })) return;
+      }
     } else if (auto* drop = std::get_if<proto::Drop>(&e)) {
       if (closing_) continue;
       closing_ = true;
@@ -187,6 +190,22 @@ void Connection::apply(proto::Effects effects) {
         });
       }
     }
+  }
+}
+
+// The exception boundary of every loop that serves peers (agent, coordinator, standing
+// coordinator, ddpctl's client): a handler that throws (a bug on this side, memory) ends this
+// link only, with an error frame that tells the peer why, instead of unwinding through
+// io_context::run() and taking every other peer and job of the process with it.
+bool Connection::guarded(const std::string& what, const std::function<void()>& handler) {
+  try {
+    handler();
+    return true;
+  } catch (const std::exception& e) {
+    log::get(log_subsystem_)->error("{}: handling {} failed: {}; closing this link (other links go on)", label_, what,
+                                    e.what());
+    if (!closed_ && !closing_) refuse(proto::ErrorCode::unexpected, "the receiver failed while handling " + what);
+    return false;
   }
 }
 

@@ -138,6 +138,33 @@ TEST(Connection, OverASocketpairWithoutEndpoints) {
   EXPECT_FALSE(client->remote_endpoint().has_value());
 }
 
+// A handler that throws ends its own link only: the peer is told why, the loop goes on (other
+// links of the same io_context keep working), nothing unwinds through io_context::run().
+TEST(Connection, AHandlerThatThrowsClosesItsLinkOnlyAndThePeerIsTold) {
+  asio::io_context io;
+  auto [bad_server, bad_client] = socketpair_connections(io, "throws", "peer-1");
+  auto [good_server, good_client] = socketpair_connections(io, "works", "peer-2");
+  std::string bad_closed, bad_client_closed, good_closed;
+  std::vector<std::string> good_got;
+  bad_server->start({nullptr, [&](Message) -> void { throw std::runtime_error("a bug on this side"); },
+                     [&](const std::string& r) { bad_closed = r; }});
+  bad_client->start({[&](const PeerInfo&) { bad_client->send(bad_client->session().message("heartbeat")); }, nullptr,
+                     [&](const std::string& r) { bad_client_closed = r; }});
+  good_server->start({nullptr, [&](Message m) { good_got.push_back(m.type); }, [&](const std::string& r) { good_closed = r; }});
+  good_client->start({[&](const PeerInfo&) {
+                        // The second message leaves after the first link has failed.
+                        asio::post(io, [&] {
+                          asio::post(io, [&] { good_client->send(good_client->session().message("heartbeat")); });
+                        });
+                      },
+                      nullptr, nullptr});
+  EXPECT_NO_THROW(io.run_for(std::chrono::seconds(2)));
+  EXPECT_NE(bad_client_closed.find("failed while handling its 'heartbeat'"), std::string::npos) << bad_client_closed;
+  EXPECT_FALSE(bad_closed.empty());
+  EXPECT_EQ(good_got, std::vector<std::string>{"heartbeat"});
+  EXPECT_TRUE(good_server->open()) << good_closed;
+}
+
 // cork()/uncork(): frames queued between them stay with us until uncork, then arrive in order
 // (the coordinator's assign + start to one node); nested corks hold until the outermost ends.
 TEST(Connection, CorkedFramesWaitForUncorkThenArriveInOrder) {
