@@ -394,10 +394,16 @@ int reader_main(const std::vector<std::string>& args) {
 void shrink_to_fit(ProcessStacks& p, std::size_t max_bytes) {
   auto size = [&] { return to_json(p).dump(-1, ' ', false, json::error_handler_t::replace).size(); };
   if (size() <= max_bytes) return;
-  for (auto& t : p.threads) t.native.clear();
-  p.errors.push_back("native frames left out: this process's stacks exceed the " + std::to_string(max_bytes >> 10) +
-                     " KiB a message may carry");
-  if (size() <= max_bytes) return;
+  bool had_native = false;
+  for (auto& t : p.threads) {
+    had_native = had_native || !t.native.empty();
+    t.native.clear();
+  }
+  if (had_native) {
+    p.errors.push_back("native frames left out: this process's stacks exceed the " + std::to_string(max_bytes >> 10) +
+                       " KiB a message may carry");
+    if (size() <= max_bytes) return;
+  }
   std::erase_if(p.threads, [](const ThreadStack& t) { return !t.main; });
   p.errors.push_back("threads other than the main one left out: the stacks still exceed the message size");
   if (p.errors.size() > 16) p.errors.resize(16);
