@@ -27,7 +27,7 @@ Request parse_request(std::string_view line) {
   auto j = json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw ControlError("a request is one JSON object on one line");
   auto op = j.find("op");
-  if (op == j.end() || !op->is_string()) throw ControlError("a request needs \"op\": status, stop or logs");
+  if (op == j.end() || !op->is_string()) throw ControlError("a request needs \"op\": status, stop, logs or stacks");
   Request r;
   const auto name = op->get<std::string>();
   if (name == "status") r.op = Op::status;
