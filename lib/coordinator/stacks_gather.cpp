@@ -116,4 +116,19 @@ void StacksGather::finish(std::uint64_t id) {
   p->reply({{"world_size", p->world_size}, {"ranks", std::move(ranks)}});
 }
 
+void fit_stacks_reply(json& reply, std::size_t max_bytes) {
+  auto size = [&] { return reply.dump(-1, ' ', false, json::error_handler_t::replace).size(); };
+  if (size() <= max_bytes || !reply.contains("ranks") || !reply["ranks"].is_array() || reply["ranks"].empty()) return;
+  // Room for the envelope of every rank (rank, node, keys): 256 bytes each.
+  const std::size_t n = reply["ranks"].size();
+  const std::size_t share = max_bytes > 256 * n ? (max_bytes - 256 * n) / n : 0;
+  for (auto& r : reply["ranks"]) {
+    std::string error;
+    auto p = r.contains("process") ? stacks::process_from_json(r["process"], error) : std::nullopt;
+    if (!p) continue;
+    stacks::shrink_to_fit(*p, share);
+    r["process"] = stacks::to_json(*p);
+  }
+}
+
 }  // namespace ddp::coordinator

@@ -55,4 +55,9 @@ class StacksGather {
   std::map<std::uint64_t, std::shared_ptr<Pending>> pending_;
 };
 
+// A stacks answer ({"ranks": [{rank, node, process}]}) cut so that its JSON text fits in
+// `max_bytes` (the standing coordinator relays it in one 'control' message, 768 KiB): each
+// process gets an equal share (stacks::shrink_to_fit, which says what it left out). Pure.
+void fit_stacks_reply(nlohmann::json& reply, std::size_t max_bytes);
+
 }  // namespace ddp::coordinator

@@ -87,3 +87,24 @@ TEST(StacksGather, AnswersAtOnceWhenEveryNodeIsDone) {
   EXPECT_NE(errors((*reply)["ranks"][0]).find("no worker of job j runs"), std::string::npos);
   g.on_done("a", {{"id", sent["id"]}});  // late, twice: ignored
 }
+
+TEST(StacksGather, ARelayedAnswerIsCutToItsBound) {
+  json reply{{"world_size", 8}, {"ranks", json::array()}};
+  for (int r = 0; r < 8; ++r) {
+    stacks::ProcessStacks p;
+    p.pid = 100 + r;
+    for (int t = 0; t < 50; ++t) {
+      stacks::ThreadStack th;
+      th.tid = 100 + r + t * 1000;
+      th.main = t == 0;
+      for (int f = 0; f < 100; ++f) th.native.push_back({stacks::Frame::Kind::native, std::string(100, 'f'), "libx.so", 0, 1});
+      p.threads.push_back(th);
+    }
+    reply["ranks"].push_back({{"rank", r}, {"node", "a"}, {"process", stacks::to_json(p)}});
+  }
+  ASSERT_GT(reply.dump().size(), 760u << 10);
+  coordinator::fit_stacks_reply(reply, 760u << 10);
+  EXPECT_LE(reply.dump().size(), 760u << 10);
+  ASSERT_EQ(reply["ranks"].size(), 8u);
+  EXPECT_NE(errors(reply["ranks"][0]).find("native frames left out"), std::string::npos);
+}
