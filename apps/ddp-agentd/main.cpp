@@ -1,4 +1,5 @@
 // ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
+#include "stacks/collect.hpp"
 #include "agent/agent.hpp"
 #include "agent/preflight.hpp"
 #include "agentconfig/agentconfig.hpp"
@@ -85,6 +86,8 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The shepherd's privilege-separated native stack reader (lib/stacks/collect.hpp).
+  if (auto rc = ddp::stacks::run_reader_if_asked(argc, argv)) return *rc;
   if (argc >= 2 && std::string_view(argv[1]) == "shepherd") return shepherd_main(argc, argv);
   // `ddp-agentd preflight`: a container job's preflight, started by the agent (lib/agent/preflight.hpp).
   if (argc == 2 && std::string_view(argv[1]) == "preflight") return ddp::agent::run_preflight_helper(std::cin, std::cout);

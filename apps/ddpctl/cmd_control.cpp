@@ -11,6 +11,8 @@
 #include "jobspec/jobspec.hpp"
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
+#include "stacks/collect.hpp"
+#include "stacks/merge.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -317,6 +319,82 @@ int run_logs(const ControlArgs& a) {
 }
 
 }  // namespace
+
+int run_stacks_job(const StacksJobArgs& sa) {
+  control::Request req{control::Op::stacks, {}, false, sa.native};
+  if (!sa.ranks.empty()) {
+    try {
+      req.ranks = control::parse_rank_list(sa.ranks);
+    } catch (const control::ControlError& e) {
+      std::cerr << "ddpctl stacks: " << e.what() << "\n";
+      return 2;
+    }
+  }
+  ControlArgs a;
+  a.job = sa.job;
+  a.coordinator = sa.coordinator;
+  a.token_file = sa.token_file;
+  a.tls = sa.tls;
+  int rc = 0;
+  auto t = find_job(a, "stacks", rc);
+  if (!t) return rc;
+  if (t->ended) {
+    std::cerr << fmt::format("ddpctl stacks: nothing runs: {}\n", describe_ended(*t->ended));
+    return 1;
+  }
+  LineReader r(t->fd);
+  auto reply = ask(r, req, "stacks");
+  if (!reply) return 1;
+  // The launcher (or coordinator) is ours, but its reply is still checked like any other.
+  std::vector<ddp::stacks::RankStacks> ranks;
+  const auto& list = (*reply)["ranks"];
+  if (!list.is_array()) {
+    std::cerr << "ddpctl stacks: the launcher's reply holds no list of ranks\n";
+    return 1;
+  }
+  for (const auto& x : list) {
+    ddp::stacks::RankStacks rs;
+    rs.rank = x.value("rank", -1);
+    rs.node = x.value("node", "");
+    std::string error;
+    auto p = x.contains("process") ? ddp::stacks::process_from_json(x["process"], error) : std::nullopt;
+    if (!p) {
+      rs.stacks.python = "not read";
+      rs.stacks.errors.push_back("the launcher's reply for this rank is malformed: " + error);
+    } else {
+      rs.stacks = std::move(*p);
+    }
+    ranks.push_back(std::move(rs));
+  }
+  const int world = reply->value("world_size", static_cast<int>(ranks.size()));
+  const auto groups = ddp::stacks::merge(ranks, {.main_thread_only = sa.main_only});
+  int unreadable = 0;
+  for (const auto& x : ranks)
+    if (x.stacks.threads.empty() && !x.stacks.errors.empty()) ++unreadable;
+  if (sa.json) {
+    json procs = json::array();
+    for (const auto& x : ranks) {
+      auto j = ddp::stacks::to_json(x.stacks);
+      j["rank"] = x.rank;
+      j["node"] = x.node;
+      procs.push_back(std::move(j));
+    }
+    std::cout << json{{"job_id", reply->value("job_id", t->job_id)}, {"world_size", world}, {"processes", procs},
+                      {"groups", ddp::stacks::to_json(groups)}}
+                     .dump(2)
+              << "\n";
+  } else if (ranks.empty()) {
+    std::cerr << fmt::format("ddpctl stacks: job {}: no rank runs now (between attempts?)\n", t->job_id);
+    return 1;
+  } else {
+    std::cout << ddp::stacks::render_text(groups, world) << std::flush;
+    for (const auto& x : ranks) {
+      for (const auto& e : x.stacks.errors)
+        std::cerr << fmt::format("# rank {}{}: {}\n", x.rank, x.node.empty() ? "" : " on " + x.node, e);
+    }
+  }
+  return unreadable ? 1 : 0;
+}
 
 std::vector<Command> add_control_commands(CLI::App& root) {
   auto args = std::make_shared<ControlArgs>();

@@ -18,8 +18,16 @@ Command add_doctor_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
 Command add_render_command(CLI::App& root);
 Command add_generate_command(CLI::App& root);
-Command add_stacks_command(CLI::App& root);  // hidden: local processes (lib/stacks)
+Command add_stacks_command(CLI::App& root);  // a running job's stacks (or --pid: local processes)
 std::vector<Command> add_control_commands(CLI::App& root);  // status, logs, stop
+
+// `ddpctl stacks [JOB]`: through the job's control socket or --coordinator, as status/logs
+// reach it (cmd_control.cpp).
+struct StacksJobArgs {
+  std::string job, ranks, coordinator, token_file;
+  bool tls = false, native = false, json = false, main_only = false;
+};
+int run_stacks_job(const StacksJobArgs& a);
 
 // --nodes given but empty (`--nodes "$NODES"` with NODES unset) is a mistake, not "run here".
 inline CLI::Validator non_empty_nodes() {

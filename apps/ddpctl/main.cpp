@@ -3,6 +3,7 @@
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "common/version.hpp"
+#include "stacks/collect.hpp"
 
 #include <algorithm>
 #include <csignal>
@@ -10,6 +11,8 @@
 #include <vector>
 
 int main(int argc, char** argv) {
+  // The privilege-separated native stack reader (lib/stacks/collect.hpp): this binary again.
+  if (auto rc = ddp::stacks::run_reader_if_asked(argc, argv)) return *rc;
   // `ddpctl launch job.yaml | grep loss`, then Ctrl-C: grep is gone, and the next line written
   // must fail with EPIPE, not kill ddpctl in the middle of stopping workers. Workers get every
   // signal reset to its default before exec.

@@ -7,6 +7,7 @@
 #include "agent/interfaces.hpp"
 #include "agent/job_machine.hpp"
 #include "agent/preflight.hpp"
+#include "stacks/collect.hpp"
 #include "pyenv/probe.hpp"
 #include "binding/binding.hpp"
 #include "agent/stdio_link.hpp"
@@ -469,8 +470,37 @@ class Agent {
       const auto name = b["signal"].get<std::string>();
       return feed(job::Signal{round(), name == "SIGUSR1" ? SIGUSR1 : SIGUSR2, name});
     }
+    if (m.type == "stacks_request") return on_stacks_request(b);
     c->refuse(proto::ErrorCode::unexpected, fmt::format("an agent does not take '{}'", m.type));
   }
+
+  // `ddpctl stacks` (version 6): a query, no part of the job's lifecycle. The shepherd reads its
+  // ranks (lib/stacks/collect.hpp); each rank goes up as one 'stacks' cut to fit a frame, then
+  // 'stacks_done'. The answer goes to the job's owner if it is still connected.
+  void on_stacks_request(const json& b) {
+    const auto id = b["id"].get<std::uint64_t>();
+    const auto job_id = job_->job_id;
+    std::weak_ptr<Connection> owner = job_->owner;
+    auto done = [this, owner, id, job_id](std::vector<stacks::RankStacks> ranks, std::string error) {
+      auto c = owner.lock();
+      if (!c) return;
+      for (auto& r : ranks) {
+        stacks::shrink_to_fit(r.stacks, kMaxStacksBytes);
+        send(c.get(), "stacks", {{"job_id", job_id}, {"id", id}, {"rank", r.rank}, {"process", stacks::to_json(r.stacks)}});
+      }
+      json f{{"job_id", job_id}, {"id", id}};
+      if (!error.empty()) f["error"] = error.substr(0, 4096);
+      send(c.get(), "stacks_done", std::move(f));
+    };
+    if (!job_->shepherd) return done({}, fmt::format("no worker of job {} runs on node {}", job_id, opts_.name));
+    launch::WorkerGroup::StacksQuery q;
+    for (const auto& r : b["local_ranks"]) q.local_ranks.push_back(static_cast<int>(r.get<std::uint64_t>()));
+    q.native = b["native"].get<bool>();
+    q.budget = Millis(std::clamp<std::uint64_t>(b["budget_ms"].get<std::uint64_t>(), 100, 60'000));
+    job_->shepherd->read_stacks(q, std::move(done));
+  }
+  // A rank's stacks in one frame (1 MiB), with room for the envelope and its MAC.
+  static constexpr std::size_t kMaxStacksBytes = 900u << 10;
 
   // ---- the job machine's effects (lib/agent/job_machine.hpp) ----
 

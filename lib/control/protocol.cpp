@@ -27,19 +27,21 @@ Request parse_request(std::string_view line) {
   auto j = json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw ControlError("a request is one JSON object on one line");
   auto op = j.find("op");
-  if (op == j.end() || !op->is_string()) throw ControlError("a request needs \"op\": status, stop or logs");
+  if (op == j.end() || !op->is_string()) throw ControlError("a request needs \"op\": status, stop, logs or stacks");
   Request r;
   const auto name = op->get<std::string>();
   if (name == "status") r.op = Op::status;
   else if (name == "stop") r.op = Op::stop;
   else if (name == "logs") r.op = Op::logs;
-  else throw ControlError(fmt::format("unknown op '{}' (status, stop or logs)", name));
+  else if (name == "stacks") r.op = Op::stacks;
+  else throw ControlError(fmt::format("unknown op '{}' (status, stop, logs or stacks)", name));
   for (const auto& [k, v] : j.items()) {
     if (k == "op") continue;
-    if (r.op != Op::logs || (k != "ranks" && k != "follow")) throw ControlError(fmt::format("'{}' does not take '{}'", name, k));
-    if (k == "follow") {
-      if (!v.is_boolean()) throw ControlError("'follow' must be true or false");
-      r.follow = v.get<bool>();
+    const bool takes = (r.op == Op::logs && (k == "ranks" || k == "follow")) || (r.op == Op::stacks && (k == "ranks" || k == "native"));
+    if (!takes) throw ControlError(fmt::format("'{}' does not take '{}'", name, k));
+    if (k == "follow" || k == "native") {
+      if (!v.is_boolean()) throw ControlError(fmt::format("'{}' must be true or false", k));
+      (k == "follow" ? r.follow : r.native) = v.get<bool>();
     } else {
       if (!v.is_array()) throw ControlError("'ranks' must be a list of rank numbers");
       for (const auto& x : v) {
@@ -54,10 +56,14 @@ Request parse_request(std::string_view line) {
 }
 
 std::string encode_request(const Request& r) {
-  json j{{"op", r.op == Op::status ? "status" : r.op == Op::stop ? "stop" : "logs"}};
+  json j{{"op", r.op == Op::status ? "status" : r.op == Op::stop ? "stop" : r.op == Op::logs ? "logs" : "stacks"}};
   if (r.op == Op::logs) {
     j["ranks"] = r.ranks;
     j["follow"] = r.follow;
+  }
+  if (r.op == Op::stacks) {
+    j["ranks"] = r.ranks;
+    j["native"] = r.native;
   }
   return j.dump() + "\n";
 }

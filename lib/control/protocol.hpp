@@ -1,11 +1,15 @@
 // The control socket's conversation, pure: requests, the status document as text, log lines.
 //
 //   client: one JSON line  {"op": "status"} | {"op": "stop"} | {"op": "logs", "ranks": [..], "follow": bool}
+//                          | {"op": "stacks", "ranks": [..], "native": bool}
 //   server: status  {"ok": true, "status": {...}}                       then closes
 //           stop    {"ok": true, "stopping": true}                      then closes when the job has ended
 //           logs    {"ok": true, "files": [{"rank", "path", "size"}]}   the client reads each file up to
 //                   size; with follow, every later line {"rank", "stream", "line"}, {"dropped": n} when
 //                   the client fell behind, and {"end": "<job result>"} before the close
+//           stacks  {"ok": true, "world_size": n, "ranks": [{"rank", "node", "process"}]}  then closes;
+//                   process: stacks::to_json(ProcessStacks); a rank (or node) that could not be read is
+//                   there too, its process's errors saying why
 //           error   {"ok": false, "error": "..."}
 //
 // The size in "files" is taken in the same event-loop turn as the subscription, after the
@@ -24,12 +28,13 @@ namespace ddp::control {
 
 inline constexpr std::size_t kMaxRequestBytes = 4096;
 
-enum class Op { status, stop, logs };
+enum class Op { status, stop, logs, stacks };
 
 struct Request {
   Op op = Op::status;
-  std::set<int> ranks;  // logs: empty means every rank
+  std::set<int> ranks;  // logs, stacks: empty means every rank
   bool follow = false;
+  bool native = false;  // stacks
 };
 
 // Throws ControlError naming what is wrong.

@@ -207,6 +207,25 @@ void Server::on_request(const std::shared_ptr<Client>& c, const std::string& lin
       c->send({{"ok", true}, {"stopping", true}});
       provider_.stop(fmt::format("ddpctl stop ({})", c->who));
       return;  // closed when the job has ended
+    case Op::stacks: {
+      if (auto missing = missing_ranks(r.ranks)) {
+        c->send({{"ok", false}, {"error", *missing}});
+        c->finish();
+        return;
+      }
+      if (!provider_.stacks) {
+        c->send({{"ok", false}, {"error", "this launcher cannot read stacks (an older ddpctl?)"}});
+        c->finish();
+        return;
+      }
+      // The answer comes later (a read takes up to its budget); a client gone meanwhile is closed.
+      provider_.stacks(r.ranks, r.native, [c](json body) {
+        body["ok"] = true;
+        c->send(body);
+        c->finish();
+      });
+      return;
+    }
     case Op::logs: {
       if (auto missing = missing_ranks(r.ranks)) {
         c->send({{"ok", false}, {"error", *missing}});

@@ -32,6 +32,10 @@ struct Provider {
   std::function<void(const std::string& who)> stop;  // like Ctrl-C; `who` names the asking process
   // (rank, path) of the current attempt's log files for `ranks` (empty: all), flushed to disk.
   std::function<std::vector<std::pair<int, std::string>>(const std::set<int>& ranks)> log_files;
+  // `ddpctl stacks`: the running ranks' stacks ({"world_size", "ranks": [{"rank", "node",
+  // "process"}]}, protocol.hpp), handed to `reply` once, on the io_context, within the job's own
+  // deadline. Unset: the launcher cannot (the reply says so).
+  std::function<void(const std::set<int>& ranks, bool native, std::function<void(nlohmann::json)> reply)> stacks;
 };
 
 class Server {

@@ -2,6 +2,7 @@
 // events and effects, the live stream, per-rank files on the launching machine, reports and the exit
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
+#include "coordinator/stacks_gather.hpp"
 
 #include "common/version.hpp"
 #include "coordinator/job_clock.hpp"
@@ -385,6 +386,8 @@ class Coordinator {
     }
     if (m.type == "ready") return on_ready(n, b);
     if (m.type == "output") return on_output(n, b);
+    if (m.type == "stacks") return stacks_.on_stacks(n.entry.name, b);
+    if (m.type == "stacks_done") return stacks_.on_done(n.entry.name, b);
     if (m.type == "worker_exited") return on_worker_exited(n, b);
     if (m.type == "attempt_finished") {
       const auto round = rdzv::Round{b["round"].get<std::uint32_t>()};
@@ -931,11 +934,47 @@ class Coordinator {
       std::sort(out.begin(), out.end());
       return out;
     };
+    p.stacks = [this](const std::set<int>& ranks, bool native, std::function<void(json)> reply) {
+      read_stacks(ranks, native, std::move(reply));
+    };
     try {
       control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
     } catch (const control::ControlError& e) {
       log_->warn("no control socket, so ddpctl status/logs/stop cannot reach this job: {}", e.what());
     }
+  }
+
+  // `ddpctl stacks`: every node of the round that holds a rank asked for (stacks_gather.hpp).
+  void read_stacks(const std::set<int>& wanted, bool native, std::function<void(json)> reply) {
+    std::vector<StacksGather::NodeAsk> asks;
+    int world = 0;
+    for (const auto& [node, pl] : rounds_.placement()) {
+      world += static_cast<int>(pl.local_world_size);
+      StacksGather::NodeAsk a;
+      a.node = node;
+      for (std::uint32_t i = 0; i < pl.local_world_size; ++i) {
+        const int rank = static_cast<int>(pl.rank_base + i);
+        if (!wanted.empty() && !wanted.contains(rank)) continue;
+        a.ranks.push_back(rank);
+        a.local_ranks.push_back(static_cast<int>(i));
+      }
+      if (a.ranks.empty()) continue;
+      auto it = nodes_.find(node);
+      Node* n = it == nodes_.end() ? nullptr : it->second.get();
+      if (!n || !n->joined || !n->conn || !n->conn->established()) {
+        a.unavailable = fmt::format("node {} is not connected (lost, or leaving)", node);
+      } else if (n->conn->session().version() < 6) {
+        a.unavailable = fmt::format("node {}'s agent speaks protocol {} and cannot read stacks (version 6 can)", node,
+                                    n->conn->session().version());
+      } else {
+        a.send = [this, n](json req) {
+          req["job_id"] = opts_.job_id;
+          send(*n, "stacks_request", std::move(req));
+        };
+      }
+      asks.push_back(std::move(a));
+    }
+    stacks_.start(std::move(asks), native, native ? Millis(20'000) : Millis(5'000), world, std::move(reply));
   }
 
   json status() const {
@@ -1008,6 +1047,7 @@ class Coordinator {
   bool ranks_warned_ = false;                                        // --ranks outside the job, said
   std::vector<std::string> store_waiters_;  // node rank 0's last report (sent with its heartbeat)
   std::optional<control::Server> control_;
+  StacksGather stacks_{io_};
   std::chrono::system_clock::time_point started_;
   std::string attempt_dir_;
   launch::AttemptReport cur_;

@@ -1,6 +1,7 @@
 // The standing coordinator's edge: the listener, ctl sessions, one thread per job, and the
 // relays to the submitter and to the jobs' control sockets. See standing.hpp for the policy.
 #include "coordinator/standing.hpp"
+#include "coordinator/stacks_gather.hpp"
 
 #include "common/log.hpp"
 #include "control/paths.hpp"
@@ -43,6 +44,8 @@ namespace {
 constexpr std::size_t kMaxQueuedOutput = 8u << 20;
 // Inlined log files are sent while less than this is queued for the client, then paced.
 constexpr std::size_t kRelayHighWater = 4u << 20;
+// A relayed line's bound (proto/messages.json's control.line, 768 KiB), less room for the job id.
+constexpr std::size_t kMaxRelayedLine = 760u << 10;
 constexpr auto kRelayPace = std::chrono::milliseconds(20);
 // One control line from a job's socket (a worker line is at most 64 KiB, JSON-escaped).
 constexpr std::size_t kMaxControlLine = 768u << 10;
@@ -440,6 +443,7 @@ class Standing {
       }
       r->answered = true;
       j["job_id"] = r->job_id;
+      if (j.contains("ranks")) fit_stacks_reply(j, kMaxRelayedLine);  // ddpctl stacks: one line, bounded
       if (!j.contains("files")) {
         control_reply(c, std::move(j), false);
         return read_relay(c, r);

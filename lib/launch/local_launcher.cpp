@@ -477,12 +477,30 @@ class LocalLauncher {
       }
       return out;
     };
+    p.stacks = [this](const std::set<int>& ranks, bool native, std::function<void(nlohmann::json)> reply) {
+      read_stacks(ranks, native, std::move(reply));
+    };
     try {
       control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
       log_->debug("control socket {}", control_->path());
     } catch (const control::ControlError& e) {
       log_->warn("no control socket, so ddpctl status/logs/stop cannot reach this job: {}", e.what());
     }
+  }
+
+  // `ddpctl stacks`: one node, so a rank is its local rank. Between attempts nothing runs.
+  void read_stacks(const std::set<int>& ranks, bool native, std::function<void(nlohmann::json)> reply) {
+    const auto world = static_cast<int>(log_files_.size());
+    auto answer = [reply = std::move(reply), world](std::vector<stacks::RankStacks> got) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& r : got) out.push_back({{"rank", r.rank}, {"node", r.node}, {"process", stacks::to_json(r.stacks)}});
+      reply({{"world_size", world}, {"ranks", out}});
+    };
+    if (!group_) return answer({});
+    WorkerGroup::StacksQuery q;
+    q.local_ranks.assign(ranks.begin(), ranks.end());
+    q.native = native;
+    group_->read_stacks(q, std::move(answer));
   }
 
   nlohmann::json status() const {

@@ -10,6 +10,7 @@
 #include "contract/contract.hpp"
 #include "launch/attempt.hpp"
 #include "launch/report.hpp"
+#include "stacks/merge.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
@@ -85,6 +86,16 @@ class WorkerGroup {
   void keep(pid_t pid) { keep_.push_back(pid); }
   bool finished() const { return finished_; }
 
+  // The stacks of the running ranks (group_stacks.cpp), read off the event loop (collect.hpp:
+  // native frames through the reader that drops to run_as). `done` is posted to the io_context
+  // with one entry per asked rank, in plan order; a rank not running is an entry saying so.
+  struct StacksQuery {
+    std::vector<int> local_ranks;  // empty: every rank
+    bool native = false;
+    Millis budget{10'000};
+  };
+  void read_stacks(const StacksQuery& q, std::function<void(std::vector<stacks::RankStacks>)> done);
+
  private:
   struct Worker;
   struct PipeReader;
@@ -122,6 +133,8 @@ class WorkerGroup {
   bool torn_down_ = false;  // teardown ran after the last rank was reaped
   bool finished_ = false;
   std::vector<pid_t> keep_;
+  struct StackReads;  // the reads in flight (threads), joined when the group goes: declared last
+  std::shared_ptr<StackReads> stack_reads_;
 };
 
 // The owner's SIGCHLD handler: reaps every exited child of this process (as subreaper, workers

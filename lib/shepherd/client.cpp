@@ -5,6 +5,7 @@
 #include "supervisor/process.hpp"
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 
 #include <signal.h>
@@ -22,6 +23,9 @@ namespace asio = boost::asio;
 namespace {
 // Frames we queue for the shepherd are small (a start, a stop); this only bounds a stuck one.
 constexpr std::size_t kMaxQueued = 64u << 20;
+// The shepherd's readers are killed at the budget (and reaped within a second); a coordinator
+// waits 3 s past it (stacks_gather.hpp), so the agent's own word on a silent shepherd arrives first.
+constexpr std::chrono::milliseconds kShepherdMargin{1500};
 }  // namespace
 
 Client::Client(asio::io_context& io, const std::string& exe, std::string job_id, const Starter& starter)
@@ -63,6 +67,9 @@ Client::Client(asio::io_context& io, const std::string& exe, std::string job_id,
 Client::~Client() {
   // The shepherd sees EOF, kills whatever of the job still runs, and exits; we reap it later.
   if (channel_) channel_->close("the job is over on this node");
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, p] : pending_stacks_) ids.push_back(id);
+  for (auto id : ids) answer_stacks(id, {}, "the job is over on this node");
 }
 
 void Client::start(StartAttempt attempt, launch::GroupCallbacks cb) {
@@ -90,8 +97,45 @@ void Client::forward(int signal) {
   if (running_) channel_->send(encode_signal("forward", signal));
 }
 
+struct Client::PendingStacks {
+  explicit PendingStacks(asio::io_context& io) : timer(io) {}
+  asio::steady_timer timer;
+  StacksDone done;
+};
+
+// The shepherd answers within the budget (its readers are killed then); the margin covers the
+// reply's way here. A shepherd that does not answer by then is said to, and its late answer dropped.
+void Client::read_stacks(const launch::WorkerGroup::StacksQuery& q, StacksDone done) {
+  if (!channel_->open()) {
+    asio::post(io_, [done = std::move(done)] { done({}, "the node's shepherd is gone"); });
+    return;
+  }
+  const auto id = next_stacks_id_++;
+  auto p = std::make_shared<PendingStacks>(io_);
+  p->done = std::move(done);
+  pending_stacks_[id] = p;
+  p->timer.expires_after(q.budget + kShepherdMargin);
+  p->timer.async_wait([this, id, budget = q.budget](boost::system::error_code ec) {
+    if (!ec) answer_stacks(id, {}, fmt::format("the shepherd did not answer within {} ms", (budget + kShepherdMargin).count()));
+  });
+  channel_->send(encode_stacks({id, q}));
+}
+
+void Client::answer_stacks(std::uint64_t id, std::vector<stacks::RankStacks> ranks, std::string error) {
+  auto it = pending_stacks_.find(id);
+  if (it == pending_stacks_.end()) return;  // late, after its deadline
+  auto p = it->second;
+  pending_stacks_.erase(it);
+  p->timer.cancel();
+  asio::post(io_, [p, ranks = std::move(ranks), error = std::move(error)]() mutable { p->done(std::move(ranks), std::move(error)); });
+}
+
 void Client::on_message(const std::string& type, const nlohmann::json& m) {
   try {
+    if (type == "stacks_read") {  // may come after the attempt ended
+      auto r = decode_stacks_read(m);
+      return answer_stacks(r.id, std::move(r.ranks), "");
+    }
     if (!running_) throw MessageError(fmt::format("'{}' while no attempt runs", type));
     if (type == "started") {
       workers_ = decode_started(m);
@@ -122,6 +166,9 @@ bool Client::on_reaped(pid_t pid, int status) {
 
 // The channel is closed: whatever the shepherd ran is being killed by it (or died with it).
 void Client::lost(const std::string& why) {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, p] : pending_stacks_) ids.push_back(id);
+  for (auto id : ids) answer_stacks(id, {}, fmt::format("the node's shepherd was lost ({})", why));
   if (!running_) return;
   log::get("agent")->error("job {} attempt {}: lost the shepherd: {}", job_id_, attempt_.options.attempt, why);
   launch::AttemptReport r;

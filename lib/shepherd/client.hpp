@@ -15,6 +15,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -52,6 +53,11 @@ class Client {
   void kill_now();
   void forward(int signal);
 
+  // The running ranks' stacks (`ddpctl stacks`): `done` gets them, or an error ("" when none),
+  // always once, on the io_context, at the latest a few seconds after the query's budget.
+  using StacksDone = std::function<void(std::vector<stacks::RankStacks>, std::string error)>;
+  void read_stacks(const launch::WorkerGroup::StacksQuery& q, StacksDone done);
+
   bool running() const { return running_; }
   pid_t pid() const { return pid_; }
   // The running attempt's worker pids by local rank (0: did not start), from 'started'.
@@ -75,6 +81,10 @@ class Client {
   launch::GroupCallbacks cb_;
   std::vector<pid_t> workers_;
   std::optional<launch::WorkerExit> first_failure_;
+  struct PendingStacks;
+  std::map<std::uint64_t, std::shared_ptr<PendingStacks>> pending_stacks_;
+  std::uint64_t next_stacks_id_ = 1;
+  void answer_stacks(std::uint64_t id, std::vector<stacks::RankStacks> ranks, std::string error);
 };
 
 }  // namespace ddp::shepherd

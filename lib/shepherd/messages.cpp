@@ -1,5 +1,7 @@
 #include "shepherd/messages.hpp"
 
+#include "stacks/collect.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -101,8 +103,8 @@ json with_type(std::string_view type, json body) {
 std::string message_type(const json& m, Sender from) {
   if (!m.is_object()) throw MessageError("a message must be a JSON object");
   const auto type = get_str(m, "type");
-  static const std::array<std::string_view, 4> kFromAgent{"start", "stop", "kill", "forward"};
-  static const std::array<std::string_view, 4> kFromShepherd{"started", "line", "first_failure", "finished"};
+  static const std::array<std::string_view, 5> kFromAgent{"start", "stop", "kill", "forward", "stacks"};
+  static const std::array<std::string_view, 5> kFromShepherd{"started", "line", "first_failure", "finished", "stacks_read"};
   const auto& known = from == Sender::agent ? kFromAgent : kFromShepherd;
   if (std::find(known.begin(), known.end(), type) == known.end()) {
     throw MessageError(fmt::format("'{}' is not a message the {} sends", type, from == Sender::agent ? "agent" : "shepherd"));
@@ -282,6 +284,67 @@ launch::AttemptReport decode_finished(const json& m) {
       f.error_file = launch::ErrorFile{get_str(ej, "path"), get_str(ej, "message"), get_str(ej, "traceback"), get_str(ej, "raw")};
     }
     r.first_failure = std::move(f);
+  }
+  return r;
+}
+
+json encode_stacks(const StacksRequest& r) {
+  return with_type("stacks", {{"id", r.id},
+                              {"local_ranks", r.query.local_ranks},
+                              {"native", r.query.native},
+                              {"budget_ms", r.query.budget.count()}});
+}
+
+StacksRequest decode_stacks(const json& m) {
+  StacksRequest r;
+  r.id = static_cast<std::uint64_t>(get_int(m, "id", 0, std::numeric_limits<long long>::max()));
+  const auto& ranks = get_array(m, "local_ranks");
+  if (ranks.size() > 65536) throw MessageError("field 'local_ranks': too many ranks");
+  for (const auto& v : ranks) {
+    if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > kMaxInt)
+      throw MessageError("field 'local_ranks': expected rank numbers");
+    r.query.local_ranks.push_back(v.get<int>());
+  }
+  r.query.native = get_bool(m, "native");
+  r.query.budget = Millis(get_int(m, "budget_ms", 1, 600'000));
+  return r;
+}
+
+json encode_stacks_read(StacksRead r) {
+  auto encode = [&] {
+    json ranks = json::array();
+    for (const auto& x : r.ranks) ranks.push_back({{"rank", x.rank}, {"process", stacks::to_json(x.stacks)}});
+    return with_type("stacks_read", {{"id", r.id}, {"ranks", ranks}});
+  };
+  auto m = encode();
+  constexpr std::size_t kRoom = kMaxFrameBytes - (64u << 10);
+  if (dump(m).size() <= kRoom) return m;
+  for (auto& x : r.ranks) {
+    for (auto& t : x.stacks.threads) t.native.clear();
+    x.stacks.errors.push_back("native frames left out: the stacks of this node's ranks exceed 16 MiB");
+  }
+  m = encode();
+  if (dump(m).size() <= kRoom) return m;
+  for (auto& x : r.ranks) {
+    std::erase_if(x.stacks.threads, [](const stacks::ThreadStack& t) { return !t.main; });
+    x.stacks.errors.push_back("threads other than the main one left out: the stacks exceed 16 MiB");
+  }
+  return encode();
+}
+
+StacksRead decode_stacks_read(const json& m) {
+  StacksRead r;
+  r.id = static_cast<std::uint64_t>(get_int(m, "id", 0, std::numeric_limits<long long>::max()));
+  const auto& ranks = get_array(m, "ranks");
+  if (ranks.size() > 65536) throw MessageError("field 'ranks': too many ranks");
+  for (const auto& x : ranks) {
+    stacks::RankStacks rs;
+    rs.rank = static_cast<int>(get_int(x, "rank", 0, kMaxInt));
+    std::string error;
+    auto p = stacks::process_from_json(get_object(x, "process"), error);
+    if (!p) throw MessageError(fmt::format("rank {}: {}", rs.rank, error));
+    rs.stacks = std::move(*p);
+    r.ranks.push_back(std::move(rs));
   }
   return r;
 }

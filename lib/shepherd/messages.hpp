@@ -5,11 +5,14 @@
 //                       stop {signal}                        SIGTERM, grace, SIGKILL
 //                       kill {}                              SIGKILL now (a stop with no grace)
 //                       forward {signal}                     SIGUSR1/2 to every worker, as it is
+//                       stacks {id, local_ranks, native, budget_ms}  read the running ranks' stacks
 //   shepherd -> agent:  started {pids}                       every rank forked and exec'd (or not):
 //                                                            pids by local rank, 0 for one that did not start
 //                       line {rank, stream, data}            one output line (already in the log file)
 //                       first_failure {exit}                 the attempt is stopping because of it
 //                       finished {report}                    the attempt is over, nothing of it runs
+//                       stacks_read {id, ranks: [{rank, process}]}   the answer to 'stacks' (also after
+//                                                            the attempt ended); process: stacks::to_json
 //
 // The peer is our own process, but a message is still checked field by field before use: a
 // wrong one ends the conversation (and, in the shepherd, the job's processes) instead of being
@@ -20,6 +23,7 @@
 #include "contract/contract.hpp"
 #include "launch/report.hpp"
 #include "launch/worker_group.hpp"
+#include "stacks/merge.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -68,6 +72,22 @@ launch::WorkerExit decode_first_failure(const nlohmann::json& m);
 
 nlohmann::json encode_finished(const launch::AttemptReport& r);
 launch::AttemptReport decode_finished(const nlohmann::json& m);
+
+struct StacksRequest {
+  std::uint64_t id = 0;
+  launch::WorkerGroup::StacksQuery query;
+};
+nlohmann::json encode_stacks(const StacksRequest& r);
+StacksRequest decode_stacks(const nlohmann::json& m);
+
+struct StacksRead {
+  std::uint64_t id = 0;
+  std::vector<stacks::RankStacks> ranks;  // node: "" (the agent names its node)
+};
+// Fits in a frame: when the stacks would not, native frames and then every thread but the main
+// one are left out (said in each process's errors).
+nlohmann::json encode_stacks_read(StacksRead r);
+StacksRead decode_stacks_read(const nlohmann::json& m);  // hostile-input checks of stacks::process_from_json
 
 // JSON text of a message; invalid UTF-8 in output lines is replaced, never an exception.
 std::string dump(const nlohmann::json& m);

@@ -71,6 +71,7 @@ class Shepherd {
     if (abandoning_) return;
     try {
       if (type == "start") return on_start(decode_start(m));
+      if (type == "stacks") return on_stacks(decode_stacks(m));
       if (!group_) return;  // a stop or signal for an attempt that already ended
       if (type == "stop") group_->request_stop(decode_signal(m));
       else if (type == "kill") group_->kill_now();
@@ -99,6 +100,16 @@ class Shepherd {
     std::vector<pid_t> pids;  // by local rank
     for (const auto& r : group_->rank_status()) pids.push_back(r.pid > 0 ? r.pid : 0);
     channel_->send(encode_started(pids));
+  }
+
+  // Read on a thread of the group's (collect.hpp); answered even when no attempt runs, so the
+  // agent never waits for its deadline without need.
+  void on_stacks(StacksRequest r) {
+    auto reply = [ch = channel_, id = r.id](std::vector<stacks::RankStacks> ranks) {
+      if (ch->open()) ch->send(encode_stacks_read({id, std::move(ranks)}));
+    };
+    if (!group_) return reply({});
+    group_->read_stacks(r.query, reply);
   }
 
   // A container attempt (the agent wrapped the plan, lib/container): env files, the watchdog and

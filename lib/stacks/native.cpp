@@ -38,6 +38,16 @@ NativeRead read_native(pid_t, const NativeLimits&) {
   return r;
 }
 
+struct NativeCapture::Impl {};
+
+NativeCapture capture_native(pid_t, const NativeLimits&) {
+  return {};
+}
+
+NativeRead unwind_native(pid_t pid, NativeCapture, const NativeLimits& limits) {
+  return read_native(pid, limits);
+}
+
 #else
 
 namespace {
@@ -321,7 +331,17 @@ int snap_on_thread(Dwfl_Thread* thread, void* arg) {
   return DWARF_CB_OK;
 }
 
-void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, NativeRead& out) {
+}  // namespace
+
+struct NativeCapture::Impl {
+  std::vector<Snapshot> snaps;
+  NativeRead partial;  // stop times and the errors of the capture
+};
+
+namespace {
+
+void take_snapshots(pid_t pid, const NativeLimits& limits, NativeCapture::Impl& cap) {
+  NativeRead& out = cap.partial;
   const auto maps = parse_maps(slurp_small("/proc/" + std::to_string(pid) + "/maps", 64u << 20));
   std::vector<int> tids;
   if (DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str())) {
@@ -330,7 +350,7 @@ void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, Na
         tids.push_back(std::atoi(e->d_name));
     ::closedir(d);
   }
-  std::vector<Snapshot> snaps;
+  auto& snaps = cap.snaps;
   snaps.reserve(tids.size());
   for (int tid : tids) {
     Snapshot s;
@@ -343,6 +363,11 @@ void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, Na
     if (s.tid != 0 && err.empty()) snaps.push_back(std::move(s));
     if (!err.empty() && err.find("cannot ptrace") != std::string::npos) break;  // the same for every thread
   }
+}
+
+void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, NativeCapture::Impl& cap,
+                           NativeRead& out) {
+  auto& snaps = cap.snaps;
   SnapshotState state{pid, &snaps, 0, nullptr};
   if (!dwfl_attach_state(dwfl, nullptr, pid, &snapshot_callbacks, &state)) {
     out.errors.push_back(std::string("native stacks: dwfl_attach_state: ") + dwfl_errmsg(-1));
@@ -357,12 +382,29 @@ void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, Na
   }
 }
 
+#else
+}  // namespace
+struct NativeCapture::Impl {
+  NativeRead partial;
+};
+namespace {
 #endif
 
 }  // namespace
 
-NativeRead read_native(pid_t pid, const NativeLimits& limits) {
-  NativeRead out;
+NativeCapture capture_native(pid_t pid, const NativeLimits& limits) {
+  NativeCapture c;
+#if defined(__x86_64__)
+  take_snapshots(pid, limits, *c.impl);
+#else
+  (void)pid;
+  (void)limits;
+#endif
+  return c;
+}
+
+NativeRead unwind_native(pid_t pid, NativeCapture capture, const NativeLimits& limits) {
+  NativeRead out = std::move(capture.impl->partial);
   std::unique_ptr<Dwfl, DwflDeleter> dwfl(dwfl_begin(&callbacks));
   if (!dwfl) {
     out.errors.push_back(std::string("native stacks: dwfl_begin: ") + dwfl_errmsg(-1));
@@ -377,7 +419,7 @@ NativeRead read_native(pid_t pid, const NativeLimits& limits) {
   dwfl_report_end(dwfl.get(), nullptr, nullptr);
   dwfl_getmodules(dwfl.get(), preload, nullptr, 0);
 #if defined(__x86_64__)
-  unwind_from_snapshots(dwfl.get(), pid, limits, out);
+  unwind_from_snapshots(dwfl.get(), pid, limits, *capture.impl, out);
 #else
   // Elsewhere libdw attaches each thread itself and holds it for the whole unwind.
   if (int e = dwfl_linux_proc_attach(dwfl.get(), pid, false); e != 0) {
@@ -393,6 +435,15 @@ NativeRead read_native(pid_t pid, const NativeLimits& limits) {
   return out;
 }
 
+NativeRead read_native(pid_t pid, const NativeLimits& limits) {
+  return unwind_native(pid, capture_native(pid, limits), limits);
+}
+
 #endif
+
+NativeCapture::NativeCapture() : impl(std::make_unique<Impl>()) {}
+NativeCapture::~NativeCapture() = default;
+NativeCapture::NativeCapture(NativeCapture&&) noexcept = default;
+NativeCapture& NativeCapture::operator=(NativeCapture&&) noexcept = default;
 
 }  // namespace ddp::stacks

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,21 @@ struct NativeLimits {
 
 bool native_available();
 NativeRead read_native(pid_t pid, const NativeLimits& limits = {});
+
+// The same read in two steps, so that they can run with different rights (collect.hpp): the
+// capture needs ptrace and opens no file of the target's; the unwind opens the target's ELF files
+// (libdw) and reads nothing live but the part of a stack beyond the copy. On x86-64 the capture
+// stops each thread, copies its registers and the top of its stack, and lets it go; elsewhere it
+// takes nothing and the unwind attaches (so it needs the right to ptrace too).
+struct NativeCapture {
+  NativeCapture();
+  ~NativeCapture();
+  NativeCapture(NativeCapture&&) noexcept;
+  NativeCapture& operator=(NativeCapture&&) noexcept;
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+NativeCapture capture_native(pid_t pid, const NativeLimits& limits = {});
+NativeRead unwind_native(pid_t pid, NativeCapture capture, const NativeLimits& limits = {});
 
 }  // namespace ddp::stacks

@@ -117,7 +117,32 @@ void read_python(pid_t pid, const std::vector<Mapping>& maps, ProcessStacks& out
                    : "not a Python process: only native stacks are available (--native)";
 }
 
+void sort_threads(ProcessStacks& p) {
+  std::stable_sort(p.threads.begin(), p.threads.end(), [](const ThreadStack& a, const ThreadStack& b) {
+    return a.main != b.main ? a.main : a.tid < b.tid;
+  });
+}
+
 }  // namespace
+
+void add_native(ProcessStacks& out, NativeRead n) {
+  for (auto& e : n.errors) out.errors.push_back(std::move(e));
+  for (auto& [tid, frames] : n.threads) {
+    auto it = std::find_if(out.threads.begin(), out.threads.end(), [&](const ThreadStack& t) { return t.tid == tid; });
+    if (it == out.threads.end()) {  // a thread that started after the listing
+      out.threads.push_back({});
+      it = std::prev(out.threads.end());
+      it->tid = tid;
+      it->main = tid == out.pid;
+    }
+    it->native = std::move(frames);
+    it->native_stop_ms = n.stop_ms.count(tid) ? n.stop_ms[tid] : 0;
+    it->truncated = it->truncated || n.truncated[tid];
+  }
+  out.timing.native_stop_max_ms = n.stop_max_ms;
+  out.timing.native_stop_total_ms = n.stop_total_ms;
+  sort_threads(out);
+}
 
 ProcessStacks read_process(pid_t pid, const ReadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -162,25 +187,9 @@ ProcessStacks read_process(pid_t pid, const ReadOptions& options) {
     t.truncated = t.truncated || p.truncated;
   }
 
-  if (options.native) {
-    NativeRead n = read_native(pid);
-    for (auto& e : n.errors) out.errors.push_back(std::move(e));
-    for (auto& [tid, frames] : n.threads) {
-      auto& t = threads[tid];
-      t.tid = tid;
-      t.main = tid == pid;
-      t.native = std::move(frames);
-      t.native_stop_ms = n.stop_ms.count(tid) ? n.stop_ms[tid] : 0;
-      t.truncated = t.truncated || n.truncated[tid];
-    }
-    out.timing.native_stop_max_ms = n.stop_max_ms;
-    out.timing.native_stop_total_ms = n.stop_total_ms;
-  }
-
   for (auto& [tid, t] : threads) out.threads.push_back(std::move(t));
-  std::stable_sort(out.threads.begin(), out.threads.end(), [](const ThreadStack& a, const ThreadStack& b) {
-    return a.main != b.main ? a.main : a.tid < b.tid;
-  });
+  if (options.native) add_native(out, read_native(pid));
+  sort_threads(out);
   out.timing.read_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "stacks/model.hpp"
+#include "stacks/native.hpp"
 
 #include <sys/types.h>
 
@@ -16,5 +17,9 @@ struct ReadOptions {
 
 // Never throws for a process that cannot be read: what failed is in `errors`, with what to do.
 ProcessStacks read_process(pid_t pid, const ReadOptions& options = {});
+
+// Adds a native read's frames, errors and stop times to `out` (read_process with native, in two
+// steps: collect.hpp reads the native part with other rights).
+void add_native(ProcessStacks& out, NativeRead n);
 
 }  // namespace ddp::stacks

@@ -254,3 +254,45 @@ def test_a_mapped_user_cannot_make_the_root_agent_bind_a_privileged_port(node):
     assert not marker.exists()
     # Nothing listens there for the job (the agent never bound it).
     assert f"store on 127.0.0.1:81" not in node.agent_log.read_text()
+
+
+def test_stacks_of_a_users_job_are_read_as_that_user(node):
+    """`ddpctl stacks --native` through the agent: the shepherd's reader drops to the job's user
+    before libdw opens the job's files. A worker binary that only root may read (made so after
+    the workers started from it) is not symbolised; readable again, it is."""
+    from ddptest import wait_for
+    exe = node.dir / "stuck_worker"
+    shutil.copy2(BINARY_DIR / "tests" / "stacks_stuck_worker", exe)
+    exe.chmod(0o755)
+    job = node.dir / "cjob.yaml"
+    job.write_text(f"name: cjob\ncommand: [{exe}]\nnproc_per_node: 2\nworkdir: {node.dir}\n"
+                   f"store: {{port: {free_port()}}}\nstop: {{grace: 2s}}\n")
+    job.chmod(0o644)
+    node.start_agent(f"key_users:\n  u-key: {node.user}\n")
+    node.wait_listening()
+    as_user = ["setpriv", f"--reuid={node.pw.pw_uid}", f"--regid={node.pw.pw_gid}", "--init-groups"]
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_STATE_HOME")}
+    env.update(HOME=str(node.home), USER=node.user, LOGNAME=node.user)
+    p = subprocess.Popen([*as_user, DDPCTL, "launch", "--nodes", f"127.0.0.1:{node.port}", "--token-file",
+                          str(node.user_token), "--job-id", "cjob-u", str(job)], cwd=node.home, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def names():
+            r = subprocess.run([*as_user, DDPCTL, "stacks", "cjob-u", "--native", "--json"], cwd=node.home, env=env,
+                               capture_output=True, text=True, timeout=120)
+            try:
+                procs = json.loads(r.stdout)["processes"]
+            except (ValueError, KeyError):
+                return None
+            return [[f["function"] for t in pr["threads"] if t["main"] for f in t["native"]] for pr in procs]
+
+        wait_for(lambda: (n := names()) and len(n) == 2 and all("stuck_in_c_function" in x for x in n), timeout=60,
+                 what="both ranks' native stacks through the agent")
+        exe.chmod(0o700)  # root's alone now
+        unnamed = names()
+        assert unnamed and len(unnamed) == 2 and all("stuck_in_c_function" not in x and x for x in unnamed), unnamed
+        exe.chmod(0o755)
+        assert all("stuck_in_c_function" in x for x in names())
+    finally:
+        p.kill()  # the agent stops the job's workers when its launcher goes
+        p.communicate(timeout=60)

@@ -165,6 +165,14 @@ def test_job_outlives_its_submitter_and_another_ddpctl_stops_it(cluster):
     assert "[3] hello from rank 3 of 4" in r.stdout and "[3] tick 2 rank 3" in r.stdout, r.stdout
     assert "[0] " not in r.stdout
 
+    # ddpctl stacks through the standing coordinator: every rank, named with its node.
+    r = ddpctl(c, "stacks", *via_coordinator(c), "--json", "long-1")
+    assert r.returncode == 0, r.stderr + coordinator_log(c)
+    procs = json.loads(r.stdout)["processes"]
+    n1, n2 = c.nodes
+    assert {p["rank"]: p["node"] for p in procs} == {0: n1.addr, 1: n1.addr, 2: n2.addr, 3: n2.addr}, procs
+    assert all(p["python_ok"] and any(t["python"] for t in p["threads"]) for p in procs), procs
+
     # Another user's view: a job is only for its submitter (or root), and a wrong token gets nothing.
     r = ddpctl(c, "status", "--coordinator", f"{c.co.addr}:{COORD_PORT}", "--token-file", c.write_token("wrong"), "long-1")
     assert r.returncode != 0 and "long-1" not in r.stdout

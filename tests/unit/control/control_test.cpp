@@ -42,12 +42,23 @@ TEST(ControlProtocol, BadRequestsSayWhy) {
     return std::string("accepted");
   };
   EXPECT_EQ(msg("status"), "a request is one JSON object on one line");
-  EXPECT_EQ(msg(R"({"op": 1})"), "a request needs \"op\": status, stop or logs");
-  EXPECT_EQ(msg(R"({"op": "kill"})"), "unknown op 'kill' (status, stop or logs)");
+  EXPECT_EQ(msg(R"({"op": 1})"), "a request needs \"op\": status, stop, logs or stacks");
+  EXPECT_EQ(msg(R"({"op": "kill"})"), "unknown op 'kill' (status, stop, logs or stacks)");
+  EXPECT_EQ(msg(R"({"op": "stacks", "follow": true})"), "'stacks' does not take 'follow'");
+  EXPECT_EQ(msg(R"({"op": "logs", "native": true})"), "'logs' does not take 'native'");
+  EXPECT_EQ(msg(R"({"op": "stacks", "native": 1})"), "'native' must be true or false");
   EXPECT_EQ(msg(R"({"op": "stop", "ranks": [1]})"), "'stop' does not take 'ranks'");
   EXPECT_EQ(msg(R"({"op": "logs", "ranks": [-1]})"), "'ranks' must be a list of rank numbers");
   EXPECT_EQ(msg(R"({"op": "logs", "follow": "yes"})"), "'follow' must be true or false");
   EXPECT_EQ(msg(std::string(kMaxRequestBytes + 1, ' ')), "request too long");
+}
+
+TEST(ControlProtocol, StacksRequestRoundTrips) {
+  Request r{Op::stacks, {0, 2, 3}, false, true};
+  auto d = parse_request(encode_request(r));
+  EXPECT_EQ(d.op, Op::stacks);
+  EXPECT_EQ(d.ranks, r.ranks);
+  EXPECT_TRUE(d.native);
 }
 
 TEST(ControlProtocol, RankLists) {

@@ -240,3 +240,43 @@ TEST(ShepherdMessages, FinishedReportRoundTrips) {
   m2["report"]["exits"][0]["signal"] = 99;
   EXPECT_THROW(decode_finished(m2), MessageError);
 }
+
+TEST(ShepherdMessages, StacksRequestAndReadRoundTrip) {
+  StacksRequest q{7, {{0, 1}, true, Millis(2500)}};
+  auto m = encode_stacks(q);
+  EXPECT_EQ(message_type(m, Sender::agent), "stacks");
+  auto d = decode_stacks(m);
+  EXPECT_EQ(d.id, 7u);
+  EXPECT_EQ(d.query.local_ranks, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(d.query.native);
+  EXPECT_EQ(d.query.budget, Millis(2500));
+  m["budget_ms"] = 0;
+  EXPECT_THROW(decode_stacks(m), MessageError);
+
+  StacksRead r;
+  r.id = 7;
+  stacks::RankStacks rs;
+  rs.rank = 3;
+  rs.stacks.pid = 42;
+  rs.stacks.python = "3.11.2";
+  stacks::ThreadStack t;
+  t.tid = 42;
+  t.main = true;
+  t.python = {{stacks::Frame::Kind::python, "stuck_here", "/w/t.py", 9, 0}};
+  rs.stacks.threads.push_back(t);
+  r.ranks.push_back(rs);
+  auto rm = encode_stacks_read(r);
+  EXPECT_EQ(message_type(rm, Sender::shepherd), "stacks_read");
+  auto back = decode_stacks_read(rm);
+  ASSERT_EQ(back.ranks.size(), 1u);
+  EXPECT_EQ(back.ranks[0].rank, 3);
+  EXPECT_EQ(back.ranks[0].stacks.threads[0].python, t.python);
+  // A process that is not of the reader's shape ends the conversation, naming the rank.
+  rm["ranks"][0]["process"]["threads"][0]["tid"] = "x";
+  try {
+    decode_stacks_read(rm);
+    FAIL() << "accepted";
+  } catch (const MessageError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3"), std::string::npos) << e.what();
+  }
+}
