@@ -10,6 +10,8 @@
 //                       line {rank, stream, data}            one output line (already in the log file)
 //                       first_failure {exit}                 the attempt is stopping because of it
 //                       finished {report}                    the attempt is over, nothing of it runs
+//                                                            (report.stacks: where the ranks were when
+//                                                            it was stopped, launch/failure_stacks.hpp)
 //
 // The peer is our own process, but a message is still checked field by field before use: a
 // wrong one ends the conversation (and, in the shepherd, the job's processes) instead of being
