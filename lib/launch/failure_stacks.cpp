@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 namespace ddp::launch {
@@ -118,17 +119,29 @@ stacks::ProcessStacks read_rank_stacks(pid_t pid) {
 json to_wire(const FailureStacks& s) {
   json ranks = json::array();
   std::size_t bytes = 0, left_out = 0;
-  for (const auto& r : s.ranks) {
+  auto encode = [](const stacks::RankStacks& r, bool main_only) {
     json threads = json::array();
     for (const auto& t : r.stacks.threads) {
+      if (main_only && !t.main) continue;
       json frames = json::array();
       for (const auto& f : t.python) frames.push_back({{"function", f.function}, {"file", f.file}, {"line", f.line}});
       threads.push_back({{"tid", t.tid}, {"name", t.name}, {"main", t.main}, {"truncated", t.truncated}, {"python", frames}});
     }
-    json rj{{"rank", r.rank},     {"node", r.node},          {"pid", r.stacks.pid},
-            {"python", r.stacks.python}, {"python_ok", r.stacks.python_ok}, {"errors", r.stacks.errors},
-            {"threads", threads}};
-    const auto size = rj.dump(-1, ' ', false, json::error_handler_t::replace).size();
+    auto errors = r.stacks.errors;
+    if (main_only) errors.push_back("only the main thread's stack was kept: the others were too large to send");
+    return json{{"rank", r.rank},     {"node", r.node},          {"pid", r.stacks.pid},
+                {"python", r.stacks.python}, {"python_ok", r.stacks.python_ok}, {"errors", errors},
+                {"threads", threads}};
+  };
+  auto size_of = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace).size(); };
+  for (const auto& r : s.ranks) {
+    // One rank may have a large share; a rank too large for what is left keeps its main thread.
+    auto rj = encode(r, false);
+    auto size = size_of(rj);
+    if (bytes + size > kMaxWireBytes || size > kMaxWireBytes / 8) {
+      rj = encode(r, true);
+      size = size_of(rj);
+    }
     if (bytes + size > kMaxWireBytes || ranks.size() >= kMaxWireRanks) {
       ++left_out;
       continue;
@@ -187,11 +200,14 @@ FailureStacks from_wire(const json& j, const std::string& node) {
 std::vector<std::string> summary_lines(const FailureStacks& s) {
   std::vector<std::string> out;
   const auto groups = stacks::merge(s.ranks, {.main_thread_only = true});
+  // Nodes are named only when there is more than one to tell apart (not on a local launch).
+  std::set<std::string> nodes;
+  for (const auto& r : s.ranks) nodes.insert(r.node);
   for (std::size_t i = 0; i < groups.size() && i < kSummaryGroups; ++i) {
     const auto& g = groups[i];
     std::string who = fmt::format("{} {}", g.ranks.size() == 1 ? "rank" : "ranks", stacks::format_ranks(g.ranks));
     if (who.size() > 80) who = fmt::format("{} ranks from {} to {}", g.ranks.size(), g.ranks.front(), g.ranks.back());
-    if (!g.nodes.empty()) {
+    if (nodes.size() > 1 && !g.nodes.empty()) {
       who += " on " + g.nodes.front();
       if (g.nodes.size() > 1) who += fmt::format(" and {} other node{}", g.nodes.size() - 1, g.nodes.size() == 2 ? "" : "s");
     }
