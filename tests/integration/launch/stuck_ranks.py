@@ -3,7 +3,7 @@ stacks, issue 24). Copied next to the job by the tests (simulated hosts see only
 
   stuck_ranks.py exit RANK   rank RANK exits with code 3 once every other rank is blocked in
                              all_reduce (inside step()); its gloo connections stay open (a child
-                             holds them, as a rank on a lost node would), so the others stay there.
+                             of it holds them, as a rank on a lost node would), so the others stay.
   stuck_ranks.py sleep RANK  rank RANK sleeps in wait_for_the_data_loader() while the others block
                              in all_reduce; every rank prints "AT <where>" once it is there.
 
@@ -48,43 +48,45 @@ def wait_for_the_data_loader():
 
 
 def hold_connections_until_a_peer_goes():
-    """In a child of the failing rank: keep its gloo connections open (and ignore the stop's
-    SIGTERM) until a peer closes one, i.e. until the others were stopped; bounded."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    socks = []
+    """In the failing rank's child, its PyTorch side: keep its gloo connections open (the stop's
+    SIGTERM is ignored) until a peer closes one, i.e. until the others were stopped; bounded.
+    Only a hang-up is waited for (POLLRDHUP): the data stays for gloo's own thread to read."""
+    poller = select.poll()
     for fd in os.listdir("/proc/self/fd"):
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
                 continue
             s = socket.socket(fileno=os.dup(int(fd)))
-            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
-                s.getpeername()  # connected (not gloo's listener)
-                socks.append(s)
+            with s:
+                if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                    continue
+                if s.getpeername()[1] == int(os.environ["MASTER_PORT"]):  # the store may go first
+                    continue
+            poller.register(int(fd), select.POLLRDHUP)  # connected: not gloo's listener
         except OSError:
             pass
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select(socks, [], [], max(0.0, deadline - time.monotonic()))
-        for s in ready:
-            try:
-                if not s.recv(65536, socket.MSG_DONTWAIT):
-                    os._exit(0)
-            except BlockingIOError:
-                pass
-            except OSError:
-                os._exit(0)
+    poller.poll(120_000)
     os._exit(0)
 
 
+if rank == odd and mode == "exit":
+    # The rank's process only waits and exits; a child of it, which ignores the stop's SIGTERM,
+    # is the rank's PyTorch side: its gloo connections stay open after the exit.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready_r, ready_w = os.pipe()
+    if os.fork() != 0:
+        os.close(ready_w)
+        os.read(ready_r, 1)
+        print(f"rank {rank} gives up", flush=True)
+        os._exit(3)
+    os.close(ready_r)
 dist.init_process_group("gloo")
 t = torch.ones(4)
 if rank != odd:
     step(t)
 elif mode == "exit":
     store.wait([f"at/{r}" for r in range(world) if r != odd])
-    if os.fork() == 0:
-        hold_connections_until_a_peer_goes()
-    print(f"rank {rank} gives up", flush=True)
-    sys.exit(3)
+    os.write(ready_w, b"x")
+    hold_connections_until_a_peer_goes()
 else:
     wait_for_the_data_loader()

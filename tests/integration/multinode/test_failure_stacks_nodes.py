@@ -1,11 +1,14 @@
-"""Stacks in the failure report across simulated nodes (issue 24): a rank on n2 fails while the
-ranks on n1 and n3 block in all_reduce; each node's shepherd reads its ranks' stacks before it
-signals them, the agents send them with attempt_finished (protocol version 6), and the launcher
-merges every node's into one report, its attempt folder and --result-json."""
+"""Stacks in the failure report across simulated nodes (issue 24): Ctrl-C to the launcher while
+the rank on n2 is stuck in a Python function and the ranks on n1 and n3 block in all_reduce. Each
+node's shepherd reads its ranks' stacks before it signals them, the agents send them with
+attempt_finished (protocol version 6), and the launcher merges every node's into one report,
+its attempt folder and --result-json."""
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 
 import pytest
 
@@ -27,23 +30,33 @@ def line_of(marker):
     raise AssertionError(marker)
 
 
-def test_a_failing_rank_on_one_node_shows_where_the_others_were_on_every_node():
+def test_ctrl_c_shows_where_every_nodes_ranks_were():
     with simcluster.Cluster(nodes=3) as c:
         for h in c.hosts:
             c.start_agent(h)
         script = os.path.join(c.dir, "stuck_ranks.py")
         shutil.copy2(STUCK, script)
-        # A long grace: the failing rank's child holds its connections until a peer goes, so
-        # nothing here waits for the grace; it only must not end before the others were read.
-        job = c.write("stk.yaml", f"name: stk\nnproc_per_node: 1\n"
-                                  f"command: {json.dumps(['/usr/bin/python3', script, 'exit', '1'])}\n"
-                                  f"store: {{port: 29500}}\nstop: {{grace: 60s}}\n")
+        job = simcluster.job_file(c, "stk", ["/usr/bin/python3", script, "sleep", "1"])
         p = c.launch(job, "--job-id", "stk-nodes", "--result-json", os.path.join(c.dir, "r.json"))
-        rc, out, err = finish(p, timeout=180)
+        arrived, lines = 0, []
+        deadline = time.time() + 120
+        while arrived < 3 and time.time() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            arrived += "] AT " in line
+        if arrived < 3:
+            p.kill()
+            _, err = p.communicate(timeout=30)
+            raise AssertionError("the ranks did not all get where the test wants them:\n" + "".join(lines) + err)
+        os.kill(p.pid, signal.SIGINT)
+        rc, out, err = finish(p, timeout=60)
         n1, n2, n3 = c.hosts
-        assert rc == 1, out + err
-        assert f"first failure: rank 1 (local rank 0, node {n2.addr}" in err and "exited with code 3" in err, err
-        assert "while rank 1 exited with code 3, the ranks still running were:" in err, err
+        assert rc == 128 + signal.SIGINT, out + err
+        assert "when the attempt was stopped, its ranks were:" in err, err
+        loader = f"wait_for_the_data_loader (stuck_ranks.py:{line_of('# LOADER_LINE')})"
+        assert f"rank 1 on {n2.addr} was in {loader} <- <module> (stuck_ranks.py:" in err, err
         step = f"step (stuck_ranks.py:{line_of('# STEP_LINE')})"
         assert f"ranks 0,2 on {n1.addr} and 1 other node were in all_reduce (distributed_c10d.py:" in err, err
         assert f") <- {step}" in err, err
@@ -55,7 +68,12 @@ def test_a_failing_rank_on_one_node_shows_where_the_others_were_on_every_node():
         with open(os.path.join(c.dir, "r.json")) as f:
             result = json.load(f)
         groups = result["attempts"][0]["stacks"]["groups"]
-        main = [g for g in groups if any(m["rank"] == 0 and m["pid"] == m["tid"] for m in g["members"])]
-        assert len(main) == 1 and main[0]["ranks"] == [0, 2] and main[0]["nodes"] == sorted([n1.addr, n3.addr]), groups
-        assert [f["function"] for f in main[0]["python"][:2]] == ["all_reduce", "step"], main
-        assert all(1 not in g["ranks"] for g in groups), groups
+
+        def main_group(rank):
+            found = [g for g in groups if any(m["rank"] == rank and m["pid"] == m["tid"] for m in g["members"])]
+            assert len(found) == 1, groups
+            return found[0]
+        assert main_group(0)["ranks"] == [0, 2] and main_group(0)["nodes"] == sorted([n1.addr, n3.addr]), groups
+        assert [f["function"] for f in main_group(0)["python"][:2]] == ["all_reduce", "step"], groups
+        assert main_group(1)["nodes"] == [n2.addr], groups
+        assert main_group(1)["python"][0]["function"] == "wait_for_the_data_loader", groups
