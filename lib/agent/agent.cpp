@@ -305,6 +305,7 @@ class Agent {
     // The running round's exits as the shepherd reported them, for the machine's ReportExit.
     std::map<int, launch::WorkerExit> exits;
     std::optional<launch::RankFailure> first_failure;
+    std::optional<json> stacks;  // the round's, as the shepherd took them (launch/failure_stacks.hpp)
     std::shared_ptr<PreflightRun> preflight;  // until it joins (killed with the job): image, or Python
     std::optional<facts::PythonFacts> python;  // the job's interpreter here (lib/pyenv), for the contract
     json offer_t0_us;                          // the offer's coordinator time, echoed in the join
@@ -557,6 +558,8 @@ class Agent {
     if (!job_) return;
     json m{{"job_id", job_->job_id}, {"round", f.round}, {"ok", f.ok}};
     if (!f.error.empty()) m["error"] = f.error;
+    // Protocol version 6: where this node's ranks were when the round stopped.
+    if (job_->stacks && owner() && owner()->session().version() >= 6) m["stacks"] = *std::exchange(job_->stacks, std::nullopt);
     send(owner(), "attempt_finished", std::move(m));
   }
   void apply(job::SendLeaving& l) {
@@ -1225,6 +1228,8 @@ class Agent {
       job_->exits[ex.local_rank] = ex;
       done.started_ranks.push_back(ex.local_rank);
     }
+    job_->stacks.reset();
+    if (r.stacks) job_->stacks = launch::to_wire(*r.stacks);
     if (r.first_failure) {
       done.first_failure = r.first_failure->exit.local_rank;
       job_->first_failure = std::move(r.first_failure);

@@ -396,6 +396,7 @@ class Coordinator {
         say(spdlog::level::err, "{}: {}", n.entry.name, err);
         notes_.push_back(fmt::format("{}: {}", n.entry.name, err));
       }
+      if (b.contains("stacks") && round.value == stacks_round_) take_stacks(n, b["stacks"]);
       handle(rdzv::AttemptFinished{n.entry.name, round, b["ok"].get<bool>()});
       return;
     }
@@ -582,6 +583,9 @@ class Coordinator {
     }
     exits_.clear();
     notes_.clear();
+    node_stacks_.clear();
+    stacks_round_ = a.round.value;
+    stacks_world_size_ = a.world_size;
     rank_files_.clear();
     last_output_.clear();
     store_waiters_.clear();
@@ -826,6 +830,7 @@ class Coordinator {
       notes_.push_back(fmt::format("{} rank{} still running after the {} stop grace: SIGKILL", killed, killed == 1 ? " was" : "s were",
                                    format_duration(opts_.spec.stop_grace)));
     }
+    merge_stacks();
     cur_.notes = notes_;
     report_.attempts.push_back(cur_);
     if (cur_.phase != launch::Phase::succeeded) {
@@ -833,6 +838,36 @@ class Coordinator {
       std::fputs(text.c_str(), stderr);
       if (opts_.events.notice) opts_.events.notice(spdlog::level::err, text);
     }
+  }
+
+  // A node's stacks (version 6), named by the name we know it by, whatever it says.
+  void take_stacks(Node& n, const json& j) {
+    try {
+      node_stacks_[n.entry.name] = launch::from_wire(j, n.entry.name);
+    } catch (const std::invalid_argument& e) {
+      notes_.push_back(fmt::format("{}: its stacks were not understood: {}", n.entry.name, e.what()));
+    }
+  }
+
+  // Every node's stacks as one (the report merges them into groups), and kept in the
+  // launcher's copy of the attempt's folder.
+  void merge_stacks() {
+    if (node_stacks_.empty()) return;
+    launch::FailureStacks all;
+    for (auto& [node, s] : node_stacks_) {
+      for (auto& r : s.ranks) all.ranks.push_back(std::move(r));
+      for (auto& note : s.notes) all.notes.push_back(fmt::format("{}: {}", node, note));
+    }
+    node_stacks_.clear();
+    std::sort(all.ranks.begin(), all.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    try {
+      const auto w = launch::write_stacks_files(safefs::Dir::open(attempt_dir_), std::nullopt, all, static_cast<int>(stacks_world_size_));
+      if (!w.error.empty()) log_->warn("the stacks were not kept: {}", w.error);
+      all.file = w.path;
+    } catch (const safefs::FsError& e) {
+      log_->warn("the stacks were not kept: {}", e.what());
+    }
+    cur_.stacks = std::move(all);
   }
 
   void fatal(const std::string& message) {
@@ -1042,6 +1077,8 @@ class Coordinator {
   std::string master_;
   std::map<std::pair<std::string, std::uint32_t>, ExitInfo> exits_;
   std::vector<std::string> notes_;
+  std::map<std::string, launch::FailureStacks> node_stacks_;  // the round's, by node (version 6)
+  std::uint32_t stacks_round_ = 0, stacks_world_size_ = 0;
   std::map<int, RankFiles> rank_files_;
   std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
   bool ranks_warned_ = false;                                        // --ranks outside the job, said

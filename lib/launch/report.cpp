@@ -113,6 +113,19 @@ std::string format_attempt(const AttemptReport& a, int max_restarts) {
       out += "\n";
     }
   }
+  if (a.stacks) {
+    // Said before the grace period's signals: where each rank was, not how it died.
+    if (a.first_failure) {
+      out += fmt::format("  while rank {} {}, the ranks still running were:\n", a.first_failure->exit.rank,
+                         a.first_failure->exit.describe());
+    } else {
+      out += "  when the attempt was stopped, its ranks were:\n";
+    }
+    const auto lines = summary_lines(*a.stacks);
+    for (const auto& l : lines) out += "    " + l + "\n";
+    if (lines.empty()) out += "    (no rank was running)\n";
+    if (!a.stacks->file.empty()) out += fmt::format("  every thread's stack: {}\n", a.stacks->file);
+  }
   for (const auto& n : a.notes) out += "  " + n + "\n";
   if (!a.log_dir.empty()) out += fmt::format("  logs: {}\n", a.log_dir);
   return out;
@@ -156,6 +169,7 @@ nlohmann::json to_json(const JobReport& r) {
     } else {
       aj["first_failure"] = nullptr;
     }
+    aj["stacks"] = a.stacks ? report_json(*a.stacks) : nlohmann::json(nullptr);
     attempts.push_back(aj);
   }
   nlohmann::json out{{"job_id", r.job_id}, {"status", r.status}, {"exit_code", r.exit_code}, {"restarts", r.restarts},

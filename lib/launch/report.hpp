@@ -6,6 +6,7 @@
 
 #include "control/paths.hpp"
 #include "launch/attempt.hpp"
+#include "launch/failure_stacks.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -50,6 +51,8 @@ struct AttemptReport {
   std::vector<WorkerExit> exits;      // every rank's exit, rank order
   std::vector<std::string> notes;     // e.g. the store's "who waits for what"
   std::string log_dir;
+  // Where the ranks still running were when it failed or was stopped (failure_stacks.hpp).
+  std::optional<FailureStacks> stacks;
 };
 
 struct JobReport {

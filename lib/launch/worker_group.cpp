@@ -263,7 +263,13 @@ void WorkerGroup::request_stop(int signal) {
   if (tracker_.on_stop_requested(signal) == Decision::stop_all) stop_all();
 }
 
-void WorkerGroup::kill_now() { signal_everything(SIGKILL); }
+void WorkerGroup::kill_now() {
+  if (snapshot_ && snapshot_->pending()) {
+    killing_now_ = true;
+    snapshot_->skip("skipped: the stop was made immediate (a second Ctrl-C, or a kill)");
+  }
+  signal_everything(SIGKILL);
+}
 
 void WorkerGroup::forward(int signal) {
   for (pid_t p : worker_pids()) ::kill(p, signal);
@@ -273,8 +279,39 @@ void WorkerGroup::stop_all() {
   // Once: a second stop (the coordinator's, then its link closing) must not be a second SIGTERM;
   // the grace period that already runs ends in SIGKILL for whatever is left, latecomers too.
   if (stopping_) return;
-  signal_everything(SIGTERM);
   stopping_ = true;
+  if (!take_stacks_first()) terminate(true);
+}
+
+// One step before the first signal: where every rank still running is (issue 24), read while
+// nothing has disturbed it yet; the signals follow when the reads are done or their time is up.
+bool WorkerGroup::take_stacks_first() {
+  if (opts_.stacks_budget.count() <= 0 || tracker_.stop_signal() == SIGKILL) return false;
+  std::vector<StackSnapshot::Target> targets;
+  for (const auto& w : workers_) {
+    if (w->pid > 0 && !w->reaped) targets.push_back({w->plan.rank, w->plan.node, w->pid});
+  }
+  if (targets.empty()) return false;
+  snapshot_ = std::make_unique<StackSnapshot>(io_, std::move(targets), opts_.stacks_budget, [this](FailureStacks s) {
+    stacks_taken(std::move(s));
+    terminate(!killing_now_);
+  });
+  return true;
+}
+
+void WorkerGroup::stacks_taken(FailureStacks s) {
+  if (dir_) {
+    std::optional<safefs::Owner> owner;
+    if (opts_.run_as) owner = safefs::Owner{opts_.run_as->uid, opts_.run_as->gid};
+    auto w = write_stacks_files(*dir_, owner, s, plan_.world_size);
+    if (!w.error.empty()) log::get("launch")->warn("attempt {}: the stacks were not kept: {}", opts_.attempt, w.error);
+    s.file = w.path;
+  }
+  report_.stacks = std::move(s);
+}
+
+void WorkerGroup::terminate(bool sigterm) {
+  if (sigterm) signal_everything(SIGTERM);
   grace_timer_.expires_after(opts_.stop_grace);
   grace_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
@@ -375,6 +412,8 @@ std::optional<ErrorFile> WorkerGroup::error_file_of(const Worker& w) const {
 }
 
 void WorkerGroup::finish() {
+  // Every rank ended while their stacks were being read: what was read is the report's.
+  if (snapshot_ && snapshot_->pending()) snapshot_->skip("ended before it was read");
   finished_ = true;
   grace_timer_.cancel();
   drain_timer_.cancel();

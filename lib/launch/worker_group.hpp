@@ -10,6 +10,7 @@
 #include "contract/contract.hpp"
 #include "launch/attempt.hpp"
 #include "launch/report.hpp"
+#include "launch/stack_snapshot.hpp"
 #include "stacks/merge.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/output.hpp"
@@ -41,6 +42,9 @@ struct GroupOptions {
   // below it each folder is opened without following a link and must belong to the workers'
   // user. Empty: the attempt folder itself is ours (a launcher's own logs).
   std::string log_root;
+  // How long the ranks still running may take to have their stacks read before the first
+  // signal of a stop (the whole node's; 0: not read). A SIGKILL stop or kill_now() skips it.
+  Millis stacks_budget{2000};
 };
 
 struct GroupCallbacks {
@@ -106,6 +110,9 @@ class WorkerGroup {
   void close_pipe(PipeReader& p);
   void on_exit(Worker& w, const WorkerExit& ex);
   void stop_all();
+  bool take_stacks_first();  // false: nothing to read, go on at once
+  void stacks_taken(FailureStacks s);
+  void terminate(bool sigterm);  // SIGTERM (or not), then SIGKILL after the grace
   void signal_everything(int sig);
   bool pipes_open() const;
   void finish();
@@ -132,6 +139,8 @@ class WorkerGroup {
   bool drain_started_ = false;
   bool torn_down_ = false;  // teardown ran after the last rank was reaped
   bool finished_ = false;
+  bool killing_now_ = false;
+  std::unique_ptr<StackSnapshot> snapshot_;
   std::vector<pid_t> keep_;
   struct StackReads;  // the reads in flight (threads), joined when the group goes: declared last
   std::shared_ptr<StackReads> stack_reads_;

@@ -259,6 +259,7 @@ json encode_finished(const launch::AttemptReport& r) {
     }
     report["first_failure"] = fj;
   }
+  if (r.stacks) report["stacks"] = launch::to_wire(*r.stacks);
   return with_type("finished", {{"report", report}});
 }
 
@@ -284,6 +285,13 @@ launch::AttemptReport decode_finished(const json& m) {
       f.error_file = launch::ErrorFile{get_str(ej, "path"), get_str(ej, "message"), get_str(ej, "traceback"), get_str(ej, "raw")};
     }
     r.first_failure = std::move(f);
+  }
+  if (j.contains("stacks")) {
+    try {
+      r.stacks = launch::from_wire(get_object(j, "stacks"));
+    } catch (const std::invalid_argument& e) {
+      throw MessageError(e.what());
+    }
   }
   return r;
 }

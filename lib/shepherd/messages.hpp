@@ -11,6 +11,8 @@
 //                       line {rank, stream, data}            one output line (already in the log file)
 //                       first_failure {exit}                 the attempt is stopping because of it
 //                       finished {report}                    the attempt is over, nothing of it runs
+//                                                            (report.stacks: where the ranks were when
+//                                                            it was stopped, launch/failure_stacks.hpp)
 //                       stacks_read {id, ranks: [{rank, process}]}   the answer to 'stacks' (also after
 //                                                            the attempt ended); process: stacks::to_json
 //

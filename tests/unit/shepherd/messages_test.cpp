@@ -233,6 +233,22 @@ TEST(ShepherdMessages, FinishedReportRoundTrips) {
   EXPECT_FALSE(d2.first_failure);
   EXPECT_EQ(d2.phase, launch::Phase::succeeded);
 
+  EXPECT_FALSE(d.stacks);  // none taken: none sent
+  auto with_stacks = r;
+  stacks::RankStacks in_barrier{0, "n2", {}};
+  in_barrier.stacks.python = "3.11.2";
+  in_barrier.stacks.python_ok = true;
+  in_barrier.stacks.threads.push_back({101, "python3", true, {{stacks::Frame::Kind::python, "barrier", "/c10d.py", 7, 0}}, {}});
+  with_stacks.stacks = launch::FailureStacks{{in_barrier}, {"rank 1: not read"}, "/l/stacks.txt"};
+  const auto d3 = decode_finished(wire(encode_finished(with_stacks)));
+  ASSERT_TRUE(d3.stacks);
+  ASSERT_EQ(d3.stacks->ranks.size(), 1u);
+  EXPECT_EQ(d3.stacks->ranks[0].stacks.threads.at(0).python.at(0).function, "barrier");
+  EXPECT_EQ(d3.stacks->notes, with_stacks.stacks->notes);
+  auto bad_stacks = encode_finished(with_stacks);
+  bad_stacks["report"]["stacks"]["ranks"] = "all of them";
+  EXPECT_THROW(decode_finished(bad_stacks), MessageError);
+
   auto m2 = encode_finished(r);
   m2["report"]["phase"] = 9;
   EXPECT_THROW(decode_finished(m2), MessageError);

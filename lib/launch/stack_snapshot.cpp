@@ -1,0 +1,115 @@
+// See stack_snapshot.hpp.
+#include "launch/stack_snapshot.hpp"
+
+#include "common/log.hpp"
+
+#include <boost/asio/buffer.hpp>
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace ddp::launch {
+
+namespace asio = boost::asio;
+
+// What the reading thread and the loop share; the last of them to let go closes the eventfd.
+struct StackSnapshot::Shared {
+  explicit Shared(int fd) : efd(fd) {}
+  ~Shared() { ::close(efd); }
+  const int efd;
+  std::mutex mu;
+  std::vector<stacks::RankStacks> read;  // guarded by mu
+  std::atomic<bool> stop{false};
+};
+
+StackSnapshot::StackSnapshot(asio::io_context& io, std::vector<Target> targets, Millis budget, Done done, Reader reader)
+    : targets_(std::move(targets)), budget_(budget), done_(std::move(done)), wake_(io), deadline_(io) {
+  const int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  const int mine = efd < 0 ? -1 : ::fcntl(efd, F_DUPFD_CLOEXEC, 0);
+  if (efd < 0 || mine < 0) {
+    const auto why = fmt::format("not read: eventfd: {}", std::strerror(errno));
+    if (efd >= 0) ::close(efd);
+    // Said on the loop, as promised, not from inside the constructor.
+    deadline_.expires_after(Millis(0));
+    deadline_.async_wait([this, why](boost::system::error_code ec) {
+      if (!ec) complete(why);
+    });
+    return;
+  }
+  shared_ = std::make_shared<Shared>(efd);
+  wake_.assign(mine);
+  std::thread([shared = shared_, targets = targets_, reader = std::move(reader)] {
+    for (const auto& t : targets) {
+      if (shared->stop) break;
+      stacks::RankStacks r{t.rank, t.node, reader(t.pid)};
+      std::lock_guard lock(shared->mu);
+      shared->read.push_back(std::move(r));
+    }
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(shared->efd, &one, sizeof one);
+  }).detach();
+  wait_woken();
+  deadline_.expires_after(budget_);
+  deadline_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) complete(fmt::format("not read within the {} given to the stacks", format_duration(budget_)));
+  });
+}
+
+StackSnapshot::~StackSnapshot() {
+  if (shared_) shared_->stop = true;
+  finished_ = true;
+  boost::system::error_code ignored;
+  deadline_.cancel();
+  wake_.close(ignored);
+}
+
+void StackSnapshot::wait_woken() {
+  wake_.async_read_some(asio::buffer(&wake_value_, sizeof wake_value_), [this](boost::system::error_code ec, std::size_t) {
+    if (ec == asio::error::operation_aborted || finished_) return;
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return wait_woken();
+    complete(ec ? fmt::format("not read: {}", ec.message()) : "");
+  });
+}
+
+void StackSnapshot::skip(const std::string& why) {
+  if (!finished_) complete(why);
+}
+
+void StackSnapshot::complete(const std::string& unread_why) {
+  if (finished_) return;
+  finished_ = true;
+  boost::system::error_code ignored;
+  deadline_.cancel();
+  wake_.close(ignored);
+  FailureStacks out;
+  if (shared_) {
+    shared_->stop = true;
+    std::lock_guard lock(shared_->mu);
+    out.ranks = shared_->read;
+  }
+  std::set<int> seen;
+  for (const auto& r : out.ranks) seen.insert(r.rank);
+  std::vector<int> unread;
+  for (const auto& t : targets_) {
+    if (!seen.contains(t.rank)) unread.push_back(t.rank);
+  }
+  std::sort(unread.begin(), unread.end());
+  if (!unread.empty()) {
+    out.notes.push_back(fmt::format("{} {}: {}", unread.size() == 1 ? "rank" : "ranks", stacks::format_ranks(unread),
+                                    unread_why.empty() ? "not read" : unread_why));
+  }
+  std::sort(out.ranks.begin(), out.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  if (auto done = std::move(done_)) done(std::move(out));
+}
+
+}  // namespace ddp::launch

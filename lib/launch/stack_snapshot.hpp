@@ -1,0 +1,63 @@
+// Taking the stacks of an attempt's running ranks before they are signalled, without holding up
+// the event loop: the reads run on a thread of their own (a target's memory may be slow, or made
+// slow on purpose: userfaultfd), the loop waits for them at most `budget` (2 s for the whole
+// node by default), and skip() (a second Ctrl-C, a kill) ends the wait at once. Whatever was read
+// by then is the result; every rank not read is named, with why.
+//
+// The reading thread is never joined: one stuck in a read ends when its target dies (the stop
+// that follows kills it). It shares only its own state with the loop, and wakes the loop through
+// an eventfd, so it may outlive this object and the io_context.
+#pragma once
+
+#include "common/duration.hpp"
+#include "launch/failure_stacks.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp::launch {
+
+class StackSnapshot {
+ public:
+  struct Target {
+    int rank = 0;
+    std::string node;
+    pid_t pid = 0;
+  };
+  using Reader = std::function<stacks::ProcessStacks(pid_t)>;
+  using Done = std::function<void(FailureStacks)>;
+
+  // Starts the reads at once. `done` is called exactly once, on the loop (from skip() itself when
+  // that ends it), unless this object is destroyed first.
+  StackSnapshot(boost::asio::io_context& io, std::vector<Target> targets, Millis budget, Done done,
+                Reader reader = read_rank_stacks);
+  ~StackSnapshot();
+  StackSnapshot(const StackSnapshot&) = delete;
+  StackSnapshot& operator=(const StackSnapshot&) = delete;
+
+  // Ends the wait now with what was read; `why` names the ranks left unread.
+  void skip(const std::string& why);
+  bool pending() const { return !finished_; }
+
+ private:
+  struct Shared;
+  void wait_woken();
+  void complete(const std::string& unread_why);
+
+  std::shared_ptr<Shared> shared_;
+  std::vector<Target> targets_;
+  Millis budget_;
+  Done done_;
+  boost::asio::posix::stream_descriptor wake_;
+  boost::asio::steady_timer deadline_;
+  std::uint64_t wake_value_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace ddp::launch
