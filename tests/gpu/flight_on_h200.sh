@@ -31,7 +31,6 @@ python: $PY
 command: [$PY, $root/tests/gpu/flight_rank.py]
 env: {PYTHONUNBUFFERED: "1", NCCL_P2P_DISABLE: "1", NCCL_SHM_DISABLE: "1", NCCL_IB_DISABLE: "1", FLIGHT_TIMEOUT_S: "30"}
 logs: {dir: $work/logs}
-max_restarts: 0
 YAML
 
 (cd "$work" && "$B/ddpctl" launch flight.yaml --dry-run) > "$work/dry.json" 2>"$work/dry.err"
