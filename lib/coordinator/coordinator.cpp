@@ -2,6 +2,7 @@
 // events and effects, the live stream, per-rank files on the launching machine, reports and the exit
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
+#include "hang/flight.hpp"
 
 #include "coordinator/job_clock.hpp"
 #include "coordinator/round_machine.hpp"
@@ -392,6 +393,7 @@ class Coordinator {
         say(spdlog::level::err, "{}: {}", n.entry.name, err);
         notes_.push_back(fmt::format("{}: {}", n.entry.name, err));
       }
+      if (auto it = b.find("flight"); it != b.end()) take_flight(n.entry.name, *it);
       handle(rdzv::AttemptFinished{n.entry.name, round, b["ok"].get<bool>()});
       return;
     }
@@ -578,6 +580,11 @@ class Coordinator {
     }
     exits_.clear();
     notes_.clear();
+    flight_.clear();
+    flight_world_ = static_cast<int>(a.world_size);
+    flight_ranks_.clear();
+    for (const auto& na : a.nodes)
+      flight_ranks_[na.node] = {static_cast<int>(na.rank_base.value), static_cast<int>(na.local_world_size)};
     rank_files_.clear();
     last_output_.clear();
     store_waiters_.clear();
@@ -788,6 +795,20 @@ class Coordinator {
     apply_round(rounds_.handle(round::Close{outcome, from_rdzv}));
   }
 
+  // A node's NCCL flight recorder summaries (protocol version 6), each parsed as hostile
+  // (lib/hang/flight.hpp); only ranks the node holds count, once.
+  void take_flight(const std::string& node, const json& summaries) {
+    if (!summaries.is_array()) return;
+    for (const auto& s : summaries) {
+      auto d = hang::parse_summary(s.dump());
+      d.node = node;
+      const auto range = flight_ranks_.find(node);
+      if (range == flight_ranks_.end() || d.rank < range->second.first || d.rank >= range->second.first + range->second.second)
+        continue;
+      flight_.push_back(std::move(d));
+    }
+  }
+
   // The attempt's report: exits by rank, the first failure the machine named, its notes.
   void on_round(round::AttemptClosed& c) {
     terminal_.flush();
@@ -822,6 +843,8 @@ class Coordinator {
       notes_.push_back(fmt::format("{} rank{} still running after the {} stop grace: SIGKILL", killed, killed == 1 ? " was" : "s were",
                                    format_duration(opts_.spec.stop_grace)));
     }
+    if (c.outcome != round::Outcome::succeeded && !flight_.empty())
+      notes_.push_back(hang::format_finding(hang::analyze(flight_, flight_world_)));
     cur_.notes = notes_;
     report_.attempts.push_back(cur_);
     if (cur_.phase != launch::Phase::succeeded) {
@@ -1002,6 +1025,9 @@ class Coordinator {
   std::string master_;
   std::map<std::pair<std::string, std::uint32_t>, ExitInfo> exits_;
   std::vector<std::string> notes_;
+  std::vector<hang::RankDump> flight_;  // this round's flight recorder summaries, every node's
+  int flight_world_ = 0;
+  std::map<std::string, std::pair<int, int>> flight_ranks_;  // node -> (rank base, local world size)
   std::map<int, RankFiles> rank_files_;
   std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
   bool ranks_warned_ = false;                                        // --ranks outside the job, said

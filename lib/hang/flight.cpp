@@ -268,6 +268,54 @@ RankDump parse_summary(std::string_view line) {
   return d;
 }
 
+json to_json(const RankDump& d) {
+  static const char* states[] = {"scheduled", "started", "completed", ""};
+  json j{{"file", d.rank >= 0 ? "nccl-flight-rank-" + std::to_string(d.rank) : std::string()}, {"rank", d.rank}};
+  if (!d.error.empty()) {
+    j["error"] = d.error;
+    return j;
+  }
+  j["version"] = d.version;
+  json groups = json::object();
+  for (const auto& [name, ranks] : d.groups) groups[name] = {{"ranks", ranks}};
+  j["groups"] = std::move(groups);
+  json es = json::array();
+  for (const auto& e : d.entries) {
+    es.push_back({{"pg", e.pg}, {"desc", e.desc}, {"seq", e.seq}, {"p2p", e.p2p}, {"op", e.op}, {"in", e.in},
+                  {"out", e.out}, {"in_dtypes", e.in_dtypes}, {"out_dtypes", e.out_dtypes},
+                  {"state", states[static_cast<int>(e.state)]}, {"t", e.t}});
+  }
+  j["entries"] = std::move(es);
+  return j;
+}
+
+bool fit_summaries(std::vector<RankDump>& dumps, std::size_t max_bytes) {
+  auto size = [&dumps] {
+    std::size_t n = 2;
+    for (const auto& d : dumps) n += to_json(d).dump().size() + 1;
+    return n;
+  };
+  for (std::size_t keep = 64; size() > max_bytes; keep /= 2) {
+    if (keep == 0) {
+      for (auto& d : dumps) {
+        d.entries.clear();
+        d.groups.clear();
+        if (d.error.empty()) d.error = "the node's summaries did not fit in one message";
+      }
+      return size() <= max_bytes;
+    }
+    // The newest `keep` entries of each group (collective and p2p apart) stay.
+    for (auto& d : dumps) {
+      std::map<std::pair<std::string, bool>, std::size_t> seen;
+      std::vector<FlightEntry> kept;
+      for (auto it = d.entries.rbegin(); it != d.entries.rend(); ++it)
+        if (seen[{it->pg, it->p2p}]++ < keep) kept.push_back(std::move(*it));
+      d.entries.assign(std::make_move_iterator(kept.rbegin()), std::make_move_iterator(kept.rend()));
+    }
+  }
+  return true;
+}
+
 Finding analyze(const std::vector<RankDump>& dumps, int world_size) {
   Finding f;
   std::map<int, const RankDump*> ok;

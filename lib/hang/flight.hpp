@@ -59,6 +59,14 @@ inline constexpr std::size_t kMaxGroupRanks = 65536;
 // One line of the converter's output. Never throws: what is wrong is in `error`.
 RankDump parse_summary(std::string_view line);
 
+// The summary's shape again (what parse_summary reads), for passing a node's dumps on: the
+// agent sends these to the coordinator (attempt_finished, protocol version 6).
+nlohmann::json to_json(const RankDump& d);
+// Trims `dumps` (each rank's oldest entries first, down to one per group) until their JSON fits
+// in `max_bytes`, so that a node's summaries always fit in one frame; false if even that is too
+// big (then every rank keeps its error only).
+bool fit_summaries(std::vector<RankDump>& dumps, std::size_t max_bytes);
+
 struct Finding {
   enum class Kind {
     agree,          // every rank with a dump got equally far, and completed it

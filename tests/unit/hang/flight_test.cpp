@@ -299,3 +299,37 @@ TEST(FlightSummary, BytesAndDtypes) {
                             dump(1, json::array())};
   EXPECT_EQ(analyze(big, 2).bytes, std::nullopt);
 }
+
+TEST(FlightSummary, ToJsonRoundTripsAndFitsOneFrame) {
+  auto d = dump(3, steps(50, "started"), json{{"0", {{"ranks", {0, 1, 2, 3}}}}});
+  auto back = parse_summary(to_json(d).dump());
+  EXPECT_EQ(back.error, "");
+  EXPECT_EQ(back.rank, 3);
+  ASSERT_EQ(back.entries.size(), 50u);
+  EXPECT_EQ(back.entries.back().seq, 50u);
+  EXPECT_EQ(back.entries.back().state, FlightState::started);
+  EXPECT_EQ(back.entries.back().in, d.entries.back().in);
+  EXPECT_EQ(back.groups.at("0"), (std::vector<int>{0, 1, 2, 3}));
+  RankDump bad;
+  bad.rank = 4;
+  bad.error = "UnpicklingError";
+  EXPECT_EQ(parse_summary(to_json(bad).dump()).error, "UnpicklingError");
+
+  // Eight ranks of 50 entries do not fit in 8 KiB: the oldest go, the newest stay, and the
+  // analysis still sees where each rank got to.
+  std::vector<RankDump> node;
+  for (int r = 0; r < 8; ++r) node.push_back(dump(r, steps(r == 5 ? 49 : 50, r == 5 ? "completed" : "started")));
+  ASSERT_TRUE(fit_summaries(node, 8192));
+  std::size_t total = 0;
+  for (const auto& x : node) total += to_json(x).dump().size() + 1;
+  EXPECT_LE(total, 8192u);
+  EXPECT_GE(node[0].entries.size(), 1u);
+  EXPECT_EQ(node[0].entries.back().seq, 50u);
+  auto f = analyze(node, 8);
+  EXPECT_EQ(f.kind, Finding::Kind::not_entered);
+  EXPECT_EQ(f.seq, 50u);
+  EXPECT_EQ(f.behind, (Ranks{5}));
+  // Nothing fits: errors only, and false.
+  EXPECT_FALSE(fit_summaries(node, 10));
+  EXPECT_NE(node[0].error, "");
+}
