@@ -31,6 +31,7 @@ python: $PY
 command: [$PY, $root/tests/gpu/flight_rank.py]
 env: {PYTHONUNBUFFERED: "1", NCCL_P2P_DISABLE: "1", NCCL_SHM_DISABLE: "1", NCCL_IB_DISABLE: "1", FLIGHT_TIMEOUT_S: "30"}
 logs: {dir: $work/logs}
+binding: {gpu: none, numa: none, nic: none}
 YAML
 
 (cd "$work" && "$B/ddpctl" launch flight.yaml --dry-run) > "$work/dry.json" 2>"$work/dry.err"
