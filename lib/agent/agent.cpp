@@ -8,6 +8,7 @@
 #include "agent/job_machine.hpp"
 #include "agent/preflight.hpp"
 #include "stacks/collect.hpp"
+#include "contract/flight_recorder.hpp"
 #include "pyenv/probe.hpp"
 #include "binding/binding.hpp"
 #include "agent/stdio_link.hpp"
@@ -560,7 +561,42 @@ class Agent {
     if (!f.error.empty()) m["error"] = f.error;
     // Protocol version 6: where this node's ranks were when the round stopped.
     if (job_->stacks && owner() && owner()->session().version() >= 6) m["stacks"] = *std::exchange(job_->stacks, std::nullopt);
+    if (!f.ok && gather_flight(m)) return;  // sent once the dumps are read
     send(owner(), "attempt_finished", std::move(m));
+  }
+  // Version 6: a failed round's NCCL flight recorder dumps go up with attempt_finished, read by
+  // the preflight helper (the converter runs as the workers' user: lib/hang/flight_gather.hpp).
+  // Only where ddpctl turned the recorder on; the helper's own limit bounds the wait.
+  bool gather_flight(json m) {
+    auto& job = *job_;
+    if (!owner() || owner()->session().version() < 6 || job.payload.spec.container || !job.assign) return false;
+    const auto node = node_context();
+    if (!job.attempt_dirs.count(node.restart_count)) return false;
+    auto env = contract::scrub(job.inherited);
+    for (const auto& [k, v] : job.payload.spec.env) env[k] = v;
+    if (contract::flight_recorder(node.torch_version, node.attempt_dir, env).env.empty()) return false;
+    auto request = preflight_request("flight", job.job_id, job.payload, env, job.payload.spec.workdir.value_or("/"));
+    request["attempt_dir"] = node.attempt_dir;
+    request["rank_base"] = node.rank_base;
+    request["local_world_size"] = node.local_world_size;
+    if (job.run_as && job.run_as->uid != ::geteuid()) {
+      const auto r = run_as_of(*job.run_as);
+      request["run_as"] = {{"uid", r.uid}, {"gid", r.gid}, {"groups", r.groups}};
+    }
+    Job* pending = job_.get();
+    try {
+      job.preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, m](const json& answer) mutable {
+        if (job_.get() != pending) return;
+        job_->preflight.reset();
+        if (answer.contains("flight") && answer["flight"].is_array() && !answer["flight"].empty()) m["flight"] = answer["flight"];
+        if (auto w = answer.value("warning", std::string()); !w.empty()) log_->warn("job {}: flight recorder: {}", job_->job_id, w);
+        send(owner(), "attempt_finished", std::move(m));
+      });
+    } catch (const supervisor::SpawnError& e) {
+      log_->warn("job {}: cannot read the flight recorder dumps: {}", job.job_id, e.what());
+      return false;
+    }
+    return true;
   }
   void apply(job::SendLeaving& l) {
     // Protocol version 5; an older launcher finds the node lost when the connection closes.

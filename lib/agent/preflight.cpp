@@ -3,6 +3,7 @@
 #include "common/log.hpp"
 #include "container/container.hpp"
 #include "container/runtime.hpp"
+#include "hang/flight_gather.hpp"
 #include "pyenv/probe.hpp"
 #include "supervisor/process.hpp"
 
@@ -36,6 +37,10 @@ json preflight_request(const std::string& mode, const std::string& job_id, const
   return r;
 }
 
+// A node's flight recorder summaries in attempt_finished: well inside a frame (1 MiB) and the
+// helper's answer (1 MiB) with the rest of the message.
+constexpr std::size_t kMaxFlightBytes = 512u << 10;
+
 int run_preflight_helper(std::istream& in, std::ostream& out) {
   json answer{{"digest", ""}, {"repo_digest", ""}, {"error", ""}, {"warning", ""}};
   try {
@@ -55,6 +60,29 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
         probe.run_as = supervisor::RunAs{it->at("uid").get<uid_t>(), it->at("gid").get<gid_t>(),
                                          it->at("groups").get<std::vector<gid_t>>()};
       answer["python"] = facts::to_json(pyenv::probe_python(probe, nullptr));
+      out << answer.dump() << "\n";
+      return 0;
+    }
+    if (req.at("mode").get<std::string>() == "flight") {
+      // A failed round's NCCL flight recorder dumps (lib/hang), read by the converter with the
+      // job's Python as its workers' user; the folder is listed by the converter too, never
+      // here. Only this node's ranks count, and the answer fits one frame.
+      hang::ConvertRequest convert;
+      convert.python = pyenv::choose_interpreter(spec).argv;
+      convert.env = env;
+      convert.workdir = cwd;
+      if (auto it = req.find("run_as"); it != req.end())
+        convert.run_as = supervisor::RunAs{it->at("uid").get<uid_t>(), it->at("gid").get<gid_t>(),
+                                           it->at("groups").get<std::vector<gid_t>>()};
+      const int first = req.at("rank_base").get<int>(), count = req.at("local_world_size").get<int>();
+      std::vector<hang::RankDump> dumps;
+      for (auto& d : hang::convert_dumps(req.at("attempt_dir").get<std::string>(), {}, convert)) {
+        if (d.rank < 0 && !d.error.empty()) answer["warning"] = d.error;
+        else if (d.rank >= first && d.rank < first + count) dumps.push_back(std::move(d));
+      }
+      hang::fit_summaries(dumps, kMaxFlightBytes);
+      answer["flight"] = nlohmann::json::array();
+      for (const auto& d : dumps) answer["flight"].push_back(hang::to_json(d));
       out << answer.dump() << "\n";
       return 0;
     }

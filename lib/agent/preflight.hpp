@@ -10,6 +10,8 @@
 //            run_as: {uid, gid, groups} (python, optional)}
 //   answer  {digest, repo_digest, error, warning}   (error empty: the node is ready)
 //           + {python: <facts' python>} in mode "python": a host job's interpreter (lib/pyenv)
+//   mode "flight" (+ attempt_dir, rank_base, local_world_size, run_as): a failed round's NCCL
+//   flight recorder summaries of this node's ranks (lib/hang), answer + {flight: [...]}
 // "job" (a job offer): the image is pulled per `container.pull`, containers of dead launchers
 // are swept, and command[0] and the workdir are checked inside the image. "image" (doctor):
 // the image is only looked up.

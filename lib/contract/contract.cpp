@@ -1,4 +1,5 @@
 #include "contract/contract.hpp"
+#include "contract/flight_recorder.hpp"
 
 #include "common/strings.hpp"
 
@@ -134,6 +135,10 @@ Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env&
                       });
   if (!chosen)
     for (const auto& name : async_error_handling(node.torch_version).names) set_default(name, "1");
+  // The NCCL flight recorder (flight_recorder.hpp), unless the job configures it itself.
+  Env configured = env;
+  for (const auto& [k, v] : spec.env) configured[k] = v;
+  for (const auto& [k, v] : flight_recorder(node.torch_version, node.attempt_dir, configured).env) set_default(k, v);
   if (node.local_mode) {
     set_default("NCCL_SOCKET_IFNAME", "lo");
     set_default("GLOO_SOCKET_IFNAME", "lo");

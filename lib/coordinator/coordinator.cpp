@@ -3,6 +3,7 @@
 // status. See coordinator.hpp for the flow and policy.
 #include "coordinator/coordinator.hpp"
 #include "coordinator/stacks_gather.hpp"
+#include "hang/flight.hpp"
 
 #include "common/version.hpp"
 #include "coordinator/job_clock.hpp"
@@ -397,6 +398,7 @@ class Coordinator {
         notes_.push_back(fmt::format("{}: {}", n.entry.name, err));
       }
       if (b.contains("stacks") && round.value == stacks_round_) take_stacks(n, b["stacks"]);
+      if (auto it = b.find("flight"); it != b.end()) take_flight(n.entry.name, *it);
       handle(rdzv::AttemptFinished{n.entry.name, round, b["ok"].get<bool>()});
       return;
     }
@@ -586,6 +588,11 @@ class Coordinator {
     node_stacks_.clear();
     stacks_round_ = a.round.value;
     stacks_world_size_ = a.world_size;
+    flight_.clear();
+    flight_world_ = static_cast<int>(a.world_size);
+    flight_ranks_.clear();
+    for (const auto& na : a.nodes)
+      flight_ranks_[na.node] = {static_cast<int>(na.rank_base.value), static_cast<int>(na.local_world_size)};
     rank_files_.clear();
     last_output_.clear();
     store_waiters_.clear();
@@ -796,6 +803,20 @@ class Coordinator {
     apply_round(rounds_.handle(round::Close{outcome, from_rdzv}));
   }
 
+  // A node's NCCL flight recorder summaries (protocol version 6), each parsed as hostile
+  // (lib/hang/flight.hpp); only ranks the node holds count, once.
+  void take_flight(const std::string& node, const json& summaries) {
+    if (!summaries.is_array()) return;
+    for (const auto& s : summaries) {
+      auto d = hang::parse_summary(s.dump());
+      d.node = node;
+      const auto range = flight_ranks_.find(node);
+      if (range == flight_ranks_.end() || d.rank < range->second.first || d.rank >= range->second.first + range->second.second)
+        continue;
+      flight_.push_back(std::move(d));
+    }
+  }
+
   // The attempt's report: exits by rank, the first failure the machine named, its notes.
   void on_round(round::AttemptClosed& c) {
     terminal_.flush();
@@ -831,6 +852,8 @@ class Coordinator {
                                    format_duration(opts_.spec.stop_grace)));
     }
     merge_stacks();
+    if (c.outcome != round::Outcome::succeeded && !flight_.empty())
+      notes_.push_back(hang::format_finding(hang::analyze(flight_, flight_world_)));
     cur_.notes = notes_;
     report_.attempts.push_back(cur_);
     if (cur_.phase != launch::Phase::succeeded) {
@@ -1079,6 +1102,9 @@ class Coordinator {
   std::vector<std::string> notes_;
   std::map<std::string, launch::FailureStacks> node_stacks_;  // the round's, by node (version 6)
   std::uint32_t stacks_round_ = 0, stacks_world_size_ = 0;
+  std::vector<hang::RankDump> flight_;  // this round's flight recorder summaries, every node's
+  int flight_world_ = 0;
+  std::map<std::string, std::pair<int, int>> flight_ranks_;  // node -> (rank base, local world size)
   std::map<int, RankFiles> rank_files_;
   std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
   bool ranks_warned_ = false;                                        // --ranks outside the job, said

@@ -18,6 +18,8 @@
 #include "facts/discover.hpp"
 #include "facts/model.hpp"
 #include "launch/nccl_holder.hpp"
+#include "hang/flight_gather.hpp"
+#include "contract/flight_recorder.hpp"
 #include "pyenv/probe.hpp"
 #include "store/peers.hpp"
 #include "store/report.hpp"
@@ -177,6 +179,10 @@ nlohmann::json dry_run(LaunchOptions opts) {
   out["python"] = opts.python ? facts::to_json(*opts.python) : nlohmann::json(nullptr);
   const auto aeh = contract::async_error_handling(node.torch_version);
   out["async_error_handling"] = {{"names", aeh.names}, {"why", aeh.why}};
+  auto chosen = contract::scrub(own_environment());
+  for (const auto& [k, v] : opts.spec.env) chosen[k] = v;
+  const auto fr = contract::flight_recorder(node.torch_version, node.attempt_dir, chosen);
+  out["flight_recorder"] = {{"on", !fr.env.empty()}, {"why", fr.why}};
   return out;
 }
 
@@ -368,6 +374,25 @@ class LocalLauncher {
     for (auto line : split(text, '\n')) notes_.push_back(fmt::format("store: {}", line));
   }
 
+  // What PyTorch's NCCL flight recorder says of a failed attempt, where a rank dumped into the
+  // attempt folder (contract/flight_recorder.hpp): the converter runs with the job's Python (as
+  // we, the job's user, do), blocking within its limit: the workers are all gone by now.
+  void note_flight_recorder(AttemptReport& r) {
+    if (opts_.spec.container) return;  // the folder is not mounted in: there are no dumps
+    hang::ConvertRequest req;
+    req.python = pyenv::choose_interpreter(opts_.spec).argv;
+    req.env = contract::scrub(own_environment());
+    for (const auto& [k, v] : opts_.spec.env) req.env[k] = v;
+    req.workdir = *opts_.spec.workdir;
+    try {
+      if (auto f = hang::gather_flight(safefs::Dir::open(r.log_dir), world_size_, req)) {
+        r.notes.push_back(hang::format_finding(*f));
+      }
+    } catch (const safefs::FsError& e) {
+      log_->debug("no flight recorder dumps read: {}", e.what());
+    }
+  }
+
   void finish_attempt(AttemptReport r) {
     group_.reset();
     holder_.reset();
@@ -376,6 +401,7 @@ class LocalLauncher {
     watchdog_.reset();  // the group removed the containers: tell it all is done
     container_names_.clear();
     r.notes.insert(r.notes.end(), notes_.begin(), notes_.end());
+    if (r.phase != Phase::succeeded) note_flight_recorder(r);
     report_.attempts.push_back(r);
     terminal_.flush();
 
