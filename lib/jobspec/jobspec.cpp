@@ -270,6 +270,13 @@ class Parser {
       error(croot["nccl"]["unique_id"], "nccl.unique_id: on cannot be honoured with container: the id holder would use the host's "
                           "libnccl, not the image's; use auto or off (PyTorch's NCCL process group needs no id from ddpctl)");
     }
+    // The watchdog reads each rank's own process (and its descendants); a container rank's is the
+    // runtime's client, whose Python lives elsewhere (podman's conmon, docker's daemon).
+    if (spec.container && spec.hang) {
+      const YAML::Node& croot = root;
+      error(croot["hang"], "hang: not supported yet with container: the watchdog reads the rank's own process, which is "
+                           "the container runtime's client; remove one of the two");
+    }
     if (root.IsMap() && !have_command) {
       diags_.push_back({file_, 1, 1, "missing key 'command': expected the worker's argv, e.g. command: [python3, train.py]"});
     }

@@ -9,6 +9,7 @@
 
 #include "contract/contract.hpp"
 #include "launch/attempt.hpp"
+#include "launch/hang_sampler.hpp"
 #include "launch/report.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/output.hpp"
@@ -40,6 +41,9 @@ struct GroupOptions {
   // below it each folder is opened without following a link and must belong to the workers'
   // user. Empty: the attempt folder itself is ours (a launcher's own logs).
   std::string log_root;
+  // The hang watchdog (job file `hang:`): every live rank sampled on this loop (hang_sampler.hpp),
+  // its owner told after each round (GroupCallbacks::on_hang_round). 0: off.
+  Millis hang_timeout{0};
 };
 
 struct GroupCallbacks {
@@ -50,6 +54,8 @@ struct GroupCallbacks {
   // The shepherd client only (a WorkerGroup's owner asks rank_status()): every rank's pid by
   // local rank, 0 for one that did not start, once all were forked.
   std::function<void(const std::vector<pid_t>&)> on_started;
+  // The hang watchdog, after every round of samples while the attempt runs (not while it stops).
+  std::function<void(hang::RankProgress&, hang::TimePoint now)> on_hang_round;
   // Called once, when the attempt is completely over.
   std::function<void(AttemptReport)> on_finished;
 };
@@ -84,6 +90,12 @@ class WorkerGroup {
   // its owner stops it after the group has finished.
   void keep(pid_t pid) { keep_.push_back(pid); }
   bool finished() const { return finished_; }
+  // Every running rank's stacks as the watchdog's latest round read them, merged ("" without
+  // a watchdog).
+  std::string hang_stacks_text() const { return hang_ ? hang_->stacks_text(plan_.world_size) : std::string(); }
+  const hang::Watch* hang_watch() const { return hang_ ? &hang_->progress().watch() : nullptr; }
+  // Appends `text` to the attempt folder's hang-stacks.txt (as the workers' log files are kept).
+  void write_hang_stacks(const std::string& text);
 
  private:
   struct Worker;
@@ -122,6 +134,8 @@ class WorkerGroup {
   bool torn_down_ = false;  // teardown ran after the last rank was reaped
   bool finished_ = false;
   std::vector<pid_t> keep_;
+  std::unique_ptr<HangSampler> hang_;
+  void start_hang_sampler();
 };
 
 // The owner's SIGCHLD handler: reaps every exited child of this process (as subreaper, workers

@@ -191,6 +191,7 @@ TEST(NodeProgress, ReportsFromBeforeTheAttemptDoNotAgeIt) {
 TEST(Invariants, RandomSampleStreams) {
   std::mt19937 rng(24);
   const std::vector<std::vector<Frame>> stacks{kAllReduce, kSleep, kMatmul, {}};
+  int job_hangs = 0, job_resumes = 0;  // the streams must reach both sides of every invariant
   for (int trial = 0; trial < 300; ++trial) {
     const Millis timeout = Millis(8000 + rng() % 20'000);
     const Millis interval = sample_interval(timeout);
@@ -254,7 +255,11 @@ TEST(Invariants, RandomSampleStreams) {
       EXPECT_EQ(v != Watch::Verdict::progressing, should) << "trial " << trial << " step " << step;
       if (v == Watch::Verdict::hung_now) EXPECT_FALSE(job_hung);
       if (v == Watch::Verdict::still_hung) EXPECT_TRUE(job_hung);
+      job_hangs += v == Watch::Verdict::hung_now;
+      job_resumes += job_hung && !should;
       job_hung = should;
     }
   }
+  EXPECT_GT(job_hangs, 100);
+  EXPECT_GT(job_resumes, 50);
 }

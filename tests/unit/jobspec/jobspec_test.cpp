@@ -313,8 +313,8 @@ TEST(JobSpec, Hang) {
   EXPECT_EQ(d.hang->timeout, ddp::Millis(90s));
   EXPECT_EQ(parse_job_yaml("command: [x]\nhang: {timeout: 5s, action: restart}\n", "t").hang->action, HangAction::restart);
   expect_error("command: [x]\nhang: {timeout: 10m, action: kill}\n", 2, 30, "hang.action: expected report, stop or restart, got 'kill'");
-  expect_error("command: [x]\nhang: {timeout: soon}\n", 2, 16, "hang.timeout: expected a duration");
-  expect_error("command: [x]\nhang: {timeout: 500ms}\n", 2, 16, "hang.timeout: expected at least 2s");
+  expect_error("command: [x]\nhang: {timeout: soon}\n", 2, 17, "hang.timeout: expected a duration");
+  expect_error("command: [x]\nhang: {timeout: 500ms}\n", 2, 17, "hang.timeout: expected at least 2s");
   expect_error("command: [x]\nhang: {action: stop}\n", 2, 7, "hang: missing key 'timeout'");
   expect_error("command: [x]\nhang:\n  timout: 5s\n", 3, 3, "unknown key 'hang.timout' (did you mean 'timeout'?)");
   expect_error("command: [x]\nhang: 10m\n", 2, 7, "hang: expected a mapping with keys timeout, action");
@@ -322,4 +322,5 @@ TEST(JobSpec, Hang) {
     EXPECT_EQ(hang_action_from_name(hang_action_name(a)), a);
   }
   EXPECT_FALSE(hang_action_from_name("Stop").has_value());
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: x}\nhang: {timeout: 5s}\n", 3, 7, "hang: not supported yet with container");
 }
