@@ -6,6 +6,7 @@
 // round means (the local launcher: hung or not; the shepherd: what to tell the coordinator).
 #pragma once
 
+#include "common/duration.hpp"
 #include "hang/progress.hpp"
 #include "stacks/merge.hpp"
 

@@ -52,6 +52,9 @@ class Client {
   void kill_now();
   void forward(int signal);
 
+  // The hang watchdog's node reports ('progress'), while an attempt runs.
+  void on_progress(std::function<void(const Progress&)> f) { on_progress_ = std::move(f); }
+
   bool running() const { return running_; }
   pid_t pid() const { return pid_; }
   // The running attempt's worker pids by local rank (0: did not start), from 'started'.
@@ -75,6 +78,7 @@ class Client {
   launch::GroupCallbacks cb_;
   std::vector<pid_t> workers_;
   std::optional<launch::WorkerExit> first_failure_;
+  std::function<void(const Progress&)> on_progress_;
 };
 
 }  // namespace ddp::shepherd

@@ -10,6 +10,8 @@
 //                       line {rank, stream, data}            one output line (already in the log file)
 //                       first_failure {exit}                 the attempt is stopping because of it
 //                       finished {report}                    the attempt is over, nothing of it runs
+//                       progress {idle_ms, stacks}           the hang watchdog: the node went idle
+//                                                            (idle_ms > 0, its merged stacks) or progressed again (0)
 //
 // The peer is our own process, but a message is still checked field by field before use: a
 // wrong one ends the conversation (and, in the shepherd, the job's processes) instead of being
@@ -68,6 +70,17 @@ launch::WorkerExit decode_first_failure(const nlohmann::json& m);
 
 nlohmann::json encode_finished(const launch::AttemptReport& r);
 launch::AttemptReport decode_finished(const nlohmann::json& m);
+
+// The hang watchdog's node report (lib/hang NodeReporter): sent when the node's idle time
+// crosses half the timeout, with the node's merged stacks of that moment, and when it
+// progresses again (idle 0, no stacks). The stacks are cut to kMaxProgressStacks bytes.
+inline constexpr std::size_t kMaxProgressStacks = 60'000;
+struct Progress {
+  Millis idle{0};
+  std::string stacks;
+};
+nlohmann::json encode_progress(const Progress& p);
+Progress decode_progress(const nlohmann::json& m);
 
 // JSON text of a message; invalid UTF-8 in output lines is replaced, never an exception.
 std::string dump(const nlohmann::json& m);
