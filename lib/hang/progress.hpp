@@ -42,7 +42,9 @@ Millis sample_interval(Millis timeout);
 // across runs). Pure.
 std::uint64_t fingerprint(const std::vector<stacks::Frame>& python);
 // Whether a Python stack (innermost first) is inside torch.distributed: a collective, a
-// barrier, a store wait. torch/distributed/checkpoint is not (it computes and writes). Pure.
+// barrier, a store wait. torch/distributed/checkpoint is not (it computes and writes). Not
+// torch.cuda.synchronize(): a healthy GPU-bound loop waits there most of the time, and a host
+// cannot tell that wait from one for a hung NCCL collective (docs/architecture.md). Pure.
 bool inside_torch_distributed(const std::vector<stacks::Frame>& python);
 
 struct Sample {

@@ -55,6 +55,8 @@ TEST(Collective, TorchDistributedButNotItsCheckpointNorDdpsForward) {
   EXPECT_FALSE(inside_torch_distributed({py("forward", "/venv/site-packages/torch/nn/parallel/distributed.py", 1600)}));
   EXPECT_FALSE(inside_torch_distributed({py("save", "/venv/site-packages/torch/distributed/checkpoint/state_dict_saver.py", 50)}));
   EXPECT_FALSE(inside_torch_distributed({}));
+  // A CUDA synchronisation is where a healthy GPU-bound loop waits too: its CPU time counts.
+  EXPECT_FALSE(inside_torch_distributed({py("synchronize", "/venv/site-packages/torch/cuda/__init__.py", 801), py("step", "/w/train.py", 9)}));
 }
 
 // The scenario: rank 1 sleeps in Python, the others wait in all_reduce spinning a core
