@@ -1,7 +1,8 @@
 """The hang watchdog (job file `hang:`) on a local launch, with real gloo ranks on CPU: rank 1
 stuck in Python while the others wait in all_reduce is a hang (stop, report, restart), and a
 rank computing silently for three times the timeout, in Python and in C, is not. Timeouts are
-a few seconds; no assertion is about speed."""
+a few seconds (at least 3 s: ranks importing torch at once on a loaded machine can stand still in
+dlopen for a couple of seconds); no assertion is about speed."""
 import json
 import os
 import subprocess
@@ -50,20 +51,20 @@ def test_report_keeps_the_job_running_and_says_it_once(tmp_path):
     os.mkfifo(fifo)
     rt = tmp_path / "rt"
     rt.mkdir(mode=0o700)
-    job = hang_job(tmp_path, "{timeout: 2s, action: report}", f"fifo, {fifo}")
+    job = hang_job(tmp_path, "{timeout: 4s, action: report}", f"fifo, {fifo}")
     env = dict(os.environ, XDG_RUNTIME_DIR=str(rt))
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err, open(tmp_path / "stdout.txt", "w") as out:
         p = subprocess.Popen([DDPCTL, "launch", str(job), "--master-port", "0", "--job-id", "hang-report"],
                              cwd=tmp_path, env=env, stdout=out, stderr=err)
     try:
-        wait_for(lambda: "hung: no rank made progress for 2s" in err_path.read_text(), timeout=60, what="the hang report")
+        wait_for(lambda: "hung: no rank made progress for 4s" in err_path.read_text(), timeout=60, what="the hang report")
 
         def status():
             r = subprocess.run([DDPCTL, "status", "--json", "hang-report"], env=env, capture_output=True, text=True, timeout=30)
             return json.loads(r.stdout)["hang"] if r.returncode == 0 else {}
         # The same hang goes on for three timeouts more: still one report.
-        wait_for(lambda: status().get("idle_s", 0) >= 8, timeout=60, what="8 s without progress")
+        wait_for(lambda: status().get("idle_s", 0) >= 12, timeout=60, what="12 s without progress")
         assert status()["hung"] is True
         assert p.poll() is None
         with open(fifo, "wb") as f:  # releases rank 1: the job ends well
@@ -80,17 +81,17 @@ def test_report_keeps_the_job_running_and_says_it_once(tmp_path):
 
 
 def test_restart_restarts_the_attempt(tmp_path):
-    job = hang_job(tmp_path, "{timeout: 2s, action: restart}", "once", extra="restart: {max_restarts: 1, backoff: 0s}\n")
+    job = hang_job(tmp_path, "{timeout: 4s, action: restart}", "once", extra="restart: {max_restarts: 1, backoff: 0s}\n")
     r = launch(job, "--job-id", "hang-restart", "--result-json", str(tmp_path / "result.json"), timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stderr.count("hung: no rank made progress for 2s (hang.action: restart)") == 1, r.stderr
+    assert r.stderr.count("hung: no rank made progress for 4s (hang.action: restart)") == 1, r.stderr
     res = json.loads((tmp_path / "result.json").read_text())
     assert res["status"] == "succeeded" and res["restarts"] == 1
     assert (tmp_path / "logs" / "hang-restart" / "attempt-0" / "hang-stacks.txt").exists()
 
 
 def test_restart_without_restarts_left_fails_naming_the_hang(tmp_path):
-    job = hang_job(tmp_path, "{timeout: 2s, action: restart}", "hang", nproc=2)
+    job = hang_job(tmp_path, "{timeout: 4s, action: restart}", "hang", nproc=2)
     r = launch(job, "--job-id", "hang-norestart", timeout=120)
     assert r.returncode == 1, r.stderr
-    assert "hung: no rank made progress for 2s" in r.stderr
+    assert "hung: no rank made progress for 4s" in r.stderr
