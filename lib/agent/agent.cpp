@@ -1179,6 +1179,9 @@ class Agent {
     launch::GroupOptions go{node.restart_count, spec.workdir.value_or("/"), spec.stop_grace, spec.log_max_bytes};
     if (job.run_as && job.run_as->uid != ::geteuid()) go.run_as = run_as_of(*job.run_as);
     go.log_root = opts_.log_dir;
+    // The hang watchdog samples here (the shepherd); a coordinator that predates it (version < 6)
+    // could not take the node's reports.
+    if (spec.hang && job.owner->session().version() >= 6) go.hang_timeout = spec.hang->timeout;
     launch::GroupCallbacks cb;
     cb.on_line = [this](int rank, supervisor::Stream s, const std::string& line) { forward_line(rank, s, line); };
     cb.on_first_failure = [this](const launch::WorkerExit& ex) {
@@ -1206,6 +1209,11 @@ class Agent {
       if (!job.shepherd) {
         job.shepherd = std::make_unique<shepherd::Client>(io_, shepherd_exe_, job.job_id, unit_starter(job.job_id));
       }
+      job.shepherd->on_progress([this](const shepherd::Progress& p) {
+        if (!job_ || !job_->owner->established()) return;
+        send(job_->owner.get(), "progress", {{"job_id", job_->job_id}, {"round", machine_.group_round()},
+                                             {"idle_ms", p.idle.count()}, {"stacks", p.stacks}});
+      });
       job.shepherd->start({node.attempt_dir, go, std::move(plan)}, std::move(cb));
     } catch (const shepherd::ShepherdError& e) {
       log_->error("job {} round {}: {}", job.job_id, round, e.what());

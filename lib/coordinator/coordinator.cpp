@@ -9,6 +9,8 @@
 #include "coordinator/job_clock.hpp"
 #include "coordinator/round_machine.hpp"
 
+#include "hang/progress.hpp"
+
 #include "binding/binding.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -67,6 +69,7 @@ class Coordinator {
         tick_timer_(io_),
         heartbeat_timer_(io_),
         progress_timer_(io_),
+        hang_timer_(io_),
         log_(log::get("coord")),
         rdzv_(make_config(), now()) {}
 
@@ -386,6 +389,7 @@ class Coordinator {
       return;
     }
     if (m.type == "ready") return on_ready(n, b);
+    if (m.type == "progress") return on_hang_progress(n, b);
     if (m.type == "output") return on_output(n, b);
     if (m.type == "stacks") return stacks_.on_stacks(n.entry.name, b);
     if (m.type == "stacks_done") return stacks_.on_done(n.entry.name, b);
@@ -593,6 +597,7 @@ class Coordinator {
     flight_ranks_.clear();
     for (const auto& na : a.nodes)
       flight_ranks_[na.node] = {static_cast<int>(na.rank_base.value), static_cast<int>(na.local_world_size)};
+    hang_reset();
     rank_files_.clear();
     last_output_.clear();
     store_waiters_.clear();
@@ -732,6 +737,71 @@ class Coordinator {
     for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), s.round, s.reason, opts_.spec.stop_grace);
   }
 
+  // ---- the hang watchdog (lib/hang): each node reports when it goes idle and when it resumes;
+  // the job is hung when no rank on any node progressed for hang.timeout ----
+
+  void hang_reset() {
+    hang_timer_.cancel();
+    hang_stacks_.clear();
+    if (!opts_.spec.hang) return;
+    if (!hang_) hang_.emplace(opts_.spec.hang->timeout, hang::Clock::now());
+    hang_->reset(hang::Clock::now());
+  }
+
+  void on_hang_progress(Node& n, const json& b) {
+    if (!hang_ || b["job_id"].get<std::string>() != opts_.job_id || b["round"].get<std::uint32_t>() != rdzv_.round().value) return;
+    const Millis idle(static_cast<Millis::rep>(b["idle_ms"].get<std::uint64_t>()));
+    hang_->on_report(n.entry.name, idle, hang::Clock::now());
+    if (idle.count() > 0) hang_stacks_[n.entry.name] = b["stacks"].get<std::string>();
+    log_->debug("{}: {}", label(n), idle.count() ? fmt::format("no progress for {}", format_duration(idle)) : "progresses again");
+    check_hang();
+  }
+
+  // The verdict now, or a timer for when it would be due if no node resumes.
+  void check_hang() {
+    hang_timer_.cancel();
+    if (!hang_ || done_ || rdzv_.state() != rdzv::State::running) return;
+    const auto now = hang::Clock::now();
+    const auto verdict = hang_->check(rdzv_.members(), now);
+    if (verdict == hang::Watch::Verdict::hung_now) return on_hang();
+    if (verdict == hang::Watch::Verdict::still_hung) return;  // reported: wait for a node to resume
+    const auto last = hang_->last_progress(rdzv_.members(), now);
+    if (!last || *last == now) return;  // a node progresses: its idle report calls us again
+    hang_timer_.expires_at(*last + opts_.spec.hang->timeout + std::chrono::milliseconds(1));
+    hang_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) check_hang();
+    });
+  }
+
+  // Every node's stacks for a hang report. This default uses what each node sent with its idle
+  // report: during a hang the stacks stand still (a changed stack is progress). One hook, so the
+  // lead can switch it to `ddpctl stacks JOB`'s gathering (a fresh read, native frames too).
+  void gather_hang_stacks(std::function<void(std::string)> done) {
+    std::string out;
+    for (const auto& m : rdzv_.members()) {
+      auto it = hang_stacks_.find(m);
+      out += fmt::format("node {}:\n{}", m, it != hang_stacks_.end() ? it->second : std::string("  (no report)\n"));
+    }
+    done(std::move(out));
+  }
+
+  void on_hang() {
+    const auto& h = *opts_.spec.hang;
+    const auto cause = fmt::format("hung: no rank made progress for {}", format_duration(h.timeout));
+    const auto round = rdzv_.round();
+    gather_hang_stacks([this, cause, round, action = h.action](std::string stacks) {
+      if (done_ || rdzv_.round() != round) return;
+      say(spdlog::level::err, "job {}: {} on any node (hang.action: {}); where every rank is:\n{}", opts_.job_id, cause,
+          jobspec::hang_action_name(action), stacks);
+      const auto file = fs::path(attempt_dir_) / "hang-stacks.txt";
+      std::ofstream(file, std::ios::app) << cause << " at " << launch::format_time(std::chrono::system_clock::now()) << "\n"
+                                         << stacks << "\n";
+      notes_.push_back(fmt::format("{} (stacks in {})", cause, file.string()));
+      if (action == jobspec::HangAction::report) return;
+      handle(rdzv::HangDetected{cause, action == jobspec::HangAction::restart});
+    });
+  }
+
   void send_stop(Node& n, rdzv::Round round, const std::string& reason, Millis grace) {
     send(n, "stop",
          {{"job_id", opts_.job_id}, {"round", round.value}, {"reason", reason.substr(0, 4000)},
@@ -746,7 +816,13 @@ class Coordinator {
 
   void on_effect(rdzv::JobFailed& f) {
     report_.restarts = static_cast<int>(f.restart_count);
-    if (f.kind == rdzv::JobFailed::Kind::stopped) {
+    if (f.kind == rdzv::JobFailed::Kind::hung) {
+      close_attempt(launch::Phase::failed, f.first_failure);
+      report_.status = "failed";
+      report_.exit_code = launch::kHungExitCode;
+      report_.message = f.message;
+      say(spdlog::level::err, "job {} failed: {}", opts_.job_id, f.message);
+    } else if (f.kind == rdzv::JobFailed::Kind::stopped) {
       close_attempt(launch::Phase::stopped, f.first_failure);
       report_.status = "stopped";
       report_.exit_code = 128 + (stop_signal_ ? stop_signal_ : SIGTERM);
@@ -913,6 +989,7 @@ class Coordinator {
     tick_timer_.cancel();
     heartbeat_timer_.cancel();
     progress_timer_.cancel();
+    hang_timer_.cancel();
     for (auto& [name, n] : nodes_) {
       n->redial.cancel();
       if (n->conn) n->conn->close("the job is over", /*routine=*/true);
@@ -1079,6 +1156,10 @@ class Coordinator {
   std::optional<rdzv::TimePoint> tick_armed_;  // the deadline tick_timer_ waits for
   bool killed_now_ = false;                    // a second Ctrl-C: SIGKILL without the grace
   asio::steady_timer progress_timer_;  // "still waiting" while nodes are missing
+  // The hang watchdog (spec.hang): the nodes' reports, each idle node's stacks, the verdict's timer.
+  std::optional<hang::NodeProgress> hang_;
+  std::map<std::string, std::string> hang_stacks_;
+  asio::steady_timer hang_timer_;
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;
   std::vector<std::string> hosts_;

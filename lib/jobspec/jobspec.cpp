@@ -38,7 +38,7 @@ namespace {
 const std::vector<std::string> kTopKeys{
     "name",    "nnodes",  "hosts", "nproc_per_node", "command", "workdir", "env",  "env_forward",
     "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous",
-    "python"};
+    "python",  "hang"};
 const std::map<std::string, std::string> kNotYet{};
 
 // Environment variables that ddpctl owns: a job may not set them (the value would be a lie).
@@ -246,6 +246,8 @@ class Parser {
         mapping(v, "stop", {"grace"}, [&](const std::string&, const YAML::Node&, const YAML::Node& sv) {
           if (auto d = duration(sv, "stop.grace")) spec.stop_grace = *d;
         });
+      } else if (key == "hang") {
+        parse_hang(v, spec);
       } else if (key == "binding") {
         parse_binding(v, spec);
       } else if (key == "container") {
@@ -267,6 +269,13 @@ class Parser {
       const YAML::Node& croot = root;
       error(croot["nccl"]["unique_id"], "nccl.unique_id: on cannot be honoured with container: the id holder would use the host's "
                           "libnccl, not the image's; use auto or off (PyTorch's NCCL process group needs no id from ddpctl)");
+    }
+    // The watchdog reads each rank's own process (and its descendants); a container rank's is the
+    // runtime's client, whose Python lives elsewhere (podman's conmon, docker's daemon).
+    if (spec.container && spec.hang) {
+      const YAML::Node& croot = root;
+      error(croot["hang"], "hang: not supported yet with container: the watchdog reads the rank's own process, which is "
+                           "the container runtime's client; remove one of the two");
     }
     if (root.IsMap() && !have_command) {
       diags_.push_back({file_, 1, 1, "missing key 'command': expected the worker's argv, e.g. command: [python3, train.py]"});
@@ -293,6 +302,38 @@ class Parser {
 
   // hosts: a list of names (host or host:port), or one SLURM-style string; the launcher expands
   // and checks it (lib/hostlist), so the file and --nodes give the same errors.
+  // hang: {timeout: 10m, action: report|stop|restart}; timeout is required (no silent default
+  // for how long a job may stand still), action defaults to report (the least harm).
+  void parse_hang(const YAML::Node& v, JobSpec& spec) {
+    HangSpec h;
+    bool have_timeout = false, ok = true;
+    mapping(v, "hang", {"timeout", "action"}, [&](const std::string& hk, const YAML::Node&, const YAML::Node& hv) {
+      if (hk == "timeout") {
+        have_timeout = true;
+        auto d = duration(hv, "hang.timeout");
+        if (!d) {
+          ok = false;
+        } else if (*d < kMinHangTimeout) {
+          error(hv, fmt::format("hang.timeout: expected at least {} (ranks are sampled once a second), got {}",
+                                format_duration(kMinHangTimeout), describe(hv)));
+          ok = false;
+        } else {
+          h.timeout = *d;
+        }
+      } else if (auto a = hv.IsScalar() ? hang_action_from_name(hv.Scalar()) : std::nullopt) {
+        h.action = *a;
+      } else {
+        error(hv, fmt::format("hang.action: expected report, stop or restart, got {}", describe(hv)));
+        ok = false;
+      }
+    });
+    if (v.IsMap() && !have_timeout) {
+      error(v, "hang: missing key 'timeout': how long no rank may make progress, e.g. hang: {timeout: 10m, action: stop}");
+      ok = false;
+    }
+    if (v.IsMap() && ok) spec.hang = h;
+  }
+
   // binding: {gpu: auto|none|isolate, numa: auto|none|node|exclusive, nic: auto|none|rank}
   void parse_binding(const YAML::Node& v, JobSpec& spec) {
     mapping(v, "binding", {"gpu", "numa", "nic"}, [&](const std::string& bk, const YAML::Node&, const YAML::Node& bv) {
@@ -548,6 +589,22 @@ JobSpec load_job_file(const std::string& path) {
     throw JobSpecError({{path, 0, 0, "the job file changed while it was read"}});
   }
   return parse_job_yaml(text, path);
+}
+
+std::string_view hang_action_name(HangAction a) {
+  switch (a) {
+    case HangAction::report: return "report";
+    case HangAction::stop: return "stop";
+    case HangAction::restart: return "restart";
+  }
+  return "report";
+}
+
+std::optional<HangAction> hang_action_from_name(std::string_view name) {
+  if (name == "report") return HangAction::report;
+  if (name == "stop") return HangAction::stop;
+  if (name == "restart") return HangAction::restart;
+  return std::nullopt;
 }
 
 bool valid_job_id(std::string_view id) {

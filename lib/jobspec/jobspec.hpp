@@ -80,6 +80,19 @@ struct ContainerSpec {
 std::string_view runtime_name(ContainerRuntime r);
 std::optional<ContainerRuntime> runtime_from_name(std::string_view name);
 
+// hang: the hang watchdog (lib/hang). The job is hung when no rank on any node made progress
+// (output, a changing Python stack, CPU time outside torch.distributed) for `timeout`; then every
+// rank's stacks are printed and logged, and `action` follows: report (the job goes on; once per
+// hang), stop (the job fails: "hung"), restart (the attempt fails, as a rank's failure would).
+enum class HangAction { report, stop, restart };
+struct HangSpec {
+  Millis timeout{600'000};
+  HangAction action = HangAction::report;
+};
+std::string_view hang_action_name(HangAction a);
+std::optional<HangAction> hang_action_from_name(std::string_view name);
+inline constexpr Millis kMinHangTimeout{2000};  // ranks are sampled once a second at most
+
 // store.threads: auto (the store picks from the CPUs it may use), or 0 to kMaxStoreThreads.
 inline constexpr int kAutoThreads = -1;
 inline constexpr int kMaxStoreThreads = 64;
@@ -113,6 +126,7 @@ struct JobSpec {
   BindingSpec binding;
   std::optional<ContainerSpec> container;
   Millis stop_grace{30'000};
+  std::optional<HangSpec> hang;  // nullopt: no watchdog
   // Multi-node (--nodes / ddp-agentd): the job file's hosts (--nodes wins) and rendezvous timing.
   std::vector<std::string> hosts;
   Millis join_timeout{600'000};

@@ -15,6 +15,7 @@
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
 #include "launch/worker_group.hpp"
+#include "hang/progress.hpp"
 #include "facts/discover.hpp"
 #include "facts/model.hpp"
 #include "launch/nccl_holder.hpp"
@@ -326,6 +327,7 @@ class LocalLauncher {
   void start_workers(contract::NodeContext node, int attempt) {
     auto plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
     GroupOptions go{attempt, *opts_.spec.workdir, opts_.spec.stop_grace, opts_.spec.log_max_bytes, {}};
+    if (opts_.spec.hang) go.hang_timeout = opts_.spec.hang->timeout;
     if (opts_.spec.container) {
       try {
         container::write_env_files(plan, opts_.spec.container->runtime);
@@ -355,15 +357,36 @@ class LocalLauncher {
       note_waiters();
     };
     cb.on_finished = [this](AttemptReport r) { finish_attempt(std::move(r)); };
+    cb.on_hang_round = [this, dir = node.attempt_dir](hang::RankProgress& p, hang::TimePoint now) {
+      if (p.watch().check(now) == hang::Watch::Verdict::hung_now) on_hang(dir);
+    };
     world_size_ = static_cast<int>(plan.ranks.size());
     notes_.clear();
     log_files_.clear();
     for (const auto& rp : plan.ranks) log_files_.push_back(rp.log_file);
     last_output_.assign(plan.ranks.size(), std::nullopt);
+    hang_cause_.clear();
     group_ = std::make_unique<WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
     if (holder_) group_->keep(holder_->pid());
     if (watchdog_) group_->keep(watchdog_->pid());
     group_->start();
+  }
+
+  // The watchdog's verdict (lib/hang): no rank made progress for hang.timeout. Every rank's
+  // stacks go to the terminal and to the attempt's folder (hang-stacks.txt), then the action.
+  void on_hang(const std::string& attempt_dir) {
+    const auto& h = *opts_.spec.hang;
+    const auto cause = fmt::format("hung: no rank made progress for {}", format_duration(h.timeout));
+    const auto stacks = group_->hang_stacks_text();
+    log_->error("job {}: {} (hang.action: {}); where every rank is:\n{}", opts_.job_id, cause,
+                jobspec::hang_action_name(h.action), stacks);
+    group_->write_hang_stacks(fmt::format("{} at {}\n{}", cause, format_time(std::chrono::system_clock::now()), stacks));
+    notes_.push_back(fmt::format("{} (stacks in {}/hang-stacks.txt)", cause, attempt_dir));
+    if (h.action == jobspec::HangAction::report) return;
+    note_waiters();
+    hang_cause_ = cause;
+    hang_stop_ = h.action == jobspec::HangAction::stop;
+    group_->request_stop(SIGTERM);  // stop: the job fails; restart: the attempt fails, as a rank's failure would
   }
 
   // Who waits for what, at the moment it explains the most (before the others are stopped).
@@ -419,6 +442,13 @@ class LocalLauncher {
       log_->warn("job {} stopped by {}", opts_.job_id, supervisor::signal_name(stop_signal_));
       return done();
     }
+    if (hang_stop_) {
+      report_.status = "failed";
+      report_.exit_code = kHungExitCode;
+      report_.message = hang_cause_;
+      log_->error("job {} failed: {}", opts_.job_id, hang_cause_);
+      return done();
+    }
     if (attempt_ < opts_.spec.max_restarts) {
       report_.restarts = attempt_ + 1;
       log_->warn("restarting the job in {} (restart {} of {})", format_duration(opts_.spec.restart_backoff), attempt_ + 1,
@@ -432,6 +462,7 @@ class LocalLauncher {
     }
     report_.status = "failed";
     report_.exit_code = 1;
+    if (!hang_cause_.empty()) report_.message = hang_cause_;  // hang.action: restart, none left
     log_->error("job {} failed{}", opts_.job_id,
                 opts_.spec.max_restarts ? fmt::format(" after {} restarts", opts_.spec.max_restarts) : "");
     done();
@@ -565,7 +596,20 @@ class LocalLauncher {
             {"nodes", json::array({own_hostname()})},
             {"ranks", ranks},
             {"store_waiters", waiters},
+            {"hang", hang_status()},
             {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
+  }
+
+  // The watchdog's view for `ddpctl status`: how long no rank made progress; null without one.
+  nlohmann::json hang_status() const {
+    if (!opts_.spec.hang) return nullptr;
+    nlohmann::json j{{"timeout_s", std::chrono::duration<double>(opts_.spec.hang->timeout).count()},
+                     {"action", jobspec::hang_action_name(opts_.spec.hang->action)}};
+    if (const auto* w = group_ ? group_->hang_watch() : nullptr) {
+      j["idle_s"] = std::chrono::duration<double>(w->idle(hang::Clock::now())).count();
+      j["hung"] = w->hung();
+    }
+    return j;
   }
 
   void wait_user_signals() {
@@ -602,6 +646,8 @@ class LocalLauncher {
   int world_size_ = 0;
   int stop_signal_ = 0;
   bool done_ = false;
+  std::string hang_cause_;  // the attempt's hang that stops or restarts it
+  bool hang_stop_ = false;  // hang.action: stop
   std::vector<std::string> notes_;
   JobReport report_;
 };

@@ -55,6 +55,9 @@ struct AttemptReport {
   std::optional<FailureStacks> stacks;
 };
 
+// ddpctl's exit status when the hang watchdog stopped the job (hang.action: stop), as timeout(1)'s.
+inline constexpr int kHungExitCode = 124;
+
 struct JobReport {
   std::string job_id;
   std::string status;  // "succeeded" | "failed" | "stopped"

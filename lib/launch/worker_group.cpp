@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <set>
 #include <signal.h>
 #include <sys/wait.h>
@@ -136,7 +137,31 @@ void WorkerGroup::start() {
       spawn_failed(w, e.what());
     }
   }
+  start_hang_sampler();
   check_finished();
+}
+
+void WorkerGroup::start_hang_sampler() {
+  if (opts_.hang_timeout <= Millis(0)) return;
+  std::vector<HangSampler::Rank> ranks;
+  for (const auto& w : workers_) ranks.push_back({w->plan.rank, w->plan.local_rank, w->plan.node, w->pid});
+  hang_ = std::make_unique<HangSampler>(io_, opts_.hang_timeout, std::move(ranks),
+                                        [this](hang::RankProgress& p, hang::TimePoint now) {
+                                          if (!stopping_ && cb_.on_hang_round) cb_.on_hang_round(p, now);
+                                        });
+  hang_->start();
+}
+
+void WorkerGroup::write_hang_stacks(const std::string& text) {
+  if (!dir_) return;
+  std::optional<safefs::Owner> owner;
+  if (opts_.run_as) owner = safefs::Owner{opts_.run_as->uid, opts_.run_as->gid};
+  try {
+    auto fd = safefs::open_append(*dir_, "hang-stacks.txt", owner);
+    if (!safefs::write_all(fd.get(), text + "\n")) throw safefs::FsError(errno, std::strerror(errno));
+  } catch (const safefs::FsError& e) {
+    log::get("hang")->warn("attempt {}: cannot write {}: {}", opts_.attempt, dir_->path_of("hang-stacks.txt"), e.what());
+  }
 }
 
 void WorkerGroup::open_attempt_dir() {
@@ -208,6 +233,7 @@ void WorkerGroup::read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p) {
     if (!p->open) return;
     auto emit = [&](std::string line) {
       wp->log->write(p->stream, line);
+      if (hang_) hang_->on_output(wp->plan.local_rank);
       if (cb_.on_line) cb_.on_line(wp->plan.rank, p->stream, line);
       wp->last.add(std::move(line));
     };
@@ -252,6 +278,7 @@ bool WorkerGroup::on_reaped(pid_t pid, int status, SysTime when) {
 }
 
 void WorkerGroup::on_exit(Worker& w, const WorkerExit& ex) {
+  if (hang_) hang_->on_exit(w.plan.local_rank);
   log::get("launch")->debug("rank {} (pid {}) {}", w.plan.rank, ex.pid, ex.describe());
   if (tracker_.on_exit(ex) == Decision::stop_all) {
     if (cb_.on_first_failure) cb_.on_first_failure(ex);
@@ -279,6 +306,7 @@ void WorkerGroup::stop_all() {
   // Once: a second stop (the coordinator's, then its link closing) must not be a second SIGTERM;
   // the grace period that already runs ends in SIGKILL for whatever is left, latecomers too.
   if (stopping_) return;
+  if (hang_) hang_->stop();  // a stopping attempt is no hang
   stopping_ = true;
   if (!take_stacks_first()) terminate(true);
 }
@@ -415,6 +443,7 @@ void WorkerGroup::finish() {
   // Every rank ended while their stacks were being read: what was read is the report's.
   if (snapshot_ && snapshot_->pending()) snapshot_->skip("ended before it was read");
   finished_ = true;
+  if (hang_) hang_->stop();
   grace_timer_.cancel();
   drain_timer_.cancel();
   cgroup_.reset();

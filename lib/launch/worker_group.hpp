@@ -9,6 +9,7 @@
 
 #include "contract/contract.hpp"
 #include "launch/attempt.hpp"
+#include "launch/hang_sampler.hpp"
 #include "launch/report.hpp"
 #include "launch/stack_snapshot.hpp"
 #include "stacks/merge.hpp"
@@ -45,6 +46,9 @@ struct GroupOptions {
   // How long the ranks still running may take to have their stacks read before the first
   // signal of a stop (the whole node's; 0: not read). A SIGKILL stop or kill_now() skips it.
   Millis stacks_budget{2000};
+  // The hang watchdog (job file `hang:`): every live rank sampled on this loop (hang_sampler.hpp),
+  // its owner told after each round (GroupCallbacks::on_hang_round). 0: off.
+  Millis hang_timeout{0};
 };
 
 struct GroupCallbacks {
@@ -55,6 +59,8 @@ struct GroupCallbacks {
   // The shepherd client only (a WorkerGroup's owner asks rank_status()): every rank's pid by
   // local rank, 0 for one that did not start, once all were forked.
   std::function<void(const std::vector<pid_t>&)> on_started;
+  // The hang watchdog, after every round of samples while the attempt runs (not while it stops).
+  std::function<void(hang::RankProgress&, hang::TimePoint now)> on_hang_round;
   // Called once, when the attempt is completely over.
   std::function<void(AttemptReport)> on_finished;
 };
@@ -89,6 +95,12 @@ class WorkerGroup {
   // its owner stops it after the group has finished.
   void keep(pid_t pid) { keep_.push_back(pid); }
   bool finished() const { return finished_; }
+  // Every running rank's stacks as the watchdog's latest round read them, merged ("" without
+  // a watchdog).
+  std::string hang_stacks_text() const { return hang_ ? hang_->stacks_text(plan_.world_size) : std::string(); }
+  const hang::Watch* hang_watch() const { return hang_ ? &hang_->progress().watch() : nullptr; }
+  // Appends `text` to the attempt folder's hang-stacks.txt (as the workers' log files are kept).
+  void write_hang_stacks(const std::string& text);
 
   // The stacks of the running ranks (group_stacks.cpp), read off the event loop (collect.hpp:
   // native frames through the reader that drops to run_as). `done` is posted to the io_context
@@ -142,6 +154,8 @@ class WorkerGroup {
   bool killing_now_ = false;
   std::unique_ptr<StackSnapshot> snapshot_;
   std::vector<pid_t> keep_;
+  std::unique_ptr<HangSampler> hang_;
+  void start_hang_sampler();
   struct StackReads;  // the reads in flight (threads), joined when the group goes: declared last
   std::shared_ptr<StackReads> stack_reads_;
 };

@@ -82,6 +82,8 @@ json to_json(const JobPayload& p) {
          {"forward_env", p.forward_env}};
   if (s.workdir) j["workdir"] = *s.workdir;
   if (!s.python.empty()) j["python"] = s.python;
+  // The hang watchdog (version 6): the agents sample with its timeout; the coordinator acts.
+  if (s.hang) j["hang"] = {{"timeout_ms", s.hang->timeout.count()}, {"action", jobspec::hang_action_name(s.hang->action)}};
   if (s.container) {
     const auto& c = *s.container;
     json mounts = json::array(), cenv = json::array();
@@ -196,6 +198,19 @@ JobPayload payload_from_json(const json& j) {
     }
     if (cj.contains("workdir")) c.workdir = get<std::string>(cj, "workdir");
     s.container = std::move(c);
+  }
+  if (j.contains("hang")) {
+    const auto& hj = j.at("hang");
+    if (!hj.is_object()) throw WireError("job spec: 'hang' must be an object");
+    jobspec::HangSpec h;
+    h.timeout = Millis(get<long long>(hj, "timeout_ms"));
+    if (h.timeout < jobspec::kMinHangTimeout || h.timeout > Millis(7 * 24 * 3600 * 1000ll)) {
+      throw WireError("job spec: hang.timeout_ms out of range");
+    }
+    const auto action = jobspec::hang_action_from_name(get<std::string>(hj, "action"));
+    if (!action) throw WireError("job spec: hang.action must be report, stop or restart");
+    h.action = *action;
+    s.hang = h;
   }
   p.forward_env = get<std::map<std::string, std::string>>(j, "forward_env");
   for (const auto& [k, v] : p.forward_env) check_var("forward_env", k, &v);

@@ -52,7 +52,7 @@ const std::string& node_of(const Event& e) {
 }  // namespace
 
 // One row per (state, event). Rows are searched in order; a state with no row for an event
-// would be a bug, so every live state lists all seven events.
+// would be a bug, so every live state lists all eight events.
 struct Rendezvous::Transition {
   std::optional<State> state;  // nullopt: any state
   std::size_t event;
@@ -70,6 +70,7 @@ const Rendezvous::Transition Rendezvous::kTable[] = {
   {State::joining,  ev<WorkerExited>,    &Rendezvous::ignore,             "stale: from an earlier round"},
   {State::joining,  ev<AttemptFinished>, &Rendezvous::ignore,             "stale: from an earlier round"},
   {State::joining,  ev<StopRequested>,   &Rendezvous::stop_now,           "nothing runs: fail as stopped"},
+  {State::joining,  ev<HangDetected>,    &Rendezvous::ignore,             "stale: nothing runs"},
 
   {State::running,  ev<NodeJoined>,      &Rendezvous::admit_during_run,   "elastic below MAX: re-form; else stand by"},
   {State::running,  ev<NodeLeft>,        &Rendezvous::lose_running,       "a member gone: failure, stop all"},
@@ -78,6 +79,7 @@ const Rendezvous::Transition Rendezvous::kTable[] = {
   {State::running,  ev<WorkerExited>,    &Rendezvous::exit_running,       "non-zero or signal: failure, stop all"},
   {State::running,  ev<AttemptFinished>, &Rendezvous::finished_running,   "all ok: success; not ok: failure"},
   {State::running,  ev<StopRequested>,   &Rendezvous::stop_running,       "stop all, then fail as stopped"},
+  {State::running,  ev<HangDetected>,    &Rendezvous::hang_running,       "a failure: stop all; restart or fail as hung"},
 
   {State::stopping, ev<NodeJoined>,      &Rendezvous::admit_for_next_round, "joins the next round"},
   {State::stopping, ev<NodeLeft>,        &Rendezvous::lose_stopping,      "counts as stopped; a lost member"},
@@ -86,6 +88,7 @@ const Rendezvous::Transition Rendezvous::kTable[] = {
   {State::stopping, ev<WorkerExited>,    &Rendezvous::exit_stopping,      "candidate for first failure"},
   {State::stopping, ev<AttemptFinished>, &Rendezvous::finished_stopping,  "ack; all acked: restart or fail"},
   {State::stopping, ev<StopRequested>,   &Rendezvous::stop_stopping,      "no restart after this stop"},
+  {State::stopping, ev<HangDetected>,    &Rendezvous::ignore,             "already stopping: the stop decides"},
 
   {State::backoff,  ev<NodeJoined>,      &Rendezvous::admit_for_next_round, "joins the next round"},
   {State::backoff,  ev<NodeLeft>,        &Rendezvous::leave,              "forget it"},
@@ -94,6 +97,7 @@ const Rendezvous::Transition Rendezvous::kTable[] = {
   {State::backoff,  ev<WorkerExited>,    &Rendezvous::ignore,             "stale"},
   {State::backoff,  ev<AttemptFinished>, &Rendezvous::ignore,             "stale"},
   {State::backoff,  ev<StopRequested>,   &Rendezvous::stop_now,           "nothing runs: fail as stopped"},
+  {State::backoff,  ev<HangDetected>,    &Rendezvous::ignore,             "stale: nothing runs"},
 
   {std::nullopt,    kAnyEvent,           &Rendezvous::ignore,             "succeeded / failed are final"},
 };
@@ -130,6 +134,7 @@ std::string Failure::describe() const {
       return who + " exited with code " + std::to_string(exit_code.value_or(-1));
     case Kind::node_lost: return who + " was lost" + (reason.empty() ? "" : ": " + reason);
     case Kind::node_reported: return who + " reported a failed attempt";
+    case Kind::hung: return reason;
   }
   return who;
 }
@@ -376,6 +381,15 @@ void Rendezvous::check_heartbeats() {
 void Rendezvous::after_stop() {
   stop_deadline_.reset();
   if (user_stop_) return fail_job(JobFailed::Kind::stopped, "job stopped: " + *user_stop_);
+  if (hang_stop_) {
+    state_ = State::failed;
+    JobFailed f{JobFailed::Kind::hung, std::nullopt, restart_count_, *hang_stop_};
+    for (const auto& x : failures_) {
+      if (x.kind == Failure::Kind::hung) f.first_failure = x;
+    }
+    out_.push_back(std::move(f));
+    return;
+  }
   if (membership_change_ || (elastic() && lost_member_this_round_)) {
     // Re-form without spending a restart: the failures were the membership change's fallout.
     out_.push_back(Progress{"re-forming with " + std::to_string(nodes_.size()) + (nodes_.size() == 1 ? " node" : " nodes") +
@@ -572,6 +586,18 @@ void Rendezvous::stop_now(const Event& e) {
 void Rendezvous::stop_running(const Event& e) {
   user_stop_ = std::get<StopRequested>(e).reason;
   begin_stop("stop requested: " + *user_stop_);
+}
+
+void Rendezvous::hang_running(const Event& e) {
+  const auto& h = std::get<HangDetected>(e);
+  Failure f;
+  f.kind = Failure::Kind::hung;
+  f.node = "all";
+  f.time = now_;
+  f.reason = h.reason;
+  record_failure(f);
+  if (!h.restart) hang_stop_ = h.reason;
+  begin_stop(h.reason);
 }
 
 void Rendezvous::stop_stopping(const Event& e) {

@@ -83,7 +83,14 @@ struct AttemptFinished {
 struct StopRequested {
   std::string reason;  // "SIGINT", "ddpctl stop by alice"
 };
-using Event = std::variant<NodeJoined, NodeLeft, Heartbeat, Tick, WorkerExited, AttemptFinished, StopRequested>;
+// The hang watchdog's verdict (lib/hang): no rank on any node made progress for its timeout.
+// `restart`: the attempt fails as a worker's failure would (a restart if any is left); else the
+// job fails as hung, restarts left or not.
+struct HangDetected {
+  std::string reason;  // "hung: no rank made progress for 10m"
+  bool restart = false;
+};
+using Event = std::variant<NodeJoined, NodeLeft, Heartbeat, Tick, WorkerExited, AttemptFinished, StopRequested, HangDetected>;
 
 // ---- effects ----
 struct NodeAssignment {
@@ -113,7 +120,7 @@ struct RestartScheduled {
   std::string reason;
 };
 struct Failure {
-  enum class Kind { worker_exit, node_lost, node_reported };
+  enum class Kind { worker_exit, node_lost, node_reported, hung };
   Kind kind = Kind::worker_exit;
   std::string node;
   std::optional<NodeRank> node_rank;
@@ -123,11 +130,11 @@ struct Failure {
   std::uint32_t pid = 0;
   TimePoint time{0};  // our clock
   Round round;
-  std::string reason;  // node_lost: why ("its agent is shutting down (SIGTERM)", ...)
+  std::string reason;  // node_lost: why ("its agent is shutting down (SIGTERM)", ...); hung: the verdict
   std::string describe() const;  // "rank 5 (n2, local rank 1, pid 4242) exited with code 1"
 };
 struct JobFailed {
-  enum class Kind { worker_failed, rendezvous_timeout, stopped };
+  enum class Kind { worker_failed, rendezvous_timeout, stopped, hung };
   Kind kind = Kind::worker_failed;
   std::optional<Failure> first_failure;
   std::uint32_t restart_count = 0;
@@ -211,6 +218,7 @@ class Rendezvous {
   void stop_now(const Event&);
   void stop_running(const Event&);
   void stop_stopping(const Event&);
+  void hang_running(const Event&);
   void ignore(const Event&);
 
   // helpers
@@ -252,6 +260,7 @@ class Rendezvous {
   bool lost_member_this_round_ = false;
   bool membership_change_ = false;  // the stop was to re-form, not a failure
   std::optional<std::string> user_stop_;
+  std::optional<std::string> hang_stop_;  // HangDetected without restart: the job fails as hung
 };
 
 }  // namespace ddp::rendezvous

@@ -148,6 +148,9 @@ void Client::on_message(const std::string& type, const nlohmann::json& m) {
       if (cb_.on_first_failure) cb_.on_first_failure(*first_failure_);
     } else if (type == "finished") {
       finish(decode_finished(m));
+    } else if (type == "progress") {
+      auto p = decode_progress(m);
+      if (on_progress_) on_progress_(p);
     }
   } catch (const MessageError& e) {
     channel_->close(fmt::format("bad '{}' from the shepherd: {}", type, e.what()));

@@ -57,6 +57,8 @@ class Client {
   // always once, on the io_context, at the latest a few seconds after the query's budget.
   using StacksDone = std::function<void(std::vector<stacks::RankStacks>, std::string error)>;
   void read_stacks(const launch::WorkerGroup::StacksQuery& q, StacksDone done);
+  // The hang watchdog's node reports ('progress'), while an attempt runs.
+  void on_progress(std::function<void(const Progress&)> f) { on_progress_ = std::move(f); }
 
   bool running() const { return running_; }
   pid_t pid() const { return pid_; }
@@ -85,6 +87,7 @@ class Client {
   std::map<std::uint64_t, std::shared_ptr<PendingStacks>> pending_stacks_;
   std::uint64_t next_stacks_id_ = 1;
   void answer_stacks(std::uint64_t id, std::vector<stacks::RankStacks> ranks, std::string error);
+  std::function<void(const Progress&)> on_progress_;
 };
 
 }  // namespace ddp::shepherd

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <vector>
 
 namespace ddp::shepherd {
 
@@ -103,8 +104,8 @@ json with_type(std::string_view type, json body) {
 std::string message_type(const json& m, Sender from) {
   if (!m.is_object()) throw MessageError("a message must be a JSON object");
   const auto type = get_str(m, "type");
-  static const std::array<std::string_view, 5> kFromAgent{"start", "stop", "kill", "forward", "stacks"};
-  static const std::array<std::string_view, 5> kFromShepherd{"started", "line", "first_failure", "finished", "stacks_read"};
+  static const std::vector<std::string_view> kFromAgent{"start", "stop", "kill", "forward", "stacks"};
+  static const std::vector<std::string_view> kFromShepherd{"started", "line", "first_failure", "finished", "stacks_read", "progress"};
   const auto& known = from == Sender::agent ? kFromAgent : kFromShepherd;
   if (std::find(known.begin(), known.end(), type) == known.end()) {
     throw MessageError(fmt::format("'{}' is not a message the {} sends", type, from == Sender::agent ? "agent" : "shepherd"));
@@ -130,6 +131,7 @@ json encode_start(const StartAttempt& s) {
                {"stop_grace_ms", s.options.stop_grace.count()},
                {"log_max_bytes", s.options.log_max_bytes}};
   if (!s.options.log_root.empty()) options["log_root"] = s.options.log_root;
+  if (s.options.hang_timeout.count() > 0) options["hang_timeout_ms"] = s.options.hang_timeout.count();
   if (const auto& u = s.options.run_as) options["run_as"] = {{"uid", u->uid}, {"gid", u->gid}, {"groups", u->groups}};
   return with_type("start", {{"attempt_dir", s.attempt_dir},
                              {"options", std::move(options)},
@@ -145,6 +147,7 @@ StartAttempt decode_start(const json& m) {
   s.options.stop_grace = Millis(get_int(o, "stop_grace_ms", 0, 24ll * 3600 * 1000));
   s.options.log_max_bytes = static_cast<std::uint64_t>(get_int(o, "log_max_bytes", 0, std::numeric_limits<long long>::max()));
   if (o.contains("log_root")) s.options.log_root = get_str(o, "log_root");
+  if (o.contains("hang_timeout_ms")) s.options.hang_timeout = Millis(get_int(o, "hang_timeout_ms", 1000, 7ll * 24 * 3600 * 1000));
   if (o.contains("run_as")) {
     const auto& u = get_object(o, "run_as");
     constexpr long long kMaxId = std::numeric_limits<std::uint32_t>::max() - 1;  // (uid_t)-1 means "unchanged"
@@ -232,6 +235,18 @@ Line decode_line(const json& m) {
   l.data = get_str(m, "data");
   if (l.data.size() > supervisor::kMaxLine) throw MessageError("field 'data': a line longer than 64 KiB");
   return l;
+}
+
+json encode_progress(const Progress& p) {
+  return with_type("progress", {{"idle_ms", p.idle.count()}, {"stacks", p.stacks}});
+}
+
+Progress decode_progress(const json& m) {
+  Progress p;
+  p.idle = Millis(get_int(m, "idle_ms", 0, std::numeric_limits<std::int32_t>::max() * 1000ll));
+  p.stacks = get_str(m, "stacks");
+  if (p.stacks.size() > kMaxProgressStacks) throw MessageError("field 'stacks': longer than 60000 bytes");
+  return p;
 }
 
 json encode_first_failure(const launch::WorkerExit& e) { return with_type("first_failure", {{"exit", exit_to_json(e)}}); }

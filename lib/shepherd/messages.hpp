@@ -15,6 +15,8 @@
 //                                                            it was stopped, launch/failure_stacks.hpp)
 //                       stacks_read {id, ranks: [{rank, process}]}   the answer to 'stacks' (also after
 //                                                            the attempt ended); process: stacks::to_json
+//                       progress {idle_ms, stacks}           the hang watchdog: the node went idle
+//                                                            (idle_ms > 0, its merged stacks) or progressed again (0)
 //
 // The peer is our own process, but a message is still checked field by field before use: a
 // wrong one ends the conversation (and, in the shepherd, the job's processes) instead of being
@@ -90,6 +92,16 @@ struct StacksRead {
 // one are left out (said in each process's errors).
 nlohmann::json encode_stacks_read(StacksRead r);
 StacksRead decode_stacks_read(const nlohmann::json& m);  // hostile-input checks of stacks::process_from_json
+// The hang watchdog's node report (lib/hang NodeReporter): sent when the node's idle time
+// crosses half the timeout, with the node's merged stacks of that moment, and when it
+// progresses again (idle 0, no stacks). The stacks are cut to kMaxProgressStacks bytes.
+inline constexpr std::size_t kMaxProgressStacks = 60'000;
+struct Progress {
+  Millis idle{0};
+  std::string stacks;
+};
+nlohmann::json encode_progress(const Progress& p);
+Progress decode_progress(const nlohmann::json& m);
 
 // JSON text of a message; invalid UTF-8 in output lines is replaced, never an exception.
 std::string dump(const nlohmann::json& m);

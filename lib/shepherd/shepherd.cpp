@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "container/runtime.hpp"
 #include "common/strings.hpp"
+#include "hang/progress.hpp"
 #include "launch/worker_group.hpp"
 #include "shepherd/channel.hpp"
 #include "supervisor/process.hpp"
@@ -93,6 +94,11 @@ class Shepherd {
     };
     cb.on_first_failure = [this](const launch::WorkerExit& ex) { channel_->send(encode_first_failure(ex)); };
     cb.on_finished = [this](launch::AttemptReport r) { on_finished(std::move(r)); };
+    reporter_.reset();
+    if (s.options.hang_timeout.count() > 0) {
+      reporter_.emplace(s.options.hang_timeout);
+      cb.on_hang_round = [this](hang::RankProgress& p, hang::TimePoint now) { report_progress(p, now); };
+    }
     if (!prepare_containers(s)) return;
     group_ = std::make_unique<launch::WorkerGroup>(io_, std::move(s.plan), s.attempt_dir, s.options, std::move(cb));
     if (watchdog_) group_->keep(watchdog_->pid());
@@ -110,6 +116,24 @@ class Shepherd {
     };
     if (!group_) return reply({});
     group_->read_stacks(r.query, reply);
+  }
+
+  // The hang watchdog on this node: the coordinator decides (it alone sees every node); it hears
+  // when this node goes idle for half the timeout, with the node's stacks, and when it resumes.
+  void report_progress(hang::RankProgress& p, hang::TimePoint now) {
+    const auto idle = reporter_->update(p.watch(), now);
+    if (!idle || !group_) return;
+    Progress msg{*idle, {}};
+    if (idle->count() > 0) {
+      auto text = group_->hang_stacks_text();
+      if (text.size() > kMaxProgressStacks) {
+        text.resize(text.rfind('\n', kMaxProgressStacks - 32) + 1);
+        text += "... (cut)\n";
+      }
+      msg.stacks = std::move(text);
+    }
+    log_->debug("job {}: no rank of this node progressed for {}", args_.job_id, format_duration(*idle));
+    channel_->send(encode_progress(msg));
   }
 
   // A container attempt (the agent wrapped the plan, lib/container): env files, the watchdog and
@@ -215,6 +239,7 @@ class Shepherd {
   std::vector<std::string> container_names_;
   std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<launch::WorkerGroup> group_;
+  std::optional<hang::NodeReporter> reporter_;  // the attempt's, with a hang watchdog
   int attempt_ = 0;
   std::uint64_t dropped_ = 0;
   bool abandoning_ = false;

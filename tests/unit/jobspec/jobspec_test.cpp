@@ -301,3 +301,26 @@ TEST(JobSpec, PythonKey) {
   expect_error("command: [x]\npython: [uv, [run]]\n", 2, 14, "every item must be a non-empty string");
   expect_error("command: [x]\npyhton: python3\n", 2, 1, "did you mean 'python'");
 }
+
+TEST(JobSpec, Hang) {
+  EXPECT_FALSE(parse_job_yaml("command: [x]\n", "t").hang.has_value());
+  auto s = parse_job_yaml("command: [x]\nhang: {timeout: 10m, action: stop}\n", "t");
+  ASSERT_TRUE(s.hang.has_value());
+  EXPECT_EQ(s.hang->timeout, ddp::Millis(10min));
+  EXPECT_EQ(s.hang->action, HangAction::stop);
+  auto d = parse_job_yaml("command: [x]\nhang:\n  timeout: 90s\n", "t");
+  EXPECT_EQ(d.hang->action, HangAction::report);
+  EXPECT_EQ(d.hang->timeout, ddp::Millis(90s));
+  EXPECT_EQ(parse_job_yaml("command: [x]\nhang: {timeout: 5s, action: restart}\n", "t").hang->action, HangAction::restart);
+  expect_error("command: [x]\nhang: {timeout: 10m, action: kill}\n", 2, 30, "hang.action: expected report, stop or restart, got 'kill'");
+  expect_error("command: [x]\nhang: {timeout: soon}\n", 2, 17, "hang.timeout: expected a duration");
+  expect_error("command: [x]\nhang: {timeout: 500ms}\n", 2, 17, "hang.timeout: expected at least 2s");
+  expect_error("command: [x]\nhang: {action: stop}\n", 2, 7, "hang: missing key 'timeout'");
+  expect_error("command: [x]\nhang:\n  timout: 5s\n", 3, 3, "unknown key 'hang.timout' (did you mean 'timeout'?)");
+  expect_error("command: [x]\nhang: 10m\n", 2, 7, "hang: expected a mapping with keys timeout, action");
+  for (auto a : {HangAction::report, HangAction::stop, HangAction::restart}) {
+    EXPECT_EQ(hang_action_from_name(hang_action_name(a)), a);
+  }
+  EXPECT_FALSE(hang_action_from_name("Stop").has_value());
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: x}\nhang: {timeout: 5s}\n", 3, 7, "hang: not supported yet with container");
+}

@@ -178,3 +178,23 @@ TEST(Wire, PythonTravelsAndIsChecked) {
   j["python"] = {""};
   EXPECT_THROW(payload_from_json(j), WireError);
 }
+
+TEST(Wire, HangTravelsAndIsChecked) {
+  JobPayload p;
+  p.spec.command = {"python3", "train.py"};
+  EXPECT_FALSE(payload_from_json(to_json(p)).spec.hang.has_value());
+  p.spec.hang = ddp::jobspec::HangSpec{ddp::Millis(5000), ddp::jobspec::HangAction::restart};
+  auto back = payload_from_json(nlohmann::json::parse(to_json(p).dump()));
+  ASSERT_TRUE(back.spec.hang.has_value());
+  EXPECT_EQ(back.spec.hang->timeout, ddp::Millis(5000));
+  EXPECT_EQ(back.spec.hang->action, ddp::jobspec::HangAction::restart);
+  auto j = to_json(p);
+  j["hang"]["timeout_ms"] = 10;
+  EXPECT_THROW(payload_from_json(j), WireError);
+  j = to_json(p);
+  j["hang"]["action"] = "kill";
+  EXPECT_THROW(payload_from_json(j), WireError);
+  j = to_json(p);
+  j["hang"] = 5;
+  EXPECT_THROW(payload_from_json(j), WireError);
+}

@@ -720,6 +720,59 @@ TEST(Status, SaysWhatItWaitsFor) {
   EXPECT_EQ(s.r->status(), "round 1: running on 2 nodes, world size 4");
 }
 
+// ---------------------------------------------------------------- the hang watchdog's verdict
+
+TEST(Hang, StopFailsTheJobAsHungEvenWithRestartsLeft) {
+  Config c = three_hosts();
+  c.max_restarts = 3;
+  Sim s(c);
+  for (auto n : {"n1", "n2", "n3"}) s.join(n);
+  auto e = s.on(HangDetected{"hung: no rank made progress for 5s", false});
+  EXPECT_EQ(one<StopAll>(e)->reason, "hung: no rank made progress for 5s");
+  s.exit("n2", 1, std::nullopt, SIGTERM, s.now + 1ms);  // our stop's consequence
+  auto f = one<JobFailed>(s.ack_all());
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->kind, JobFailed::Kind::hung);
+  EXPECT_EQ(f->message, "hung: no rank made progress for 5s");
+  EXPECT_EQ(f->restart_count, 0u);
+}
+
+TEST(Hang, RestartSpendsARestartAsAFailureDoes) {
+  Config c = three_hosts();
+  c.max_restarts = 1;
+  Sim s(c);
+  for (auto n : {"n1", "n2", "n3"}) s.join(n);
+  s.on(HangDetected{"hung: no rank made progress for 5s", true});
+  s.exit("n2", 1, std::nullopt, SIGTERM, s.now + 1ms);
+  auto r = one<RestartScheduled>(s.ack_all());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->restart_count, 1u);
+  EXPECT_EQ(r->reason.rfind("hung: no rank made progress for 5s; restart 1/1", 0), 0u) << r->reason;
+  s.advance(5s);
+  ASSERT_EQ(s.r->state(), State::running);
+  // No restart left: the job fails with the hang as its first failure.
+  s.on(HangDetected{"hung: no rank made progress for 5s", true});
+  auto f = one<JobFailed>(s.ack_all());
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->kind, JobFailed::Kind::worker_failed);
+  ASSERT_TRUE(f->first_failure);
+  EXPECT_EQ(f->first_failure->kind, Failure::Kind::hung);
+  EXPECT_EQ(f->first_failure->describe(), "hung: no rank made progress for 5s");
+}
+
+TEST(Hang, OutsideARunningAttemptItIsStale) {
+  Config c = three_hosts();
+  c.max_restarts = 1;
+  Sim s(c);
+  s.join("n1");
+  EXPECT_TRUE(s.on(HangDetected{"hung", false}).empty());
+  for (auto n : {"n2", "n3"}) s.join(n);
+  s.exit("n1", 0, 1, std::nullopt, s.now);  // a real failure first: the hang changes nothing
+  EXPECT_TRUE(s.on(HangDetected{"hung", false}).empty());
+  EXPECT_TRUE(one<RestartScheduled>(s.ack_all()));
+  EXPECT_TRUE(s.on(HangDetected{"hung", false}).empty());
+}
+
 // ---------------------------------------------------------------- whole-machine invariants
 
 TEST(Invariants, RandomEventStreamsKeepTheMachineSane) {
@@ -742,7 +795,10 @@ TEST(Invariants, RandomEventStreamsKeepTheMachineSane) {
         case 4: e = s.exit(n, rng() % 4, static_cast<int>(rng() % 3), std::nullopt, s.now); break;
         case 5: e = s.finished(n, rng() % 2); break;
         case 6: e = s.ack_all(); break;
-        case 7: if (rng() % 20 == 0) e = s.on(StopRequested{"fuzz"}); break;
+        case 7:
+          if (rng() % 20 == 0) e = s.on(StopRequested{"fuzz"});
+          else if (rng() % 10 == 0) e = s.on(HangDetected{"hung", rng() % 2 == 0});
+          break;
         default: e = s.on(Tick{}); break;
       }
       for (const auto& a : all<AssignRanks>(e)) {

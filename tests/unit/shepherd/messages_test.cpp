@@ -296,3 +296,24 @@ TEST(ShepherdMessages, StacksRequestAndReadRoundTrip) {
     EXPECT_NE(std::string(e.what()).find("rank 3"), std::string::npos) << e.what();
   }
 }
+
+TEST(ShepherdMessages, HangTimeoutRoundTripsAndIsOffByDefault) {
+  auto s = sample_start();
+  EXPECT_EQ(decode_start(wire(encode_start(s))).options.hang_timeout, Millis(0));
+  s.options.hang_timeout = Millis(5000);
+  EXPECT_EQ(decode_start(wire(encode_start(s))).options.hang_timeout, Millis(5000));
+  auto bad = encode_start(s);
+  bad["options"]["hang_timeout_ms"] = 10;
+  EXPECT_THROW(decode_start(bad), MessageError);
+}
+
+TEST(ShepherdMessages, ProgressRoundTripsBounded) {
+  EXPECT_EQ(message_type(json{{"type", "progress"}}, Sender::shepherd), "progress");
+  auto p = decode_progress(wire(encode_progress({Millis(2500), "rank 1 (1 of 4)\n  stuck (t.py:3)\n"})));
+  EXPECT_EQ(p.idle, Millis(2500));
+  EXPECT_EQ(p.stacks, "rank 1 (1 of 4)\n  stuck (t.py:3)\n");
+  EXPECT_EQ(decode_progress(wire(encode_progress({Millis(0), ""}))).idle, Millis(0));
+  EXPECT_THROW(decode_progress(encode_progress({Millis(-1), ""})), MessageError);
+  EXPECT_THROW(decode_progress(encode_progress({Millis(1), std::string(kMaxProgressStacks + 1, 'x')})), MessageError);
+  EXPECT_THROW(decode_progress(json{{"type", "progress"}, {"idle_ms", 5}}), MessageError);
+}
