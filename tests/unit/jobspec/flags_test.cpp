@@ -283,7 +283,7 @@ TEST(Torchrun, BindingAndShutdown) {
 }
 
 TEST(Torchrun, ArgparseShapes) {
-  EXPECT_NE(refusal({"--nproc-per-nod", "2", "t.py"}).find("(did you mean --nproc-per-node?)"), std::string::npos);
+  EXPECT_NE(refusal({"--nproc-per-nodes", "2", "t.py"}).find("(did you mean --nproc-per-node?)"), std::string::npos);
   EXPECT_NE(refusal({"--bogus", "t.py"}).find("not a torchrun option"), std::string::npos);
   EXPECT_NE(refusal({"--r", "t.py"}).find("ambiguous"), std::string::npos);  // --rdzv-*, --redirects, --role, --run-path
   EXPECT_NE(refusal({"--standalone=1", "t.py"}).find("takes no value"), std::string::npos);
