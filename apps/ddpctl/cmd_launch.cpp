@@ -3,6 +3,7 @@
 #include "commands.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "jobspec/flags.hpp"
 #include "jobspec/jobspec.hpp"
 #include "coordinator/client.hpp"
 #include "coordinator/coordinator.hpp"
@@ -46,6 +47,7 @@ namespace ddpctl {
 namespace {
 struct LaunchArgs {
   std::string job_file;
+  std::vector<std::string> command;  // after `--`, or from a bare script.py (jobspec/flags.hpp)
   std::optional<int> nproc;
   std::optional<int> max_restarts;
   std::optional<std::string> log_dir;
@@ -328,7 +330,7 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   if (args.nproc) spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args.nproc};
   if (args.max_restarts) spec.max_restarts = *args.max_restarts;
   if (args.log_dir) spec.log_dir = *args.log_dir;
-  if (args.master_port) spec.store_port = static_cast<std::uint16_t>(*args.master_port);
+  if (args.master_port) spec.store_port = static_cast<std::uint16_t>(*args.master_port), spec.store_port_explicit = *args.master_port != 0;
   // Relative paths mean the launcher's working directory; agents get them absolute.
   const fs::path cwd = fs::current_path();
   fs::path workdir = spec.workdir ? fs::path(*spec.workdir) : cwd;
@@ -470,8 +472,10 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
 Command add_launch_command(CLI::App& root) {
   auto args = std::make_shared<LaunchArgs>();
   auto* sub = root.add_subcommand("launch", "run a training job (locally unless --nodes is given)");
-  sub->add_option("job", args->job_file, "the job file (YAML)")->required();
-  sub->add_option("--nproc-per-node", args->nproc, "workers on this node (overrides nproc_per_node)")->check(CLI::Range(1, 4096));
+  sub->footer("Without a job file: ddpctl launch [OPTIONS] SCRIPT.py [ITS ARGS...] (run as python3 SCRIPT.py), or\n"
+              "ddpctl launch [OPTIONS] -- COMMAND [ITS ARGS...]; the options build the same job a file would.");
+  sub->add_option("job", args->job_file, "the job file (YAML); or a script.py, or -- and a command, to run without one");
+  sub->add_option("-n,--nproc-per-node", args->nproc, "workers on this node (overrides nproc_per_node)")->check(CLI::Range(1, 4096));
   sub->add_option("--max-restarts", args->max_restarts, "restarts after a failure (overrides restart.max_restarts)")
       ->check(CLI::Range(0, 1000));
   sub->add_option("--log-dir", args->log_dir, "where logs go (overrides logs.dir)");
@@ -524,10 +528,38 @@ Command add_launch_command(CLI::App& root) {
   sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 
+  auto take_words = [args, sub](const std::vector<std::string>& words) {
+    auto split = ddp::jobspec::split_launch_words(words, [sub](std::string_view name) -> std::optional<bool> {
+      const auto* opt = sub->get_option_no_throw(std::string(name));
+      if (!opt) return std::nullopt;
+      return opt->get_type_size_max() != 0;
+    });
+    args->command = std::move(split.command);
+    return split.own;
+  };
   return {sub, [args] {
             ddp::launch::LaunchOptions opts;
             try {
-              opts.spec = ddp::jobspec::load_job_file(args->job_file);
+              if (!args->command.empty() && !args->job_file.empty()) {
+                std::cerr << fmt::format("ddpctl launch: a job file ({}) and a command after --: the job file names its "
+                                         "command; give one or the other\n", args->job_file);
+                return 2;
+              }
+              if (!args->command.empty()) {
+                ddp::jobspec::JobFlags flags;
+                flags.command = args->command;
+                if (args->nproc) flags.nproc_per_node = std::to_string(*args->nproc);
+                if (args->max_restarts) flags.max_restarts = std::to_string(*args->max_restarts);
+                if (args->log_dir) flags.log_dir = *args->log_dir;
+                if (args->master_port) flags.store_port = std::to_string(*args->master_port);
+                opts.spec = ddp::jobspec::spec_from_flags(flags, "ddpctl launch");
+              } else if (args->job_file.empty()) {
+                std::cerr << "ddpctl launch: what to run? a job file (ddpctl launch job.yaml), a script (ddpctl launch "
+                             "-n 2 train.py ARGS) or a command (ddpctl launch -n 2 -- python3 train.py ARGS)\n";
+                return 2;
+              } else {
+                opts.spec = ddp::jobspec::load_job_file(args->job_file);
+              }
             } catch (const ddp::jobspec::JobSpecError& e) {
               std::cerr << e.what() << "\n";
               return 2;
@@ -551,7 +583,10 @@ Command add_launch_command(CLI::App& root) {
             if (args->nproc) opts.spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args->nproc};
             if (args->max_restarts) opts.spec.max_restarts = *args->max_restarts;
             if (args->log_dir) opts.spec.log_dir = *args->log_dir;
-            if (args->master_port) opts.spec.store_port = static_cast<std::uint16_t>(*args->master_port);
+            if (args->master_port) {
+              opts.spec.store_port = static_cast<std::uint16_t>(*args->master_port);
+              opts.spec.store_port_explicit = *args->master_port != 0;
+            }
             opts.job_id = args->job_id;
             if (!args->facts.empty()) opts.facts_file = args->facts;
             opts.quiet = args->quiet;
@@ -575,7 +610,8 @@ Command add_launch_command(CLI::App& root) {
               std::cerr << "ddpctl launch: " << e.what() << "\n";
               return 2;
             }
-          }};
+          },
+          take_words};
 }
 
 }  // namespace ddpctl

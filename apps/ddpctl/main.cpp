@@ -30,12 +30,14 @@ int main(int argc, char** argv) {
       ddpctl::add_render_command(app),
       ddpctl::add_generate_command(app),
       ddpctl::add_stacks_command(app),
+      ddpctl::add_torchrun_command(app),
   };
   for (auto& c : ddpctl::add_control_commands(app)) commands.push_back(std::move(c));
 
+  std::vector<std::string> words(argv + 1, argv + argc);
   // A misspelt command: CLI11 would say "a subcommand is required" to someone who gave one.
-  for (int i = 1; i < argc; ++i) {
-    const std::string word = argv[i];
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    const std::string word = words[i];
     if (word.empty() || word[0] == '-') continue;  // flags before the command (-v)
     std::vector<std::string> names;
     for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
@@ -45,10 +47,33 @@ int main(int argc, char** argv) {
       std::cerr << "; run ddpctl --help for the list\n";
       return 2;
     }
+    // A command that reads its own words (torchrun), or keeps some from CLI11 (launch's command).
+    const std::vector<std::string> after(words.begin() + static_cast<std::ptrdiff_t>(i) + 1, words.end());
+    for (auto& c : commands) {
+      if (!c.app || c.app->get_name() != word) continue;
+      if (c.run_raw) {
+        for (std::size_t j = 0; j < i; ++j) {
+          if (words[j] == "-v" || words[j] == "--verbose") ddp::log::set_level(spdlog::level::debug);
+        }
+        try {
+          return c.run_raw(after);
+        } catch (const std::exception& e) {
+          std::cerr << "ddpctl: " << e.what() << "\n";
+          return 2;
+        }
+      }
+      if (c.take_words) {
+        auto kept = c.take_words(after);
+        words.resize(i + 1);
+        words.insert(words.end(), kept.begin(), kept.end());
+      }
+    }
     break;
   }
   try {
-    app.parse(argc, argv);
+    // CLI11 takes the words last first.
+    std::vector<std::string> reversed(words.rbegin(), words.rend());
+    app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a bad command line exits 2, as a bad job file does (CLI11's
     // own codes, 105-109, mean nothing to a script).

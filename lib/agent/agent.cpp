@@ -764,8 +764,7 @@ class Agent {
       const auto exe = supervisor::resolve_executable(argv.at(0), path, workdir);
       if (!exe) {
         preflight["command"] = false;
-        problems.push_back(fmt::format("cannot run '{}' on {}: no such executable (PATH={}, workdir={})", argv.at(0),
-                                       opts_.name, path, workdir));
+        problems.push_back(fmt::format("on {}: {}", opts_.name, supervisor::explain_not_runnable(argv.at(0), path, workdir)));
       } else if (job->run_as && job->run_as->uid != ::geteuid() &&
                  !supervisor::accessible_as(run_as_of(*job->run_as), *exe, X_OK)) {
         preflight["command"] = false;
@@ -882,9 +881,9 @@ class Agent {
     job.node_addresses = b.value("node_addresses", std::vector<std::string>{});
     job.assign = b;
     const auto node_rank = b["node_rank"].get<std::uint32_t>();
-    log_->info("job {} round {}: node rank {} of {}, ranks {}-{} of {}, master {}:{}", job.job_id, round, node_rank,
-               b["nnodes"].get<std::uint32_t>(), b["rank_base"].get<std::uint32_t>(),
-               b["rank_base"].get<std::uint32_t>() + b["local_world_size"].get<std::uint32_t>() - 1,
+    log_->info("job {} round {}: node rank {} of {}, {} of {}, master {}:{}", job.job_id, round, node_rank,
+               b["nnodes"].get<std::uint32_t>(),
+               rank_range(b["rank_base"].get<std::uint32_t>(), b["local_world_size"].get<std::uint32_t>()),
                b["world_size"].get<std::uint32_t>(), b["master_addr"].get<std::string>(),
                b["master_port"].get<std::uint32_t>());
     holder_wait_.reset();  // the last attempt's id dies with it
@@ -1202,9 +1201,8 @@ class Agent {
     job.exits.clear();
     job.first_failure.reset();
     job.dropped_lines = 0;
-    log_->info("job {} round {}: starting {} worker{} (ranks {}-{}), logs in {}", job.job_id, round, node.local_world_size,
-               node.local_world_size == 1 ? "" : "s", node.rank_base, node.rank_base + node.local_world_size - 1,
-               node.attempt_dir);
+    log_->info("job {} round {}: starting {} worker{} ({}), logs in {}", job.job_id, round, node.local_world_size,
+               node.local_world_size == 1 ? "" : "s", rank_range(node.rank_base, node.local_world_size), node.attempt_dir);
     try {
       if (!job.shepherd) {
         job.shepherd = std::make_unique<shepherd::Client>(io_, shepherd_exe_, job.job_id, unit_starter(job.job_id));

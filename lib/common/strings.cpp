@@ -46,6 +46,12 @@ std::string join_first(const std::vector<std::string>& parts, std::string_view s
   return out + "and " + std::to_string(parts.size() - limit) + " more";
 }
 
+std::string rank_range(long long first, long long count) {
+  if (count <= 0) return "no ranks";
+  if (count == 1) return "rank " + std::to_string(first);
+  return "ranks " + std::to_string(first) + "-" + std::to_string(first + count - 1);
+}
+
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {

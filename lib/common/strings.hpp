@@ -27,4 +27,7 @@ std::optional<long long> parse_int(std::string_view s);
 // Shell-style quoting for showing argv to humans (never used to build a command).
 std::string shell_quote(std::string_view s);
 
+// `count` ranks from `first`, for a log line: "rank 4", "ranks 4-7", "no ranks".
+std::string rank_range(long long first, long long count);
+
 }  // namespace ddp

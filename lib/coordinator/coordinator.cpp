@@ -629,7 +629,7 @@ class Coordinator {
     std::vector<std::string> shares;
     for (const auto& na : a.nodes) {
       if (shares.size() < kShown) {
-        shares.push_back(fmt::format("{}: ranks {}-{}", na.node, na.rank_base.value, na.rank_base.value + na.local_world_size - 1));
+        shares.push_back(fmt::format("{}: {}", na.node, rank_range(na.rank_base.value, na.local_world_size)));
       }
     }
     const auto more = a.nodes.size() > kShown ? fmt::format("; and {} more", a.nodes.size() - kShown) : std::string();

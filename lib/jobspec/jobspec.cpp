@@ -1,4 +1,5 @@
 #include "jobspec/jobspec.hpp"
+#include "jobspec/parse_node.hpp"
 
 #include "common/size.hpp"
 #include "common/strings.hpp"
@@ -137,8 +138,6 @@ class Parser {
   }
 
   JobSpec parse(const std::string& text) {
-    JobSpec spec;
-    spec.file = file_;
     YAML::Node root;
     try {
       root = YAML::Load(text);
@@ -146,6 +145,13 @@ class Parser {
       error(e.mark, fmt::format("not valid YAML: {}", e.msg));
       throw JobSpecError(diags_);
     }
+    return parse_root(root);
+  }
+
+  // A document already built (the command line's flags, jobspec/flags.cpp): the same rules.
+  JobSpec parse_root(const YAML::Node& root) {
+    JobSpec spec;
+    spec.file = file_;
     if (!root.IsDefined() || root.IsNull()) {
       diags_.push_back({file_, 0, 0, "the job file is empty; it needs at least a 'command'"});
       throw JobSpecError(diags_);
@@ -228,7 +234,10 @@ class Parser {
       } else if (key == "store") {
         mapping(v, "store", {"port", "threads", "max_size", "max_keys"}, [&](const std::string& sk, const YAML::Node&, const YAML::Node& sv) {
           if (sk == "port") {
-            if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) spec.store_port = static_cast<std::uint16_t>(*n);
+            if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) {
+              spec.store_port = static_cast<std::uint16_t>(*n);
+              spec.store_port_explicit = *n != 0;
+            }
           } else if (sk == "max_size") {
             if (auto sz = size(sv, "store.max_size")) {
               if (*sz < (1ull << 20)) error(sv, "store.max_size: expected at least 1MiB");
@@ -568,6 +577,8 @@ std::string_view runtime_name(ContainerRuntime r) {
 }
 
 JobSpec parse_job_yaml(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
+
+JobSpec parse_job_node(const YAML::Node& root, const std::string& where) { return Parser(where).parse_root(root); }
 
 JobSpec load_job_file(const std::string& path) {
   constexpr std::size_t kMaxJobFile = 4u << 20;

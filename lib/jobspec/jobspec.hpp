@@ -117,6 +117,10 @@ struct JobSpec {
   std::string log_dir = "./logs";
   std::uint64_t log_max_bytes = 100ull << 20;  // per rank file, then rotated once
   std::uint16_t store_port = 29500;
+  // store.port or --master-port named a port: a local launch then takes that one or fails. Not
+  // named: a local launch prefers 29500 and, when it is taken (another job), picks a free one,
+  // as torchrun --standalone does.
+  bool store_port_explicit = false;
   int store_threads = kAutoThreads;  // the store's own I/O threads; 0: the launcher's (agent's) loop
   // The store's totals for the whole job (README "The store": far above what initialisation
   // stores); the other totals (queue items, waiters, connections) are store::Totals' defaults.

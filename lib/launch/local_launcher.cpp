@@ -21,6 +21,7 @@
 #include "launch/nccl_holder.hpp"
 #include "hang/flight_gather.hpp"
 #include "contract/flight_recorder.hpp"
+#include "launch/port_holder.hpp"
 #include "pyenv/probe.hpp"
 #include "store/peers.hpp"
 #include "store/report.hpp"
@@ -208,8 +209,10 @@ class LocalLauncher {
     if (opts_.spec.container) {
       prepare_containers();
     } else if (!supervisor::resolve_executable(r0.argv.at(0), path, *opts_.spec.workdir)) {
-      throw LaunchError(fmt::format("cannot run '{}': no such executable (PATH={}, workdir={})", r0.argv.at(0), path,
-                                    *opts_.spec.workdir));
+      throw LaunchError(supervisor::explain_not_runnable(r0.argv.at(0), path, *opts_.spec.workdir,
+                                                         [this](const std::vector<std::string>& argv) {
+                                                           return how_to_write(argv);
+                                                         }));
     }
     // The job's store: served here, for the whole job, so it outlives any worker.
     store::ServerOptions so;
@@ -219,13 +222,7 @@ class LocalLauncher {
     so.totals.max_bytes = opts_.spec.store_max_bytes;
     so.totals.max_keys = opts_.spec.store_max_keys;
     so.threads = store::threads_for(opts_.spec.store_threads);
-    store_.emplace(io_, so);
-    try {
-      store_->start();
-    } catch (const store::StoreError& e) {
-      throw LaunchError(fmt::format("{}. Set store.port in the job file (0 picks a free port) or pass --master-port",
-                                    e.what()));
-    }
+    start_store(so);
     opts_.spec.store_port = store_->port();
     store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
 
@@ -287,6 +284,54 @@ class LocalLauncher {
     if (host_.memlock_hard && !host_.rdma_devices.empty() && container::has_image_store(cs.runtime)) {
       log_->warn("this node's hard memlock limit is {} KiB and cannot be raised from here: containers get it instead of "
                  "unlimited, which RDMA may find too small (see `ddpctl doctor`)", *host_.memlock_hard / 1024);
+    }
+  }
+
+  // A command as this job's user gives one: in the job file, or on ddpctl's command line.
+  std::string how_to_write(const std::vector<std::string>& argv) const {
+    if (opts_.spec.file == "ddpctl launch") return fmt::format("ddpctl launch [OPTIONS] -- {}", join(argv, " "));
+    if (opts_.spec.file == "ddpctl torchrun") {
+      return argv.size() == 2 && argv[0] == "python3" ? "ddpctl torchrun without --no-python"
+                                                      : fmt::format("ddpctl launch [OPTIONS] -- {}", join(argv, " "));
+    }
+    return fmt::format("command: [{}] in {}", join(argv, ", "), opts_.spec.file);
+  }
+
+  // The job's store on the port the spec names. Taken and not asked for by name (the default
+  // 29500: another job on this machine has it): a free port, as torchrun --standalone takes.
+  // Asked for by name (store.port, --master-port): that port or a failure naming who holds it.
+  void start_store(store::ServerOptions so) {
+    store_.emplace(io_, so);
+    try {
+      store_->start();
+      return;
+    } catch (const store::PortInUse&) {
+      std::optional<PortHolder> holder;
+      try {
+        holder = find_port_holder(so.port, control::runtime_dir());
+      } catch (const std::exception&) {
+        // no control folder: the holder goes unnamed
+      }
+      const auto by = holder ? fmt::format(" by {}", describe(*holder)) : std::string();
+      // (a holder this user may not look at goes unnamed)
+      if (opts_.spec.store_port_explicit) {
+        const bool from_file = !opts_.spec.file.starts_with("ddpctl ");
+        throw LaunchError(fmt::format("store port {} is taken{}; it was asked for by {}: choose another, or leave it out "
+                                      "and ddpctl picks a free one",
+                                      so.port, by,
+                                      from_file ? fmt::format("store.port in {} (or --master-port)", opts_.spec.file)
+                                                : std::string("--master-port")));
+      }
+      log_->info("store port {} is taken{}; using a free port", so.port, by);
+    } catch (const store::StoreError& e) {
+      throw LaunchError(e.what());
+    }
+    so.port = 0;
+    store_.emplace(io_, so);
+    try {
+      store_->start();
+    } catch (const store::StoreError& e) {
+      throw LaunchError(e.what());
     }
   }
 
@@ -464,7 +509,9 @@ class LocalLauncher {
     report_.exit_code = 1;
     if (!hang_cause_.empty()) report_.message = hang_cause_;  // hang.action: restart, none left
     log_->error("job {} failed{}", opts_.job_id,
-                opts_.spec.max_restarts ? fmt::format(" after {} restarts", opts_.spec.max_restarts) : "");
+                opts_.spec.max_restarts ? fmt::format(" after {} restart{}", opts_.spec.max_restarts,
+                                                      opts_.spec.max_restarts == 1 ? "" : "s")
+                                        : "");
     done();
   }
 

@@ -647,7 +647,7 @@ void Server::start() {
     error_code ignored;
     s.acceptor.close(ignored);
     if (ec == asio::error::address_in_use) {
-      throw StoreError(fmt::format(
+      throw PortInUse(fmt::format(
           "store port {} on {} is already in use (another job or torchrun?); choose store.port or --master-port",
           s.opts.port, host));
     }

@@ -73,6 +73,11 @@ class StoreError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+// start(): the port asked for is taken (EADDRINUSE), so a caller free to choose may take another.
+class PortInUse : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
 
 struct ServerOptions {
   std::string host = "127.0.0.1";          // an address or name; "::" = all, dual-stack

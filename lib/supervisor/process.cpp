@@ -73,13 +73,61 @@ std::optional<std::string> resolve_executable(const std::string& argv0, const st
   return std::nullopt;
 }
 
+std::string explain_not_runnable(const std::string& argv0, const std::string& path_var, const std::string& workdir,
+                                 const std::function<std::string(const std::vector<std::string>&)>& write) {
+  const auto spell = [&](const std::vector<std::string>& argv) {
+    return write ? write(argv) : fmt::format("command: [{}]", join(argv, ", "));
+  };
+  // The interpreter a script's name suggests; its first line is never read (root may be asking).
+  const auto interpreter = [](const std::string& name) -> std::string {
+    if (name.ends_with(".py")) return "python3";
+    if (name.ends_with(".sh") || name.ends_with(".bash")) return "bash";
+    return {};
+  };
+  const auto run_with = [&](const std::string& shown) {
+    const auto interp = interpreter(shown);
+    if (interp.empty()) return fmt::format("make it executable (chmod +x {})", shown);
+    return fmt::format("run it with its interpreter: {} (or chmod +x it)", spell({interp, shown}));
+  };
+  if (argv0.empty()) return "the command's program (its first word) is empty";
+  struct stat st {};
+  if (argv0.find('/') != std::string::npos) {
+    const std::string p = argv0[0] == '/' ? argv0 : workdir + "/" + argv0;
+    const auto where = argv0[0] == '/' ? std::string() : fmt::format(" (in workdir {})", workdir);
+    if (::stat(p.c_str(), &st) != 0) return fmt::format("{} does not exist{}", argv0, where);
+    if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory{}, not a program", argv0, where);
+    return fmt::format("{} is not executable{}; {}", argv0, where, run_with(argv0));
+  }
+  const std::string search = path_var.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_var;
+  std::vector<std::string> dirs;
+  for (auto dir : split(search, ':')) dirs.emplace_back(dir.empty() ? "." : dir);
+  for (const auto& d : dirs) {
+    const std::string p = (d[0] == '/' ? d : workdir + "/" + d) + "/" + argv0;
+    if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      return fmt::format("{} is not executable (found on PATH, in {}); {}", argv0, d, run_with(p));
+    }
+  }
+  const std::string local = workdir + "/" + argv0;
+  if (::stat(local.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    const auto interp = interpreter(argv0);
+    const bool exec = ::access(local.c_str(), X_OK) == 0;
+    return fmt::format("{} is not a program on PATH; it is a file in workdir {}: {}", argv0, workdir,
+                       !interp.empty() ? fmt::format("run it with its interpreter: {}", spell({interp, argv0}))
+                       : exec          ? fmt::format("write it with its folder: {}", spell({"./" + argv0}))
+                                       : run_with("./" + argv0));
+  }
+  return fmt::format("'{}' is not found on PATH ({}); give its full path, or check the spelling", argv0,
+                     join_first(dirs, ", ", 3));
+}
+
 PendingSpawn spawn_start(const SpawnSpec& spec) {
   if (spec.argv.empty()) throw SpawnError("empty command");
   auto path_it = spec.env.find("PATH");
   auto exe = resolve_executable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second, spec.workdir);
   if (!exe) {
-    throw SpawnError(fmt::format("cannot run '{}': no such executable (PATH={}, workdir={})", spec.argv[0],
-                                 path_it == spec.env.end() ? "<unset>" : path_it->second, spec.workdir));
+    throw SpawnError(fmt::format("cannot run {}: {}", spec.argv[0],
+                                 explain_not_runnable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second,
+                                                      spec.workdir)));
   }
 
   // Everything the child touches is built here, before fork.

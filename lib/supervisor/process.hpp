@@ -12,6 +12,7 @@
 
 #include <csignal>
 #include <map>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -68,6 +69,15 @@ struct Spawned {
 // relative names with a slash. Returns nullopt if nothing executable is found.
 std::optional<std::string> resolve_executable(const std::string& argv0, const std::string& path_var,
                                               const std::string& workdir);
+
+// Why resolve_executable found nothing for `argv0`, and what to do, in one sentence for a user:
+// "./train.py is not executable; run it with its interpreter: command: [python3, ./train.py] (or
+// chmod +x it)", "train.py is not on PATH; ...", "'trian' is not on PATH (/usr/local/bin, /usr/bin,
+// /bin)". `write(argv)` spells a command the way the user gives one (a job file's `command: [...]`
+// by default). Reads nothing but stat() (root may call it on a job's paths); PATH is named by
+// its first directories, not dumped.
+std::string explain_not_runnable(const std::string& argv0, const std::string& path_var, const std::string& workdir,
+                                 const std::function<std::string(const std::vector<std::string>&)>& write = {});
 
 // Forks and execs. Throws SpawnError naming the program and the reason on failure.
 Spawned spawn(const SpawnSpec& spec);

@@ -242,7 +242,8 @@ def test_missing_program_is_clear(tmp_path):
     job = write_job(tmp_path, "command: [no-such-trainer-xyz]\n")
     r = launch(job)
     assert r.returncode == 2
-    assert "cannot run 'no-such-trainer-xyz': no such executable" in r.stderr
+    assert "'no-such-trainer-xyz' is not found on PATH (" in r.stderr
+    assert "PATH=" not in r.stderr  # named by its first folders, not dumped whole
 
 
 def test_dry_run_plans_and_starts_nothing(tmp_path):

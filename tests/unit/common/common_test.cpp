@@ -60,6 +60,13 @@ TEST(Strings, JoinFirstSaysHowManyItLeftOut) {
   EXPECT_EQ(join_first({}, ", ", 0), "");
 }
 
+// Issue 25: "ranks 0-0" for a node with one worker.
+TEST(Strings, RankRange) {
+  EXPECT_EQ(rank_range(0, 1), "rank 0");
+  EXPECT_EQ(rank_range(4, 4), "ranks 4-7");
+  EXPECT_EQ(rank_range(3, 0), "no ranks");
+}
+
 // One size syntax for the job file (logs.max_size, store.max_size) and agent.yaml (limits:).
 TEST(Strings, ParseSize) {
   EXPECT_EQ(ddp::parse_size("100"), 100u);

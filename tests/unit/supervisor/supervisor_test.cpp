@@ -152,6 +152,39 @@ TEST(Process, ResolveExecutable) {
   EXPECT_FALSE(resolve_executable("/etc/passwd", "", "/"));  // not executable
 }
 
+// Issue 25: `command: [./train.py]` (not executable) and `command: [train.py]` (not on PATH) once
+// both said "no such executable (PATH=<300 characters>)".
+TEST(Process, ExplainNotRunnable) {
+  char tmpl[] = "/tmp/explain-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  { std::ofstream(dir + "/train.py") << "print(1)\n"; }
+  { std::ofstream(dir + "/tool") << "#!/bin/sh\n"; }
+  ::chmod((dir + "/tool").c_str(), 0755);
+  ::mkdir((dir + "/sub").c_str(), 0755);
+  EXPECT_EQ(explain_not_runnable("./train.py", "/bin", dir),
+            "./train.py is not executable (in workdir " + dir +
+                "); run it with its interpreter: command: [python3, ./train.py] (or chmod +x it)");
+  EXPECT_EQ(explain_not_runnable("train.py", "/bin", dir),
+            "train.py is not a program on PATH; it is a file in workdir " + dir +
+                ": run it with its interpreter: command: [python3, train.py]");
+  EXPECT_EQ(explain_not_runnable("tool", "/bin", dir),
+            "tool is not a program on PATH; it is a file in workdir " + dir + ": write it with its folder: command: [./tool]");
+  EXPECT_EQ(explain_not_runnable("./gone.py", "/bin", dir), "./gone.py does not exist (in workdir " + dir + ")");
+  EXPECT_EQ(explain_not_runnable("sub", "/bin", "/") , "'sub' is not found on PATH (/bin); give its full path, or check the spelling");
+  EXPECT_EQ(explain_not_runnable(dir + "/sub", "", "/"), dir + "/sub is a directory, not a program");
+  // A long PATH is named by its first folders.
+  const auto msg = explain_not_runnable("trian", "/a:/b:/c:/d:/e:/f", "/");
+  EXPECT_EQ(msg, "'trian' is not found on PATH (/a, /b, /c, and 3 more); give its full path, or check the spelling");
+  // On PATH but not executable: the interpreter, with the path found.
+  EXPECT_EQ(explain_not_runnable("train.py", dir, "/"),
+            "train.py is not executable (found on PATH, in " + dir + "); run it with its interpreter: command: [python3, " +
+                dir + "/train.py] (or chmod +x it)");
+  // The caller spells commands its own way.
+  EXPECT_EQ(explain_not_runnable("./train.py", "", dir, [](const std::vector<std::string>& a) { return "<" + a[0] + ">"; }),
+            "./train.py is not executable (in workdir " + dir + "); run it with its interpreter: <python3> (or chmod +x it)");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Process, SpawnCapturesAndReportsExecFailure) {
   SpawnSpec s;
   s.argv = {"/bin/sh", "-c", "echo out; echo err >&2; exit 3"};
