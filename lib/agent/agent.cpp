@@ -574,7 +574,7 @@ class Agent {
     if (!job.attempt_dirs.count(node.restart_count)) return false;
     auto env = contract::scrub(job.inherited);
     for (const auto& [k, v] : job.payload.spec.env) env[k] = v;
-    if (contract::flight_recorder(node.torch_version, node.attempt_dir, env).env.empty()) return false;
+    if (contract::flight_recorder(job.payload.spec, node, env).env.empty()) return false;
     auto request = preflight_request("flight", job.job_id, job.payload, env, job.payload.spec.workdir.value_or("/"));
     request["attempt_dir"] = node.attempt_dir;
     request["rank_base"] = node.rank_base;

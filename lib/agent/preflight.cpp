@@ -1,6 +1,7 @@
 #include "agent/preflight.hpp"
 
 #include "common/log.hpp"
+#include "common/strings.hpp"
 #include "container/container.hpp"
 #include "container/runtime.hpp"
 #include "hang/flight_gather.hpp"
@@ -41,6 +42,10 @@ json preflight_request(const std::string& mode, const std::string& job_id, const
 // helper's answer (1 MiB) with the rest of the message.
 constexpr std::size_t kMaxFlightBytes = 512u << 10;
 
+// The helper's answer: a byte of invalid UTF-8 (a converter's stderr, a runtime's message)
+// becomes U+FFFD rather than a throw, which outside the try below would terminate the helper.
+static std::string answer_text(const json& answer) { return answer.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 int run_preflight_helper(std::istream& in, std::ostream& out) {
   json answer{{"digest", ""}, {"repo_digest", ""}, {"error", ""}, {"warning", ""}};
   try {
@@ -60,7 +65,7 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
         probe.run_as = supervisor::RunAs{it->at("uid").get<uid_t>(), it->at("gid").get<gid_t>(),
                                          it->at("groups").get<std::vector<gid_t>>()};
       answer["python"] = facts::to_json(pyenv::probe_python(probe, nullptr));
-      out << answer.dump() << "\n";
+      out << answer_text(answer) << "\n";
       return 0;
     }
     if (req.at("mode").get<std::string>() == "flight") {
@@ -77,13 +82,13 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
       const int first = req.at("rank_base").get<int>(), count = req.at("local_world_size").get<int>();
       std::vector<hang::RankDump> dumps;
       for (auto& d : hang::convert_dumps(req.at("attempt_dir").get<std::string>(), {}, convert)) {
-        if (d.rank < 0 && !d.error.empty()) answer["warning"] = d.error;
+        if (d.rank < 0 && !d.error.empty()) answer["warning"] = clean_text(d.error, 1024);
         else if (d.rank >= first && d.rank < first + count) dumps.push_back(std::move(d));
       }
       hang::fit_summaries(dumps, kMaxFlightBytes);
       answer["flight"] = nlohmann::json::array();
       for (const auto& d : dumps) answer["flight"].push_back(hang::to_json(d));
-      out << answer.dump() << "\n";
+      out << answer_text(answer) << "\n";
       return 0;
     }
     if (!spec.container) throw std::invalid_argument("the job has no container");
@@ -114,7 +119,7 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
   } catch (const std::exception& e) {
     answer["error"] = fmt::format("the preflight's request is malformed: {}", e.what());
   }
-  out << answer.dump() << "\n";
+  out << answer_text(answer) << "\n";
   return 0;
 }
 

@@ -138,7 +138,7 @@ Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env&
   // The NCCL flight recorder (flight_recorder.hpp), unless the job configures it itself.
   Env configured = env;
   for (const auto& [k, v] : spec.env) configured[k] = v;
-  for (const auto& [k, v] : flight_recorder(node.torch_version, node.attempt_dir, configured).env) set_default(k, v);
+  for (const auto& [k, v] : flight_recorder(spec, node, configured).env) set_default(k, v);
   if (node.local_mode) {
     set_default("NCCL_SOCKET_IFNAME", "lo");
     set_default("GLOO_SOCKET_IFNAME", "lo");

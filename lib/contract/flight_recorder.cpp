@@ -54,4 +54,9 @@ FlightRecorderPlan flight_recorder(const std::optional<std::string>& torch_versi
           fmt::format("PyTorch {}: NCCL flight recorder on, dumps in {}<rank>", *torch_version, prefix)};
 }
 
+FlightRecorderPlan flight_recorder(const jobspec::JobSpec& spec, const NodeContext& node, const Env& chosen) {
+  if (spec.container) return {{}, "a container job: the attempt folder is not mounted in, flight recorder not turned on"};
+  return flight_recorder(node.torch_version, node.attempt_dir, chosen);
+}
+
 }  // namespace ddp::contract

@@ -49,5 +49,9 @@ struct FlightRecorderPlan {
 // `chosen`: the environment before ddpctl's defaults (inherited, and the job's env:).
 FlightRecorderPlan flight_recorder(const std::optional<std::string>& torch_version, const std::string& attempt_dir,
                                    const Env& chosen);
+// The job's plan, as worker_env, the dry run and the readers of dumps all compute it: as above,
+// and never for a container job (the attempt folder is not mounted in: a dump would be lost
+// inside the container, and the pipe would not be where ddpctl looks).
+FlightRecorderPlan flight_recorder(const jobspec::JobSpec& spec, const NodeContext& node, const Env& chosen);
 
 }  // namespace ddp::contract

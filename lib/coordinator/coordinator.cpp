@@ -18,6 +18,7 @@
 #include "control/server.hpp"
 #include "facts/consistency.hpp"
 #include "launch/report.hpp"
+#include "launch/worker_group.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "proto/clock_sync.hpp"
@@ -176,7 +177,7 @@ class Coordinator {
     c.join_timeout = opts_.spec.join_timeout;
     c.last_call = opts_.spec.last_call;
     c.heartbeat_timeout = opts_.spec.heartbeat_timeout;
-    c.stop_timeout = opts_.spec.stop_grace + std::chrono::seconds(5);
+    c.stop_timeout = round_stop_timeout(opts_.spec.stop_grace);
     c.max_restarts = static_cast<std::uint32_t>(opts_.spec.max_restarts);
     c.backoff_initial = opts_.spec.restart_backoff;
     c.backoff_max = std::max<rdzv::Micros>(opts_.spec.restart_backoff, std::chrono::seconds(30));
@@ -402,7 +403,7 @@ class Coordinator {
         notes_.push_back(fmt::format("{}: {}", n.entry.name, err));
       }
       if (b.contains("stacks") && round.value == stacks_round_) take_stacks(n, b["stacks"]);
-      if (auto it = b.find("flight"); it != b.end()) take_flight(n.entry.name, *it);
+      if (auto it = b.find("flight"); it != b.end() && round.value == stacks_round_) take_flight(n.entry.name, *it);
       handle(rdzv::AttemptFinished{n.entry.name, round, b["ok"].get<bool>()});
       return;
     }
@@ -879,18 +880,13 @@ class Coordinator {
     apply_round(rounds_.handle(round::Close{outcome, from_rdzv}));
   }
 
-  // A node's NCCL flight recorder summaries (protocol version 6), each parsed as hostile
-  // (lib/hang/flight.hpp); only ranks the node holds count, once.
+  // A node's NCCL flight recorder summaries for this round (protocol version 6; the caller
+  // checks the round), each parsed as hostile (lib/hang/flight.hpp); only ranks the node holds
+  // count, once, and a node that sends again replaces what it sent.
   void take_flight(const std::string& node, const json& summaries) {
-    if (!summaries.is_array()) return;
-    for (const auto& s : summaries) {
-      auto d = hang::parse_summary(s.dump());
-      d.node = node;
-      const auto range = flight_ranks_.find(node);
-      if (range == flight_ranks_.end() || d.rank < range->second.first || d.rank >= range->second.first + range->second.second)
-        continue;
-      flight_.push_back(std::move(d));
-    }
+    const auto range = flight_ranks_.find(node);
+    if (range == flight_ranks_.end()) return;
+    hang::take_node_summaries(flight_, node, range->second.first, range->second.second, summaries);
   }
 
   // The attempt's report: exits by rank, the first failure the machine named, its notes.
@@ -1201,6 +1197,10 @@ class Coordinator {
 };
 
 }  // namespace
+
+std::chrono::microseconds round_stop_timeout(std::chrono::milliseconds stop_grace) {
+  return stop_grace + launch::kStacksBudget + hang::kConvertLimit + std::chrono::seconds(5);
+}
 
 int run_coordinator(CoordinatorOptions options) {
   if (options.nodes.empty()) throw CoordinatorError("no nodes to run on");

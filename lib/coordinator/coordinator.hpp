@@ -87,6 +87,12 @@ struct CoordinatorOptions {
   bool tls = false;
 };
 
+// How long a node may take to report its workers stopped: the job's stop grace, what a node
+// spends before it answers (the stacks read before the first signal, launch::kStacksBudget; a
+// failed round's flight recorder dumps converted, hang::kConvertLimit) and 5 s for the message.
+// Shorter, and a node that read dumps would be dropped as lost.
+std::chrono::microseconds round_stop_timeout(std::chrono::milliseconds stop_grace);
+
 class CoordinatorError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

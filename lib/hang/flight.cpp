@@ -1,5 +1,6 @@
 #include "hang/flight.hpp"
 
+#include "common/strings.hpp"
 #include "stacks/merge.hpp"
 
 #include <fmt/format.h>
@@ -39,9 +40,7 @@ bool too_deep(std::string_view s) {
 std::string text(const json& j, const char* key, std::size_t max = 128) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return {};
-  auto s = it->get<std::string>();
-  if (s.size() > max) s.resize(max);
-  return s;
+  return clean_text(it->get_ref<const std::string&>(), max);
 }
 
 std::int64_t integer(const json& j, const char* key) {
@@ -75,7 +74,7 @@ std::vector<std::string> strings(const json& j, const char* key) {
   if (it == j.end() || !it->is_array()) return out;
   for (const auto& s : *it) {
     if (out.size() >= 8) break;
-    out.push_back(s.is_string() ? s.get<std::string>().substr(0, 64) : std::string("?"));
+    out.push_back(s.is_string() ? clean_text(s.get_ref<const std::string&>(), 64) : std::string("?"));
   }
   return out;
 }
@@ -205,7 +204,7 @@ RankDump parse_summary(std::string_view line) {
   try {
     j = json::parse(line);
   } catch (const json::exception& e) {
-    d.error = fmt::format("not a summary: {}", e.what());
+    d.error = clean_text(fmt::format("not a summary: {}", e.what()), 512);  // its bytes are the line's
     return d;
   }
   if (!j.is_object()) {
@@ -239,7 +238,7 @@ RankDump parse_summary(std::string_view line) {
       }
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-      d.groups[name.substr(0, 128)] = std::move(ranks);
+      d.groups[clean_text(name, 128)] = std::move(ranks);
     }
   }
   if (auto es = j.find("entries"); es != j.end() && es->is_array()) {
@@ -287,6 +286,19 @@ json to_json(const RankDump& d) {
   }
   j["entries"] = std::move(es);
   return j;
+}
+
+void take_node_summaries(std::vector<RankDump>& all, const std::string& node, int first, int count,
+                         const nlohmann::json& summaries) {
+  if (!summaries.is_array()) return;
+  std::erase_if(all, [&node](const RankDump& d) { return d.node == node; });
+  std::set<int> seen;
+  for (const auto& s : summaries) {
+    auto d = parse_summary(s.dump(-1, ' ', false, json::error_handler_t::replace));
+    if (d.rank < first || d.rank >= first + count || !seen.insert(d.rank).second) continue;
+    d.node = node;
+    all.push_back(std::move(d));
+  }
 }
 
 bool fit_summaries(std::vector<RankDump>& dumps, std::size_t max_bytes) {

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -52,6 +53,11 @@ struct RankDump {
 
 // Limits on one summary (the converter keeps fewer; these hold against anything else).
 inline constexpr std::size_t kMaxSummaryBytes = 1u << 20;
+
+// How long the converter (flight_gather.hpp) may take, all dumps together: a Python start and a
+// few MiB of pickles. The agent holds its attempt_finished that long, so the coordinator's stop
+// timeout allows for it (coordinator.hpp's round_stop_timeout).
+inline constexpr std::chrono::milliseconds kConvertLimit{3000};
 inline constexpr std::size_t kMaxEntries = 4096;
 inline constexpr std::size_t kMaxGroups = 256;
 inline constexpr std::size_t kMaxGroupRanks = 65536;
@@ -66,6 +72,12 @@ nlohmann::json to_json(const RankDump& d);
 // in `max_bytes`, so that a node's summaries always fit in one frame; false if even that is too
 // big (then every rank keeps its error only).
 bool fit_summaries(std::vector<RankDump>& dumps, std::size_t max_bytes);
+
+// A node's summaries as its peer sent them (a JSON array, hostile): each parsed, only ranks in
+// [first, first + count) (the node's own) kept, once, and they replace whatever that node sent
+// before (a node that sends again is not counted twice).
+void take_node_summaries(std::vector<RankDump>& all, const std::string& node, int first, int count,
+                         const nlohmann::json& summaries);
 
 struct Finding {
   enum class Kind {

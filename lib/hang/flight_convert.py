@@ -6,8 +6,8 @@
 # pickler is refused, so a file that is not a dump cannot run code here either, and torch is
 # never imported (seconds, and CUDA).
 #
-# Usage: python3 -I -c "$(cat flight_convert.py)" DIR NAME...   (NAME: nccl-flight-rank-<rank>)
-#        python3 -I -c "$(cat flight_convert.py)" DIR --all     (every such NAME in DIR)
+# Usage: python3 -I -S -c "$(cat flight_convert.py)" DIR NAME...   (NAME: nccl-flight-rank-<rank>)
+#        python3 -I -S -c "$(cat flight_convert.py)" DIR --all     (every such NAME in DIR)
 # Output, one line per NAME, in order:
 #   {"file": NAME, "rank": R, "version": "2.10", "groups": {PG: {"desc": D, "ranks": [...]}},
 #    "entries": [{"pg", "desc", "seq", "p2p", "op", "in", "out", "in_dtypes", "out_dtypes",
@@ -15,6 +15,7 @@
 #   or {"file": NAME, "rank": R, "error": "why"}
 # The layout read is PyTorch's FlightRecorder.hpp (dump format versions 1.x and 2.x).
 import io
+import itertools
 import json
 import os
 import pickle
@@ -31,6 +32,7 @@ MAX_TEXT = 128
 MAX_GROUPS = 256
 MAX_GROUP_RANKS = 65536
 MAX_DUMPS = 4096           # more ranks than one node has
+MAX_ENTRIES = 4096         # ddpctl asks for 2000 (contract/flight_recorder.hpp); a longer list is cut first
 DUMP_NAME = re.compile(r"nccl-flight-rank-(\d{1,8})")
 
 _LIST_BUILDERS = {("torch.jit._pickle", n) for n in ("build_intlist", "build_doublelist", "build_boollist",
@@ -45,6 +47,8 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def _text(v):
+    if not isinstance(v, (str, int, float, bool, type(None))):
+        v = type(v).__name__  # never str() of a container: a pickle can make it as large as it likes
     return str(v)[:MAX_TEXT]
 
 
@@ -87,7 +91,7 @@ def _groups(cfg):
     out = {}
     if not isinstance(cfg, dict):
         return out
-    for key, info in list(cfg.items())[:MAX_GROUPS]:
+    for key, info in itertools.islice(cfg.items(), MAX_GROUPS):
         if isinstance(info, dict):
             name = _text(info.get("name", key))
             out[name] = {"desc": _text(info.get("desc", "")), "ranks": _ranks(info.get("ranks", []))}
@@ -118,7 +122,10 @@ def _entry(e):
 def summarise(data):
     if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
         raise ValueError("not a flight recorder dump (no 'entries' list)")
-    entries = [_entry(e) for e in data.get("entries", []) if isinstance(e, dict)]
+    # Cut before anything is built per entry: a pickle's memo makes a list of a million
+    # references to one entry out of a few bytes each (the newest are the list's end).
+    raw = data.get("entries", [])
+    entries = [_entry(e) for e in raw[-MAX_ENTRIES:] if isinstance(e, dict)]
     entries.sort(key=lambda e: e["id"])
     kept, dropped, count = [], 0, {}
     for e in reversed(entries):  # newest first: keep the last of each group
@@ -132,6 +139,7 @@ def summarise(data):
     kept.reverse()
     for e in kept:
         del e["id"]
+    dropped += max(0, len(raw) - MAX_ENTRIES)
     return {"version": _text(data.get("version", "")), "groups": _groups(data.get("pg_config")),
             "entries": kept, "dropped": dropped}
 

@@ -132,9 +132,10 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
   supervisor::SpawnSpec spec;
   spec.argv = req.python;
   spec.argv.front() = *resolved;
-  // -I: no PYTHONPATH, no user site, no current folder on the path: the converter needs only
-  // the standard library, and nothing of the job's is imported.
-  for (const char* a : {"-I", "-c"}) spec.argv.emplace_back(a);
+  // -I: no PYTHONPATH, no user site, no current folder on the path; -S: no site module at all,
+  // so no .pth file of the environment's runs its line of code: the converter needs only the
+  // standard library, and nothing of the job's is imported.
+  for (const char* a : {"-I", "-S", "-c"}) spec.argv.emplace_back(a);
   spec.argv.emplace_back(convert_script());
   spec.argv.push_back(dir_path);
   if (all) spec.argv.emplace_back("--all");
@@ -206,7 +207,8 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
     d.rank = rank.value_or(-1);
     by_name.emplace(file, std::move(d));
   }
-  const auto first_err = std::string(trim(err.substr(0, err.find('\n'))));
+  // The job's interpreter wrote it: any bytes at all.
+  const auto first_err = clean_text(trim(err.substr(0, err.find('\n'))), 256);
   const bool clean = !timed_out && !truncated && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   const std::string why = timed_out ? fmt::format("the converter did not finish within {} ms", req.timeout.count())
                           : truncated ? fmt::format("the converter wrote more than {} bytes", req.max_output)

@@ -47,7 +47,7 @@ struct ConvertRequest {
   std::map<std::string, std::string> env;      // the job's environment (PATH finds the interpreter)
   std::string workdir = "/";
   std::optional<supervisor::RunAs> run_as;     // nullopt: our own user (never root for a job of another)
-  std::chrono::milliseconds timeout{20'000};   // all dumps together: a Python start and a few MiB each
+  std::chrono::milliseconds timeout = kConvertLimit;
   std::size_t max_output = 8u << 20;           // the converter keeps ~30 KiB a rank
 };
 
@@ -59,7 +59,7 @@ struct ConvertRequest {
 std::vector<RankDump> convert_dumps(const std::string& attempt_dir_path, const std::vector<std::string>& names,
                                     const ConvertRequest& req);
 
-// The converter's source (lib/hang/flight_convert.py, embedded), run with `python -I -c`.
+// The converter's source (lib/hang/flight_convert.py, embedded), run with `python -I -S -c`.
 const char* convert_script();
 
 // list + convert + analyze; nullopt where the folder holds no dump.

@@ -1,6 +1,7 @@
 // See failure_stacks.hpp.
 #include "launch/failure_stacks.hpp"
 
+#include "common/strings.hpp"
 #include "stacks/reader.hpp"
 
 #include <fmt/format.h>
@@ -17,29 +18,7 @@ namespace {
 
 // Printable, valid UTF-8, at most kMaxStackString bytes: a name from the job's memory may hold
 // terminal escapes or broken sequences, which would reach a terminal or throw in a JSON dump.
-std::string clean(std::string_view s) {
-  std::string out;
-  out.reserve(std::min(s.size(), kMaxStackString));
-  for (std::size_t i = 0; i < s.size() && out.size() < kMaxStackString;) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-      ++i;
-      continue;
-    }
-    const std::size_t n = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-    bool ok = n >= 2 && i + n <= s.size() && c >= 0xc2 && c <= 0xf4;
-    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
-    if (ok && out.size() + n <= kMaxStackString) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += '?';
-      ++i;
-    }
-  }
-  return out;
-}
+std::string clean(std::string_view s) { return clean_text(s, kMaxStackString); }
 
 void bound_frames(std::vector<stacks::Frame>& frames, bool& truncated) {
   if (frames.size() > kMaxStackFrames) {

@@ -183,7 +183,7 @@ nlohmann::json dry_run(LaunchOptions opts) {
   out["async_error_handling"] = {{"names", aeh.names}, {"why", aeh.why}};
   auto chosen = contract::scrub(own_environment());
   for (const auto& [k, v] : opts.spec.env) chosen[k] = v;
-  const auto fr = contract::flight_recorder(node.torch_version, node.attempt_dir, chosen);
+  const auto fr = contract::flight_recorder(opts.spec, node, chosen);
   out["flight_recorder"] = {{"on", !fr.env.empty()}, {"why", fr.why}};
   return out;
 }
@@ -444,9 +444,17 @@ class LocalLauncher {
 
   // What PyTorch's NCCL flight recorder says of a failed attempt, where a rank dumped into the
   // attempt folder (contract/flight_recorder.hpp): the converter runs with the job's Python (as
-  // we, the job's user, do), blocking within its limit: the workers are all gone by now.
+  // we, the job's user, do). It blocks the launcher's loop, within hang::kConvertLimit (3 s):
+  // acceptable here, the workers are all gone by now and only `ddpctl stop` and signals wait.
+  // Only where ddpctl turned the recorder on (the plan the workers' environment was made from):
+  // dumps the job configured itself, or a container's, are not ours to read.
   void note_flight_recorder(AttemptReport& r) {
-    if (opts_.spec.container) return;  // the folder is not mounted in: there are no dumps
+    contract::NodeContext node;
+    if (opts_.python) node.torch_version = opts_.python->torch;
+    node.attempt_dir = r.log_dir;
+    auto chosen = contract::scrub(planning_env(opts_.spec, inherited_));
+    for (const auto& [k, v] : opts_.spec.env) chosen[k] = v;
+    if (contract::flight_recorder(opts_.spec, node, chosen).env.empty()) return;
     hang::ConvertRequest req;
     req.python = pyenv::choose_interpreter(opts_.spec).argv;
     req.env = contract::scrub(own_environment());

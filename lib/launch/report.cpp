@@ -212,7 +212,8 @@ std::optional<std::string> write_result_file(const std::string& path, const nloh
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
   safefs::Fd f(fd);
-  if (!safefs::write_all(fd, report.dump(2) + "\n")) {
+  // replace: a byte of invalid UTF-8 that slipped into a note becomes U+FFFD, never a throw.
+  if (!safefs::write_all(fd, report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n")) {
     return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
   }
   return std::nullopt;

@@ -27,6 +27,9 @@
 
 namespace ddp::launch {
 
+// The default of GroupOptions::stacks_budget: the coordinator's stop timeout allows for it.
+inline constexpr std::chrono::milliseconds kStacksBudget{2000};
+
 struct GroupOptions {
   int attempt = 0;
   std::string workdir;
@@ -45,7 +48,7 @@ struct GroupOptions {
   std::string log_root;
   // How long the ranks still running may take to have their stacks read before the first
   // signal of a stop (the whole node's; 0: not read). A SIGKILL stop or kill_now() skips it.
-  Millis stacks_budget{2000};
+  Millis stacks_budget = kStacksBudget;
   // The hang watchdog (job file `hang:`): every live rank sampled on this loop (hang_sampler.hpp),
   // its owner told after each round (GroupCallbacks::on_hang_round). 0: off.
   Millis hang_timeout{0};

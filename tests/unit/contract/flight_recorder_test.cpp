@@ -76,3 +76,17 @@ TEST(FlightRecorderEnv, DumpNames) {
   EXPECT_EQ(flight_dump_rank("rank-1.log"), std::nullopt);
   EXPECT_EQ(flight_dump_rank("nccl-flight-rank-123456789"), std::nullopt);  // more digits than a rank has
 }
+
+TEST(FlightRecorderEnv, OffForAContainerJob) {
+  // The attempt folder is not mounted into the container: the ranks' dumps and pipes would be
+  // inside it, where nothing reads them.
+  jobspec::JobSpec spec = spec_of("command: [x]\n");
+  spec.container = jobspec::ContainerSpec{};
+  spec.container->image = "example/train:1";
+  EXPECT_TRUE(fr_vars(worker_env(spec, node2("2.11.0"), {}, 0)).empty());
+  const auto plan = flight_recorder(spec, node2("2.11.0"), {});
+  EXPECT_TRUE(plan.env.empty());
+  EXPECT_NE(plan.why.find("container"), std::string::npos) << plan.why;
+  spec.container.reset();
+  EXPECT_FALSE(flight_recorder(spec, node2("2.11.0"), {}).env.empty());
+}

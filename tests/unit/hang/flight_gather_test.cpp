@@ -208,3 +208,51 @@ TEST(FlightGather, TheConverterListsTheFolderItselfWhenAsked) {
   EXPECT_NE(failed[0].error.find("not found"), std::string::npos);
   EXPECT_EQ(analyze(failed, 0).kind, Finding::Kind::no_data);
 }
+
+TEST(FlightGather, TheInterpretersStderrIsCleanedBeforeItIsQuoted) {
+  // The first line of the converter's stderr goes into every dump's error, and so into JSON.
+  TempDir t;
+  write(t.file("nccl-flight-rank-0"), "{}");
+  ConvertRequest req;
+  req.python = {"/bin/sh", "-c", R"(printf 'bad \377\033[2J \342\200\256x\n' >&2; exit 3)", "sh"};
+  auto dumps = convert_dumps(t.path.string(), {"nccl-flight-rank-0"}, req);
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_NE(dumps[0].error.find("exit status 3: bad ??[2J ?x"), std::string::npos) << dumps[0].error;
+  EXPECT_NO_THROW(to_json(dumps[0]).dump());
+}
+
+TEST(FlightGather, APickleOfAMillionReferencesIsCutBeforeItIsBuilt) {
+  // A pickle's memo makes a million references to one entry out of two bytes each (2 MB): the
+  // converter cuts the list before it builds anything per entry, so it answers within a few
+  // hundred MB (the old one built a million dicts: a MemoryError here, or its time ran out).
+  TempDir t;
+  auto text = [](const std::string& s) {
+    std::string out = "X";
+    for (int i = 0; i < 4; ++i) out += static_cast<char>((s.size() >> (8 * i)) & 0xff);
+    return out + s;
+  };
+  constexpr int kRefs = 1'000'000;
+  std::string p = std::string("\x80\x02}") + text("entries") + "](}q\x01" + text("state") + text("completed") + "s";
+  for (int i = 1; i < kRefs; ++i) p += "h\x01";  // BINGET 1: the same entry again
+  p += "es.";
+  write(t.file("nccl-flight-rank-0"), p);
+  ConvertRequest req;
+  req.python = {"/bin/sh", "-c", "ulimit -v 400000 && exec python3 \"$@\"", "sh"};
+  req.env = {{"PATH", "/usr/bin:/bin"}};
+  req.timeout = std::chrono::seconds(30);  // a loaded test machine; the point is the memory
+  auto dumps = convert_dumps(t.path.string(), {"nccl-flight-rank-0"}, req);
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_EQ(dumps[0].error, "");
+  EXPECT_EQ(dumps[0].entries.size(), 64u);
+}
+
+TEST(FlightGather, TheConverterRunsWithoutTheSiteModule) {
+  // -S: no site module, so no .pth file of the job's environment runs a line of code.
+  TempDir t;
+  write(t.file("nccl-flight-rank-0"), "{}");
+  ConvertRequest req;
+  req.python = {"/bin/sh", "-c", R"(case " $* " in *" -I -S -c "*) exit 7;; esac; exit 9)", "sh"};
+  auto dumps = convert_dumps(t.path.string(), {"nccl-flight-rank-0"}, req);
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_NE(dumps[0].error.find("exit status 7"), std::string::npos) << dumps[0].error;
+}

@@ -333,3 +333,45 @@ TEST(FlightSummary, ToJsonRoundTripsAndFitsOneFrame) {
   EXPECT_FALSE(fit_summaries(node, 10));
   EXPECT_NE(node[0].error, "");
 }
+
+TEST(FlightSummary, TextIsCutOnCharactersAndControlsAreReplaced) {
+  // A dump's strings are the job's: a cut inside a character, an escape or a bidi override
+  // would reach a terminal, or make the report's strict JSON dump throw.
+  json e = entry("0", 1, "all_reduce", "completed");
+  e["op"] = std::string(127, 'a') + "\xc3\xa9";  // the 128-byte cap falls inside "é"
+  e["desc"] = "x\x1b[2Jy\xe2\x80\xae";
+  json j{{"rank", 0}, {"version", "2.\xc2\x9b" "1"}, {"entries", json::array({e})}};
+  auto d = parse_summary(j.dump());
+  ASSERT_EQ(d.error, "");
+  ASSERT_EQ(d.entries.size(), 1u);
+  EXPECT_EQ(d.entries[0].op, std::string(127, 'a'));
+  EXPECT_EQ(d.entries[0].desc, "x?[2Jy?");
+  EXPECT_EQ(d.version, "2.?1");
+  EXPECT_NO_THROW(to_json(d).dump());
+  json err{{"rank", 0}, {"error", std::string(511, 'e') + "\xe2\x82\xac"}};
+  EXPECT_EQ(parse_summary(err.dump()).error, std::string(511, 'e'));
+}
+
+TEST(FlightSummary, ANodeThatSendsAgainReplacesItsSummaries) {
+  // The coordinator keeps every node's summaries of a round; a node's second message must not
+  // count its ranks twice, nor may a node speak for ranks it does not hold.
+  auto summary = [](int rank, int n) {
+    return json{{"file", "nccl-flight-rank-" + std::to_string(rank)}, {"rank", rank}, {"entries", steps(n, "completed")}};
+  };
+  std::vector<RankDump> all;
+  take_node_summaries(all, "b", 2, 2, json::array({summary(2, 1), summary(3, 1)}));
+  take_node_summaries(all, "a", 0, 2, json::array({summary(0, 1), summary(1, 1), summary(2, 9), summary(0, 5)}));
+  ASSERT_EQ(all.size(), 4u);
+  take_node_summaries(all, "a", 0, 2, json::array({summary(0, 3)}));
+  ASSERT_EQ(all.size(), 3u);
+  int a = 0;
+  for (const auto& d : all) {
+    if (d.node != "a") continue;
+    ++a;
+    EXPECT_EQ(d.rank, 0);
+    EXPECT_EQ(d.entries.size(), 3u);
+  }
+  EXPECT_EQ(a, 1);
+  take_node_summaries(all, "a", 0, 2, json("not an array"));
+  EXPECT_EQ(all.size(), 3u);
+}

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
 using namespace ddp::launch;
 
 TEST(Report, ParsesTorchelasticErrorFile) {
@@ -44,4 +49,18 @@ TEST(Report, FormatNamesTheFirstFailure) {
   EXPECT_EQ(j["attempts"][0]["first_failure"]["exit_code"], 1);
   EXPECT_EQ(j["attempts"][0]["first_failure"]["error_file"]["message"], "ValueError: nan");
   EXPECT_EQ(j["attempts"][0]["exits"][0]["signal"], 15);
+}
+
+TEST(Report, AResultFileWithABadByteIsWrittenNotThrown) {
+  char tmpl[] = "/tmp/ddp-result-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const auto path = dir + "/result.json";
+  nlohmann::json report{{"notes", {std::string("rank 0: \xff\xfe")}}};
+  std::optional<std::string> err;
+  EXPECT_NO_THROW(err = write_result_file(path, report));
+  EXPECT_FALSE(err) << *err;
+  std::ifstream f(path);
+  const auto back = nlohmann::json::parse(f);
+  EXPECT_EQ(back.at("notes").at(0).get<std::string>(), "rank 0: \xef\xbf\xbd\xef\xbf\xbd");
+  std::filesystem::remove_all(dir);
 }

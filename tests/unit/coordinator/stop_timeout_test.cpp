@@ -1,0 +1,16 @@
+// The coordinator's stop timeout: a node that read its stacks and converted its flight recorder
+// dumps before answering must still be within it, or the round reports it lost.
+#include "coordinator/coordinator.hpp"
+
+#include "hang/flight.hpp"
+#include "launch/worker_group.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace std::chrono_literals;
+
+TEST(CoordinatorStopTimeout, AllowsTheStacksReadAndTheConverter) {
+  EXPECT_EQ(ddp::coordinator::round_stop_timeout(30s), 30s + 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
+  EXPECT_GE(ddp::coordinator::round_stop_timeout(0s), 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
+  EXPECT_LE(ddp::hang::kConvertLimit, 3s);
+}
