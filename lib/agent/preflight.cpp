@@ -2,6 +2,7 @@
 
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "container/container.hpp"
 #include "container/runtime.hpp"
 #include "hang/flight_gather.hpp"

@@ -89,50 +89,6 @@ std::optional<long long> parse_int(std::string_view s) {
   return v;
 }
 
-std::string clean_text(std::string_view s, std::size_t max_bytes, std::string_view keep) {
-  std::string out;
-  out.reserve(std::min(s.size(), max_bytes));
-  auto byte = [&s](std::size_t i) { return static_cast<unsigned char>(s[i]); };
-  for (std::size_t i = 0; i < s.size() && out.size() < max_bytes;) {
-    const auto c = byte(i);
-    if (c < 0x80) {
-      const bool control = c < 0x20 || c == 0x7f;
-      out += control && keep.find(static_cast<char>(c)) == std::string_view::npos ? '?' : static_cast<char>(c);
-      ++i;
-      continue;
-    }
-    // The length, and the range of the second byte, that make the shortest form of a scalar
-    // value (RFC 3629, section 4): no overlong, no surrogate, nothing above U+10FFFF.
-    std::size_t n = 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) n = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-      n = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    }
-    bool ok = n != 0 && i + n <= s.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
-    for (std::size_t k = 2; ok && k < n; ++k) ok = (byte(i + k) & 0xc0) == 0x80;
-    if (!ok) {
-      out += '?';
-      ++i;
-      continue;
-    }
-    const bool c1 = c == 0xc2 && byte(i + 1) <= 0x9f;  // U+0080-U+009F
-    const bool bidi = c == 0xe2 && ((byte(i + 1) == 0x80 && byte(i + 2) >= 0xaa && byte(i + 2) <= 0xae) ||
-                                    (byte(i + 1) == 0x81 && byte(i + 2) >= 0xa6 && byte(i + 2) <= 0xa9));
-    if (c1 || bidi) out += '?';
-    else if (out.size() + n <= max_bytes) out.append(s.substr(i, n));
-    else break;  // never half a character
-    i += n;
-  }
-  return out;
-}
-
 std::string shell_quote(std::string_view s) {
   bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("-_./=:,+@%").find(c) != std::string_view::npos;

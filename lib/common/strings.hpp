@@ -24,15 +24,6 @@ std::optional<std::string> nearest(std::string_view word, const std::vector<std:
 // Strict decimal integer parse of the whole string (no sign for unsigned callers to misuse).
 std::optional<long long> parse_int(std::string_view s);
 
-// Text from a hostile source (the job's memory, its interpreter's output, a peer's message), made
-// safe for a terminal, a log line and a strict JSON dump: valid UTF-8 of at most `max_bytes`, cut
-// on a character boundary. Each byte of an invalid sequence (stray continuation, overlong form,
-// surrogate, above U+10FFFF, cut short) becomes '?', as does every C0/C1 control and DEL (except
-// those in `keep`, e.g. "\n\t") and every bidirectional embedding, override or isolate
-// (U+202A-U+202E, U+2066-U+2069), which would reorder what a reader sees. The one sanitizer:
-// use it rather than another.
-std::string clean_text(std::string_view s, std::size_t max_bytes, std::string_view keep = {});
-
 // Shell-style quoting for showing argv to humans (never used to build a command).
 std::string shell_quote(std::string_view s);
 

@@ -1,6 +1,7 @@
 #include "hang/flight.hpp"
 
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "stacks/merge.hpp"
 
 #include <fmt/format.h>

@@ -2,6 +2,7 @@
 
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "contract/flight_recorder.hpp"
 #include "hang/flight_convert_py.hpp"
 

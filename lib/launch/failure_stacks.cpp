@@ -2,6 +2,7 @@
 #include "launch/failure_stacks.hpp"
 
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "stacks/reader.hpp"
 
 #include <fmt/format.h>

@@ -1,6 +1,7 @@
 #include "common/duration.hpp"
 #include "common/size.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 
 #include <gtest/gtest.h>
 
