@@ -11,6 +11,8 @@
 #     docs/architecture.md expects NO verdict there (the host spins outside torch.distributed,
 #     as a healthy GPU-bound loop does); the job is then stopped by `timeout 90`.
 # Needs .gpu/ from tests/gpu/pack.sh; run with carry [".gpu"]:   bash tests/gpu/hang_on_h200.sh
+#  0. while check 1 hangs, `ddpctl stacks hang-nccl` lists rank 1 first, in stuck_forever, and rank 0
+#     in barrier/all_reduce.
 # Pass: the line "hang_on_h200: PASS" (and exit code 0).
 set -u
 out=${OUT:-$PWD/gpu-out}
@@ -26,7 +28,21 @@ cd "$work"
 fail=0
 printf 'name: hang-nccl\nnproc_per_node: 2\ncommand: [%s, hang_nccl_worker.py, hang]\nhang: {timeout: 20s, action: stop}\nstop: {grace: 5s}\nbinding: {gpu: none, numa: none, nic: none}\n' "$PY" > hang.yaml
 start=$(date +%s.%N)
-timeout 300 "$B/ddpctl" launch hang.yaml --master-port 0 --job-id hang-nccl > "$out/hang_stdout.txt" 2> "$out/hang_stderr.txt"
+timeout 300 "$B/ddpctl" launch hang.yaml --master-port 0 --job-id hang-nccl > "$out/hang_stdout.txt" 2> "$out/hang_stderr.txt" &
+launch=$!
+# While it hangs: `ddpctl stacks` names rank 1 in stuck_forever and rank 0 in the collective.
+for _ in $(seq 1 120); do
+  [[ $(grep -c 'joined at' "$out/hang_stdout.txt" 2>/dev/null) -ge 2 ]] && break
+  sleep 0.5
+done
+sleep 3
+"$B/ddpctl" stacks hang-nccl > "$out/hang_stacks.txt" 2>&1
+echo "=== ddpctl stacks hang-nccl (exit $?)"; cat "$out/hang_stacks.txt"
+first=$(grep -m1 -n '^rank' "$out/hang_stacks.txt")
+[[ $first == *"rank 1 "* ]] || { echo "FAIL: stacks: the first group is not rank 1: $first"; fail=1; }
+grep -q stuck_forever "$out/hang_stacks.txt" || { echo "FAIL: stacks: stuck_forever not named"; fail=1; }
+grep -Eq 'barrier|all_reduce' "$out/hang_stacks.txt" || { echo "FAIL: stacks: rank 0's collective not named"; fail=1; }
+wait $launch
 rc=$?
 end=$(date +%s.%N)
 cat "$out/hang_stdout.txt" "$out/hang_stderr.txt"
