@@ -938,7 +938,12 @@ class Coordinator {
   // A node's stacks (version 6), named by the name we know it by, whatever it says.
   void take_stacks(Node& n, const json& j) {
     try {
-      node_stacks_[n.entry.name] = launch::from_wire(j, n.entry.name);
+      auto s = launch::from_wire(j, n.entry.name);
+      // Only the ranks the round gave it: a node does not speak for another's ranks.
+      const auto range = flight_ranks_.find(n.entry.name);
+      launch::keep_own_ranks(s, range == flight_ranks_.end() ? 0 : range->second.first,
+                             range == flight_ranks_.end() ? 0 : range->second.second);
+      node_stacks_[n.entry.name] = std::move(s);
     } catch (const std::invalid_argument& e) {
       notes_.push_back(fmt::format("{}: its stacks were not understood: {}", n.entry.name, e.what()));
     }

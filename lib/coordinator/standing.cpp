@@ -355,7 +355,7 @@ class Standing {
       log_->info("job {}: {}", job->id, report.status);
       const auto state = report.status == "succeeded" || report.status == "stopped" ? report.status : std::string("failed");
       result.update({{"state", state}, {"exit_code", report.exit_code}, {"message", fmt::format("job {} {}", job->id, state)},
-                     {"report", launch::to_json(report)}});
+                     {"report", launch::to_json(report, launch::StacksDetail::kSummary)}});  // a frame: 1 MiB
     }
     send(job->submitter.lock().get(), "job_result", std::move(result));
     jobs_.erase(job->id);

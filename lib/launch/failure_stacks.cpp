@@ -4,8 +4,12 @@
 #include "common/strings.hpp"
 #include "common/text.hpp"
 #include "stacks/reader.hpp"
+#include "supervisor/cgroup.hpp"
 
 #include <fmt/format.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -27,9 +31,17 @@ void bound_frames(std::vector<stacks::Frame>& frames, bool& truncated) {
     truncated = true;
   }
   for (auto& f : frames) {
+    if (f.line < 0) f.line = 0;  // -1: the reader's "no location"; 0 prints as '?'
     f.function = clean(f.function);
     f.file = clean(f.file);
   }
+}
+
+// At most `n` bytes, not cutting a UTF-8 sequence (the string is valid UTF-8: clean() made it).
+std::string clip_utf8(const std::string& s, std::size_t n) {
+  if (s.size() <= n) return s;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;
+  return s.substr(0, n);
 }
 
 std::string base_name(const std::string& path) {
@@ -71,6 +83,13 @@ long long num(const json& j, const char* key, long long lo, long long hi) {
   if (v < lo || v > hi) throw std::invalid_argument(fmt::format("stacks: field '{}' is out of range", key));
   return v;
 }
+// A line number is the job's to choose (co_firstlineno, -1 for "no location"): a wrong one is
+// not worth the report it travels in.
+int line_of(const json& j) {
+  const auto& v = need(j, "line", &json::is_number_integer, "an integer");
+  if (v.is_number_unsigned()) return static_cast<int>(std::min<std::uint64_t>(v.get<std::uint64_t>(), 1u << 30));
+  return static_cast<int>(std::clamp<long long>(v.get<long long>(), 0, 1 << 30));
+}
 
 }  // namespace
 
@@ -90,6 +109,16 @@ void bound_stacks(stacks::ProcessStacks& p) {
   for (auto& e : p.errors) e = clean(e);
 }
 
+std::optional<unsigned long long> process_start_time(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  safefs::Fd fd(::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.get() < 0) return std::nullopt;
+  char buf[1024];  // comm is at most 16 bytes: the line is a few hundred
+  const auto n = ::read(fd.get(), buf, sizeof buf);
+  if (n <= 0) return std::nullopt;
+  return supervisor::start_time_from_stat(std::string_view(buf, static_cast<std::size_t>(n)));
+}
+
 stacks::ProcessStacks read_rank_stacks(pid_t pid) {
   auto p = stacks::read_process(pid, {.python = true, .native = false});
   bound_stacks(p);
@@ -104,7 +133,7 @@ json to_wire(const FailureStacks& s) {
     for (const auto& t : r.stacks.threads) {
       if (main_only && !t.main) continue;
       json frames = json::array();
-      for (const auto& f : t.python) frames.push_back({{"function", f.function}, {"file", f.file}, {"line", f.line}});
+      for (const auto& f : t.python) frames.push_back({{"function", f.function}, {"file", f.file}, {"line", std::max(f.line, 0)}});
       threads.push_back({{"tid", t.tid}, {"name", t.name}, {"main", t.main}, {"truncated", t.truncated}, {"python", frames}});
     }
     auto errors = r.stacks.errors;
@@ -163,7 +192,7 @@ FailureStacks from_wire(const json& j, const std::string& node) {
           break;
         }
         t.python.push_back({stacks::Frame::Kind::python, str(fj, "function"), str(fj, "file"),
-                            static_cast<int>(num(fj, "line", 0, 1 << 30)), 0});
+                            line_of(fj), 0});
       }
       r.stacks.threads.push_back(std::move(t));
     }
@@ -175,6 +204,19 @@ FailureStacks from_wire(const json& j, const std::string& node) {
   }
   s.file = str(j, "file");
   return s;
+}
+
+void keep_own_ranks(FailureStacks& s, int base, int count) {
+  std::set<int> seen;
+  const auto before = s.ranks.size();
+  std::erase_if(s.ranks, [&](const stacks::RankStacks& r) {
+    return r.rank < base || r.rank >= base + count || !seen.insert(r.rank).second;
+  });
+  if (const auto dropped = before - s.ranks.size()) {
+    s.notes.push_back(count > 0 ? fmt::format("{} rank(s) it does not hold (ranks {}-{} are its) were left out", dropped, base,
+                                              base + count - 1)
+                                : fmt::format("{} rank(s) it does not hold were left out", dropped));
+  }
 }
 
 std::vector<std::string> summary_lines(const FailureStacks& s) {
@@ -210,6 +252,23 @@ std::string full_text(const FailureStacks& s, int world_size) {
 
 json report_json(const FailureStacks& s) {
   return {{"groups", stacks::to_json(stacks::merge(s.ranks))}, {"notes", s.notes}, {"file", s.file}};
+}
+
+json stacks_summary_json(const FailureStacks& s, bool with_lines) {
+  json lines = json::array();
+  if (with_lines) {
+    auto all = summary_lines(s);
+    if (all.size() > kSummaryMessageLines) {
+      const auto more = all.size() - (kSummaryMessageLines - 1);
+      all.resize(kSummaryMessageLines - 1);
+      all.push_back(fmt::format("... and {} more lines (the file has them)", more));
+    }
+    for (auto& l : all) {
+      if (l.size() > kMaxStackString) l = clip_utf8(l, kMaxStackString);
+      lines.push_back(std::move(l));
+    }
+  }
+  return {{"summary", lines}, {"file", s.file}};
 }
 
 Written write_stacks_files(const safefs::Dir& dir, const std::optional<safefs::Owner>& owner, const FailureStacks& s,

@@ -39,6 +39,10 @@ struct FailureStacks {
 // the target's name), bounded. Never throws.
 stacks::ProcessStacks read_rank_stacks(pid_t pid);
 
+// Field 22 of /proc/<pid>/stat: when the process started (clock ticks since boot), none when it
+// is gone. A pid's owner is checked by it around a read (stack_snapshot.hpp).
+std::optional<unsigned long long> process_start_time(pid_t pid);
+
 // Cuts `p` to the bounds above (the reader's own depth limit aside).
 void bound_stacks(stacks::ProcessStacks& p);
 
@@ -49,6 +53,9 @@ void bound_stacks(stacks::ProcessStacks& p);
 nlohmann::json to_wire(const FailureStacks& s);
 FailureStacks from_wire(const nlohmann::json& j, const std::string& node = "");
 
+// Keeps the ranks in [base, base + count) (the node's own), each once; a note counts the others.
+void keep_own_ranks(FailureStacks& s, int base, int count);
+
 // The few lines the report prints under its header: one per group of main-thread stacks,
 // smallest first ("ranks 0,2,3 were in all_reduce (distributed_c10d.py:1320) <- step
 // (train.py:42)"), at most kSummaryGroups, each line at most about 300 bytes.
@@ -57,6 +64,13 @@ std::vector<std::string> summary_lines(const FailureStacks& s);
 std::string full_text(const FailureStacks& s, int world_size);
 // {"groups": [...stacks::to_json of every thread...], "notes": [...], "file": "..."}.
 nlohmann::json report_json(const FailureStacks& s);
+
+// For a message (a frame is 1 MiB): {"summary": [summary_lines, at most kSummaryMessageLines of
+// at most kMaxStackString bytes], "file": "..."}, the lines left out when !with_lines; and for a
+// whole job, the lines of the last kSummaryAttempts attempts only.
+inline constexpr std::size_t kSummaryMessageLines = 16;
+inline constexpr std::size_t kSummaryAttempts = 16;
+nlohmann::json stacks_summary_json(const FailureStacks& s, bool with_lines = true);
 
 // stacks.txt and stacks.json in the attempt's folder (written new, then renamed into place, never
 // through a link, given to `owner`). Returns the path of stacks.txt, or why it was not written.

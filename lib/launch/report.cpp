@@ -146,9 +146,10 @@ static nlohmann::json exit_json(const WorkerExit& e) {
   return j;
 }
 
-nlohmann::json to_json(const JobReport& r) {
+nlohmann::json to_json(const JobReport& r, StacksDetail detail) {
   nlohmann::json attempts = nlohmann::json::array();
-  for (const auto& a : r.attempts) {
+  for (std::size_t i = 0; i < r.attempts.size(); ++i) {
+    const auto& a = r.attempts[i];
     nlohmann::json aj{{"attempt", a.attempt}, {"result", phase_name(a.phase)}, {"log_dir", a.log_dir}, {"notes", a.notes}};
     nlohmann::json exits = nlohmann::json::array();
     for (const auto& e : a.exits) exits.push_back(exit_json(e));
@@ -169,7 +170,14 @@ nlohmann::json to_json(const JobReport& r) {
     } else {
       aj["first_failure"] = nullptr;
     }
-    aj["stacks"] = a.stacks ? report_json(*a.stacks) : nlohmann::json(nullptr);
+    if (!a.stacks) {
+      aj["stacks"] = nullptr;
+    } else if (detail == StacksDetail::kFull) {
+      aj["stacks"] = report_json(*a.stacks);
+    } else {
+      // The last few attempts' lines (each attempt's at most about 8 KiB); the older ones' file.
+      aj["stacks"] = stacks_summary_json(*a.stacks, r.attempts.size() - i <= kSummaryAttempts);
+    }
     attempts.push_back(aj);
   }
   nlohmann::json out{{"job_id", r.job_id}, {"status", r.status}, {"exit_code", r.exit_code}, {"restarts", r.restarts},

@@ -68,7 +68,11 @@ struct JobReport {
 };
 
 std::string format_attempt(const AttemptReport& a, int max_restarts);
-nlohmann::json to_json(const JobReport& r);
+// kFull: each attempt's stacks in full (report_json: every group; --result-json, up to 256 KiB per
+// node per attempt). kSummary: the summary lines and the file only (stacks_summary_json), for a
+// message, which a frame bounds (1 MiB): the standing coordinator's job_result.
+enum class StacksDetail { kFull, kSummary };
+nlohmann::json to_json(const JobReport& r, StacksDetail stacks = StacksDetail::kFull);
 
 // --result-json: whether `path` can be written, checked before anything starts (its folder
 // exists and is writable, or the file is); the reason when not.

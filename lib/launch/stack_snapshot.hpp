@@ -18,6 +18,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,16 @@ class StackSnapshot {
   };
   using Reader = std::function<stacks::ProcessStacks(pid_t)>;
   using Done = std::function<void(FailureStacks)>;
+  // A process's start time (field 22 of /proc/<pid>/stat), none when it is gone.
+  using StartTime = std::function<std::optional<unsigned long long>(pid_t)>;
 
   // Starts the reads at once. `done` is called exactly once, on the loop (from skip() itself when
-  // that ends it), unless this object is destroyed first.
+  // that ends it), unless this object is destroyed first. A target whose start time changed or
+  // vanished between the constructor and the end of its read (it exited, its pid may be another
+  // process's now) is not kept: a note says it exited during the read. No thread to read on
+  // (RLIMIT_NPROC): done says so, on the loop, at once.
   StackSnapshot(boost::asio::io_context& io, std::vector<Target> targets, Millis budget, Done done,
-                Reader reader = read_rank_stacks);
+                Reader reader = read_rank_stacks, StartTime start_time = process_start_time);
   ~StackSnapshot();
   StackSnapshot(const StackSnapshot&) = delete;
   StackSnapshot& operator=(const StackSnapshot&) = delete;
@@ -50,6 +56,7 @@ class StackSnapshot {
   void wait_woken();
   void complete(const std::string& unread_why);
 
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed: for handlers already queued
   std::shared_ptr<Shared> shared_;
   std::vector<Target> targets_;
   Millis budget_;

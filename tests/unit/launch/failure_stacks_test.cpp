@@ -6,8 +6,14 @@
 #include "launch/stack_snapshot.hpp"
 
 #include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 
@@ -111,6 +117,16 @@ TEST(FailureStacks, WhatTheJobsMemorySaysIsBounded) {
   EXPECT_NE(back.notes.back().find("left out"), std::string::npos);
 }
 
+TEST(FailureStacks, ANegativeLineIsBoundedToZero) {
+  stacks::ProcessStacks p;
+  stacks::ThreadStack t;
+  t.main = true;
+  t.python = {py("wait", "/w/t.py", -1)};
+  p.threads.push_back(t);
+  bound_stacks(p);
+  EXPECT_EQ(p.threads.at(0).python.at(0).line, 0);
+}
+
 TEST(FailureStacks, WireRoundTripNamesTheSendersNodeAndIsStrict) {
   FailureStacks s;
   s.ranks = {rank_in(2, in_all_reduce(), "liar")};
@@ -160,6 +176,60 @@ TEST(FailureStacks, TheReportSaysWhereTheOthersWereWhenARankFailed) {
   EXPECT_TRUE(to_json(JobReport{"job", "stopped", 130, 0, {a}})["attempts"][0]["stacks"].is_null());
 }
 
+// The standing coordinator sends the whole report in one job_result frame (1 MiB): each
+// attempt's full stacks (up to 256 KiB per node) would make it too large to send at all.
+TEST(FailureStacks, AJobResultMessageCarriesTheLinesNotTheGroups) {
+  stacks::ProcessStacks p;
+  p.python = "3.11.2";
+  p.python_ok = true;
+  for (int t = 0; t < 8; ++t) {
+    stacks::ThreadStack th;
+    th.tid = t + 1;
+    th.main = t == 0;
+    for (int f = 0; f < 64; ++f) th.python.push_back(py("f" + std::to_string(t * 100 + f) + std::string(200, 'x'), "/w/t.py", f));
+    p.threads.push_back(std::move(th));
+  }
+  JobReport r{"job", "failed", 1, 5, {}};
+  for (int at = 0; at < 40; ++at) {
+    AttemptReport a;
+    a.attempt = at;
+    a.phase = Phase::failed;
+    FailureStacks s;
+    for (int rank = 0; rank < 64; ++rank) {
+      s.ranks.push_back({rank, "n" + std::to_string(rank / 8), p});
+      s.ranks.back().stacks.threads[0].python[0].function = "odd" + std::to_string(rank) + std::string(600, 'y');
+    }
+    for (int n = 0; n < 30; ++n) s.notes.push_back(fmt::format("n{}: rank {}: not read within the 2s given to the stacks", n, n));
+    s.file = fmt::format("/l/attempt-{}/stacks.txt", at);
+    a.stacks = std::move(s);
+    r.attempts.push_back(std::move(a));
+  }
+  const auto full = to_json(r).dump();
+  EXPECT_GT(full.size(), 1u << 20);  // what --result-json keeps (a file), too large for a frame
+  const auto msg = to_json(r, StacksDetail::kSummary);
+  EXPECT_LT(msg.dump().size(), 512u << 10);
+  const auto& last = msg["attempts"][39]["stacks"];
+  EXPECT_FALSE(last.contains("groups"));
+  EXPECT_EQ(last["file"], "/l/attempt-39/stacks.txt");
+  ASSERT_EQ(last["summary"].size(), kSummaryMessageLines);
+  EXPECT_EQ(last["summary"].back(), "... and 22 more lines (the file has them)");
+  for (const auto& l : last["summary"]) EXPECT_LE(l.get<std::string>().size(), kMaxStackString);
+  EXPECT_TRUE(msg["attempts"][0]["stacks"]["summary"].empty());  // the oldest: the file only
+  EXPECT_EQ(msg["attempts"][0]["stacks"]["file"], "/l/attempt-0/stacks.txt");
+}
+
+// A node's stacks name only the ranks it holds: another node's rank (or one twice) is dropped.
+TEST(FailureStacks, ANodeSpeaksOnlyForItsOwnRanks) {
+  FailureStacks s;
+  s.ranks = {rank_in(3, in_all_reduce()), rank_in(4, in_all_reduce()), rank_in(4, in_all_reduce()), rank_in(0, in_all_reduce()),
+             rank_in(8, in_all_reduce())};
+  keep_own_ranks(s, 4, 4);
+  ASSERT_EQ(s.ranks.size(), 1u);
+  EXPECT_EQ(s.ranks[0].rank, 4);
+  ASSERT_EQ(s.notes.size(), 1u);
+  EXPECT_EQ(s.notes[0], "4 rank(s) it does not hold (ranks 4-7 are its) were left out");
+}
+
 // A reader that blocks until released: a target whose memory cannot be read quickly.
 struct Gate {
   std::mutex mu;
@@ -172,6 +242,9 @@ struct Gate {
   }
 };
 
+// The fake pids below are nobody's: their start time is said to stay the same.
+std::optional<unsigned long long> same_start(pid_t) { return 1; }
+
 TEST(StackSnapshot, ReadsEveryTargetAndSaysSoOnTheLoop) {
   boost::asio::io_context io;
   std::optional<FailureStacks> got;
@@ -180,7 +253,8 @@ TEST(StackSnapshot, ReadsEveryTargetAndSaysSoOnTheLoop) {
                        stacks::ProcessStacks p;
                        p.pid = pid;
                        return p;
-                     });
+                     },
+                     same_start);
   EXPECT_FALSE(got);  // never from inside the constructor
   io.run();
   ASSERT_TRUE(got);
@@ -204,7 +278,8 @@ TEST(StackSnapshot, ABlockedReadCostsTheBudgetAndNoMore) {
                          gate->cv.wait(l, [&] { return gate->open; });
                        }
                        return p;
-                     });
+                     },
+                     same_start);
   io.run();
   const auto took = std::chrono::steady_clock::now() - t0;
   gate->release();  // the detached reader ends (it holds its own state, not ours)
@@ -229,7 +304,8 @@ TEST(StackSnapshot, SkipEndsTheWaitAtOnce) {
                                                 stacks::ProcessStacks p;
                                                 p.pid = pid;
                                                 return p;
-                                              });
+                                              },
+                                              same_start);
   EXPECT_TRUE(snap->pending());
   snap->skip("skipped: a second Ctrl-C");
   ASSERT_TRUE(got);  // at once, from skip() itself
@@ -238,4 +314,97 @@ TEST(StackSnapshot, SkipEndsTheWaitAtOnce) {
   snap.reset();   // destroyed while its reader still blocks
   io.run();       // nothing left to wait for: the loop does not wait on the reader
   gate->release();
+}
+
+// The reader reads /proc/<pid> by number while the loop reaps: a rank whose start time changed
+// (its pid is someone else's now) or vanished during the read is not kept, and is named.
+TEST(StackSnapshot, ARankThatExitedDuringTheReadIsNotKept) {
+  boost::asio::io_context io;
+  std::optional<FailureStacks> got;
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  StackSnapshot snap(
+      io, {{0, "", 10}, {1, "", 11}, {2, "", 12}}, std::chrono::seconds(30), [&](FailureStacks s) { got = std::move(s); },
+      [](pid_t pid) {
+        stacks::ProcessStacks p;
+        p.pid = pid;
+        return p;
+      },
+      [calls](pid_t pid) -> std::optional<unsigned long long> {
+        if (pid == 11) return (*calls)++ == 0 ? 100 : 200;  // reused: another process's start time after the read
+        if (pid == 12) return std::nullopt;                  // gone before the read began
+        return 1;
+      });
+  io.run();
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->ranks.size(), 1u);
+  EXPECT_EQ(got->ranks[0].rank, 0);
+  ASSERT_EQ(got->notes.size(), 1u);
+  EXPECT_EQ(got->notes[0], "ranks 1,2: exited during the read (what was read is not kept)");
+}
+
+TEST(StackSnapshot, TheStartTimeIsThePidsOwn) {
+  const auto mine = process_start_time(::getpid());
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(process_start_time(::getpid()), mine);
+  EXPECT_FALSE(process_start_time(0));
+}
+
+// A completion already queued when the snapshot goes (cancel() cannot take it back) must not
+// reach the object now at its address: here a new snapshot, which it would end at once.
+TEST(StackSnapshot, ACompletionQueuedBeforeItWentDoesNothing) {
+  boost::asio::io_context io;
+  auto gate = std::make_shared<Gate>();
+  auto blocked = [gate](pid_t pid) {
+    std::unique_lock l(gate->mu);
+    gate->cv.wait(l, [&] { return gate->open; });
+    stacks::ProcessStacks p;
+    p.pid = pid;
+    return p;
+  };
+  std::optional<StackSnapshot> snap;
+  int first_done = 0, second_done = 0;
+  boost::asio::steady_timer before(io);
+  before.expires_at(std::chrono::steady_clock::now() - std::chrono::seconds(1));  // ready ahead of the snapshot's
+  snap.emplace(io, std::vector<StackSnapshot::Target>{{0, "", 10}}, std::chrono::milliseconds(0), [&](FailureStacks) { ++first_done; }, blocked,
+               same_start);
+  before.async_wait([&](boost::system::error_code) {
+    // The snapshot's zero budget has run out too: its completion is queued behind this one.
+    snap.reset();
+    snap.emplace(io, std::vector<StackSnapshot::Target>{{1, "", 11}}, std::chrono::hours(1),
+                 [&](FailureStacks) { ++second_done; }, blocked, same_start);
+  });
+  io.poll();
+  EXPECT_EQ(first_done, 0);
+  EXPECT_EQ(second_done, 0);
+  EXPECT_TRUE(snap->pending());
+  snap.reset();
+  gate->release();
+}
+
+// No thread to read on (EAGAIN: RLIMIT_NPROC) must not throw out of a stop: the stop goes on,
+// the report says why there are no stacks. Root ignores RLIMIT_NPROC, so a child drops to nobody.
+TEST(StackSnapshot, NoThreadToReadOnIsSaidNotThrown) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 0;
+    try {
+      const rlimit none{0, 0};
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0 || ::setrlimit(RLIMIT_NPROC, &none) != 0) ::_exit(10);
+      boost::asio::io_context io;
+      std::optional<FailureStacks> got;
+      StackSnapshot snap(io, {{0, "", 10}}, std::chrono::hours(1), [&](FailureStacks s) { got = std::move(s); },
+                         [](pid_t) { return stacks::ProcessStacks{}; }, same_start);
+      io.run();
+      code = got && got->notes.size() == 1 && got->notes[0] == "rank 0: not read: cannot start a thread" ? 0 : 11;
+    } catch (...) {
+      code = 12;  // the old code: std::system_error out of the constructor
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: could not drop to nobody; 11: wrong note; 12: threw";
 }

@@ -257,6 +257,31 @@ TEST(ShepherdMessages, FinishedReportRoundTrips) {
   EXPECT_THROW(decode_finished(m2), MessageError);
 }
 
+// A frame without a location (the CPython reader's -1, or a co_firstlineno the job wrote) must
+// not cost the attempt's report: it was refused, and the agent said "lost the shepherd" instead.
+TEST(ShepherdMessages, FinishedReportKeepsAFrameWithoutALine) {
+  launch::AttemptReport r;
+  r.attempt = 0;
+  r.phase = launch::Phase::failed;
+  stacks::RankStacks nowhere{0, "", {}};
+  nowhere.stacks.python = "3.11.2";
+  nowhere.stacks.python_ok = true;
+  nowhere.stacks.threads.push_back({101, "python3", true, {{stacks::Frame::Kind::python, "wait", "/w/t.py", -1, 0}}, {}});
+  r.stacks = launch::FailureStacks{{nowhere}, {}, ""};
+  launch::AttemptReport d;
+  ASSERT_NO_THROW(d = decode_finished(wire(encode_finished(r))));
+  ASSERT_TRUE(d.stacks);
+  EXPECT_EQ(d.stacks->ranks.at(0).stacks.threads.at(0).python.at(0).line, 0);
+
+  auto m = encode_finished(r);  // an older sender's -1, or a line past the bound: clamped, not refused
+  m["report"]["stacks"]["ranks"][0]["threads"][0]["python"][0]["line"] = -1;
+  ASSERT_NO_THROW(d = decode_finished(wire(m)));
+  EXPECT_EQ(d.stacks->ranks.at(0).stacks.threads.at(0).python.at(0).line, 0);
+  m["report"]["stacks"]["ranks"][0]["threads"][0]["python"][0]["line"] = 1ull << 40;
+  ASSERT_NO_THROW(d = decode_finished(wire(m)));
+  EXPECT_EQ(d.stacks->ranks.at(0).stacks.threads.at(0).python.at(0).line, 1 << 30);
+}
+
 TEST(ShepherdMessages, StacksRequestAndReadRoundTrip) {
   StacksRequest q{7, {{0, 1}, true, Millis(2500)}};
   auto m = encode_stacks(q);
