@@ -92,7 +92,8 @@ std::vector<Frame> frames(const json& j, const char* key, Frame::Kind kind) {
     x.function = str(f, "function");
     if (kind == Frame::Kind::python) {  // merge.cpp's frames_json
       x.file = str(f, "file");
-      x.line = int(integer(f, "line", 0, 1 << 30));
+      // Clamped, not refused: a line is only shown, and one bad frame must not cost the rank.
+      x.line = int(std::clamp<long long>(integer(f, "line", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max()), 0, 1 << 30));
     } else {
       x.file = str(f, "module");
       x.offset = std::uint64_t(integer(f, "offset", 0, std::numeric_limits<long long>::max()));

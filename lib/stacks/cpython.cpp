@@ -1,6 +1,7 @@
 // See cpython.hpp.
 #include "stacks/cpython.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -244,7 +245,9 @@ class Walker {
       fr.kind = Frame::Kind::python;
       fr.function = ci.function;
       fr.file = ci.file;
-      fr.line = addr_to_line(ci.linetable, ci.first_line, int(lasti * 2));
+      // -1 (no location: a frozen module's frames during start-up, say) and a hostile negative
+      // first line are 0, the model's "unknown".
+      fr.line = std::max(0, addr_to_line(ci.linetable, ci.first_line, int(lasti * 2)));
       out.frames.push_back(std::move(fr));
     }
   }

@@ -67,6 +67,24 @@ TEST(Collect, ProcessJsonRoundTrips) {
   EXPECT_EQ(back->errors, p.errors);
 }
 
+// A Python frame without a location (CPython's -1: a frozen module's frames while the
+// interpreter starts) is a line 0, not a refused reply: refusing it cost the agent its shepherd
+// and the job its processes (found by tests/integration/multinode/test_stacks_nodes.py).
+TEST(Collect, AFrameWithoutALineIsLineZeroNotARefusal) {
+  std::string error;
+  auto j = to_json(sample());
+  j["threads"][0]["python"][0]["line"] = -1;
+  auto back = process_from_json(j, error);
+  ASSERT_TRUE(back) << error;
+  EXPECT_EQ(back->threads[0].python[0].line, 0);
+  j["threads"][0]["python"][0]["line"] = 1LL << 40;
+  back = process_from_json(j, error);
+  ASSERT_TRUE(back) << error;
+  EXPECT_EQ(back->threads[0].python[0].line, 1 << 30);
+  j["threads"][0]["python"][0]["line"] = "7";
+  EXPECT_FALSE(process_from_json(j, error));
+}
+
 TEST(Collect, ProcessJsonRejectsWrongShapes) {
   std::string error;
   auto j = to_json(sample());
