@@ -521,6 +521,7 @@ Command add_launch_command(CLI::App& root) {
                   "with --slurm: one more argument for the agents' srun, before the agent's command (repeatable; a "
                   "site's partition, account or GPU request)")
       ->expected(1)
+      ->allow_extra_args(false)  // the job file after it is the job file, not a second srun argument
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--advertise-addr", args->advertise_addr,
                   "with --ssh: the agents connect back over TCP to HOST[:PORT] (auto or :PORT: this machine's address "
