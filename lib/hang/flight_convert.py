@@ -176,7 +176,7 @@ def main(argv):
         try:
             out.update(summarise(read_dump(dirfd, name)))
         except Exception as e:  # every failure is this dump's answer, never the others'
-            out["error"] = f"{type(e).__name__}: {_text(e)}"
+            out["error"] = f"{type(e).__name__}: {_text(str(e))}"  # our own or pickle's message, cut
         sys.stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
         sys.stdout.flush()
     return 0
