@@ -1,5 +1,4 @@
 // ddp-agentd entry point: flags, the token file, then lib/agent's daemon loop.
-#include "stacks/collect.hpp"
 #include "agent/agent.hpp"
 #include "agent/preflight.hpp"
 #include "agentconfig/agentconfig.hpp"
@@ -13,9 +12,10 @@
 #include "net/token_file.hpp"
 #include "shepherd/shepherd.hpp"
 #include "slurm/slurm.hpp"
+#include "stacks/collect.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cerrno>
 #include <cstdlib>
@@ -68,7 +68,8 @@ void apply_config(const ddp::agentconfig::AgentConfig& cfg, const CLI::App& app,
   if (cfg.token_file && unset("--token-file")) token_file = *cfg.token_file;
   if (cfg.log_dir && unset("--log-dir")) opts.log_dir = *cfg.log_dir;
   if (cfg.name && unset("--name")) opts.name = *cfg.name;
-  if (cfg.heartbeat_timeout && unset("--heartbeat-timeout")) heartbeat_timeout_s = cfg.heartbeat_timeout->count() / 1000.0;
+  if (cfg.heartbeat_timeout && unset("--heartbeat-timeout"))
+    heartbeat_timeout_s = cfg.heartbeat_timeout->count() / 1000.0;
   opts.allowed_users = cfg.allowed_users;
   if (cfg.job_units) {
     using J = ddp::agentconfig::JobUnits;
@@ -90,8 +91,10 @@ int main(int argc, char** argv) {
   if (auto rc = ddp::stacks::run_reader_if_asked(argc, argv)) return *rc;
   if (argc >= 2 && std::string_view(argv[1]) == "shepherd") return shepherd_main(argc, argv);
   // `ddp-agentd preflight`: a container job's preflight, started by the agent (lib/agent/preflight.hpp).
-  if (argc == 2 && std::string_view(argv[1]) == "preflight") return ddp::agent::run_preflight_helper(std::cin, std::cout);
-  CLI::App app{"ddp-agentd: the ddpctl node agent (runs a job's workers on this node for an authenticated coordinator)"};
+  if (argc == 2 && std::string_view(argv[1]) == "preflight")
+    return ddp::agent::run_preflight_helper(std::cin, std::cout);
+  CLI::App app{
+      "ddp-agentd: the ddpctl node agent (runs a job's workers on this node for an authenticated coordinator)"};
   app.set_version_flag("--version", ddp::agent::kVersion);
   std::string listen = fmt::format("[::]:{}", ddp::agent::kDefaultPort);
   std::string token_file = ddp::net::kAgentTokenFile;
@@ -115,7 +118,8 @@ int main(int argc, char** argv) {
                  "TLS 1.3 keyed by the token: allowed (coordinators choose, per connection), required, or off")
       ->check(CLI::IsMember({"allowed", "required", "off"}));
   std::string gpus, cpus;
-  app.add_option("--gpus", gpus, "the GPUs this agent manages: indices in PCI bus order, UUIDs or PCI bus ids (default: all)");
+  app.add_option("--gpus", gpus,
+                 "the GPUs this agent manages: indices in PCI bus order, UUIDs or PCI bus ids (default: all)");
   app.add_option("--cpus", cpus, "the CPUs this agent manages, a cpulist like 0-15,32-47 (default: its affinity)");
   app.add_option("--config", config,
                  fmt::format("agent config file (default: {}, when it exists); flags win over it",
@@ -131,9 +135,10 @@ int main(int argc, char** argv) {
                "once listening, print 'ddp-agentd listening PORT' on stdout (for --listen with port 0; ddpctl's "
                "SLURM mode reads it through srun)");
   std::string connect;
-  app.add_option("--connect", connect,
-                 "with --stdio: run the protocol over a TCP connection to the launcher at HOST:PORT (the address it advertised); "
-                 "stdin's second line is the tag that names this node to it");
+  app.add_option(
+      "--connect", connect,
+      "with --stdio: run the protocol over a TCP connection to the launcher at HOST:PORT (the address it advertised); "
+      "stdin's second line is the tag that names this node to it");
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
   bool generate_man = false;  // for the build: the man page from this definition
   app.add_flag("--generate-man", generate_man)->group("");
@@ -159,7 +164,8 @@ int main(int argc, char** argv) {
   opts.tls = *ddp::net::parse_tls_mode(tls);  // the config file's, below, unless --tls was given
   opts.stdio = stdio;
   // The default file is optional; one named with --config must be there.
-  if (config.empty() && std::filesystem::exists(ddp::agentconfig::kDefaultPath)) config = ddp::agentconfig::kDefaultPath;
+  if (config.empty() && std::filesystem::exists(ddp::agentconfig::kDefaultPath))
+    config = ddp::agentconfig::kDefaultPath;
   if (!config.empty()) {
     try {
       cfg = ddp::agentconfig::load_agent_config(config);

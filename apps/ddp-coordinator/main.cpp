@@ -6,16 +6,17 @@
 #include "net/tls.hpp"
 #include "net/token_file.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <iostream>
 #include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
-  CLI::App app{"ddp-coordinator: a standing ddpctl coordinator; ddpctl launch submits jobs to it, and they keep "
-               "running on the agents when that ddpctl goes away"};
+  CLI::App app{
+      "ddp-coordinator: a standing ddpctl coordinator; ddpctl launch submits jobs to it, and they keep "
+      "running on the agents when that ddpctl goes away"};
   app.set_version_flag("--version", ddp::coordinator::kStandingVersion);
   ddp::coordinator::StandingOptions opts;
   std::string listen = fmt::format("[::]:{}", ddp::coordinator::kStandingPort);

@@ -132,8 +132,9 @@ int main(int argc, char** argv) {
   ddp::log::configure_from_env();
   auto log = ddp::log::get("nccl");
 
-  CLI::App app{"Holds a job attempt's NCCL unique id: prints it, then keeps NCCL's bootstrap root alive "
-               "until stdin reaches EOF or SIGTERM/SIGINT."};
+  CLI::App app{
+      "Holds a job attempt's NCCL unique id: prints it, then keeps NCCL's bootstrap root alive "
+      "until stdin reaches EOF or SIGTERM/SIGINT."};
   std::string nccl_lib;
   std::string decode_hex;
   long expect_parent = 0;
@@ -155,8 +156,7 @@ int main(int argc, char** argv) {
   ddp::nccl::UniqueId id;
   try {
     auto lib = ddp::nccl::Library::load(
-        {.path = nccl_lib,
-         .hint = "the job asked for an NCCL unique id: install NCCL or set nccl.unique_id: off"});
+        {.path = nccl_lib, .hint = "the job asked for an NCCL unique id: install NCCL or set nccl.unique_id: off"});
     if (std::getenv("NCCL_COMM_ID")) {
       log->warn("NCCL_COMM_ID is set: NCCL will use that fixed address and magic instead of a fresh root");
     }

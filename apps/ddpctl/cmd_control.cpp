@@ -62,14 +62,16 @@ struct Target {
 };
 
 std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // "job X ended 3 min ago (failed, exit code 1); result: F; logs: D"
 std::string describe_ended(const control::Ended& e) {
   const auto ago_s = std::max<std::int64_t>(0, now_ms() - e.ended_unix_ms) / 1000;
-  const auto ago = ago_s < 120 ? fmt::format("{} s", ago_s) : ago_s < 7200 ? fmt::format("{} min", ago_s / 60)
-                                                                            : fmt::format("{} h", ago_s / 3600);
+  const auto ago = ago_s < 120    ? fmt::format("{} s", ago_s)
+                   : ago_s < 7200 ? fmt::format("{} min", ago_s / 60)
+                                  : fmt::format("{} h", ago_s / 3600);
   return fmt::format("job {} ended {} ago ({}, exit code {}); {}logs: {}", e.job_id, ago, e.status, e.exit_code,
                      e.result_json.empty() ? "" : fmt::format("result: {}; ", e.result_json), e.logs);
 }
@@ -95,8 +97,8 @@ std::optional<Target> relay_job(const ControlArgs& a, const char* cmd, int& rc) 
   try {
     auto keys = ddp::net::load_token_file(a.token_file.empty() ? ddp::net::find_client_token_file() : a.token_file);
     auto relay = std::make_shared<ddp::coordinator::ControlRelay>(
-        ep.endpoint.host, ep.endpoint.port.value_or(ddp::coordinator::kStandingPort), std::move(keys), ddp::net::local_user(), a.job,
-        a.tls);
+        ep.endpoint.host, ep.endpoint.port.value_or(ddp::coordinator::kStandingPort), std::move(keys),
+        ddp::net::local_user(), a.job, a.tls);
     return Target{a.job, relay->fd(), relay};
   } catch (const std::exception& e) {
     std::cerr << fmt::format("ddpctl {}: {}\n", cmd, e.what());
@@ -109,7 +111,8 @@ std::optional<Target> relay_job(const ControlArgs& a, const char* cmd, int& rc) 
 std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
   if (!a.coordinator.empty()) return relay_job(a, cmd, rc);
   if (a.tls) {
-    std::cerr << fmt::format("ddpctl {}: --tls is for --coordinator (a job on this machine is reached through its local socket)\n", cmd);
+    std::cerr << fmt::format(
+        "ddpctl {}: --tls is for --coordinator (a job on this machine is reached through its local socket)\n", cmd);
     rc = 2;
     return std::nullopt;
   }
@@ -189,7 +192,9 @@ class LineReader {
       buf_.append(tmp, static_cast<std::size_t>(n));
     }
   }
-  bool send(const std::string& s) { return ::send(fd_, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size()); }
+  bool send(const std::string& s) {
+    return ::send(fd_, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+  }
 
  private:
   int fd_;
@@ -232,8 +237,10 @@ int run_status(const ControlArgs& a) {
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::status, {}, false}, "status");
   if (!reply) return 1;
-  if (a.json_out) std::cout << (*reply)["status"].dump(2) << "\n";
-  else std::cout << control::format_status((*reply)["status"], now_ms());
+  if (a.json_out)
+    std::cout << (*reply)["status"].dump(2) << "\n";
+  else
+    std::cout << control::format_status((*reply)["status"], now_ms());
   return 0;
 }
 
@@ -379,7 +386,9 @@ int run_stacks_job(const StacksJobArgs& sa) {
       j["node"] = x.node;
       procs.push_back(std::move(j));
     }
-    std::cout << json{{"job_id", reply->value("job_id", t->job_id)}, {"world_size", world}, {"processes", procs},
+    std::cout << json{{"job_id", reply->value("job_id", t->job_id)},
+                      {"world_size", world},
+                      {"processes", procs},
                       {"groups", ddp::stacks::to_json(groups)}}
                      .dump(2)
               << "\n";
@@ -399,7 +408,8 @@ int run_stacks_job(const StacksJobArgs& sa) {
 std::vector<Command> add_control_commands(CLI::App& root) {
   auto args = std::make_shared<ControlArgs>();
   std::vector<Command> out;
-  auto* status = root.add_subcommand("status", "a running job: nodes, ranks, pids, restarts, last output, store waiters");
+  auto* status =
+      root.add_subcommand("status", "a running job: nodes, ranks, pids, restarts, last output, store waiters");
   status->add_option("job", args->job, "job id (default: the only job of yours that runs)");
   status->add_flag("--json", args->json_out, "the status document as JSON");
   out.push_back({status, [args] { return run_status(*args); }});
@@ -408,13 +418,15 @@ std::vector<Command> add_control_commands(CLI::App& root) {
   logs->add_flag("-f,--follow", args->follow, "then follow the live output until the job ends");
   logs->add_option("--ranks", args->ranks, "only these ranks, e.g. 0,3 or 4-7");
   out.push_back({logs, [args] { return run_logs(*args); }});
-  auto* stop = root.add_subcommand("stop", "stop a running job as Ctrl-C would (SIGTERM, grace, SIGKILL); waits for its end");
+  auto* stop =
+      root.add_subcommand("stop", "stop a running job as Ctrl-C would (SIGTERM, grace, SIGKILL); waits for its end");
   stop->add_option("job", args->job, "job id (default: the only job of yours that runs)");
   out.push_back({stop, [args] { return run_stop(*args); }});
   for (auto* cmd : {status, logs, stop}) {
-    cmd->add_option("--coordinator", args->coordinator,
-                    "ask the standing ddp-coordinator at HOST[:PORT] (port 29411) for its job instead of this machine's "
-                    "control sockets");
+    cmd->add_option(
+        "--coordinator", args->coordinator,
+        "ask the standing ddp-coordinator at HOST[:PORT] (port 29411) for its job instead of this machine's "
+        "control sockets");
     cmd->add_option("--token-file", args->token_file,
                     "with --coordinator: the shared secret (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, "
                     "/etc/ddpctl/token)");

@@ -101,9 +101,12 @@ ddp::facts::ContainerImage look_up_here(const ddp::jobspec::ContainerSpec& cs) {
   const auto env = own_env();
   ddp::facts::ContainerImage ci{std::string(ddp::jobspec::runtime_name(cs.runtime)), cs.image, {}, {}, {}};
   try {
-    auto id = ddp::container::prepare_image(cs, ddp::contract::scrub(env), std::filesystem::current_path().string(), false);
-    if (!id.digest.empty()) ci.digest = id.digest;
-    else ci.error = "not resolved: the runtime fetches it when it runs";
+    auto id =
+        ddp::container::prepare_image(cs, ddp::contract::scrub(env), std::filesystem::current_path().string(), false);
+    if (!id.digest.empty())
+      ci.digest = id.digest;
+    else
+      ci.error = "not resolved: the runtime fetches it when it runs";
     if (!id.repo_digest.empty()) ci.repo_digest = id.repo_digest;
   } catch (const ddp::container::ContainerError& e) {
     ci.error = e.what();
@@ -142,7 +145,8 @@ int run_doctor(const DoctorArgs& a) {
     return 2;
   }
   if (image && !a.facts_files.empty()) {
-    std::cerr << "ddpctl doctor: --image/--job look the image up on live nodes (this one, or --nodes), not in facts files\n";
+    std::cerr
+        << "ddpctl doctor: --image/--job look the image up on live nodes (this one, or --nodes), not in facts files\n";
     return 2;
   }
 
@@ -156,11 +160,13 @@ int run_doctor(const DoctorArgs& a) {
         std::cerr << "ddpctl doctor: --nodes '" << a.nodes << "': " << hosts.error->to_string() << "\n";
         return 2;
       }
-      const auto keys = ddp::net::load_token_file(a.token_file.empty() ? ddp::net::find_client_token_file() : a.token_file);
+      const auto keys =
+          ddp::net::load_token_file(a.token_file.empty() ? ddp::net::find_client_token_file() : a.token_file);
       bool missing = false;
       nlohmann::json want_image = nullptr;
       if (image) want_image = {{"runtime", ddp::jobspec::runtime_name(image->runtime)}, {"image", image->image}};
-      for (auto& g : ddp::coordinator::gather_facts(hosts.hosts, keys, ddp::net::local_user(), ddp::Millis(60000), want_image, a.tls)) {
+      for (auto& g : ddp::coordinator::gather_facts(hosts.hosts, keys, ddp::net::local_user(), ddp::Millis(60000),
+                                                    want_image, a.tls)) {
         if (!g.facts) {
           std::cerr << "ddpctl doctor: " << g.node << ": " << g.error << "\n";
           missing = true;
@@ -210,7 +216,8 @@ int run_doctor(const DoctorArgs& a) {
     if (nodes.size() == 1) {
       std::cout << F::to_json(nodes.front()).dump(2) << "\n";
       for (const auto& f : findings)
-        if (f.severity != F::Severity::info) std::cerr << F::to_string(f.severity) << ": " << f.message << " [" << f.code << "]\n";
+        if (f.severity != F::Severity::info)
+          std::cerr << F::to_string(f.severity) << ": " << f.message << " [" << f.code << "]\n";
     } else {
       nlohmann::json out{{"nodes", nlohmann::json::array()}, {"findings", nlohmann::json::array()}};
       for (const auto& n : nodes) out["nodes"].push_back(F::to_json(n));
@@ -226,7 +233,8 @@ int run_doctor(const DoctorArgs& a) {
   } else {
     std::cout << F::format_nodes_summary(nodes);
   }
-  std::cout << "\nchecks (" << (job.gpu ? "GPU job" : "CPU job") << ", " << nodes.size() << " node" << (nodes.size() == 1 ? "" : "s") << ")\n"
+  std::cout << "\nchecks (" << (job.gpu ? "GPU job" : "CPU job") << ", " << nodes.size() << " node"
+            << (nodes.size() == 1 ? "" : "s") << ")\n"
             << F::format_findings(findings);
   return rc;
 }
@@ -237,23 +245,30 @@ Command add_doctor_command(CLI::App& root) {
   auto args = std::make_shared<DoctorArgs>();
   auto* sub = root.add_subcommand("doctor", "show this node's facts and check nodes for mismatches before a launch");
   sub->add_flag("--json", args->json, "print JSON in the node-facts model (several nodes: {nodes, findings})");
-  sub->add_option("--facts", args->facts_files, "a facts file (from `ddpctl doctor --json`) instead of discovery; repeat, one per node")
+  sub->add_option("--facts", args->facts_files,
+                  "a facts file (from `ddpctl doctor --json`) instead of discovery; repeat, one per node")
       ->take_all();
-  sub->add_option("--sysfs-root", args->sysfs_root, "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)");
-  sub->add_option("--nodes", args->nodes, "gather live facts from these nodes' ddp-agentd (node1,node2:29410,node[3-8]) and check them together")
+  sub->add_option("--sysfs-root", args->sysfs_root,
+                  "read sysfs/procfs under this directory instead of / (also DDP_SYSFS_ROOT)");
+  sub->add_option(
+         "--nodes", args->nodes,
+         "gather live facts from these nodes' ddp-agentd (node1,node2:29410,node[3-8]) and check them together")
       ->check(ddpctl::non_empty_nodes());
   sub->add_option("--token-file", args->token_file, "the agents' shared secret (default: as for launch)");
   sub->add_flag("--tls", args->tls, "with --nodes: inside TLS 1.3, as launch --tls");
   auto* gpu = sub->add_flag("--gpu-job", args->gpu_job, "judge as a GPU (NCCL) job (default: if any node has a GPU)");
-  sub->add_flag("--cpu-job", args->cpu_job, "judge as a CPU (gloo) job: GPUs, drivers and NCCL are not required")->excludes(gpu);
+  sub->add_flag("--cpu-job", args->cpu_job, "judge as a CPU (gloo) job: GPUs, drivers and NCCL are not required")
+      ->excludes(gpu);
   auto* rdma = sub->add_flag("--rdma", args->rdma, "the job must use RDMA (InfiniBand/RoCE) on every node");
   sub->add_flag("--no-rdma", args->no_rdma, "the job will not use RDMA (NCCL_IB_DISABLE=1)")->excludes(rdma);
-  sub->add_option("--world-size", args->world_size, "ranks in the job, for the open-files check (default: GPUs, or one per node)")
+  sub->add_option("--world-size", args->world_size,
+                  "ranks in the job, for the open-files check (default: GPUs, or one per node)")
       ->check(CLI::PositiveNumber);
   sub->add_flag("--no-nvml", args->no_nvml, "do not load NVML; read sysfs/procfs only");
   auto* image = sub->add_option("--image", args->image,
                                 "look this container image up on each node (never pulled) and compare their digests");
-  sub->add_option("--runtime", args->runtime, "the runtime of --image: docker, podman, apptainer or enroot")->needs(image);
+  sub->add_option("--runtime", args->runtime, "the runtime of --image: docker, podman, apptainer or enroot")
+      ->needs(image);
   sub->add_option("--job", args->job,
                   "this job file's container image (looked up on each node), or for a host job its Python and "
                   "PyTorch here")

@@ -3,15 +3,15 @@
 #include "commands.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
-#include "jobspec/flags.hpp"
-#include "jobspec/jobspec.hpp"
 #include "coordinator/client.hpp"
 #include "coordinator/coordinator.hpp"
-#include "coordinator/standing.hpp"
 #include "coordinator/dry_run.hpp"
 #include "coordinator/gather.hpp"
+#include "coordinator/standing.hpp"
 #include "facts/model.hpp"
 #include "hostlist/hostlist.hpp"
+#include "jobspec/flags.hpp"
+#include "jobspec/jobspec.hpp"
 #include "launch/local_launcher.hpp"
 #include "launch/report.hpp"
 #include "net/advertise.hpp"
@@ -85,11 +85,14 @@ std::map<std::string, std::string> own_environment() {
 std::string slurm_node_list(const LaunchArgs& args, const ddp::jobspec::JobSpec& spec) {
   if (!args.nodes.empty()) throw ddp::slurm::SlurmError("--slurm takes its nodes from the allocation: drop --nodes");
   if (args.ssh) throw ddp::slurm::SlurmError("--slurm and --ssh are two ways to reach the nodes: pick one");
-  if (!args.token_file.empty()) throw ddp::slurm::SlurmError("--token-file is not used with --slurm: each run makes its own secret");
+  if (!args.token_file.empty())
+    throw ddp::slurm::SlurmError("--token-file is not used with --slurm: each run makes its own secret");
   if (!args.coordinator.empty()) {
     throw ddp::slurm::SlurmError("--slurm runs the job's coordinator here, inside the allocation: drop --coordinator");
   }
-  if (args.detach) throw ddp::slurm::SlurmError("--detach is not supported with --slurm yet (the batch script's end ends the allocation anyway)");
+  if (args.detach)
+    throw ddp::slurm::SlurmError(
+        "--detach is not supported with --slurm yet (the batch script's end ends the allocation anyway)");
   const auto alloc = ddp::slurm::allocation_from_env(own_environment());
   const auto nodes = ddp::slurm::pick_nodes(alloc, spec.nnodes_min, spec.nnodes_max, spec.nnodes_max > 1);
   return ddp::hostlist::compress(nodes);
@@ -103,7 +106,9 @@ std::string slurm_node_list(const LaunchArgs& args, const ddp::jobspec::JobSpec&
 // control socket. Ctrl-C stops the waiting, not the job. Its log and result go beside the job's
 // logs.
 volatile std::sig_atomic_t detach_interrupted = 0;  // the signal that ended the waiting
-void on_detach_signal(int sig) { detach_interrupted = sig; }
+void on_detach_signal(int sig) {
+  detach_interrupted = sig;
+}
 
 // Copies to our stderr what `path` has gained past `offset`.
 void relay_log(const std::string& path, off_t& offset) {
@@ -181,8 +186,9 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
       if (listening) relay_log(log_path, relayed);
       if (detach_interrupted) {
         std::cout << opts.job_id << std::endl;
-        std::cerr << fmt::format("ddpctl launch: stopped waiting; job {} goes on in the background (pid {}; log {}); {}\n",
-                                 opts.job_id, pid, log_path, see_it);
+        std::cerr << fmt::format(
+            "ddpctl launch: stopped waiting; job {} goes on in the background (pid {}; log {}); {}\n", opts.job_id, pid,
+            log_path, see_it);
         return 128 + detach_interrupted;
       }
       if (ready <= 0 || !p[0].revents) continue;
@@ -195,8 +201,8 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
       }
       if (n == 1 && c == 'R') {
         std::cout << opts.job_id << std::endl;
-        std::cerr << fmt::format("ddpctl launch: job {} runs in the background (pid {}; log {}); {}\n", opts.job_id, pid,
-                                 log_path, see_it);
+        std::cerr << fmt::format("ddpctl launch: job {} runs in the background (pid {}; log {}); {}\n", opts.job_id,
+                                 pid, log_path, see_it);
         return 0;
       }
       // It ended before its ranks ran; it said why (on our stderr, or in the log relayed above).
@@ -238,7 +244,8 @@ int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::Coordi
     auto entries = ddp::net::node_entries(opts.nodes, 29410, static_cast<bool>(opts.make_dialer));
     std::vector<ddp::facts::NodeFacts> facts;
     if (args.facts.empty()) {
-      const auto keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+      const auto keys =
+          ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
       bool missing = false;
       for (auto& g : ddp::coordinator::gather_facts(opts.nodes, keys, ddp::net::local_user(), ddp::Millis(15000))) {
         if (!g.facts) {
@@ -253,15 +260,18 @@ int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::Coordi
         return 2;
       }
     } else {
-      for (auto f : ddp::split(args.facts, ',')) facts.push_back(ddp::facts::load_facts_file(std::string(ddp::trim(f))));
+      for (auto f : ddp::split(args.facts, ','))
+        facts.push_back(ddp::facts::load_facts_file(std::string(ddp::trim(f))));
     }
     if (facts.size() == 1) facts.resize(entries.size(), facts[0]);
     if (facts.size() != entries.size()) {
-      std::cerr << fmt::format("ddpctl launch: --facts names {} files for {} nodes: give one per node, or one for all\n",
-                               facts.size(), entries.size());
+      std::cerr << fmt::format(
+          "ddpctl launch: --facts names {} files for {} nodes: give one per node, or one for all\n", facts.size(),
+          entries.size());
       return 2;
     }
-    std::cout << ddp::coordinator::dry_run_plan(opts.spec, entries, facts, opts.job_id, opts.launcher_env).dump(2) << "\n";
+    std::cout << ddp::coordinator::dry_run_plan(opts.spec, entries, facts, opts.job_id, opts.launcher_env).dump(2)
+              << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "ddpctl launch: " << e.what() << "\n";
@@ -294,15 +304,17 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   }
   if (list.empty()) {
     if (args.ssh) {
-      std::cerr << fmt::format("ddpctl launch: --ssh needs nodes: pass --nodes (e.g. --nodes node[1-2]) or list hosts: "
-                               "in {}\n",
-                               spec.file);
+      std::cerr << fmt::format(
+          "ddpctl launch: --ssh needs nodes: pass --nodes (e.g. --nodes node[1-2]) or list hosts: "
+          "in {}\n",
+          spec.file);
       return 2;
     }
     if (spec.nnodes_max > 1) {
-      std::cerr << fmt::format("ddpctl launch: {}: nnodes {} needs nodes to run on: pass --nodes (e.g. --nodes "
-                               "node[1-{}]) or list hosts: in the job file; each node runs ddp-agentd\n",
-                               spec.file, spec.nnodes_max, spec.nnodes_max);
+      std::cerr << fmt::format(
+          "ddpctl launch: {}: nnodes {} needs nodes to run on: pass --nodes (e.g. --nodes "
+          "node[1-{}]) or list hosts: in the job file; each node runs ddp-agentd\n",
+          spec.file, spec.nnodes_max, spec.nnodes_max);
       return 2;
     }
     return std::nullopt;
@@ -311,16 +323,20 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
     std::cerr << "ddpctl launch: " << msg << "\n";
     return 2;
   };
-  if (!args.facts.empty() && !args.dry_run) return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
+  if (!args.facts.empty() && !args.dry_run)
+    return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
   if (args.dry_run && args.facts.empty() && (args.ssh || args.slurm)) {
-    return fail("--dry-run with --ssh or --slurm needs --facts: one facts file per node (comma-separated, in --nodes order) or one for "
-                "every node, e.g. from `ddpctl doctor --json` on each node (live facts come from standing agents only)");
+    return fail(
+        "--dry-run with --ssh or --slurm needs --facts: one facts file per node (comma-separated, in --nodes order) or "
+        "one for "
+        "every node, e.g. from `ddpctl doctor --json` on each node (live facts come from standing agents only)");
   }
   auto hosts = ddp::hostlist::expand(list);
   if (!hosts.ok()) return fail(fmt::format("--nodes '{}': {}", list, hosts.error->to_string()));
   if (spec.nnodes_max > 1 && hosts.hosts.size() < static_cast<std::size_t>(spec.nnodes_min)) {
-    return fail(fmt::format("nnodes {} in {} needs at least {} nodes, but {} were given", spec.nnodes_min == spec.nnodes_max
-                                ? std::to_string(spec.nnodes_max) : fmt::format("{}:{}", spec.nnodes_min, spec.nnodes_max),
+    return fail(fmt::format("nnodes {} in {} needs at least {} nodes, but {} were given",
+                            spec.nnodes_min == spec.nnodes_max ? std::to_string(spec.nnodes_max)
+                                                               : fmt::format("{}:{}", spec.nnodes_min, spec.nnodes_max),
                             spec.file, spec.nnodes_min, hosts.hosts.size()));
   }
   if (spec.nnodes_max == 1 && hosts.hosts.size() > 1) {
@@ -330,7 +346,8 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   if (args.nproc) spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args.nproc};
   if (args.max_restarts) spec.max_restarts = *args.max_restarts;
   if (args.log_dir) spec.log_dir = *args.log_dir;
-  if (args.master_port) spec.store_port = static_cast<std::uint16_t>(*args.master_port), spec.store_port_explicit = *args.master_port != 0;
+  if (args.master_port)
+    spec.store_port = static_cast<std::uint16_t>(*args.master_port), spec.store_port_explicit = *args.master_port != 0;
   // Relative paths mean the launcher's working directory; agents get them absolute.
   const fs::path cwd = fs::current_path();
   fs::path workdir = spec.workdir ? fs::path(*spec.workdir) : cwd;
@@ -371,18 +388,22 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
   }
   if (args.dry_run) return print_multi_node_plan(args, opts);
   if (!args.advertise_addr.empty() && !args.ssh) {
-    return fail("--advertise-addr is for --ssh (agents connecting back); with --nodes the coordinator dials the agents and "
-                "nothing connects to it");
+    return fail(
+        "--advertise-addr is for --ssh (agents connecting back); with --nodes the coordinator dials the agents and "
+        "nothing connects to it");
   }
   if (!args.coordinator.empty()) {
-    if (args.ssh) return fail("--coordinator with --ssh: a standing coordinator reaches its agents over TCP (SSH mode starts its own)");
+    if (args.ssh)
+      return fail(
+          "--coordinator with --ssh: a standing coordinator reaches its agents over TCP (SSH mode starts its own)");
     auto ep = ddp::hostlist::parse_endpoint(args.coordinator);
     if (!ep.ok()) return fail(fmt::format("--coordinator '{}': {}", args.coordinator, ep.error->to_string()));
     ddp::coordinator::SubmitOptions so;
     so.host = ep.endpoint.host;
     so.port = ep.endpoint.port.value_or(ddp::coordinator::kStandingPort);
     try {
-      so.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+      so.keys =
+          ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
     } catch (const ddp::net::TokenError& e) {
       return fail(e.what());
     }
@@ -404,7 +425,8 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
       // A fresh secret per run, known only to us and to the agents we start: it travels inside
       // each SSH channel (the agent's stdin), never on a command line or in a file.
       const auto nonce = ddp::proto::random_nonce();
-      const auto secret = ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
+      const auto secret =
+          ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
       opts.keys = ddp::proto::Keyring({{"ssh", secret}});
       ddp::ssh::DialerOptions so;
       so.accept_new = args.ssh_accept_new;
@@ -422,20 +444,23 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
         }
       }
       if (!std::filesystem::exists(so.agent_binary)) {
-        return fail(fmt::format("--ssh: our ddp-agentd is not at {} (it must sit beside ddpctl, to be uploaded to nodes "
-                                "that lack it)",
-                                so.agent_binary));
+        return fail(
+            fmt::format("--ssh: our ddp-agentd is not at {} (it must sit beside ddpctl, to be uploaded to nodes "
+                        "that lack it)",
+                        so.agent_binary));
       }
       opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::ssh::Dialer>(io, so); };
       if (args.tls && args.advertise_addr.empty()) {
-        return fail("--tls is not used with --ssh: SSH already encrypts the link to each agent (with --advertise-addr, "
-                    "where the agents connect back over TCP, it is)");
+        return fail(
+            "--tls is not used with --ssh: SSH already encrypts the link to each agent (with --advertise-addr, "
+            "where the agents connect back over TCP, it is)");
       }
     } else if (args.slurm) {
       // A fresh secret per run, as over SSH: srun carries it to the agents in their environment
       // (slurm::kSecretEnv), which they read and remove; never a command-line word or a file.
       const auto nonce = ddp::proto::random_nonce();
-      const auto secret = ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
+      const auto secret =
+          ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
       opts.keys = ddp::proto::Keyring({{"run", secret}});
       ddp::slurm::StepDialerOptions so;
       so.step.nodes = hosts.hosts;
@@ -448,11 +473,13 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
       so.workdir = cwd.string();
       so.stop_grace = spec.stop_grace;
       if (!std::filesystem::exists(so.step.agent)) {
-        return fail(fmt::format("--slurm: our ddp-agentd is not at {} (srun runs it from there on every node)", so.step.agent));
+        return fail(
+            fmt::format("--slurm: our ddp-agentd is not at {} (srun runs it from there on every node)", so.step.agent));
       }
       opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::slurm::StepDialer>(io, so); };
     } else {
-      opts.keys = ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
+      opts.keys =
+          ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
     }
     opts.tls = args.tls;
     if (args.detach) return run_detached(std::move(opts));
@@ -472,14 +499,18 @@ std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::Jo
 Command add_launch_command(CLI::App& root) {
   auto args = std::make_shared<LaunchArgs>();
   auto* sub = root.add_subcommand("launch", "run a training job (locally unless --nodes is given)");
-  sub->footer("Without a job file: ddpctl launch [OPTIONS] SCRIPT.py [ITS ARGS...] (run as python3 SCRIPT.py), or\n"
-              "ddpctl launch [OPTIONS] -- COMMAND [ITS ARGS...]; the options build the same job a file would.");
-  sub->add_option("job", args->job_file, "the job file (YAML); or a script.py, or -- and a command, to run without one");
-  sub->add_option("-n,--nproc-per-node", args->nproc, "workers on this node (overrides nproc_per_node)")->check(CLI::Range(1, 4096));
+  sub->footer(
+      "Without a job file: ddpctl launch [OPTIONS] SCRIPT.py [ITS ARGS...] (run as python3 SCRIPT.py), or\n"
+      "ddpctl launch [OPTIONS] -- COMMAND [ITS ARGS...]; the options build the same job a file would.");
+  sub->add_option("job", args->job_file,
+                  "the job file (YAML); or a script.py, or -- and a command, to run without one");
+  sub->add_option("-n,--nproc-per-node", args->nproc, "workers on this node (overrides nproc_per_node)")
+      ->check(CLI::Range(1, 4096));
   sub->add_option("--max-restarts", args->max_restarts, "restarts after a failure (overrides restart.max_restarts)")
       ->check(CLI::Range(0, 1000));
   sub->add_option("--log-dir", args->log_dir, "where logs go (overrides logs.dir)");
-  sub->add_option("--master-port", args->master_port, "the store's port, MASTER_PORT (overrides store.port; 0: a free one)")
+  sub->add_option("--master-port", args->master_port,
+                  "the store's port, MASTER_PORT (overrides store.port; 0: a free one)")
       ->check(CLI::Range(0, 65535));
   sub->add_option("--ranks", args->ranks, "show only these ranks' output on the terminal, e.g. 0,3 (files get all)");
   sub->add_option("--job-id", args->job_id, "the job id (default: <name>-<date>-<time>-<random>)");
@@ -487,36 +518,43 @@ Command add_launch_command(CLI::App& root) {
       // Checked before anything starts: a report that cannot be written is found out now, not
       // after the job.
       ->check(CLI::Validator(
-          [](std::string& path) -> std::string { return ddp::launch::result_file_problem(path).value_or(""); }, "FILE"));
+          [](std::string& path) -> std::string { return ddp::launch::result_file_problem(path).value_or(""); },
+          "FILE"));
   sub->add_option("--nodes", args->nodes, "run on these nodes, each running ddp-agentd: node1,node2:29410,node[3-8]")
       ->check(ddpctl::non_empty_nodes());
-  sub->add_option("--token-file", args->token_file,
-                  "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
+  sub->add_option(
+      "--token-file", args->token_file,
+      "the shared secret for the agents (default: $DDP_TOKEN_FILE, $XDG_CONFIG_HOME/ddpctl/token, /etc/ddpctl/token)");
   sub->add_flag("--tls", args->tls,
                 "talk to the agents inside TLS 1.3, keyed by the token (no certificates; agents allow it by default): "
                 "with --nodes, --slurm, --ssh --advertise-addr, and --coordinator (the link to it, and its links to "
                 "this job's agents)");
-  sub->add_option("--facts", args->facts, "describe this node from a facts file (ddpctl doctor --json) instead of discovery; "
+  sub->add_option("--facts", args->facts,
+                  "describe this node from a facts file (ddpctl doctor --json) instead of discovery; "
                   "with --nodes and --dry-run: one file per node, comma-separated, or one for all");
   sub->add_flag("--ssh", args->ssh,
                 "reach the nodes over SSH (~/.ssh/config, keys, ssh-agent) and run a one-shot ddp-agentd on each; no "
                 "daemon or token file needed");
   sub->add_flag("--ssh-accept-new", args->ssh_accept_new,
                 "with --ssh: add unknown host keys to known_hosts (first contact); a changed key is still refused");
-  sub->add_option("--ssh-timeout", args->ssh_timeout_s, "with --ssh: seconds for each node's connection and login steps")
+  sub->add_option("--ssh-timeout", args->ssh_timeout_s,
+                  "with --ssh: seconds for each node's connection and login steps")
       ->check(CLI::Range(1.0, 600.0));
-  sub->add_option("--ssh-parallel", args->ssh_parallel, "with --ssh: logins in progress at once (sshd's MaxStartups: 10)")
+  sub->add_option("--ssh-parallel", args->ssh_parallel,
+                  "with --ssh: logins in progress at once (sshd's MaxStartups: 10)")
       ->check(CLI::Range(1, 1000));
-  sub->add_option("--coordinator", args->coordinator,
-                  "submit the job to this standing ddp-coordinator (HOST[:PORT], port 29411) instead of coordinating it "
-                  "here; it keeps running if ddpctl goes away");
+  sub->add_option(
+      "--coordinator", args->coordinator,
+      "submit the job to this standing ddp-coordinator (HOST[:PORT], port 29411) instead of coordinating it "
+      "here; it keeps running if ddpctl goes away");
   sub->add_flag("--detach", args->detach,
                 "with --nodes: run the job in a background ddpctl (or on --coordinator), return once every rank has "
                 "started and print its id, or fail with the job's reason and status as a foreground launch would "
                 "(Ctrl-C stops the waiting, not the job); ddpctl status/logs/stop reach it");
-  sub->add_flag("--slurm", args->slurm,
-                "inside a SLURM allocation (sbatch, salloc): run on its nodes (SLURM_JOB_NODELIST), starting a one-shot "
-                "ddp-agentd on each with one srun step; no daemon or token file needed");
+  sub->add_flag(
+      "--slurm", args->slurm,
+      "inside a SLURM allocation (sbatch, salloc): run on its nodes (SLURM_JOB_NODELIST), starting a one-shot "
+      "ddp-agentd on each with one srun step; no daemon or token file needed");
   sub->add_option("--srun-arg", args->srun_args,
                   "with --slurm: one more argument for the agents' srun, before the agent's command (repeatable; a "
                   "site's partition, account or GPU request)")
@@ -538,12 +576,15 @@ Command add_launch_command(CLI::App& root) {
     args->command = std::move(split.command);
     return split.own;
   };
-  return {sub, [args] {
+  return {sub,
+          [args] {
             ddp::launch::LaunchOptions opts;
             try {
               if (!args->command.empty() && !args->job_file.empty()) {
-                std::cerr << fmt::format("ddpctl launch: a job file ({}) and a command after --: the job file names its "
-                                         "command; give one or the other\n", args->job_file);
+                std::cerr << fmt::format(
+                    "ddpctl launch: a job file ({}) and a command after --: the job file names its "
+                    "command; give one or the other\n",
+                    args->job_file);
                 return 2;
               }
               if (!args->command.empty()) {
@@ -576,9 +617,10 @@ Command add_launch_command(CLI::App& root) {
             }
             if (auto rc = maybe_run_multi_node(*args, opts.spec)) return *rc;
             if (args->detach || !args->coordinator.empty()) {
-              std::cerr << fmt::format("ddpctl launch: {} needs --nodes (or hosts: in the job file); a local launch "
-                                       "runs in the foreground\n",
-                                       args->detach ? "--detach" : "--coordinator");
+              std::cerr << fmt::format(
+                  "ddpctl launch: {} needs --nodes (or hosts: in the job file); a local launch "
+                  "runs in the foreground\n",
+                  args->detach ? "--detach" : "--coordinator");
               return 2;
             }
             if (args->nproc) opts.spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args->nproc};

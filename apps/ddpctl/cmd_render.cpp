@@ -48,10 +48,12 @@ Command add_render_command(CLI::App& root) {
   auto* render = root.add_subcommand("render", "write the manifests that run a job under a scheduler");
   render->require_subcommand(1);
   auto* k8s = render->add_subcommand(
-      "k8s", "Kubernetes: an Indexed Job (one pod per node, each a one-shot ddp-agentd; pod 0 also runs ddpctl "
-             "launch), a headless Service and a ConfigMap with the job file");
+      "k8s",
+      "Kubernetes: an Indexed Job (one pod per node, each a one-shot ddp-agentd; pod 0 also runs ddpctl "
+      "launch), a headless Service and a ConfigMap with the job file");
   k8s->add_option("job_file", args->job_file, "the job file (train.yaml)")->required();
-  k8s->add_option("--image", args->options.image, "container image with ddpctl, ddp-agentd and the job's code")->required();
+  k8s->add_option("--image", args->options.image, "container image with ddpctl, ddp-agentd and the job's code")
+      ->required();
   k8s->add_option("--nodes", args->nodes, "number of pods (default: the job's nnodes)")->check(CLI::Range(1, 10000));
   k8s->add_option("--name", args->name, "name of the Job, Service and ConfigMap (default: the job's name)");
   k8s->add_option("--namespace", args->namespace_, "namespace for the objects (default: kubectl's)");

@@ -1,8 +1,8 @@
 // `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N] [--threads N|auto]
-// [--max-size BYTES] [--max-keys N] [--max-inflight BYTES]`: a standalone c10d TCPStore-compatible server (the one launches
-// embed), until SIGINT/SIGTERM. From this host it serves only its own user and root.
-// Prints "listening on HOST:PORT" on stdout once it listens (port 0 picks a free port).
-// SIGUSR1 logs who waits for what; standalone, ranks come from the clients' RANK variable.
+// [--max-size BYTES] [--max-keys N] [--max-inflight BYTES]`: a standalone c10d TCPStore-compatible server (the one
+// launches embed), until SIGINT/SIGTERM. From this host it serves only its own user and root. Prints "listening on
+// HOST:PORT" on stdout once it listens (port 0 picks a free port). SIGUSR1 logs who waits for what; standalone, ranks
+// come from the clients' RANK variable.
 #include "commands.hpp"
 
 #include "common/log.hpp"
@@ -10,9 +10,9 @@
 #include "store/report.hpp"
 #include "store/server.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <fmt/format.h>
 
 #include <unistd.h>
 
@@ -69,10 +69,11 @@ int serve(const ServeArgs& args) {
   int threads = ddp::jobspec::kAutoThreads;
   if (args.threads != "auto") {
     const auto& t = args.threads;
-    const bool digits = !t.empty() && t.size() <= 2 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits =
+        !t.empty() && t.size() <= 2 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!digits || std::stoi(t) > ddp::jobspec::kMaxStoreThreads) {
-      throw std::runtime_error(fmt::format("--threads `{}`: expected an integer from 0 to {}, or auto", t,
-                                           ddp::jobspec::kMaxStoreThreads));
+      throw std::runtime_error(
+          fmt::format("--threads `{}`: expected an integer from 0 to {}, or auto", t, ddp::jobspec::kMaxStoreThreads));
     }
     threads = std::stoi(t);
   }
@@ -142,14 +143,17 @@ Command add_store_command(CLI::App& root) {
   serve_cmd->add_option("--max-keys", args->max_keys, "keys the store may hold")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
-  serve_cmd->add_option("--max-inflight", args->max_inflight,
-                        "bytes of requests being read and replies not yet written, over all connections; past it "
-                        "the connection holding the most is closed")
+  serve_cmd
+      ->add_option("--max-inflight", args->max_inflight,
+                   "bytes of requests being read and replies not yet written, over all connections; past it "
+                   "the connection holding the most is closed")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
-  serve_cmd->add_option("--threads", args->threads,
-                        "I/O threads serving the connections: auto (a quarter of the usable CPUs, 1..8), 1..64, or 0 (the main thread)")
+  serve_cmd
+      ->add_option("--threads", args->threads,
+                   "I/O threads serving the connections: auto (a quarter of the usable CPUs, 1..8), 1..64, or 0 (the "
+                   "main thread)")
       ->capture_default_str();
   return {sub, [args] { return serve(*args); }};
 }

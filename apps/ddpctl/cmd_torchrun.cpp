@@ -73,8 +73,10 @@ int run_torchrun(const std::vector<std::string>& words) {
   auto log = ddp::log::get("launch");
   for (const auto& n : plan.notes) {
     // What changes behaviour is said; what ddpctl does as torchrun would is for -v.
-    if (n.kind == ddp::jobspec::NoteKind::ignored) log->warn("{}: ignored: {}", n.flag, n.text);
-    else log->debug("{}: {}", n.flag, n.text);
+    if (n.kind == ddp::jobspec::NoteKind::ignored)
+      log->warn("{}: ignored: {}", n.flag, n.text);
+    else
+      log->debug("{}: {}", n.flag, n.text);
   }
   ddp::launch::LaunchOptions opts;
   opts.spec = std::move(plan.spec);
@@ -103,8 +105,9 @@ int run_torchrun(const std::vector<std::string>& words) {
 }  // namespace
 
 Command add_torchrun_command(CLI::App& root) {
-  auto* sub = root.add_subcommand("torchrun", "torchrun's own command line on this node: ddpctl torchrun "
-                                              "--nproc-per-node 2 train.py ARGS (ddpctl torchrun --help)");
+  auto* sub = root.add_subcommand("torchrun",
+                                  "torchrun's own command line on this node: ddpctl torchrun "
+                                  "--nproc-per-node 2 train.py ARGS (ddpctl torchrun --help)");
   sub->prefix_command();  // never parsed by CLI11: main() hands the words to run_raw
   Command c{sub, [] { return 2; }, {}, {}};
   c.run_raw = run_torchrun;

@@ -25,8 +25,8 @@ Command add_doctor_command(CLI::App& root);
 Command add_store_command(CLI::App& root);
 Command add_render_command(CLI::App& root);
 Command add_generate_command(CLI::App& root);
-Command add_stacks_command(CLI::App& root);  // a running job's stacks (or --pid: local processes)
-Command add_torchrun_command(CLI::App& root);  // torchrun's own command line, on this machine
+Command add_stacks_command(CLI::App& root);                 // a running job's stacks (or --pid: local processes)
+Command add_torchrun_command(CLI::App& root);               // torchrun's own command line, on this machine
 std::vector<Command> add_control_commands(CLI::App& root);  // status, logs, stop
 
 // `ddpctl stacks [JOB]`: through the job's control socket or --coordinator, as status/logs
@@ -42,7 +42,8 @@ inline CLI::Validator non_empty_nodes() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
         if (s.find_first_not_of(" \t,") != std::string::npos) return {};
-        return "is empty (an unset variable?): name the nodes, node1,node2,..., or leave --nodes out to run on this machine";
+        return "is empty (an unset variable?): name the nodes, node1,node2,..., or leave --nodes out to run on this "
+               "machine";
       },
       "NODES");
 }

@@ -24,12 +24,8 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
 
   std::vector<ddpctl::Command> commands{
-      ddpctl::add_launch_command(app),
-      ddpctl::add_doctor_command(app),
-      ddpctl::add_store_command(app),
-      ddpctl::add_render_command(app),
-      ddpctl::add_generate_command(app),
-      ddpctl::add_stacks_command(app),
+      ddpctl::add_launch_command(app),   ddpctl::add_doctor_command(app),   ddpctl::add_store_command(app),
+      ddpctl::add_render_command(app),   ddpctl::add_generate_command(app), ddpctl::add_stacks_command(app),
       ddpctl::add_torchrun_command(app),
   };
   for (auto& c : ddpctl::add_control_commands(app)) commands.push_back(std::move(c));

@@ -17,9 +17,9 @@
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <boost/asio.hpp>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
@@ -45,7 +45,8 @@ std::int64_t cpu_us() {
 }
 
 std::int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 struct Bench {
@@ -96,22 +97,32 @@ struct Bench {
                  }});
   }
 
-  bool send(Connection& c, const char* type, json fields) { return c.send(c.session().message(type, std::move(fields))); }
+  bool send(Connection& c, const char* type, json fields) {
+    return c.send(c.session().message(type, std::move(fields)));
+  }
 
   void on_message(Connection& c, int i, const ddp::proto::Message& m) {
     const auto& b = m.body;
     if (m.type == "job_offer") {
       last_offer_us = now_us();
-      send(c, "join", {{"t0_us", b["t0_us"]}, {"rx_us", last_offer_us}, {"tx_us", now_us()}, {"job_id", b["job_id"]},
-                       {"node", fmt::format("fake{}", i)}, {"nproc", 1}});
+      send(c, "join",
+           {{"t0_us", b["t0_us"]},
+            {"rx_us", last_offer_us},
+            {"tx_us", now_us()},
+            {"job_id", b["job_id"]},
+            {"node", fmt::format("fake{}", i)},
+            {"nproc", 1}});
     } else if (m.type == "assign") {
       last_assign_us = now_us();
-      if (b["node_rank"] == 0) rank0_assign_us = last_assign_us;
-      else if (!first_assign_us) first_assign_us = last_assign_us;
+      if (b["node_rank"] == 0)
+        rank0_assign_us = last_assign_us;
+      else if (!first_assign_us)
+        first_assign_us = last_assign_us;
       cpu_last_assign_us = cpu_us();
       ++assigned;
       // Node rank 0 says its store is up (the coordinator assigns the others after that).
-      if (b["node_rank"] == 0) send(c, "ready", {{"job_id", b["job_id"]}, {"round", b["round"]}, {"master_port", 29500}});
+      if (b["node_rank"] == 0)
+        send(c, "ready", {{"job_id", b["job_id"]}, {"round", b["round"]}, {"master_port", 29500}});
     }
     // An assign sent once the round is complete is also its start (protocol version 4).
     if (m.type == "start" || (m.type == "assign" && b.value("start", false))) {
@@ -129,8 +140,13 @@ struct Bench {
 
   void exit_worker(Connection& c, int i, const json& job, const json& round) {
     // Counted only when both reports went out (a link already gone sends nothing).
-    const bool sent = send(c, "worker_exited", {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i},
-                                                {"exit_code", 0}, {"time_us", now_us()}}) &&
+    const bool sent = send(c, "worker_exited",
+                           {{"job_id", job},
+                            {"round", round},
+                            {"local_rank", 0},
+                            {"pid", 1000 + i},
+                            {"exit_code", 0},
+                            {"time_us", now_us()}}) &&
                       send(c, "attempt_finished", {{"job_id", job}, {"round", round}, {"ok", true}});
     if (sent) ++finished;
   }
@@ -147,7 +163,8 @@ int main(int argc, char** argv) {
   app.add_option("--base-port", base_port)->required()->check(CLI::Range(1024, 65535));
   app.add_option("--token-file", token_file)->required();
   app.add_option("--out", out)->required();
-  app.add_option("--work-ms", bench.work_ms, "how long each worker runs before it exits 0")->check(CLI::Range(0, 600000));
+  app.add_option("--work-ms", bench.work_ms, "how long each worker runs before it exits 0")
+      ->check(CLI::Range(0, 600000));
   app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 6));
   CLI11_PARSE(app, argc, argv);
 

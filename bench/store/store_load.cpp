@@ -125,7 +125,7 @@ class Conn {
 struct Client {
   std::unique_ptr<Conn> conn;
   std::string set_b, wait_b, get_b;
-  int step = 0;              // 1: WAIT sent, 2: GET sent, 3: ADD sent
+  int step = 0;  // 1: WAIT sent, 2: GET sent, 3: ADD sent
   std::size_t need = 0, have = 0;
   Clk::time_point sent{};
 };
@@ -259,7 +259,8 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
   const long ticks1 = cpu_ticks(t.pid);
   stop = true;
   for (auto& th : threads) th.join();
-  if (failures > 0) throw std::runtime_error(t.name + ": " + std::to_string(failures.load()) + " client threads failed");
+  if (failures > 0)
+    throw std::runtime_error(t.name + ": " + std::to_string(failures.load()) + " client threads failed");
   const uint64_t n = ops.load() - ops0;
 
   RunResult r;
@@ -286,7 +287,8 @@ Target parse_target(const std::string& s) {
   std::string rest = s.substr(eq + 1);
   auto c2 = rest.rfind(':');
   auto c1 = rest.rfind(':', c2 - 1);
-  if (c1 == std::string::npos || c2 == std::string::npos) throw std::runtime_error("--target NAME=HOST:PORT:PID, got " + s);
+  if (c1 == std::string::npos || c2 == std::string::npos)
+    throw std::runtime_error("--target NAME=HOST:PORT:PID, got " + s);
   t.host = rest.substr(0, c1);
   t.port = static_cast<uint16_t>(std::stoi(rest.substr(c1 + 1, c2 - c1 - 1)));
   t.pid = std::stoi(rest.substr(c2 + 1));
@@ -329,9 +331,10 @@ int main(int argc, char** argv) try {
 
   std::vector<long> rss0;
   for (auto& t : targets) rss0.push_back(status_kib(t.pid, "VmRSS:"));
-  std::printf("store_load: PyTorch %s protocol; per client a loop of SET, WAIT(existing), GET, ADD(shared);\n"
-              "  one request outstanding per client; clients spread over up to %d epoll threads; %.1f s per run\n",
-              g_protocol == Protocol::v1 ? "1.13" : "2.x", threads, seconds);
+  std::printf(
+      "store_load: PyTorch %s protocol; per client a loop of SET, WAIT(existing), GET, ADD(shared);\n"
+      "  one request outstanding per client; clients spread over up to %d epoll threads; %.1f s per run\n",
+      g_protocol == Protocol::v1 ? "1.13" : "2.x", threads, seconds);
   std::printf("%8s  %-8s %12s %10s %10s %12s\n", "clients", "server", "ops/s", "p50 us", "p99 us", "cpu us/op");
   for (int n : clients) {
     std::vector<RunResult> rs;

@@ -5,10 +5,10 @@
 // group, trains a small regression model on synthetic data sharded by rank, all-reduces the
 // gradients by hand (what DDP's reducer does, without buckets) and prints the loss. At the end
 // every rank prints a checksum of its parameters: equal checksums mean the ranks agree.
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
 
 #include <cstdio>
 #include <cstdlib>

@@ -24,8 +24,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include <sys/inotify.h>
 #include <poll.h>
+#include <sys/inotify.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -97,7 +97,9 @@ void publish_id_file(const fs::path& path, const std::string& hex) {
   fs::rename(tmp, path);
 }
 
-std::string format_size(std::size_t bytes) { return std::to_string(bytes); }
+std::string format_size(std::size_t bytes) {
+  return std::to_string(bytes);
+}
 
 struct DeviceBuffer {
   const ddp::worker::CudaRuntime& cuda;
@@ -137,7 +139,8 @@ int run(const Options& opt) {
       id = nccl.get_unique_id();
       publish_id_file(opt.self_id, ddp::nccl::to_hex(id));
     } else {
-      auto parsed = ddp::nccl::unique_id_from_hex(wait_for_id_file(opt.self_id, std::chrono::seconds(opt.self_id_timeout_s)));
+      auto parsed =
+          ddp::nccl::unique_id_from_hex(wait_for_id_file(opt.self_id, std::chrono::seconds(opt.self_id_timeout_s)));
       if (!parsed) throw std::runtime_error(opt.self_id + ": " + parsed.error);
       id = *parsed.value;
     }
@@ -161,10 +164,9 @@ int run(const Options& opt) {
     std::printf("# id: %s, bootstrap root %s, id %.1f ms, ncclCommInitRank %.1f ms\n", id_source.c_str(),
                 root ? root.value->endpoint().c_str() : "?", id_ms, init_ms);
     std::printf("# in-place, float, sum; warmup %d, iters %d\n#\n", opt.warmup, opt.iters);
-    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "size", "count", "type", "redop", "time", "algbw",
-                "busbw", "#wrong");
-    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)",
-                "");
+    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "size", "count", "type", "redop", "time", "algbw", "busbw",
+                "#wrong");
+    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
     std::fflush(stdout);
   }
 
@@ -213,8 +215,8 @@ int run(const Options& opt) {
     }
     total_wrong += wrong;
     if (wrong != 0) {
-      std::fprintf(stderr, "nccl_allreduce: rank %d: %lld of %zu elements wrong at %zu bytes\n", env.rank, wrong,
-                   count, real_bytes);
+      std::fprintf(stderr, "nccl_allreduce: rank %d: %lld of %zu elements wrong at %zu bytes\n", env.rank, wrong, count,
+                   real_bytes);
     }
     busbw_sum += busbw;
     ++sizes;
@@ -223,7 +225,8 @@ int run(const Options& opt) {
                   "sum", us, algbw, busbw, wrong);
       std::fflush(stdout);
     }
-    if (comm.async_error() != ddp::nccl::Result::success) throw std::runtime_error("NCCL reported an asynchronous error");
+    if (comm.async_error() != ddp::nccl::Result::success)
+      throw std::runtime_error("NCCL reported an asynchronous error");
     if (opt.factor < 2) break;
   }
   if (print) {
@@ -247,13 +250,24 @@ int main(int argc, char** argv) {
   ddp::log::configure_from_env();
   CLI::App app{"Raw-NCCL all-reduce benchmark worker (nccl-tests style report)."};
   Options opt;
-  app.add_option("-b,--min-bytes", opt.min_bytes, "smallest message in bytes")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-e,--max-bytes", opt.max_bytes, "largest message in bytes")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-f,--factor", opt.factor, "size multiplier between steps")->capture_default_str()->check(CLI::Range(2, 1024));
-  app.add_option("-w,--warmup", opt.warmup, "untimed iterations per size")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-n,--iters", opt.iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("-b,--min-bytes", opt.min_bytes, "smallest message in bytes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("-e,--max-bytes", opt.max_bytes, "largest message in bytes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("-f,--factor", opt.factor, "size multiplier between steps")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1024));
+  app.add_option("-w,--warmup", opt.warmup, "untimed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-n,--iters", opt.iters, "timed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--self-id", opt.self_id, "make the id by hand: rank 0 writes it to this file, the others read it");
-  app.add_option("--self-id-timeout", opt.self_id_timeout_s, "seconds ranks > 0 wait for the id file")->capture_default_str();
+  app.add_option("--self-id-timeout", opt.self_id_timeout_s, "seconds ranks > 0 wait for the id file")
+      ->capture_default_str();
   app.add_option("--nccl-lib", opt.nccl_lib, "load this libnccl instead of searching for libnccl.so.2");
   CLI11_PARSE(app, argc, argv);
   if (opt.min_bytes > opt.max_bytes) {

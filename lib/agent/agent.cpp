@@ -7,18 +7,16 @@
 #include "agent/interfaces.hpp"
 #include "agent/job_machine.hpp"
 #include "agent/preflight.hpp"
-#include "stacks/collect.hpp"
-#include "contract/flight_recorder.hpp"
-#include "pyenv/probe.hpp"
-#include "binding/binding.hpp"
 #include "agent/stdio_link.hpp"
-#include "container/container.hpp"
-#include "container/runtime.hpp"
+#include "binding/binding.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/safe_fs.hpp"
 #include "common/strings.hpp"
+#include "container/container.hpp"
+#include "container/runtime.hpp"
 #include "contract/contract.hpp"
+#include "contract/flight_recorder.hpp"
 #include "facts/discover.hpp"
 #include "jobspec/jobspec.hpp"
 #include "launch/bind.hpp"
@@ -28,33 +26,34 @@
 #include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
+#include "pyenv/probe.hpp"
 #include "sdnotify/sdnotify.hpp"
 #include "shepherd/client.hpp"
+#include "stacks/collect.hpp"
 #include "store/peers.hpp"
 #include "store/report.hpp"
 #include "store/server.hpp"
 #include "supervisor/cgroup.hpp"
 #include "supervisor/process.hpp"
 
-#include <boost/asio.hpp>
 #include <fmt/format.h>
+#include <boost/asio.hpp>
 
 #include <pwd.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
-#include <deque>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <set>
-
 
 namespace ddp::agent {
 
@@ -82,10 +81,9 @@ std::int64_t now_us() {
 }
 
 // A delegation's expiry is on the wall clock (Unix seconds), as its signer wrote it.
-std::uint64_t wall_seconds() { return static_cast<std::uint64_t>(now_us() / 1000000); }
-
-
-
+std::uint64_t wall_seconds() {
+  return static_cast<std::uint64_t>(now_us() / 1000000);
+}
 
 std::string peer_label(const tcp::endpoint& ep) {
   auto a = ep.address();
@@ -99,7 +97,9 @@ std::string plain_address(const asio::ip::address& addr) {
   return a.to_string();
 }
 
-supervisor::RunAs run_as_of(const agentconfig::LocalUser& u) { return {u.uid, u.gid, u.groups}; }
+supervisor::RunAs run_as_of(const agentconfig::LocalUser& u) {
+  return {u.uid, u.gid, u.groups};
+}
 
 // Our own user's name: the log folder of jobs that run as the agent itself (no key_users).
 std::string own_user_name() {
@@ -112,7 +112,9 @@ std::string own_user_name() {
   return fmt::format("uid-{}", ::geteuid());
 }
 
-std::string cut(const std::string& s, std::size_t n) { return s.size() <= n ? s : s.substr(0, n) + " ...(cut)"; }
+std::string cut(const std::string& s, std::size_t n) {
+  return s.size() <= n ? s : s.substr(0, n) + " ...(cut)";
+}
 
 class Agent {
  public:
@@ -165,7 +167,8 @@ class Agent {
       b.nccl_ib_hca = want.nic == jobspec::NicBinding::none ? std::nullopt : std::move(job_ib_hca);
       launch::lay_binding(plan, b);
     }
-    const bool uuids = std::all_of(facts_.gpus.begin(), facts_.gpus.end(), [](const auto& g) { return g.uuid.has_value(); });
+    const bool uuids =
+        std::all_of(facts_.gpus.begin(), facts_.gpus.end(), [](const auto& g) { return g.uuid.has_value(); });
     std::string managed;
     for (const auto& g : facts_.gpus) {
       managed += managed.empty() ? "" : ",";
@@ -306,8 +309,8 @@ class Agent {
     // The running round's exits as the shepherd reported them, for the machine's ReportExit.
     std::map<int, launch::WorkerExit> exits;
     std::optional<launch::RankFailure> first_failure;
-    std::optional<json> stacks;  // the round's, as the shepherd took them (launch/failure_stacks.hpp)
-    std::shared_ptr<PreflightRun> preflight;  // until it joins (killed with the job): image, or Python
+    std::optional<json> stacks;                // the round's, as the shepherd took them (launch/failure_stacks.hpp)
+    std::shared_ptr<PreflightRun> preflight;   // until it joins (killed with the job): image, or Python
     std::optional<facts::PythonFacts> python;  // the job's interpreter here (lib/pyenv), for the contract
     json offer_t0_us;                          // the offer's coordinator time, echoed in the join
     std::int64_t offer_rx_us = 0;              // when the offer arrived here
@@ -324,8 +327,9 @@ class Agent {
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      throw AgentError(fmt::format("cannot listen on {}: {}{}", peer_label(ep), ec.message(),
-                                   ec == asio::error::address_in_use ? " (is another ddp-agentd running? use --listen)" : ""));
+      throw AgentError(
+          fmt::format("cannot listen on {}: {}{}", peer_label(ep), ec.message(),
+                      ec == asio::error::address_in_use ? " (is another ddp-agentd running? use --listen)" : ""));
     }
   }
 
@@ -351,7 +355,8 @@ class Agent {
   void on_accept(tcp::socket s) {
     boost::system::error_code ec;
     auto remote = s.remote_endpoint(ec);
-    auto conn = Connection::make(std::move(s), server_session(), ec ? "?" : peer_label(remote), "agent", opts_.handshake_timeout);
+    auto conn = Connection::make(std::move(s), server_session(), ec ? "?" : peer_label(remote), "agent",
+                                 opts_.handshake_timeout);
     conn->hold_until_established(accept_loop_->admit([w = std::weak_ptr<Connection>(conn)] {
       if (auto c = w.lock()) c->close("too many unauthenticated connections: the oldest is closed", /*routine=*/true);
     }));
@@ -389,20 +394,23 @@ class Agent {
                 s.set_option(tcp::no_delay(true), ignored);
                 auto sock = std::make_shared<tcp::socket>(std::move(s));
                 auto line = std::make_shared<std::string>(opts_.connect_tag + "\n");
-                asio::async_write(*sock, asio::buffer(*line), [this, sock, line, where](boost::system::error_code ec, std::size_t) {
-                  if (machine_.shutting_down()) return;
-                  if (ec) {
-                    log_->error("cannot connect back to the launcher at {}: {}", where, ec.message());
-                    return feed(job::DialFailed{});
-                  }
-                  auto conn = Connection::make(std::move(*sock), server_session(), "launcher " + where, "agent", opts_.handshake_timeout);
-                  // The launcher speaks first, so TLS (launch --ssh --advertise-addr --tls) is told apart as on our port.
-                  if (opts_.tls != net::TlsMode::off) {
-                    if (!tls_) tls_ = net::tls_server_context(opts_.keys);
-                    conn->use_tls({tls_, /*server=*/true, opts_.tls});
-                  }
-                  serve(std::move(conn));
-                });
+                asio::async_write(*sock, asio::buffer(*line),
+                                  [this, sock, line, where](boost::system::error_code ec, std::size_t) {
+                                    if (machine_.shutting_down()) return;
+                                    if (ec) {
+                                      log_->error("cannot connect back to the launcher at {}: {}", where, ec.message());
+                                      return feed(job::DialFailed{});
+                                    }
+                                    auto conn = Connection::make(std::move(*sock), server_session(),
+                                                                 "launcher " + where, "agent", opts_.handshake_timeout);
+                                    // The launcher speaks first, so TLS (launch --ssh --advertise-addr --tls) is told
+                                    // apart as on our port.
+                                    if (opts_.tls != net::TlsMode::off) {
+                                      if (!tls_) tls_ = net::tls_server_context(opts_.keys);
+                                      conn->use_tls({tls_, /*server=*/true, opts_.tls});
+                                    }
+                                    serve(std::move(conn));
+                                  });
               });
   }
 
@@ -420,9 +428,10 @@ class Agent {
     peers_[raw] = Peer{conn, std::chrono::steady_clock::now()};
     peers_[raw].id = ++last_link_;
     conn->start({[this, raw](const proto::PeerInfo& p) {
-                   raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(), p.name.empty() ? "?" : p.name,
-                                              p.user));
-                   log_->info("{}: authenticated with key '{}'{}", raw->label(), p.key_id, raw->encrypted() ? ", inside TLS 1.3" : "");
+                   raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(),
+                                              p.name.empty() ? "?" : p.name, p.user));
+                   log_->info("{}: authenticated with key '{}'{}", raw->label(), p.key_id,
+                              raw->encrypted() ? ", inside TLS 1.3" : "");
                  },
                  [this, raw](proto::Message m) { on_message(raw, std::move(m)); },
                  [this, raw](const std::string& reason) { on_closed(raw, reason); }});
@@ -488,7 +497,8 @@ class Agent {
       if (!c) return;
       for (auto& r : ranks) {
         stacks::shrink_to_fit(r.stacks, kMaxStacksBytes);
-        send(c.get(), "stacks", {{"job_id", job_id}, {"id", id}, {"rank", r.rank}, {"process", stacks::to_json(r.stacks)}});
+        send(c.get(), "stacks",
+             {{"job_id", job_id}, {"id", id}, {"rank", r.rank}, {"process", stacks::to_json(r.stacks)}});
       }
       json f{{"job_id", job_id}, {"id", id}};
       if (!error.empty()) f["error"] = error.substr(0, 4096);
@@ -529,8 +539,8 @@ class Agent {
 
   void refuse(Connection* c, const job::Refuse& r) {
     if (!c) return;
-    c->refuse(r.code == job::RefuseCode::bad_value ? proto::ErrorCode::bad_value : proto::ErrorCode::unexpected, r.message,
-              r.hint);
+    c->refuse(r.code == job::RefuseCode::bad_value ? proto::ErrorCode::bad_value : proto::ErrorCode::unexpected,
+              r.message, r.hint);
   }
 
   Connection* owner() const { return job_ ? job_->owner.get() : nullptr; }
@@ -540,8 +550,10 @@ class Agent {
   void apply(job::StartWorkers& s) { start_workers(s.round); }
   void apply(job::StopWorkers& s) {
     if (!job_ || !job_->shepherd) return;
-    if (s.now) job_->shepherd->kill_now();
-    else job_->shepherd->request_stop(SIGTERM);
+    if (s.now)
+      job_->shepherd->kill_now();
+    else
+      job_->shepherd->request_stop(SIGTERM);
   }
   void apply(job::ForwardSignal& f) {
     if (job_ && job_->shepherd) job_->shepherd->forward(f.sig);
@@ -560,7 +572,8 @@ class Agent {
     json m{{"job_id", job_->job_id}, {"round", f.round}, {"ok", f.ok}};
     if (!f.error.empty()) m["error"] = f.error;
     // Protocol version 6: where this node's ranks were when the round stopped.
-    if (job_->stacks && owner() && owner()->session().version() >= 6) m["stacks"] = *std::exchange(job_->stacks, std::nullopt);
+    if (job_->stacks && owner() && owner()->session().version() >= 6)
+      m["stacks"] = *std::exchange(job_->stacks, std::nullopt);
     if (!f.ok && gather_flight(m)) return;  // sent once the dumps are read
     send(owner(), "attempt_finished", std::move(m));
   }
@@ -588,8 +601,10 @@ class Agent {
       job.preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, m](const json& answer) mutable {
         if (job_.get() != pending) return;
         job_->preflight.reset();
-        if (answer.contains("flight") && answer["flight"].is_array() && !answer["flight"].empty()) m["flight"] = answer["flight"];
-        if (auto w = answer.value("warning", std::string()); !w.empty()) log_->warn("job {}: flight recorder: {}", job_->job_id, w);
+        if (answer.contains("flight") && answer["flight"].is_array() && !answer["flight"].empty())
+          m["flight"] = answer["flight"];
+        if (auto w = answer.value("warning", std::string()); !w.empty())
+          log_->warn("job {}: flight recorder: {}", job_->job_id, w);
         send(owner(), "attempt_finished", std::move(m));
       });
     } catch (const supervisor::SpawnError& e) {
@@ -600,7 +615,8 @@ class Agent {
   }
   void apply(job::SendLeaving& l) {
     // Protocol version 5; an older launcher finds the node lost when the connection closes.
-    if (owner() && owner()->session().version() >= 5) send(owner(), "leaving", {{"job_id", job_->job_id}, {"reason", l.reason}});
+    if (owner() && owner()->session().version() >= 5)
+      send(owner(), "leaving", {{"job_id", job_->job_id}, {"reason", l.reason}});
   }
   void apply(job::Forget&) {
     job_.reset();
@@ -617,9 +633,15 @@ class Agent {
   }
   void apply(job::Log& l) {
     switch (l.level) {
-      case job::Log::Level::info: log_->info("{}", l.text); break;
-      case job::Log::Level::warn: log_->warn("{}", l.text); break;
-      case job::Log::Level::error: log_->error("{}", l.text); break;
+      case job::Log::Level::info:
+        log_->info("{}", l.text);
+        break;
+      case job::Log::Level::warn:
+        log_->warn("{}", l.text);
+        break;
+      case job::Log::Level::error:
+        log_->error("{}", l.text);
+        break;
     }
   }
 
@@ -635,7 +657,8 @@ class Agent {
     ci.image = b["image"].value("image", std::string());
     auto runtime = jobspec::runtime_from_name(ci.runtime);
     if (!runtime || ci.image.empty() || ci.image.size() > 4096) {
-      c->refuse(proto::ErrorCode::bad_value, "facts_request: image must be {runtime: docker|podman|apptainer|enroot, image}");
+      c->refuse(proto::ErrorCode::bad_value,
+                "facts_request: image must be {runtime: docker|podman|apptainer|enroot, image}");
       return;
     }
     if (!opts_.key_users.empty() && !container::has_image_store(*runtime)) {
@@ -650,7 +673,8 @@ class Agent {
     }
     net::JobPayload payload;
     payload.spec.command = {"true"};
-    payload.spec.container = jobspec::ContainerSpec{*runtime, ci.image, {}, std::nullopt, jobspec::PullPolicy::never, {}, {}};
+    payload.spec.container =
+        jobspec::ContainerSpec{*runtime, ci.image, {}, std::nullopt, jobspec::PullPolicy::never, {}, {}};
     auto answer = [this, c, ci](const json& r) mutable {
       if (!peers_.count(c)) return;
       peers_.at(c).doctor.reset();
@@ -663,9 +687,9 @@ class Agent {
       send(c, "facts", {{"facts", facts::to_json(f)}});
     };
     try {
-      peers_.at(c).doctor = PreflightRun::start(io_, shepherd_exe_, preflight_request("image", "doctor", payload,
-                                                                                       contract::scrub(own_environment()), "/"),
-                                                answer);
+      peers_.at(c).doctor = PreflightRun::start(
+          io_, shepherd_exe_, preflight_request("image", "doctor", payload, contract::scrub(own_environment()), "/"),
+          answer);
     } catch (const supervisor::SpawnError& e) {
       answer({{"error", fmt::format("cannot start the image lookup: {}", e.what())}});
     }
@@ -680,7 +704,8 @@ class Agent {
       return;
     }
     switch (machine_.busy(peers_.at(c).id)) {
-      case job::JobMachine::Busy::no: break;
+      case job::JobMachine::Busy::no:
+        break;
       case job::JobMachine::Busy::other_link:
         c->refuse(proto::ErrorCode::unexpected,
                   fmt::format("busy: {} runs job {} for {}", opts_.name, job_->job_id, job_->owner->label()),
@@ -692,8 +717,8 @@ class Agent {
     }
     // Whose job this is: the key that signed its delegation (a standing coordinator's offer,
     // version 6), else the key this link proved; with key_users, that key's user (users.hpp).
-    const auto decision = agentconfig::decide_offer(opts_.key_users, opts_.allowed_users, opts_.keys, c->session().peer().key_id,
-                                                    b, wall_seconds());
+    const auto decision = agentconfig::decide_offer(opts_.key_users, opts_.allowed_users, opts_.keys,
+                                                    c->session().peer().key_id, b, wall_seconds());
     if (!decision.refusal.empty()) {
       log_->warn("job {} from {}: {}; refused", job_id, c->label(), decision.refusal);
       c->refuse(proto::ErrorCode::auth, fmt::format("{}: {}", opts_.name, decision.refusal), decision.hint);
@@ -730,7 +755,8 @@ class Agent {
     job->user = b["user"].get<std::string>();
     job->inherited = own_environment();
     // Only what the job's env_forward selects, whatever the launcher sent.
-    for (const auto& [k, v] : contract::filter_forwarded(payload.forward_env, payload.spec.env_forward)) job->inherited[k] = v;
+    for (const auto& [k, v] : contract::filter_forwarded(payload.forward_env, payload.spec.env_forward))
+      job->inherited[k] = v;
     job->offer_t0_us = b["t0_us"];
     job->offer_rx_us = rx_us;
 
@@ -739,8 +765,12 @@ class Agent {
     std::vector<std::string> problems;
     const auto& spec = payload.spec;
     switch (spec.nproc.kind) {
-      case jobspec::Nproc::Kind::count: job->nproc = spec.nproc.count; break;
-      case jobspec::Nproc::Kind::cpu: job->nproc = static_cast<int>(cpus_.size()); break;
+      case jobspec::Nproc::Kind::count:
+        job->nproc = spec.nproc.count;
+        break;
+      case jobspec::Nproc::Kind::cpu:
+        job->nproc = static_cast<int>(cpus_.size());
+        break;
       case jobspec::Nproc::Kind::gpu:
         job->nproc = static_cast<int>(facts::gpu_count(facts_));
         if (job->nproc == 0) problems.push_back(fmt::format("nproc_per_node: gpu, but {} has no GPU", opts_.name));
@@ -764,7 +794,8 @@ class Agent {
       const auto exe = supervisor::resolve_executable(argv.at(0), path, workdir);
       if (!exe) {
         preflight["command"] = false;
-        problems.push_back(fmt::format("on {}: {}", opts_.name, supervisor::explain_not_runnable(argv.at(0), path, workdir)));
+        problems.push_back(
+            fmt::format("on {}: {}", opts_.name, supervisor::explain_not_runnable(argv.at(0), path, workdir)));
       } else if (job->run_as && job->run_as->uid != ::geteuid() &&
                  !supervisor::accessible_as(run_as_of(*job->run_as), *exe, X_OK)) {
         preflight["command"] = false;
@@ -797,23 +828,25 @@ class Agent {
                           contract::scrub(job_->run_as ? own_environment() : job_->inherited), workdir, confinement());
     Job* pending = job_.get();
     try {
-      job_->preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) mutable {
-        if (job_.get() != pending) return;  // (cancel() comes first when the job goes; belt and braces)
-        std::vector<std::string> found;
-        const auto error = answer.value("error", std::string());
-        if (!error.empty()) {
-          preflight["command"] = false;
-          found.push_back(fmt::format("{}: {}", opts_.name, error));
-        }
-        if (const auto w = answer.value("warning", std::string()); !w.empty()) log_->warn("job {}: {}", job_->job_id, w);
-        const auto digest = answer.value("digest", std::string());
-        preflight["image"] = {{"digest", digest}, {"repo_digest", answer.value("repo_digest", std::string())}};
-        if (error.empty()) {
-          log_->info("job {}: container image {} is {}", job_->job_id, job_->payload.spec.container->image,
-                     digest.empty() ? "fetched by the runtime when it runs" : digest);
-        }
-        send_join(preflight, found);
-      });
+      job_->preflight =
+          PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) mutable {
+            if (job_.get() != pending) return;  // (cancel() comes first when the job goes; belt and braces)
+            std::vector<std::string> found;
+            const auto error = answer.value("error", std::string());
+            if (!error.empty()) {
+              preflight["command"] = false;
+              found.push_back(fmt::format("{}: {}", opts_.name, error));
+            }
+            if (const auto w = answer.value("warning", std::string()); !w.empty())
+              log_->warn("job {}: {}", job_->job_id, w);
+            const auto digest = answer.value("digest", std::string());
+            preflight["image"] = {{"digest", digest}, {"repo_digest", answer.value("repo_digest", std::string())}};
+            if (error.empty()) {
+              log_->info("job {}: container image {} is {}", job_->job_id, job_->payload.spec.container->image,
+                         digest.empty() ? "fetched by the runtime when it runs" : digest);
+            }
+            send_join(preflight, found);
+          });
     } catch (const supervisor::SpawnError& e) {
       preflight["command"] = false;
       send_join(preflight, {fmt::format("{}: cannot start the container preflight: {}", opts_.name, e.what())});
@@ -834,12 +867,15 @@ class Agent {
     }
     Job* pending = job_.get();
     try {
-      job_->preflight = PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) {
-        if (job_.get() != pending) return;
-        if (answer.contains("python")) job_->python = pyenv::python_from_json(answer["python"]);
-        else log_->warn("job {}: no Python probe: {}", job_->job_id, answer.value("error", std::string("no answer")));
-        send_join(preflight, {});
-      });
+      job_->preflight =
+          PreflightRun::start(io_, shepherd_exe_, request, [this, pending, preflight](const json& answer) {
+            if (job_.get() != pending) return;
+            if (answer.contains("python"))
+              job_->python = pyenv::python_from_json(answer["python"]);
+            else
+              log_->warn("job {}: no Python probe: {}", job_->job_id, answer.value("error", std::string("no answer")));
+            send_join(preflight, {});
+          });
     } catch (const supervisor::SpawnError& e) {
       log_->warn("job {}: cannot start the Python probe: {}", job_->job_id, e.what());
       send_join(preflight, {});
@@ -859,14 +895,21 @@ class Agent {
                        {"ib_hcas", binding::ib_hcas(facts_)}};
     if (job.python) {
       facts_summary["python"] = facts::to_json(*job.python);
-      log_->info("job {}: Python {} {}, torch {}", job.job_id, job.python->interpreter, job.python->version.value_or("?"),
+      log_->info("job {}: Python {} {}, torch {}", job.job_id, job.python->interpreter,
+                 job.python->version.value_or("?"),
                  job.python->torch.value_or(job.python->error ? "unknown: " + *job.python->error : "none"));
     }
     // The offer's time, when it arrived and when the join leaves: a clock-offset sample with
     // this node's preflight taken out of the round trip (proto/clock_sync.hpp).
     send(job.owner.get(), "join",
-         {{"t0_us", job.offer_t0_us}, {"rx_us", job.offer_rx_us}, {"tx_us", now_us()}, {"job_id", job.job_id},
-          {"node", opts_.name}, {"nproc", job.nproc}, {"facts", facts_summary}, {"preflight", std::move(preflight)}});
+         {{"t0_us", job.offer_t0_us},
+          {"rx_us", job.offer_rx_us},
+          {"tx_us", now_us()},
+          {"job_id", job.job_id},
+          {"node", opts_.name},
+          {"nproc", job.nproc},
+          {"facts", facts_summary},
+          {"preflight", std::move(preflight)}});
     feed(job::Joined{});
   }
 
@@ -949,12 +992,15 @@ class Agent {
     holder_wait_ = launch::NcclHolder::start(
         io_, contract::worker_env(spec, node, worker_inherited(false), 0), spec.workdir.value_or("/"), node.attempt_dir,
         spec.nccl_unique_id, spec.container.has_value(), job_user(),
-        [this, pending, round, ready = std::move(ready)](std::optional<launch::NcclHolder> holder, std::string error) mutable {
+        [this, pending, round, ready = std::move(ready)](std::optional<launch::NcclHolder> holder,
+                                                         std::string error) mutable {
           holder_wait_.reset();
-          if (job_.get() != pending || machine_.round() != round) return;  // (the wait is dropped first; belt and braces)
+          if (job_.get() != pending || machine_.round() != round)
+            return;  // (the wait is dropped first; belt and braces)
           auto& job = *job_;
           if (!error.empty()) {
-            ready["error"] = fmt::format("nccl.unique_id: on, but node rank 0 ({}) cannot make the id: {}", opts_.name, error);
+            ready["error"] =
+                fmt::format("nccl.unique_id: on, but node rank 0 ({}) cannot make the id: {}", opts_.name, error);
             log_->error("job {}: {}", job.job_id, ready["error"].get<std::string>());
           } else if (holder) {
             holder_.emplace(std::move(*holder));
@@ -987,7 +1033,8 @@ class Agent {
     node.use_agent_store = true;
     node.local_mode = false;
     // (made by make_attempt_dir(), which comes first; without it nothing starts)
-    node.attempt_dir = fmt::format("{}/attempt-{}", job.job_dir ? job.job_dir->path() : opts_.log_dir, node.restart_count);
+    node.attempt_dir =
+        fmt::format("{}/attempt-{}", job.job_dir ? job.job_dir->path() : opts_.log_dir, node.restart_count);
     if (a.contains("nccl_unique_id")) node.nccl_unique_id_hex = a["nccl_unique_id"].get<std::string>();
     if (job.python) node.torch_version = job.python->torch;
     return node;
@@ -1064,10 +1111,11 @@ class Agent {
     } catch (const safefs::FsError& e) {
       const auto why =
           e.error() == EEXIST
-              ? fmt::format("{} exists already, and this agent did not make it: job id '{}' was used on {} before (or the "
-                            "job made that folder itself); launch with another --job-id (the default is a new one every "
-                            "time), or remove {}",
-                            key, job.job_id, opts_.name, job.job_dir->path())
+              ? fmt::format(
+                    "{} exists already, and this agent did not make it: job id '{}' was used on {} before (or the "
+                    "job made that folder itself); launch with another --job-id (the default is a new one every "
+                    "time), or remove {}",
+                    key, job.job_id, opts_.name, job.job_dir->path())
               : fmt::format("cannot make the attempt's log folder: {}", e.what());
       log_->error("job {}: {}", job.job_id, why);
       return why;
@@ -1122,7 +1170,8 @@ class Agent {
       // In a sticky folder (/tmp, /var/tmp) only an entry's or the folder's owner may rename it.
       std::optional<fs::path> writable;
       for (auto below = real, up = real.parent_path(); !writable; below = up, up = up.parent_path()) {
-        struct stat dir {}, entry {};
+        struct stat dir {
+        }, entry{};
         const bool sticky_protects = ::lstat(up.c_str(), &dir) == 0 && (dir.st_mode & S_ISVTX) &&
                                      ::lstat(below.c_str(), &entry) == 0 && dir.st_uid != user.uid &&
                                      entry.st_uid != user.uid;
@@ -1130,16 +1179,17 @@ class Agent {
         if (up == up.root_path()) break;
       }
       if (writable) {
-        problems.push_back(fmt::format("container mount source {} lies in {}, which user {} can change (it could be "
-                                       "swapped for a link before the runtime mounts it): mount {} itself, or a folder "
-                                       "in one that only root changes",
-                                       m.source, writable->string(), user.name, writable->string()));
+        problems.push_back(
+            fmt::format("container mount source {} lies in {}, which user {} can change (it could be "
+                        "swapped for a link before the runtime mounts it): mount {} itself, or a folder "
+                        "in one that only root changes",
+                        m.source, writable->string(), user.name, writable->string()));
         continue;
       }
       // Canonical, the path must still carry no --volume options (a link's target may hold ':').
       if (real.string().find_first_of(":,") != std::string::npos) {
-        problems.push_back(fmt::format("container mount source {} resolves to {}, which holds ':' or ','", m.source,
-                                       real.string()));
+        problems.push_back(
+            fmt::format("container mount source {} resolves to {}, which holds ':' or ','", m.source, real.string()));
         continue;
       }
       m.source = real.string();
@@ -1166,7 +1216,8 @@ class Agent {
     const auto node = node_context();
     auto inherited = worker_inherited(true);
     auto plan = contract::make_plan(spec, node, inherited);
-    bind(plan, spec.binding, a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
+    bind(plan, spec.binding,
+         a.contains("nccl_ib_hca") ? std::optional(a["nccl_ib_hca"].get<std::string>()) : std::nullopt);
     // The shepherd owns the containers (env files, teardown, watchdog); their owner label names
     // this agent, whose death the next job's sweep on this node recognises.
     // A mapped user's runtime client runs as root: with root's environment (its PATH finds the
@@ -1202,15 +1253,19 @@ class Agent {
     job.first_failure.reset();
     job.dropped_lines = 0;
     log_->info("job {} round {}: starting {} worker{} ({}), logs in {}", job.job_id, round, node.local_world_size,
-               node.local_world_size == 1 ? "" : "s", rank_range(node.rank_base, node.local_world_size), node.attempt_dir);
+               node.local_world_size == 1 ? "" : "s", rank_range(node.rank_base, node.local_world_size),
+               node.attempt_dir);
     try {
       if (!job.shepherd) {
         job.shepherd = std::make_unique<shepherd::Client>(io_, shepherd_exe_, job.job_id, unit_starter(job.job_id));
       }
       job.shepherd->on_progress([this](const shepherd::Progress& p) {
         if (!job_ || !job_->owner->established()) return;
-        send(job_->owner.get(), "progress", {{"job_id", job_->job_id}, {"round", machine_.group_round()},
-                                             {"idle_ms", p.idle.count()}, {"stacks", p.stacks}});
+        send(job_->owner.get(), "progress",
+             {{"job_id", job_->job_id},
+              {"round", machine_.group_round()},
+              {"idle_ms", p.idle.count()},
+              {"stacks", p.stacks}});
       });
       job.shepherd->start({node.attempt_dir, go, std::move(plan)}, std::move(cb));
     } catch (const shepherd::ShepherdError& e) {
@@ -1223,14 +1278,18 @@ class Agent {
     if (!job_ || !job_->owner->established()) return;
     auto& job = *job_;
     if (job.owner->queued_bytes() > kMaxQueuedOutput) {
-      if (job.dropped_lines++ == 0) log_->warn("job {}: the coordinator reads too slowly; dropping output lines", job.job_id);
+      if (job.dropped_lines++ == 0)
+        log_->warn("job {}: the coordinator reads too slowly; dropping output lines", job.job_id);
       return;
     }
     const int local_rank = rank - job.rank_base;  // the group reports global ranks
     const char* stream = s == supervisor::Stream::out ? "stdout" : "stderr";
     for (std::size_t pos = 0; pos < line.size() || pos == 0; pos += kOutputChunk) {
       send(job.owner.get(), "output",
-           {{"job_id", job.job_id}, {"round", machine_.group_round()}, {"local_rank", local_rank}, {"stream", stream},
+           {{"job_id", job.job_id},
+            {"round", machine_.group_round()},
+            {"local_rank", local_rank},
+            {"stream", stream},
             {"data", line.substr(pos, kOutputChunk)}});
       if (line.empty()) break;
     }
@@ -1243,8 +1302,10 @@ class Agent {
            {"local_rank", ex.local_rank},
            {"pid", ex.pid > 0 ? ex.pid : 0},
            {"time_us", std::chrono::duration_cast<std::chrono::microseconds>(ex.when.time_since_epoch()).count()}};
-    if (ex.signal) m["signal"] = ex.signal;
-    else m["exit_code"] = ex.exit_code;
+    if (ex.signal)
+      m["signal"] = ex.signal;
+    else
+      m["exit_code"] = ex.exit_code;
     if (detail) {
       json tail = json::array();
       for (const auto& l : detail->last_lines) tail.push_back(cut(l, kTailLineBytes));
@@ -1299,12 +1360,16 @@ class Agent {
       std::vector<std::shared_ptr<Connection>> silent;
       for (auto& [raw, p] : peers_) {
         if (!p.conn->established()) continue;
-        if (now - p.last_heard > opts_.heartbeat_timeout) silent.push_back(p.conn);
-        else if (p.echo_t0_us) send(raw, "heartbeat", {{"now_us", now_us()}, {"t0_us", *p.echo_t0_us}, {"rx_us", *p.echo_rx_us}});
-        else send(raw, "heartbeat", {{"now_us", now_us()}});
+        if (now - p.last_heard > opts_.heartbeat_timeout)
+          silent.push_back(p.conn);
+        else if (p.echo_t0_us)
+          send(raw, "heartbeat", {{"now_us", now_us()}, {"t0_us", *p.echo_t0_us}, {"rx_us", *p.echo_rx_us}});
+        else
+          send(raw, "heartbeat", {{"now_us", now_us()}});
       }
       for (auto& c : silent) {
-        c->close(fmt::format("no heartbeat from the coordinator for more than {}", format_duration(opts_.heartbeat_timeout)));
+        c->close(fmt::format("no heartbeat from the coordinator for more than {}",
+                             format_duration(opts_.heartbeat_timeout)));
       }
       report_waiters();
       heartbeat();
@@ -1325,7 +1390,9 @@ class Agent {
     if (lines == last_waiters_) return;
     last_waiters_ = lines;
     send(job_->owner.get(), "status",
-         {{"jobs", json::array({{{"job_id", job_->job_id}, {"round", machine_.round()}, {"store", store_->address()},
+         {{"jobs", json::array({{{"job_id", job_->job_id},
+                                 {"round", machine_.round()},
+                                 {"store", store_->address()},
                                  {"store_waiters", lines}}})}});
   }
 
@@ -1365,7 +1432,8 @@ class Agent {
       if (ec) return;
       const auto name = supervisor::signal_name(sig);
       if (!machine_.shutting_down()) {
-        notify_.stopping(fmt::format("{}: stopping{}", name, job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
+        notify_.stopping(
+            fmt::format("{}: stopping{}", name, job_ ? fmt::format(" job {}'s workers", job_->job_id) : ""));
         boost::system::error_code ignored;
         if (accept_loop_) accept_loop_->stop();
         acceptor_.close(ignored);
@@ -1398,26 +1466,26 @@ class Agent {
   sdnotify::Notifier notify_;
   std::shared_ptr<spdlog::logger> log_;
   std::optional<net::Acceptor<tcp>> accept_loop_;  // after log_ and acceptor_, which it uses
-  facts::NodeFacts facts_;  // narrowed to the GPUs this agent manages
-  std::vector<int> cpus_;    // the CPUs it manages: its affinity, narrowed by --cpus
+  facts::NodeFacts facts_;                         // narrowed to the GPUs this agent manages
+  std::vector<int> cpus_;                          // the CPUs it manages: its affinity, narrowed by --cpus
   std::map<Connection*, Peer> peers_;
-  std::unique_ptr<Job> job_;    // the job's data; its lifecycle is machine_'s
+  std::unique_ptr<Job> job_;  // the job's data; its lifecycle is machine_'s
   job::JobMachine machine_;
   std::deque<job::Event> events_;  // fed, not yet handled (feed())
   bool feeding_ = false;
   job::LinkId last_link_ = 0;
-  std::optional<json> assign_body_;  // the assign being taken (PrepareRound)
+  std::optional<json> assign_body_;          // the assign being taken (PrepareRound)
   std::set<std::string> made_attempt_dirs_;  // attempt folders this agent made (make_attempt_dir)
   std::deque<std::string> made_attempt_order_;
   std::optional<store::Server> store_;
-  std::optional<launch::NcclHolder> holder_;  // node rank 0: the current attempt's NCCL id
+  std::optional<launch::NcclHolder> holder_;             // node rank 0: the current attempt's NCCL id
   std::unique_ptr<launch::NcclHolderWait> holder_wait_;  // node rank 0: the id on its way (then the ready)
   std::optional<StdioLink> stdio_;
-  std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first accepted connection
+  std::shared_ptr<boost::asio::ssl::context> tls_;       // made at the first accepted connection
   std::optional<asio::posix::stream_descriptor> stdin_;  // --connect: watched for EOF
   std::array<char, 256> stdin_buf_{};
   std::string store_host_;
-  std::uint16_t store_port_ = 0;  // as the job asked (0: any)
+  std::uint16_t store_port_ = 0;       // as the job asked (0: any)
   json last_waiters_ = json::array();  // as last sent (report_waiters)
   std::string shepherd_exe_;
   std::unique_ptr<jobunit::Manager> units_;  // nullptr: shepherds are our children

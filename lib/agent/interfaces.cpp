@@ -15,7 +15,8 @@ std::optional<std::string> interface_of(const std::string& address) {
   boost::system::error_code ec;
   auto want = boost::asio::ip::make_address(address, ec);
   if (ec) return std::nullopt;
-  if (want.is_v6() && want.to_v6().is_v4_mapped()) want = boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, want.to_v6());
+  if (want.is_v6() && want.to_v6().is_v4_mapped())
+    want = boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, want.to_v6());
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return std::nullopt;
   std::optional<std::string> found;

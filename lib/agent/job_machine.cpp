@@ -15,21 +15,33 @@ namespace {
 template <class T>
 constexpr std::size_t ev = variant_index_v<T, Event>;
 
-Log warn(std::string text) { return Log{Log::Level::warn, std::move(text)}; }
-Log info(std::string text) { return Log{Log::Level::info, std::move(text)}; }
+Log warn(std::string text) {
+  return Log{Log::Level::warn, std::move(text)};
+}
+Log info(std::string text) {
+  return Log{Log::Level::info, std::move(text)};
+}
 
 }  // namespace
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::idle: return "idle";
-    case Phase::preflight: return "preflight";
-    case Phase::joined: return "joined";
-    case Phase::readying: return "readying";
-    case Phase::assigned: return "assigned";
-    case Phase::running: return "running";
-    case Phase::draining: return "draining";
-    case Phase::done: return "done";
+    case Phase::idle:
+      return "idle";
+    case Phase::preflight:
+      return "preflight";
+    case Phase::joined:
+      return "joined";
+    case Phase::readying:
+      return "readying";
+    case Phase::assigned:
+      return "assigned";
+    case Phase::running:
+      return "running";
+    case Phase::draining:
+      return "draining";
+    case Phase::done:
+      return "done";
   }
   return "?";
 }
@@ -43,7 +55,9 @@ struct JobMachine::Transition {
 
 namespace {
 using P = Phase;
-constexpr unsigned b(P p) { return 1u << static_cast<unsigned>(p); }
+constexpr unsigned b(P p) {
+  return 1u << static_cast<unsigned>(p);
+}
 constexpr unsigned kAny = 0xffu;
 constexpr unsigned kHeld = kAny & ~b(P::idle);
 constexpr unsigned kWorkers = b(P::running) | b(P::draining);
@@ -116,11 +130,14 @@ JobMachine::Busy JobMachine::busy(LinkId link) const {
 std::optional<Refuse> JobMachine::addressed(LinkId link, const std::optional<std::string>& job_id,
                                             const std::string& type) const {
   if (!has_job() || owner_ != link) {
-    return Refuse{link, RefuseCode::unexpected, fmt::format("'{}' for a job this agent does not hold for you", type), {}};
+    return Refuse{
+        link, RefuseCode::unexpected, fmt::format("'{}' for a job this agent does not hold for you", type), {}};
   }
   if (job_id && *job_id != job_id_) {
-    return Refuse{link, RefuseCode::bad_value,
-                  fmt::format("'{}' names job {}, but this connection's job is {}", type, *job_id, job_id_), {}};
+    return Refuse{link,
+                  RefuseCode::bad_value,
+                  fmt::format("'{}' names job {}, but this connection's job is {}", type, *job_id, job_id_),
+                  {}};
   }
   return std::nullopt;
 }
@@ -138,17 +155,22 @@ void JobMachine::take_offer(const Event& e, Out& out) {
   exits_sent_.clear();
 }
 
-void JobMachine::joined(const Event&, Out&) { phase_ = Phase::joined; }
+void JobMachine::joined(const Event&, Out&) {
+  phase_ = Phase::joined;
+}
 
 void JobMachine::assign_early(const Event& e, Out& out) {
   const auto& a = std::get<Assign>(e);
-  out.push_back(Refuse{a.link, RefuseCode::unexpected, fmt::format("assign for round {} before this node's join", a.round), {}});
+  out.push_back(
+      Refuse{a.link, RefuseCode::unexpected, fmt::format("assign for round {} before this node's join", a.round), {}});
 }
 
 void JobMachine::assign_busy(const Event& e, Out& out) {
   const auto& a = std::get<Assign>(e);
-  out.push_back(Refuse{a.link, RefuseCode::unexpected,
-                       fmt::format("assign for round {} while round {}'s workers still run", a.round, group_round_), {}});
+  out.push_back(Refuse{a.link,
+                       RefuseCode::unexpected,
+                       fmt::format("assign for round {} while round {}'s workers still run", a.round, group_round_),
+                       {}});
 }
 
 void JobMachine::assign(const Event& e, Out& out) {
@@ -213,16 +235,16 @@ void JobMachine::stop_idle(const Event& e, Out& out) {
 void JobMachine::signal(const Event& e, Out& out) {
   const auto& s = std::get<Signal>(e);
   if (s.round && *s.round != group_round_) return;
-  out.push_back(info(s.round ? fmt::format("job {} round {}: {} from the coordinator: passing it to the workers", job_id_,
-                                           group_round_, s.name)
+  out.push_back(info(s.round ? fmt::format("job {} round {}: {} from the coordinator: passing it to the workers",
+                                           job_id_, group_round_, s.name)
                              : fmt::format("{}: passing it to job {}'s workers", s.name, job_id_)));
   out.push_back(ForwardSignal{s.sig});
 }
 
 void JobMachine::first_failure(const Event& e, Out& out) {
   const auto& f = std::get<FirstFailure>(e);
-  out.push_back(warn(fmt::format("job {} round {}: rank {} {}; stopping this node's other workers", job_id_, group_round_,
-                                 f.rank, f.what)));
+  out.push_back(warn(fmt::format("job {} round {}: rank {} {}; stopping this node's other workers", job_id_,
+                                 group_round_, f.rank, f.what)));
   exits_sent_.insert(f.local_rank);
   if (owner_) out.push_back(ReportExit{f.local_rank, false});
 }
@@ -231,8 +253,10 @@ void JobMachine::workers_done(const Event& e, Out& out) {
   const auto& d = std::get<WorkersDone>(e);
   const auto round = group_round_;
   if (d.dropped_lines) {
-    out.push_back(warn(fmt::format("job {} round {}: {} output line(s) were not sent to the coordinator (still in the "
-                                   "log files)", job_id_, round, d.dropped_lines)));
+    out.push_back(
+        warn(fmt::format("job {} round {}: {} output line(s) were not sent to the coordinator (still in the "
+                         "log files)",
+                         job_id_, round, d.dropped_lines)));
   }
   for (int r : d.started_ranks) {
     const bool first = d.first_failure == r;
@@ -240,7 +264,8 @@ void JobMachine::workers_done(const Event& e, Out& out) {
     exits_sent_.insert(r);
     if (owner_) out.push_back(ReportExit{r, first});
   }
-  out.push_back(info(fmt::format("job {} round {}: workers done ({})", job_id_, round, d.ok ? "all exited 0" : "not all ok")));
+  out.push_back(
+      info(fmt::format("job {} round {}: workers done ({})", job_id_, round, d.ok ? "all exited 0" : "not all ok")));
   if (!reported(round)) finish(round, d.ok, {}, out);
   if (phase_ == Phase::draining) return forget(out);
   phase_ = Phase::done;
@@ -255,7 +280,8 @@ void JobMachine::closed_held(const Event& e, Out& out) {
   if (c.link != owner_) return;
   // After the round's result went up and no worker runs, this is how a job normally ends.
   if (reported(round_)) {
-    out.push_back(info(fmt::format("job {}: its coordinator closed the connection after the round's result ({})", job_id_, c.reason)));
+    out.push_back(info(
+        fmt::format("job {}: its coordinator closed the connection after the round's result ({})", job_id_, c.reason)));
   } else {
     out.push_back(warn(fmt::format("job {}: its coordinator is gone ({}); stopping its workers", job_id_, c.reason)));
   }
@@ -296,7 +322,9 @@ void JobMachine::launcher_gone(const Event& e, Out& out) {
   if (!std::get<LauncherGone>(e).links_left && !has_job() && !shutting_down_) exit(out);
 }
 
-void JobMachine::dial_failed(const Event&, Out& out) { exit(out); }
+void JobMachine::dial_failed(const Event&, Out& out) {
+  exit(out);
+}
 
 // ---- the three ways out ----
 

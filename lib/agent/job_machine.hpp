@@ -84,9 +84,9 @@ struct FirstFailure {  // the group's first failing rank, before the others are 
 };
 struct WorkersDone {  // the shepherd's report of the running round
   bool ok = false;
-  std::vector<int> started_ranks;            // local ranks that started, in report order
-  std::optional<int> first_failure;          // its local rank
-  std::uint64_t dropped_lines = 0;           // output lines that did not go up
+  std::vector<int> started_ranks;    // local ranks that started, in report order
+  std::optional<int> first_failure;  // its local rank
+  std::uint64_t dropped_lines = 0;   // output lines that did not go up
 };
 struct LinkClosed {
   LinkId link = 0;
@@ -95,7 +95,7 @@ struct LinkClosed {
 struct Shutdown {  // SIGTERM, SIGINT, SIGHUP: the first stops the workers, the next kills them
   std::string signal;
 };
-struct LauncherGone {  // --connect: stdin's EOF; the edge closed every link already (LinkClosed each)
+struct LauncherGone {       // --connect: stdin's EOF; the edge closed every link already (LinkClosed each)
   bool links_left = false;  // a link still open (not yet closed by its peer)
 };
 struct DialFailed {  // --connect: the launcher could not be reached
@@ -178,7 +178,7 @@ class JobMachine {
   bool workers_running() const { return phase_ == Phase::running || phase_ == Phase::draining; }
   LinkId owner() const { return owner_; }
   const std::string& job_id() const { return job_id_; }
-  std::uint32_t round() const { return round_; }          // the last assigned round
+  std::uint32_t round() const { return round_; }              // the last assigned round
   std::uint32_t group_round() const { return group_round_; }  // the round whose workers run (ran) here
   bool shutting_down() const { return shutting_down_; }
   bool exited() const { return exited_; }

@@ -9,9 +9,9 @@
 #include "pyenv/probe.hpp"
 #include "supervisor/process.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/read.hpp>
-#include <fmt/format.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -45,7 +45,9 @@ constexpr std::size_t kMaxFlightBytes = 512u << 10;
 
 // The helper's answer: a byte of invalid UTF-8 (a converter's stderr, a runtime's message)
 // becomes U+FFFD rather than a throw, which outside the try below would terminate the helper.
-static std::string answer_text(const json& answer) { return answer.dump(-1, ' ', false, json::error_handler_t::replace); }
+static std::string answer_text(const json& answer) {
+  return answer.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 int run_preflight_helper(std::istream& in, std::ostream& out) {
   json answer{{"digest", ""}, {"repo_digest", ""}, {"error", ""}, {"warning", ""}};
@@ -83,8 +85,10 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
       const int first = req.at("rank_base").get<int>(), count = req.at("local_world_size").get<int>();
       std::vector<hang::RankDump> dumps;
       for (auto& d : hang::convert_dumps(req.at("attempt_dir").get<std::string>(), {}, convert)) {
-        if (d.rank < 0 && !d.error.empty()) answer["warning"] = clean_text(d.error, 1024);
-        else if (d.rank >= first && d.rank < first + count) dumps.push_back(std::move(d));
+        if (d.rank < 0 && !d.error.empty())
+          answer["warning"] = clean_text(d.error, 1024);
+        else if (d.rank >= first && d.rank < first + count)
+          dumps.push_back(std::move(d));
       }
       hang::fit_summaries(dumps, kMaxFlightBytes);
       answer["flight"] = nlohmann::json::array();
@@ -107,11 +111,9 @@ int run_preflight_helper(std::istream& in, std::ostream& out) {
     if (job) {
       container::sweep_stale(cs.runtime, env);
       const auto argv0 = contract::worker_argv(spec).at(0);
-      if (auto w = container::check_command_in_image(container::with_absolute_mounts(cs, cwd), argv0,
-                                                     container::worker_path(spec), env,
-                                                     container::check_container_name(req.at("job_id").get<std::string>(),
-                                                                                     ::getpid()),
-                                                     confine)) {
+      if (auto w = container::check_command_in_image(
+              container::with_absolute_mounts(cs, cwd), argv0, container::worker_path(spec), env,
+              container::check_container_name(req.at("job_id").get<std::string>(), ::getpid()), confine)) {
         answer["warning"] = *w;
       }
     }
@@ -214,6 +216,8 @@ void PreflightRun::cancel() {
   state_->err.close(ignored);
 }
 
-PreflightRun::~PreflightRun() { cancel(); }
+PreflightRun::~PreflightRun() {
+  cancel();
+}
 
 }  // namespace ddp::agent

@@ -33,7 +33,9 @@ StdioLink::StdioLink(asio::io_context& io) : ours_(io), theirs_(io), in_(io), ou
   out_.assign(::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3));
 }
 
-net::stream_socket StdioLink::take_socket() { return std::move(theirs_); }
+net::stream_socket StdioLink::take_socket() {
+  return std::move(theirs_);
+}
 
 void StdioLink::start(std::function<void(const std::string&)> on_end) {
   on_end_ = std::move(on_end);
@@ -44,8 +46,9 @@ void StdioLink::start(std::function<void(const std::string&)> on_end) {
 void StdioLink::pump_in() {
   in_.async_read_some(asio::buffer(in_buf_), [this](boost::system::error_code ec, std::size_t n) {
     if (ended_) return;
-    if (ec) return end(ec == asio::error::eof ? "stdin closed (the launcher's SSH connection is gone)"
-                                              : "stdin: " + ec.message());
+    if (ec)
+      return end(ec == asio::error::eof ? "stdin closed (the launcher's SSH connection is gone)"
+                                        : "stdin: " + ec.message());
     asio::async_write(ours_, asio::buffer(in_buf_.data(), n), [this](boost::system::error_code ec, std::size_t) {
       if (ended_) return;
       if (ec) return end("link: " + ec.message());

@@ -33,19 +33,32 @@ ConfigError::ConfigError(std::vector<Diagnostic> diagnostics)
 
 const char* to_string(ContainerRuntime r) {
   switch (r) {
-    case ContainerRuntime::podman: return "podman";
-    case ContainerRuntime::docker: return "docker";
-    case ContainerRuntime::none: return "none";
+    case ContainerRuntime::podman:
+      return "podman";
+    case ContainerRuntime::docker:
+      return "docker";
+    case ContainerRuntime::none:
+      return "none";
   }
   return "none";
 }
 
 namespace {
 
-const std::vector<std::string> kKeys{"listen",        "token_file", "log_dir",    "name",
-                                     "heartbeat_timeout", "allowed_users", "key_users", "allow_root",
-                                     "container_runtime", "job_units",  "gpus",      "cpus",
-                                     "tls",        "limits"};
+const std::vector<std::string> kKeys{"listen",
+                                     "token_file",
+                                     "log_dir",
+                                     "name",
+                                     "heartbeat_timeout",
+                                     "allowed_users",
+                                     "key_users",
+                                     "allow_root",
+                                     "container_runtime",
+                                     "job_units",
+                                     "gpus",
+                                     "cpus",
+                                     "tls",
+                                     "limits"};
 
 // POSIX portable user names (what useradd accepts by default).
 const std::regex& user_name_re() {
@@ -94,9 +107,9 @@ class Parser {
     // Checked once every key is read: allow_root may come after key_users.
     for (const auto& ku : cfg.key_users) {
       if (ku.user == "root" && !cfg.allow_root) {
-        diags_.push_back({file_, ku.line, ku.column,
-                          fmt::format("key_users: key '{}' maps to root; jobs run as root only with allow_root: true",
-                                      ku.key_id)});
+        diags_.push_back(
+            {file_, ku.line, ku.column,
+             fmt::format("key_users: key '{}' maps to root; jobs run as root only with allow_root: true", ku.key_id)});
       }
     }
     if (!diags_.empty()) throw ConfigError(diags_);
@@ -108,17 +121,21 @@ class Parser {
     if (key == "listen") {
       if (auto s = string(v, key)) {
         auto ep = hostlist::parse_endpoint(*s);
-        if (!ep.ok()) error(v.Mark(), fmt::format("listen: expected HOST:PORT such as '[::]:29410', got '{}': {}", *s,
-                                                  ep.error->to_string()));
-        else cfg.listen = *s;
+        if (!ep.ok())
+          error(v.Mark(), fmt::format("listen: expected HOST:PORT such as '[::]:29410', got '{}': {}", *s,
+                                      ep.error->to_string()));
+        else
+          cfg.listen = *s;
       }
     } else if (key == "token_file" || key == "log_dir") {
       if (auto s = path(v, key)) (key == "token_file" ? cfg.token_file : cfg.log_dir) = *s;
     } else if (key == "name") {
       if (auto s = string(v, key)) {
         static const std::regex re("^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$");
-        if (!std::regex_match(*s, re)) error(v.Mark(), fmt::format("name: expected 1-64 letters, digits, '.', '_' or '-', got '{}'", *s));
-        else cfg.name = *s;
+        if (!std::regex_match(*s, re))
+          error(v.Mark(), fmt::format("name: expected 1-64 letters, digits, '.', '_' or '-', got '{}'", *s));
+        else
+          cfg.name = *s;
       }
     } else if (key == "heartbeat_timeout") {
       std::optional<Millis> d;
@@ -126,7 +143,8 @@ class Parser {
       // Coordinators send a heartbeat every second: less than two intervals stops workers over
       // one late beat.
       if (!d || *d < Millis(2000) || *d > Millis(3'600'000)) {
-        error(v.Mark(), fmt::format("heartbeat_timeout: expected a duration from 2s to 1h such as 6s, got {}", describe(v)));
+        error(v.Mark(),
+              fmt::format("heartbeat_timeout: expected a duration from 2s to 1h such as 6s, got {}", describe(v)));
       } else {
         cfg.heartbeat_timeout = *d;
       }
@@ -136,25 +154,38 @@ class Parser {
       key_users(cfg, v);
     } else if (key == "allow_root") {
       const std::string s = v.IsScalar() ? v.Scalar() : "";
-      if (s == "true") cfg.allow_root = true;
-      else if (s == "false") cfg.allow_root = false;
-      else error(v.Mark(), fmt::format("allow_root: expected true or false, got {}", describe(v)));
+      if (s == "true")
+        cfg.allow_root = true;
+      else if (s == "false")
+        cfg.allow_root = false;
+      else
+        error(v.Mark(), fmt::format("allow_root: expected true or false, got {}", describe(v)));
     } else if (key == "container_runtime") {
       const std::string s = v.IsScalar() ? v.Scalar() : "";
-      if (s == "podman") cfg.container_runtime = ContainerRuntime::podman;
-      else if (s == "docker") cfg.container_runtime = ContainerRuntime::docker;
-      else if (s == "none") cfg.container_runtime = ContainerRuntime::none;
-      else error(v.Mark(), fmt::format("container_runtime: expected podman, docker or none, got {}", describe(v)));
+      if (s == "podman")
+        cfg.container_runtime = ContainerRuntime::podman;
+      else if (s == "docker")
+        cfg.container_runtime = ContainerRuntime::docker;
+      else if (s == "none")
+        cfg.container_runtime = ContainerRuntime::none;
+      else
+        error(v.Mark(), fmt::format("container_runtime: expected podman, docker or none, got {}", describe(v)));
     } else if (key == "job_units") {
       const std::string s = v.IsScalar() ? v.Scalar() : "";
-      if (s == "auto") cfg.job_units = JobUnits::automatic;
-      else if (s == "systemd") cfg.job_units = JobUnits::systemd;
-      else if (s == "fork") cfg.job_units = JobUnits::fork;
-      else error(v.Mark(), fmt::format("job_units: expected auto, systemd or fork, got {}", describe(v)));
+      if (s == "auto")
+        cfg.job_units = JobUnits::automatic;
+      else if (s == "systemd")
+        cfg.job_units = JobUnits::systemd;
+      else if (s == "fork")
+        cfg.job_units = JobUnits::fork;
+      else
+        error(v.Mark(), fmt::format("job_units: expected auto, systemd or fork, got {}", describe(v)));
     } else if (key == "tls") {
       const std::string s = v.IsScalar() ? v.Scalar() : "";
-      if (s == "off" || s == "allowed" || s == "required") cfg.tls = s;
-      else error(v.Mark(), fmt::format("tls: expected allowed, required or off, got {}", describe(v)));
+      if (s == "off" || s == "allowed" || s == "required")
+        cfg.tls = s;
+      else
+        error(v.Mark(), fmt::format("tls: expected allowed, required or off, got {}", describe(v)));
     } else if (key == "limits") {
       limits(cfg, v);
     } else if (key == "gpus") {
@@ -175,7 +206,8 @@ class Parser {
   void limits(AgentConfig& cfg, const YAML::Node& v) {
     if (!v.IsMap()) {
       error(v.Mark(), fmt::format("limits: expected a mapping with keys store_max_size, store_max_keys, log_max_size, "
-                                  "got {}", describe(v)));
+                                  "got {}",
+                                  describe(v)));
       return;
     }
     for (auto it = v.begin(); it != v.end(); ++it) {
@@ -184,7 +216,8 @@ class Parser {
       if (k == "store_max_keys") {
         static const std::regex re(R"(^\d{1,10}$)");
         if (!val.IsScalar() || !std::regex_match(val.Scalar(), re) || std::stoull(val.Scalar()) < 1024) {
-          error(val.Mark(), fmt::format("limits.store_max_keys: expected a number of keys of at least 1024, got {}", describe(val)));
+          error(val.Mark(), fmt::format("limits.store_max_keys: expected a number of keys of at least 1024, got {}",
+                                        describe(val)));
         } else {
           cfg.limits.store_max_keys = std::stoull(val.Scalar());
         }
@@ -192,24 +225,30 @@ class Parser {
         std::optional<std::uint64_t> bytes;
         if (val.IsScalar()) bytes = parse_size(val.Scalar());
         if (bytes && *bytes < (1ull << 20)) bytes.reset();
-        if (!bytes) error(val.Mark(), fmt::format("limits.{}: expected a size of at least 1MiB such as 4GiB, got {}", k, describe(val)));
-        else (k == "store_max_size" ? cfg.limits.store_max_size : cfg.limits.log_max_size) = *bytes;
+        if (!bytes)
+          error(val.Mark(),
+                fmt::format("limits.{}: expected a size of at least 1MiB such as 4GiB, got {}", k, describe(val)));
+        else
+          (k == "store_max_size" ? cfg.limits.store_max_size : cfg.limits.log_max_size) = *bytes;
       } else {
-        error(it->first.Mark(), fmt::format("limits: unknown key {}; expected store_max_size, store_max_keys or log_max_size",
-                                            describe(it->first)));
+        error(it->first.Mark(),
+              fmt::format("limits: unknown key {}; expected store_max_size, store_max_keys or log_max_size",
+                          describe(it->first)));
       }
     }
   }
 
   void allowed_users(AgentConfig& cfg, const YAML::Node& v) {
     if (!v.IsSequence()) {
-      error(v.Mark(), fmt::format("allowed_users: expected a list of user names such as [alice, bob], got {}", describe(v)));
+      error(v.Mark(),
+            fmt::format("allowed_users: expected a list of user names such as [alice, bob], got {}", describe(v)));
       return;
     }
     for (const auto& item : v) {
       if (!item.IsScalar() || !std::regex_match(item.Scalar(), user_name_re())) {
         error(item.Mark(), fmt::format("allowed_users: expected a user name, got {}", describe(item)));
-      } else if (std::find(cfg.allowed_users.begin(), cfg.allowed_users.end(), item.Scalar()) != cfg.allowed_users.end()) {
+      } else if (std::find(cfg.allowed_users.begin(), cfg.allowed_users.end(), item.Scalar()) !=
+                 cfg.allowed_users.end()) {
         error(item.Mark(), fmt::format("allowed_users: '{}' is listed twice", item.Scalar()));
       } else {
         cfg.allowed_users.push_back(item.Scalar());
@@ -222,7 +261,8 @@ class Parser {
   void key_users(AgentConfig& cfg, const YAML::Node& v) {
     if (!v.IsMap()) {
       error(v.Mark(), fmt::format("key_users: expected a mapping from token key ids to local user names such as "
-                                  "{{alice-laptop: alice}}, got {}", describe(v)));
+                                  "{{alice-laptop: alice}}, got {}",
+                                  describe(v)));
       return;
     }
     std::set<std::string> seen;
@@ -230,7 +270,8 @@ class Parser {
       const YAML::Node k = it->first, u = it->second;
       if (!k.IsScalar() || !proto::valid_key_id(k.Scalar())) {
         error(k.Mark(), fmt::format("key_users: expected a key id (1-64 letters, digits, '.', '_' or '-', as in the "
-                                    "token file), got {}", describe(k)));
+                                    "token file), got {}",
+                                    describe(k)));
         continue;
       }
       if (!seen.insert(k.Scalar()).second) {
@@ -238,7 +279,8 @@ class Parser {
         continue;
       }
       if (!u.IsScalar() || !std::regex_match(u.Scalar(), user_name_re())) {
-        error(u.Mark(), fmt::format("key_users: key '{}': expected a local user name, got {}", k.Scalar(), describe(u)));
+        error(u.Mark(),
+              fmt::format("key_users: key '{}': expected a local user name, got {}", k.Scalar(), describe(u)));
         continue;
       }
       cfg.key_users.push_back({k.Scalar(), u.Scalar(), u.Mark().line + 1, u.Mark().column + 1});
@@ -249,7 +291,8 @@ class Parser {
     if (v.IsScalar() && v.Scalar() == "all") return;  // the default, said out loud
     if (!v.IsSequence()) {
       error(v.Mark(), fmt::format("gpus: expected 'all' or a list of GPUs (indices, UUIDs or PCI bus ids) "
-                                  "such as [0, 1], got {}", describe(v)));
+                                  "such as [0, 1], got {}",
+                                  describe(v)));
       return;
     }
     // Which GPUs these name is checked against the node's facts when a job is planned
@@ -269,7 +312,8 @@ class Parser {
 
   std::optional<std::string> string(const YAML::Node& v, std::string_view key) {
     if (!v.IsScalar() || v.Scalar().empty()) {
-      error(v.Mark(), fmt::format("{}: expected a string, got {}", key, v.IsScalar() ? "an empty string" : describe(v)));
+      error(v.Mark(),
+            fmt::format("{}: expected a string, got {}", key, v.IsScalar() ? "an empty string" : describe(v)));
       return std::nullopt;
     }
     return v.Scalar();
@@ -288,11 +332,16 @@ class Parser {
 
   static std::string describe(const YAML::Node& n) {
     switch (n.Type()) {
-      case YAML::NodeType::Map: return "a mapping";
-      case YAML::NodeType::Sequence: return "a list";
-      case YAML::NodeType::Null: return "nothing";
-      case YAML::NodeType::Scalar: return fmt::format("'{}'", n.Scalar());
-      default: return "an undefined value";
+      case YAML::NodeType::Map:
+        return "a mapping";
+      case YAML::NodeType::Sequence:
+        return "a list";
+      case YAML::NodeType::Null:
+        return "nothing";
+      case YAML::NodeType::Scalar:
+        return fmt::format("'{}'", n.Scalar());
+      default:
+        return "an undefined value";
     }
   }
 
@@ -306,14 +355,17 @@ class Parser {
 
 }  // namespace
 
-AgentConfig parse_agent_config(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
+AgentConfig parse_agent_config(const std::string& text, const std::string& file) {
+  return Parser(file).parse(text);
+}
 
 AgentConfig load_agent_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError({{path, 0, 0, fmt::format("cannot read the agent config: {}", std::strerror(errno))}});
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) throw ConfigError({{path, 0, 0, fmt::format("cannot read the agent config: {}", std::strerror(errno))}});
+  if (in.bad())
+    throw ConfigError({{path, 0, 0, fmt::format("cannot read the agent config: {}", std::strerror(errno))}});
   return parse_agent_config(text.str(), path);
 }
 
@@ -323,13 +375,17 @@ namespace ddp::agentconfig {
 
 std::string over_limits(const jobspec::JobSpec& spec, const JobLimits& limits) {
   auto over = [](const char* what, std::uint64_t asked, const char* key, std::uint64_t max) {
-    return fmt::format("the job's {} ({}) is above this node's limit of {} (limits.{} in the agent's config file, "
-                       "/etc/ddpctl/agent.yaml): ask for less, or have the admin raise it",
-                       what, asked, max, key);
+    return fmt::format(
+        "the job's {} ({}) is above this node's limit of {} (limits.{} in the agent's config file, "
+        "/etc/ddpctl/agent.yaml): ask for less, or have the admin raise it",
+        what, asked, max, key);
   };
-  if (spec.store_max_bytes > limits.store_max_size) return over("store.max_size", spec.store_max_bytes, "store_max_size", limits.store_max_size);
-  if (spec.store_max_keys > limits.store_max_keys) return over("store.max_keys", spec.store_max_keys, "store_max_keys", limits.store_max_keys);
-  if (spec.log_max_bytes > limits.log_max_size) return over("logs.max_size", spec.log_max_bytes, "log_max_size", limits.log_max_size);
+  if (spec.store_max_bytes > limits.store_max_size)
+    return over("store.max_size", spec.store_max_bytes, "store_max_size", limits.store_max_size);
+  if (spec.store_max_keys > limits.store_max_keys)
+    return over("store.max_keys", spec.store_max_keys, "store_max_keys", limits.store_max_keys);
+  if (spec.log_max_bytes > limits.log_max_size)
+    return over("logs.max_size", spec.log_max_bytes, "log_max_size", limits.log_max_size);
   return {};
 }
 

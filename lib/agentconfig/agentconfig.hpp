@@ -59,7 +59,7 @@ std::string over_limits(const jobspec::JobSpec& spec, const JobLimits& limits);
 
 struct AgentConfig {
   std::string file;
-  std::optional<std::string> listen;      // HOST:PORT, checked with lib/hostlist's endpoint syntax
+  std::optional<std::string> listen;  // HOST:PORT, checked with lib/hostlist's endpoint syntax
   std::optional<std::string> token_file;
   std::optional<std::string> log_dir;
   std::optional<std::string> name;

@@ -36,8 +36,9 @@ RunAsDecision decide_run_as(const KeyUserMap& users, std::string_view key_id, st
   return d;
 }
 
-RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::string>& allowed_users, const proto::Keyring& keys,
-                           std::string_view link_key, const nlohmann::json& offer, std::uint64_t now_s) {
+RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::string>& allowed_users,
+                           const proto::Keyring& keys, std::string_view link_key, const nlohmann::json& offer,
+                           std::uint64_t now_s) {
   const auto claimed = offer.at("user").get<std::string>();
   std::string key_id(link_key);
   if (offer.contains("delegation")) {
@@ -46,14 +47,15 @@ RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::strin
     auto del = proto::delegation_from_json(offer["delegation"], &error);
     if (del) {
       if (auto why = proto::verify_delegation(*del, keys,
-                                              {offer.at("job_id").get<std::string>(), claimed, std::string(link_key), "",
-                                               proto::payload_digest(offer.at("spec")), now_s})) {
+                                              {offer.at("job_id").get<std::string>(), claimed, std::string(link_key),
+                                               "", proto::payload_digest(offer.at("spec")), now_s})) {
         error = *why;
       }
     }
     if (!error.empty()) {
       d.refusal = error;
-      d.hint = "a standing coordinator's job carries the delegation its submitter's ddpctl signed: submit the job again";
+      d.hint =
+          "a standing coordinator's job carries the delegation its submitter's ddpctl signed: submit the job again";
       return d;
     }
     key_id = del->key_id;
@@ -136,9 +138,10 @@ KeyUserMap resolve_key_users(const AgentConfig& cfg, const std::vector<std::stri
 
 std::string store_port_refusal(unsigned port, const LocalUser& user, unsigned unprivileged_start) {
   if (port == 0 || user.uid == 0 || port >= unprivileged_start) return {};
-  return fmt::format("store port {} is a privileged port (below {}), which user {} could not bind: pick a port of "
-                     "{} or more, or 0 for any free one (store.port in the job file)",
-                     port, unprivileged_start, user.name, unprivileged_start);
+  return fmt::format(
+      "store port {} is a privileged port (below {}), which user {} could not bind: pick a port of "
+      "{} or more, or 0 for any free one (store.port in the job file)",
+      port, unprivileged_start, user.name, unprivileged_start);
 }
 
 unsigned unprivileged_port_start() {

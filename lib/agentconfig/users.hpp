@@ -55,8 +55,9 @@ RunAsDecision decide_run_as(const KeyUserMap& users, std::string_view key_id, st
 // 3. allowed_users on the authenticated user: with key_users, the user that key maps to (step 2
 //    made the offer's user equal it); without, the name the authenticated peer (or the
 //    delegation's signer) declares, since a shared token cannot tell users apart.
-RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::string>& allowed_users, const proto::Keyring& keys,
-                           std::string_view link_key, const nlohmann::json& offer, std::uint64_t now_s);
+RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::string>& allowed_users,
+                           const proto::Keyring& keys, std::string_view link_key, const nlohmann::json& offer,
+                           std::uint64_t now_s);
 
 // The environment a job's workers get for their user (HOME, USER, LOGNAME, SHELL).
 std::map<std::string, std::string> user_environment(const LocalUser& u);

@@ -54,7 +54,8 @@ std::vector<int> split_part(const std::vector<int>& cpus, int k, int i) {
     if (runs.empty() || runs.back().back() + 1 != c) runs.emplace_back();
     runs.back().push_back(c);
   }
-  const bool by_run = std::all_of(runs.begin(), runs.end(), [k](const auto& r) { return r.size() >= static_cast<std::size_t>(k); });
+  const bool by_run =
+      std::all_of(runs.begin(), runs.end(), [k](const auto& r) { return r.size() >= static_cast<std::size_t>(k); });
   if (!by_run) return chunk(cpus, k, i);
   std::vector<int> out;
   for (const auto& r : runs) {
@@ -102,7 +103,8 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
   auto gpu_of = [&](int r) -> const facts::Gpu* { return r < job_gpus ? gpus[r] : nullptr; };
 
   // CUDA_VISIBLE_DEVICES takes UUIDs or indices, never a mix: UUIDs when every GPU has one.
-  const bool all_uuids = std::all_of(gpus.begin(), gpus.begin() + job_gpus, [](auto* g) { return g->uuid.has_value(); });
+  const bool all_uuids =
+      std::all_of(gpus.begin(), gpus.begin() + job_gpus, [](auto* g) { return g->uuid.has_value(); });
   auto device_name = [&](const facts::Gpu* g) { return all_uuids ? *g->uuid : std::to_string(g->index); };
   std::string all_visible;
   for (int r = 0; r < job_gpus; ++r) {
@@ -166,7 +168,8 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
         rb.reasons.push_back(fmt::format("share {} of {} of NUMA node {}'s CPUs", i + 1, k, *rb.numa_node));
       } else {
         cpus = {cpus[static_cast<std::size_t>(i) % cpus.size()]};
-        rb.reasons.push_back(fmt::format("{} ranks share NUMA node {}'s {} CPUs: not exclusive", k, *rb.numa_node, cpus.size()));
+        rb.reasons.push_back(
+            fmt::format("{} ranks share NUMA node {}'s {} CPUs: not exclusive", k, *rb.numa_node, cpus.size()));
       }
     }
     rb.cpus = std::move(cpus);
@@ -205,9 +208,11 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
     const int node = g ? (g->numa_node < 0 ? 0 : g->numa_node) : rb.numa_node.value_or(0);
     // Same NUMA node first, then the least used (spread), then the closest on the PCI tree.
     auto key = [&](const facts::Nic* n) {
-      return std::tuple(n->numa_node == node ? 0 : 1, uses[n], g ? -pci_affinity(g->sysfs_path, n->sysfs_path) : 0, n->name);
+      return std::tuple(n->numa_node == node ? 0 : 1, uses[n], g ? -pci_affinity(g->sysfs_path, n->sysfs_path) : 0,
+                        n->name);
     };
-    const facts::Nic* pick = *std::min_element(cands.begin(), cands.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
+    const facts::Nic* pick =
+        *std::min_element(cands.begin(), cands.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
     ++uses[pick];
     rb.nic = pick->name;
     if (spec.nic == NicBinding::rank && pick->kind == facts::NicKind::ib) {
@@ -215,7 +220,7 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
     }
     const int aff = g ? pci_affinity(g->sysfs_path, pick->sysfs_path) : 0;
     rb.reasons.push_back(fmt::format("NIC {}: {}", pick->name,
-                                     aff >= 2 ? "same PCI switch as the GPU"
+                                     aff >= 2                  ? "same PCI switch as the GPU"
                                      : pick->numa_node == node ? fmt::format("same NUMA node {}", node)
                                                                : fmt::format("no usable NIC on NUMA node {}", node)));
   }
@@ -250,11 +255,13 @@ std::optional<std::string> common_ib_hca(const std::vector<std::vector<std::stri
 
 facts::NodeFacts restrict_gpus(facts::NodeFacts facts, const std::vector<std::string>& selectors) {
   std::vector<facts::Gpu> by_bus = facts.gpus;
-  std::stable_sort(by_bus.begin(), by_bus.end(), [](const auto& a, const auto& b) { return a.pci_bus_id < b.pci_bus_id; });
+  std::stable_sort(by_bus.begin(), by_bus.end(),
+                   [](const auto& a, const auto& b) { return a.pci_bus_id < b.pci_bus_id; });
   std::set<std::size_t> keep;
   for (const auto& sel : selectors) {
     std::optional<std::size_t> hit;
-    const bool numeric = !sel.empty() && std::all_of(sel.begin(), sel.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool numeric =
+        !sel.empty() && std::all_of(sel.begin(), sel.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (numeric && sel.size() <= 4) {
       const auto i = std::stoul(sel);
       if (i < by_bus.size()) hit = i;
@@ -265,9 +272,9 @@ facts::NodeFacts restrict_gpus(facts::NodeFacts facts, const std::vector<std::st
       }
     }
     if (!hit) {
-      throw std::invalid_argument(fmt::format("GPU '{}' is not on this node ({} GPU{}{})", sel, by_bus.size(),
-                                              by_bus.size() == 1 ? "" : "s",
-                                              by_bus.empty() ? "" : "; name one by index in PCI order, UUID or PCI bus id"));
+      throw std::invalid_argument(
+          fmt::format("GPU '{}' is not on this node ({} GPU{}{})", sel, by_bus.size(), by_bus.size() == 1 ? "" : "s",
+                      by_bus.empty() ? "" : "; name one by index in PCI order, UUID or PCI bus id"));
     }
     if (!keep.insert(*hit).second) throw std::invalid_argument(fmt::format("GPU '{}' is named twice", sel));
   }

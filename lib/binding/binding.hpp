@@ -40,8 +40,8 @@ struct RankBinding {
   std::optional<int> numa_node;                     // nullopt: no NUMA binding
   std::vector<int> cpus;                            // empty: no CPU binding
   std::optional<std::string> nic;
-  std::optional<std::string> nccl_ib_hca;           // nic: rank only: "=mlx5_3:1", the rank's own HCA
-  std::vector<std::string> reasons;                 // why, one short clause each
+  std::optional<std::string> nccl_ib_hca;  // nic: rank only: "=mlx5_3:1", the rank's own HCA
+  std::vector<std::string> reasons;        // why, one short clause each
 
   std::string reason() const;  // reasons joined with "; "
 };
@@ -70,7 +70,8 @@ std::optional<std::string> common_ib_hca(const std::vector<std::vector<std::stri
 // that matches no GPU, or one GPU named twice.
 facts::NodeFacts restrict_gpus(facts::NodeFacts facts, const std::vector<std::string>& selectors);
 
-// {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "nic", "nccl_ib_hca" (nic: rank), "reason"}; null where unset.
+// {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "nic", "nccl_ib_hca" (nic: rank), "reason"}; null
+// where unset.
 nlohmann::json to_json(const RankBinding& rank);
 
 }  // namespace ddp::binding

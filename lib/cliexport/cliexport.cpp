@@ -9,8 +9,12 @@ namespace ddp::cliexport {
 
 namespace {
 
-bool hidden(const CLI::Option* o) { return o->get_group().empty(); }
-bool hidden(const CLI::App* a) { return a->get_group().empty(); }
+bool hidden(const CLI::Option* o) {
+  return o->get_group().empty();
+}
+bool hidden(const CLI::App* a) {
+  return a->get_group().empty();
+}
 
 std::vector<const CLI::App*> subcommands(const CLI::App& app) {
   return app.get_subcommands([](const CLI::App* a) { return !hidden(a); });
@@ -25,7 +29,9 @@ std::vector<const CLI::Option*> positionals(const CLI::App& app) {
 }
 
 // Flags have no type name; options that take a value do (what CLI11's own help shows).
-bool takes_value(const CLI::Option* o) { return o->get_type_size() != 0 && !o->get_type_name().empty(); }
+bool takes_value(const CLI::Option* o) {
+  return o->get_type_size() != 0 && !o->get_type_name().empty();
+}
 
 // "INT" for an option CLI11 shows as "INT:INT in [1 - 10000]" (the checks are in the text).
 std::string value_name(const CLI::Option* o) {
@@ -41,9 +47,12 @@ std::string roff(const std::string& s) {
   bool line_start = true;
   for (char c : s) {
     if (line_start && (c == '.' || c == '\'')) out += "\\&";
-    if (c == '\\') out += "\\e";
-    else if (c == '-') out += "\\-";
-    else out += c;
+    if (c == '\\')
+      out += "\\e";
+    else if (c == '-')
+      out += "\\-";
+    else
+      out += c;
     line_start = c == '\n';
   }
   return out;
@@ -72,13 +81,15 @@ std::string usage(const CLI::App& app, const std::string& path) {
 
 void man_options(std::string& out, const CLI::App& app) {
   for (const auto* o : options(app)) out += fmt::format(".TP\n{}\n{}\n", option_names(o), roff(o->get_description()));
-  for (const auto* p : positionals(app)) out += fmt::format(".TP\n\\fI{}\\fR\n{}\n", roff(p->get_name()), roff(p->get_description()));
+  for (const auto* p : positionals(app))
+    out += fmt::format(".TP\n\\fI{}\\fR\n{}\n", roff(p->get_name()), roff(p->get_description()));
 }
 
 void man_commands(std::string& out, const CLI::App& app, const std::string& path) {
   for (const auto* sub : subcommands(app)) {
     const std::string sub_path = path + " " + sub->get_name();
-    out += fmt::format(".SS \"{}\"\n{}\n.PP\n{}\n", roff(sub_path), usage(*sub, sub_path), roff(sub->get_description()));
+    out +=
+        fmt::format(".SS \"{}\"\n{}\n.PP\n{}\n", roff(sub_path), usage(*sub, sub_path), roff(sub->get_description()));
     man_options(out, *sub);
     man_commands(out, *sub, sub_path);
   }
@@ -164,8 +175,8 @@ std::string bash_completion(const CLI::App& app, const std::string& program) {
 }}
 complete -o filenames -F {fn} {prog}
 )",
-                     fmt::arg("prog", program), fmt::arg("fn", fn), fmt::arg("paths", paths.empty() ? "\"\"" : paths.substr(1)),
-                     fmt::arg("cases", cases));
+                     fmt::arg("prog", program), fmt::arg("fn", fn),
+                     fmt::arg("paths", paths.empty() ? "\"\"" : paths.substr(1)), fmt::arg("cases", cases));
 }
 
 }  // namespace ddp::cliexport

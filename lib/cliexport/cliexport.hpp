@@ -11,9 +11,9 @@
 namespace ddp::cliexport {
 
 struct ManInfo {
-  std::string program;  // "ddpctl"
-  int section = 1;      // 1: user commands, 8: system administration
-  std::string version;  // "ddpctl 0.1.0" (ddp::kCtlVersion)
+  std::string program;   // "ddpctl"
+  int section = 1;       // 1: user commands, 8: system administration
+  std::string version;   // "ddpctl 0.1.0" (ddp::kCtlVersion)
   std::string see_also;  // "ddp-agentd(8), systemd.service(5)"; empty: no section
 };
 

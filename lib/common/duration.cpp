@@ -1,7 +1,7 @@
 #include "common/duration.hpp"
 
-#include <cctype>
 #include <fmt/format.h>
+#include <cctype>
 
 namespace ddp {
 

@@ -10,7 +10,7 @@ namespace ddp {
 
 std::map<std::string, std::string> own_environment();
 std::string own_hostname();
-int usable_cpus();  // CPUs in this process's affinity mask
+int usable_cpus();                // CPUs in this process's affinity mask
 std::vector<int> own_affinity();  // those CPUs, ascending
 
 }  // namespace ddp

@@ -74,7 +74,7 @@ std::shared_ptr<spdlog::logger> get(std::string_view subsystem) {
 RelayedLine relay_line(std::string_view line) {
   using L = RelayedLine::Level;
   static constexpr std::pair<std::string_view, L> kLevels[] = {
-      {"ddpctl trace ", L::debug}, {"ddpctl debug ", L::debug},  {"ddpctl info ", L::info},
+      {"ddpctl trace ", L::debug},  {"ddpctl debug ", L::debug}, {"ddpctl info ", L::info},
       {"ddpctl warning ", L::warn}, {"ddpctl error ", L::error}, {"ddpctl critical ", L::error}};
   for (const auto& [prefix, level] : kLevels) {
     if (line.starts_with(prefix)) return {level, std::string(line.substr(prefix.size()))};

@@ -2,12 +2,12 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 namespace ddp::safefs {
 
@@ -20,14 +20,17 @@ std::string why_not_opened(int err) {
   return std::strerror(err);
 }
 
-uid_t expected_uid(const std::optional<Owner>& owner) { return owner ? owner->uid : ::geteuid(); }
+uid_t expected_uid(const std::optional<Owner>& owner) {
+  return owner ? owner->uid : ::geteuid();
+}
 
 // Gives an fd we opened to its owner and mode, through the fd.
 void give(int fd, const std::string& path, const std::optional<Owner>& owner, mode_t mode) {
   if (owner && ::fchown(fd, owner->uid, owner->gid) != 0) {
     throw FsError(errno, fmt::format("cannot give {} to uid {}: {}", path, owner->uid, std::strerror(errno)));
   }
-  if (::fchmod(fd, mode) != 0) throw FsError(errno, fmt::format("cannot set the mode of {}: {}", path, std::strerror(errno)));
+  if (::fchmod(fd, mode) != 0)
+    throw FsError(errno, fmt::format("cannot set the mode of {}: {}", path, std::strerror(errno)));
 }
 
 // The checks on a file that is open for writing, before a byte goes into it.
@@ -39,7 +42,8 @@ void check_file(int fd, const std::string& path, uid_t uid) {
     throw FsError(EPERM, fmt::format("{} has {} names (a hard link); not written: remove it", path, st.st_nlink));
   }
   if (st.st_uid != uid) {
-    throw FsError(EPERM, fmt::format("{} belongs to uid {}, not to uid {}; not written: remove it", path, st.st_uid, uid));
+    throw FsError(EPERM,
+                  fmt::format("{} belongs to uid {}, not to uid {}; not written: remove it", path, st.st_uid, uid));
   }
 }
 
@@ -84,7 +88,8 @@ Dir Dir::open(const std::string& path) {
 
 Dir Dir::open_beneath(const Dir& base, std::string_view rel, std::optional<uid_t> expect_uid) {
   Dir cur(Fd(::fcntl(base.fd(), F_DUPFD_CLOEXEC, 0)), base.path());
-  if (!cur.fd_) throw FsError(errno, fmt::format("cannot duplicate the fd of {}: {}", base.path(), std::strerror(errno)));
+  if (!cur.fd_)
+    throw FsError(errno, fmt::format("cannot duplicate the fd of {}: {}", base.path(), std::strerror(errno)));
   std::size_t steps = 0;
   while (!rel.empty()) {
     const auto slash = rel.find('/');
@@ -101,7 +106,8 @@ Dir Dir::open_beneath(const Dir& base, std::string_view rel, std::optional<uid_t
       struct stat st {};
       if (::fstat(fd, &st) != 0) throw FsError(errno, fmt::format("cannot stat {}: {}", path, std::strerror(errno)));
       if (st.st_uid != *expect_uid) {
-        throw FsError(EPERM, fmt::format("the folder {} belongs to uid {}, not to uid {}", path, st.st_uid, *expect_uid));
+        throw FsError(EPERM,
+                      fmt::format("the folder {} belongs to uid {}, not to uid {}", path, st.st_uid, *expect_uid));
       }
     }
     cur = std::move(next);
@@ -116,7 +122,8 @@ Dir make_dir(const Dir& parent, const std::string& name, mode_t mode, const std:
   const auto path = parent.path_of(name);
   // 0700 and ours until it is open: nobody else gets in before it has its owner and mode.
   const bool made = ::mkdirat(parent.fd(), name.c_str(), 0700) == 0;
-  if (!made && errno != EEXIST) throw FsError(errno, fmt::format("cannot create the folder {}: {}", path, std::strerror(errno)));
+  if (!made && errno != EEXIST)
+    throw FsError(errno, fmt::format("cannot create the folder {}: {}", path, std::strerror(errno)));
   if (!made && fresh) throw FsError(EEXIST, fmt::format("the folder {} exists already", path));
   Dir dir = Dir::open_beneath(parent, name);  // without following a link
   struct stat st {};
@@ -125,8 +132,8 @@ Dir make_dir(const Dir& parent, const std::string& name, mode_t mode, const std:
   // its owner can write) must already belong to the owner: we never take over someone's folder.
   const uid_t want = expected_uid(owner);
   if (st.st_uid != want && !(made && st.st_uid == ::geteuid())) {
-    throw FsError(EPERM, fmt::format("the folder {} belongs to uid {}, not to uid {}; remove it or give it to uid {}", path,
-                                     st.st_uid, want, want));
+    throw FsError(EPERM, fmt::format("the folder {} belongs to uid {}, not to uid {}; remove it or give it to uid {}",
+                                     path, st.st_uid, want, want));
   }
   if (made) give(dir.fd(), path, owner, mode);
   return dir;
@@ -159,7 +166,8 @@ Fd open_append(const Dir& dir, const std::string& name, const std::optional<Owne
 Fd create_new(const Dir& dir, const std::string& name, const std::optional<Owner>& owner) {
   check_name(name);
   const auto path = dir.path_of(name);
-  const int fd = ::openat(dir.fd(), name.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const int fd =
+      ::openat(dir.fd(), name.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw FsError(errno, fmt::format("cannot create {}: {}", path, why_not_opened(errno)));
   Fd f(fd);
   give(fd, path, owner, 0600);

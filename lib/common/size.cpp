@@ -16,9 +16,15 @@ std::optional<std::uint64_t> parse_size(std::string_view s) {
     std::string_view name;
     std::uint64_t mult;
   };
-  static constexpr Unit kUnits[] = {{"", 1},           {"B", 1},
-                                    {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
-                                    {"KB", 1000ull},     {"MB", 1000'000ull}, {"GB", 1000'000'000ull},
+  static constexpr Unit kUnits[] = {{"", 1},
+                                    {"B", 1},
+                                    {"KiB", 1ull << 10},
+                                    {"MiB", 1ull << 20},
+                                    {"GiB", 1ull << 30},
+                                    {"TiB", 1ull << 40},
+                                    {"KB", 1000ull},
+                                    {"MB", 1000'000ull},
+                                    {"GB", 1000'000'000ull},
                                     {"TB", 1000'000'000'000ull}};
   for (const auto& u : kUnits) {
     if (unit == u.name) return n <= (1ull << 50) / u.mult ? std::optional<std::uint64_t>(n * u.mult) : std::nullopt;

@@ -20,7 +20,8 @@ std::string clean_text(std::string_view s, std::size_t max_bytes, std::string_vi
     // value (RFC 3629, section 4): no overlong, no surrogate, nothing above U+10FFFF.
     std::size_t n = 0;
     unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) n = 2;
+    if (c >= 0xc2 && c <= 0xdf)
+      n = 2;
     else if (c >= 0xe0 && c <= 0xef) {
       n = 3;
       if (c == 0xe0) lo = 0xa0;
@@ -40,9 +41,12 @@ std::string clean_text(std::string_view s, std::size_t max_bytes, std::string_vi
     const bool c1 = c == 0xc2 && byte(i + 1) <= 0x9f;  // U+0080-U+009F
     const bool bidi = c == 0xe2 && ((byte(i + 1) == 0x80 && byte(i + 2) >= 0xaa && byte(i + 2) <= 0xae) ||
                                     (byte(i + 1) == 0x81 && byte(i + 2) >= 0xa6 && byte(i + 2) <= 0xa9));
-    if (c1 || bidi) out += '?';
-    else if (out.size() + n <= max_bytes) out.append(s.substr(i, n));
-    else break;  // never half a character
+    if (c1 || bidi)
+      out += '?';
+    else if (out.size() + n <= max_bytes)
+      out.append(s.substr(i, n));
+    else
+      break;  // never half a character
     i += n;
   }
   return out;

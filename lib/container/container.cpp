@@ -12,7 +12,9 @@ namespace ddp::container {
 
 namespace fs = std::filesystem;
 
-std::string Owner::label() const { return fmt::format("{}-{}", pid, start_time); }
+std::string Owner::label() const {
+  return fmt::format("{}-{}", pid, start_time);
+}
 
 std::optional<Owner> parse_owner(std::string_view label) {
   auto parts = split(label, '-');
@@ -39,9 +41,10 @@ std::optional<std::string> image_problem(std::string_view image) {
     for (std::string_view t : {"oci", "oci-archive", "docker-archive", "docker-daemon", "dir", "containers-storage",
                                "ostree", "sif", "tarball"}) {
       if (prefix == t) {
-        return fmt::format("'{}' names a file or store on the node through podman's '{}:' transport; give a registry "
-                           "reference (name:tag, host/name@sha256:...)",
-                           image, t);
+        return fmt::format(
+            "'{}' names a file or store on the node through podman's '{}:' transport; give a registry "
+            "reference (name:tag, host/name@sha256:...)",
+            image, t);
       }
     }
   }
@@ -50,21 +53,25 @@ std::optional<std::string> image_problem(std::string_view image) {
 
 std::optional<std::string> confinement_problem(const jobspec::ContainerSpec& spec) {
   if (spec.runtime != ContainerRuntime::docker && spec.runtime != ContainerRuntime::podman) {
-    return fmt::format("container.runtime {} cannot run a mapped user's container here (the runtime would run as "
-                       "root); use podman or docker",
-                       jobspec::runtime_name(spec.runtime));
+    return fmt::format(
+        "container.runtime {} cannot run a mapped user's container here (the runtime would run as "
+        "root); use podman or docker",
+        jobspec::runtime_name(spec.runtime));
   }
   if (!spec.extra_args.empty()) {
-    return fmt::format("container.extra_args ({}) are not allowed for a mapped user's container: they would be "
-                       "root's flags to the runtime",
-                       join(spec.extra_args, " "));
+    return fmt::format(
+        "container.extra_args ({}) are not allowed for a mapped user's container: they would be "
+        "root's flags to the runtime",
+        join(spec.extra_args, " "));
   }
   // The GPUs are the node's to give (the binding's CUDA_VISIBLE_DEVICES becomes --gpus or
   // --device); NVIDIA_* would have the runtime's hook hand over others.
   for (const auto& [k, v] : spec.env) {
     if (k.rfind("NVIDIA_", 0) == 0) {
-      return fmt::format("container.env {} is not allowed for a mapped user's container: the node gives the job its "
-                         "GPUs", k);
+      return fmt::format(
+          "container.env {} is not allowed for a mapped user's container: the node gives the job its "
+          "GPUs",
+          k);
     }
   }
   // `--volume SRC:DST[:OPTS]`: a ':' or ',' of the job's would add options of its own (podman's
@@ -73,9 +80,10 @@ std::optional<std::string> confinement_problem(const jobspec::ContainerSpec& spe
     for (const auto* p : {&m.source, &m.target}) {
       if (p->find_first_of(":,") != std::string::npos ||
           std::any_of(p->begin(), p->end(), [](unsigned char c) { return c < ' ' || c == 0x7f; })) {
-        return fmt::format("container mount path '{}' holds ':', ',' or a control character, which a mapped user's "
-                           "container may not use (they would be options to the runtime's --volume)",
-                           *p);
+        return fmt::format(
+            "container mount path '{}' holds ':', ',' or a control character, which a mapped user's "
+            "container may not use (they would be options to the runtime's --volume)",
+            *p);
       }
     }
   }
@@ -101,8 +109,8 @@ const std::string& checked_image(const std::string& image) {
 // docker and podman accept [a-zA-Z0-9][a-zA-Z0-9_.-]*; a --job-id may hold anything.
 std::string name_safe(std::string id) {
   for (char& c : id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                    c == '.' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
     if (!ok) c = '_';
   }
   return id;
@@ -131,7 +139,8 @@ std::string env_file_text(ContainerRuntime runtime, const Env& env) {
   std::string out;
   for (const auto& [k, v] : env) {
     if (v.find('\n') != std::string::npos) {
-      throw std::invalid_argument(fmt::format("the value of {} holds a newline, which no container env file can carry", k));
+      throw std::invalid_argument(
+          fmt::format("the value of {} holds a newline, which no container env file can carry", k));
     }
     if (runtime == ContainerRuntime::apptainer) {
       std::string quoted;
@@ -173,12 +182,22 @@ namespace {
 //    `--device nvidia.com/gpu=<index or UUID>` after `nvidia-ctk cdi generate`.
 std::vector<std::string> oci_run(const jobspec::ContainerSpec& spec, const RankRun& run, const HostLayout& host) {
   const bool docker = spec.runtime == ContainerRuntime::docker;
-  std::vector<std::string> a{std::string(jobspec::runtime_name(spec.runtime)), "run", "--rm", "--init",
-                             "--name", run.name,
-                             "--label", fmt::format("{}={}", kJobLabel, run.job_id),
-                             "--label", fmt::format("{}={}", kRankLabel, run.rank),
-                             "--label", fmt::format("{}={}", kOwnerLabel, run.owner_label),
-                             "--network", "host", "--ipc", "host",
+  std::vector<std::string> a{std::string(jobspec::runtime_name(spec.runtime)),
+                             "run",
+                             "--rm",
+                             "--init",
+                             "--name",
+                             run.name,
+                             "--label",
+                             fmt::format("{}={}", kJobLabel, run.job_id),
+                             "--label",
+                             fmt::format("{}={}", kRankLabel, run.rank),
+                             "--label",
+                             fmt::format("{}={}", kOwnerLabel, run.owner_label),
+                             "--network",
+                             "host",
+                             "--ipc",
+                             "host",
                              "--pull=never"};  // the launcher pulled (or refused) before any rank started
   // RDMA registers memory: it wants memlock unlimited. Where the node's hard limit is lower it
   // cannot be raised; podman then copies the client's limits (`--ulimit host`: naming only
@@ -247,8 +266,8 @@ std::vector<std::string> enroot_start(const jobspec::ContainerSpec& spec, const 
   for (const auto& [k, v] : client_env(spec, run, host)) names[k] = v;
   for (const auto& [k, v] : names) a.insert(a.end(), {"--env", k});
   for (const auto& m : spec.mounts) {
-    a.insert(a.end(), {"--mount", fmt::format("{}:{}:none:x-create=auto,bind{}", m.source, m.target,
-                                              m.read_only ? ",ro" : "")});
+    a.insert(a.end(),
+             {"--mount", fmt::format("{}:{}:none:x-create=auto,bind{}", m.source, m.target, m.read_only ? ",ro" : "")});
   }
   a.insert(a.end(), spec.extra_args.begin(), spec.extra_args.end());
   a.push_back(checked_image(spec.image));
@@ -262,9 +281,12 @@ std::vector<std::string> enroot_start(const jobspec::ContainerSpec& spec, const 
 std::vector<std::string> run_argv(const jobspec::ContainerSpec& spec, const RankRun& run, const HostLayout& host) {
   switch (spec.runtime) {
     case ContainerRuntime::docker:
-    case ContainerRuntime::podman: return oci_run(spec, run, host);
-    case ContainerRuntime::apptainer: return apptainer_exec(spec, run);
-    case ContainerRuntime::enroot: return enroot_start(spec, run, host);
+    case ContainerRuntime::podman:
+      return oci_run(spec, run, host);
+    case ContainerRuntime::apptainer:
+      return apptainer_exec(spec, run);
+    case ContainerRuntime::enroot:
+      return enroot_start(spec, run, host);
   }
   return {};
 }
@@ -294,17 +316,23 @@ std::vector<std::string> remove_argv(ContainerRuntime runtime, const std::vector
 
 std::vector<std::string> list_owned_argv(ContainerRuntime runtime) {
   if (!has_image_store(runtime)) return {};
-  return {std::string(jobspec::runtime_name(runtime)), "ps", "--all", "--filter", fmt::format("label={}", kOwnerLabel),
-          "--format", fmt::format("{{{{.Names}}}} {{{{index .Labels \"{}\"}}}}", kOwnerLabel)};
+  return {std::string(jobspec::runtime_name(runtime)),
+          "ps",
+          "--all",
+          "--filter",
+          fmt::format("label={}", kOwnerLabel),
+          "--format",
+          fmt::format("{{{{.Names}}}} {{{{index .Labels \"{}\"}}}}", kOwnerLabel)};
 }
 
 std::vector<std::string> image_identity_argv(ContainerRuntime runtime, const std::string& image) {
   if (!has_image_store(runtime)) return {};
   // podman's .Digest is the manifest digest it recorded; docker keeps one "repo@sha256:..." per
   // registry it pulled from (none for a built, imported or loaded image).
-  const char* format = runtime == ContainerRuntime::podman ? "{{.Id}} {{.Digest}}"
-                                                           : "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}";
-  return {std::string(jobspec::runtime_name(runtime)), "image", "inspect", "--format", format, "--", checked_image(image)};
+  const char* format =
+      runtime == ContainerRuntime::podman ? "{{.Id}} {{.Digest}}" : "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}";
+  return {
+      std::string(jobspec::runtime_name(runtime)), "image", "inspect", "--format", format, "--", checked_image(image)};
 }
 
 std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std::string_view out) {
@@ -330,22 +358,25 @@ std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std:
 }
 
 std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, const std::string& argv0,
-                                            const std::string& path, const std::string& name,
-                                            const std::string& owner, const std::optional<Confinement>& confine) {
+                                            const std::string& path, const std::string& name, const std::string& owner,
+                                            const std::optional<Confinement>& confine) {
   if (confine) {
     if (auto why = confinement_problem(spec)) throw std::invalid_argument(*why);
   }
   // Exit 3: no such working directory; 4: no such command. `cd` here rather than the runtime's
   // working-directory flag, which docker and podman would create when it is missing.
-  static const std::string script = "[ -z \"$1\" ] || cd -- \"$1\" || exit 3; command -v -- \"$2\" >/dev/null || exit 4";
+  static const std::string script =
+      "[ -z \"$1\" ] || cd -- \"$1\" || exit 3; command -v -- \"$2\" >/dev/null || exit 4";
   const std::string workdir = spec.workdir.value_or("");
   std::vector<std::string> a;
-  auto mount = [&](const jobspec::Mount& m) { return fmt::format("{}:{}{}", m.source, m.target, m.read_only ? ":ro" : ""); };
+  auto mount = [&](const jobspec::Mount& m) {
+    return fmt::format("{}:{}{}", m.source, m.target, m.read_only ? ":ro" : "");
+  };
   switch (spec.runtime) {
     case ContainerRuntime::docker:
     case ContainerRuntime::podman:
-      a = {std::string(jobspec::runtime_name(spec.runtime)), "run", "--rm", "--name", name,
-           "--label", fmt::format("{}={}", kOwnerLabel, owner), "--network", "none", "--pull=never"};
+      a = {std::string(jobspec::runtime_name(spec.runtime)), "run",       "--rm", "--name",      name, "--label",
+           fmt::format("{}={}", kOwnerLabel, owner),         "--network", "none", "--pull=never"};
       for (const auto& m : spec.mounts) a.insert(a.end(), {"--volume", mount(m)});
       if (!path.empty()) a.insert(a.end(), {"--env", "PATH=" + path});
       // The image's shell runs with the job's mounts: as the job's user, like its workers.
@@ -380,12 +411,17 @@ std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, 
 
 CommandCheck classify_command_check(ContainerRuntime, int exit_code) {
   switch (exit_code) {
-    case 0: return CommandCheck::ok;
-    case 3: return CommandCheck::no_workdir;
-    case 4: return CommandCheck::no_command;
+    case 0:
+      return CommandCheck::ok;
+    case 3:
+      return CommandCheck::no_workdir;
+    case 4:
+      return CommandCheck::no_command;
     case 126:
-    case 127: return CommandCheck::no_shell;
-    default: return CommandCheck::runtime_error;
+    case 127:
+      return CommandCheck::no_shell;
+    default:
+      return CommandCheck::runtime_error;
   }
 }
 
@@ -417,15 +453,16 @@ std::string worker_path(const jobspec::JobSpec& spec) {
 }
 
 void wrap_plan(contract::Plan& plan, const jobspec::JobSpec& spec, const Env& inherited, const HostLayout& host,
-               int attempt, const Owner& owner, const std::string& host_cwd, const std::optional<Confinement>& confine) {
+               int attempt, const Owner& owner, const std::string& host_cwd,
+               const std::optional<Confinement>& confine) {
   if (!spec.container) return;
   const jobspec::ContainerSpec cs = with_absolute_mounts(*spec.container, host_cwd);
   for (auto& r : plan.ranks) {
     RankRun run;
     run.name = container_name(plan.job_id, attempt, r.rank);
     run.env_file = cs.runtime == ContainerRuntime::enroot ? std::string()
-                   : confine ? (fs::path(confine->env_dir) / (run.name + ".env")).string()
-                             : fs::path(r.log_file).replace_extension(".env").string();
+                   : confine                              ? (fs::path(confine->env_dir) / (run.name + ".env")).string()
+                                                          : fs::path(r.log_file).replace_extension(".env").string();
     run.argv = r.argv;
     run.env = r.env;
     // The GPUs the rank was given on the host, before container.env: a CUDA_VISIBLE_DEVICES

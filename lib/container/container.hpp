@@ -101,11 +101,11 @@ std::vector<std::string> confinement_flags(const Confinement& c);
 struct RankRun {
   std::optional<Confinement> confine;  // a mapped user's job
   std::string name;
-  std::string env_file;                // where the launcher writes env_file_text(); unused by enroot
-  std::vector<std::string> argv;       // the worker's command, run inside
-  Env env;                             // the worker's environment inside
-  std::vector<std::string> gpus;       // UUIDs (or indices) of CUDA_VISIBLE_DEVICES, in order
-  std::vector<int> cpus;               // the binding's CPUs; empty: unbound
+  std::string env_file;           // where the launcher writes env_file_text(); unused by enroot
+  std::vector<std::string> argv;  // the worker's command, run inside
+  Env env;                        // the worker's environment inside
+  std::vector<std::string> gpus;  // UUIDs (or indices) of CUDA_VISIBLE_DEVICES, in order
+  std::vector<int> cpus;          // the binding's CPUs; empty: unbound
   std::optional<int> mem_node;
   std::string owner_label, job_id;
   int rank = 0;
@@ -149,8 +149,7 @@ std::optional<ImageIdentity> parse_image_identity(ContainerRuntime runtime, std:
 // docker and podman label it with `owner` (Owner::label()), so that a check whose preflight was
 // killed midway is swept like a rank's container.
 std::vector<std::string> command_check_argv(const jobspec::ContainerSpec& spec, const std::string& argv0,
-                                            const std::string& path, const std::string& name,
-                                            const std::string& owner,
+                                            const std::string& path, const std::string& name, const std::string& owner,
                                             const std::optional<Confinement>& confine = std::nullopt);
 enum class CommandCheck { ok, no_workdir, no_command, no_shell, runtime_error };
 // What the check's exit code means: the script exits 3 (workdir) or 4 (command) itself; 126 and

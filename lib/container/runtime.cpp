@@ -64,7 +64,9 @@ HostLayout read_host_layout() {
   return h;
 }
 
-Owner own_owner() { return Owner{::getpid(), start_time_of(::getpid()).value_or(0)}; }
+Owner own_owner() {
+  return Owner{::getpid(), start_time_of(::getpid()).value_or(0)};
+}
 
 CommandResult run_command(const std::vector<std::string>& argv, const Env& env, std::chrono::milliseconds timeout) {
   CommandResult r;
@@ -119,7 +121,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const Env& env, 
     ::fcntl(fds[i], F_SETFL, O_NONBLOCK);
     char buf[4096];
     ssize_t got;
-    while ((got = ::read(fds[i], buf, sizeof buf)) > 0 && bufs[i]->size() < kCap) bufs[i]->append(buf, static_cast<std::size_t>(got));
+    while ((got = ::read(fds[i], buf, sizeof buf)) > 0 && bufs[i]->size() < kCap)
+      bufs[i]->append(buf, static_cast<std::size_t>(got));
     ::close(fds[i]);
   }
   if (pidfd >= 0) ::close(pidfd);
@@ -173,8 +176,10 @@ ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& clien
   const std::string runtime(jobspec::runtime_name(spec.runtime));
   auto path = client_env.count("PATH") ? client_env.at("PATH") : std::string();
   if (!supervisor::resolve_executable(runtime, path, cwd)) {
-    throw ContainerError(fmt::format("container.runtime {}: '{}' was not found on PATH ({}); install it or pick "
-                                     "another runtime", runtime, runtime, path));
+    throw ContainerError(
+        fmt::format("container.runtime {}: '{}' was not found on PATH ({}); install it or pick "
+                    "another runtime",
+                    runtime, runtime, path));
   }
   if (!has_image_store(spec.runtime)) {
     // apptainer and enroot run an image file, or fetch a URI (docker://...) themselves.
@@ -182,7 +187,8 @@ ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& clien
     fs::path p(spec.image);
     if (p.is_relative()) p = fs::path(cwd) / p;
     std::error_code ec;
-    if (!fs::exists(p, ec)) throw ContainerError(fmt::format("container.image {}: no such file on this node", p.string()));
+    if (!fs::exists(p, ec))
+      throw ContainerError(fmt::format("container.image {}: no such file on this node", p.string()));
     return {sha256_of_file(p.string()), ""};
   }
   using namespace std::chrono_literals;
@@ -192,8 +198,8 @@ ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& clien
     log->info("pulling {} with {}", spec.image, runtime);
     auto r = run_command(pull_argv(spec.runtime, spec.image), client_env, 30min);
     if (r.exit_code != 0) {
-      throw ContainerError(fmt::format("{} pull {} failed{}: {}", runtime, spec.image, r.timed_out ? " (after 30 min)" : "",
-                                       last_line(r.err.empty() ? r.out : r.err)));
+      throw ContainerError(fmt::format("{} pull {} failed{}: {}", runtime, spec.image,
+                                       r.timed_out ? " (after 30 min)" : "", last_line(r.err.empty() ? r.out : r.err)));
     }
   };
   if (may_pull && spec.pull == jobspec::PullPolicy::always) pull();
@@ -203,14 +209,16 @@ ImageIdentity prepare_image(const jobspec::ContainerSpec& spec, const Env& clien
     r = inspect();
   }
   if (r.exit_code != 0) {
-    throw ContainerError(fmt::format("image {} is not present on this node ({} image inspect: {}){}", spec.image, runtime,
-                                     first_line(r.err), !may_pull ? ""
-                                                        : spec.pull == jobspec::PullPolicy::never
-                                                            ? "; container.pull is never: load or pull it first" : ""));
+    throw ContainerError(fmt::format(
+        "image {} is not present on this node ({} image inspect: {}){}", spec.image, runtime, first_line(r.err),
+        !may_pull                                 ? ""
+        : spec.pull == jobspec::PullPolicy::never ? "; container.pull is never: load or pull it first"
+                                                  : ""));
   }
   auto id = parse_image_identity(spec.runtime, r.out);
   if (!id) {
-    throw ContainerError(fmt::format("{} image inspect {} printed no image id: '{}'", runtime, spec.image, first_line(r.out)));
+    throw ContainerError(
+        fmt::format("{} image inspect {} printed no image id: '{}'", runtime, spec.image, first_line(r.out)));
   }
   return *id;
 }
@@ -224,21 +232,24 @@ std::optional<std::string> check_command_in_image(const jobspec::ContainerSpec& 
   auto r = run_command(argv, env, std::chrono::minutes(2));
   const std::string where = spec.workdir ? fmt::format(" (workdir {})", *spec.workdir) : "";
   switch (r.timed_out ? CommandCheck::runtime_error : classify_command_check(spec.runtime, r.exit_code)) {
-    case CommandCheck::ok: return std::nullopt;
+    case CommandCheck::ok:
+      return std::nullopt;
     case CommandCheck::no_workdir:
-      throw ContainerError(fmt::format("container.workdir {} is not a directory inside image {}", spec.workdir.value_or(""),
-                                       spec.image));
+      throw ContainerError(fmt::format("container.workdir {} is not a directory inside image {}",
+                                       spec.workdir.value_or(""), spec.image));
     case CommandCheck::no_command:
-      throw ContainerError(fmt::format("cannot run '{}' inside image {}: no such executable (PATH={}){}", argv0, spec.image,
-                                       path.empty() ? "the image's" : path, where));
+      throw ContainerError(fmt::format("cannot run '{}' inside image {}: no such executable (PATH={}){}", argv0,
+                                       spec.image, path.empty() ? "the image's" : path, where));
     case CommandCheck::no_shell:
-      return fmt::format("the command was not checked inside image {}: it has no /bin/sh to check with ({})", spec.image,
-                         first_line(r.err));
-    case CommandCheck::runtime_error: break;
+      return fmt::format("the command was not checked inside image {}: it has no /bin/sh to check with ({})",
+                         spec.image, first_line(r.err));
+    case CommandCheck::runtime_error:
+      break;
   }
-  throw ContainerError(fmt::format("checking the command inside image {} failed ({}): {}", spec.image,
-                                   r.timed_out ? "no answer in 2 min" : fmt::format("{} exited {}", argv[0], r.exit_code),
-                                   first_line(r.err.empty() ? r.out : r.err)));
+  throw ContainerError(
+      fmt::format("checking the command inside image {} failed ({}): {}", spec.image,
+                  r.timed_out ? "no answer in 2 min" : fmt::format("{} exited {}", argv[0], r.exit_code),
+                  first_line(r.err.empty() ? r.out : r.err)));
 }
 
 void write_env_files(const contract::Plan& plan, ContainerRuntime runtime) {
@@ -280,8 +291,9 @@ void remove_containers(ContainerRuntime runtime, const std::vector<std::string>&
   auto r = run_command(argv, client_env, std::chrono::seconds(60));
   // docker says "No such container" for a name already gone; that is the goal, not a failure.
   if (r.exit_code != 0 && r.err.find("No such container") == std::string::npos) {
-    log::get("container")->warn("{} failed ({}): {}", join(argv, " "), r.timed_out ? "timed out" : fmt::format("exit {}", r.exit_code),
-                                first_line(r.err));
+    log::get("container")
+        ->warn("{} failed ({}): {}", join(argv, " "), r.timed_out ? "timed out" : fmt::format("exit {}", r.exit_code),
+               first_line(r.err));
   }
 }
 
@@ -302,7 +314,8 @@ void sweep_stale(ContainerRuntime runtime, const Env& client_env) {
     stale.emplace_back(parts[0]);
   }
   if (stale.empty()) return;
-  log::get("container")->warn("removing {} container(s) left by a launcher that no longer runs: {}", stale.size(), join(stale, " "));
+  log::get("container")
+      ->warn("removing {} container(s) left by a launcher that no longer runs: {}", stale.size(), join(stale, " "));
   remove_containers(runtime, stale, client_env);
 }
 

@@ -41,7 +41,7 @@ HostLayout read_host_layout();
 Owner own_owner();
 
 struct CommandResult {
-  int exit_code = -1;  // 128+signal when killed; -1 when it could not run
+  int exit_code = -1;    // 128+signal when killed; -1 when it could not run
   std::string out, err;  // each capped at 64 KiB
   bool timed_out = false;
 };

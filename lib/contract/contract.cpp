@@ -13,22 +13,44 @@ const std::vector<std::string>& scrubbed_variables() {
   // Why each: a worker reading these would take another launcher's or another job's identity.
   static const std::vector<std::string> v{
       // torchrun / torch.distributed contract, set fresh by us
-      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-      "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_*",
-      "PET_*",  // torchrun's flag variables (PET_NPROC_PER_NODE, ...)
+      "RANK",
+      "LOCAL_RANK",
+      "WORLD_SIZE",
+      "LOCAL_WORLD_SIZE",
+      "GROUP_RANK",
+      "GROUP_WORLD_SIZE",
+      "ROLE_NAME",
+      "ROLE_RANK",
+      "ROLE_WORLD_SIZE",
+      "MASTER_ADDR",
+      "MASTER_PORT",
+      "TORCHELASTIC_*",
+      "PET_*",         // torchrun's flag variables (PET_NPROC_PER_NODE, ...)
       "NCCL_COMM_ID",  // would make NCCL bootstrap against a stale root
-      "DDP_*",    // ours, from an enclosing ddpctl job
-      "SLURM_*", "SLURMD_*",  // SLURM's step identity
-      "OMPI_*", "PMI_*", "PMIX_*", "MV2_*", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",  // MPI launchers
-      "LOCAL_SIZE", "NODE_RANK", "GLOBAL_RANK",  // Lightning / DeepSpeed style identities
-      "CROSS_RANK", "CROSS_SIZE",  // horovod
-      "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",  // systemd's, for the agent's service alone
+      "DDP_*",         // ours, from an enclosing ddpctl job
+      "SLURM_*",
+      "SLURMD_*",  // SLURM's step identity
+      "OMPI_*",
+      "PMI_*",
+      "PMIX_*",
+      "MV2_*",
+      "MPI_LOCALRANKID",
+      "MPI_LOCALNRANKS",  // MPI launchers
+      "LOCAL_SIZE",
+      "NODE_RANK",
+      "GLOBAL_RANK",  // Lightning / DeepSpeed style identities
+      "CROSS_RANK",
+      "CROSS_SIZE",  // horovod
+      "NOTIFY_SOCKET",
+      "WATCHDOG_USEC",
+      "WATCHDOG_PID",  // systemd's, for the agent's service alone
   };
   return v;
 }
 
 static bool matches(const std::string& name, const std::string& pattern) {
-  if (!pattern.empty() && pattern.back() == '*') return starts_with(name, std::string_view(pattern).substr(0, pattern.size() - 1));
+  if (!pattern.empty() && pattern.back() == '*')
+    return starts_with(name, std::string_view(pattern).substr(0, pattern.size() - 1));
   return name == pattern;
 }
 
@@ -49,9 +71,10 @@ Env filter_forwarded(const std::map<std::string, std::string>& forwarded, const 
 
 bool is_loader_variable(const std::string& name) {
   // glibc's UNSECURE_ENVVARS (sysdeps/generic/unsecvars.h), and every LD_* besides.
-  static const char* const kNames[] = {"GCONV_PATH",   "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN",
-                                       "LOCPATH",      "MALLOC_TRACE", "NIS_PATH",      "NLSPATH",     "RESOLV_HOST_CONF",
-                                       "RES_OPTIONS",  "TMPDIR",      "TZDIR",          "MALLOC_CHECK_", "MALLOC_PERTURB_"};
+  static const char* const kNames[] = {"GCONV_PATH",  "GETCONF_DIR",      "GLIBC_TUNABLES", "HOSTALIASES",
+                                       "LOCALDOMAIN", "LOCPATH",          "MALLOC_TRACE",   "NIS_PATH",
+                                       "NLSPATH",     "RESOLV_HOST_CONF", "RES_OPTIONS",    "TMPDIR",
+                                       "TZDIR",       "MALLOC_CHECK_",    "MALLOC_PERTURB_"};
   if (name.starts_with("LD_")) return true;
   for (const char* n : kNames) {
     if (name == n) return true;
@@ -82,7 +105,9 @@ bool matches_forward(const std::string& name, const std::vector<std::string>& pa
   return false;
 }
 
-std::string rank_log_file(const std::string& attempt_dir, int rank) { return fmt::format("{}/rank-{}.log", attempt_dir, rank); }
+std::string rank_log_file(const std::string& attempt_dir, int rank) {
+  return fmt::format("{}/rank-{}.log", attempt_dir, rank);
+}
 std::string rank_error_file(const std::string& attempt_dir, int rank) {
   return fmt::format("{}/rank-{}.error.json", attempt_dir, rank);
 }
@@ -116,8 +141,9 @@ AsyncErrorHandling async_error_handling(const std::optional<std::string>& torch_
                                         "file if the command is not the interpreter")};
   }
   if (*release >= kTorchNccl)
-    return {{"TORCH_NCCL_ASYNC_ERROR_HANDLING"},
-            fmt::format("PyTorch {} reads TORCH_NCCL_ASYNC_ERROR_HANDLING and warns about the old name", *torch_version)};
+    return {
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING"},
+        fmt::format("PyTorch {} reads TORCH_NCCL_ASYNC_ERROR_HANDLING and warns about the old name", *torch_version)};
   return {{"NCCL_ASYNC_ERROR_HANDLING"},
           fmt::format("PyTorch {} reads only NCCL_ASYNC_ERROR_HANDLING (the TORCH_ name came in 2.2)", *torch_version)};
 }
@@ -197,13 +223,8 @@ Plan make_plan(const jobspec::JobSpec& spec, const NodeContext& node, const Env&
 nlohmann::json to_json(const Plan& plan) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : plan.ranks) {
-    nlohmann::json j{{"rank", r.rank},
-                     {"local_rank", r.local_rank},
-                     {"node", r.node},
-                     {"argv", r.argv},
-                     {"log_file", r.log_file},
-                     {"error_file", r.error_file},
-                     {"binding", r.binding}};
+    nlohmann::json j{{"rank", r.rank},         {"local_rank", r.local_rank}, {"node", r.node},      {"argv", r.argv},
+                     {"log_file", r.log_file}, {"error_file", r.error_file}, {"binding", r.binding}};
     if (r.container) {
       // The worker's environment is what it sees inside; the client's is ddpctl's, scrubbed.
       j["env"] = r.container->env;

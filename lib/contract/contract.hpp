@@ -115,9 +115,9 @@ struct RankPlan {
   std::string log_file;
   std::string error_file;
   nlohmann::json binding = nlohmann::json::object();  // lib/binding's plan of this rank, as shown
-  std::vector<int> cpus;              // applied before exec (sched_setaffinity); empty: not bound
-  std::optional<int> mem_node;        // preferred memory node before exec; nullopt: not set
-  std::optional<ContainerRun> container;  // set: argv/env above are the runtime client's
+  std::vector<int> cpus;                              // applied before exec (sched_setaffinity); empty: not bound
+  std::optional<int> mem_node;                        // preferred memory node before exec; nullopt: not set
+  std::optional<ContainerRun> container;              // set: argv/env above are the runtime client's
 };
 
 struct Plan {

@@ -6,8 +6,12 @@
 
 namespace ddp::contract {
 
-std::string flight_dump_name(int rank) { return fmt::format("{}{}", kFlightDumpPrefix, rank); }
-std::string flight_pipe_name(int rank) { return fmt::format("{}{}.pipe", kFlightDumpPrefix, rank); }
+std::string flight_dump_name(int rank) {
+  return fmt::format("{}{}", kFlightDumpPrefix, rank);
+}
+std::string flight_pipe_name(int rank) {
+  return fmt::format("{}{}.pipe", kFlightDumpPrefix, rank);
+}
 
 std::optional<int> flight_dump_rank(const std::string& name) {
   const std::string_view prefix = kFlightDumpPrefix;
@@ -22,10 +26,10 @@ std::optional<int> flight_dump_rank(const std::string& name) {
 }
 
 const std::vector<std::string>& flight_recorder_variables() {
-  static const std::vector<std::string> names{
-      "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",           "TORCH_NCCL_DUMP_ON_TIMEOUT",
-      "TORCH_FR_DUMP_ON_TIMEOUT",     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE",
-      "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"};
+  static const std::vector<std::string> names{"TORCH_NCCL_TRACE_BUFFER_SIZE",    "TORCH_FR_BUFFER_SIZE",
+                                              "TORCH_NCCL_DUMP_ON_TIMEOUT",      "TORCH_FR_DUMP_ON_TIMEOUT",
+                                              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE",
+                                              "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"};
   return names;
 }
 
@@ -34,17 +38,21 @@ FlightRecorderPlan flight_recorder(const std::optional<std::string>& torch_versi
   const auto& names = flight_recorder_variables();
   if (auto it = std::find_if(names.begin(), names.end(), [&](const auto& n) { return chosen.count(n) != 0; });
       it != names.end()) {
-    return {{}, fmt::format("the job sets {} itself: its flight recorder settings are left as they are, and ddpctl "
-                            "reads no dumps", *it)};
+    return {{},
+            fmt::format("the job sets {} itself: its flight recorder settings are left as they are, and ddpctl "
+                        "reads no dumps",
+                        *it)};
   }
   const auto release = torch_version ? parse_torch_release(*torch_version) : std::nullopt;
   if (!release) {
-    return {{}, torch_version ? fmt::format("PyTorch {} is not a release ddpctl can read: flight recorder not turned on",
-                                            *torch_version)
-                              : "the job's PyTorch is not known: flight recorder not turned on"};
+    return {{},
+            torch_version ? fmt::format("PyTorch {} is not a release ddpctl can read: flight recorder not turned on",
+                                        *torch_version)
+                          : "the job's PyTorch is not known: flight recorder not turned on"};
   }
   if (*release < kTorchFlightRecorder) {
-    return {{}, fmt::format("PyTorch {} has no NCCL flight recorder that ddpctl can use (2.3 and later)", *torch_version)};
+    return {{},
+            fmt::format("PyTorch {} has no NCCL flight recorder that ddpctl can use (2.3 and later)", *torch_version)};
   }
   const auto prefix = fmt::format("{}/{}", attempt_dir, kFlightDumpPrefix);
   return {{{"TORCH_NCCL_TRACE_BUFFER_SIZE", std::to_string(kFlightRecorderEntries)},
@@ -55,7 +63,8 @@ FlightRecorderPlan flight_recorder(const std::optional<std::string>& torch_versi
 }
 
 FlightRecorderPlan flight_recorder(const jobspec::JobSpec& spec, const NodeContext& node, const Env& chosen) {
-  if (spec.container) return {{}, "a container job: the attempt folder is not mounted in, flight recorder not turned on"};
+  if (spec.container)
+    return {{}, "a container job: the attempt folder is not mounted in, flight recorder not turned on"};
   return flight_recorder(node.torch_version, node.attempt_dir, chosen);
 }
 

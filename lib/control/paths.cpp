@@ -10,9 +10,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -28,12 +28,14 @@ constexpr auto kEndedKeep = std::chrono::hours(24 * 30);
 
 // Creates `dir` 0700 if missing; an error text when it is not a private folder of ours.
 std::string private_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return fmt::format("cannot create {}: {}", dir, std::strerror(errno));
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return fmt::format("cannot create {}: {}", dir, std::strerror(errno));
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) return fmt::format("{}: {}", dir, std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) return fmt::format("{} is not a folder", dir);
   if (st.st_uid != ::getuid()) return fmt::format("{} belongs to uid {}, not to us", dir, st.st_uid);
-  if (st.st_mode & 077) return fmt::format("{} is open to other users (mode {:o}); it must be 0700", dir, st.st_mode & 0777);
+  if (st.st_mode & 077)
+    return fmt::format("{} is open to other users (mode {:o}); it must be 0700", dir, st.st_mode & 0777);
   return {};
 }
 
@@ -106,8 +108,10 @@ std::vector<std::string> sweep_stale_sockets(const std::string& dir) {
 
 std::string records_dir() {
   std::string base;
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/') base = x;
-  else if (const char* h = std::getenv("HOME"); h && *h == '/') base = fmt::format("{}/.local/state", h);
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/')
+    base = x;
+  else if (const char* h = std::getenv("HOME"); h && *h == '/')
+    base = fmt::format("{}/.local/state", h);
   if (!base.empty()) {
     std::error_code ec;
     fs::create_directories(base, ec);
@@ -121,8 +125,13 @@ std::string records_dir() {
 nlohmann::json to_json(const Ended& e) {
   nlohmann::json files = nlohmann::json::array();
   for (const auto& [rank, path] : e.files) files.push_back({{"rank", rank}, {"path", path}});
-  return {{"job_id", e.job_id}, {"status", e.status}, {"exit_code", e.exit_code}, {"ended_unix_ms", e.ended_unix_ms},
-          {"logs", e.logs},     {"result_json", e.result_json}, {"files", files}};
+  return {{"job_id", e.job_id},
+          {"status", e.status},
+          {"exit_code", e.exit_code},
+          {"ended_unix_ms", e.ended_unix_ms},
+          {"logs", e.logs},
+          {"result_json", e.result_json},
+          {"files", files}};
 }
 
 void record_ended(const std::string& dir, const Ended& e) {

@@ -43,8 +43,8 @@ struct Ended {
   std::string status;  // "succeeded", "failed", "stopped"
   int exit_code = 0;
   std::int64_t ended_unix_ms = 0;
-  std::string logs;         // the job's log folder
-  std::string result_json;  // empty: none was written
+  std::string logs;                                // the job's log folder
+  std::string result_json;                         // empty: none was written
   std::vector<std::pair<int, std::string>> files;  // (rank, path): the last attempt's log files
 };
 // The record as JSON (what the file holds; `ddpctl status --json` shows it, less the files).

@@ -30,14 +30,20 @@ Request parse_request(std::string_view line) {
   if (op == j.end() || !op->is_string()) throw ControlError("a request needs \"op\": status, stop, logs or stacks");
   Request r;
   const auto name = op->get<std::string>();
-  if (name == "status") r.op = Op::status;
-  else if (name == "stop") r.op = Op::stop;
-  else if (name == "logs") r.op = Op::logs;
-  else if (name == "stacks") r.op = Op::stacks;
-  else throw ControlError(fmt::format("unknown op '{}' (status, stop, logs or stacks)", name));
+  if (name == "status")
+    r.op = Op::status;
+  else if (name == "stop")
+    r.op = Op::stop;
+  else if (name == "logs")
+    r.op = Op::logs;
+  else if (name == "stacks")
+    r.op = Op::stacks;
+  else
+    throw ControlError(fmt::format("unknown op '{}' (status, stop, logs or stacks)", name));
   for (const auto& [k, v] : j.items()) {
     if (k == "op") continue;
-    const bool takes = (r.op == Op::logs && (k == "ranks" || k == "follow")) || (r.op == Op::stacks && (k == "ranks" || k == "native"));
+    const bool takes = (r.op == Op::logs && (k == "ranks" || k == "follow")) ||
+                       (r.op == Op::stacks && (k == "ranks" || k == "native"));
     if (!takes) throw ControlError(fmt::format("'{}' does not take '{}'", name, k));
     if (k == "follow" || k == "native") {
       if (!v.is_boolean()) throw ControlError(fmt::format("'{}' must be true or false", k));
@@ -71,7 +77,9 @@ std::string encode_request(const Request& r) {
 std::set<int> parse_rank_list(std::string_view text) {
   std::set<int> out;
   for (auto part : split(text, ',')) {
-    auto bad = [&] { return ControlError(fmt::format("--ranks: expected rank numbers such as 0,3 or 4-7, got '{}'", part)); };
+    auto bad = [&] {
+      return ControlError(fmt::format("--ranks: expected rank numbers such as 0,3 or 4-7, got '{}'", part));
+    };
     auto dash = part.find('-');
     auto lo = parse_int(part.substr(0, dash));
     auto hi = dash == std::string_view::npos ? lo : parse_int(part.substr(dash + 1));
@@ -99,13 +107,14 @@ std::optional<std::string> ranks_outside(const std::set<int>& wanted, int world_
 std::string format_status(const json& s, std::int64_t now_unix_ms) {
   std::string out;
   const auto started = s.value("started_unix_ms", now_unix_ms);
-  out += fmt::format("job {} ({}, ddpctl pid {}): {}, attempt {}, restarts {}/{}, up {:.0f} s\n", s.value("job_id", "?"),
-                     s.value("mode", "?"), s.value("pid", 0), s.value("state", "?"), s.value("attempt", 0),
-                     s.value("restarts", 0), s.value("max_restarts", 0),
+  out += fmt::format("job {} ({}, ddpctl pid {}): {}, attempt {}, restarts {}/{}, up {:.0f} s\n",
+                     s.value("job_id", "?"), s.value("mode", "?"), s.value("pid", 0), s.value("state", "?"),
+                     s.value("attempt", 0), s.value("restarts", 0), s.value("max_restarts", 0),
                      static_cast<double>(std::max<std::int64_t>(0, now_unix_ms - started)) / 1000.0);
   // An empty store: not up yet (a multi-node job's node rank 0 starts it once the round is
   // complete); its waiters are then not worth a line either.
-  const bool store_up = s.contains("store") && s["store"].is_string() && !s["store"].get_ref<const std::string&>().empty();
+  const bool store_up =
+      s.contains("store") && s["store"].is_string() && !s["store"].get_ref<const std::string&>().empty();
   if (s.contains("store")) out += fmt::format("store: {}\n", store_up ? s["store"].get<std::string>() : "not up yet");
   if (s.contains("nodes") && s["nodes"].is_array() && !s["nodes"].empty()) {
     out += "nodes:";
@@ -113,11 +122,16 @@ std::string format_status(const json& s, std::int64_t now_unix_ms) {
     out += "\n";
   }
   const auto ranks = s.value("ranks", json::array());
-  if (ranks.empty()) out += "ranks: none started yet\n";
-  else out += fmt::format("{:>5}  {:<16} {:>8}  {:<24} {}\n", "rank", "node", "pid", "state", "last output");
+  if (ranks.empty())
+    out += "ranks: none started yet\n";
+  else
+    out += fmt::format("{:>5}  {:<16} {:>8}  {:<24} {}\n", "rank", "node", "pid", "state", "last output");
   for (const auto& r : ranks) {
-    const auto pid = r.contains("pid") && r["pid"].is_number_integer() ? std::to_string(r["pid"].get<long long>()) : "-";
-    const double a = r.contains("last_output_age_s") && r["last_output_age_s"].is_number() ? r["last_output_age_s"].get<double>() : -1;
+    const auto pid =
+        r.contains("pid") && r["pid"].is_number_integer() ? std::to_string(r["pid"].get<long long>()) : "-";
+    const double a = r.contains("last_output_age_s") && r["last_output_age_s"].is_number()
+                         ? r["last_output_age_s"].get<double>()
+                         : -1;
     out += fmt::format("{:>5}  {:<16} {:>8}  {:<24} {}\n", r.value("rank", -1), r.value("node", "?"), pid,
                        r.value("state", "?"), a < 0 ? "never" : age(a));
   }

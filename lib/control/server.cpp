@@ -3,11 +3,11 @@
 #include "common/log.hpp"
 #include "control/paths.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
-#include <fmt/format.h>
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,7 +28,8 @@ constexpr std::size_t kMaxQueuedPerClient = 8u << 20;
 }  // namespace
 
 struct Server::Client : std::enable_shared_from_this<Client> {
-  explicit Client(stream_protocol::socket s) : sock(std::move(s)), deadline(sock.get_executor()), in(kMaxRequestBytes + 1) {}
+  explicit Client(stream_protocol::socket s)
+      : sock(std::move(s)), deadline(sock.get_executor()), in(kMaxRequestBytes + 1) {}
   stream_protocol::socket sock;
   asio::steady_timer deadline;
   asio::streambuf in;
@@ -68,12 +69,13 @@ struct Server::Client : std::enable_shared_from_this<Client> {
       return;
     }
     writing = true;
-    asio::async_write(sock, asio::buffer(out.front()), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-      if (ec) return self->close();
-      self->queued -= self->out.front().size();
-      self->out.pop_front();
-      self->write();
-    });
+    asio::async_write(sock, asio::buffer(out.front()),
+                      [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                        if (ec) return self->close();
+                        self->queued -= self->out.front().size();
+                        self->out.pop_front();
+                        self->write();
+                      });
   }
   void finish() {
     close_after_write = true;

@@ -55,8 +55,8 @@ class Submitter {
     wait_signals();
     net::dial(io_, opts_.host, opts_.port, opts_.dial_timeout, [this](boost::system::error_code ec, tcp::socket s) {
       if (ec) return end(2, fmt::format("cannot reach the coordinator at {}: {}", at(), ec.message()));
-      conn_ = Connection::make(std::move(s), proto::Session::client(ctl_config(opts_.keys, opts_.user)), "coordinator " + at(),
-                               "coord", std::chrono::seconds(10));
+      conn_ = Connection::make(std::move(s), proto::Session::client(ctl_config(opts_.keys, opts_.user)),
+                               "coordinator " + at(), "coord", std::chrono::seconds(10));
       if (opts_.tls) conn_->use_tls({net::tls_client_context(*opts_.keys.first())});
       conn_->start({[this](const proto::PeerInfo& p) {
                       auto spec = net::to_json(opts_.payload);
@@ -89,8 +89,9 @@ class Submitter {
     d.user = opts_.user;
     d.coordinator_key = coordinator_key;
     d.job_id = opts_.job_id;
-    d.expires_s = static_cast<std::uint64_t>(
-                      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()) +
+    d.expires_s = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                                 std::chrono::system_clock::now().time_since_epoch())
+                                                 .count()) +
                   proto::kDelegationSeconds;
     d.nonce = proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), 16));
     d.spec_sha256 = proto::payload_digest(spec);
@@ -104,13 +105,15 @@ class Submitter {
     if (m.type == "job_accepted") {
       accepted_ = true;
       if (opts_.detach) {
-        log_->info("job {} accepted by the coordinator at {}; waiting for its ranks to start (Ctrl-C stops the waiting, "
-                   "not the job)",
-                   opts_.job_id, at());
+        log_->info(
+            "job {} accepted by the coordinator at {}; waiting for its ranks to start (Ctrl-C stops the waiting, "
+            "not the job)",
+            opts_.job_id, at());
         return;
       }
-      log_->info("job {} accepted by the coordinator at {} (it keeps running there if this ddpctl goes away; Ctrl-C stops it)",
-                 opts_.job_id, at());
+      log_->info(
+          "job {} accepted by the coordinator at {} (it keeps running there if this ddpctl goes away; Ctrl-C stops it)",
+          opts_.job_id, at());
       return;
     }
     if (m.type == "job_output") {
@@ -126,9 +129,10 @@ class Submitter {
       if (kind == "running") {
         if (!opts_.detach) return;
         std::cout << opts_.job_id << std::endl;
-        std::cerr << fmt::format("ddpctl launch: job {} runs on the coordinator at {}; see it with ddpctl status|logs -f|stop "
-                                 "--coordinator {} {}\n",
-                                 opts_.job_id, at(), at(), opts_.job_id);
+        std::cerr << fmt::format(
+            "ddpctl launch: job {} runs on the coordinator at {}; see it with ddpctl status|logs -f|stop "
+            "--coordinator {} {}\n",
+            opts_.job_id, at(), at(), opts_.job_id);
         return end(0, "");
       }
       if (text.find('\n') != std::string::npos) {  // a failure report, printed as the embedded coordinator prints it
@@ -136,7 +140,10 @@ class Submitter {
         std::fputs(text.c_str(), stderr);
         return;
       }
-      log_->log(kind == "error" ? spdlog::level::err : kind == "warning" ? spdlog::level::warn : spdlog::level::info, "{}", text);
+      log_->log(kind == "error"     ? spdlog::level::err
+                : kind == "warning" ? spdlog::level::warn
+                                    : spdlog::level::info,
+                "{}", text);
       return;
     }
     if (m.type == "job_result") {
@@ -172,15 +179,17 @@ class Submitter {
       if (ec || done_) return;
       if (conn_ && conn_->established() && accepted_ && opts_.detach) {
         std::cout << opts_.job_id << std::endl;
-        std::cerr << fmt::format("ddpctl launch: stopped waiting; job {} goes on at the coordinator at {}; see it with "
-                                 "ddpctl status|logs -f|stop --coordinator {} {}\n",
-                                 opts_.job_id, at(), at(), opts_.job_id);
+        std::cerr << fmt::format(
+            "ddpctl launch: stopped waiting; job {} goes on at the coordinator at {}; see it with "
+            "ddpctl status|logs -f|stop --coordinator {} {}\n",
+            opts_.job_id, at(), at(), opts_.job_id);
         return end(128 + sig, "");
       }
       if (conn_ && conn_->established() && accepted_) {
-        log_->warn("{}: stopping job {} on the coordinator (again to kill its workers now)", supervisor::signal_name(sig),
-                   opts_.job_id);
-        conn_->send(conn_->session().message("stop_job", {{"job_id", opts_.job_id}, {"reason", supervisor::signal_name(sig)}}));
+        log_->warn("{}: stopping job {} on the coordinator (again to kill its workers now)",
+                   supervisor::signal_name(sig), opts_.job_id);
+        conn_->send(
+            conn_->session().message("stop_job", {{"job_id", opts_.job_id}, {"reason", supervisor::signal_name(sig)}}));
       } else {
         return end(128 + sig, fmt::format("{} before the job was accepted", supervisor::signal_name(sig)));
       }
@@ -220,15 +229,22 @@ int submit_job(SubmitOptions options) {
 // The relay's thread: the caller's request line goes out as one `control` frame once the
 // session is established; every `control` line that comes back is written to the caller's end.
 struct ControlRelay::Impl {
-  Impl(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id, int fd, bool tls)
-      : host(std::move(host)), port(port), keys(std::move(keys)), user(std::move(user)), job_id(std::move(job_id)), tls(tls),
-        local(io, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fd), buf(768u << 10) {}
+  Impl(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id, int fd,
+       bool tls)
+      : host(std::move(host)),
+        port(port),
+        keys(std::move(keys)),
+        user(std::move(user)),
+        job_id(std::move(job_id)),
+        tls(tls),
+        local(io, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fd),
+        buf(768u << 10) {}
 
   void run() {
     net::dial(io, host, port, std::chrono::seconds(10), [this](boost::system::error_code ec, tcp::socket s) {
       if (ec) return fail(fmt::format("cannot reach the coordinator at {}: {}", where(host, port), ec.message()));
-      conn = Connection::make(std::move(s), proto::Session::client(ctl_config(keys, user)), "coordinator " + where(host, port),
-                              "coord", std::chrono::seconds(10));
+      conn = Connection::make(std::move(s), proto::Session::client(ctl_config(keys, user)),
+                              "coordinator " + where(host, port), "coord", std::chrono::seconds(10));
       if (tls) conn->use_tls({net::tls_client_context(*keys.first())});
       conn->start({[this](const proto::PeerInfo&) { read_request(); },
                    [this](proto::Message m) {
@@ -247,7 +263,8 @@ struct ControlRelay::Impl {
   void read_request() {
     asio::async_read_until(local, buf, '\n', [this](boost::system::error_code ec, std::size_t n) {
       if (ec) return finish();
-      std::string line(asio::buffers_begin(buf.data()), asio::buffers_begin(buf.data()) + static_cast<std::ptrdiff_t>(n));
+      std::string line(asio::buffers_begin(buf.data()),
+                       asio::buffers_begin(buf.data()) + static_cast<std::ptrdiff_t>(n));
       buf.consume(n);
       json f{{"line", line}};
       if (!job_id.empty()) f["job_id"] = job_id;
@@ -309,12 +326,13 @@ struct ControlRelay::Impl {
   bool finishing = false;
 };
 
-ControlRelay::ControlRelay(std::string host, std::uint16_t port, proto::Keyring keys, std::string user, std::string job_id,
-                           bool tls) {
+ControlRelay::ControlRelay(std::string host, std::uint16_t port, proto::Keyring keys, std::string user,
+                           std::string job_id, bool tls) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw std::runtime_error("socketpair failed");
   fd_ = sv[0];
-  impl_ = std::make_unique<Impl>(std::move(host), port, std::move(keys), std::move(user), std::move(job_id), sv[1], tls);
+  impl_ =
+      std::make_unique<Impl>(std::move(host), port, std::move(keys), std::move(user), std::move(job_id), sv[1], tls);
   thread_ = std::thread([this] { impl_->run(); });
 }
 

@@ -28,8 +28,8 @@
 
 #include <boost/asio.hpp>
 
-#include <sys/resource.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <fstream>
@@ -53,7 +53,9 @@ constexpr auto kRedialMin = std::chrono::milliseconds(500);
 constexpr auto kRedialMax = std::chrono::milliseconds(5000);
 
 // A time on the job's clock (job_clock.hpp) as a report's wall time.
-launch::SysTime to_sys(rdzv::TimePoint t) { return JobClock::to_wall(t); }
+launch::SysTime to_sys(rdzv::TimePoint t) {
+  return JobClock::to_wall(t);
+}
 
 std::string plain_address(const asio::ip::address& addr) {
   auto a = addr;
@@ -114,7 +116,8 @@ class Coordinator {
     if (opts_.events.started) {
       // Posted onto this loop; once it has stopped, nothing runs (and `done` below tells the
       // caller to stop calling).
-      opts_.events.started([this](const std::string& who) { asio::post(io_, [this, who] { stop_job(SIGTERM, who); }); });
+      opts_.events.started(
+          [this](const std::string& who) { asio::post(io_, [this, who] { stop_job(SIGTERM, who); }); });
     }
     heartbeat();
     dial_from(nodes_.begin());
@@ -145,7 +148,7 @@ class Coordinator {
     std::string address;  // the agent's address as we reached it
     proto::ClockSync sync;
     bool joined = false;
-    bool leaving = false;  // said `leaving`: its agent stops its ranks (until it joins again)
+    bool leaving = false;              // said `leaving`: its agent stops its ranks (until it joins again)
     std::vector<std::string> ib_hcas;  // the node's NCCL_IB_HCA entries, from its join
     std::string image_digest;          // a container job's image as the node resolved it
     bool ever_joined = false;
@@ -227,15 +230,16 @@ class Coordinator {
       });
       return;
     }
-    net::dial(io_, n.entry.host, n.entry.port, opts_.dial_timeout, [this, &n](boost::system::error_code ec, tcp::socket s) {
-      if (done_) return;
-      if (ec) {
-        auto lvl = n.dial_failures == 0 ? spdlog::level::warn : spdlog::level::debug;
-        log_->log(lvl, "{}: cannot reach the agent: {}; retrying", label(n), ec.message());
-        return schedule_redial(n);
-      }
-      connect(n, std::move(s));
-    });
+    net::dial(io_, n.entry.host, n.entry.port, opts_.dial_timeout,
+              [this, &n](boost::system::error_code ec, tcp::socket s) {
+                if (done_) return;
+                if (ec) {
+                  auto lvl = n.dial_failures == 0 ? spdlog::level::warn : spdlog::level::debug;
+                  log_->log(lvl, "{}: cannot reach the agent: {}; retrying", label(n), ec.message());
+                  return schedule_redial(n);
+                }
+                connect(n, std::move(s));
+              });
   }
 
   // Every node, a batch at a time: between batches the loop gets to the handshakes of the
@@ -284,18 +288,20 @@ class Coordinator {
     n.conn = std::move(conn);
     n.sync = {};
     Connection* raw = n.conn.get();
-    n.conn->start({[this, &n](const proto::PeerInfo& p) {
-                     log_->debug("{}: authenticated (agent '{}', {})", label(n), p.name, p.software);
-                     n.dial_failures = 0;
-                     // The offer is also the first clock probe: the join echoes its t0_us with
-                     // the agent's stamps (proto/clock_sync.hpp); heartbeats refine it later.
-                     auto offer = n.conn->session().message(
-                         "job_offer", {{"t0_us", now().count()}, {"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}});
-                     if (opts_.delegation && n.conn->session().version() >= 6) offer["delegation"] = *opts_.delegation;
-                     n.conn->send_with(std::move(offer), "spec", offer_spec_);
-                   },
-                   [this, &n](proto::Message m) { on_message(n, std::move(m)); },
-                   [this, &n, raw](const std::string& reason) { on_closed(n, raw, reason); }});
+    n.conn->start(
+        {[this, &n](const proto::PeerInfo& p) {
+           log_->debug("{}: authenticated (agent '{}', {})", label(n), p.name, p.software);
+           n.dial_failures = 0;
+           // The offer is also the first clock probe: the join echoes its t0_us with
+           // the agent's stamps (proto/clock_sync.hpp); heartbeats refine it later.
+           auto offer = n.conn->session().message(
+               "job_offer",
+               {{"t0_us", now().count()}, {"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}});
+           if (opts_.delegation && n.conn->session().version() >= 6) offer["delegation"] = *opts_.delegation;
+           n.conn->send_with(std::move(offer), "spec", offer_spec_);
+         },
+         [this, &n](proto::Message m) { on_message(n, std::move(m)); },
+         [this, &n, raw](const std::string& reason) { on_closed(n, raw, reason); }});
   }
 
   void on_closed(Node& n, Connection* raw, const std::string& reason) {
@@ -306,8 +312,8 @@ class Coordinator {
     const bool first_gathering = rdzv_.state() == rdzv::State::joining && rdzv_.round().value == 1;
     // A TLS mismatch (an agent that requires it, or a secret TLS's handshake refused) says what
     // to do in its own words; dialling again would fail the same way.
-    if (first_gathering && (reason.find("TLS handshake failed") != std::string::npos ||
-                            reason.find("only TLS") != std::string::npos)) {
+    if (first_gathering &&
+        (reason.find("TLS handshake failed") != std::string::npos || reason.find("only TLS") != std::string::npos)) {
       return fatal(fmt::format("{}: {}", label(n), reason));
     }
     if (reason.find("auth:") != std::string::npos && first_gathering &&
@@ -322,9 +328,10 @@ class Coordinator {
       auto why = reason.substr(reason.find("auth:") + 5);
       if (!why.empty() && why.front() == ' ') why.erase(0, 1);
       const auto& key = opts_.keys.first()->id;
-      return fatal(fmt::format("{}: authentication failed: {}. Fix: {} must hold the agent's secret (the agent's "
-                               "/etc/ddpctl/token or its --token-file)",
-                               label(n), why, key == "default" ? "--token-file" : "--token-file's key '" + key + "'"));
+      return fatal(
+          fmt::format("{}: authentication failed: {}. Fix: {} must hold the agent's secret (the agent's "
+                      "/etc/ddpctl/token or its --token-file)",
+                      label(n), why, key == "default" ? "--token-file" : "--token-file's key '" + key + "'"));
     }
     if (reason.find("auth:") != std::string::npos) {
       // Later on (a restarted agent with another token): said here, as the connection leaves
@@ -334,8 +341,8 @@ class Coordinator {
     if (dialer_ && !n.ever_joined && rdzv_.round().value <= 1 && rdzv_.state() == rdzv::State::joining) {
       // Over SSH the agent we started is gone before it joined (it could not run, or refused
       // the job): starting it again would fail the same way. Its stderr is in our log above.
-      return fatal(fmt::format("{}: the agent ended before joining ({}); stopping the nodes that did start", label(n),
-                               reason));
+      return fatal(
+          fmt::format("{}: the agent ended before joining ({}); stopping the nodes that did start", label(n), reason));
     }
     if (n.joined) {
       n.joined = false;
@@ -354,7 +361,8 @@ class Coordinator {
   // answered, received now.
   void clock_sample(Node& n, const json& t0, const json& rx, const json& tx) {
     const auto t1 = rx.get<std::int64_t>();
-    n.sync.add({rdzv::Micros(t0.get<std::int64_t>()), rdzv::Micros(t1), now(), rdzv::Micros(tx.get<std::int64_t>() - t1)});
+    n.sync.add(
+        {rdzv::Micros(t0.get<std::int64_t>()), rdzv::Micros(t1), now(), rdzv::Micros(tx.get<std::int64_t>() - t1)});
   }
 
   void on_message(Node& n, proto::Message m) {
@@ -414,7 +422,8 @@ class Coordinator {
     }
     if (m.type == "status") {  // node rank 0's store: who waits for what
       for (const auto& j : b["jobs"]) {
-        if (j.value("job_id", "") != opts_.job_id || !j.contains("store_waiters") || !j["store_waiters"].is_array()) continue;
+        if (j.value("job_id", "") != opts_.job_id || !j.contains("store_waiters") || !j["store_waiters"].is_array())
+          continue;
         store_waiters_.clear();
         for (const auto& l : j["store_waiters"]) {
           if (l.is_string()) store_waiters_.push_back(l.get<std::string>());
@@ -434,7 +443,8 @@ class Coordinator {
       const auto& p = b["preflight"];
       auto detail = p.value("detail", std::string());
       if (!p.value("command", true) || !p.value("workdir", true) || !detail.empty()) {
-        return fatal(fmt::format("preflight failed on {}: {}", n.entry.name, detail.empty() ? "command or workdir missing" : detail));
+        return fatal(fmt::format("preflight failed on {}: {}", n.entry.name,
+                                 detail.empty() ? "command or workdir missing" : detail));
       }
       // Every node must run the same image: compared as each joins, so a job whose nodes
       // disagree stops before any rank starts anywhere.
@@ -455,16 +465,17 @@ class Coordinator {
     n.ib_hcas.clear();
     if (b.contains("facts") && b["facts"].contains("ib_hcas")) {
       const auto& h = b["facts"]["ib_hcas"];
-      const bool ok = h.is_array() && h.size() <= 256 &&
-                      std::all_of(h.begin(), h.end(), [](const json& e) { return e.is_string() && e.get_ref<const std::string&>().size() <= 64; });
+      const bool ok = h.is_array() && h.size() <= 256 && std::all_of(h.begin(), h.end(), [](const json& e) {
+                        return e.is_string() && e.get_ref<const std::string&>().size() <= 64;
+                      });
       if (!ok) {
         n.conn->refuse(proto::ErrorCode::bad_value, "join: facts.ib_hcas must be a list of at most 256 short strings");
         return;
       }
       for (const auto& e : h) n.ib_hcas.push_back(e.get<std::string>());
     }
-    log_->log(nodes_.size() <= 32 ? spdlog::level::info : spdlog::level::debug, "{} joined: agent '{}', {} worker{}", label(n),
-              agent_name, nproc, nproc == 1 ? "" : "s");
+    log_->log(nodes_.size() <= 32 ? spdlog::level::info : spdlog::level::debug, "{} joined: agent '{}', {} worker{}",
+              label(n), agent_name, nproc, nproc == 1 ? "" : "s");
     n.joined = true;
     n.leaving = false;
     n.ever_joined = true;
@@ -524,13 +535,22 @@ class Coordinator {
     if (b.contains("tail")) info.tail = b["tail"].get<std::vector<std::string>>();
     if (b.contains("error_file") && b["error_file"].is_object()) {
       const auto& e = b["error_file"];
-      info.error_file = launch::ErrorFile{e.value("path", ""), e.value("message", ""), e.value("traceback", ""),
-                                          e.value("raw", "")};
+      info.error_file =
+          launch::ErrorFile{e.value("path", ""), e.value("message", ""), e.value("traceback", ""), e.value("raw", "")};
     }
-    round::WorkerExited ev{n.entry.name, rdzv::Round{round}, rdzv::LocalRank{local_rank}, std::nullopt, std::nullopt,
-                           agent_time, when, static_cast<std::uint32_t>(info.exit.pid), n.leaving};
-    if (info.exit.signal) ev.signal = info.exit.signal;
-    else ev.exit_code = info.exit.exit_code;
+    round::WorkerExited ev{n.entry.name,
+                           rdzv::Round{round},
+                           rdzv::LocalRank{local_rank},
+                           std::nullopt,
+                           std::nullopt,
+                           agent_time,
+                           when,
+                           static_cast<std::uint32_t>(info.exit.pid),
+                           n.leaving};
+    if (info.exit.signal)
+      ev.signal = info.exit.signal;
+    else
+      ev.exit_code = info.exit.exit_code;
     apply_round(rounds_.handle(ev));
   }
 
@@ -584,7 +604,8 @@ class Coordinator {
   }
 
   void on_effect(rdzv::AssignRanks& a) {
-    if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(a.world_size)); outside && !ranks_warned_) {
+    if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(a.world_size));
+        outside && !ranks_warned_) {
       ranks_warned_ = true;  // once: a restart or re-form does not need to hear it again
       log_->warn("--ranks: {}", *outside);
     }
@@ -637,7 +658,8 @@ class Coordinator {
     // The round machine opens the attempt and sends node rank 0's assign first.
     apply_round(rounds_.handle(round::Assigned{a}));
     say(spdlog::level::info, "round {} (attempt {}): world size {} on {} node{} ({}{}); MASTER_ADDR={}", a.round.value,
-        a.restart_count, a.world_size, a.nodes.size(), a.nodes.size() == 1 ? "" : "s", join(shares, "; "), more, master);
+        a.restart_count, a.world_size, a.nodes.size(), a.nodes.size() == 1 ? "" : "s", join(shares, "; "), more,
+        master);
   }
 
   // A node's share of round `a`.
@@ -671,8 +693,10 @@ class Coordinator {
   // Node rank 0 holds the round's store (and NCCL id): the round machine releases the others.
   void on_ready(Node& n, const json& b) {
     round::Ready r{n.entry.name, rdzv::Round{b["round"].get<std::uint32_t>()}};
-    if (b.contains("error")) r.error = b["error"].get<std::string>();
-    else r.master_port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
+    if (b.contains("error"))
+      r.error = b["error"].get<std::string>();
+    else
+      r.master_port = static_cast<std::uint16_t>(b["master_port"].get<std::uint32_t>());
     if (b.contains("nccl_unique_id")) r.nccl_id = b["nccl_unique_id"].get<std::string>();
     apply_round(rounds_.handle(r));
   }
@@ -722,7 +746,8 @@ class Coordinator {
   }
 
   void on_round(round::AllStarted& a) {
-    say(spdlog::level::info, "round {}: all {} rank{} started", a.round.value, a.world_size, a.world_size == 1 ? "" : "s");
+    say(spdlog::level::info, "round {}: all {} rank{} started", a.round.value, a.world_size,
+        a.world_size == 1 ? "" : "s");
     if (opts_.on_running) std::exchange(opts_.on_running, nullptr)();
   }
 
@@ -750,11 +775,14 @@ class Coordinator {
   }
 
   void on_hang_progress(Node& n, const json& b) {
-    if (!hang_ || b["job_id"].get<std::string>() != opts_.job_id || b["round"].get<std::uint32_t>() != rdzv_.round().value) return;
+    if (!hang_ || b["job_id"].get<std::string>() != opts_.job_id ||
+        b["round"].get<std::uint32_t>() != rdzv_.round().value)
+      return;
     const Millis idle(static_cast<Millis::rep>(b["idle_ms"].get<std::uint64_t>()));
     hang_->on_report(n.entry.name, idle, hang::Clock::now());
     if (idle.count() > 0) hang_stacks_[n.entry.name] = b["stacks"].get<std::string>();
-    log_->debug("{}: {}", label(n), idle.count() ? fmt::format("no progress for {}", format_duration(idle)) : "progresses again");
+    log_->debug("{}: {}", label(n),
+                idle.count() ? fmt::format("no progress for {}", format_duration(idle)) : "progresses again");
     check_hang();
   }
 
@@ -795,7 +823,8 @@ class Coordinator {
       say(spdlog::level::err, "job {}: {} on any node (hang.action: {}); where every rank is:\n{}", opts_.job_id, cause,
           jobspec::hang_action_name(action), stacks);
       const auto file = fs::path(attempt_dir_) / "hang-stacks.txt";
-      std::ofstream(file, std::ios::app) << cause << " at " << launch::format_time(std::chrono::system_clock::now()) << "\n"
+      std::ofstream(file, std::ios::app) << cause << " at " << launch::format_time(std::chrono::system_clock::now())
+                                         << "\n"
                                          << stacks << "\n";
       notes_.push_back(fmt::format("{} (stacks in {})", cause, file.string()));
       if (action == jobspec::HangAction::report) return;
@@ -805,7 +834,9 @@ class Coordinator {
 
   void send_stop(Node& n, rdzv::Round round, const std::string& reason, Millis grace) {
     send(n, "stop",
-         {{"job_id", opts_.job_id}, {"round", round.value}, {"reason", reason.substr(0, 4000)},
+         {{"job_id", opts_.job_id},
+          {"round", round.value},
+          {"reason", reason.substr(0, 4000)},
           {"grace_ms", static_cast<std::uint64_t>(grace.count())}});
   }
 
@@ -827,7 +858,8 @@ class Coordinator {
       close_attempt(launch::Phase::stopped, f.first_failure);
       report_.status = "stopped";
       report_.exit_code = 128 + (stop_signal_ ? stop_signal_ : SIGTERM);
-      say(spdlog::level::warn, "job {} stopped{}", opts_.job_id, stop_signal_ ? " by " + supervisor::signal_name(stop_signal_) : "");
+      say(spdlog::level::warn, "job {} stopped{}", opts_.job_id,
+          stop_signal_ ? " by " + supervisor::signal_name(stop_signal_) : "");
     } else {
       close_attempt(launch::Phase::failed, f.first_failure);
       report_.status = "failed";
@@ -844,7 +876,7 @@ class Coordinator {
     report_.exit_code = 0;
     report_.restarts = static_cast<int>(s.restart_count);
     say(spdlog::level::info, "job {} succeeded{}", opts_.job_id,
-               s.restart_count ? fmt::format(" after {} restart{}", s.restart_count, s.restart_count == 1 ? "" : "s") : "");
+        s.restart_count ? fmt::format(" after {} restart{}", s.restart_count, s.restart_count == 1 ? "" : "s") : "");
     finish();
   }
 
@@ -868,8 +900,10 @@ class Coordinator {
     const auto t = std::chrono::steady_clock::now();
     const bool show = t - last_progress_ >= std::chrono::seconds(1);
     if (show) last_progress_ = t;
-    if (show) say(spdlog::level::info, "{}", p.message);
-    else log_->debug("{}", p.message);
+    if (show)
+      say(spdlog::level::info, "{}", p.message);
+    else
+      log_->debug("{}", p.message);
   }
 
   // The round machine closes the attempt (once) and picks its first failure by mapped time.
@@ -907,7 +941,8 @@ class Coordinator {
       if (lines.empty()) {
         if (auto it = rank_files_.find(first.exit.rank); it != rank_files_.end()) lines = it->second.last.lines();
       }
-      cur_.first_failure = launch::RankFailure{first.exit, first.node, lines, first.error_file, contract_log(first.exit.rank)};
+      cur_.first_failure =
+          launch::RankFailure{first.exit, first.node, lines, first.error_file, contract_log(first.exit.rank)};
     } else if (c.node_failure) {
       // A node lost (or failing as a whole) and no rank failed before it: the ranks the stop
       // then ended elsewhere were not the first failure, however early their exits came.
@@ -920,8 +955,8 @@ class Coordinator {
     // on the nodes.
     if (c.killed_after_stop && !killed_now_) {
       const auto killed = c.killed_after_stop;
-      notes_.push_back(fmt::format("{} rank{} still running after the {} stop grace: SIGKILL", killed, killed == 1 ? " was" : "s were",
-                                   format_duration(opts_.spec.stop_grace)));
+      notes_.push_back(fmt::format("{} rank{} still running after the {} stop grace: SIGKILL", killed,
+                                   killed == 1 ? " was" : "s were", format_duration(opts_.spec.stop_grace)));
     }
     merge_stacks();
     if (c.outcome != round::Outcome::succeeded && !flight_.empty())
@@ -961,7 +996,8 @@ class Coordinator {
     node_stacks_.clear();
     std::sort(all.ranks.begin(), all.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
     try {
-      const auto w = launch::write_stacks_files(safefs::Dir::open(attempt_dir_), std::nullopt, all, static_cast<int>(stacks_world_size_));
+      const auto w = launch::write_stacks_files(safefs::Dir::open(attempt_dir_), std::nullopt, all,
+                                                static_cast<int>(stacks_world_size_));
       if (!w.error.empty()) log_->warn("the stacks were not kept: {}", w.error);
       all.file = w.path;
     } catch (const safefs::FsError& e) {
@@ -1028,7 +1064,9 @@ class Coordinator {
                    members.size() == 1 ? "" : "s");
         for (const auto& m : members) {
           send(*nodes_.at(m), "signal",
-               {{"job_id", opts_.job_id}, {"round", rounds_.round().value}, {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}});
+               {{"job_id", opts_.job_id},
+                {"round", rounds_.round().value},
+                {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}});
         }
       }
       wait_user_signals();
@@ -1045,8 +1083,8 @@ class Coordinator {
       return;
     }
     stop_signal_ = sig;
-    say(spdlog::level::warn, "{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)", what,
-        format_duration(opts_.spec.stop_grace));
+    say(spdlog::level::warn, "{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)",
+        what, format_duration(opts_.spec.stop_grace));
     handle(rdzv::StopRequested{what});
   }
 
@@ -1120,8 +1158,10 @@ class Coordinator {
       for (std::uint32_t i = 0; i < pl.local_world_size; ++i) {
         const int rank = static_cast<int>(pl.rank_base + i);
         json r{{"rank", rank}, {"node", node}, {"pid", nullptr}, {"state", "running"}};
-        if (auto p = rounds_.pid({node, i})) r["pid"] = *p;
-        else r["state"] = "starting";
+        if (auto p = rounds_.pid({node, i}))
+          r["pid"] = *p;
+        else
+          r["state"] = "starting";
         if (auto it = exits_.find({node, i}); it != exits_.end()) {
           r["pid"] = it->second.exit.pid;
           r["state"] = it->second.exit.describe();
@@ -1129,25 +1169,27 @@ class Coordinator {
           r["state"] = "node lost";  // its agent is gone: nobody reports this rank any more
         }
         auto lo = last_output_.find(rank);
-        r["last_output_age_s"] =
-            lo == last_output_.end() ? json(nullptr) : json(std::chrono::duration<double>(now_steady - lo->second).count());
+        r["last_output_age_s"] = lo == last_output_.end()
+                                     ? json(nullptr)
+                                     : json(std::chrono::duration<double>(now_steady - lo->second).count());
         ranks.push_back(r);
       }
     }
     std::sort(ranks.begin(), ranks.end(), [](const json& a, const json& b) { return a["rank"] < b["rank"]; });
-    return {{"job_id", opts_.job_id},
-            {"mode", "nodes"},
-            {"pid", ::getpid()},
-            {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(started_.time_since_epoch()).count()},
-            {"state", rdzv_.status()},
-            {"attempt", rdzv_.restart_count()},
-            {"restarts", rdzv_.restart_count()},
-            {"max_restarts", opts_.spec.max_restarts},
-            {"nodes", rdzv_.members().empty() ? hosts_ : rdzv_.members()},
-            {"ranks", ranks},
-            {"store", rounds_.master_port() ? fmt::format("{}:{}", master_, rounds_.master_port()) : ""},
-            {"store_waiters", store_waiters_},
-            {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
+    return {
+        {"job_id", opts_.job_id},
+        {"mode", "nodes"},
+        {"pid", ::getpid()},
+        {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(started_.time_since_epoch()).count()},
+        {"state", rdzv_.status()},
+        {"attempt", rdzv_.restart_count()},
+        {"restarts", rdzv_.restart_count()},
+        {"max_restarts", opts_.spec.max_restarts},
+        {"nodes", rdzv_.members().empty() ? hosts_ : rdzv_.members()},
+        {"ranks", ranks},
+        {"store", rounds_.master_port() ? fmt::format("{}:{}", master_, rounds_.master_port()) : ""},
+        {"store_waiters", store_waiters_},
+        {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
   }
 
   CoordinatorOptions opts_;
@@ -1156,7 +1198,7 @@ class Coordinator {
   asio::steady_timer tick_timer_, heartbeat_timer_;
   std::optional<rdzv::TimePoint> tick_armed_;  // the deadline tick_timer_ waits for
   bool killed_now_ = false;                    // a second Ctrl-C: SIGKILL without the grace
-  asio::steady_timer progress_timer_;  // "still waiting" while nodes are missing
+  asio::steady_timer progress_timer_;          // "still waiting" while nodes are missing
   // The hang watchdog (spec.hang): the nodes' reports, each idle node's stacks, the verdict's timer.
   std::optional<hang::NodeProgress> hang_;
   std::map<std::string, std::string> hang_stacks_;
@@ -1170,14 +1212,14 @@ class Coordinator {
   std::string offer_spec_;  // payload_ as job_offer carries it, encoded once
   std::chrono::steady_clock::time_point last_progress_{};
   std::map<std::string, std::unique_ptr<Node>> nodes_;
-  std::unique_ptr<net::Dialer> dialer_;  // SSH mode; destroyed before io_
+  std::unique_ptr<net::Dialer> dialer_;             // SSH mode; destroyed before io_
   std::shared_ptr<boost::asio::ssl::context> tls_;  // --tls: made at the first dial
   supervisor::TerminalSink terminal_;
 
   // After the rendezvous's AssignRanks: node rank 0's ready, the others' assigns and starts,
   // the workers' starts and exits, the attempt's close (round_machine.hpp).
   round::RoundMachine rounds_;
-  json node_addresses_;                 // the round's, by node rank
+  json node_addresses_;                // the round's, by node rank
   std::optional<std::string> ib_hca_;  // NCCL_IB_HCA common to the round's nodes
   std::string master_;
   std::map<std::pair<std::string, std::uint32_t>, ExitInfo> exits_;
@@ -1189,7 +1231,7 @@ class Coordinator {
   std::map<std::string, std::pair<int, int>> flight_ranks_;  // node -> (rank base, local world size)
   std::map<int, RankFiles> rank_files_;
   std::map<int, std::chrono::steady_clock::time_point> last_output_;  // by global rank
-  bool ranks_warned_ = false;                                        // --ranks outside the job, said
+  bool ranks_warned_ = false;                                         // --ranks outside the job, said
   std::vector<std::string> store_waiters_;  // node rank 0's last report (sent with its heartbeat)
   std::optional<control::Server> control_;
   StacksGather stacks_{io_};
@@ -1221,7 +1263,8 @@ int run_coordinator(CoordinatorOptions options) {
       throw CoordinatorError(fmt::format("{} nodes need more open files than this process may have ({}; ulimit -Hn)",
                                          options.nodes.size(), rl.rlim_cur));
     }
-    log::get("coordinator")->debug("open-files limit raised from {} to {} for {} nodes", want, rl.rlim_cur, options.nodes.size());
+    log::get("coordinator")
+        ->debug("open-files limit raised from {} to {} for {} nodes", want, rl.rlim_cur, options.nodes.size());
   }
   try {
     Coordinator c(std::move(options));

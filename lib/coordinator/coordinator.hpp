@@ -20,8 +20,8 @@
 #include "common/duration.hpp"
 #include "common/log.hpp"
 #include "jobspec/jobspec.hpp"
-#include "net/dialer.hpp"
 #include "launch/report.hpp"
+#include "net/dialer.hpp"
 #include "proto/keyring.hpp"
 #include "supervisor/output.hpp"
 

@@ -15,9 +15,11 @@ namespace {
 
 int workers_on(const jobspec::JobSpec& spec, const facts::NodeFacts& f, const std::string& node) {
   switch (spec.nproc.kind) {
-    case jobspec::Nproc::Kind::count: return spec.nproc.count;
+    case jobspec::Nproc::Kind::count:
+      return spec.nproc.count;
     case jobspec::Nproc::Kind::gpu:
-      if (f.gpus.empty()) throw std::invalid_argument(fmt::format("nproc_per_node: gpu, but {} has no GPU in its facts", node));
+      if (f.gpus.empty())
+        throw std::invalid_argument(fmt::format("nproc_per_node: gpu, but {} has no GPU in its facts", node));
       return static_cast<int>(f.gpus.size());
     case jobspec::Nproc::Kind::cpu: {
       std::size_t cpus = 0;
@@ -53,23 +55,30 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
   // A container's worker gets only what enters the container (lib/container's policy).
   const contract::Env inherited = spec.container ? container::forwarded_into_container(forwarded, spec) : forwarded;
 
-  nlohmann::json out{{"job_id", job_id}, {"world_size", world}, {"nnodes", nodes.size()},
-                     {"master_addr", nodes.empty() ? "" : nodes[0].host}, {"master_port", spec.store_port},
+  nlohmann::json out{{"job_id", job_id},
+                     {"world_size", world},
+                     {"nnodes", nodes.size()},
+                     {"master_addr", nodes.empty() ? "" : nodes[0].host},
+                     {"master_port", spec.store_port},
                      {"nccl_ib_hca", job_ib_hca ? nlohmann::json(*job_ib_hca) : nlohmann::json(nullptr)},
-                     {"notes", {"the agent sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that carries "
-                                "the rendezvous on each node, unless the job sets them",
-                                "each node adds its own environment; only the launcher's forwarded variables are shown",
-                                "MASTER_ADDR is node rank 0's address as the launcher reaches it",
-                                "log and error files are shown under the agents' default --log-dir, /var/log/ddpctl"}}};
-  if (spec.store_port == 0) out["notes"].push_back("store.port 0: node rank 0's agent picks MASTER_PORT when the job starts");
+                     {"notes",
+                      {"the agent sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that carries "
+                       "the rendezvous on each node, unless the job sets them",
+                       "each node adds its own environment; only the launcher's forwarded variables are shown",
+                       "MASTER_ADDR is node rank 0's address as the launcher reaches it",
+                       "log and error files are shown under the agents' default --log-dir, /var/log/ddpctl"}}};
+  if (spec.store_port == 0)
+    out["notes"].push_back("store.port 0: node rank 0's agent picks MASTER_PORT when the job starts");
   if (spec.nccl_unique_id != jobspec::NcclUniqueId::off) {
-    out["notes"].push_back("DDP_NCCL_UNIQUE_ID is made for every attempt by node rank 0's agent when it starts (where "
-                           "libnccl.so.2 loads there)");
+    out["notes"].push_back(
+        "DDP_NCCL_UNIQUE_ID is made for every attempt by node rank 0's agent when it starts (where "
+        "libnccl.so.2 loads there)");
   }
   if (spec.container) {
-    out["notes"].push_back("container jobs: each agent adds its node's /dev/infiniband devices (not in facts files), "
-                           "labels ddpctl.owner with its own pid and start time (shown as 0-0), and gives the runtime "
-                           "client its own environment (only the launcher's forwarded variables are shown)");
+    out["notes"].push_back(
+        "container jobs: each agent adds its node's /dev/infiniband devices (not in facts files), "
+        "labels ddpctl.owner with its own pid and start time (shown as 0-0), and gives the runtime "
+        "client its own environment (only the launcher's forwarded variables are shown)");
   }
   int base = 0;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -103,8 +112,11 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
       if (facts[i].limits.memlock) host.memlock_hard = facts[i].limits.memlock->hard;
       container::wrap_plan(plan, spec, forwarded, host, 0, container::Owner{}, spec.workdir.value_or("/"));
     }
-    out["nodes"].push_back({{"node", nodes[i].name}, {"node_rank", i}, {"hostname", facts[i].hostname},
-                            {"rank_base", base}, {"plan", contract::to_json(plan)},
+    out["nodes"].push_back({{"node", nodes[i].name},
+                            {"node_rank", i},
+                            {"hostname", facts[i].hostname},
+                            {"rank_base", base},
+                            {"plan", contract::to_json(plan)},
                             {"python", facts[i].python ? facts::to_json(*facts[i].python) : nlohmann::json(nullptr)},
                             {"async_error_handling", {{"names", aeh.names}, {"why", aeh.why}}}});
     base += nproc[i];

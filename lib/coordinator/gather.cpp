@@ -4,8 +4,8 @@
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 
-#include <boost/asio.hpp>
 #include <fmt/format.h>
+#include <boost/asio.hpp>
 
 #include <memory>
 
@@ -14,7 +14,8 @@ namespace ddp::coordinator {
 namespace asio = boost::asio;
 
 std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
-                                        const std::string& user, Millis timeout, const nlohmann::json& image, bool tls) {
+                                        const std::string& user, Millis timeout, const nlohmann::json& image,
+                                        bool tls) {
   const auto entries = net::node_entries(nodes, 29410);
   // Reaching an agent and its handshake take milliseconds; a node whose firewall drops the
   // connection says nothing, and should not hold the whole answer for `timeout` (which also

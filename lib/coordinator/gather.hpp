@@ -29,7 +29,7 @@ inline constexpr Millis kReachTimeout{10000};
 // `image` ({runtime, image}, or null): each node also looks that container image up (its facts'
 // container_image).
 std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, const proto::Keyring& keys,
-                                        const std::string& user, Millis timeout,
-                                        const nlohmann::json& image = nullptr, bool tls = false);
+                                        const std::string& user, Millis timeout, const nlohmann::json& image = nullptr,
+                                        bool tls = false);
 
 }  // namespace ddp::coordinator

@@ -5,7 +5,8 @@
 
 namespace ddp::coordinator {
 
-ClientIdentity client_identity(const CoordinatorKeyUsers& key_users, std::string_view key_id, std::string_view declared_user) {
+ClientIdentity client_identity(const CoordinatorKeyUsers& key_users, std::string_view key_id,
+                               std::string_view declared_user) {
   ClientIdentity id;
   if (key_users.empty()) {
     id.user = declared_user;
@@ -13,7 +14,8 @@ ClientIdentity client_identity(const CoordinatorKeyUsers& key_users, std::string
   }
   const auto it = key_users.find(key_id);
   if (it == key_users.end()) {
-    id.refusal = fmt::format("key '{}' is not mapped to a user on this coordinator, which serves only mapped keys", key_id);
+    id.refusal =
+        fmt::format("key '{}' is not mapped to a user on this coordinator, which serves only mapped keys", key_id);
     id.hint = "the coordinator's admin maps each user's key with ddp-coordinator --key-user KEY=USER";
     return id;
   }
@@ -27,6 +29,8 @@ ClientIdentity client_identity(const CoordinatorKeyUsers& key_users, std::string
   return id;
 }
 
-bool may_touch(std::string_view job_user, std::string_view user) { return user == job_user || user == "root"; }
+bool may_touch(std::string_view job_user, std::string_view user) {
+  return user == job_user || user == "root";
+}
 
 }  // namespace ddp::coordinator

@@ -22,7 +22,8 @@ struct ClientIdentity {
   std::string refusal;  // non-empty: refuse the connection, saying this
   std::string hint;
 };
-ClientIdentity client_identity(const CoordinatorKeyUsers& key_users, std::string_view key_id, std::string_view declared_user);
+ClientIdentity client_identity(const CoordinatorKeyUsers& key_users, std::string_view key_id,
+                               std::string_view declared_user);
 
 // Whether `user` (authenticated, as above) may stop, inspect or read the logs of a job of `job_user`.
 bool may_touch(std::string_view job_user, std::string_view user);

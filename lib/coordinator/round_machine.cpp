@@ -46,13 +46,20 @@ const RoundMachine::Transition RoundMachine::kTable[] = {
 
 const char* to_string(State s) {
   switch (s) {
-    case State::idle: return "idle";
-    case State::awaiting_ready: return "awaiting_ready";
-    case State::awaiting_ready_start_due: return "awaiting_ready_start_due";
-    case State::released: return "released";
-    case State::running: return "running";
-    case State::stopping: return "stopping";
-    case State::closed: return "closed";
+    case State::idle:
+      return "idle";
+    case State::awaiting_ready:
+      return "awaiting_ready";
+    case State::awaiting_ready_start_due:
+      return "awaiting_ready_start_due";
+    case State::released:
+      return "released";
+    case State::running:
+      return "running";
+    case State::stopping:
+      return "stopping";
+    case State::closed:
+      return "closed";
   }
   return "?";
 }
@@ -67,7 +74,8 @@ Effects RoundMachine::handle(const Event& event) {
   return std::move(out_);
 }
 
-std::optional<int> RoundMachine::global_rank(const std::string& node, rdzv::Round round, std::uint32_t local_rank) const {
+std::optional<int> RoundMachine::global_rank(const std::string& node, rdzv::Round round,
+                                             std::uint32_t local_rank) const {
   if (round != round_) return std::nullopt;
   auto it = placement_.find(node);
   if (it == placement_.end() || local_rank >= it->second.local_world_size) return std::nullopt;
@@ -123,7 +131,8 @@ void RoundMachine::release(const Event& e) {
   master_port_ = r.master_port;
   const Release rel{r.master_port, r.nccl_id};
   // Node by node, so that the first are on their way while the last are built.
-  for (std::size_t i = 1; i < assign_.nodes.size(); ++i) out_.push_back(SendAssign{assign_.nodes[i].node, i, rel, start});
+  for (std::size_t i = 1; i < assign_.nodes.size(); ++i)
+    out_.push_back(SendAssign{assign_.nodes[i].node, i, rel, start});
   out_.push_back(StoreUp{round_, master_port_, r.nccl_id.has_value()});
   if (start) out_.push_back(SendStart{assign_.nodes.front().node, round_});
   state_ = start ? State::running : State::released;

@@ -130,11 +130,12 @@ struct ForwardExit {  // the rendezvous machine must hear of this exit
 };
 struct AttemptClosed {
   Outcome outcome = Outcome::failed;
-  std::optional<WorkerKey> first_failure;  // the exit the report names; only when not succeeded
+  std::optional<WorkerKey> first_failure;     // the exit the report names; only when not succeeded
   std::optional<rdzv::Failure> node_failure;  // the rendezvous's failure when it was a node's, not a rank's
-  std::size_t killed_after_stop = 0;       // exits by SIGKILL stamped after the stop: its grace ran out
+  std::size_t killed_after_stop = 0;          // exits by SIGKILL stamped after the stop: its grace ran out
 };
-using Effect = std::variant<SendAssign, SendStart, StoreUp, ReadyFailed, ReadyIgnored, AllStarted, ForwardExit, AttemptClosed>;
+using Effect =
+    std::variant<SendAssign, SendStart, StoreUp, ReadyFailed, ReadyIgnored, AllStarted, ForwardExit, AttemptClosed>;
 using Effects = std::vector<Effect>;
 
 struct Placement {  // a member's share of the round

@@ -3,8 +3,8 @@
 
 #include "stacks/collect.hpp"
 
-#include <boost/asio/post.hpp>
 #include <fmt/format.h>
+#include <boost/asio/post.hpp>
 
 #include <algorithm>
 
@@ -40,7 +40,8 @@ void StacksGather::start(std::vector<NodeAsk> nodes, bool native, Millis budget,
   if (pending_.size() >= kMaxInFlight) {
     boost::asio::post(io_, [reply = std::move(reply), world_size] {
       json ranks = json::array();
-      reply({{"world_size", world_size}, {"ranks", ranks}, {"error", "four stack reads are running already; try again"}});
+      reply(
+          {{"world_size", world_size}, {"ranks", ranks}, {"error", "four stack reads are running already; try again"}});
     });
     return;
   }
@@ -103,10 +104,14 @@ void StacksGather::finish(std::uint64_t id) {
   for (auto& [node, s] : p->nodes) {
     for (int rank : s.ranks) {
       stacks::ProcessStacks ps;
-      if (auto g = s.got.find(rank); g != s.got.end()) ps = std::move(g->second);
-      else if (!s.error.empty()) ps = not_read(s.error);
-      else if (s.done) ps = not_read(fmt::format("node {} sent nothing for this rank", node));
-      else ps = not_read(fmt::format("node {} did not answer within {} ms", node, (p->budget + kMargin).count()));
+      if (auto g = s.got.find(rank); g != s.got.end())
+        ps = std::move(g->second);
+      else if (!s.error.empty())
+        ps = not_read(s.error);
+      else if (s.done)
+        ps = not_read(fmt::format("node {} sent nothing for this rank", node));
+      else
+        ps = not_read(fmt::format("node {} did not answer within {} ms", node, (p->budget + kMargin).count()));
       out.emplace_back(rank, json{{"rank", rank}, {"node", node}, {"process", stacks::to_json(ps)}});
     }
   }

@@ -30,9 +30,9 @@ class StacksGather {
 
   struct NodeAsk {
     std::string node;
-    std::vector<int> ranks;       // global ranks of this node asked for
+    std::vector<int> ranks;        // global ranks of this node asked for
     std::vector<int> local_ranks;  // the same, as local ranks
-    std::string unavailable;      // non-empty: not asked; its ranks' error
+    std::string unavailable;       // non-empty: not asked; its ranks' error
     // Sends the node its stacks_request (the id filled in by start()).
     std::function<void(nlohmann::json request)> send;
   };

@@ -84,7 +84,11 @@ struct Relay {
 class Standing {
  public:
   explicit Standing(StandingOptions o)
-      : opts_(std::move(o)), acceptor_(io_), signals_(io_, SIGINT, SIGTERM), watchdog_timer_(io_), log_(log::get("coordinator")) {}
+      : opts_(std::move(o)),
+        acceptor_(io_),
+        signals_(io_, SIGINT, SIGTERM),
+        watchdog_timer_(io_),
+        log_(log::get("coordinator")) {}
 
   int run() {
     listen();
@@ -92,8 +96,8 @@ class Standing {
     ::signal(SIGPIPE, SIG_IGN);
     wait_signals();
     accept();
-    log_->info("ddp-coordinator listening on {} (the launcher's copy of job logs in {})", endpoint_label(acceptor_.local_endpoint()),
-               opts_.log_dir);
+    log_->info("ddp-coordinator listening on {} (the launcher's copy of job logs in {})",
+               endpoint_label(acceptor_.local_endpoint()), opts_.log_dir);
     notify_.ready(status_line());
     watchdog();
     io_.run();
@@ -115,8 +119,9 @@ class Standing {
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      throw StandingError(fmt::format("cannot listen on {}: {}{}", endpoint_label(ep), ec.message(),
-                                      ec == asio::error::address_in_use ? " (is another ddp-coordinator running? use --listen)" : ""));
+      throw StandingError(
+          fmt::format("cannot listen on {}: {}{}", endpoint_label(ep), ec.message(),
+                      ec == asio::error::address_in_use ? " (is another ddp-coordinator running? use --listen)" : ""));
     }
   }
 
@@ -137,10 +142,10 @@ class Standing {
     sc.software = kStandingVersion;
     sc.keys = opts_.keys;
     sc.nonce = proto::random_nonce();
-    sc.accept_roles = {proto::Role::ctl};  // agents are dialled by us, never the other way
+    sc.accept_roles = {proto::Role::ctl};      // agents are dialled by us, never the other way
     sc.delegate_key = opts_.keys.first()->id;  // what ddpctl's delegations name (version 6)
-    auto conn = Connection::make(std::move(s), proto::Session::server(sc), ec ? "?" : endpoint_label(remote), "coordinator",
-                                 opts_.handshake_timeout);
+    auto conn = Connection::make(std::move(s), proto::Session::server(sc), ec ? "?" : endpoint_label(remote),
+                                 "coordinator", opts_.handshake_timeout);
     conn->hold_until_established(accept_loop_->admit([w = std::weak_ptr<Connection>(conn)] {
       if (auto c = w.lock()) c->close("too many unauthenticated connections: the oldest is closed", /*routine=*/true);
     }));
@@ -158,7 +163,8 @@ class Standing {
                    }
                    users_[raw] = id.user;
                    raw->set_label(fmt::format("ddpctl {} (user {})", raw->label(), id.user));
-                   log_->debug("{}: authenticated with key '{}'{}", raw->label(), p.key_id, raw->encrypted() ? ", inside TLS 1.3" : "");
+                   log_->debug("{}: authenticated with key '{}'{}", raw->label(), p.key_id,
+                               raw->encrypted() ? ", inside TLS 1.3" : "");
                  },
                  [this, raw](proto::Message m) { on_message(raw, std::move(m)); },
                  [this, raw](const std::string&) {
@@ -208,13 +214,15 @@ class Standing {
     const auto user = b["user"].get<std::string>();
     const auto& peer_user = *user_of(c);
     if (user != peer_user) {
-      return c->refuse(proto::ErrorCode::auth,
-                       fmt::format("the job claims user '{}' but this connection is user '{}'", user, peer_user),
-                       opts_.key_users.empty() ? "" : "with key_users, a job runs as the user its submitter's key maps to");
+      return c->refuse(
+          proto::ErrorCode::auth,
+          fmt::format("the job claims user '{}' but this connection is user '{}'", user, peer_user),
+          opts_.key_users.empty() ? "" : "with key_users, a job runs as the user its submitter's key maps to");
     }
     if (stopping_) return c->refuse(proto::ErrorCode::unexpected, "ddp-coordinator is shutting down");
     if (jobs_.count(job_id)) {
-      return c->refuse(proto::ErrorCode::bad_value, fmt::format("a job named {} already runs on this coordinator", job_id));
+      return c->refuse(proto::ErrorCode::bad_value,
+                       fmt::format("a job named {} already runs on this coordinator", job_id));
     }
     net::JobPayload payload;
     try {
@@ -231,9 +239,9 @@ class Standing {
       std::string error;
       auto d = proto::delegation_from_json(b["delegation"], &error);
       if (d) {
-        const auto now_s = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::seconds>(
-                                                          std::chrono::system_clock::now().time_since_epoch())
-                                                          .count());
+        const auto now_s = static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count());
         if (auto why = proto::verify_delegation(*d, opts_.keys,
                                                 {job_id, user, opts_.keys.first()->id, c->session().peer().key_id,
                                                  proto::payload_digest(b["spec"]), now_s})) {
@@ -285,13 +293,15 @@ class Standing {
     };
     o.events.notice = [this, job](spdlog::level::level_enum level, const std::string& text) {
       asio::post(io_, [job, level, text] {
-        send(job->submitter.lock().get(), "job_event", {{"job_id", job->id}, {"kind", level_kind(level)}, {"message", text.substr(0, 262144)}});
+        send(job->submitter.lock().get(), "job_event",
+             {{"job_id", job->id}, {"kind", level_kind(level)}, {"message", text.substr(0, 262144)}});
       });
     };
     // What `launch --coordinator --detach` waits for before it returns (client.cpp).
     o.on_running = [this, job] {
       asio::post(io_, [job] {
-        send(job->submitter.lock().get(), "job_event", {{"job_id", job->id}, {"kind", "running"}, {"message", "every rank has started"}});
+        send(job->submitter.lock().get(), "job_event",
+             {{"job_id", job->id}, {"kind", "running"}, {"message", "every rank has started"}});
       });
     };
     o.events.started = [job](std::function<void(const std::string&)> stop) {
@@ -307,8 +317,8 @@ class Standing {
     };
 
     send(c, "job_accepted", {{"job_id", job_id}});
-    log_->info("job {}: submitted by {} for {} node{}{}", job_id, c->label(), o.nodes.size(), o.nodes.size() == 1 ? "" : "s",
-               detach ? " (detached)" : "");
+    log_->info("job {}: submitted by {} for {} node{}{}", job_id, c->label(), o.nodes.size(),
+               o.nodes.size() == 1 ? "" : "s", detach ? " (detached)" : "");
     jobs_[job_id] = job;
     notify_.status(status_line());
     job->thread = std::thread([this, job, report, o = std::move(o)]() mutable {
@@ -336,12 +346,17 @@ class Standing {
     }
     if (job.dropped) {
       send(c.get(), "job_event",
-           {{"job_id", job.id}, {"kind", "warning"},
-            {"message", fmt::format("{} output line(s) skipped: ddpctl read too slowly (the log files have them)", job.dropped)}});
+           {{"job_id", job.id},
+            {"kind", "warning"},
+            {"message",
+             fmt::format("{} output line(s) skipped: ddpctl read too slowly (the log files have them)", job.dropped)}});
       job.dropped = 0;
     }
     send(c.get(), "job_output",
-         {{"job_id", job.id}, {"node", node}, {"rank", rank}, {"stream", s == supervisor::Stream::err ? "stderr" : "stdout"},
+         {{"job_id", job.id},
+          {"node", node},
+          {"rank", rank},
+          {"stream", s == supervisor::Stream::err ? "stderr" : "stdout"},
           {"data", line.substr(0, 65536)}});
   }
 
@@ -353,8 +368,11 @@ class Standing {
       result.update({{"state", "failed"}, {"exit_code", 2}, {"message", error.substr(0, 4000)}});
     } else {
       log_->info("job {}: {}", job->id, report.status);
-      const auto state = report.status == "succeeded" || report.status == "stopped" ? report.status : std::string("failed");
-      result.update({{"state", state}, {"exit_code", report.exit_code}, {"message", fmt::format("job {} {}", job->id, state)},
+      const auto state =
+          report.status == "succeeded" || report.status == "stopped" ? report.status : std::string("failed");
+      result.update({{"state", state},
+                     {"exit_code", report.exit_code},
+                     {"message", fmt::format("job {} {}", job->id, state)},
                      {"report", launch::to_json(report, launch::StacksDetail::kSummary)}});  // a frame: 1 MiB
     }
     send(job->submitter.lock().get(), "job_result", std::move(result));
@@ -366,15 +384,19 @@ class Standing {
   void on_stop_job(Connection* c, const json& b) {
     auto it = jobs_.find(b["job_id"].get<std::string>());
     if (it == jobs_.end() || !may_touch(*it->second, *user_of(c))) {
-      return c->refuse(proto::ErrorCode::bad_value, fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
+      return c->refuse(proto::ErrorCode::bad_value,
+                       fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
     }
-    stop(*it->second, fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""));
+    stop(*it->second,
+         fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""));
   }
 
   static void stop(Job& j, const std::string& who) {
     std::lock_guard lock(j.mu);
-    if (j.stop) j.stop(who);
-    else j.pending_stop = who;  // applied once the loop runs; harmless once it has ended
+    if (j.stop)
+      j.stop(who);
+    else
+      j.pending_stop = who;  // applied once the loop runs; harmless once it has ended
   }
 
   // ---- ddpctl status/logs/stop --coordinator ----
@@ -395,16 +417,19 @@ class Standing {
         if (may_touch(*j, user)) mine.push_back(jid);
       }
       if (mine.size() != 1) {
-        return control_reply(c, {{"ok", false}, {"error", mine.empty() ? "no job of yours runs on this coordinator"
-                                                                        : fmt::format("{} jobs run on this coordinator; name one: {}",
-                                                                                      mine.size(), fmt::join(mine, ", "))}},
+        return control_reply(c,
+                             {{"ok", false},
+                              {"error", mine.empty() ? "no job of yours runs on this coordinator"
+                                                     : fmt::format("{} jobs run on this coordinator; name one: {}",
+                                                                   mine.size(), fmt::join(mine, ", "))}},
                              true);
       }
       id = mine.front();
     }
     auto it = jobs_.find(id);
     if (it == jobs_.end() || !may_touch(*it->second, user)) {
-      return control_reply(c, {{"ok", false}, {"error", fmt::format("job {} is not running on this coordinator", id)}}, true);
+      return control_reply(c, {{"ok", false}, {"error", fmt::format("job {} is not running on this coordinator", id)}},
+                           true);
     }
     std::string path;
     try {
@@ -433,7 +458,8 @@ class Standing {
     asio::async_read_until(r->sock, r->buf, '\n', [this, c, r](boost::system::error_code ec, std::size_t n) {
       if (r->ended) return;
       if (ec) return end_relay(c, *r, "");
-      std::string line(asio::buffers_begin(r->buf.data()), asio::buffers_begin(r->buf.data()) + static_cast<std::ptrdiff_t>(n) - 1);
+      std::string line(asio::buffers_begin(r->buf.data()),
+                       asio::buffers_begin(r->buf.data()) + static_cast<std::ptrdiff_t>(n) - 1);
       r->buf.consume(n);
       auto j = json::parse(line, nullptr, false);
       if (j.is_discarded()) return end_relay(c, *r, "the job's control socket sent a malformed line");
@@ -469,8 +495,10 @@ class Standing {
     });
   }
 
-  void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<std::vector<json>> lines, std::size_t from) {
-    while (from < lines->size() && c->queued_bytes() < kRelayHighWater) control_reply(c, std::move((*lines)[from++]), false);
+  void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<std::vector<json>> lines,
+                    std::size_t from) {
+    while (from < lines->size() && c->queued_bytes() < kRelayHighWater)
+      control_reply(c, std::move((*lines)[from++]), false);
     if (from == lines->size()) return read_relay(c, r);
     paced(c, r, [this, c, r, lines, from] { send_backlog(c, r, lines, from); });
   }
@@ -490,8 +518,10 @@ class Standing {
     r.ended = true;
     boost::system::error_code ignored;
     r.sock.close(ignored);
-    if (!error.empty() && !r.answered) control_reply(c, {{"ok", false}, {"error", error}}, true);
-    else control_reply(c, nullptr, true);
+    if (!error.empty() && !r.answered)
+      control_reply(c, {{"ok", false}, {"error", error}}, true);
+    else
+      control_reply(c, nullptr, true);
   }
 
   // ---- lifetime ----
@@ -535,7 +565,8 @@ class Standing {
   }
 
   void finish() {
-    for (auto& [raw, c] : std::map<Connection*, std::shared_ptr<Connection>>(clients_)) c->close("ddp-coordinator is shutting down");
+    for (auto& [raw, c] : std::map<Connection*, std::shared_ptr<Connection>>(clients_))
+      c->close("ddp-coordinator is shutting down");
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     watchdog_timer_.cancel();
@@ -551,7 +582,7 @@ class Standing {
   std::shared_ptr<spdlog::logger> log_;
   std::map<Connection*, std::shared_ptr<Connection>> clients_;
   std::map<Connection*, std::shared_ptr<Relay>> relays_;
-  std::map<Connection*, std::string> users_;  // each established client's user (identity.hpp)
+  std::map<Connection*, std::string> users_;        // each established client's user (identity.hpp)
   std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first client
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;

@@ -4,23 +4,27 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <set>
 #include <functional>
 #include <map>
+#include <set>
 
 namespace ddp::facts {
 
 std::string_view to_string(Severity s) {
   switch (s) {
-    case Severity::info: return "info";
-    case Severity::warning: return "warning";
-    case Severity::error: return "error";
+    case Severity::info:
+      return "info";
+    case Severity::warning:
+      return "warning";
+    case Severity::error:
+      return "error";
   }
   return "?";
 }
 
 nlohmann::json to_json(const Finding& f) {
-  return {{"severity", std::string(to_string(f.severity))}, {"code", f.code}, {"message", f.message}, {"nodes", f.nodes}};
+  return {
+      {"severity", std::string(to_string(f.severity))}, {"code", f.code}, {"message", f.message}, {"nodes", f.nodes}};
 }
 
 bool has_errors(const std::vector<Finding>& findings) {
@@ -33,14 +37,18 @@ std::optional<std::string> image_disagreement(const std::string& image,
   for (const auto& [node, digest] : node_digests) {
     if (digest.empty()) continue;
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == digest; });
-    if (it == groups.end()) groups.push_back({digest, {node}});
-    else it->second.push_back(node);
+    if (it == groups.end())
+      groups.push_back({digest, {node}});
+    else
+      it->second.push_back(node);
   }
   if (groups.size() <= 1) return std::nullopt;
-  std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   std::string out = "the nodes have different images for " + image + ": ";
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    out += (i ? "; " : "") + join(groups[i].second, ", ") + (groups[i].second.size() == 1 ? " has " : " have ") + groups[i].first;
+    out += (i ? "; " : "") + join(groups[i].second, ", ") + (groups[i].second.size() == 1 ? " has " : " have ") +
+           groups[i].first;
   }
   return out;
 }
@@ -57,18 +65,29 @@ constexpr std::uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
 
 std::string bytes(std::uint64_t b) {
   char buf[32];
-  if (b >= GiB && b % GiB == 0) std::snprintf(buf, sizeof buf, "%llu GiB", static_cast<unsigned long long>(b / GiB));
-  else if (b >= GiB) std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(b) / GiB);
-  else if (b >= MiB) std::snprintf(buf, sizeof buf, "%llu MiB", static_cast<unsigned long long>(b / MiB));
-  else if (b >= 1024) std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(b / 1024));
-  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  if (b >= GiB && b % GiB == 0)
+    std::snprintf(buf, sizeof buf, "%llu GiB", static_cast<unsigned long long>(b / GiB));
+  else if (b >= GiB)
+    std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(b) / GiB);
+  else if (b >= MiB)
+    std::snprintf(buf, sizeof buf, "%llu MiB", static_cast<unsigned long long>(b / MiB));
+  else if (b >= 1024)
+    std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(b / 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   return buf;
 }
 
-bool usable_ib(const Nic& n) { return n.kind == NicKind::ib && n.state && *n.state == "active"; }
-bool usable_eth(const Nic& n) { return n.kind == NicKind::eth && (!n.state || *n.state == "up" || *n.state == "unknown"); }
+bool usable_ib(const Nic& n) {
+  return n.kind == NicKind::ib && n.state && *n.state == "active";
+}
+bool usable_eth(const Nic& n) {
+  return n.kind == NicKind::eth && (!n.state || *n.state == "up" || *n.state == "unknown");
+}
 
-std::string nic_id(const Nic& n) { return n.port ? n.name + ":" + std::to_string(*n.port) : n.name; }
+std::string nic_id(const Nic& n) {
+  return n.port ? n.name + ":" + std::to_string(*n.port) : n.name;
+}
 
 class Checker {
  public:
@@ -76,7 +95,8 @@ class Checker {
     std::map<std::string, int> seen;
     for (const auto& n : nodes) ++seen[n.hostname];
     std::map<std::string, int> k;
-    for (const auto& n : nodes) labels_.push_back(seen[n.hostname] > 1 ? n.hostname + "#" + std::to_string(++k[n.hostname]) : n.hostname);
+    for (const auto& n : nodes)
+      labels_.push_back(seen[n.hostname] > 1 ? n.hostname + "#" + std::to_string(++k[n.hostname]) : n.hostname);
   }
 
   std::vector<Finding> run() {
@@ -87,7 +107,8 @@ class Checker {
     nics();
     limits();
     image();
-    std::stable_sort(out_.begin(), out_.end(), [](const Finding& a, const Finding& b) { return a.severity > b.severity; });
+    std::stable_sort(out_.begin(), out_.end(),
+                     [](const Finding& a, const Finding& b) { return a.severity > b.severity; });
     return std::move(out_);
   }
 
@@ -101,7 +122,8 @@ class Checker {
   static std::string describe(const Groups& g) {
     // Largest group first: the odd one out reads last.
     std::vector<std::pair<std::string, std::vector<std::string>>> v(g.begin(), g.end());
-    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
     std::vector<std::string> parts;
     for (const auto& [value, nodes] : v) parts.push_back(value + " on " + join(nodes, ", "));
     return join(parts, "; ");
@@ -150,11 +172,13 @@ class Checker {
                           : " (of the system Python where the job's was not asked: `ddpctl doctor --job FILE`)"),
           nodes_of(torch_release));
     } else if (torch_build.size() > 1) {
-      add(Severity::warning, "torch-version-mismatch", "PyTorch builds differ: " + describe(torch_build), nodes_of(torch_build));
+      add(Severity::warning, "torch-version-mismatch", "PyTorch builds differ: " + describe(torch_build),
+          nodes_of(torch_build));
     }
     if (py_minor.size() > 1) {
       add(Severity::error, "python-version-mismatch",
-          "Python versions differ: " + describe(py_minor) + " (pickled objects and extension modules differ between them)",
+          "Python versions differ: " + describe(py_minor) +
+              " (pickled objects and extension modules differ between them)",
           nodes_of(py_minor));
     }
   }
@@ -172,8 +196,8 @@ class Checker {
       if (ci->digest) {
         digests.emplace_back(labels_[i], *ci->digest);
       } else {
-        add(Severity::error, "image-missing", labels_[i] + ": image " + ci->image + ": " + ci->error.value_or("not resolved"),
-            {labels_[i]});
+        add(Severity::error, "image-missing",
+            labels_[i] + ": image " + ci->image + ": " + ci->error.value_or("not resolved"), {labels_[i]});
       }
     }
     if (auto why = image_disagreement(name, digests)) add(Severity::error, "image-mismatch", *why, all);
@@ -189,9 +213,12 @@ class Checker {
     }
     for (const auto& [h, l] : hosts)
       if (l.size() > 1)
-        add(Severity::error, "duplicate-node", "hostname " + h + " appears " + std::to_string(l.size()) + " times (the same node described twice?)", l);
+        add(Severity::error, "duplicate-node",
+            "hostname " + h + " appears " + std::to_string(l.size()) + " times (the same node described twice?)", l);
     for (const auto& [u, l] : uuids)
-      if (l.size() > 1) add(Severity::error, "duplicate-gpu", "GPU " + u + " appears on " + join(l, ", ") + " (the same node described twice?)", l);
+      if (l.size() > 1)
+        add(Severity::error, "duplicate-gpu",
+            "GPU " + u + " appears on " + join(l, ", ") + " (the same node described twice?)", l);
   }
 
   void gpus() {
@@ -204,13 +231,18 @@ class Checker {
       std::set<std::string> m;
       for (const auto& g : n.gpus) m.insert(g.name.value_or(g.pci_id.value_or("unknown model")));
       if (m.size() > 1)
-        add(Severity::warning, "gpu-model-mixed", labels_[i] + " has GPUs of different models: " + join({m.begin(), m.end()}, ", "), {labels_[i]});
+        add(Severity::warning, "gpu-model-mixed",
+            labels_[i] + " has GPUs of different models: " + join({m.begin(), m.end()}, ", "), {labels_[i]});
       if (!m.empty()) models[join({m.begin(), m.end()}, " + ")].push_back(labels_[i]);
     }
     if (!none.empty())
-      add(Severity::error, "gpu-missing", "the job needs GPUs but " + join(none, ", ") + (none.size() == 1 ? " has" : " have") + " none", none);
-    if (counts.size() > 1) add(Severity::error, "gpu-count-mismatch", "GPU counts differ: " + describe(counts), all_with_gpus_or_all());
-    if (models.size() > 1) add(Severity::warning, "gpu-model-mismatch", "GPU models differ: " + describe(models) + " (the job runs at the slowest one's pace)");
+      add(Severity::error, "gpu-missing",
+          "the job needs GPUs but " + join(none, ", ") + (none.size() == 1 ? " has" : " have") + " none", none);
+    if (counts.size() > 1)
+      add(Severity::error, "gpu-count-mismatch", "GPU counts differ: " + describe(counts), all_with_gpus_or_all());
+    if (models.size() > 1)
+      add(Severity::warning, "gpu-model-mismatch",
+          "GPU models differ: " + describe(models) + " (the job runs at the slowest one's pace)");
   }
 
   std::vector<std::string> all_with_gpus_or_all() const { return labels_; }
@@ -220,128 +252,174 @@ class Checker {
       const char* what;
       const char* code;
       std::function<const std::optional<std::string>&(const NodeFacts&)> get;
-      Severity mismatch;   // for this job
-      bool need_known;     // warn when unknown (GPU jobs, for what they depend on)
+      Severity mismatch;  // for this job
+      bool need_known;    // warn when unknown (GPU jobs, for what they depend on)
       const char* why;
     };
     const bool gpu = job_.gpu;
     const std::vector<V> checks{
-        {"NVIDIA driver", "driver-version", [](const NodeFacts& n) -> const auto& { return n.versions.driver; },
-         gpu ? Severity::error : Severity::info, gpu, "mixed drivers make NCCL fail or hang"},
-        {"CUDA driver", "cuda-driver-version", [](const NodeFacts& n) -> const auto& { return n.versions.cuda_driver; },
-         gpu ? Severity::error : Severity::info, false, "mixed CUDA drivers make NCCL fail or hang"},
-        {"NCCL", "nccl-version", [](const NodeFacts& n) -> const auto& { return n.versions.nccl; },
-         gpu ? Severity::error : Severity::info, false, "NCCL refuses peers of another version"},
-        {"kernel", "kernel-version", [](const NodeFacts& n) -> const auto& { return n.versions.kernel; }, Severity::info, false, ""},
-    };
-    for (const auto& c : checks) {
-      Groups known;
-      std::vector<std::string> unknown;
-      for (std::size_t i = 0; i < nodes_.size(); ++i) {
-        const auto& v = c.get(nodes_[i]);
-        if (v) known[*v].push_back(labels_[i]);
-        else unknown.push_back(labels_[i]);
-      }
-      if (known.size() > 1) {
-        std::string msg = std::string(c.what) + " versions differ: " + describe(known);
-        if (*c.why && c.mismatch != Severity::info) msg += std::string(" (") + c.why + ")";
-        std::vector<std::string> nodes;
-        for (const auto& [v, l] : known) nodes.insert(nodes.end(), l.begin(), l.end());
-        add(c.mismatch, std::string(c.code) + "-mismatch", msg, nodes);
-      }
-      if (c.need_known && !unknown.empty()) {
-        // Only where the node has GPUs: a driver version matters there.
-        std::vector<std::string> with_gpus;
-        for (std::size_t i = 0; i < nodes_.size(); ++i)
-          if (!c.get(nodes_[i]) && !nodes_[i].gpus.empty()) with_gpus.push_back(labels_[i]);
-        if (!with_gpus.empty())
-          add(Severity::warning, std::string(c.code) + "-unknown",
-              std::string(c.what) + " version unknown on " + join(with_gpus, ", ") + " (driver not loaded?)", with_gpus);
-      }
-    }
+        {"NVIDIA driver", "driver-version", [](const NodeFacts& n) -> const auto& {return n.versions.driver;
   }
+  , gpu ? Severity::error : Severity::info, gpu, "mixed drivers make NCCL fail or hang"
+}, {"CUDA driver", "cuda-driver-version", [](const NodeFacts& n) -> const auto& {return n.versions.cuda_driver;
+}  // namespace
+, gpu ? Severity::error : Severity::info, false, "mixed CUDA drivers make NCCL fail or hang"
+}  // namespace ddp::facts
+, {"NCCL", "nccl-version", [](const NodeFacts& n) -> const auto& {return n.versions.nccl;
+}
+, gpu ? Severity::error : Severity::info, false, "NCCL refuses peers of another version"
+}
+, {"kernel", "kernel-version", [](const NodeFacts& n) -> const auto& {return n.versions.kernel;
+}
+, Severity::info, false, ""
+}
+,
+}
+;
+for (const auto& c : checks) {
+  Groups known;
+  std::vector<std::string> unknown;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const auto& v = c.get(nodes_[i]);
+    if (v)
+      known[*v].push_back(labels_[i]);
+    else
+      unknown.push_back(labels_[i]);
+  }
+  if (known.size() > 1) {
+    std::string msg = std::string(c.what) + " versions differ: " + describe(known);
+    if (*c.why && c.mismatch != Severity::info) msg += std::string(" (") + c.why + ")";
+    std::vector<std::string> nodes;
+    for (const auto& [v, l] : known) nodes.insert(nodes.end(), l.begin(), l.end());
+    add(c.mismatch, std::string(c.code) + "-mismatch", msg, nodes);
+  }
+  if (c.need_known && !unknown.empty()) {
+    // Only where the node has GPUs: a driver version matters there.
+    std::vector<std::string> with_gpus;
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      if (!c.get(nodes_[i]) && !nodes_[i].gpus.empty()) with_gpus.push_back(labels_[i]);
+    if (!with_gpus.empty())
+      add(Severity::warning, std::string(c.code) + "-unknown",
+          std::string(c.what) + " version unknown on " + join(with_gpus, ", ") + " (driver not loaded?)", with_gpus);
+  }
+}
+}
 
-  void nics() {
-    const bool multi = nodes_.size() > 1;
-    std::vector<std::string> with_ib, without_ib, no_nic;
-    Groups active_ports;
-    for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      const auto& n = nodes_[i];
-      int active = 0;
-      bool eth = false;
-      std::vector<std::string> down;
-      for (const auto& nic : n.nics) {
-        if (usable_ib(nic)) ++active;
-        else if (nic.kind == NicKind::ib) down.push_back(nic_id(nic) + " (" + nic.state.value_or("state unknown") + ")");
-        if (usable_eth(nic)) eth = true;
-      }
-      if (!down.empty())
-        add(job_.gpu ? Severity::warning : Severity::info, "ib-port-down", labels_[i] + ": RDMA ports not active: " + join(down, ", "), {labels_[i]});
-      (active ? with_ib : without_ib).push_back(labels_[i]);
-      if (active) active_ports[std::to_string(active) + " active"].push_back(labels_[i]);
-      if (!active && !eth) no_nic.push_back(labels_[i]);
+void nics() {
+  const bool multi = nodes_.size() > 1;
+  std::vector<std::string> with_ib, without_ib, no_nic;
+  Groups active_ports;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const auto& n = nodes_[i];
+    int active = 0;
+    bool eth = false;
+    std::vector<std::string> down;
+    for (const auto& nic : n.nics) {
+      if (usable_ib(nic))
+        ++active;
+      else if (nic.kind == NicKind::ib)
+        down.push_back(nic_id(nic) + " (" + nic.state.value_or("state unknown") + ")");
+      if (usable_eth(nic)) eth = true;
     }
-    if (job_.rdma.value_or(false) && !without_ib.empty()) {
-      add(Severity::error, "rdma-missing", "the job expects RDMA (ib) but " + join(without_ib, ", ") + (without_ib.size() == 1 ? " has" : " have") + " no active IB port", without_ib);
-    } else if (multi && !with_ib.empty() && !without_ib.empty()) {
-      std::string msg = "RDMA (ib) on " + join(with_ib, ", ") + " but not on " + join(without_ib, ", ");
-      if (job_.gpu && job_.rdma != false)
-        add(Severity::error, "nic-kind-mismatch", msg + ": NCCL would use IB on some nodes and sockets on others, which cannot connect (fix the node, or set NCCL_IB_DISABLE=1 to use sockets everywhere)", without_ib);
+    if (!down.empty())
+      add(job_.gpu ? Severity::warning : Severity::info, "ib-port-down",
+          labels_[i] + ": RDMA ports not active: " + join(down, ", "), {labels_[i]});
+    (active ? with_ib : without_ib).push_back(labels_[i]);
+    if (active) active_ports[std::to_string(active) + " active"].push_back(labels_[i]);
+    if (!active && !eth) no_nic.push_back(labels_[i]);
+  }
+  if (job_.rdma.value_or(false) && !without_ib.empty()) {
+    add(Severity::error, "rdma-missing",
+        "the job expects RDMA (ib) but " + join(without_ib, ", ") + (without_ib.size() == 1 ? " has" : " have") +
+            " no active IB port",
+        without_ib);
+  } else if (multi && !with_ib.empty() && !without_ib.empty()) {
+    std::string msg = "RDMA (ib) on " + join(with_ib, ", ") + " but not on " + join(without_ib, ", ");
+    if (job_.gpu && job_.rdma != false)
+      add(Severity::error, "nic-kind-mismatch",
+          msg +
+              ": NCCL would use IB on some nodes and sockets on others, which cannot connect (fix the node, or set "
+              "NCCL_IB_DISABLE=1 to use sockets everywhere)",
+          without_ib);
+    else
+      add(Severity::info, "nic-kind-mismatch", msg + " (this job does not use it)", without_ib);
+  }
+  if (multi && active_ports.size() > 1)
+    add(Severity::warning, "ib-port-count",
+        "active RDMA ports differ: " + describe(active_ports) + " (fewer rails on some nodes)");
+  if (multi && !no_nic.empty())
+    add(Severity::warning, "no-nic", "no usable physical NIC found on " + join(no_nic, ", "), no_nic);
+  if (multi && without_ib.empty() && !with_ib.empty())
+    add(Severity::info, "nic-kind", "common NIC kind: ib (RDMA) on all nodes");
+  else if (multi && no_nic.empty() && with_ib.empty())
+    add(Severity::info, "nic-kind", "common NIC kind: eth (sockets)");
+}
+
+void limits() {
+  // RDMA is in play wherever a GPU job finds an active IB port, unless the job turned it off.
+  const bool rdma = job_.gpu && job_.rdma != false;
+  long long world = 0;
+  if (job_.world_size)
+    world = *job_.world_size;
+  else
+    for (const auto& n : nodes_) world += job_.gpu ? static_cast<long long>(n.gpus.size()) : 1;
+  const std::uint64_t nofile_need = 2 * static_cast<std::uint64_t>(std::max(world, 1LL)) + 256;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const auto& n = nodes_[i];
+    const auto& L = n.limits;
+    const bool node_ib = std::any_of(n.nics.begin(), n.nics.end(), usable_ib);
+    if (rdma && node_ib && L.memlock && L.memlock->soft) {
+      auto soft = *L.memlock->soft;
+      std::string hard = L.memlock->hard ? bytes(*L.memlock->hard) : "unlimited";
+      if (soft < GiB)
+        add(Severity::error, "memlock-low",
+            labels_[i] + ": locked-memory limit " + bytes(soft) + " (hard " + hard +
+                ") is too low for RDMA: NCCL cannot register its buffers; set memlock to unlimited (limits.conf, "
+                "systemd LimitMEMLOCK=infinity, docker --ulimit memlock=-1)",
+            {labels_[i]});
       else
-        add(Severity::info, "nic-kind-mismatch", msg + " (this job does not use it)", without_ib);
+        add(Severity::warning, "memlock-finite",
+            labels_[i] + ": locked-memory limit " + bytes(soft) + " is not unlimited, as RDMA wants", {labels_[i]});
     }
-    if (multi && active_ports.size() > 1)
-      add(Severity::warning, "ib-port-count", "active RDMA ports differ: " + describe(active_ports) + " (fewer rails on some nodes)");
-    if (multi && !no_nic.empty())
-      add(Severity::warning, "no-nic", "no usable physical NIC found on " + join(no_nic, ", "), no_nic);
-    if (multi && without_ib.empty() && !with_ib.empty()) add(Severity::info, "nic-kind", "common NIC kind: ib (RDMA) on all nodes");
-    else if (multi && no_nic.empty() && with_ib.empty()) add(Severity::info, "nic-kind", "common NIC kind: eth (sockets)");
-  }
-
-  void limits() {
-    // RDMA is in play wherever a GPU job finds an active IB port, unless the job turned it off.
-    const bool rdma = job_.gpu && job_.rdma != false;
-    long long world = 0;
-    if (job_.world_size) world = *job_.world_size;
-    else for (const auto& n : nodes_) world += job_.gpu ? static_cast<long long>(n.gpus.size()) : 1;
-    const std::uint64_t nofile_need = 2 * static_cast<std::uint64_t>(std::max(world, 1LL)) + 256;
-    for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      const auto& n = nodes_[i];
-      const auto& L = n.limits;
-      const bool node_ib = std::any_of(n.nics.begin(), n.nics.end(), usable_ib);
-      if (rdma && node_ib && L.memlock && L.memlock->soft) {
-        auto soft = *L.memlock->soft;
-        std::string hard = L.memlock->hard ? bytes(*L.memlock->hard) : "unlimited";
-        if (soft < GiB)
-          add(Severity::error, "memlock-low", labels_[i] + ": locked-memory limit " + bytes(soft) + " (hard " + hard + ") is too low for RDMA: NCCL cannot register its buffers; set memlock to unlimited (limits.conf, systemd LimitMEMLOCK=infinity, docker --ulimit memlock=-1)", {labels_[i]});
-        else
-          add(Severity::warning, "memlock-finite", labels_[i] + ": locked-memory limit " + bytes(soft) + " is not unlimited, as RDMA wants", {labels_[i]});
-      }
-      if (L.nofile && L.nofile->soft) {
-        auto soft = *L.nofile->soft;
-        if (soft < nofile_need)
-          add(Severity::error, "nofile-low", labels_[i] + ": open-files limit " + std::to_string(soft) + " is below " + std::to_string(nofile_need) + " (2 per rank for " + std::to_string(world) + " ranks + 256); raise nofile", {labels_[i]});
-        else if (soft < 4096)
-          add(Severity::warning, "nofile-low", labels_[i] + ": open-files limit " + std::to_string(soft) + " is below 4096 (DataLoader workers run out of descriptors)", {labels_[i]});
-      }
-      if (L.shm_bytes) {
-        auto shm = *L.shm_bytes;
-        if (job_.gpu && n.gpus.size() >= 2 && shm < 256 * MiB)
-          add(Severity::error, "shm-small", labels_[i] + ": /dev/shm is " + bytes(shm) + ", too small for NCCL's shared-memory transport between " + std::to_string(n.gpus.size()) + " GPUs (docker: --shm-size=16g or --ipc=host)", {labels_[i]});
-        else if (shm < GiB)
-          add(Severity::warning, "shm-small", labels_[i] + ": /dev/shm is " + bytes(shm) + " (DataLoader workers and NCCL want at least 1 GiB)", {labels_[i]});
-      }
+    if (L.nofile && L.nofile->soft) {
+      auto soft = *L.nofile->soft;
+      if (soft < nofile_need)
+        add(Severity::error, "nofile-low",
+            labels_[i] + ": open-files limit " + std::to_string(soft) + " is below " + std::to_string(nofile_need) +
+                " (2 per rank for " + std::to_string(world) + " ranks + 256); raise nofile",
+            {labels_[i]});
+      else if (soft < 4096)
+        add(Severity::warning, "nofile-low",
+            labels_[i] + ": open-files limit " + std::to_string(soft) +
+                " is below 4096 (DataLoader workers run out of descriptors)",
+            {labels_[i]});
+    }
+    if (L.shm_bytes) {
+      auto shm = *L.shm_bytes;
+      if (job_.gpu && n.gpus.size() >= 2 && shm < 256 * MiB)
+        add(Severity::error, "shm-small",
+            labels_[i] + ": /dev/shm is " + bytes(shm) + ", too small for NCCL's shared-memory transport between " +
+                std::to_string(n.gpus.size()) + " GPUs (docker: --shm-size=16g or --ipc=host)",
+            {labels_[i]});
+      else if (shm < GiB)
+        add(Severity::warning, "shm-small",
+            labels_[i] + ": /dev/shm is " + bytes(shm) + " (DataLoader workers and NCCL want at least 1 GiB)",
+            {labels_[i]});
     }
   }
+}
 
-  const std::vector<NodeFacts>& nodes_;
-  const JobNeeds& job_;
-  std::vector<std::string> labels_;
-  std::vector<Finding> out_;
-};
+const std::vector<NodeFacts>& nodes_;
+const JobNeeds& job_;
+std::vector<std::string> labels_;
+std::vector<Finding> out_;
+}
+;
 
 }  // namespace
 
-std::vector<Finding> check_consistency(const std::vector<NodeFacts>& nodes, const JobNeeds& job) { return Checker(nodes, job).run(); }
+std::vector<Finding> check_consistency(const std::vector<NodeFacts>& nodes, const JobNeeds& job) {
+  return Checker(nodes, job).run();
+}
 
 }  // namespace ddp::facts

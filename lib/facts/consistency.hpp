@@ -46,15 +46,15 @@ std::string_view to_string(Severity s);
 
 struct Finding {
   Severity severity = Severity::info;
-  std::string code;                 // stable, e.g. "nccl-version-mismatch"
-  std::string message;              // names the nodes and the values
-  std::vector<std::string> nodes;   // nodes concerned (empty: all)
+  std::string code;                // stable, e.g. "nccl-version-mismatch"
+  std::string message;             // names the nodes and the values
+  std::vector<std::string> nodes;  // nodes concerned (empty: all)
 };
 
 struct JobNeeds {
-  bool gpu = true;                  // the job runs one rank per GPU (NCCL)
-  std::optional<bool> rdma;         // nullopt: use RDMA if all nodes have it
-  std::optional<int> world_size;    // nullopt: GPUs (GPU job) or one per node (CPU job)
+  bool gpu = true;                // the job runs one rank per GPU (NCCL)
+  std::optional<bool> rdma;       // nullopt: use RDMA if all nodes have it
+  std::optional<int> world_size;  // nullopt: GPUs (GPU job) or one per node (CPU job)
 };
 
 // Default for `ddpctl doctor`: the job needs GPUs iff any node has one.

@@ -33,7 +33,8 @@ std::string lower(std::string_view s) {
 }
 bool looks_like_version(std::string_view t) {
   return !t.empty() && std::isdigit(static_cast<unsigned char>(t.front())) && t.find('.') != std::string_view::npos &&
-         std::all_of(t.begin(), t.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; });
+         std::all_of(t.begin(), t.end(),
+                     [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; });
 }
 }  // namespace
 
@@ -45,9 +46,12 @@ NvidiaInformation nvidia_information(std::string_view text) {
     auto key = trim(line.substr(0, colon));
     auto value = std::string(trim(line.substr(colon + 1)));
     if (value.empty()) continue;
-    if (key == "Model") out.model = value;
-    else if (key == "GPU UUID") out.uuid = value;
-    else if (key == "Bus Location") out.bus_location = value;
+    if (key == "Model")
+      out.model = value;
+    else if (key == "GPU UUID")
+      out.uuid = value;
+    else if (key == "Bus Location")
+      out.bus_location = value;
   }
   return out;
 }
@@ -134,10 +138,17 @@ std::optional<std::uint64_t> tmpfs_size(std::string_view mounts, std::string_vie
       std::uint64_t mult = 1;
       if (!v.empty() && std::isalpha(static_cast<unsigned char>(v.back()))) {
         switch (std::tolower(static_cast<unsigned char>(v.back()))) {
-          case 'k': mult = 1ull << 10; break;
-          case 'm': mult = 1ull << 20; break;
-          case 'g': mult = 1ull << 30; break;
-          default: mult = 0;
+          case 'k':
+            mult = 1ull << 10;
+            break;
+          case 'm':
+            mult = 1ull << 20;
+            break;
+          case 'g':
+            mult = 1ull << 30;
+            break;
+          default:
+            mult = 0;
         }
         v.remove_suffix(1);
       }
@@ -246,7 +257,8 @@ void discover_gpus(const FsRoot& fs, const DiscoverOptions& opt, NodeFacts& f) {
     auto cls = hex_attr(fs, dir + "/class");
     if (vendor != 0x10de || !cls || ((*cls >> 8) != 0x0300 && (*cls >> 8) != 0x0302)) continue;
     char id[16];
-    std::snprintf(id, sizeof id, "10de:%04llx", static_cast<unsigned long long>(hex_attr(fs, dir + "/device").value_or(0)));
+    std::snprintf(id, sizeof id, "10de:%04llx",
+                  static_cast<unsigned long long>(hex_attr(fs, dir + "/device").value_or(0)));
     pci_gpus[*bus] = id;
   }
 
@@ -293,7 +305,8 @@ void discover_gpus(const FsRoot& fs, const DiscoverOptions& opt, NodeFacts& f) {
       for (const auto& [bus, info] : proc_gpus) buses.insert(bus);
     } else {
       for (const auto& [bus, id] : pci_gpus) buses.insert(bus);
-      if (!buses.empty()) log->warn("{} NVIDIA GPU(s) on the PCI bus but no driver information (driver not loaded?)", buses.size());
+      if (!buses.empty())
+        log->warn("{} NVIDIA GPU(s) on the PCI bus but no driver information (driver not loaded?)", buses.size());
     }
     int index = 0;
     for (const auto& bus : buses) {  // std::set: PCI bus order, NVML's default enumeration
@@ -328,11 +341,13 @@ std::map<std::string, std::vector<std::string>> live_addresses() {
     if (a->ifa_addr->sa_family == AF_INET) {
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
       if (a->ifa_netmask)
-        prefix = bits(reinterpret_cast<const unsigned char*>(&reinterpret_cast<sockaddr_in*>(a->ifa_netmask)->sin_addr), 4);
+        prefix =
+            bits(reinterpret_cast<const unsigned char*>(&reinterpret_cast<sockaddr_in*>(a->ifa_netmask)->sin_addr), 4);
     } else if (a->ifa_addr->sa_family == AF_INET6) {
       inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf, sizeof buf);
       if (a->ifa_netmask)
-        prefix = bits(reinterpret_cast<const unsigned char*>(&reinterpret_cast<sockaddr_in6*>(a->ifa_netmask)->sin6_addr), 16);
+        prefix = bits(
+            reinterpret_cast<const unsigned char*>(&reinterpret_cast<sockaddr_in6*>(a->ifa_netmask)->sin6_addr), 16);
     } else {
       continue;
     }
@@ -457,12 +472,9 @@ void discover_runtimes(const FsRoot& fs, NodeFacts& f) {
   }
   // Reported name -> binaries that show it is installed.
   const std::vector<std::pair<std::string, std::vector<std::string>>> known{
-      {"docker", {"docker"}},
-      {"podman", {"podman"}},
-      {"apptainer", {"apptainer"}},
-      {"singularity", {"singularity"}},
-      {"enroot", {"enroot"}},
-      {"nvidia-container-toolkit", {"nvidia-container-cli", "nvidia-ctk"}},
+      {"docker", {"docker"}},       {"podman", {"podman"}},
+      {"apptainer", {"apptainer"}}, {"singularity", {"singularity"}},
+      {"enroot", {"enroot"}},       {"nvidia-container-toolkit", {"nvidia-container-cli", "nvidia-ctk"}},
   };
   std::vector<std::string> found;
   for (const auto& [name, bins] : known) {
@@ -530,7 +542,8 @@ NodeFacts discover(const DiscoverOptions& opt) {
   f.versions.torch = discover_torch(fs);
   discover_limits(fs, f);
   discover_runtimes(fs, f);
-  log->debug("discovered {}: {} NUMA node(s), {} GPU(s), {} NIC(s)", f.hostname, f.numa_nodes.size(), f.gpus.size(), f.nics.size());
+  log->debug("discovered {}: {} NUMA node(s), {} GPU(s), {} NIC(s)", f.hostname, f.numa_nodes.size(), f.gpus.size(),
+             f.nics.size());
   return f;
 }
 

@@ -32,9 +32,9 @@
 namespace ddp::facts {
 
 struct DiscoverOptions {
-  std::filesystem::path root = "/";         // sysfs/procfs root; "/" is the live machine
-  bool use_nvml = true;                     // try libnvidia-ml.so.1 (only when root is "/")
-  bool load_libraries = true;               // try libnccl.so.2 / libcuda.so.1 (only when root is "/")
+  std::filesystem::path root = "/";  // sysfs/procfs root; "/" is the live machine
+  bool use_nvml = true;              // try libnvidia-ml.so.1 (only when root is "/")
+  bool load_libraries = true;        // try libnccl.so.2 / libcuda.so.1 (only when root is "/")
   std::string nccl_library = "libnccl.so.2";
   // Only what placement needs (NUMA nodes, GPUs, NICs): no versions, limits, runtimes or torch.
   // The launcher plans bindings on every launch; this keeps that off its start-up path.

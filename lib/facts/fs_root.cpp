@@ -51,12 +51,15 @@ std::vector<std::string> FsRoot::list(std::string_view dir) const {
   std::error_code ec;
   fs::directory_iterator it(host_path(*real), ec), end;
   // Bounded: a directory of more than 64k entries is not a sysfs class we understand.
-  for (std::size_t n = 0; !ec && it != end && n < 65536; it.increment(ec), ++n) out.push_back(it->path().filename().string());
+  for (std::size_t n = 0; !ec && it != end && n < 65536; it.increment(ec), ++n)
+    out.push_back(it->path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
 }
 
-bool FsRoot::exists(std::string_view path) const { return resolve(path).has_value(); }
+bool FsRoot::exists(std::string_view path) const {
+  return resolve(path).has_value();
+}
 
 std::optional<std::string> FsRoot::resolve(std::string_view path) const {
   // Components still to walk (front = next), and the resolved prefix so far.

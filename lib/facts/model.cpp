@@ -13,7 +13,9 @@ namespace ddp::facts {
 
 using nlohmann::json;
 
-std::string_view to_string(NicKind k) { return k == NicKind::ib ? "ib" : "eth"; }
+std::string_view to_string(NicKind k) {
+  return k == NicKind::ib ? "ib" : "eth";
+}
 
 // ---------------------------------------------------------------- cpulist / bus id
 
@@ -53,7 +55,8 @@ std::string format_cpulist(const std::vector<int>& cpus_in) {
 namespace {
 
 bool all_hex(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
 }
 
 std::string lower(std::string_view s) {
@@ -87,7 +90,9 @@ std::optional<std::string> normalize_pci_bus_id(std::string_view s) {
   if (!all_hex(domain) || domain.size() > 8 || !all_hex(bus) || bus.size() > 2 || !all_hex(dev) || dev.size() > 2 ||
       fn.size() != 1 || !std::isdigit(static_cast<unsigned char>(fn[0])) || fn[0] > '7')
     return std::nullopt;
-  auto pad = [](std::string_view v, std::size_t n) { return std::string(n > v.size() ? n - v.size() : 0, '0') + lower(v); };
+  auto pad = [](std::string_view v, std::size_t n) {
+    return std::string(n > v.size() ? n - v.size() : 0, '0') + lower(v);
+  };
   return pad(domain, 4) + ":" + pad(bus, 2) + ":" + pad(dev, 2) + "." + std::string(fn);
 }
 
@@ -100,7 +105,9 @@ void put(json& j, const char* key, const std::optional<T>& v) {
   if (v) j[key] = *v;
 }
 
-json limit_value(const std::optional<std::uint64_t>& v) { return v ? json(*v) : json("unlimited"); }
+json limit_value(const std::optional<std::uint64_t>& v) {
+  return v ? json(*v) : json("unlimited");
+}
 
 }  // namespace
 
@@ -132,7 +139,10 @@ json to_json(const NodeFacts& f) {
   }
   j["nics"] = json::array();
   for (const auto& n : f.nics) {
-    json o{{"name", n.name}, {"kind", std::string(to_string(n.kind))}, {"numa_node", n.numa_node}, {"addresses", n.addresses}};
+    json o{{"name", n.name},
+           {"kind", std::string(to_string(n.kind))},
+           {"numa_node", n.numa_node},
+           {"addresses", n.addresses}};
     put(o, "port", n.port);
     put(o, "link_layer", n.link_layer);
     put(o, "netdev", n.netdev);
@@ -152,8 +162,10 @@ json to_json(const NodeFacts& f) {
   put(v, "kernel", f.versions.kernel);
   j["versions"] = std::move(v);
   json l = json::object();
-  if (f.limits.memlock) l["memlock"] = {{"soft", limit_value(f.limits.memlock->soft)}, {"hard", limit_value(f.limits.memlock->hard)}};
-  if (f.limits.nofile) l["nofile"] = {{"soft", limit_value(f.limits.nofile->soft)}, {"hard", limit_value(f.limits.nofile->hard)}};
+  if (f.limits.memlock)
+    l["memlock"] = {{"soft", limit_value(f.limits.memlock->soft)}, {"hard", limit_value(f.limits.memlock->hard)}};
+  if (f.limits.nofile)
+    l["nofile"] = {{"soft", limit_value(f.limits.nofile->soft)}, {"hard", limit_value(f.limits.nofile->hard)}};
   put(l, "shm_bytes", f.limits.shm_bytes);
   j["limits"] = std::move(l);
   if (f.container_runtimes) j["container_runtimes"] = *f.container_runtimes;
@@ -309,7 +321,8 @@ std::vector<std::string> strings_of(Reader& r, const std::string& key) {
   std::vector<std::string> out;
   const auto& a = r.array(key, false);
   for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].is_string()) r.fail_path(r.at(key) + "[" + std::to_string(i) + "]", "expected a string, got " + a[i].dump());
+    if (!a[i].is_string())
+      r.fail_path(r.at(key) + "[" + std::to_string(i) + "]", "expected a string, got " + a[i].dump());
     out.push_back(a[i].get<std::string>());
   }
   return out;
@@ -322,7 +335,8 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
   Reader top(j, source, "", notes);
   NodeFacts f;
   if (auto v = top.integer("facts_version"); v && *v > kFactsVersion && notes)
-    notes->push_back(source + ": written by a newer ddpctl (facts_version " + std::to_string(*v) + "); fields it added are ignored");
+    notes->push_back(source + ": written by a newer ddpctl (facts_version " + std::to_string(*v) +
+                     "); fields it added are ignored");
   f.hostname = *top.str("hostname", true);
   if (f.hostname.empty()) top.fail_key("hostname", "must not be empty");
 
@@ -363,9 +377,12 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     Nic n;
     n.name = *r.str("name", true);
     auto kind = r.str("kind", true);
-    if (*kind == "ib") n.kind = NicKind::ib;
-    else if (*kind == "eth") n.kind = NicKind::eth;
-    else r.fail_key("kind", "expected \"ib\" or \"eth\", got \"" + *kind + "\"");
+    if (*kind == "ib")
+      n.kind = NicKind::ib;
+    else if (*kind == "eth")
+      n.kind = NicKind::eth;
+    else
+      r.fail_key("kind", "expected \"ib\" or \"eth\", got \"" + *kind + "\"");
     if (auto p = r.integer("port")) {
       if (*p < 1 || *p > 255) r.fail_key("port", "out of range: " + std::to_string(*p));
       n.port = static_cast<int>(*p);
@@ -435,7 +452,8 @@ NodeFacts load_facts_file(const std::filesystem::path& path, std::vector<std::st
   std::error_code ec;
   auto size = std::filesystem::file_size(path, ec);
   if (ec) throw FactsError(path.string() + ": cannot read facts file: " + ec.message());
-  if (size > kMaxFactsFile) throw FactsError(path.string() + ": facts file too large (" + std::to_string(size) + " bytes)");
+  if (size > kMaxFactsFile)
+    throw FactsError(path.string() + ": facts file too large (" + std::to_string(size) + " bytes)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw FactsError(path.string() + ": cannot open facts file");
   std::stringstream ss;

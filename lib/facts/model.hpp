@@ -31,43 +31,43 @@ struct NumaNode {
 };
 
 struct Gpu {
-  int index = 0;                         // NVML index, else position in PCI bus order
-  std::optional<std::string> uuid;       // "GPU-xxxxxxxx-...", what CUDA_VISIBLE_DEVICES takes
-  std::optional<std::string> name;       // "NVIDIA H100 80GB HBM3"
-  std::optional<std::string> pci_id;     // "10de:2330" (vendor:device), the model when no name is known
-  std::string pci_bus_id;                // "0000:18:00.0", always lowercase, 4-digit domain
+  int index = 0;                      // NVML index, else position in PCI bus order
+  std::optional<std::string> uuid;    // "GPU-xxxxxxxx-...", what CUDA_VISIBLE_DEVICES takes
+  std::optional<std::string> name;    // "NVIDIA H100 80GB HBM3"
+  std::optional<std::string> pci_id;  // "10de:2330" (vendor:device), the model when no name is known
+  std::string pci_bus_id;             // "0000:18:00.0", always lowercase, 4-digit domain
   std::optional<std::uint64_t> memory_mib;
   int numa_node = 0;
-  std::optional<std::string> local_cpus;   // cpulist of the CPUs near the device (sysfs local_cpulist)
-  std::optional<std::string> sysfs_path;   // "/sys/devices/pci0000:15/.../0000:18:00.0": the PCI
-                                           // chain, which shows the switch a GPU shares with a NIC
+  std::optional<std::string> local_cpus;  // cpulist of the CPUs near the device (sysfs local_cpulist)
+  std::optional<std::string> sysfs_path;  // "/sys/devices/pci0000:15/.../0000:18:00.0": the PCI
+                                          // chain, which shows the switch a GPU shares with a NIC
 };
 
 enum class NicKind { ib, eth };
 
 struct Nic {
-  std::string name;                      // HCA ("mlx5_0") for ib, interface ("eno1") for eth
+  std::string name;  // HCA ("mlx5_0") for ib, interface ("eno1") for eth
   NicKind kind = NicKind::eth;
-  std::optional<int> port;               // HCA port (ib only), for NCCL_IB_HCA=mlx5_0:1
-  std::optional<std::string> link_layer; // "infiniband" | "ethernet" (RoCE) for ib
-  std::optional<std::string> netdev;     // the IP interface (for eth, = name; for ib, IPoIB/RoCE netdev)
+  std::optional<int> port;                // HCA port (ib only), for NCCL_IB_HCA=mlx5_0:1
+  std::optional<std::string> link_layer;  // "infiniband" | "ethernet" (RoCE) for ib
+  std::optional<std::string> netdev;      // the IP interface (for eth, = name; for ib, IPoIB/RoCE netdev)
   std::optional<std::string> pci_bus_id;
   int numa_node = 0;
   std::optional<std::uint64_t> speed_mbps;
-  std::optional<std::string> state;      // eth: operstate ("up", "down", ...); ib: port state ("active", "down", ...)
-  std::vector<std::string> addresses;    // IP addresses of netdev ("10.0.0.1/24"); live discovery only
+  std::optional<std::string> state;    // eth: operstate ("up", "down", ...); ib: port state ("active", "down", ...)
+  std::vector<std::string> addresses;  // IP addresses of netdev ("10.0.0.1/24"); live discovery only
   std::optional<std::string> local_cpus;
   std::optional<std::string> sysfs_path;
 };
 
 struct Versions {
-  std::optional<std::string> driver;       // NVIDIA kernel driver, "550.54.15"
-  std::optional<std::string> cuda_driver;  // CUDA version the driver supports, "12.4"
-  std::optional<std::string> nccl;         // as libnccl.so.2 (the workers' one) reports it, "2.28.9"
-  std::optional<std::string> nccl_library; // which file that was
-  std::optional<std::string> torch;        // the job's interpreter's (python.torch) when probed,
-                                           // else torch/version.py of the system Python, if any
-  std::optional<std::string> kernel;       // "6.1.0-18-amd64"
+  std::optional<std::string> driver;        // NVIDIA kernel driver, "550.54.15"
+  std::optional<std::string> cuda_driver;   // CUDA version the driver supports, "12.4"
+  std::optional<std::string> nccl;          // as libnccl.so.2 (the workers' one) reports it, "2.28.9"
+  std::optional<std::string> nccl_library;  // which file that was
+  std::optional<std::string> torch;         // the job's interpreter's (python.torch) when probed,
+                                            // else torch/version.py of the system Python, if any
+  std::optional<std::string> kernel;        // "6.1.0-18-amd64"
 };
 
 // An rlimit value: nullopt bytes/count means unlimited.
@@ -140,6 +140,8 @@ std::string format_cpulist(const std::vector<int>& cpus);
 std::optional<std::string> normalize_pci_bus_id(std::string_view s);
 
 // Total NVIDIA GPUs, for `nproc_per_node: gpu`.
-inline std::size_t gpu_count(const NodeFacts& f) { return f.gpus.size(); }
+inline std::size_t gpu_count(const NodeFacts& f) {
+  return f.gpus.size();
+}
 
 }  // namespace ddp::facts

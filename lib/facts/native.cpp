@@ -48,7 +48,9 @@ std::string format_nccl_version(int code) {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
-std::string format_cuda_version(int code) { return std::to_string(code / 1000) + "." + std::to_string((code % 1000) / 10); }
+std::string format_cuda_version(int code) {
+  return std::to_string(code / 1000) + "." + std::to_string((code % 1000) / 10);
+}
 
 std::optional<NvmlReport> query_nvml() {
   auto log = ddp::log::get("facts");

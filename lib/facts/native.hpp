@@ -26,7 +26,7 @@ struct NvmlReport {
 std::optional<NvmlReport> query_nvml();
 
 struct NcclReport {
-  std::string version;  // "2.28.9"
+  std::string version;                 // "2.28.9"
   std::optional<std::string> library;  // the file the loader picked
 };
 std::optional<NcclReport> query_nccl(const std::string& soname);

@@ -39,7 +39,9 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-std::string opt(const std::optional<std::string>& v) { return v && !v->empty() ? *v : "-"; }
+std::string opt(const std::optional<std::string>& v) {
+  return v && !v->empty() ? *v : "-";
+}
 
 std::string speed(const std::optional<std::uint64_t>& mbps) {
   if (!mbps) return "-";
@@ -69,8 +71,10 @@ std::string nic_summary(const NodeFacts& n) {
   int ib = 0, ib_up = 0, eth = 0, eth_up = 0;
   for (const auto& x : n.nics) {
     bool up = x.state && (*x.state == "active" || *x.state == "up");
-    if (x.kind == NicKind::ib) ++ib, ib_up += up;
-    else ++eth, eth_up += up;
+    if (x.kind == NicKind::ib)
+      ++ib, ib_up += up;
+    else
+      ++eth, eth_up += up;
   }
   std::vector<std::string> parts;
   if (ib) parts.push_back(std::to_string(ib) + " ib (" + std::to_string(ib_up) + " active)");
@@ -83,11 +87,16 @@ std::string nic_summary(const NodeFacts& n) {
 std::string format_bytes(std::uint64_t b) {
   constexpr std::uint64_t KiB = 1ull << 10, MiB = 1ull << 20, GiB = 1ull << 30;
   char buf[32];
-  if (b >= GiB && b % GiB == 0) std::snprintf(buf, sizeof buf, "%llu GiB", static_cast<unsigned long long>(b / GiB));
-  else if (b >= GiB) std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(b) / GiB);
-  else if (b >= MiB) std::snprintf(buf, sizeof buf, "%llu MiB", static_cast<unsigned long long>(b / MiB));
-  else if (b >= KiB) std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(b / KiB));
-  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  if (b >= GiB && b % GiB == 0)
+    std::snprintf(buf, sizeof buf, "%llu GiB", static_cast<unsigned long long>(b / GiB));
+  else if (b >= GiB)
+    std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(b) / GiB);
+  else if (b >= MiB)
+    std::snprintf(buf, sizeof buf, "%llu MiB", static_cast<unsigned long long>(b / MiB));
+  else if (b >= KiB)
+    std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(b / KiB));
+  else
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   return buf;
 }
 
@@ -105,8 +114,10 @@ std::string format_node(const NodeFacts& f) {
     for (const auto& gpu : f.gpus)
       if (gpu.numa_node == n.id) g.push_back(std::to_string(gpu.index));
     for (const auto& nic : f.nics)
-      if (nic.numa_node == n.id) x.push_back(nic.port && nic.kind == NicKind::ib ? nic.name + ":" + std::to_string(*nic.port) : nic.name);
-    numa.row({std::to_string(n.id), n.cpus.empty() ? "(none)" : n.cpus, g.empty() ? "-" : join(g, ","), x.empty() ? "-" : join(x, ",")});
+      if (nic.numa_node == n.id)
+        x.push_back(nic.port && nic.kind == NicKind::ib ? nic.name + ":" + std::to_string(*nic.port) : nic.name);
+    numa.row({std::to_string(n.id), n.cpus.empty() ? "(none)" : n.cpus, g.empty() ? "-" : join(g, ","),
+              x.empty() ? "-" : join(x, ",")});
   }
   out += "\nNUMA nodes (" + std::to_string(f.numa_nodes.size()) + ")\n" + numa.str();
 
@@ -117,7 +128,8 @@ std::string format_node(const NodeFacts& f) {
     Table t({"index", "name", "memory", "pci_bus_id", "numa", "uuid"});
     for (const auto& g : f.gpus)
       t.row({std::to_string(g.index), g.name.value_or(g.pci_id.value_or("-")),
-             g.memory_mib ? format_bytes(*g.memory_mib << 20) : "-", g.pci_bus_id, std::to_string(g.numa_node), opt(g.uuid)});
+             g.memory_mib ? format_bytes(*g.memory_mib << 20) : "-", g.pci_bus_id, std::to_string(g.numa_node),
+             opt(g.uuid)});
     out += t.str();
   }
 
@@ -129,26 +141,33 @@ std::string format_node(const NodeFacts& f) {
     for (const auto& n : f.nics) {
       std::string kind(to_string(n.kind));
       if (n.kind == NicKind::ib && n.link_layer == "ethernet") kind += " (roce)";
-      t.row({n.port && n.kind == NicKind::ib ? n.name + ":" + std::to_string(*n.port) : n.name, kind, opt(n.netdev), opt(n.pci_bus_id),
-             std::to_string(n.numa_node), speed(n.speed_mbps), opt(n.state), n.addresses.empty() ? "-" : join(n.addresses, " ")});
+      t.row({n.port && n.kind == NicKind::ib ? n.name + ":" + std::to_string(*n.port) : n.name, kind, opt(n.netdev),
+             opt(n.pci_bus_id), std::to_string(n.numa_node), speed(n.speed_mbps), opt(n.state),
+             n.addresses.empty() ? "-" : join(n.addresses, " ")});
     }
     out += t.str();
   }
 
   Table lim({"memlock", "nofile", "/dev/shm"});
-  lim.row({limit(f.limits.memlock, true), limit(f.limits.nofile, false), f.limits.shm_bytes ? format_bytes(*f.limits.shm_bytes) : "-"});
+  lim.row({limit(f.limits.memlock, true), limit(f.limits.nofile, false),
+           f.limits.shm_bytes ? format_bytes(*f.limits.shm_bytes) : "-"});
   out += "\nlimits\n" + lim.str();
   out += "\ncontainer runtimes\n  ";
-  if (!f.container_runtimes) out += "-";
-  else if (f.container_runtimes->empty()) out += "none";
-  else out += join(*f.container_runtimes, ", ");
+  if (!f.container_runtimes)
+    out += "-";
+  else if (f.container_runtimes->empty())
+    out += "none";
+  else
+    out += join(*f.container_runtimes, ", ");
   out += "\n";
   if (const auto& py = f.python) {
     out += "\npython (" + py->source + ")\n  " + py->interpreter;
     if (py->executable && *py->executable != py->interpreter) out += " -> " + *py->executable;
     out += "\n  ";
-    if (py->error) out += "unknown: " + *py->error;
-    else out += "Python " + py->version.value_or("?") + ", torch " + py->torch.value_or("none");
+    if (py->error)
+      out += "unknown: " + *py->error;
+    else
+      out += "Python " + py->version.value_or("?") + ", torch " + py->torch.value_or("none");
     out += "\n";
   }
   if (const auto& ci = f.container_image) {
@@ -161,16 +180,22 @@ std::string format_node(const NodeFacts& f) {
 }
 
 std::string format_nodes_summary(const std::vector<NodeFacts>& nodes) {
-  const bool images = std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return n.container_image.has_value(); });
+  const bool images =
+      std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return n.container_image.has_value(); });
   const bool pythons = std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return n.python.has_value(); });
   std::vector<std::string> head{"node", "gpus", "nics", "driver", "cuda", "nccl", "torch"};
   if (pythons) head.push_back("python");
   if (images) head.push_back("image digest");
   Table t(head);
   for (const auto& n : nodes) {
-    std::vector<std::string> row{n.hostname, gpu_summary(n), nic_summary(n), opt(n.versions.driver),
-                                 opt(n.versions.cuda_driver), opt(n.versions.nccl),
-                                 n.python ? (n.python->error ? "-" : n.python->torch.value_or("none")) : opt(n.versions.torch)};
+    std::vector<std::string> row{
+        n.hostname,
+        gpu_summary(n),
+        nic_summary(n),
+        opt(n.versions.driver),
+        opt(n.versions.cuda_driver),
+        opt(n.versions.nccl),
+        n.python ? (n.python->error ? "-" : n.python->torch.value_or("none")) : opt(n.versions.torch)};
     if (pythons) row.push_back(n.python && n.python->version ? *n.python->version : "-");
     if (images) {
       const auto& ci = n.container_image;
@@ -191,9 +216,13 @@ std::string format_findings(const std::vector<Finding>& findings) {
     std::snprintf(sev, sizeof sev, "%-7s", std::string(to_string(f.severity)).c_str());
     out += std::string(sev) + "  " + f.message + "  [" + f.code + "]\n";
   }
-  if (errors) out += std::to_string(errors) + " error(s), " + std::to_string(warnings) + " warning(s): fix the errors before launching\n";
-  else if (warnings) out += "no errors, " + std::to_string(warnings) + " warning(s)\n";
-  else out += "ok: no problems found\n";
+  if (errors)
+    out += std::to_string(errors) + " error(s), " + std::to_string(warnings) +
+           " warning(s): fix the errors before launching\n";
+  else if (warnings)
+    out += "no errors, " + std::to_string(warnings) + " warning(s)\n";
+  else
+    out += "ok: no problems found\n";
   return out;
 }
 

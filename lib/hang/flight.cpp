@@ -25,15 +25,20 @@ bool too_deep(std::string_view s) {
   bool in_string = false, escaped = false;
   for (char c : s) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '[' || c == '{') {
       if (++depth > kMaxDepth) return true;
-    } else if (c == ']' || c == '}') --depth;
+    } else if (c == ']' || c == '}')
+      --depth;
   }
   return false;
 }
@@ -48,7 +53,8 @@ std::int64_t integer(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end()) return 0;
   if (it->is_number_integer()) return it->get<std::int64_t>();
-  if (it->is_number_unsigned()) return static_cast<std::int64_t>(std::min<std::uint64_t>(it->get<std::uint64_t>(), INT64_MAX));
+  if (it->is_number_unsigned())
+    return static_cast<std::int64_t>(std::min<std::uint64_t>(it->get<std::uint64_t>(), INT64_MAX));
   return 0;
 }
 
@@ -92,7 +98,9 @@ std::string short_op(std::string_view op) {
   return op.empty() ? std::string("(unnamed op)") : std::string(op);
 }
 
-bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
 
 // What must be equal on every rank for the same collective: the op always; the sizes and dtypes
 // only where the collective requires it (gather, scatter and all_to_all differ legitimately).
@@ -109,17 +117,23 @@ std::string signature(const FlightEntry& e) {
   };
   const bool reduce_scatter = contains(op, "reduce_scatter");
   const bool all_gather = contains(op, "all_gather") || contains(op, "allgather");
-  if (reduce_scatter) add(e.out, e.out_dtypes);
-  else if (all_gather) add(e.in, e.in_dtypes);
+  if (reduce_scatter)
+    add(e.out, e.out_dtypes);
+  else if (all_gather)
+    add(e.in, e.in_dtypes);
   else if (contains(op, "all_reduce") || contains(op, "allreduce") || contains(op, "broadcast") || op == "reduce") {
     add(e.in, e.in_dtypes);
   }
   return sig;
 }
 
-std::string rank_word(const std::vector<int>& r) { return r.size() == 1 ? "rank" : "ranks"; }
+std::string rank_word(const std::vector<int>& r) {
+  return r.size() == 1 ? "rank" : "ranks";
+}
 
-std::string ranks_text(const std::vector<int>& r) { return rank_word(r) + " " + stacks::format_ranks(r); }
+std::string ranks_text(const std::vector<int>& r) {
+  return rank_word(r) + " " + stacks::format_ranks(r);
+}
 
 std::string shape_text(const std::vector<std::vector<std::int64_t>>& s) {
   std::string out;
@@ -167,12 +181,30 @@ struct Candidate {
 }  // namespace
 
 std::optional<std::uint64_t> dtype_size(std::string_view n) {
-  static const std::map<std::string_view, std::uint64_t> sizes{
-      {"Float", 4},          {"Double", 8},        {"Half", 2},          {"BFloat16", 2},     {"ComplexFloat", 8},
-      {"ComplexDouble", 16}, {"ComplexHalf", 4},   {"Long", 8},          {"Int", 4},          {"Short", 2},
-      {"Char", 1},           {"Byte", 1},          {"Bool", 1},          {"UInt16", 2},       {"UInt32", 4},
-      {"UInt64", 8},         {"Float8_e4m3fn", 1}, {"Float8_e5m2", 1},   {"Float8_e4m3fnuz", 1},
-      {"Float8_e5m2fnuz", 1}, {"Float8_e8m0fnu", 1}, {"QInt8", 1},       {"QUInt8", 1},       {"QInt32", 4}};
+  static const std::map<std::string_view, std::uint64_t> sizes{{"Float", 4},
+                                                               {"Double", 8},
+                                                               {"Half", 2},
+                                                               {"BFloat16", 2},
+                                                               {"ComplexFloat", 8},
+                                                               {"ComplexDouble", 16},
+                                                               {"ComplexHalf", 4},
+                                                               {"Long", 8},
+                                                               {"Int", 4},
+                                                               {"Short", 2},
+                                                               {"Char", 1},
+                                                               {"Byte", 1},
+                                                               {"Bool", 1},
+                                                               {"UInt16", 2},
+                                                               {"UInt32", 4},
+                                                               {"UInt64", 8},
+                                                               {"Float8_e4m3fn", 1},
+                                                               {"Float8_e5m2", 1},
+                                                               {"Float8_e4m3fnuz", 1},
+                                                               {"Float8_e5m2fnuz", 1},
+                                                               {"Float8_e8m0fnu", 1},
+                                                               {"QInt8", 1},
+                                                               {"QUInt8", 1},
+                                                               {"QInt32", 4}};
   auto it = sizes.find(n);
   if (it == sizes.end()) return std::nullopt;
   return it->second;
@@ -187,7 +219,8 @@ std::string format_bytes(std::uint64_t n) {
     ++u;
   }
   if (u == 0) return fmt::format("{} B", n);
-  if (v == static_cast<double>(static_cast<std::uint64_t>(v))) return fmt::format("{} {}", static_cast<std::uint64_t>(v), units[u]);
+  if (v == static_cast<double>(static_cast<std::uint64_t>(v)))
+    return fmt::format("{} {}", static_cast<std::uint64_t>(v), units[u]);
   return fmt::format("{:.1f} {}", v, units[u]);
 }
 
@@ -281,9 +314,17 @@ json to_json(const RankDump& d) {
   j["groups"] = std::move(groups);
   json es = json::array();
   for (const auto& e : d.entries) {
-    es.push_back({{"pg", e.pg}, {"desc", e.desc}, {"seq", e.seq}, {"p2p", e.p2p}, {"op", e.op}, {"in", e.in},
-                  {"out", e.out}, {"in_dtypes", e.in_dtypes}, {"out_dtypes", e.out_dtypes},
-                  {"state", states[static_cast<int>(e.state)]}, {"t", e.t}});
+    es.push_back({{"pg", e.pg},
+                  {"desc", e.desc},
+                  {"seq", e.seq},
+                  {"p2p", e.p2p},
+                  {"op", e.op},
+                  {"in", e.in},
+                  {"out", e.out},
+                  {"in_dtypes", e.in_dtypes},
+                  {"out_dtypes", e.out_dtypes},
+                  {"state", states[static_cast<int>(e.state)]},
+                  {"t", e.t}});
   }
   j["entries"] = std::move(es);
   return j;
@@ -520,8 +561,10 @@ Finding analyze(const std::vector<RankDump>& dumps, int world_size) {
 std::string format_finding(const Finding& f) {
   auto what = [&f] {
     std::string s = fmt::format("{} #{} (pg {}", f.op, f.seq, f.pg);
-    if (f.bytes) s += ", " + format_bytes(*f.bytes);
-    else if (!f.sizes.empty()) s += ", " + shape_text(f.sizes);
+    if (f.bytes)
+      s += ", " + format_bytes(*f.bytes);
+    else if (!f.sizes.empty())
+      s += ", " + shape_text(f.sizes);
     return s + ")";
   };
   std::string out = "flight recorder: ";
@@ -536,7 +579,8 @@ std::string format_finding(const Finding& f) {
       if (f.ahead.empty()) {
         out += fmt::format("{} entered {} and none completed it", ranks_text(f.behind), what());
       } else {
-        out += fmt::format("all entered {}; {} completed it, {} did not", what(), ranks_text(f.ahead), ranks_text(f.behind));
+        out += fmt::format("all entered {}; {} completed it, {} did not", what(), ranks_text(f.ahead),
+                           ranks_text(f.behind));
       }
       break;
     case Finding::Kind::mismatch:
@@ -547,14 +591,17 @@ std::string format_finding(const Finding& f) {
                          f.ahead.size() == 1 ? "s" : "", what());
       break;
     case Finding::Kind::agree:
-      if (f.op.empty()) out += fmt::format("{} recorded no collective", ranks_text(f.ahead));
-      else out += fmt::format("{} agree: the last collective, {}, completed on all", ranks_text(f.ahead), what());
+      if (f.op.empty())
+        out += fmt::format("{} recorded no collective", ranks_text(f.ahead));
+      else
+        out += fmt::format("{} agree: the last collective, {}, completed on all", ranks_text(f.ahead), what());
       break;
   }
   if (!f.missing.empty()) out += fmt::format("; no dump from {}", ranks_text(f.missing));
   if (!f.errors.empty()) {
     const auto& [rank, why] = *f.errors.begin();
-    out += fmt::format(" (rank {}'s: {}{})", rank, why, f.errors.size() > 1 ? fmt::format(", and {} more", f.errors.size() - 1) : "");
+    out += fmt::format(" (rank {}'s: {}{})", rank, why,
+                       f.errors.size() > 1 ? fmt::format(", and {} more", f.errors.size() - 1) : "");
   }
   return out;
 }

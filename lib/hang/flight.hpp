@@ -45,10 +45,10 @@ struct FlightEntry {
 struct RankDump {
   int rank = -1;
   std::string node;
-  std::string version;                                // the dump's format version
-  std::map<std::string, std::vector<int>> groups;     // pg name -> its global ranks, where known
-  std::vector<FlightEntry> entries;                   // oldest first
-  std::string error;                                  // set: this rank's dump could not be read
+  std::string version;                             // the dump's format version
+  std::map<std::string, std::vector<int>> groups;  // pg name -> its global ranks, where known
+  std::vector<FlightEntry> entries;                // oldest first
+  std::string error;                               // set: this rank's dump could not be read
 };
 
 // Limits on one summary (the converter keeps fewer; these hold against anything else).
@@ -96,8 +96,8 @@ struct Finding {
   std::vector<std::string> dtypes;
   std::optional<std::uint64_t> bytes;  // of the first tensor list, where every dtype is known
   std::vector<int> ahead, behind;
-  std::vector<int> missing;             // ranks without a readable dump
-  std::map<int, std::string> errors;    // why, per rank, where a dump was there but unreadable
+  std::vector<int> missing;           // ranks without a readable dump
+  std::map<int, std::string> errors;  // why, per rank, where a dump was there but unreadable
   std::string detail;
 };
 

@@ -23,7 +23,9 @@
 
 namespace ddp::hang {
 
-const char* convert_script() { return reinterpret_cast<const char*>(generated::kFlightConvertPy); }
+const char* convert_script() {
+  return reinterpret_cast<const char*>(generated::kFlightConvertPy);
+}
 
 namespace {
 
@@ -66,8 +68,10 @@ DumpRequest request_dump(const safefs::Dir& dir, int rank, uid_t owner_uid) {
     return {R::failed, fmt::format("cannot open {}: {}", dir.path_of(name), std::strerror(errno))};
   }
   struct stat st {};
-  if (::fstat(path.get(), &st) != 0) return {R::failed, fmt::format("cannot stat {}: {}", dir.path_of(name), std::strerror(errno))};
-  if (S_ISLNK(st.st_mode)) return {R::refused, fmt::format("{} is a symbolic link, not rank {}'s FIFO", dir.path_of(name), rank)};
+  if (::fstat(path.get(), &st) != 0)
+    return {R::failed, fmt::format("cannot stat {}: {}", dir.path_of(name), std::strerror(errno))};
+  if (S_ISLNK(st.st_mode))
+    return {R::refused, fmt::format("{} is a symbolic link, not rank {}'s FIFO", dir.path_of(name), rank)};
   if (!S_ISFIFO(st.st_mode)) return {R::refused, fmt::format("{} is not a FIFO", dir.path_of(name))};
   if (st.st_uid != owner_uid) {
     return {R::refused, fmt::format("{} belongs to uid {}, not the job's {}", dir.path_of(name), st.st_uid, owner_uid)};
@@ -75,7 +79,8 @@ DumpRequest request_dump(const safefs::Dir& dir, int rank, uid_t owner_uid) {
   // That inode, and no other, opened to write; without a reader this fails at once (ENXIO).
   safefs::Fd fifo(::open(fmt::format("/proc/self/fd/{}", path.get()).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
   if (!fifo) {
-    if (errno == ENXIO) return {R::not_listening, fmt::format("rank {} does not read {} (gone, or not yet in NCCL)", rank, name)};
+    if (errno == ENXIO)
+      return {R::not_listening, fmt::format("rank {} does not read {} (gone, or not yet in NCCL)", rank, name)};
     return {R::failed, fmt::format("cannot open {} to write: {}", dir.path_of(name), std::strerror(errno))};
   }
   SigpipeBlocked guard;
@@ -101,7 +106,8 @@ std::vector<std::string> list_dumps(const safefs::Dir& dir) {
   ::rewinddir(d);
   while (auto* e = ::readdir(d)) {
     std::string name = e->d_name;
-    if (auto r = contract::flight_dump_rank(name); r && found.size() < kMaxDumps) found.emplace_back(*r, std::move(name));
+    if (auto r = contract::flight_dump_rank(name); r && found.size() < kMaxDumps)
+      found.emplace_back(*r, std::move(name));
   }
   ::closedir(d);
   std::sort(found.begin(), found.end());
@@ -158,7 +164,8 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
   int open = 2;
   char buf[16384];
   while (open > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
@@ -178,8 +185,10 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
       }
       auto& text = i == 0 ? out : err;
       const std::size_t cap = i == 0 ? req.max_output : 4096;
-      if (text.size() < cap) text.append(buf, std::min<std::size_t>(static_cast<std::size_t>(got), cap - text.size()));
-      else if (i == 0) truncated = true;
+      if (text.size() < cap)
+        text.append(buf, std::min<std::size_t>(static_cast<std::size_t>(got), cap - text.size()));
+      else if (i == 0)
+        truncated = true;
     }
   }
   for (auto& p : fds)
@@ -211,7 +220,7 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
   // The job's interpreter wrote it: any bytes at all.
   const auto first_err = clean_text(trim(err.substr(0, err.find('\n'))), 256);
   const bool clean = !timed_out && !truncated && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  const std::string why = timed_out ? fmt::format("the converter did not finish within {} ms", req.timeout.count())
+  const std::string why = timed_out   ? fmt::format("the converter did not finish within {} ms", req.timeout.count())
                           : truncated ? fmt::format("the converter wrote more than {} bytes", req.max_output)
                                       : fmt::format("the converter gave no answer (exit status {}{})",
                                                     WIFEXITED(status) ? WEXITSTATUS(status) : -1,

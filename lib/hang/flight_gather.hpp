@@ -46,9 +46,9 @@ struct ConvertRequest {
   std::vector<std::string> python{"python3"};  // the job's interpreter (pyenv::choose_interpreter)
   std::map<std::string, std::string> env;      // the job's environment (PATH finds the interpreter)
   std::string workdir = "/";
-  std::optional<supervisor::RunAs> run_as;     // nullopt: our own user (never root for a job of another)
+  std::optional<supervisor::RunAs> run_as;  // nullopt: our own user (never root for a job of another)
   std::chrono::milliseconds timeout = kConvertLimit;
-  std::size_t max_output = 8u << 20;           // the converter keeps ~30 KiB a rank
+  std::size_t max_output = 8u << 20;  // the converter keeps ~30 KiB a rank
 };
 
 // Runs the converter on `names` in `attempt_dir_path`: one RankDump per name, in order, each

@@ -39,11 +39,16 @@ bool inside_torch_distributed(const std::vector<stacks::Frame>& python) {
 
 std::string_view why_name(Why w) {
   switch (w) {
-    case Why::none: return "none";
-    case Why::output: return "output";
-    case Why::stack_changed: return "stack changed";
-    case Why::cpu_outside_collective: return "CPU time outside torch.distributed";
-    case Why::cpu_no_stack: return "CPU time (no Python stack)";
+    case Why::none:
+      return "none";
+    case Why::output:
+      return "output";
+    case Why::stack_changed:
+      return "stack changed";
+    case Why::cpu_outside_collective:
+      return "CPU time outside torch.distributed";
+    case Why::cpu_no_stack:
+      return "CPU time (no Python stack)";
   }
   return "?";
 }

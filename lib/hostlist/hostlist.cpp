@@ -33,12 +33,16 @@ bool is_host_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
          c == '_' || c == ':' || c == '@';  // '@': "user@host" for SSH logins (parse_endpoint splits it)
 }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
 // POSIX portable user names (and what useradd accepts by default): letters, digits, '.', '_', '-'.
 bool is_user_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
 }
-bool is_space(char c) { return c == ' ' || c == '\t'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t';
+}
 
 std::string describe(char c) {
   if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return "control character";
@@ -224,8 +228,8 @@ Expansion expand(std::string_view list, const Options& options) {
   for (const auto& item : items) {
     total += item_size(item, options.max_hosts);
     if (total > options.max_hosts) {
-      result.error = Error{item.column, "host list expands to more than " + std::to_string(options.max_hosts) +
-                                            " hosts"};
+      result.error =
+          Error{item.column, "host list expands to more than " + std::to_string(options.max_hosts) + " hosts"};
       return result;
     }
   }

@@ -6,7 +6,9 @@
 
 namespace ddp::jobspec {
 
-bool is_python_script(std::string_view word) { return word.size() > 3 && word.ends_with(".py"); }
+bool is_python_script(std::string_view word) {
+  return word.size() > 3 && word.ends_with(".py");
+}
 
 std::string name_from_command(const std::vector<std::string>& argv) {
   std::string base;

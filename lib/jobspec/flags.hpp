@@ -23,9 +23,9 @@ struct JobFlags {
   std::optional<std::string> nnodes;          // N or MIN:MAX
   std::optional<std::string> max_restarts;
   std::optional<std::string> log_dir;
-  std::optional<std::string> store_port;      // 0: a free port; another: exactly that one
-  std::optional<std::string> stop_grace;      // a duration: 30s
-  std::optional<std::string> numa_binding;    // binding.numa
+  std::optional<std::string> store_port;    // 0: a free port; another: exactly that one
+  std::optional<std::string> stop_grace;    // a duration: 30s
+  std::optional<std::string> numa_binding;  // binding.numa
 };
 
 // The job of a command line. `where` names it in messages ("ddpctl launch"). Throws JobSpecError.

@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include <cstring>
 #include <sys/stat.h>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -36,19 +36,33 @@ JobSpecError::JobSpecError(std::vector<Diagnostic> diagnostics)
 namespace {
 
 // Keys we know. Those in `not_yet` belong to features of later issues.
-const std::vector<std::string> kTopKeys{
-    "name",    "nnodes",  "hosts", "nproc_per_node", "command", "workdir", "env",  "env_forward",
-    "restart", "logs",    "store", "stop",           "nccl",    "container", "binding", "rendezvous",
-    "python",  "hang"};
+const std::vector<std::string> kTopKeys{"name", "nnodes",      "hosts",   "nproc_per_node", "command", "workdir",
+                                        "env",  "env_forward", "restart", "logs",           "store",   "stop",
+                                        "nccl", "container",   "binding", "rendezvous",     "python",  "hang"};
 const std::map<std::string, std::string> kNotYet{};
 
 // Environment variables that ddpctl owns: a job may not set them (the value would be a lie).
-const std::set<std::string> kReservedEnv{
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "DDP_JOB_ID", "DDP_NODE",
-    "DDP_NODE_RANK", "DDP_NCCL_UNIQUE_ID", "DDP_ATTEMPT"};
+const std::set<std::string> kReservedEnv{"RANK",
+                                         "LOCAL_RANK",
+                                         "WORLD_SIZE",
+                                         "LOCAL_WORLD_SIZE",
+                                         "GROUP_RANK",
+                                         "GROUP_WORLD_SIZE",
+                                         "ROLE_NAME",
+                                         "ROLE_RANK",
+                                         "ROLE_WORLD_SIZE",
+                                         "MASTER_ADDR",
+                                         "MASTER_PORT",
+                                         "TORCHELASTIC_RESTART_COUNT",
+                                         "TORCHELASTIC_MAX_RESTARTS",
+                                         "TORCHELASTIC_RUN_ID",
+                                         "TORCHELASTIC_USE_AGENT_STORE",
+                                         "TORCHELASTIC_ERROR_FILE",
+                                         "DDP_JOB_ID",
+                                         "DDP_NODE",
+                                         "DDP_NODE_RANK",
+                                         "DDP_NCCL_UNIQUE_ID",
+                                         "DDP_ATTEMPT"};
 
 class Parser {
  public:
@@ -61,11 +75,16 @@ class Parser {
 
   static std::string describe(const YAML::Node& n) {
     switch (n.Type()) {
-      case YAML::NodeType::Map: return "a mapping";
-      case YAML::NodeType::Sequence: return n.size() == 0 ? "an empty list" : "a list";
-      case YAML::NodeType::Null: return "nothing";
-      case YAML::NodeType::Scalar: return fmt::format("'{}'", n.Scalar());
-      default: return "an undefined value";
+      case YAML::NodeType::Map:
+        return "a mapping";
+      case YAML::NodeType::Sequence:
+        return n.size() == 0 ? "an empty list" : "a list";
+      case YAML::NodeType::Null:
+        return "nothing";
+      case YAML::NodeType::Scalar:
+        return fmt::format("'{}'", n.Scalar());
+      default:
+        return "an undefined value";
     }
   }
 
@@ -167,7 +186,8 @@ class Parser {
           static const std::regex re("^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$");
           if (!std::regex_match(*s, re)) {
             error(v, fmt::format("name: expected 1-64 characters of letters, digits, '.', '_' or '-' "
-                                 "(it names log folders), got '{}'", *s));
+                                 "(it names log folders), got '{}'",
+                                 *s));
           } else {
             spec.name = *s;
           }
@@ -177,18 +197,22 @@ class Parser {
       } else if (key == "hosts") {
         parse_hosts(v, spec);
       } else if (key == "rendezvous") {
-        mapping(v, "rendezvous", {"join_timeout", "last_call", "heartbeat_timeout"}, [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
-          auto d = duration(rv, "rendezvous." + rk);
-          if (!d) return;
-          // Heartbeats come every second: a timeout of one interval loses nodes to ordinary
-          // jitter; two is the least that tolerates one late beat.
-          if (rk == "heartbeat_timeout" && *d < Millis(2000)) {
-            error(rv, "rendezvous.heartbeat_timeout: expected at least 2s (agents send a heartbeat every second; "
-                      "one late heartbeat must not lose a node)");
-            return;
-          }
-          (rk == "join_timeout" ? spec.join_timeout : rk == "last_call" ? spec.last_call : spec.heartbeat_timeout) = *d;
-        });
+        mapping(v, "rendezvous", {"join_timeout", "last_call", "heartbeat_timeout"},
+                [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
+                  auto d = duration(rv, "rendezvous." + rk);
+                  if (!d) return;
+                  // Heartbeats come every second: a timeout of one interval loses nodes to ordinary
+                  // jitter; two is the least that tolerates one late beat.
+                  if (rk == "heartbeat_timeout" && *d < Millis(2000)) {
+                    error(rv,
+                          "rendezvous.heartbeat_timeout: expected at least 2s (agents send a heartbeat every second; "
+                          "one late heartbeat must not lose a node)");
+                    return;
+                  }
+                  (rk == "join_timeout" ? spec.join_timeout
+                   : rk == "last_call"  ? spec.last_call
+                                        : spec.heartbeat_timeout) = *d;
+                });
       } else if (key == "nproc_per_node") {
         if (v.IsScalar() && (v.Scalar() == "cpu" || v.Scalar() == "gpu")) {
           spec.nproc.kind = v.Scalar() == "cpu" ? Nproc::Kind::cpu : Nproc::Kind::gpu;
@@ -204,53 +228,64 @@ class Parser {
         parse_python(v, spec);
       } else if (key == "workdir") {
         if (auto s = string(v, key)) {
-          if (s->empty()) error(v, "workdir: expected a directory, got an empty string");
-          else spec.workdir = *s;
+          if (s->empty())
+            error(v, "workdir: expected a directory, got an empty string");
+          else
+            spec.workdir = *s;
         }
       } else if (key == "env") {
         parse_env(v, spec);
       } else if (key == "env_forward") {
         parse_env_forward(v, spec);
       } else if (key == "restart") {
-        mapping(v, "restart", {"max_restarts", "backoff"}, [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
-          if (rk == "max_restarts") {
-            if (auto n = integer(rv, "restart.max_restarts", 0, 1000)) spec.max_restarts = static_cast<int>(*n);
-          } else if (auto d = duration(rv, "restart.backoff")) {
-            spec.restart_backoff = *d;
-          }
-        });
+        mapping(v, "restart", {"max_restarts", "backoff"},
+                [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
+                  if (rk == "max_restarts") {
+                    if (auto n = integer(rv, "restart.max_restarts", 0, 1000)) spec.max_restarts = static_cast<int>(*n);
+                  } else if (auto d = duration(rv, "restart.backoff")) {
+                    spec.restart_backoff = *d;
+                  }
+                });
       } else if (key == "logs") {
         mapping(v, "logs", {"dir", "max_size"}, [&](const std::string& lk, const YAML::Node&, const YAML::Node& lv) {
           if (lk == "dir") {
             if (auto s = string(lv, "logs.dir")) {
-              if (s->empty()) error(lv, "logs.dir: expected a directory, got an empty string");
-              else spec.log_dir = *s;
+              if (s->empty())
+                error(lv, "logs.dir: expected a directory, got an empty string");
+              else
+                spec.log_dir = *s;
             }
           } else if (auto sz = size(lv, "logs.max_size")) {
-            if (*sz < 4096) error(lv, "logs.max_size: expected at least 4KiB");
-            else spec.log_max_bytes = *sz;
+            if (*sz < 4096)
+              error(lv, "logs.max_size: expected at least 4KiB");
+            else
+              spec.log_max_bytes = *sz;
           }
         });
       } else if (key == "store") {
-        mapping(v, "store", {"port", "threads", "max_size", "max_keys"}, [&](const std::string& sk, const YAML::Node&, const YAML::Node& sv) {
-          if (sk == "port") {
-            if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) {
-              spec.store_port = static_cast<std::uint16_t>(*n);
-              spec.store_port_explicit = *n != 0;
-            }
-          } else if (sk == "max_size") {
-            if (auto sz = size(sv, "store.max_size")) {
-              if (*sz < (1ull << 20)) error(sv, "store.max_size: expected at least 1MiB");
-              else spec.store_max_bytes = *sz;
-            }
-          } else if (sk == "max_keys") {
-            if (auto n = integer(sv, "store.max_keys", 1024, 1ll << 32)) spec.store_max_keys = static_cast<std::uint64_t>(*n);
-          } else if (sv.IsScalar() && sv.Scalar() == "auto") {
-            spec.store_threads = kAutoThreads;
-          } else if (auto n = integer(sv, "store.threads (or auto)", 0, kMaxStoreThreads)) {
-            spec.store_threads = static_cast<int>(*n);
-          }
-        });
+        mapping(v, "store", {"port", "threads", "max_size", "max_keys"},
+                [&](const std::string& sk, const YAML::Node&, const YAML::Node& sv) {
+                  if (sk == "port") {
+                    if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) {
+                      spec.store_port = static_cast<std::uint16_t>(*n);
+                      spec.store_port_explicit = *n != 0;
+                    }
+                  } else if (sk == "max_size") {
+                    if (auto sz = size(sv, "store.max_size")) {
+                      if (*sz < (1ull << 20))
+                        error(sv, "store.max_size: expected at least 1MiB");
+                      else
+                        spec.store_max_bytes = *sz;
+                    }
+                  } else if (sk == "max_keys") {
+                    if (auto n = integer(sv, "store.max_keys", 1024, 1ll << 32))
+                      spec.store_max_keys = static_cast<std::uint64_t>(*n);
+                  } else if (sv.IsScalar() && sv.Scalar() == "auto") {
+                    spec.store_threads = kAutoThreads;
+                  } else if (auto n = integer(sv, "store.threads (or auto)", 0, kMaxStoreThreads)) {
+                    spec.store_threads = static_cast<int>(*n);
+                  }
+                });
       } else if (key == "stop") {
         mapping(v, "stop", {"grace"}, [&](const std::string&, const YAML::Node&, const YAML::Node& sv) {
           if (auto d = duration(sv, "stop.grace")) spec.stop_grace = *d;
@@ -265,7 +300,8 @@ class Parser {
         mapping(v, "nccl", {"unique_id"}, [&](const std::string&, const YAML::Node&, const YAML::Node& nv) {
           if (nv.IsScalar() && (nv.Scalar() == "auto" || nv.Scalar() == "on" || nv.Scalar() == "off")) {
             spec.nccl_unique_id = nv.Scalar() == "auto" ? NcclUniqueId::automatic
-                                  : nv.Scalar() == "on" ? NcclUniqueId::on : NcclUniqueId::off;
+                                  : nv.Scalar() == "on" ? NcclUniqueId::on
+                                                        : NcclUniqueId::off;
           } else {
             error(nv, fmt::format("nccl.unique_id: expected auto, on or off, got {}", describe(nv)));
           }
@@ -276,18 +312,21 @@ class Parser {
     // an id from another NCCL version is worse than none (see README, containers).
     if (spec.container && spec.nccl_unique_id == NcclUniqueId::on) {
       const YAML::Node& croot = root;
-      error(croot["nccl"]["unique_id"], "nccl.unique_id: on cannot be honoured with container: the id holder would use the host's "
-                          "libnccl, not the image's; use auto or off (PyTorch's NCCL process group needs no id from ddpctl)");
+      error(croot["nccl"]["unique_id"],
+            "nccl.unique_id: on cannot be honoured with container: the id holder would use the host's "
+            "libnccl, not the image's; use auto or off (PyTorch's NCCL process group needs no id from ddpctl)");
     }
     // The watchdog reads each rank's own process (and its descendants); a container rank's is the
     // runtime's client, whose Python lives elsewhere (podman's conmon, docker's daemon).
     if (spec.container && spec.hang) {
       const YAML::Node& croot = root;
-      error(croot["hang"], "hang: not supported yet with container: the watchdog reads the rank's own process, which is "
-                           "the container runtime's client; remove one of the two");
+      error(croot["hang"],
+            "hang: not supported yet with container: the watchdog reads the rank's own process, which is "
+            "the container runtime's client; remove one of the two");
     }
     if (root.IsMap() && !have_command) {
-      diags_.push_back({file_, 1, 1, "missing key 'command': expected the worker's argv, e.g. command: [python3, train.py]"});
+      diags_.push_back(
+          {file_, 1, 1, "missing key 'command': expected the worker's argv, e.g. command: [python3, train.py]"});
     }
     if (!diags_.empty()) throw JobSpecError(diags_);
     return spec;
@@ -337,7 +376,8 @@ class Parser {
       }
     });
     if (v.IsMap() && !have_timeout) {
-      error(v, "hang: missing key 'timeout': how long no rank may make progress, e.g. hang: {timeout: 10m, action: stop}");
+      error(v,
+            "hang: missing key 'timeout': how long no rank may make progress, e.g. hang: {timeout: 10m, action: stop}");
       ok = false;
     }
     if (v.IsMap() && ok) spec.hang = h;
@@ -346,9 +386,10 @@ class Parser {
   // binding: {gpu: auto|none|isolate, numa: auto|none|node|exclusive, nic: auto|none|rank}
   void parse_binding(const YAML::Node& v, JobSpec& spec) {
     mapping(v, "binding", {"gpu", "numa", "nic"}, [&](const std::string& bk, const YAML::Node&, const YAML::Node& bv) {
-      const std::vector<std::string> allowed = bk == "gpu"    ? std::vector<std::string>{"auto", "none", "isolate"}
-                                               : bk == "numa" ? std::vector<std::string>{"auto", "none", "node", "exclusive"}
-                                                              : std::vector<std::string>{"auto", "none", "rank"};
+      const std::vector<std::string> allowed = bk == "gpu" ? std::vector<std::string>{"auto", "none", "isolate"}
+                                               : bk == "numa"
+                                                   ? std::vector<std::string>{"auto", "none", "node", "exclusive"}
+                                                   : std::vector<std::string>{"auto", "none", "rank"};
       const std::string value = bv.IsScalar() ? bv.Scalar() : std::string();
       auto it = std::find(allowed.begin(), allowed.end(), value);
       if (!bv.IsScalar() || it == allowed.end()) {
@@ -356,9 +397,12 @@ class Parser {
         return;
       }
       const auto pos = it - allowed.begin();
-      if (bk == "gpu") spec.binding.gpu = static_cast<GpuBinding>(pos);
-      else if (bk == "numa") spec.binding.numa = static_cast<NumaBinding>(pos);
-      else spec.binding.nic = static_cast<NicBinding>(pos);
+      if (bk == "gpu")
+        spec.binding.gpu = static_cast<GpuBinding>(pos);
+      else if (bk == "numa")
+        spec.binding.numa = static_cast<NumaBinding>(pos);
+      else
+        spec.binding.nic = static_cast<NicBinding>(pos);
     });
   }
 
@@ -369,7 +413,8 @@ class Parser {
     }
     if (!v.IsSequence() || v.size() == 0) {
       error(v, fmt::format("hosts: expected a list of node names such as [node1, node2] or a host list "
-                           "such as 'node[1-4]', got {}", describe(v)));
+                           "such as 'node[1-4]', got {}",
+                           describe(v)));
       return;
     }
     for (const auto& item : v) {
@@ -384,7 +429,8 @@ class Parser {
   void parse_command(const YAML::Node& v, JobSpec& spec) {
     if (v.IsScalar()) {
       if (trim(v.Scalar()).empty()) {
-        error(v, "command: expected a list such as [python3, train.py] (or a shell command string), got an empty string");
+        error(v,
+              "command: expected a list such as [python3, train.py] (or a shell command string), got an empty string");
         return;
       }
       spec.shell = true;
@@ -407,10 +453,13 @@ class Parser {
 
   // python: a program, or a non-empty list of strings (a command that acts as the interpreter).
   void parse_python(const YAML::Node& v, JobSpec& spec) {
-    constexpr const char* kExpected = "a program such as python3 or /venv/bin/python, or a list such as [uv, run, python]";
+    constexpr const char* kExpected =
+        "a program such as python3 or /venv/bin/python, or a list such as [uv, run, python]";
     if (v.IsScalar()) {
-      if (trim(v.Scalar()).empty()) error(v, fmt::format("python: expected {}, got an empty string", kExpected));
-      else spec.python = {v.Scalar()};
+      if (trim(v.Scalar()).empty())
+        error(v, fmt::format("python: expected {}, got an empty string", kExpected));
+      else
+        spec.python = {v.Scalar()};
       return;
     }
     if (!v.IsSequence() || v.size() == 0) {
@@ -435,56 +484,70 @@ class Parser {
     const std::size_t before = diags_.size();
     mapping(v, "container", {"runtime", "image", "mounts", "workdir", "pull", "extra_args", "env"},
             [&](const std::string& ck, const YAML::Node&, const YAML::Node& cv) {
-      if (ck == "runtime" || ck == "pull") {
-        const std::vector<std::string> allowed = ck == "runtime"
-            ? std::vector<std::string>{"docker", "podman", "apptainer", "enroot"}
-            : std::vector<std::string>{"never", "missing", "always"};
-        const std::string value = cv.IsScalar() ? cv.Scalar() : std::string();
-        auto it = std::find(allowed.begin(), allowed.end(), value);
-        if (!cv.IsScalar() || it == allowed.end()) {
-          auto hint = cv.IsScalar() ? nearest(value, allowed) : std::nullopt;
-          error(cv, fmt::format("container.{}: expected {}, got {}{}", ck, join(allowed, ", "), describe(cv),
-                                hint ? fmt::format(" (did you mean '{}'?)", *hint) : ""));
-          return;
-        }
-        const auto pos = static_cast<int>(it - allowed.begin());
-        if (ck == "runtime") have_runtime = true, c.runtime = static_cast<ContainerRuntime>(pos);
-        else c.pull = static_cast<PullPolicy>(pos);
-      } else if (ck == "image") {
-        if (auto s = string(cv, "container.image")) {
-          if (trim(*s).empty()) error(cv, "container.image: expected an image reference such as pytorch-cuda:v2.6, got an empty string");
-          else if ((*s)[0] == '-') error(cv, fmt::format("container.image: expected an image reference, got '{}', which a runtime would read as an option", *s));
-          else have_image = true, c.image = *s;
-        }
-      } else if (ck == "workdir") {
-        if (auto s = string(cv, "container.workdir")) {
-          if (s->empty() || (*s)[0] != '/') error(cv, fmt::format("container.workdir: expected an absolute path inside the container, got {}", describe(cv)));
-          else c.workdir = *s;
-        }
-      } else if (ck == "mounts") {
-        parse_mounts(cv, c);
-      } else if (ck == "extra_args") {
-        if (!cv.IsSequence()) {
-          error(cv, fmt::format("container.extra_args: expected a list of arguments, got {}", describe(cv)));
-          return;
-        }
-        for (const auto& item : cv) {
-          if (auto s = string(item, "container.extra_args item")) c.extra_args.push_back(*s);
-        }
-      } else {
-        parse_env_map(cv, "container.env", c.env);
-      }
-    });
+              if (ck == "runtime" || ck == "pull") {
+                const std::vector<std::string> allowed =
+                    ck == "runtime" ? std::vector<std::string>{"docker", "podman", "apptainer", "enroot"}
+                                    : std::vector<std::string>{"never", "missing", "always"};
+                const std::string value = cv.IsScalar() ? cv.Scalar() : std::string();
+                auto it = std::find(allowed.begin(), allowed.end(), value);
+                if (!cv.IsScalar() || it == allowed.end()) {
+                  auto hint = cv.IsScalar() ? nearest(value, allowed) : std::nullopt;
+                  error(cv, fmt::format("container.{}: expected {}, got {}{}", ck, join(allowed, ", "), describe(cv),
+                                        hint ? fmt::format(" (did you mean '{}'?)", *hint) : ""));
+                  return;
+                }
+                const auto pos = static_cast<int>(it - allowed.begin());
+                if (ck == "runtime")
+                  have_runtime = true, c.runtime = static_cast<ContainerRuntime>(pos);
+                else
+                  c.pull = static_cast<PullPolicy>(pos);
+              } else if (ck == "image") {
+                if (auto s = string(cv, "container.image")) {
+                  if (trim(*s).empty())
+                    error(
+                        cv,
+                        "container.image: expected an image reference such as pytorch-cuda:v2.6, got an empty string");
+                  else if ((*s)[0] == '-')
+                    error(cv, fmt::format("container.image: expected an image reference, got '{}', which a runtime "
+                                          "would read as an option",
+                                          *s));
+                  else
+                    have_image = true, c.image = *s;
+                }
+              } else if (ck == "workdir") {
+                if (auto s = string(cv, "container.workdir")) {
+                  if (s->empty() || (*s)[0] != '/')
+                    error(cv, fmt::format("container.workdir: expected an absolute path inside the container, got {}",
+                                          describe(cv)));
+                  else
+                    c.workdir = *s;
+                }
+              } else if (ck == "mounts") {
+                parse_mounts(cv, c);
+              } else if (ck == "extra_args") {
+                if (!cv.IsSequence()) {
+                  error(cv, fmt::format("container.extra_args: expected a list of arguments, got {}", describe(cv)));
+                  return;
+                }
+                for (const auto& item : cv) {
+                  if (auto s = string(item, "container.extra_args item")) c.extra_args.push_back(*s);
+                }
+              } else {
+                parse_env_map(cv, "container.env", c.env);
+              }
+            });
     if (diags_.size() != before || !v.IsMap()) return;
     if (!have_runtime) error(key, "container: missing key 'runtime': expected docker, podman, apptainer or enroot");
-    if (!have_image) error(key, "container: missing key 'image': expected the image to run, e.g. image: pytorch-cuda:v2.6");
+    if (!have_image)
+      error(key, "container: missing key 'image': expected the image to run, e.g. image: pytorch-cuda:v2.6");
     if (have_runtime && have_image) spec.container = std::move(c);
   }
 
   // "SOURCE:TARGET" or "SOURCE:TARGET:ro|rw"; TARGET absolute.
   void parse_mounts(const YAML::Node& v, ContainerSpec& c) {
     if (!v.IsSequence()) {
-      error(v, fmt::format("container.mounts: expected a list such as [\"./:/workspace\", \"/data:/data:ro\"], got {}", describe(v)));
+      error(v, fmt::format("container.mounts: expected a list such as [\"./:/workspace\", \"/data:/data:ro\"], got {}",
+                           describe(v)));
       return;
     }
     for (const auto& item : v) {
@@ -495,7 +558,8 @@ class Parser {
       auto parts = split(item.Scalar(), ':');
       const bool mode_ok = parts.size() == 2 || (parts.size() == 3 && (parts[2] == "ro" || parts[2] == "rw"));
       if (!mode_ok || parts[0].empty() || parts[1].empty() || parts[1][0] != '/') {
-        error(item, fmt::format("container.mounts: expected SOURCE:TARGET[:ro|rw] with an absolute TARGET, got {}", describe(item)));
+        error(item, fmt::format("container.mounts: expected SOURCE:TARGET[:ro|rw] with an absolute TARGET, got {}",
+                                describe(item)));
         continue;
       }
       c.mounts.push_back({std::string(parts[0]), std::string(parts[1]), parts.size() == 3 && parts[2] == "ro"});
@@ -504,7 +568,8 @@ class Parser {
 
   void parse_env(const YAML::Node& v, JobSpec& spec) { parse_env_map(v, "env", spec.env); }
 
-  void parse_env_map(const YAML::Node& v, const std::string& where, std::vector<std::pair<std::string, std::string>>& out) {
+  void parse_env_map(const YAML::Node& v, const std::string& where,
+                     std::vector<std::pair<std::string, std::string>>& out) {
     if (!v.IsMap()) {
       error(v, fmt::format("{}: expected a mapping of NAME: value, got {}", where, describe(v)));
       return;
@@ -524,7 +589,8 @@ class Parser {
       }
       if (kReservedEnv.contains(k.Scalar())) {
         error(k, fmt::format("{}.{}: set by ddpctl for every worker (see the environment contract); "
-                             "remove it from {}", where, k.Scalar(), where));
+                             "remove it from {}",
+                             where, k.Scalar(), where));
         continue;
       }
       if (!val.IsScalar()) {
@@ -557,10 +623,13 @@ class Parser {
 
 }  // namespace
 
-const std::vector<std::string>& known_top_level_keys() { return kTopKeys; }
+const std::vector<std::string>& known_top_level_keys() {
+  return kTopKeys;
+}
 
 std::optional<ContainerRuntime> runtime_from_name(std::string_view name) {
-  for (auto r : {ContainerRuntime::docker, ContainerRuntime::podman, ContainerRuntime::apptainer, ContainerRuntime::enroot}) {
+  for (auto r :
+       {ContainerRuntime::docker, ContainerRuntime::podman, ContainerRuntime::apptainer, ContainerRuntime::enroot}) {
     if (runtime_name(r) == name) return r;
   }
   return std::nullopt;
@@ -568,17 +637,25 @@ std::optional<ContainerRuntime> runtime_from_name(std::string_view name) {
 
 std::string_view runtime_name(ContainerRuntime r) {
   switch (r) {
-    case ContainerRuntime::docker: return "docker";
-    case ContainerRuntime::podman: return "podman";
-    case ContainerRuntime::apptainer: return "apptainer";
-    case ContainerRuntime::enroot: return "enroot";
+    case ContainerRuntime::docker:
+      return "docker";
+    case ContainerRuntime::podman:
+      return "podman";
+    case ContainerRuntime::apptainer:
+      return "apptainer";
+    case ContainerRuntime::enroot:
+      return "enroot";
   }
   return "?";
 }
 
-JobSpec parse_job_yaml(const std::string& text, const std::string& file) { return Parser(file).parse(text); }
+JobSpec parse_job_yaml(const std::string& text, const std::string& file) {
+  return Parser(file).parse(text);
+}
 
-JobSpec parse_job_node(const YAML::Node& root, const std::string& where) { return Parser(where).parse_root(root); }
+JobSpec parse_job_node(const YAML::Node& root, const std::string& where) {
+  return Parser(where).parse_root(root);
+}
 
 JobSpec load_job_file(const std::string& path) {
   constexpr std::size_t kMaxJobFile = 4u << 20;
@@ -587,7 +664,8 @@ JobSpec load_job_file(const std::string& path) {
     throw JobSpecError({{path, 0, 0, fmt::format("cannot read the job file: {}", std::strerror(errno))}});
   }
   if (!S_ISREG(st.st_mode)) throw JobSpecError({{path, 0, 0, "the job file is not a regular file"}});
-  if (static_cast<std::size_t>(st.st_size) > kMaxJobFile) throw JobSpecError({{path, 0, 0, "the job file is larger than 4 MiB"}});
+  if (static_cast<std::size_t>(st.st_size) > kMaxJobFile)
+    throw JobSpecError({{path, 0, 0, "the job file is larger than 4 MiB"}});
   std::ifstream in(path);
   if (!in) {
     throw JobSpecError({{path, 0, 0, fmt::format("cannot read the job file: {}", std::strerror(errno))}});
@@ -604,9 +682,12 @@ JobSpec load_job_file(const std::string& path) {
 
 std::string_view hang_action_name(HangAction a) {
   switch (a) {
-    case HangAction::report: return "report";
-    case HangAction::stop: return "stop";
-    case HangAction::restart: return "restart";
+    case HangAction::report:
+      return "report";
+    case HangAction::stop:
+      return "stop";
+    case HangAction::restart:
+      return "restart";
   }
   return "report";
 }

@@ -49,9 +49,9 @@ enum class NcclUniqueId { automatic, on, off };
 
 // binding: how each rank is placed on the node (planned by lib/binding from the node's facts).
 // `automatic` is the default of each; `none` turns that part off.
-enum class GpuBinding { automatic, none, isolate };                // isolate: one visible GPU per rank
-enum class NumaBinding { automatic, none, node, exclusive };      // exclusive: split a node's CPUs
-enum class NicBinding { automatic, none, rank };  // rank: NCCL_IB_HCA per rank (opt-in)
+enum class GpuBinding { automatic, none, isolate };           // isolate: one visible GPU per rank
+enum class NumaBinding { automatic, none, node, exclusive };  // exclusive: split a node's CPUs
+enum class NicBinding { automatic, none, rank };              // rank: NCCL_IB_HCA per rank (opt-in)
 struct BindingSpec {
   GpuBinding gpu = GpuBinding::automatic;
   NumaBinding numa = NumaBinding::automatic;
@@ -72,7 +72,7 @@ struct ContainerSpec {
   ContainerRuntime runtime = ContainerRuntime::podman;
   std::string image;
   std::vector<Mount> mounts;
-  std::optional<std::string> workdir;                    // inside; nullopt: the image's own
+  std::optional<std::string> workdir;  // inside; nullopt: the image's own
   PullPolicy pull = PullPolicy::missing;
   std::vector<std::string> extra_args;                   // before the image, as written
   std::vector<std::pair<std::string, std::string>> env;  // inside only, in file order
@@ -146,7 +146,8 @@ JobSpec load_job_file(const std::string& path);
 // A job id names folders (<log_dir>/<id>), sockets and containers, and it comes from the command line
 // and from the network: [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 characters (so never '..' or '/').
 bool valid_job_id(std::string_view id);
-inline constexpr std::string_view kJobIdRule = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit";
+inline constexpr std::string_view kJobIdRule =
+    "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit";
 
 // The keys the parser knows at the top level (for hints and docs).
 const std::vector<std::string>& known_top_level_keys();

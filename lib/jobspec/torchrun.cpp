@@ -29,14 +29,26 @@ const std::vector<Flag>& flags() {
   static const std::vector<Flag> table{
       {{"--nnodes"}, "nnodes", true, "1 (or 1:1) only; more nodes: ddpctl launch --nodes/--ssh/--slurm"},
       {{"--nproc-per-node", "--nproc_per_node"}, "nproc_per_node", true, "N, cpu, gpu or auto: the workers"},
-      {{"--rdzv-backend", "--rdzv_backend"}, "rdzv_backend", true, "static or c10d: accepted (ddpctl serves the store)"},
-      {{"--rdzv-endpoint", "--rdzv_endpoint"}, "rdzv_endpoint", true, "this machine only; its port is the store's if free"},
+      {{"--rdzv-backend", "--rdzv_backend"},
+       "rdzv_backend",
+       true,
+       "static or c10d: accepted (ddpctl serves the store)"},
+      {{"--rdzv-endpoint", "--rdzv_endpoint"},
+       "rdzv_endpoint",
+       true,
+       "this machine only; its port is the store's if free"},
       {{"--rdzv-id", "--rdzv_id"}, "rdzv_id", true, "the job id starts with it (TORCHELASTIC_RUN_ID)"},
       {{"--rdzv-conf", "--rdzv_conf"}, "rdzv_conf", true, "ignored (one node: no rendezvous to tune)"},
       {{"--standalone"}, "standalone", false, "honoured: one node, a free store port"},
       {{"--max-restarts", "--max_restarts"}, "max_restarts", true, "restart.max_restarts"},
-      {{"--monitor-interval", "--monitor_interval"}, "monitor_interval", true, "ignored (ddpctl is told of exits, it does not poll)"},
-      {{"--start-method", "--start_method"}, "start_method", true, "ignored (for function entry points; a script is exec'd)"},
+      {{"--monitor-interval", "--monitor_interval"},
+       "monitor_interval",
+       true,
+       "ignored (ddpctl is told of exits, it does not poll)"},
+      {{"--start-method", "--start_method"},
+       "start_method",
+       true,
+       "ignored (for function entry points; a script is exec'd)"},
       {{"--role"}, "role", true, "default only (ROLE_NAME stays 'default')"},
       {{"-m", "--module"}, "module", false, "honoured: python -u -m MODULE"},
       {{"--no-python", "--no_python"}, "no_python", false, "honoured: the script is run as a program"},
@@ -44,17 +56,35 @@ const std::vector<Flag>& flags() {
       {{"--log-dir", "--log_dir"}, "log_dir", true, "logs.dir (ddpctl's layout: DIR/JOB/attempt-N/rank-R.log)"},
       {{"-r", "--redirects"}, "redirects", true, "3: nothing on the terminal (files keep it); others ignored"},
       {{"-t", "--tee"}, "tee", true, "honoured: ddpctl always writes the terminal and each rank's file"},
-      {{"--local-ranks-filter", "--local_ranks_filter"}, "local_ranks_filter", true, "honoured: only these ranks on the terminal"},
-      {{"--log-line-prefix-template", "--log_line_prefix_template"}, "log_line_prefix_template", true, "ignored (lines start with [RANK])"},
+      {{"--local-ranks-filter", "--local_ranks_filter"},
+       "local_ranks_filter",
+       true,
+       "honoured: only these ranks on the terminal"},
+      {{"--log-line-prefix-template", "--log_line_prefix_template"},
+       "log_line_prefix_template",
+       true,
+       "ignored (lines start with [RANK])"},
       {{"--node-rank", "--node_rank"}, "node_rank", true, "0 only"},
       {{"--master-addr", "--master_addr"}, "master_addr", true, "this machine only; workers get 127.0.0.1"},
-      {{"--master-port", "--master_port"}, "master_port", true, "the store's port, exactly (static backend, as torchrun)"},
+      {{"--master-port", "--master_port"},
+       "master_port",
+       true,
+       "the store's port, exactly (static backend, as torchrun)"},
       {{"--local-addr", "--local_addr"}, "local_addr", true, "ignored (one node)"},
       {{"--logs-specs", "--logs_specs"}, "logs_specs", true, "ignored (ddpctl writes its own logs)"},
       {{"--numa-binding", "--numa_binding"}, "numa_binding", true, "node or exclusive: binding.numa; others refused"},
-      {{"--signals-to-handle", "--signals_to_handle"}, "signals_to_handle", true, "ignored (ddpctl passes INT, TERM, HUP, USR1, USR2)"},
-      {{"--shutdown-timeout", "--shutdown_timeout"}, "shutdown_timeout", true, "stop.grace (seconds from SIGTERM to SIGKILL)"},
-      {{"--virtual-local-rank", "--virtual_local_rank"}, "virtual_local_rank", false, "refused (binding: {gpu: isolate} is near)"},
+      {{"--signals-to-handle", "--signals_to_handle"},
+       "signals_to_handle",
+       true,
+       "ignored (ddpctl passes INT, TERM, HUP, USR1, USR2)"},
+      {{"--shutdown-timeout", "--shutdown_timeout"},
+       "shutdown_timeout",
+       true,
+       "stop.grace (seconds from SIGTERM to SIGKILL)"},
+      {{"--virtual-local-rank", "--virtual_local_rank"},
+       "virtual_local_rank",
+       false,
+       "refused (binding: {gpu: isolate} is near)"},
       {{"--duplicate-stdout-filters", "--duplicate_stdout_filters"}, "duplicate_stdout_filters", true, "ignored"},
       {{"--duplicate-stderr-filters", "--duplicate_stderr_filters"}, "duplicate_stderr_filters", true, "ignored"},
       {{"--event-log-handler", "--event_log_handler"}, "event_log_handler", true, "ignored"},
@@ -91,7 +121,8 @@ const Flag* resolve_long(const std::string& name) {
       if (n.starts_with("--") && n.starts_with(name)) found.insert(&f), candidates.push_back(n);
     }
   }
-  if (found.size() > 1) throw TorchrunError(fmt::format("{} is ambiguous: it could be {}", name, join(candidates, ", ")));
+  if (found.size() > 1)
+    throw TorchrunError(fmt::format("{} is ambiguous: it could be {}", name, join(candidates, ", ")));
   if (found.empty()) {
     auto hint = nearest(name, all_long_names());
     throw TorchrunError(fmt::format("{} is not a torchrun option{}; ddpctl torchrun --help lists them", name,
@@ -130,8 +161,10 @@ std::pair<long long, long long> parse_nnodes(const Given& g) {
 // Std.from_str: "0".."3", or "LOCAL_RANK:0..3,..." per rank.
 std::map<int, int> parse_std(const Given& g) {
   const auto bad = [&] {
-    return TorchrunError(fmt::format("{} {}: expected 0, 1, 2 or 3 (1 stdout, 2 stderr, 3 both), or per local rank "
-                                     "such as 0:3,1:1", g.as, g.value));
+    return TorchrunError(
+        fmt::format("{} {}: expected 0, 1, 2 or 3 (1 stdout, 2 stderr, 3 both), or per local rank "
+                    "such as 0:3,1:1",
+                    g.as, g.value));
   };
   std::map<int, int> out;
   if (auto v = parse_int(trim(g.value))) {
@@ -176,10 +209,11 @@ std::pair<std::string, std::optional<std::string>> split_endpoint(const std::str
 }
 
 std::string multi_node_refusal(const std::string& what, const std::string& script) {
-  return fmt::format("{}: ddpctl torchrun runs one node. For several, each running ddp-agentd: ddpctl launch "
-                     "--nodes node[1-2] -n N -- python3 {} ...; or reach them with --ssh (no daemon), or "
-                     "--slurm inside an allocation (README: multi-node)",
-                     what, script.empty() ? "train.py" : script);
+  return fmt::format(
+      "{}: ddpctl torchrun runs one node. For several, each running ddp-agentd: ddpctl launch "
+      "--nodes node[1-2] -n N -- python3 {} ...; or reach them with --ssh (no daemon), or "
+      "--slurm inside an allocation (README: multi-node)",
+      what, script.empty() ? "train.py" : script);
 }
 
 }  // namespace
@@ -248,12 +282,15 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
   if (has("nnodes")) {
     auto [lo, hi] = parse_nnodes(given.at("nnodes"));
     if (hi > 1) {
-      throw TorchrunError(multi_node_refusal(fmt::format("{} {}", given.at("nnodes").as, given.at("nnodes").value), script));
+      throw TorchrunError(
+          multi_node_refusal(fmt::format("{} {}", given.at("nnodes").as, given.at("nnodes").value), script));
     }
   }
   if (has("node_rank")) {
     auto r = parse_int(trim(given.at("node_rank").value));
-    if (!r) throw TorchrunError(fmt::format("{} {}: expected an integer", given.at("node_rank").as, given.at("node_rank").value));
+    if (!r)
+      throw TorchrunError(
+          fmt::format("{} {}: expected an integer", given.at("node_rank").as, given.at("node_rank").value));
     if (*r != 0) throw TorchrunError(multi_node_refusal(fmt::format("{} {}", given.at("node_rank").as, *r), script));
   }
   const bool standalone = has("standalone");
@@ -262,11 +299,13 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
   if (standalone) backend = "c10d";
   if (has("rdzv_backend")) {
     if (backend != "static" && backend != "c10d") {
-      throw TorchrunError(fmt::format("{} {}: ddpctl serves the rendezvous and the store itself and needs no {} "
-                                      "server; drop it (static and c10d are accepted)",
-                                      given.at("rdzv_backend").as, backend, backend));
+      throw TorchrunError(
+          fmt::format("{} {}: ddpctl serves the rendezvous and the store itself and needs no {} "
+                      "server; drop it (static and c10d are accepted)",
+                      given.at("rdzv_backend").as, backend, backend));
     }
-    note("rdzv_backend", NoteKind::mapped, "ddpctl serves the store itself (the workers see TORCHELASTIC_USE_AGENT_STORE=True)");
+    note("rdzv_backend", NoteKind::mapped,
+         "ddpctl serves the store itself (the workers see TORCHELASTIC_USE_AGENT_STORE=True)");
   }
   if (has("rdzv_endpoint") && !given.at("rdzv_endpoint").value.empty()) {
     const auto& g = given.at("rdzv_endpoint");
@@ -279,7 +318,8 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
       if (!p || *p < 0 || *p > 65535) throw TorchrunError(fmt::format("{} {}: expected HOST:PORT", g.as, g.value));
       jf.store_port = std::to_string(*p);
       note("rdzv_endpoint", NoteKind::mapped,
-           *p ? fmt::format("the store prefers port {} (a free one if it is taken)", *p) : "the store takes a free port");
+           *p ? fmt::format("the store prefers port {} (a free one if it is taken)", *p)
+              : "the store takes a free port");
     } else {
       note("rdzv_endpoint", NoteKind::mapped, "the store takes a free port");
     }
@@ -295,20 +335,24 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
   if (has("master_port")) {
     const auto& g = given.at("master_port");
     auto p = parse_int(trim(g.value));
-    if (!p || *p < 0 || *p > 65535) throw TorchrunError(fmt::format("{} {}: expected a port, 0 to 65535", g.as, g.value));
+    if (!p || *p < 0 || *p > 65535)
+      throw TorchrunError(fmt::format("{} {}: expected a port, 0 to 65535", g.as, g.value));
     if (backend == "static") {
       jf.store_port = std::to_string(*p);
       port_explicit = *p != 0;
       note("master_port", NoteKind::honoured, fmt::format("the store listens on port {}", *p));
     } else {
       note("master_port", NoteKind::ignored,
-           fmt::format("{}: torchrun uses it with the static backend only", standalone ? "--standalone" : "--rdzv-backend c10d"));
+           fmt::format("{}: torchrun uses it with the static backend only",
+                       standalone ? "--standalone" : "--rdzv-backend c10d"));
     }
   }
-  if (!has("master_port") && !(has("rdzv_endpoint") && jf.store_port)) jf.store_port = "29500";  // preferred, not demanded
+  if (!has("master_port") && !(has("rdzv_endpoint") && jf.store_port))
+    jf.store_port = "29500";  // preferred, not demanded
   if (has("rdzv_id") && given.at("rdzv_id").value != "none") {
     jf.name = name_from_command({given.at("rdzv_id").value});
-    note("rdzv_id", NoteKind::mapped, fmt::format("the job id starts with '{}' (TORCHELASTIC_RUN_ID is the job id)", *jf.name));
+    note("rdzv_id", NoteKind::mapped,
+         fmt::format("the job id starts with '{}' (TORCHELASTIC_RUN_ID is the job id)", *jf.name));
   }
   if (has("rdzv_conf") && !given.at("rdzv_conf").value.empty()) {
     note("rdzv_conf", NoteKind::ignored, "one node has no rendezvous to tune");
@@ -352,11 +396,13 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
   if (no_python && module && !run_path) {
     throw TorchrunError("--no-python and --module together: torchrun refuses them too (a module needs Python)");
   }
-  const auto python = ctx.env.contains("PYTHON_EXEC") && !ctx.env.at("PYTHON_EXEC").empty() ? ctx.env.at("PYTHON_EXEC")
-                                                                                             : std::string(kDefaultPython);
+  const auto python = ctx.env.contains("PYTHON_EXEC") && !ctx.env.at("PYTHON_EXEC").empty()
+                          ? ctx.env.at("PYTHON_EXEC")
+                          : std::string(kDefaultPython);
   if (run_path) {
     command = {python, "-u", script};
-    note("run_path", NoteKind::mapped, "the script runs as its own process (python -u SCRIPT), not inside the launcher");
+    note("run_path", NoteKind::mapped,
+         "the script runs as its own process (python -u SCRIPT), not inside the launcher");
   } else if (no_python) {
     command = {script};
     note("no_python", NoteKind::honoured, "the script is run as a program");
@@ -379,8 +425,9 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
       plan.quiet = true;
       note("redirects", NoteKind::mapped, "no worker output on the terminal; each rank's log file has it all");
     } else if (!(m.size() == 1 && m.begin()->first == -1 && m.begin()->second == 0)) {
-      note("redirects", NoteKind::ignored, "ddpctl cannot hold back one stream or some ranks: the terminal gets all (see "
-                                           "--local-ranks-filter), each rank's log file too");
+      note("redirects", NoteKind::ignored,
+           "ddpctl cannot hold back one stream or some ranks: the terminal gets all (see "
+           "--local-ranks-filter), each rank's log file too");
     }
   }
   if (has("tee")) {
@@ -404,13 +451,14 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
     note(d, NoteKind::ignored,
          d == "log_line_prefix_template" ? "each line starts with [RANK]"
          : d == "local_addr"             ? "one node: the store is on 127.0.0.1"
-         : d == "signals_to_handle"      ? "ddpctl passes SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on to the workers"
-                                         : "ddpctl writes its own logs");
+         : d == "signals_to_handle" ? "ddpctl passes SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on to the workers"
+                                    : "ddpctl writes its own logs");
   }
   if (has("numa_binding")) {
     const auto& g = given.at("numa_binding");
     if (g.value != "node" && g.value != "exclusive") {
-      throw TorchrunError(fmt::format("{} {}: ddpctl binds numa: node or exclusive (binding: in a job file)", g.as, g.value));
+      throw TorchrunError(
+          fmt::format("{} {}: ddpctl binds numa: node or exclusive (binding: in a job file)", g.as, g.value));
     }
     jf.numa_binding = g.value;
     note("numa_binding", NoteKind::mapped, "binding.numa: " + g.value);
@@ -423,9 +471,10 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
     note("shutdown_timeout", NoteKind::honoured, fmt::format("SIGKILL {} s after SIGTERM", g.value));
   }
   if (has("virtual_local_rank")) {
-    throw TorchrunError(fmt::format("{} is not supported: ddpctl keeps LOCAL_RANK; a job file's binding: {{gpu: isolate}} "
-                                    "shows each rank only its own GPU",
-                                    given.at("virtual_local_rank").as));
+    throw TorchrunError(
+        fmt::format("{} is not supported: ddpctl keeps LOCAL_RANK; a job file's binding: {{gpu: isolate}} "
+                    "shows each rank only its own GPU",
+                    given.at("virtual_local_rank").as));
   }
   plan.spec = spec_from_flags(jf, "ddpctl torchrun");
   plan.spec.store_port_explicit = port_explicit;
@@ -439,7 +488,8 @@ std::string torchrun_help() {
       "torchrun's single-node command line, in the spellings of 1.13 (--nproc_per_node) and later\n"
       "(--nproc-per-node); PET_<OPTION> variables as in torchrun. One node only: for several, ddpctl\n"
       "launch --nodes, --ssh or --slurm.\n\n";
-  for (const auto& f : flags()) out += fmt::format("  {:<56} {}\n", join(f.names, ", ") + (f.takes_value ? " V" : ""), f.what);
+  for (const auto& f : flags())
+    out += fmt::format("  {:<56} {}\n", join(f.names, ", ") + (f.takes_value ? " V" : ""), f.what);
   return out;
 }
 

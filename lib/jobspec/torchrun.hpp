@@ -29,8 +29,8 @@ class TorchrunError : public std::runtime_error {
 };
 
 struct TorchrunContext {
-  std::map<std::string, std::string> env;                // PET_* defaults, PYTHON_EXEC
-  std::function<bool(std::string_view host)> is_local;   // this machine's name or address?
+  std::map<std::string, std::string> env;               // PET_* defaults, PYTHON_EXEC
+  std::function<bool(std::string_view host)> is_local;  // this machine's name or address?
 };
 
 enum class NoteKind { honoured, mapped, ignored };

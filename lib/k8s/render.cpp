@@ -48,17 +48,20 @@ bool dns1035_label(const std::string& s) {
 
 std::string object_name(const std::string& job_name) {
   std::string out;
-  for (char c : job_name) out += (c == '_' || c == '.') ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char c : job_name)
+    out += (c == '_' || c == '.') ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (out.size() > static_cast<std::size_t>(kMaxNameLength) || !dns1035_label(out)) {
     throw RenderError(fmt::format(
         "the job name '{}' does not make a Kubernetes name ('{}'): it must start with a letter, end with a letter or "
-        "digit and have at most {} characters; pass --name", job_name, out, kMaxNameLength));
+        "digit and have at most {} characters; pass --name",
+        job_name, out, kMaxNameLength));
   }
   return out;
 }
 
 std::vector<Object> render(const jobspec::JobSpec& spec, const RenderOptions& o) {
-  if (o.image.empty()) throw RenderError("--image is required: the container image with ddpctl, ddp-agentd and the job's code");
+  if (o.image.empty())
+    throw RenderError("--image is required: the container image with ddpctl, ddp-agentd and the job's code");
   const std::string name = object_name(o.name.value_or(spec.name));
   int nodes = 0;
   if (o.nodes) {
@@ -74,7 +77,8 @@ std::vector<Object> render(const jobspec::JobSpec& spec, const RenderOptions& o)
     nodes = spec.nnodes_max;
   }
   if (nodes < 1 || nodes > 10000) throw RenderError(fmt::format("--nodes {}: expected 1 to 10000 pods", nodes));
-  if (spec.store_port == 0) throw RenderError("store.port 0 (any free port) does not work across nodes yet; give a port");
+  if (spec.store_port == 0)
+    throw RenderError("store.port 0 (any free port) does not work across nodes yet; give a port");
   if (o.gpus_per_pod < 0) throw RenderError("--gpus-per-pod must not be negative");
 
   // Pod i is "<name>-<i>" (an Indexed Job's hostname), "<name>-<i>.<name>" through the
@@ -90,7 +94,9 @@ std::vector<Object> render(const jobspec::JobSpec& spec, const RenderOptions& o)
     return m;
   };
 
-  Object config_map{{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", metadata(name + "-job")},
+  Object config_map{{"apiVersion", "v1"},
+                    {"kind", "ConfigMap"},
+                    {"metadata", metadata(name + "-job")},
                     {"data", {{"job.yaml", o.job_file_text}}}};
 
   Object service{{"apiVersion", "v1"},
@@ -100,9 +106,8 @@ std::vector<Object> render(const jobspec::JobSpec& spec, const RenderOptions& o)
                   {{"clusterIP", "None"},
                    {"publishNotReadyAddresses", true},
                    {"selector", labels},
-                   {"ports",
-                    Object::array({{{"name", "agent"}, {"port", kAgentPort}, {"protocol", "TCP"}},
-                                   {{"name", "store"}, {"port", spec.store_port}, {"protocol", "TCP"}}})}}}};
+                   {"ports", Object::array({{{"name", "agent"}, {"port", kAgentPort}, {"protocol", "TCP"}},
+                                            {{"name", "store"}, {"port", spec.store_port}, {"protocol", "TCP"}}})}}}};
 
   Object container{
       {"name", "ddp"},
@@ -111,18 +116,20 @@ std::vector<Object> render(const jobspec::JobSpec& spec, const RenderOptions& o)
       {"env", Object::array({{{"name", "DDP_K8S_NODES"}, {"value", join(hosts, ",")}}})},
       {"ports", Object::array({{{"name", "agent"}, {"containerPort", kAgentPort}, {"protocol", "TCP"}},
                                {{"name", "store"}, {"containerPort", spec.store_port}, {"protocol", "TCP"}}})},
-      {"volumeMounts", Object::array({{{"name", "token"}, {"mountPath", kTokenPath}, {"subPath", "token"}, {"readOnly", true}},
-                                      {{"name", "job"}, {"mountPath", kJobDir}, {"readOnly", true}}})}};
+      {"volumeMounts",
+       Object::array({{{"name", "token"}, {"mountPath", kTokenPath}, {"subPath", "token"}, {"readOnly", true}},
+                      {{"name", "job"}, {"mountPath", kJobDir}, {"readOnly", true}}})}};
   if (o.gpus_per_pod > 0) container["resources"] = {{"limits", {{"nvidia.com/gpu", o.gpus_per_pod}}}};
 
   const auto grace_s = std::chrono::duration_cast<std::chrono::seconds>(spec.stop_grace).count() + 30;
-  Object pod_spec{{"subdomain", name},
-                  {"restartPolicy", "Never"},
-                  {"terminationGracePeriodSeconds", grace_s},
-                  {"containers", Object::array({container})},
-                  {"volumes",
-                   Object::array({{{"name", "token"}, {"secret", {{"secretName", o.token_secret}, {"defaultMode", 0400}}}},
-                                  {{"name", "job"}, {"configMap", {{"name", name + "-job"}}}}})}};
+  Object pod_spec{
+      {"subdomain", name},
+      {"restartPolicy", "Never"},
+      {"terminationGracePeriodSeconds", grace_s},
+      {"containers", Object::array({container})},
+      {"volumes",
+       Object::array({{{"name", "token"}, {"secret", {{"secretName", o.token_secret}, {"defaultMode", 0400}}}},
+                      {{"name", "job"}, {"configMap", {{"name", name + "-job"}}}}})}};
 
   Object job_spec{{"completionMode", "Indexed"}, {"completions", nodes}, {"parallelism", nodes}, {"backoffLimit", 0}};
   if (o.active_deadline_s) job_spec["activeDeadlineSeconds"] = *o.active_deadline_s;
@@ -137,7 +144,8 @@ namespace {
 // Plain scalars that a YAML 1.1 reader (Kubernetes' go-yaml, PyYAML) would take for a number,
 // a bool or null, and so must be quoted to stay strings.
 bool looks_typed(const std::string& s) {
-  static const std::regex number(R"(^[-+]?(\.?[0-9][0-9_.:eE+-]*|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN|0x[0-9a-fA-F_]+|0o?[0-7_]+)$)");
+  static const std::regex number(
+      R"(^[-+]?(\.?[0-9][0-9_.:eE+-]*|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN|0x[0-9a-fA-F_]+|0o?[0-7_]+)$)");
   static const std::vector<std::string> words{"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"};
   std::string lower(s);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -158,9 +166,12 @@ void emit(YAML::Emitter& out, const Object& v) {
     out << YAML::EndSeq;
   } else if (v.is_string()) {
     const auto& s = v.get_ref<const std::string&>();
-    if (s.find('\n') != std::string::npos) out << YAML::Literal << s;
-    else if (looks_typed(s)) out << YAML::DoubleQuoted << s;
-    else out << s;
+    if (s.find('\n') != std::string::npos)
+      out << YAML::Literal << s;
+    else if (looks_typed(s))
+      out << YAML::DoubleQuoted << s;
+    else
+      out << s;
   } else if (v.is_boolean()) {
     out << YAML::TrueFalseBool << v.get<bool>();
   } else if (v.is_number_integer()) {

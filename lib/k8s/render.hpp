@@ -33,14 +33,14 @@ class RenderError : public std::runtime_error {
 };
 
 struct RenderOptions {
-  std::string image;                        // required: holds ddpctl, ddp-agentd and the job's code
-  std::optional<std::string> name;          // default: the job's name, lower-cased, '_'/'.' as '-'
-  std::optional<std::string> namespace_;    // default: none (kubectl's current namespace)
-  std::optional<int> nodes;                 // default: the job's nnodes (which must then be fixed)
+  std::string image;                      // required: holds ddpctl, ddp-agentd and the job's code
+  std::optional<std::string> name;        // default: the job's name, lower-cased, '_'/'.' as '-'
+  std::optional<std::string> namespace_;  // default: none (kubectl's current namespace)
+  std::optional<int> nodes;               // default: the job's nnodes (which must then be fixed)
   std::string token_secret = "ddpctl-token";
-  int gpus_per_pod = 0;                     // nvidia.com/gpu limit; 0: none requested
+  int gpus_per_pod = 0;  // nvidia.com/gpu limit; 0: none requested
   std::optional<long long> active_deadline_s;
-  std::string job_file_text;                // the job file as written (the ConfigMap's data)
+  std::string job_file_text;  // the job file as written (the ConfigMap's data)
 };
 
 inline constexpr int kAgentPort = 29410;

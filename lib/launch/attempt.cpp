@@ -1,8 +1,8 @@
 #include "launch/attempt.hpp"
 
 #include <fmt/format.h>
-#include <stdexcept>
 #include <string.h>
+#include <stdexcept>
 
 namespace ddp::launch {
 
@@ -38,8 +38,10 @@ Decision AttemptTracker::on_exit(const WorkerExit& e) {
     return Decision::stop_all;
   }
   if (live_ == 0) {
-    if (phase_ == Phase::running) phase_ = Phase::succeeded;
-    else phase_ = stop_requested_ && !first_failure_ ? Phase::stopped : Phase::failed;
+    if (phase_ == Phase::running)
+      phase_ = Phase::succeeded;
+    else
+      phase_ = stop_requested_ && !first_failure_ ? Phase::stopped : Phase::failed;
     return Decision::finished;
   }
   return Decision::none;

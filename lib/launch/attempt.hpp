@@ -8,10 +8,10 @@
 // Exits while stopping are consequences, never "the failure"; the first failure is by time.
 #pragma once
 
+#include <sys/types.h>
 #include <chrono>
 #include <optional>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 namespace ddp::launch {

@@ -23,7 +23,9 @@ namespace {
 
 // Printable, valid UTF-8, at most kMaxStackString bytes: a name from the job's memory may hold
 // terminal escapes or broken sequences, which would reach a terminal or throw in a JSON dump.
-std::string clean(std::string_view s) { return clean_text(s, kMaxStackString); }
+std::string clean(std::string_view s) {
+  return clean_text(s, kMaxStackString);
+}
 
 void bound_frames(std::vector<stacks::Frame>& frames, bool& truncated) {
   if (frames.size() > kMaxStackFrames) {
@@ -77,7 +79,9 @@ const json& need(const json& j, const char* key, bool (json::*is)() const noexce
     throw std::invalid_argument(fmt::format("stacks: field '{}' must be {}", key, what));
   return j.at(key);
 }
-std::string str(const json& j, const char* key) { return clean(need(j, key, &json::is_string, "a string").get_ref<const std::string&>()); }
+std::string str(const json& j, const char* key) {
+  return clean(need(j, key, &json::is_string, "a string").get_ref<const std::string&>());
+}
 long long num(const json& j, const char* key, long long lo, long long hi) {
   const auto v = need(j, key, &json::is_number_integer, "an integer").get<long long>();
   if (v < lo || v > hi) throw std::invalid_argument(fmt::format("stacks: field '{}' is out of range", key));
@@ -133,13 +137,19 @@ json to_wire(const FailureStacks& s) {
     for (const auto& t : r.stacks.threads) {
       if (main_only && !t.main) continue;
       json frames = json::array();
-      for (const auto& f : t.python) frames.push_back({{"function", f.function}, {"file", f.file}, {"line", std::max(f.line, 0)}});
-      threads.push_back({{"tid", t.tid}, {"name", t.name}, {"main", t.main}, {"truncated", t.truncated}, {"python", frames}});
+      for (const auto& f : t.python)
+        frames.push_back({{"function", f.function}, {"file", f.file}, {"line", std::max(f.line, 0)}});
+      threads.push_back(
+          {{"tid", t.tid}, {"name", t.name}, {"main", t.main}, {"truncated", t.truncated}, {"python", frames}});
     }
     auto errors = r.stacks.errors;
     if (main_only) errors.push_back("only the main thread's stack was kept: the others were too large to send");
-    return json{{"rank", r.rank},     {"node", r.node},          {"pid", r.stacks.pid},
-                {"python", r.stacks.python}, {"python_ok", r.stacks.python_ok}, {"errors", errors},
+    return json{{"rank", r.rank},
+                {"node", r.node},
+                {"pid", r.stacks.pid},
+                {"python", r.stacks.python},
+                {"python_ok", r.stacks.python_ok},
+                {"errors", errors},
                 {"threads", threads}};
   };
   auto size_of = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace).size(); };
@@ -159,7 +169,8 @@ json to_wire(const FailureStacks& s) {
     ranks.push_back(std::move(rj));
   }
   auto notes = s.notes;
-  if (left_out) notes.push_back(fmt::format("the stacks of {} rank(s) were left out: over {} KiB", left_out, kMaxWireBytes >> 10));
+  if (left_out)
+    notes.push_back(fmt::format("the stacks of {} rank(s) were left out: over {} KiB", left_out, kMaxWireBytes >> 10));
   if (notes.size() > 8) notes.resize(8);
   return {{"ranks", ranks}, {"notes", notes}, {"file", s.file}};
 }
@@ -191,8 +202,7 @@ FailureStacks from_wire(const json& j, const std::string& node) {
           t.truncated = true;
           break;
         }
-        t.python.push_back({stacks::Frame::Kind::python, str(fj, "function"), str(fj, "file"),
-                            line_of(fj), 0});
+        t.python.push_back({stacks::Frame::Kind::python, str(fj, "function"), str(fj, "file"), line_of(fj), 0});
       }
       r.stacks.threads.push_back(std::move(t));
     }
@@ -213,8 +223,8 @@ void keep_own_ranks(FailureStacks& s, int base, int count) {
     return r.rank < base || r.rank >= base + count || !seen.insert(r.rank).second;
   });
   if (const auto dropped = before - s.ranks.size()) {
-    s.notes.push_back(count > 0 ? fmt::format("{} rank(s) it does not hold (ranks {}-{} are its) were left out", dropped, base,
-                                              base + count - 1)
+    s.notes.push_back(count > 0 ? fmt::format("{} rank(s) it does not hold (ranks {}-{} are its) were left out",
+                                              dropped, base, base + count - 1)
                                 : fmt::format("{} rank(s) it does not hold were left out", dropped));
   }
 }
@@ -231,7 +241,8 @@ std::vector<std::string> summary_lines(const FailureStacks& s) {
     if (who.size() > 80) who = fmt::format("{} ranks from {} to {}", g.ranks.size(), g.ranks.front(), g.ranks.back());
     if (nodes.size() > 1 && !g.nodes.empty()) {
       who += " on " + g.nodes.front();
-      if (g.nodes.size() > 1) who += fmt::format(" and {} other node{}", g.nodes.size() - 1, g.nodes.size() == 2 ? "" : "s");
+      if (g.nodes.size() > 1)
+        who += fmt::format(" and {} other node{}", g.nodes.size() - 1, g.nodes.size() == 2 ? "" : "s");
     }
     if (!g.note.empty()) {
       out.push_back(fmt::format("{}: no stack ({})", who, g.note.substr(0, 200)));
@@ -239,7 +250,8 @@ std::vector<std::string> summary_lines(const FailureStacks& s) {
       out.push_back(fmt::format("{} {} in {}", who, g.ranks.size() == 1 ? "was" : "were", place(g.python)));
     }
   }
-  if (groups.size() > kSummaryGroups) out.push_back(fmt::format("... and {} more groups", groups.size() - kSummaryGroups));
+  if (groups.size() > kSummaryGroups)
+    out.push_back(fmt::format("... and {} more groups", groups.size() - kSummaryGroups));
   for (const auto& n : s.notes) out.push_back(n);
   return out;
 }
@@ -294,7 +306,8 @@ Written write_stacks_files(const safefs::Dir& dir, const std::optional<safefs::O
   auto j = report_json(s);
   j["file"] = dir.path_of("stacks.txt");
   if (auto err = put("stacks.txt", full_text(s, world_size)); !err.empty()) return {"", err};
-  if (auto err = put("stacks.json", j.dump(2, ' ', false, json::error_handler_t::replace) + "\n"); !err.empty()) return {"", err};
+  if (auto err = put("stacks.json", j.dump(2, ' ', false, json::error_handler_t::replace) + "\n"); !err.empty())
+    return {"", err};
   return {dir.path_of("stacks.txt"), ""};
 }
 

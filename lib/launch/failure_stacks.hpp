@@ -22,12 +22,12 @@
 
 namespace ddp::launch {
 
-inline constexpr std::size_t kMaxStackFrames = 64;     // per thread, innermost kept
-inline constexpr std::size_t kMaxStackThreads = 32;    // per rank, threads with frames only
-inline constexpr std::size_t kMaxStackString = 512;    // a function or file name, an error
+inline constexpr std::size_t kMaxStackFrames = 64;        // per thread, innermost kept
+inline constexpr std::size_t kMaxStackThreads = 32;       // per rank, threads with frames only
+inline constexpr std::size_t kMaxStackString = 512;       // a function or file name, an error
 inline constexpr std::size_t kMaxWireBytes = 256u << 10;  // one node's stacks in a message (frames are 1 MiB)
-inline constexpr std::size_t kMaxWireRanks = 4096;     // ranks of one node in a message
-inline constexpr std::size_t kSummaryGroups = 6;       // lines on the terminal; the rest in stacks.txt
+inline constexpr std::size_t kMaxWireRanks = 4096;        // ranks of one node in a message
+inline constexpr std::size_t kSummaryGroups = 6;          // lines on the terminal; the rest in stacks.txt
 
 struct FailureStacks {
   std::vector<stacks::RankStacks> ranks;  // the ranks that were still running, by rank

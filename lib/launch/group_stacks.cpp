@@ -38,7 +38,8 @@ void WorkerGroup::read_stacks(const StacksQuery& q, std::function<void(std::vect
   std::vector<pid_t> pids;
   std::vector<std::size_t> slots;  // out[slots[i]] gets pids[i]'s read
   for (const auto& w : rank_status()) {
-    if (!q.local_ranks.empty() && std::find(q.local_ranks.begin(), q.local_ranks.end(), w.local_rank) == q.local_ranks.end())
+    if (!q.local_ranks.empty() &&
+        std::find(q.local_ranks.begin(), q.local_ranks.end(), w.local_rank) == q.local_ranks.end())
       continue;
     stacks::RankStacks r;
     r.rank = w.rank;

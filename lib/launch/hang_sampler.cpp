@@ -70,11 +70,13 @@ void HangSampler::stop() {
 }
 
 void HangSampler::on_output(int local_rank) {
-  if (local_rank >= 0 && static_cast<std::size_t>(local_rank) < ranks_.size()) ranks_[static_cast<std::size_t>(local_rank)].output = true;
+  if (local_rank >= 0 && static_cast<std::size_t>(local_rank) < ranks_.size())
+    ranks_[static_cast<std::size_t>(local_rank)].output = true;
 }
 
 void HangSampler::on_exit(int local_rank) {
-  if (local_rank >= 0 && static_cast<std::size_t>(local_rank) < ranks_.size()) ranks_[static_cast<std::size_t>(local_rank)].exited = true;
+  if (local_rank >= 0 && static_cast<std::size_t>(local_rank) < ranks_.size())
+    ranks_[static_cast<std::size_t>(local_rank)].exited = true;
 }
 
 void HangSampler::schedule() {

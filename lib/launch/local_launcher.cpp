@@ -1,34 +1,34 @@
 #include "launch/local_launcher.hpp"
 
 #include "binding/binding.hpp"
-#include "launch/bind.hpp"
-#include "container/container.hpp"
-#include "container/runtime.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "container/container.hpp"
+#include "container/runtime.hpp"
+#include "contract/flight_recorder.hpp"
 #include "control/paths.hpp"
 #include "control/server.hpp"
-#include "launch/attempt.hpp"
-#include "launch/report.hpp"
-#include "supervisor/cgroup.hpp"
-#include "supervisor/output.hpp"
-#include "supervisor/process.hpp"
-#include "launch/worker_group.hpp"
-#include "hang/progress.hpp"
 #include "facts/discover.hpp"
 #include "facts/model.hpp"
-#include "launch/nccl_holder.hpp"
 #include "hang/flight_gather.hpp"
-#include "contract/flight_recorder.hpp"
+#include "hang/progress.hpp"
+#include "launch/attempt.hpp"
+#include "launch/bind.hpp"
+#include "launch/nccl_holder.hpp"
 #include "launch/port_holder.hpp"
+#include "launch/report.hpp"
+#include "launch/worker_group.hpp"
 #include "pyenv/probe.hpp"
 #include "store/peers.hpp"
 #include "store/report.hpp"
 #include "store/server.hpp"
+#include "supervisor/cgroup.hpp"
+#include "supervisor/output.hpp"
+#include "supervisor/process.hpp"
 
-#include <boost/asio.hpp>
 #include <fmt/format.h>
+#include <boost/asio.hpp>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -44,7 +44,6 @@
 #include <random>
 #include <set>
 
-
 namespace ddp::launch {
 
 namespace asio = boost::asio;
@@ -52,7 +51,6 @@ namespace fs = std::filesystem;
 using supervisor::Stream;
 
 namespace {
-
 
 std::string make_job_id(const std::string& name) {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -62,8 +60,6 @@ std::string make_job_id(const std::string& name) {
   return fmt::format("{}-{:04}{:02}{:02}-{:02}{:02}{:02}-{:04x}", name, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
                      tm.tm_hour, tm.tm_min, tm.tm_sec, rd() & 0xffff);
 }
-
-
 
 }  // namespace
 
@@ -104,8 +100,9 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   } else if (spec.nproc.kind == jobspec::Nproc::Kind::gpu) {
     const auto& f = node_facts(opts);
     if (f.gpus.empty()) {
-      throw LaunchError(fmt::format("nproc_per_node: gpu, but {} has no GPU{} (see `ddpctl doctor`); use a number or cpu",
-                                    f.hostname, opts.facts_file ? " in " + *opts.facts_file : ""));
+      throw LaunchError(
+          fmt::format("nproc_per_node: gpu, but {} has no GPU{} (see `ddpctl doctor`); use a number or cpu", f.hostname,
+                      opts.facts_file ? " in " + *opts.facts_file : ""));
     }
     spec.nproc = {jobspec::Nproc::Kind::count, static_cast<int>(facts::gpu_count(f))};
   }
@@ -150,8 +147,10 @@ static void apply_binding(contract::Plan& plan, const LaunchOptions& opts) {
     f = &node_facts(opts);
   } catch (const LaunchError& e) {
     if (opts.facts_file) throw;
-    log::get("launch")->warn("no binding: cannot discover this node ({}); set binding: {{gpu: none, numa: none, nic: none}} "
-                             "to silence this", e.what());
+    log::get("launch")->warn(
+        "no binding: cannot discover this node ({}); set binding: {{gpu: none, numa: none, nic: none}} "
+        "to silence this",
+        e.what());
     return;
   }
   std::optional<std::vector<int>> allowed;
@@ -168,7 +167,8 @@ static contract::Env planning_env(const jobspec::JobSpec& spec, const contract::
 // The whole plan of one attempt: contract, binding, then (for a container job) each rank's
 // runtime command line.
 static contract::Plan make_attempt_plan(const LaunchOptions& opts, const contract::NodeContext& node,
-                                        const contract::Env& inherited, const container::HostLayout& host, int attempt) {
+                                        const contract::Env& inherited, const container::HostLayout& host,
+                                        int attempt) {
   auto plan = contract::make_plan(opts.spec, node, planning_env(opts.spec, inherited));
   apply_binding(plan, opts);
   container::wrap_plan(plan, opts.spec, inherited, host, attempt, container::own_owner(), fs::current_path().string());
@@ -209,10 +209,9 @@ class LocalLauncher {
     if (opts_.spec.container) {
       prepare_containers();
     } else if (!supervisor::resolve_executable(r0.argv.at(0), path, *opts_.spec.workdir)) {
-      throw LaunchError(supervisor::explain_not_runnable(r0.argv.at(0), path, *opts_.spec.workdir,
-                                                         [this](const std::vector<std::string>& argv) {
-                                                           return how_to_write(argv);
-                                                         }));
+      throw LaunchError(supervisor::explain_not_runnable(
+          r0.argv.at(0), path, *opts_.spec.workdir,
+          [this](const std::vector<std::string>& argv) { return how_to_write(argv); }));
     }
     // The job's store: served here, for the whole job, so it outlives any worker.
     store::ServerOptions so;
@@ -282,8 +281,10 @@ class LocalLauncher {
     }
     host_ = container::read_host_layout();
     if (host_.memlock_hard && !host_.rdma_devices.empty() && container::has_image_store(cs.runtime)) {
-      log_->warn("this node's hard memlock limit is {} KiB and cannot be raised from here: containers get it instead of "
-                 "unlimited, which RDMA may find too small (see `ddpctl doctor`)", *host_.memlock_hard / 1024);
+      log_->warn(
+          "this node's hard memlock limit is {} KiB and cannot be raised from here: containers get it instead of "
+          "unlimited, which RDMA may find too small (see `ddpctl doctor`)",
+          *host_.memlock_hard / 1024);
     }
   }
 
@@ -316,11 +317,12 @@ class LocalLauncher {
       // (a holder this user may not look at goes unnamed)
       if (opts_.spec.store_port_explicit) {
         const bool from_file = !opts_.spec.file.starts_with("ddpctl ");
-        throw LaunchError(fmt::format("store port {} is taken{}; it was asked for by {}: choose another, or leave it out "
-                                      "and ddpctl picks a free one",
-                                      so.port, by,
-                                      from_file ? fmt::format("store.port in {} (or --master-port)", opts_.spec.file)
-                                                : std::string("--master-port")));
+        throw LaunchError(
+            fmt::format("store port {} is taken{}; it was asked for by {}: choose another, or leave it out "
+                        "and ddpctl picks a free one",
+                        so.port, by,
+                        from_file ? fmt::format("store.port in {} (or --master-port)", opts_.spec.file)
+                                  : std::string("--master-port")));
       }
       log_->info("store port {} is taken{}; using a free port", so.port, by);
     } catch (const store::StoreError& e) {
@@ -391,7 +393,8 @@ class LocalLauncher {
     }
     GroupCallbacks cb;
     cb.on_line = [this](int rank, Stream s, const std::string& line) {
-      if (const auto i = static_cast<std::size_t>(rank); i < last_output_.size()) last_output_[i] = std::chrono::steady_clock::now();
+      if (const auto i = static_cast<std::size_t>(rank); i < last_output_.size())
+        last_output_[i] = std::chrono::steady_clock::now();
       if (control_) control_->publish(rank, s, line);
       if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(rank))) {
         terminal_.write(s, fmt::format("[{}] {}", rank, line));
@@ -425,7 +428,8 @@ class LocalLauncher {
     const auto stacks = group_->hang_stacks_text();
     log_->error("job {}: {} (hang.action: {}); where every rank is:\n{}", opts_.job_id, cause,
                 jobspec::hang_action_name(h.action), stacks);
-    group_->write_hang_stacks(fmt::format("{} at {}\n{}", cause, format_time(std::chrono::system_clock::now()), stacks));
+    group_->write_hang_stacks(
+        fmt::format("{} at {}\n{}", cause, format_time(std::chrono::system_clock::now()), stacks));
     notes_.push_back(fmt::format("{} (stacks in {}/hang-stacks.txt)", cause, attempt_dir));
     if (h.action == jobspec::HangAction::report) return;
     note_waiters();
@@ -504,8 +508,8 @@ class LocalLauncher {
     }
     if (attempt_ < opts_.spec.max_restarts) {
       report_.restarts = attempt_ + 1;
-      log_->warn("restarting the job in {} (restart {} of {})", format_duration(opts_.spec.restart_backoff), attempt_ + 1,
-                 opts_.spec.max_restarts);
+      log_->warn("restarting the job in {} (restart {} of {})", format_duration(opts_.spec.restart_backoff),
+                 attempt_ + 1, opts_.spec.max_restarts);
       backoff_timer_.expires_after(opts_.spec.restart_backoff);
       backoff_timer_.async_wait([this](boost::system::error_code ec) {
         if (ec || stop_signal_) return;
@@ -605,7 +609,8 @@ class LocalLauncher {
     const auto world = static_cast<int>(log_files_.size());
     auto answer = [reply = std::move(reply), world](std::vector<stacks::RankStacks> got) {
       nlohmann::json out = nlohmann::json::array();
-      for (const auto& r : got) out.push_back({{"rank", r.rank}, {"node", r.node}, {"process", stacks::to_json(r.stacks)}});
+      for (const auto& r : got)
+        out.push_back({{"rank", r.rank}, {"node", r.node}, {"process", stacks::to_json(r.stacks)}});
       reply({{"world_size", world}, {"ranks", out}});
     };
     if (!group_) return answer({});
@@ -638,21 +643,22 @@ class LocalLauncher {
       }
     }
     const char* state = done_ ? "finished" : stop_signal_ ? "stopping" : !group_ ? "waiting to restart" : "running";
-    return {{"job_id", opts_.job_id},
-            {"mode", "local"},
-            {"pid", ::getpid()},
-            {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(started_.time_since_epoch()).count()},
-            {"state", state},
-            {"attempt", attempt_},
-            {"restarts", attempt_},
-            {"max_restarts", opts_.spec.max_restarts},
-            {"world_size", world_size_},
-            {"store", store_ ? store_->address() : ""},
-            {"nodes", json::array({own_hostname()})},
-            {"ranks", ranks},
-            {"store_waiters", waiters},
-            {"hang", hang_status()},
-            {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
+    return {
+        {"job_id", opts_.job_id},
+        {"mode", "local"},
+        {"pid", ::getpid()},
+        {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(started_.time_since_epoch()).count()},
+        {"state", state},
+        {"attempt", attempt_},
+        {"restarts", attempt_},
+        {"max_restarts", opts_.spec.max_restarts},
+        {"world_size", world_size_},
+        {"store", store_ ? store_->address() : ""},
+        {"nodes", json::array({own_hostname()})},
+        {"ranks", ranks},
+        {"store_waiters", waiters},
+        {"hang", hang_status()},
+        {"log_dir", fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id)}};
   }
 
   // The watchdog's view for `ddpctl status`: how long no rank made progress; null without one.
@@ -694,7 +700,7 @@ class LocalLauncher {
   std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<WorkerGroup> group_;
   std::optional<control::Server> control_;
-  std::vector<std::string> log_files_;  // the current attempt's, by rank
+  std::vector<std::string> log_files_;                                             // the current attempt's, by rank
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_output_;  // by rank
   std::chrono::system_clock::time_point started_;
   int attempt_ = 0;

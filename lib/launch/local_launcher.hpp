@@ -17,10 +17,10 @@
 namespace ddp::launch {
 
 struct LaunchOptions {
-  jobspec::JobSpec spec;               // CLI overrides already applied
-  std::string job_id;                  // empty: <name>-<date>-<time>-<random>
-  std::set<int> show_ranks;            // terminal filter; empty: all ranks
-  bool quiet = false;                  // no worker output on the terminal
+  jobspec::JobSpec spec;     // CLI overrides already applied
+  std::string job_id;        // empty: <name>-<date>-<time>-<random>
+  std::set<int> show_ranks;  // terminal filter; empty: all ranks
+  bool quiet = false;        // no worker output on the terminal
   std::optional<std::string> result_json;
   std::optional<std::string> facts_file;  // describe the node from this facts file, not discovery
   // The job's Python and PyTorch on this node (lib/pyenv), probed once by resolve_node_context.

@@ -6,8 +6,8 @@
 #include "nccl/holder_protocol.hpp"
 #include "supervisor/process.hpp"
 
-#include <boost/asio/post.hpp>
 #include <fmt/format.h>
+#include <boost/asio/post.hpp>
 
 #include <signal.h>
 #include <unistd.h>
@@ -77,16 +77,18 @@ struct NcclHolderWait::State : std::enable_shared_from_this<NcclHolderWait::Stat
   }
 
   void read() {
-    out->sd.async_read_some(asio::buffer(out->buf), [w = weak_from_this(), d = out](boost::system::error_code ec, std::size_t n) {
-      auto s = w.lock();
-      if (!s || s->over) return;
-      if (ec) {
-        return s->give_up(s->last.empty() ? std::string("ddp-ncclid ended without printing an id (see its stderr above)")
-                                          : std::string(trim(s->last)));
-      }
-      s->pending.append(d->buf.data(), n);
-      if (s->take_lines()) s->read();
-    });
+    out->sd.async_read_some(
+        asio::buffer(out->buf), [w = weak_from_this(), d = out](boost::system::error_code ec, std::size_t n) {
+          auto s = w.lock();
+          if (!s || s->over) return;
+          if (ec) {
+            return s->give_up(s->last.empty()
+                                  ? std::string("ddp-ncclid ended without printing an id (see its stderr above)")
+                                  : std::string(trim(s->last)));
+          }
+          s->pending.append(d->buf.data(), n);
+          if (s->take_lines()) s->read();
+        });
   }
 
   // Each whole line of stdout (bounded at 4 KiB): the id ends the wait, an "error: " line or 64
@@ -175,7 +177,10 @@ std::unique_ptr<NcclHolderWait> NcclHolder::start(asio::io_context& io, contract
 }
 
 NcclHolder::NcclHolder(NcclHolder&& o) noexcept
-    : pid_(std::exchange(o.pid_, -1)), in_(std::exchange(o.in_, -1)), hex_(std::move(o.hex_)), drains_(std::move(o.drains_)) {}
+    : pid_(std::exchange(o.pid_, -1)),
+      in_(std::exchange(o.in_, -1)),
+      hex_(std::move(o.hex_)),
+      drains_(std::move(o.drains_)) {}
 
 void NcclHolder::stop() {
   for (auto& d : drains_) {

@@ -61,10 +61,10 @@ class NcclHolder {
   // Starts the attempt's holder and waits, on `io`'s loop, for its id line (at most `deadline`);
   // `done` is called there, once, never from inside start(). `run_as`: the job's user, when its
   // workers run as another one.
-  static std::unique_ptr<NcclHolderWait> start(boost::asio::io_context& io, contract::Env env, const std::string& workdir,
-                                               const std::string& attempt_dir, jobspec::NcclUniqueId mode,
-                                               bool in_container, std::optional<supervisor::RunAs> run_as,
-                                               NcclHolderDone done,
+  static std::unique_ptr<NcclHolderWait> start(boost::asio::io_context& io, contract::Env env,
+                                               const std::string& workdir, const std::string& attempt_dir,
+                                               jobspec::NcclUniqueId mode, bool in_container,
+                                               std::optional<supervisor::RunAs> run_as, NcclHolderDone done,
                                                std::chrono::milliseconds deadline = std::chrono::seconds(30));
 
   NcclHolder(NcclHolder&& o) noexcept;

@@ -45,7 +45,10 @@ std::optional<unsigned long> hex_or_dec(std::string_view s, int base) {
   if (s.empty()) return std::nullopt;
   unsigned long v = 0;
   for (char c : s) {
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : 99;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : 99;
     if (d >= base) return std::nullopt;
     v = v * static_cast<unsigned long>(base) + static_cast<unsigned long>(d);
   }

@@ -2,15 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <sys/stat.h>
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace ddp::launch {
 
@@ -24,7 +24,8 @@ std::optional<ErrorFile> parse_error_file(const std::string& path, const std::st
       if (m.contains("message") && m["message"].is_string()) ef.message = m["message"].get<std::string>();
       if (m.contains("extraInfo") && m["extraInfo"].is_object()) {
         const auto& x = m["extraInfo"];
-        if (x.contains("py_callstack") && x["py_callstack"].is_string()) ef.traceback = x["py_callstack"].get<std::string>();
+        if (x.contains("py_callstack") && x["py_callstack"].is_string())
+          ef.traceback = x["py_callstack"].get<std::string>();
       }
     } else if (m.is_string()) {
       ef.message = m.get<std::string>();
@@ -40,11 +41,14 @@ std::optional<ErrorFile> read_error_file(const safefs::Dir& dir, const std::stri
   const auto path = dir.path_of(name);
   auto r = safefs::read_owned(dir, name, owner_uid, kMaxErrorFileBytes);
   switch (r.kind) {
-    case safefs::ReadResult::Kind::missing: return std::nullopt;
-    case safefs::ReadResult::Kind::refused: return ErrorFile{path, "", "", fmt::format("(error file not read: {})", r.reason)};
+    case safefs::ReadResult::Kind::missing:
+      return std::nullopt;
+    case safefs::ReadResult::Kind::refused:
+      return ErrorFile{path, "", "", fmt::format("(error file not read: {})", r.reason)};
     case safefs::ReadResult::Kind::too_big:
       return ErrorFile{path, "", "", fmt::format("(error file of {} bytes not read)", r.size)};
-    case safefs::ReadResult::Kind::ok: break;
+    case safefs::ReadResult::Kind::ok:
+      break;
   }
   return parse_error_file(path, r.text);
 }
@@ -69,11 +73,16 @@ std::string format_time(SysTime t) {
 
 static std::string phase_name(Phase p) {
   switch (p) {
-    case Phase::succeeded: return "succeeded";
-    case Phase::failed: return "failed";
-    case Phase::stopped: return "stopped";
-    case Phase::stopping: return "stopping";
-    default: return "running";
+    case Phase::succeeded:
+      return "succeeded";
+    case Phase::failed:
+      return "failed";
+    case Phase::stopped:
+      return "stopped";
+    case Phase::stopping:
+      return "stopping";
+    default:
+      return "running";
   }
 }
 
@@ -132,9 +141,12 @@ std::string format_attempt(const AttemptReport& a, int max_restarts) {
 }
 
 static nlohmann::json exit_json(const WorkerExit& e) {
-  nlohmann::json j{{"rank", e.rank}, {"local_rank", e.local_rank}, {"pid", e.pid},
-                   {"time", format_time(e.when)},
-                   {"time_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(e.when.time_since_epoch()).count()}};
+  nlohmann::json j{
+      {"rank", e.rank},
+      {"local_rank", e.local_rank},
+      {"pid", e.pid},
+      {"time", format_time(e.when)},
+      {"time_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(e.when.time_since_epoch()).count()}};
   if (e.signal) {
     j["signal"] = e.signal;
     j["exit_code"] = nullptr;
@@ -150,7 +162,8 @@ nlohmann::json to_json(const JobReport& r, StacksDetail detail) {
   nlohmann::json attempts = nlohmann::json::array();
   for (std::size_t i = 0; i < r.attempts.size(); ++i) {
     const auto& a = r.attempts[i];
-    nlohmann::json aj{{"attempt", a.attempt}, {"result", phase_name(a.phase)}, {"log_dir", a.log_dir}, {"notes", a.notes}};
+    nlohmann::json aj{
+        {"attempt", a.attempt}, {"result", phase_name(a.phase)}, {"log_dir", a.log_dir}, {"notes", a.notes}};
     nlohmann::json exits = nlohmann::json::array();
     for (const auto& e : a.exits) exits.push_back(exit_json(e));
     aj["exits"] = exits;
@@ -161,8 +174,10 @@ nlohmann::json to_json(const JobReport& r, StacksDetail detail) {
       fj["last_lines"] = f.last_lines;
       fj["log_file"] = f.log_file;
       if (f.error_file) {
-        fj["error_file"] = {{"path", f.error_file->path}, {"message", f.error_file->message},
-                            {"traceback", f.error_file->traceback}, {"raw", f.error_file->raw}};
+        fj["error_file"] = {{"path", f.error_file->path},
+                            {"message", f.error_file->message},
+                            {"traceback", f.error_file->traceback},
+                            {"raw", f.error_file->raw}};
       } else {
         fj["error_file"] = nullptr;
       }
@@ -180,7 +195,10 @@ nlohmann::json to_json(const JobReport& r, StacksDetail detail) {
     }
     attempts.push_back(aj);
   }
-  nlohmann::json out{{"job_id", r.job_id}, {"status", r.status}, {"exit_code", r.exit_code}, {"restarts", r.restarts},
+  nlohmann::json out{{"job_id", r.job_id},
+                     {"status", r.status},
+                     {"exit_code", r.exit_code},
+                     {"restarts", r.restarts},
                      {"attempts", attempts}};
   if (!r.message.empty()) out["message"] = r.message;
   return out;
@@ -198,20 +216,24 @@ std::optional<std::string> result_file_problem(const std::string& path) {
   auto dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec)) return fmt::format("{}: the folder {} does not exist", path, dir.string());
-  if (::access(dir.c_str(), W_OK) != 0) return fmt::format("{}: cannot write in {}: {}", path, dir.string(), std::strerror(errno));
+  if (::access(dir.c_str(), W_OK) != 0)
+    return fmt::format("{}: cannot write in {}: {}", path, dir.string(), std::strerror(errno));
   return std::nullopt;
 }
 
-control::Ended end_record(const JobReport& report, const std::string& job_log_dir, const std::optional<std::string>& result_json) {
+control::Ended end_record(const JobReport& report, const std::string& job_log_dir,
+                          const std::optional<std::string>& result_json) {
   control::Ended e;
   e.job_id = report.job_id;
   e.status = report.status;
   e.exit_code = report.exit_code;
   e.ended_unix_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   e.logs = job_log_dir;
   std::error_code ec;
-  e.result_json = result_json ? std::filesystem::absolute(*result_json, ec).string() : std::string();  // read from anywhere
+  e.result_json =
+      result_json ? std::filesystem::absolute(*result_json, ec).string() : std::string();  // read from anywhere
   return e;
 }
 

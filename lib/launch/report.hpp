@@ -48,8 +48,8 @@ struct AttemptReport {
   SysTime ended{};
   Phase phase = Phase::running;
   std::optional<RankFailure> first_failure;
-  std::vector<WorkerExit> exits;      // every rank's exit, rank order
-  std::vector<std::string> notes;     // e.g. the store's "who waits for what"
+  std::vector<WorkerExit> exits;   // every rank's exit, rank order
+  std::vector<std::string> notes;  // e.g. the store's "who waits for what"
   std::string log_dir;
   // Where the ranks still running were when it failed or was stopped (failure_stacks.hpp).
   std::optional<FailureStacks> stacks;
@@ -81,7 +81,8 @@ std::optional<std::string> result_file_problem(const std::string& path);
 std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report);
 
 // What the job's control socket leaves when the job is over (control/paths.hpp): `ddpctl status|logs JOB` read it.
-control::Ended end_record(const JobReport& report, const std::string& job_log_dir, const std::optional<std::string>& result_json);
+control::Ended end_record(const JobReport& report, const std::string& job_log_dir,
+                          const std::optional<std::string>& result_json);
 
 std::string format_time(SysTime t);  // "10:30:05.123" local time
 

@@ -3,8 +3,8 @@
 
 #include "common/log.hpp"
 
-#include <boost/asio/buffer.hpp>
 #include <fmt/format.h>
+#include <boost/asio/buffer.hpp>
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
@@ -99,11 +99,12 @@ StackSnapshot::~StackSnapshot() {
 }
 
 void StackSnapshot::wait_woken() {
-  wake_.async_read_some(asio::buffer(&wake_value_, sizeof wake_value_), [this, alive = alive_](boost::system::error_code ec, std::size_t) {
-    if (!*alive || ec == asio::error::operation_aborted || finished_) return;
-    if (ec == asio::error::would_block || ec == asio::error::try_again) return wait_woken();
-    complete(ec ? fmt::format("not read: {}", ec.message()) : "");
-  });
+  wake_.async_read_some(asio::buffer(&wake_value_, sizeof wake_value_),
+                        [this, alive = alive_](boost::system::error_code ec, std::size_t) {
+                          if (!*alive || ec == asio::error::operation_aborted || finished_) return;
+                          if (ec == asio::error::would_block || ec == asio::error::try_again) return wait_woken();
+                          complete(ec ? fmt::format("not read: {}", ec.message()) : "");
+                        });
 }
 
 void StackSnapshot::skip(const std::string& why) {
@@ -133,8 +134,8 @@ void StackSnapshot::complete(const std::string& unread_why) {
   std::sort(unread.begin(), unread.end());
   std::sort(gone.begin(), gone.end());
   if (!gone.empty()) {
-    out.notes.push_back(fmt::format("{} {}: exited during the read (what was read is not kept)", gone.size() == 1 ? "rank" : "ranks",
-                                    stacks::format_ranks(gone)));
+    out.notes.push_back(fmt::format("{} {}: exited during the read (what was read is not kept)",
+                                    gone.size() == 1 ? "rank" : "ranks", stacks::format_ranks(gone)));
   }
   if (!unread.empty()) {
     out.notes.push_back(fmt::format("{} {}: {}", unread.size() == 1 ? "rank" : "ranks", stacks::format_ranks(unread),

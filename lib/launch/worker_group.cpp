@@ -4,17 +4,17 @@
 #include "common/strings.hpp"
 #include "supervisor/process.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
-#include <fmt/format.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace ddp::launch {
 
@@ -109,8 +109,8 @@ void WorkerGroup::start() {
     if (!w.log->error().empty()) {
       // No rank runs without its log: its output would go nowhere, and a log that cannot be
       // opened safely is a job tampering with its folder.
-      spawn_failed(w, fmt::format("rank {} not started: cannot write its log file {}: {}", w.plan.rank,
-                                  w.log->path(), dir_error_.empty() ? w.log->error() : dir_error_));
+      spawn_failed(w, fmt::format("rank {} not started: cannot write its log file {}: {}", w.plan.rank, w.log->path(),
+                                  dir_error_.empty() ? w.log->error() : dir_error_));
       continue;
     }
     try {
@@ -160,7 +160,8 @@ void WorkerGroup::write_hang_stacks(const std::string& text) {
     auto fd = safefs::open_append(*dir_, "hang-stacks.txt", owner);
     if (!safefs::write_all(fd.get(), text + "\n")) throw safefs::FsError(errno, std::strerror(errno));
   } catch (const safefs::FsError& e) {
-    log::get("hang")->warn("attempt {}: cannot write {}: {}", opts_.attempt, dir_->path_of("hang-stacks.txt"), e.what());
+    log::get("hang")->warn("attempt {}: cannot write {}: {}", opts_.attempt, dir_->path_of("hang-stacks.txt"),
+                           e.what());
   }
 }
 
@@ -268,8 +269,10 @@ bool WorkerGroup::on_reaped(pid_t pid, int status, SysTime when) {
     if (w->pid != pid || w->reaped) continue;
     w->reaped = true;
     WorkerExit ex{w->plan.rank, w->plan.local_rank, pid, 0, 0, when};
-    if (WIFSIGNALED(status)) ex.signal = WTERMSIG(status);
-    else ex.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+      ex.signal = WTERMSIG(status);
+    else
+      ex.exit_code = WEXITSTATUS(status);
     w->log->note(ex.describe());
     on_exit(*w, ex);
     return true;
@@ -455,8 +458,7 @@ void WorkerGroup::finish() {
   if (const auto& ff = tracker_.first_failure()) {
     for (const auto& w : workers_) {
       if (w->plan.rank != ff->rank) continue;
-      report_.first_failure =
-          RankFailure{*ff, w->plan.node, w->last.lines(), error_file_of(*w), w->plan.log_file};
+      report_.first_failure = RankFailure{*ff, w->plan.node, w->last.lines(), error_file_of(*w), w->plan.log_file};
     }
   }
   // Post, so the owner may destroy this group from inside its callback.

@@ -79,8 +79,8 @@ class WorkerGroup {
   void start();
   // A stop from outside (Ctrl-C, a coordinator's stop): SIGTERM, grace, SIGKILL.
   void request_stop(int signal);
-  void kill_now();             // a second Ctrl-C
-  void forward(int signal);    // SIGUSR1/SIGUSR2: to every live worker, as it is
+  void kill_now();           // a second Ctrl-C
+  void forward(int signal);  // SIGUSR1/SIGUSR2: to every live worker, as it is
   // The owner reaped `pid` with wait status `status`; returns false if it is not a worker.
   bool on_reaped(pid_t pid, int status, SysTime when);
   // After the owner reaped a batch (workers or strays): re-check whether the attempt is over.

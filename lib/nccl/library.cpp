@@ -55,7 +55,8 @@ std::string describe(const Api& api, int code, const std::string& what, RawComm 
 }
 
 void check_api(const Api& api, int code, const std::string& what, RawComm comm) {
-  if (code != static_cast<int>(Result::success)) throw Error(static_cast<Result>(code), describe(api, code, what, comm));
+  if (code != static_cast<int>(Result::success))
+    throw Error(static_cast<Result>(code), describe(api, code, what, comm));
 }
 
 }  // namespace
@@ -81,8 +82,9 @@ Library Library::load(const LoadOptions& options) {
   void* handle = dlopen(target, RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     std::string why = dl_error();
-    std::string msg = by_search ? std::string(kSoname) + " not found on this node (LD_LIBRARY_PATH=" + ld_library_path() + ")"
-                                : "cannot load NCCL from " + options.path;
+    std::string msg = by_search
+                          ? std::string(kSoname) + " not found on this node (LD_LIBRARY_PATH=" + ld_library_path() + ")"
+                          : "cannot load NCCL from " + options.path;
     msg += ": " + why;
     if (!options.hint.empty()) msg += "; " + options.hint;
     throw LoadError(msg);
@@ -142,9 +144,13 @@ std::string Library::error_string(Result code) const {
   return s ? s : "NCCL error " + std::to_string(static_cast<int>(code));
 }
 
-void Library::check(int code, const std::string& what, RawComm comm) const { check_api(*api_, code, what, comm); }
+void Library::check(int code, const std::string& what, RawComm comm) const {
+  check_api(*api_, code, what, comm);
+}
 
-Comm::Comm(Comm&& other) noexcept : api_(std::move(other.api_)), comm_(other.comm_) { other.comm_ = nullptr; }
+Comm::Comm(Comm&& other) noexcept : api_(std::move(other.api_)), comm_(other.comm_) {
+  other.comm_ = nullptr;
+}
 
 Comm& Comm::operator=(Comm&& other) noexcept {
   if (this != &other) {
@@ -156,7 +162,9 @@ Comm& Comm::operator=(Comm&& other) noexcept {
   return *this;
 }
 
-Comm::~Comm() { release(false); }
+Comm::~Comm() {
+  release(false);
+}
 
 int Comm::rank() const {
   int r = -1;
@@ -176,7 +184,9 @@ Result Comm::async_error() const {
   return static_cast<Result>(e);
 }
 
-void Comm::abort() { release(true); }
+void Comm::abort() {
+  release(true);
+}
 
 void Comm::destroy() {
   if (!comm_) return;

@@ -48,8 +48,8 @@ std::string to_hex(const UniqueId& id) {
 Parsed<UniqueId> unique_id_from_hex(std::string_view hex) {
   if (hex.size() != kUniqueIdHexChars) {
     return Parsed<UniqueId>::fail("an NCCL unique id is " + std::to_string(kUniqueIdHexChars) +
-                                  " lowercase hex characters (128 bytes), got " +
-                                  std::to_string(hex.size()) + " characters");
+                                  " lowercase hex characters (128 bytes), got " + std::to_string(hex.size()) +
+                                  " characters");
   }
   UniqueId id;
   for (std::size_t i = 0; i < kUniqueIdBytes; ++i) {
@@ -57,15 +57,17 @@ Parsed<UniqueId> unique_id_from_hex(std::string_view hex) {
     int lo = hex_value(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) {
       std::size_t at = hi < 0 ? 2 * i : 2 * i + 1;
-      return Parsed<UniqueId>::fail("invalid character " + printable(hex[at]) + " at position " +
-                                    std::to_string(at) + " of the NCCL unique id (expected 0-9a-f)");
+      return Parsed<UniqueId>::fail("invalid character " + printable(hex[at]) + " at position " + std::to_string(at) +
+                                    " of the NCCL unique id (expected 0-9a-f)");
     }
     id.bytes[i] = static_cast<std::uint8_t>(hi << 4 | lo);
   }
   return Parsed<UniqueId>::ok(id);
 }
 
-std::string_view to_string(AddressFamily f) { return f == AddressFamily::ipv4 ? "ipv4" : "ipv6"; }
+std::string_view to_string(AddressFamily f) {
+  return f == AddressFamily::ipv4 ? "ipv4" : "ipv6";
+}
 
 std::string BootstrapAddress::endpoint() const {
   if (family == AddressFamily::ipv4) return ip + ":" + std::to_string(port);
@@ -101,9 +103,9 @@ Parsed<BootstrapAddress> decode_bootstrap_address(const UniqueId& id) {
     out.scope_id = sin6.sin6_scope_id;
     inet_ntop(AF_INET6, &sin6.sin6_addr, text, sizeof text);
   } else {
-    return Parsed<BootstrapAddress>::fail(
-        "no bootstrap address in the NCCL unique id (address family " + std::to_string(family) +
-        " is neither IPv4 nor IPv6): not an id made by ncclGetUniqueId of NCCL 2.x");
+    return Parsed<BootstrapAddress>::fail("no bootstrap address in the NCCL unique id (address family " +
+                                          std::to_string(family) +
+                                          " is neither IPv4 nor IPv6): not an id made by ncclGetUniqueId of NCCL 2.x");
   }
   out.ip = text;
   if (out.port == 0) {

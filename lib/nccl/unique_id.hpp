@@ -18,7 +18,7 @@
 
 namespace ddp::nccl {
 
-inline constexpr std::size_t kUniqueIdBytes = 128;          // NCCL_UNIQUE_ID_BYTES
+inline constexpr std::size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 inline constexpr std::size_t kUniqueIdHexChars = 2 * kUniqueIdBytes;
 
 struct UniqueId {
@@ -45,7 +45,7 @@ enum class AddressFamily { ipv4, ipv6 };
 struct BootstrapAddress {
   std::uint64_t magic = 0;  // random per id; NCCL checks it on every bootstrap connection
   AddressFamily family = AddressFamily::ipv4;
-  std::string ip;           // numeric, as inet_ntop writes it
+  std::string ip;  // numeric, as inet_ntop writes it
   std::uint16_t port = 0;
   std::uint32_t scope_id = 0;  // IPv6 link-local only
 

@@ -31,7 +31,7 @@ std::string format_host_port(std::string_view host, std::uint16_t port);
 // source address towards that node; empty: no route). Throws std::invalid_argument naming the
 // node when that is nothing an agent could reach (no route, or an unspecified or loopback
 // source for a node that is not on loopback).
-std::string advertised_endpoint(const AdvertiseAddr& advertise, std::string_view route_source, std::string_view node_address,
-                                std::uint16_t listen_port);
+std::string advertised_endpoint(const AdvertiseAddr& advertise, std::string_view route_source,
+                                std::string_view node_address, std::uint16_t listen_port);
 
 }  // namespace ddp::net

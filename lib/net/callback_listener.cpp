@@ -36,7 +36,9 @@ CallbackListener::CallbackListener(asio::io_context& io, std::uint16_t port) : i
   if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) throw std::runtime_error(fmt::format("cannot listen on port {} for agents to connect back: {}", port, ec.message()));
+  if (ec)
+    throw std::runtime_error(
+        fmt::format("cannot listen on port {} for agents to connect back: {}", port, ec.message()));
   port_ = acceptor_.local_endpoint(ec).port();
   accept();
 }
@@ -61,17 +63,19 @@ bool CallbackListener::forget(const std::string& tag) {
 // Out of descriptors: back off; callers that have not sent their tag yet are capped
 // (acceptor.hpp): the oldest goes.
 void CallbackListener::accept() {
-  accept_loop_ = std::make_unique<Acceptor<tcp>>(acceptor_, "connect-back listener", log::get("coord"), [this](tcp::socket s) {
-    auto c = std::make_shared<Caller>(std::move(s));
-    boost::system::error_code e2;
-    const auto remote = c->sock.remote_endpoint(e2);
-    c->peer = e2 ? "?" : fmt::format("{}:{}", remote.address().to_string(), remote.port());
-    callers_.insert(c);
-    c->slot = accept_loop_->admit([this, w = std::weak_ptr<Caller>(c)] {
-      if (auto cl = w.lock()) drop(cl, "too many callers that have not sent their tag: the oldest is closed", /*quiet=*/true);
-    });
-    read_tag(c);
-  });
+  accept_loop_ =
+      std::make_unique<Acceptor<tcp>>(acceptor_, "connect-back listener", log::get("coord"), [this](tcp::socket s) {
+        auto c = std::make_shared<Caller>(std::move(s));
+        boost::system::error_code e2;
+        const auto remote = c->sock.remote_endpoint(e2);
+        c->peer = e2 ? "?" : fmt::format("{}:{}", remote.address().to_string(), remote.port());
+        callers_.insert(c);
+        c->slot = accept_loop_->admit([this, w = std::weak_ptr<Caller>(c)] {
+          if (auto cl = w.lock())
+            drop(cl, "too many callers that have not sent their tag: the oldest is closed", /*quiet=*/true);
+        });
+        read_tag(c);
+      });
   accept_loop_->start();
 }
 
@@ -85,7 +89,8 @@ void CallbackListener::read_tag(const std::shared_ptr<Caller>& c) {
     if (!callers_.count(c)) return;
     if (ec) return drop(c, ec == asio::error::not_found ? "tag line too long" : ec.message());
     if (c->buf.size() != n) return drop(c, "bytes after the tag line");
-    std::string tag(asio::buffers_begin(c->buf.data()), asio::buffers_begin(c->buf.data()) + static_cast<std::ptrdiff_t>(n) - 1);
+    std::string tag(asio::buffers_begin(c->buf.data()),
+                    asio::buffers_begin(c->buf.data()) + static_cast<std::ptrdiff_t>(n) - 1);
     std::function<void(tcp::socket)> on_connect;
     {
       std::lock_guard lock(mu_);
@@ -105,8 +110,8 @@ void CallbackListener::drop(const std::shared_ptr<Caller>& c, const std::string&
   if (!callers_.erase(c)) return;
   c->slot.reset();
   // quiet: the accept loop has warned once for the episode.
-  log::get("coord")->log(quiet ? spdlog::level::debug : spdlog::level::warn, "connection from {} to the connect-back port closed: {}",
-                         c->peer, why);
+  log::get("coord")->log(quiet ? spdlog::level::debug : spdlog::level::warn,
+                         "connection from {} to the connect-back port closed: {}", c->peer, why);
   boost::system::error_code ignored;
   c->sock.close(ignored);
 }

@@ -3,15 +3,15 @@
 
 #include "common/log.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/ip/udp.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/asio/ip/udp.hpp>
-#include <fmt/format.h>
 
+#include <netinet/tcp.h>
 #include <pwd.h>
 #include <sys/socket.h>
-#include <netinet/tcp.h>
 #include <unistd.h>
 
 namespace ddp::net {
@@ -57,8 +57,8 @@ std::shared_ptr<Connection> Connection::make(tcp::socket socket, proto::Session 
 
 std::shared_ptr<Connection> Connection::make(stream_socket socket, proto::Session session, std::string label,
                                              std::string log_subsystem, Millis handshake_timeout) {
-  return std::shared_ptr<Connection>(
-      new Connection(std::move(socket), std::move(session), std::move(label), std::move(log_subsystem), handshake_timeout));
+  return std::shared_ptr<Connection>(new Connection(std::move(socket), std::move(session), std::move(label),
+                                                    std::move(log_subsystem), handshake_timeout));
 }
 
 Connection::Connection(stream_socket socket, proto::Session session, std::string label, std::string log_subsystem,
@@ -111,7 +111,8 @@ void Connection::detect_tls() {
     self->begin();
     // Read the plaintext hello, then say why, so the launcher can tell its user what to do.
     if (self->tls_setup_->mode == TlsMode::required) {
-      self->refuse(proto::ErrorCode::auth, "this agent takes only TLS connections (tls: required)", "launch with --tls");
+      self->refuse(proto::ErrorCode::auth, "this agent takes only TLS connections (tls: required)",
+                   "launch with --tls");
     }
   });
 }
@@ -123,9 +124,10 @@ void Connection::tls_handshake() {
     if (self->closed_ || self->closing_) return;
     if (ec) {
       // The usual cause: the two ends hold different secrets for the key id (or none at all).
-      return self->closed(fmt::format("TLS handshake failed: {} (does the agent allow TLS, and do both ends hold the "
-                                      "same secret for the key id?)",
-                                      ec.message()));
+      return self->closed(
+          fmt::format("TLS handshake failed: {} (does the agent allow TLS, and do both ends hold the "
+                      "same secret for the key id?)",
+                      ec.message()));
     }
     self->begin();
   });
@@ -170,7 +172,8 @@ void Connection::apply(proto::Effects effects) {
       timer_.cancel();
       was_established_ = true;
       pending_slot_.reset();
-      if (handlers_.on_established && !guarded("its authentication", [&] { handlers_.on_established(est->peer); })) return;
+      if (handlers_.on_established && !guarded("its authentication", [&] { handlers_.on_established(est->peer); }))
+        return;
     } else if (auto* d = std::get_if<proto::Deliver>(&e)) {
       if (!closing_ && handlers_.on_message) {
         const std::string what = "its '" + d->message.type + "'";
@@ -202,8 +205,8 @@ bool Connection::guarded(const std::string& what, const std::function<void()>& h
     handler();
     return true;
   } catch (const std::exception& e) {
-    log::get(log_subsystem_)->error("{}: handling {} failed: {}; closing this link (other links go on)", label_, what,
-                                    e.what());
+    log::get(log_subsystem_)
+        ->error("{}: handling {} failed: {}; closing this link (other links go on)", label_, what, e.what());
     if (!closed_ && !closing_) refuse(proto::ErrorCode::unexpected, "the receiver failed while handling " + what);
     return false;
   }
@@ -310,10 +313,11 @@ void Connection::closed(const std::string& reason) {
   // A peer that never authenticated is worth a warning (a wrong token, a scanner, a stray);
   // except a failed authentication on the dialling side, whose owner (the coordinator, doctor,
   // a ctl client) stops and says so in its own words: the same reason twice helps nobody.
-  const bool owner_reports = session_.is_client() && (reason.starts_with("auth: ") || reason.starts_with("peer refused: auth: "));
+  const bool owner_reports =
+      session_.is_client() && (reason.starts_with("auth: ") || reason.starts_with("peer refused: auth: "));
   const auto level = owner_reports || routine_close_ ? spdlog::level::debug
-                     : !was_established_          ? spdlog::level::warn
-                                                  : spdlog::level::info;
+                     : !was_established_             ? spdlog::level::warn
+                                                     : spdlog::level::info;
   log::get(log_subsystem_)->log(level, "{}: connection closed: {}", label_, reason);
   if (auto cb = std::move(handlers_.on_closed)) {
     handlers_ = {};
@@ -357,17 +361,18 @@ void dial(asio::io_context& io, const std::string& host, std::uint16_t port, Mil
     return;
   }
   const auto flags = tcp::resolver::numeric_service;  // and no AI_ADDRCONFIG, for the same reason
-  st->resolver.async_resolve(host, std::to_string(port), flags, [st](boost::system::error_code ec, tcp::resolver::results_type r) {
-    if (ec) {
-      st->timer.cancel();
-      return st->done(st->timed_out ? asio::error::timed_out : ec, tcp::socket(st->socket.get_executor()));
-    }
-    asio::async_connect(st->socket, r, [st](boost::system::error_code ec, const tcp::endpoint&) {
-      st->timer.cancel();
-      if (st->timed_out) ec = asio::error::timed_out;
-      st->done(ec, std::move(st->socket));
-    });
-  });
+  st->resolver.async_resolve(
+      host, std::to_string(port), flags, [st](boost::system::error_code ec, tcp::resolver::results_type r) {
+        if (ec) {
+          st->timer.cancel();
+          return st->done(st->timed_out ? asio::error::timed_out : ec, tcp::socket(st->socket.get_executor()));
+        }
+        asio::async_connect(st->socket, r, [st](boost::system::error_code ec, const tcp::endpoint&) {
+          st->timer.cancel();
+          if (st->timed_out) ec = asio::error::timed_out;
+          st->done(ec, std::move(st->socket));
+        });
+      });
 }
 
 std::string local_user() {
@@ -390,7 +395,8 @@ std::string route_source(const std::string& address) {
   if (ec) return {};
   auto local = s.local_endpoint(ec).address();
   if (ec) return {};
-  if (local.is_v6() && local.to_v6().is_v4_mapped()) local = asio::ip::make_address_v4(asio::ip::v4_mapped, local.to_v6());
+  if (local.is_v6() && local.to_v6().is_v4_mapped())
+    local = asio::ip::make_address_v4(asio::ip::v4_mapped, local.to_v6());
   return local.to_string();
 }
 

@@ -33,7 +33,9 @@ int state_index() {
   static const int index = SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
   return index;
 }
-void* state_of(SSL* ssl) { return SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), state_index()); }
+void* state_of(SSL* ssl) {
+  return SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), state_index());
+}
 
 SSL_SESSION* psk_session(SSL* ssl, const std::string& psk) {
   const SSL_CIPHER* cipher = SSL_CIPHER_find(ssl, kCipherId);
@@ -84,7 +86,8 @@ void common_setup(ssl::context& ctx) {
   }
   // The PSK is bound to SHA-256; left to itself a server prefers TLS_AES_256_GCM_SHA384, would
   // then ignore the PSK and, having no certificate, fail the handshake.
-  if (SSL_CTX_set_ciphersuites(c, "TLS_AES_128_GCM_SHA256") != 1) throw std::runtime_error("TLS: no TLS_AES_128_GCM_SHA256");
+  if (SSL_CTX_set_ciphersuites(c, "TLS_AES_128_GCM_SHA256") != 1)
+    throw std::runtime_error("TLS: no TLS_AES_128_GCM_SHA256");
   // Connections are long-lived and never resumed: no tickets to make or keep.
   SSL_CTX_set_num_tickets(c, 0);
   SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
@@ -102,9 +105,12 @@ std::optional<TlsMode> parse_tls_mode(std::string_view text) {
 
 std::string_view to_string(TlsMode mode) {
   switch (mode) {
-    case TlsMode::off: return "off";
-    case TlsMode::allowed: return "allowed";
-    case TlsMode::required: return "required";
+    case TlsMode::off:
+      return "off";
+    case TlsMode::allowed:
+      return "allowed";
+    case TlsMode::required:
+      return "required";
   }
   return "?";
 }

@@ -37,6 +37,8 @@ std::shared_ptr<boost::asio::ssl::context> tls_client_context(const proto::Key& 
 std::shared_ptr<boost::asio::ssl::context> tls_server_context(const proto::Keyring& keys);
 
 // The first byte of a connection opens a TLS record (a ClientHello).
-inline bool looks_like_tls(unsigned char first_byte) { return first_byte == 0x16; }
+inline bool looks_like_tls(unsigned char first_byte) {
+  return first_byte == 0x16;
+}
 
 }  // namespace ddp::net

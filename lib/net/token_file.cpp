@@ -5,12 +5,12 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 namespace ddp::net {
 
@@ -21,9 +21,10 @@ constexpr std::size_t kMaxTokenFileBytes = 64 * 1024;
 
 std::optional<std::string> token_owner_problem(const std::string& path, uid_t file_uid, uid_t self) {
   if (file_uid == self || file_uid == 0) return std::nullopt;
-  return fmt::format("token file {} belongs to uid {}, not to uid {} (us) or root: whoever owns it may change or read "
-                     "its secret; give it to us: chown {} {}",
-                     path, file_uid, self, self, path);
+  return fmt::format(
+      "token file {} belongs to uid {}, not to uid {} (us) or root: whoever owns it may change or read "
+      "its secret; give it to us: chown {} {}",
+      path, file_uid, self, self, path);
 }
 
 proto::Keyring load_token_file(const std::string& path) {
@@ -31,8 +32,8 @@ proto::Keyring load_token_file(const std::string& path) {
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) {
-      throw TokenError(fmt::format("token file {} does not exist; create one with: umask 077; openssl rand -hex 32 > {}",
-                                   path, path));
+      throw TokenError(fmt::format(
+          "token file {} does not exist; create one with: umask 077; openssl rand -hex 32 > {}", path, path));
     }
     throw TokenError(fmt::format("cannot open token file {}: {}", path, std::strerror(err)));
   }
@@ -45,9 +46,10 @@ proto::Keyring load_token_file(const std::string& path) {
   if (!S_ISREG(st.st_mode)) throw TokenError(fmt::format("token file {} is not a regular file", path));
   if (auto bad = token_owner_problem(path, st.st_uid, ::geteuid())) throw TokenError(*bad);
   if (st.st_mode & 077) {
-    throw TokenError(fmt::format("token file {} is accessible by group or others (mode {:04o}); its secret must stay "
-                                 "private: chmod 600 {}",
-                                 path, st.st_mode & 07777, path));
+    throw TokenError(
+        fmt::format("token file {} is accessible by group or others (mode {:04o}); its secret must stay "
+                    "private: chmod 600 {}",
+                    path, st.st_mode & 07777, path));
   }
   if (static_cast<std::size_t>(st.st_size) > kMaxTokenFileBytes) {
     throw TokenError(fmt::format("token file {} is {} bytes; a token file holds a few keys (at most {} bytes)", path,
@@ -86,9 +88,10 @@ std::string find_client_token_file() {
     struct stat st {};
     if (::stat(p.c_str(), &st) == 0) return p;
   }
-  throw TokenError(fmt::format("no token file found (looked for {}); give one with --token-file or DDP_TOKEN_FILE, "
-                               "holding the same secret as the agents' /etc/ddpctl/token",
-                               join(c, ", ")));
+  throw TokenError(
+      fmt::format("no token file found (looked for {}); give one with --token-file or DDP_TOKEN_FILE, "
+                  "holding the same secret as the agents' /etc/ddpctl/token",
+                  join(c, ", ")));
 }
 
 }  // namespace ddp::net

@@ -19,9 +19,12 @@ namespace {
 
 const char* nproc_kind(jobspec::Nproc::Kind k) {
   switch (k) {
-    case jobspec::Nproc::Kind::cpu: return "cpu";
-    case jobspec::Nproc::Kind::gpu: return "gpu";
-    default: return "count";
+    case jobspec::Nproc::Kind::cpu:
+      return "cpu";
+    case jobspec::Nproc::Kind::gpu:
+      return "gpu";
+    default:
+      return "count";
   }
 }
 
@@ -76,25 +79,25 @@ json to_json(const JobPayload& p) {
                             : s.nccl_unique_id == jobspec::NcclUniqueId::off ? "off"
                                                                              : "auto"},
          {"stop_grace_ms", s.stop_grace.count()},
-         {"binding", {{"gpu", kGpuBinding.at(static_cast<std::size_t>(s.binding.gpu))},
-                      {"numa", kNumaBinding.at(static_cast<std::size_t>(s.binding.numa))},
-                      {"nic", kNicBinding.at(static_cast<std::size_t>(s.binding.nic))}}},
+         {"binding",
+          {{"gpu", kGpuBinding.at(static_cast<std::size_t>(s.binding.gpu))},
+           {"numa", kNumaBinding.at(static_cast<std::size_t>(s.binding.numa))},
+           {"nic", kNicBinding.at(static_cast<std::size_t>(s.binding.nic))}}},
          {"forward_env", p.forward_env}};
   if (s.workdir) j["workdir"] = *s.workdir;
   if (!s.python.empty()) j["python"] = s.python;
   // The hang watchdog (version 6): the agents sample with its timeout; the coordinator acts.
-  if (s.hang) j["hang"] = {{"timeout_ms", s.hang->timeout.count()}, {"action", jobspec::hang_action_name(s.hang->action)}};
+  if (s.hang)
+    j["hang"] = {{"timeout_ms", s.hang->timeout.count()}, {"action", jobspec::hang_action_name(s.hang->action)}};
   if (s.container) {
     const auto& c = *s.container;
     json mounts = json::array(), cenv = json::array();
-    for (const auto& m : c.mounts) mounts.push_back({{"source", m.source}, {"target", m.target}, {"read_only", m.read_only}});
+    for (const auto& m : c.mounts)
+      mounts.push_back({{"source", m.source}, {"target", m.target}, {"read_only", m.read_only}});
     for (const auto& [k, v] : c.env) cenv.push_back({k, v});
-    j["container"] = {{"runtime", kRuntime.at(static_cast<std::size_t>(c.runtime))},
-                      {"image", c.image},
-                      {"mounts", mounts},
-                      {"pull", kPull.at(static_cast<std::size_t>(c.pull))},
-                      {"extra_args", c.extra_args},
-                      {"env", cenv}};
+    j["container"] = {
+        {"runtime", kRuntime.at(static_cast<std::size_t>(c.runtime))}, {"image", c.image},           {"mounts", mounts},
+        {"pull", kPull.at(static_cast<std::size_t>(c.pull))},          {"extra_args", c.extra_args}, {"env", cenv}};
     if (c.workdir) j["container"]["workdir"] = *c.workdir;
   }
   return j;
@@ -107,8 +110,10 @@ JobPayload payload_from_json(const json& j) {
   // line to a container's env file. Values may hold anything but NUL.
   auto check_var = [](const std::string& where, const std::string& name, const std::string* value) {
     static const std::regex re("^[A-Za-z_][A-Za-z0-9_]{0,255}$");
-    if (!std::regex_match(name, re)) throw WireError(fmt::format("job spec: {}: '{}' is not a variable name", where, name));
-    if (value && value->find('\0') != std::string::npos) throw WireError(fmt::format("job spec: {}: {} holds a NUL byte", where, name));
+    if (!std::regex_match(name, re))
+      throw WireError(fmt::format("job spec: {}: '{}' is not a variable name", where, name));
+    if (value && value->find('\0') != std::string::npos)
+      throw WireError(fmt::format("job spec: {}: {} holds a NUL byte", where, name));
   };
   JobPayload p;
   auto& s = p.spec;
@@ -119,10 +124,14 @@ JobPayload payload_from_json(const json& j) {
   const auto& n = j.contains("nproc") ? j.at("nproc") : json();
   if (!n.is_object()) throw WireError("job spec: missing 'nproc'");
   const auto kind = get<std::string>(n, "kind");
-  if (kind == "cpu") s.nproc.kind = jobspec::Nproc::Kind::cpu;
-  else if (kind == "gpu") s.nproc.kind = jobspec::Nproc::Kind::gpu;
-  else if (kind == "count") s.nproc.kind = jobspec::Nproc::Kind::count;
-  else throw WireError(fmt::format("job spec: nproc.kind '{}' is not cpu, gpu or count", kind));
+  if (kind == "cpu")
+    s.nproc.kind = jobspec::Nproc::Kind::cpu;
+  else if (kind == "gpu")
+    s.nproc.kind = jobspec::Nproc::Kind::gpu;
+  else if (kind == "count")
+    s.nproc.kind = jobspec::Nproc::Kind::count;
+  else
+    throw WireError(fmt::format("job spec: nproc.kind '{}' is not cpu, gpu or count", kind));
   s.nproc.count = get<int>(n, "count");
   if (s.nproc.kind == jobspec::Nproc::Kind::count && (s.nproc.count < 1 || s.nproc.count > 4096)) {
     throw WireError(fmt::format("job spec: nproc.count {} is outside 1-4096", s.nproc.count));
@@ -133,7 +142,8 @@ JobPayload payload_from_json(const json& j) {
   if (j.contains("workdir")) s.workdir = get<std::string>(j, "workdir");
   if (j.contains("python")) {
     s.python = get<std::vector<std::string>>(j, "python");
-    if (s.python.empty() || s.python.size() > 64 || s.python[0].empty()) throw WireError("job spec: 'python' must be a non-empty argv");
+    if (s.python.empty() || s.python.size() > 64 || s.python[0].empty())
+      throw WireError("job spec: 'python' must be a non-empty argv");
   }
   for (const auto& kv : get<json>(j, "env")) {
     if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) {
@@ -153,13 +163,14 @@ JobPayload payload_from_json(const json& j) {
   s.store_port = get<std::uint16_t>(j, "store_port");
   // Absent from a launcher that predates it: the agent's loop, as then.
   const auto threads = j.contains("store_threads") ? get<long long>(j, "store_threads") : 0;
-  if (threads < jobspec::kAutoThreads || threads > jobspec::kMaxStoreThreads) throw WireError("job spec: store_threads out of range");
+  if (threads < jobspec::kAutoThreads || threads > jobspec::kMaxStoreThreads)
+    throw WireError("job spec: store_threads out of range");
   s.store_threads = static_cast<int>(threads);
   // Absent from a launcher that predates them: the defaults.
   if (j.contains("store_max_bytes")) s.store_max_bytes = get<std::uint64_t>(j, "store_max_bytes");
   if (j.contains("store_max_keys")) s.store_max_keys = get<std::uint64_t>(j, "store_max_keys");
   const auto nccl = get<std::string>(j, "nccl_unique_id");
-  s.nccl_unique_id = nccl == "on" ? jobspec::NcclUniqueId::on
+  s.nccl_unique_id = nccl == "on"    ? jobspec::NcclUniqueId::on
                      : nccl == "off" ? jobspec::NcclUniqueId::off
                                      : jobspec::NcclUniqueId::automatic;
   s.stop_grace = Millis(get<long long>(j, "stop_grace_ms"));
@@ -167,15 +178,19 @@ JobPayload payload_from_json(const json& j) {
   if (j.contains("binding")) {
     const auto& b = j.at("binding");
     if (!b.is_object()) throw WireError("job spec: 'binding' must be an object");
-    s.binding.gpu = static_cast<jobspec::GpuBinding>(enum_index(kGpuBinding, get<std::string>(b, "gpu"), "binding.gpu"));
-    s.binding.numa = static_cast<jobspec::NumaBinding>(enum_index(kNumaBinding, get<std::string>(b, "numa"), "binding.numa"));
-    s.binding.nic = static_cast<jobspec::NicBinding>(enum_index(kNicBinding, get<std::string>(b, "nic"), "binding.nic"));
+    s.binding.gpu =
+        static_cast<jobspec::GpuBinding>(enum_index(kGpuBinding, get<std::string>(b, "gpu"), "binding.gpu"));
+    s.binding.numa =
+        static_cast<jobspec::NumaBinding>(enum_index(kNumaBinding, get<std::string>(b, "numa"), "binding.numa"));
+    s.binding.nic =
+        static_cast<jobspec::NicBinding>(enum_index(kNicBinding, get<std::string>(b, "nic"), "binding.nic"));
   }
   if (j.contains("container")) {
     const auto& cj = j.at("container");
     if (!cj.is_object()) throw WireError("job spec: 'container' must be an object");
     jobspec::ContainerSpec c;
-    c.runtime = static_cast<jobspec::ContainerRuntime>(enum_index(kRuntime, get<std::string>(cj, "runtime"), "container.runtime"));
+    c.runtime = static_cast<jobspec::ContainerRuntime>(
+        enum_index(kRuntime, get<std::string>(cj, "runtime"), "container.runtime"));
     c.pull = static_cast<jobspec::PullPolicy>(enum_index(kPull, get<std::string>(cj, "pull"), "container.pull"));
     c.image = get<std::string>(cj, "image");
     if (c.image.empty()) throw WireError("job spec: container.image is empty");
@@ -243,9 +258,10 @@ std::vector<NodeEntry> node_entries(const std::vector<std::string>& hosts, std::
     auto ep = hostlist::parse_endpoint(h);
     if (!ep.ok()) throw WireError(fmt::format("node '{}': {}", h, ep.error->to_string()));
     if (!ep.endpoint.user.empty() && !allow_user) {
-      throw WireError(fmt::format("node '{}': a login user ('{}@') is only for --ssh; an agent runs jobs as the user "
-                                  "its token maps to",
-                                  h, ep.endpoint.user));
+      throw WireError(
+          fmt::format("node '{}': a login user ('{}@') is only for --ssh; an agent runs jobs as the user "
+                      "its token maps to",
+                      h, ep.endpoint.user));
     }
     NodeEntry e{"", ep.endpoint.host, ep.endpoint.port.value_or(default_port), ep.endpoint.user};
     if (!seen.insert({e.host, e.port}).second) {

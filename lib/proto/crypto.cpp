@@ -60,7 +60,9 @@ Digest HmacKey::mac(std::initializer_list<std::string_view> parts) const {
   return out;
 }
 
-Digest hmac_sha256(std::string_view key, std::string_view data) { return HmacKey(key).mac({data}); }
+Digest hmac_sha256(std::string_view key, std::string_view data) {
+  return HmacKey(key).mac({data});
+}
 
 Digest sha256(std::string_view data) {
   Digest out{};

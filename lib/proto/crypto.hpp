@@ -54,7 +54,9 @@ bool equal_ct(std::string_view a, std::string_view b);
 
 std::string to_hex(std::string_view bytes);
 std::optional<std::string> from_hex(std::string_view hex);
-inline std::string_view as_bytes(const Digest& d) { return {reinterpret_cast<const char*>(d.data()), d.size()}; }
+inline std::string_view as_bytes(const Digest& d) {
+  return {reinterpret_cast<const char*>(d.data()), d.size()};
+}
 
 // 32 bytes from the OS CSPRNG (RAND_bytes). Session state machines take nonces as input; this is
 // for the edge that builds them. Throws if the CSPRNG fails, which must never be papered over.

@@ -16,7 +16,6 @@ constexpr std::size_t kNonceHex = 32;
 constexpr std::size_t kMaxUser = 256;
 constexpr std::size_t kMaxJobId = 256;
 
-
 std::string mac_input(const Delegation& d) {
   std::string in(kLabel);
   in.push_back('\0');
@@ -30,7 +29,9 @@ std::string mac_input(const Delegation& d) {
   return in;
 }
 
-std::string mac_of(const Delegation& d, const Key& key) { return to_hex(as_bytes(hmac_sha256(key.secret, mac_input(d)))); }
+std::string mac_of(const Delegation& d, const Key& key) {
+  return to_hex(as_bytes(hmac_sha256(key.secret, mac_input(d))));
+}
 
 bool lower_hex(const std::string& s, std::size_t digits) {
   if (s.size() != digits) return false;
@@ -55,9 +56,9 @@ Delegation sign_delegation(Delegation d, const Key& key) {
 }
 
 nlohmann::json to_json(const Delegation& d) {
-  return {{"user", d.user},         {"key_id", d.key_id}, {"coordinator_key", d.coordinator_key},
-          {"job_id", d.job_id},     {"expires_s", d.expires_s}, {"nonce", d.nonce},
-          {"spec_sha256", d.spec_sha256}, {"mac", d.mac}};
+  return {
+      {"user", d.user},           {"key_id", d.key_id}, {"coordinator_key", d.coordinator_key}, {"job_id", d.job_id},
+      {"expires_s", d.expires_s}, {"nonce", d.nonce},   {"spec_sha256", d.spec_sha256},         {"mac", d.mac}};
 }
 
 std::optional<Delegation> delegation_from_json(const nlohmann::json& j, std::string* error) {
@@ -66,7 +67,8 @@ std::optional<Delegation> delegation_from_json(const nlohmann::json& j, std::str
     return std::nullopt;
   };
   if (!j.is_object()) return bad("expected an object");
-  static const char* kFields[] = {"user", "key_id", "coordinator_key", "job_id", "expires_s", "nonce", "spec_sha256", "mac"};
+  static const char* kFields[] = {"user",      "key_id", "coordinator_key", "job_id",
+                                  "expires_s", "nonce",  "spec_sha256",     "mac"};
   for (const auto& [k, v] : j.items()) {
     if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields)) {
       return bad(fmt::format("unknown field '{}'", k.substr(0, 64)));
@@ -86,9 +88,11 @@ std::optional<Delegation> delegation_from_json(const nlohmann::json& j, std::str
   }
   if (!text("job_id", d.job_id, kMaxJobId)) return bad("'job_id' must be a job id of 1-256 bytes");
   auto exp = j.find("expires_s");
-  if (exp == j.end() || !exp->is_number_unsigned()) return bad("'expires_s' must be an unsigned integer (Unix seconds)");
+  if (exp == j.end() || !exp->is_number_unsigned())
+    return bad("'expires_s' must be an unsigned integer (Unix seconds)");
   d.expires_s = exp->get<std::uint64_t>();
-  if (!text("nonce", d.nonce, kNonceHex) || !lower_hex(d.nonce, kNonceHex)) return bad("'nonce' must be 32 lower-case hex digits");
+  if (!text("nonce", d.nonce, kNonceHex) || !lower_hex(d.nonce, kNonceHex))
+    return bad("'nonce' must be 32 lower-case hex digits");
   if (!text("spec_sha256", d.spec_sha256, 64) || !lower_hex(d.spec_sha256, 64)) {
     return bad("'spec_sha256' must be 64 lower-case hex digits");
   }
@@ -103,8 +107,9 @@ std::optional<std::string> verify_delegation(const Delegation& d, const Keyring&
   }
   // The signature first: nothing else of an unsigned delegation is worth a word.
   if (!equal_ct(d.mac, mac_of(d, *key))) {
-    return fmt::format("the job's delegation does not verify with key '{}' (forged, altered, or that key's secret differs here)",
-                       d.key_id);
+    return fmt::format(
+        "the job's delegation does not verify with key '{}' (forged, altered, or that key's secret differs here)",
+        d.key_id);
   }
   if (!e.signer_key.empty() && d.key_id != e.signer_key) {
     return fmt::format("the job's delegation is signed with key '{}', but this connection proved key '{}'", d.key_id,
@@ -117,15 +122,18 @@ std::optional<std::string> verify_delegation(const Delegation& d, const Keyring&
   if (d.job_id != e.job_id) return fmt::format("the job's delegation is for job {}, not {}", d.job_id, e.job_id);
   if (d.user != e.user) return fmt::format("the job's delegation is for user '{}', not '{}'", d.user, e.user);
   if (d.spec_sha256 != e.spec_sha256) {
-    return std::string("the job's delegation was signed for another job spec (the spec changed after ddpctl signed it)");
+    return std::string(
+        "the job's delegation was signed for another job spec (the spec changed after ddpctl signed it)");
   }
   if (e.now_s >= d.expires_s) {
-    return fmt::format("the job's delegation expired {} s ago (submit the job again; check the clocks if it was just signed)",
-                       e.now_s - d.expires_s);
+    return fmt::format(
+        "the job's delegation expired {} s ago (submit the job again; check the clocks if it was just signed)",
+        e.now_s - d.expires_s);
   }
   if (d.expires_s - e.now_s > kMaxDelegationSeconds) {
-    return fmt::format("the job's delegation is good for {} s more, longer than the {} s allowed (check the submitting host's clock)",
-                       d.expires_s - e.now_s, kMaxDelegationSeconds);
+    return fmt::format(
+        "the job's delegation is good for {} s more, longer than the {} s allowed (check the submitting host's clock)",
+        d.expires_s - e.now_s, kMaxDelegationSeconds);
   }
   return std::nullopt;
 }

@@ -5,19 +5,32 @@ namespace ddp::proto {
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {
-    case ErrorCode::bad_frame: return "bad_frame";
-    case ErrorCode::too_large: return "too_large";
-    case ErrorCode::bad_json: return "bad_json";
-    case ErrorCode::unknown_type: return "unknown_type";
-    case ErrorCode::missing_field: return "missing_field";
-    case ErrorCode::wrong_type: return "wrong_type";
-    case ErrorCode::unknown_field: return "unknown_field";
-    case ErrorCode::bad_value: return "bad_value";
-    case ErrorCode::wrong_sender: return "wrong_sender";
-    case ErrorCode::unexpected: return "unexpected";
-    case ErrorCode::version: return "version";
-    case ErrorCode::auth: return "auth";
-    case ErrorCode::bad_mac: return "bad_mac";
+    case ErrorCode::bad_frame:
+      return "bad_frame";
+    case ErrorCode::too_large:
+      return "too_large";
+    case ErrorCode::bad_json:
+      return "bad_json";
+    case ErrorCode::unknown_type:
+      return "unknown_type";
+    case ErrorCode::missing_field:
+      return "missing_field";
+    case ErrorCode::wrong_type:
+      return "wrong_type";
+    case ErrorCode::unknown_field:
+      return "unknown_field";
+    case ErrorCode::bad_value:
+      return "bad_value";
+    case ErrorCode::wrong_sender:
+      return "wrong_sender";
+    case ErrorCode::unexpected:
+      return "unexpected";
+    case ErrorCode::version:
+      return "version";
+    case ErrorCode::auth:
+      return "auth";
+    case ErrorCode::bad_mac:
+      return "bad_mac";
   }
   return "unknown";
 }
@@ -49,10 +62,10 @@ std::optional<std::string> FrameDecoder::next() {
   const auto* p = reinterpret_cast<const unsigned char*>(buf_.data() + pos_);
   const std::size_t n = (std::size_t(p[0]) << 24) | (std::size_t(p[1]) << 16) | (std::size_t(p[2]) << 8) | p[3];
   if (n > max_body_) {
-    error_ = ProtoError{ErrorCode::too_large,
-                        "frame of " + std::to_string(n) + " bytes exceeds the limit of " + std::to_string(max_body_) +
-                            " bytes",
-                        "", ""};
+    error_ = ProtoError{
+        ErrorCode::too_large,
+        "frame of " + std::to_string(n) + " bytes exceeds the limit of " + std::to_string(max_body_) + " bytes", "",
+        ""};
     // A peer speaking another protocol (HTTP, TLS) shows up here as a huge "length".
     if (p[0] >= 0x16 && p[0] <= 0x7e) error_->hint = "is the peer speaking another protocol (HTTP, TLS) on this port?";
     buf_.clear();

@@ -21,8 +21,8 @@ std::string KeyringError::to_string() const {
 bool valid_key_id(std::string_view id) {
   if (id.empty() || id.size() > kMaxKeyIdChars) return false;
   for (char c : id) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-              c == '-';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) return false;
   }
   return true;
@@ -62,7 +62,8 @@ KeyringParse parse_keyring(std::string_view text) {
     return std::nullopt;
   };
   auto unquote = [](std::string_view s) {
-    if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) return s.substr(1, s.size() - 2);
+    if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front())
+      return s.substr(1, s.size() - 2);
     return s;
   };
   if (lines.size() == 1 && lines[0].second.find(':') == std::string_view::npos) {

@@ -33,12 +33,15 @@ struct Schema {
 };
 
 FieldType field_type(const std::string& name) {
-  static const std::map<std::string, FieldType> kTypes{
-      {"string", FieldType::string},         {"hex", FieldType::hex},
-      {"int", FieldType::int_},              {"uint", FieldType::uint},
-      {"bool", FieldType::boolean},          {"object", FieldType::object},
-      {"string[]", FieldType::string_array}, {"uint[]", FieldType::uint_array},
-      {"object[]", FieldType::object_array}};
+  static const std::map<std::string, FieldType> kTypes{{"string", FieldType::string},
+                                                       {"hex", FieldType::hex},
+                                                       {"int", FieldType::int_},
+                                                       {"uint", FieldType::uint},
+                                                       {"bool", FieldType::boolean},
+                                                       {"object", FieldType::object},
+                                                       {"string[]", FieldType::string_array},
+                                                       {"uint[]", FieldType::uint_array},
+                                                       {"object[]", FieldType::object_array}};
   auto it = kTypes.find(name);
   if (it == kTypes.end()) throw std::logic_error("proto/messages.json: unknown field type '" + name + "'");
   return it->second;
@@ -46,15 +49,24 @@ FieldType field_type(const std::string& name) {
 
 std::string_view type_name(FieldType t) {
   switch (t) {
-    case FieldType::string: return "a string";
-    case FieldType::hex: return "a hex string";
-    case FieldType::int_: return "an integer";
-    case FieldType::uint: return "an unsigned integer";
-    case FieldType::boolean: return "a boolean";
-    case FieldType::object: return "an object";
-    case FieldType::string_array: return "an array of strings";
-    case FieldType::uint_array: return "an array of unsigned integers";
-    case FieldType::object_array: return "an array of objects";
+    case FieldType::string:
+      return "a string";
+    case FieldType::hex:
+      return "a hex string";
+    case FieldType::int_:
+      return "an integer";
+    case FieldType::uint:
+      return "an unsigned integer";
+    case FieldType::boolean:
+      return "a boolean";
+    case FieldType::object:
+      return "an object";
+    case FieldType::string_array:
+      return "an array of strings";
+    case FieldType::uint_array:
+      return "an array of unsigned integers";
+    case FieldType::object_array:
+      return "an array of objects";
   }
   return "?";
 }
@@ -135,7 +147,8 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
     return w;
   };
   auto wrong = [&] {
-    return err(ErrorCode::wrong_type, where() + " must be " + std::string(type_name(f.type)) + ", got " + json_kind(v), name);
+    return err(ErrorCode::wrong_type, where() + " must be " + std::string(type_name(f.type)) + ", got " + json_kind(v),
+               name);
   };
   switch (f.type) {
     case FieldType::string:
@@ -143,18 +156,22 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
       if (!v.is_string()) return wrong();
       const auto& s = v.get_ref<const std::string&>();
       if (f.max_len && s.size() > *f.max_len) {
-        return err(ErrorCode::bad_value, where() + " is " + std::to_string(s.size()) + " bytes, at most " +
-                                             std::to_string(*f.max_len) + " allowed", name);
+        return err(
+            ErrorCode::bad_value,
+            where() + " is " + std::to_string(s.size()) + " bytes, at most " + std::to_string(*f.max_len) + " allowed",
+            name);
       }
       if (!f.allowed.empty() && std::find(f.allowed.begin(), f.allowed.end(), s) == f.allowed.end()) {
-        return err(ErrorCode::bad_value, where() + " must be one of " + join(f.allowed, ", ") + ", got '" + s + "'", name);
+        return err(ErrorCode::bad_value, where() + " must be one of " + join(f.allowed, ", ") + ", got '" + s + "'",
+                   name);
       }
       if (f.type == FieldType::hex) {
         if (!is_lower_hex(s)) return err(ErrorCode::bad_value, where() + " must be lower-case hex", name);
         if (f.bytes && s.size() != *f.bytes * 2) {
-          return err(ErrorCode::bad_value, where() + " must be " + std::to_string(*f.bytes) + " bytes (" +
-                                               std::to_string(*f.bytes * 2) + " hex digits), got " +
-                                               std::to_string(s.size()) + " digits", name);
+          return err(ErrorCode::bad_value,
+                     where() + " must be " + std::to_string(*f.bytes) + " bytes (" + std::to_string(*f.bytes * 2) +
+                         " hex digits), got " + std::to_string(s.size()) + " digits",
+                     name);
         }
       }
       return std::nullopt;
@@ -167,8 +184,10 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
     case FieldType::uint:
       if (!is_uint(v)) return wrong();
       if (f.max && v.get<std::uint64_t>() > *f.max) {
-        return err(ErrorCode::bad_value, where() + " is " + std::to_string(v.get<std::uint64_t>()) + ", at most " +
-                                             std::to_string(*f.max) + " allowed", name);
+        return err(ErrorCode::bad_value,
+                   where() + " is " + std::to_string(v.get<std::uint64_t>()) + ", at most " + std::to_string(*f.max) +
+                       " allowed",
+                   name);
       }
       return std::nullopt;
     case FieldType::boolean:
@@ -182,19 +201,23 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
     case FieldType::object_array: {
       if (!v.is_array()) return wrong();
       if (f.max_items && v.size() > *f.max_items) {
-        return err(ErrorCode::bad_value, where() + " has " + std::to_string(v.size()) + " items, at most " +
-                                             std::to_string(*f.max_items) + " allowed", name);
+        return err(ErrorCode::bad_value,
+                   where() + " has " + std::to_string(v.size()) + " items, at most " + std::to_string(*f.max_items) +
+                       " allowed",
+                   name);
       }
       for (std::size_t i = 0; i < v.size(); ++i) {
         bool good = f.type == FieldType::string_array ? v[i].is_string()
                     : f.type == FieldType::uint_array ? is_uint(v[i])
                                                       : v[i].is_object();
         if (!good) {
-          return err(ErrorCode::wrong_type, where() + " item " + std::to_string(i) + " must be " +
-                                                (f.type == FieldType::string_array ? "a string"
-                                                 : f.type == FieldType::uint_array ? "an unsigned integer"
-                                                                                   : "an object") +
-                                                ", got " + json_kind(v[i]), name);
+          return err(ErrorCode::wrong_type,
+                     where() + " item " + std::to_string(i) + " must be " +
+                         (f.type == FieldType::string_array ? "a string"
+                          : f.type == FieldType::uint_array ? "an unsigned integer"
+                                                            : "an object") +
+                         ", got " + json_kind(v[i]),
+                     name);
         }
       }
       return std::nullopt;
@@ -209,22 +232,29 @@ bool depth_within(std::string_view text, std::size_t limit) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '{' || c == '[') {
       if (++depth > limit) return false;
-    } else if ((c == '}' || c == ']') && depth > 0) --depth;
+    } else if ((c == '}' || c == ']') && depth > 0)
+      --depth;
   }
   return true;
 }
 
 }  // namespace
 
-const Limits& limits() { return schema().limits; }
+const Limits& limits() {
+  return schema().limits;
+}
 
 std::string_view schema_text() {
   const auto& raw = generated::kSchemaJson;
@@ -279,7 +309,8 @@ std::optional<ProtoError> validate(const nlohmann::json& m, const Sender& sender
       if (!unknown && mit->first != "type" && mit->first != "v") unknown = &mit->first;
     }
     if (mit == obj.end() || mit->first != name) {
-      if (f.required) return err(ErrorCode::missing_field, "'" + type + "' is missing required field '" + name + "'", name);
+      if (f.required)
+        return err(ErrorCode::missing_field, "'" + type + "' is missing required field '" + name + "'", name);
       continue;
     }
     if (auto e = check_field(type, name, f, mit->second)) return e;
@@ -302,7 +333,8 @@ std::optional<ProtoError> validate(const nlohmann::json& m, const Sender& sender
 Parsed parse_message(std::string_view json_bytes, const Sender& sender) {
   Parsed p;
   if (!depth_within(json_bytes, limits().max_json_depth)) {
-    p.error = err(ErrorCode::bad_json, "JSON nested deeper than " + std::to_string(limits().max_json_depth) + " levels");
+    p.error =
+        err(ErrorCode::bad_json, "JSON nested deeper than " + std::to_string(limits().max_json_depth) + " levels");
     return p;
   }
   auto j = nlohmann::json::parse(json_bytes, nullptr, /*allow_exceptions=*/false);

@@ -61,7 +61,8 @@ std::optional<ProtoError> validate(const nlohmann::json& message, const Sender& 
 Parsed parse_message(std::string_view json_bytes, const Sender& sender);
 
 // {"type": type, "v": version, ...fields}.
-nlohmann::json make_message(std::string_view type, std::uint32_t version, nlohmann::json fields = nlohmann::json::object());
+nlohmann::json make_message(std::string_view type, std::uint32_t version,
+                            nlohmann::json fields = nlohmann::json::object());
 
 // Compact JSON; invalid UTF-8 (a worker's raw output) is replaced, never thrown on.
 std::string dump(const nlohmann::json& message);

@@ -35,9 +35,12 @@ Digest frame_mac(const HmacKey& key, char dir, std::uint64_t seq, std::string_vi
 
 std::string_view to_string(Role r) {
   switch (r) {
-    case Role::agent: return "agent";
-    case Role::ctl: return "ctl";
-    case Role::coordinator: return "coordinator";
+    case Role::agent:
+      return "agent";
+    case Role::ctl:
+      return "ctl";
+    case Role::coordinator:
+      return "coordinator";
   }
   return "?";
 }
@@ -80,7 +83,9 @@ Session Session::server(ServerConfig c) {
   return s;
 }
 
-std::string Session::plain(const nlohmann::json& m) { return plain(m, dump(m)); }
+std::string Session::plain(const nlohmann::json& m) {
+  return plain(m, dump(m));
+}
 
 std::string Session::plain(const nlohmann::json& m, std::string_view encoded) {
   if (auto e = validate(m, Sender{my_side(), std::string(to_string(role_))})) {
@@ -125,12 +130,17 @@ Effects Session::on_bytes(std::string_view bytes) {
 Effects Session::on_handshake_timeout() {
   switch (state_) {
     case State::idle:
-    case State::await_hello: return drop("handshake timed out waiting for the peer's hello");
-    case State::await_hello_ack: return drop("handshake timed out waiting for the server's hello_ack");
-    case State::await_auth: return drop("handshake timed out waiting for the client's proof (auth)");
-    case State::await_auth_ok: return drop("handshake timed out waiting for the server's proof (auth_ok)");
+    case State::await_hello:
+      return drop("handshake timed out waiting for the peer's hello");
+    case State::await_hello_ack:
+      return drop("handshake timed out waiting for the server's hello_ack");
+    case State::await_auth:
+      return drop("handshake timed out waiting for the client's proof (auth)");
+    case State::await_auth_ok:
+      return drop("handshake timed out waiting for the server's proof (auth_ok)");
     case State::established:
-    case State::dropped: return {};
+    case State::dropped:
+      return {};
   }
   return {};
 }
@@ -193,7 +203,8 @@ Effects Session::on_handshake_frame(std::string_view body) {
     case State::await_auth_ok:
       if (m.type == "auth_ok") return handle_auth_ok(m);
       break;
-    default: break;
+    default:
+      break;
   }
   static const char* kExpected[] = {"nothing", "hello", "hello_ack", "auth", "auth_ok", "", ""};
   return fail(ErrorCode::unexpected,
@@ -251,7 +262,8 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   // The server proves first, in the same write as its hello_ack: the client checks it before
   // it sends its own proof and its first session frame together (session.hpp).
   auto mine = proof("ddpctl server proof");
-  return {Send{plain(ack, ack_body_)}, Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
+  return {Send{plain(ack, ack_body_)},
+          Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
 }
 
 Effects Session::handle_hello_ack(const Message& m, std::string_view body) {
@@ -271,8 +283,9 @@ Effects Session::handle_hello_ack(const Message& m, std::string_view body) {
   peer_.delegate_key = b.value("delegate_key", "");
   peer_.key_id = key_.id;
   if (expect_server_ && *expect_server_ != peer_.role) {
-    return fail(ErrorCode::unexpected, "expected to reach a " + std::string(to_string(*expect_server_)) +
-                                           ", but this port is served by a " + std::string(to_string(peer_.role)),
+    return fail(ErrorCode::unexpected,
+                "expected to reach a " + std::string(to_string(*expect_server_)) + ", but this port is served by a " +
+                    std::string(to_string(peer_.role)),
                 "check the port (agents listen on 29410, a standing coordinator on 29411)");
   }
   version_ = static_cast<std::uint32_t>(chosen);
@@ -313,15 +326,15 @@ void Session::establish() {
 
 Effects Session::handle_auth(const Message& m) {
   if (m.version != version_) {
-    return fail(ErrorCode::version, "auth is framed as version " + std::to_string(m.version) + ", negotiated " +
-                                        std::to_string(version_));
+    return fail(ErrorCode::version,
+                "auth is framed as version " + std::to_string(m.version) + ", negotiated " + std::to_string(version_));
   }
   auto expected = proof("ddpctl client proof");
   auto got = from_hex(m.body["proof"].get<std::string>());
   if (!got || !equal_ct(*got, as_bytes(expected))) {
-    return fail(ErrorCode::auth,
-                "authentication failed for key id '" + key_.id + "': the proof does not match",
-                "the client's secret for this key differs from the server's token file (or the handshake was replayed)");
+    return fail(
+        ErrorCode::auth, "authentication failed for key id '" + key_.id + "': the proof does not match",
+        "the client's secret for this key differs from the server's token file (or the handshake was replayed)");
   }
   establish();
   return {Established{peer_}};
@@ -335,8 +348,7 @@ Effects Session::handle_auth_ok(const Message& m) {
   auto expected = proof("ddpctl server proof");
   auto got = from_hex(m.body["proof"].get<std::string>());
   if (!got || !equal_ct(*got, as_bytes(expected))) {
-    return fail(ErrorCode::auth,
-                "the server failed to prove it holds key '" + key_.id + "'",
+    return fail(ErrorCode::auth, "the server failed to prove it holds key '" + key_.id + "'",
                 "its token file has a different secret for this key, or it is not the server you meant to reach");
   }
   // Our proof, then established: what the application sends next leaves in the same write.

@@ -49,9 +49,9 @@ std::optional<Role> role_from(std::string_view s);
 
 struct PeerInfo {
   Role role = Role::agent;
-  std::string user;    // client's user (as the server sees it); empty on the client side
+  std::string user;  // client's user (as the server sees it); empty on the client side
   std::string key_id;
-  std::string name;    // from hello / hello_ack, for logs
+  std::string name;  // from hello / hello_ack, for logs
   std::string software;
   std::uint32_t version = 0;
   // Client side, version 6: the key id a standing coordinator dials agents with (hello_ack's
@@ -144,9 +144,9 @@ class Session {
   Effects handle_auth(const Message& m);
   Effects handle_auth_ok(const Message& m);
   Effects fail(ErrorCode code, std::string message, std::string hint = "");  // error to the peer + Drop
-  Effects drop(std::string reason);                                         // Drop only
-  std::string plain(const nlohmann::json& m);                               // a handshake frame
-  std::string plain(const nlohmann::json& m, std::string_view encoded);     // ... of m as encoded
+  Effects drop(std::string reason);                                          // Drop only
+  std::string plain(const nlohmann::json& m);                                // a handshake frame
+  std::string plain(const nlohmann::json& m, std::string_view encoded);      // ... of m as encoded
   Digest proof(std::string_view label) const;
   void establish();
   std::string my_side() const { return is_client_ ? "client" : "server"; }

@@ -27,7 +27,7 @@ namespace {
 
 constexpr std::size_t kMaxStdout = 64 << 10;
 constexpr std::size_t kMaxStderr = 4 << 10;
-constexpr std::size_t kMaxEntries = 64;           // of the file cache: one per interpreter and env
+constexpr std::size_t kMaxEntries = 64;  // of the file cache: one per interpreter and env
 constexpr std::uintmax_t kMaxCacheFile = 1 << 20;
 
 std::optional<std::int64_t> mtime_ns(const std::string& path) {
@@ -71,7 +71,8 @@ Ran run_bounded(const supervisor::SpawnSpec& spec, std::chrono::milliseconds tim
   int open = 2;
   char buf[4096];
   while (open > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       r.timed_out = true;
       break;
@@ -119,8 +120,11 @@ std::string cache_key(const ProbeRequest& req, const std::string& resolved) {
   json env = json::object();
   for (const auto& [k, v] : req.env)
     if (python_variable(k)) env[k] = v;
-  json k{{"argv", req.choice.argv}, {"resolved", resolved}, {"uid", req.run_as ? req.run_as->uid : ::geteuid()},
-         {"workdir", req.workdir}, {"env", env}};
+  json k{{"argv", req.choice.argv},
+         {"resolved", resolved},
+         {"uid", req.run_as ? req.run_as->uid : ::geteuid()},
+         {"workdir", req.workdir},
+         {"env", env}};
   return k.dump();
 }
 
@@ -137,7 +141,8 @@ ProbeCache::ProbeCache(std::optional<fs::path> file) : file_(std::move(file)) {
     if (j.value("version", 0) != 1) return;
     for (const auto& [key, e] : j.at("entries").items()) {
       Entry entry{python_from_json(e.at("facts")), {}};
-      for (const auto& s : e.at("stamps")) entry.stamps.emplace_back(s.at(0).get<std::string>(), s.at(1).get<std::int64_t>());
+      for (const auto& s : e.at("stamps"))
+        entry.stamps.emplace_back(s.at(0).get<std::string>(), s.at(1).get<std::int64_t>());
       entries_.emplace(key, std::move(entry));
     }
   } catch (const json::exception&) {

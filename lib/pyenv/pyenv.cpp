@@ -16,19 +16,22 @@ bool looks_like_python(std::string_view program) {
     if (!starts_with(name, stem)) continue;
     auto rest = name.substr(stem.size());
     // python, python3, python3.11, python3.11d: digits and dots, at most a short suffix.
-    if (std::all_of(rest.begin(), rest.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; }))
+    if (std::all_of(rest.begin(), rest.end(),
+                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; }))
       return true;
   }
   return false;
 }
 
 InterpreterChoice choose_interpreter(const jobspec::JobSpec& spec) {
-  if (!spec.python.empty()) return {spec.python, "python: in " + (spec.file.empty() ? std::string("the job file") : spec.file), false};
+  if (!spec.python.empty())
+    return {spec.python, "python: in " + (spec.file.empty() ? std::string("the job file") : spec.file), false};
   if (!spec.shell && !spec.command.empty() && looks_like_python(spec.command.front()))
     return {{spec.command.front()}, "the command's program", false};
-  return {{"python3"},
-          "a guess: python3 on the job's PATH, as the command is not a Python; set python: in the job file to say which",
-          true};
+  return {
+      {"python3"},
+      "a guess: python3 on the job's PATH, as the command is not a Python; set python: in the job file to say which",
+      true};
 }
 
 const std::string& probe_script() {

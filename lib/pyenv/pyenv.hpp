@@ -38,8 +38,8 @@ const std::string& probe_script();
 inline constexpr std::size_t kMaxSiteDirs = 32;
 
 struct ProbeAnswer {
-  facts::PythonFacts facts;        // interpreter/source left to the caller
-  std::vector<std::string> site;   // from the answer, bounded
+  facts::PythonFacts facts;       // interpreter/source left to the caller
+  std::vector<std::string> site;  // from the answer, bounded
 };
 
 // The interpreter's stdout. The last line that parses as the answer counts (a sitecustomize may

@@ -18,24 +18,40 @@ template <class T>
 constexpr std::size_t ev = variant_index_v<T, Event>;
 constexpr std::size_t kAnyEvent = std::numeric_limits<std::size_t>::max();
 
-std::string dur(Micros d) { return format_duration(std::chrono::duration_cast<Millis>(d)); }
+std::string dur(Micros d) {
+  return format_duration(std::chrono::duration_cast<Millis>(d));
+}
 
 const char* signal_name(int sig) {
   switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
-    default: return nullptr;
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    default:
+      return nullptr;
   }
 }
 
@@ -43,8 +59,10 @@ const std::string& node_of(const Event& e) {
   static const std::string kNone;
   return std::visit(
       [](const auto& x) -> const std::string& {
-        if constexpr (requires { x.node; }) return x.node;
-        else return kNone;
+        if constexpr (requires { x.node; })
+          return x.node;
+        else
+          return kNone;
       },
       e);
 }
@@ -105,12 +123,18 @@ const Rendezvous::Transition Rendezvous::kTable[] = {
 
 const char* to_string(State s) {
   switch (s) {
-    case State::joining: return "joining";
-    case State::running: return "running";
-    case State::stopping: return "stopping";
-    case State::backoff: return "backoff";
-    case State::succeeded: return "succeeded";
-    case State::failed: return "failed";
+    case State::joining:
+      return "joining";
+    case State::running:
+      return "running";
+    case State::stopping:
+      return "stopping";
+    case State::backoff:
+      return "backoff";
+    case State::succeeded:
+      return "succeeded";
+    case State::failed:
+      return "failed";
   }
   return "?";
 }
@@ -132,9 +156,12 @@ std::string Failure::describe() const {
         return who + " was killed by signal " + std::to_string(*signal) + (name ? std::string(" (") + name + ")" : "");
       }
       return who + " exited with code " + std::to_string(exit_code.value_or(-1));
-    case Kind::node_lost: return who + " was lost" + (reason.empty() ? "" : ": " + reason);
-    case Kind::node_reported: return who + " reported a failed attempt";
-    case Kind::hung: return reason;
+    case Kind::node_lost:
+      return who + " was lost" + (reason.empty() ? "" : ": " + reason);
+    case Kind::node_reported:
+      return who + " reported a failed attempt";
+    case Kind::hung:
+      return reason;
   }
   return who;
 }
@@ -174,7 +201,9 @@ Effects Rendezvous::handle(const Event& event, TimePoint now) {
 
 // ---- helpers ----
 
-bool Rendezvous::is_member(const std::string& node) const { return member_set_.count(node) > 0; }
+bool Rendezvous::is_member(const std::string& node) const {
+  return member_set_.count(node) > 0;
+}
 
 std::vector<std::string> Rendezvous::present() const {
   std::vector<const Node*> v;
@@ -187,7 +216,8 @@ std::vector<std::string> Rendezvous::present() const {
 
 std::string Rendezvous::joined_summary() const {
   std::vector<std::string> missing;
-  for (auto it = absent_.begin(); it != absent_.end() && missing.size() < 8; ++it) missing.push_back(config_.hosts[*it]);
+  for (auto it = absent_.begin(); it != absent_.end() && missing.size() < 8; ++it)
+    missing.push_back(config_.hosts[*it]);
   const bool exact = config_.min_nodes == config_.max_nodes && config_.max_nodes == config_.hosts.size();
   std::string s = std::to_string(nodes_.size()) + "/" +
                   std::to_string(exact ? config_.max_nodes : config_.hosts.size()) + " nodes joined";
@@ -223,8 +253,10 @@ std::string Rendezvous::status() const {
     case State::backoff:
       return "restart " + std::to_string(restart_count_) + "/" + std::to_string(config_.max_restarts) + " in " +
              dur(restart_at_.value_or(now_) - now_);
-    case State::succeeded: return r + ": succeeded";
-    case State::failed: return r + ": failed";
+    case State::succeeded:
+      return r + ": succeeded";
+    case State::failed:
+      return r + ": failed";
   }
   return r;
 }
@@ -392,8 +424,8 @@ void Rendezvous::after_stop() {
   }
   if (membership_change_ || (elastic() && lost_member_this_round_)) {
     // Re-form without spending a restart: the failures were the membership change's fallout.
-    out_.push_back(Progress{"re-forming with " + std::to_string(nodes_.size()) + (nodes_.size() == 1 ? " node" : " nodes") +
-                            " (membership changed; no restart spent)"});
+    out_.push_back(Progress{"re-forming with " + std::to_string(nodes_.size()) +
+                            (nodes_.size() == 1 ? " node" : " nodes") + " (membership changed; no restart spent)"});
     return open_round();
   }
   const Failure* first = nullptr;
@@ -414,8 +446,9 @@ void Rendezvous::after_stop() {
   }
   JobFailed f{JobFailed::Kind::worker_failed, first ? std::optional<Failure>(*first) : std::nullopt, restart_count_,
               what};
-  if (config_.max_restarts > 0) f.message += "; no restarts left (" + std::to_string(restart_count_) + "/" +
-                                             std::to_string(config_.max_restarts) + " used)";
+  if (config_.max_restarts > 0)
+    f.message +=
+        "; no restarts left (" + std::to_string(restart_count_) + "/" + std::to_string(config_.max_restarts) + " used)";
   state_ = State::failed;
   out_.push_back(std::move(f));
 }
@@ -431,8 +464,9 @@ void Rendezvous::admit(const Event& e) {
   const auto& j = std::get<NodeJoined>(e);
   auto host = host_index_.find(j.node);
   if (host == host_index_.end()) {
-    std::vector<std::string> shown(config_.hosts.begin(),
-                                   config_.hosts.begin() + static_cast<long>(std::min<std::size_t>(8, config_.hosts.size())));
+    std::vector<std::string> shown(
+        config_.hosts.begin(),
+        config_.hosts.begin() + static_cast<long>(std::min<std::size_t>(8, config_.hosts.size())));
     if (config_.hosts.size() > 8) shown.push_back("...");
     out_.push_back(RejectNode{j.node, j.node + " is not one of this job's hosts (" + join(shown, ", ") + ")"});
     return;
@@ -455,7 +489,9 @@ void Rendezvous::admit(const Event& e) {
   }
 }
 
-void Rendezvous::admit_for_next_round(const Event& e) { admit(e); }
+void Rendezvous::admit_for_next_round(const Event& e) {
+  admit(e);
+}
 
 void Rendezvous::admit_during_run(const Event& e) {
   const auto before = nodes_.size();
@@ -464,8 +500,8 @@ void Rendezvous::admit_during_run(const Event& e) {
   const auto& node = std::get<NodeJoined>(e).node;
   if (elastic() && members_.size() < config_.max_nodes) {
     membership_change_ = true;
-    begin_stop(node + " joined; re-forming with " + std::to_string(std::min<std::size_t>(nodes_.size(), config_.max_nodes)) +
-               " nodes");
+    begin_stop(node + " joined; re-forming with " +
+               std::to_string(std::min<std::size_t>(nodes_.size(), config_.max_nodes)) + " nodes");
     return;
   }
   out_.push_back(Progress{node + " stands by for the next round"});
@@ -476,8 +512,12 @@ void Rendezvous::leave(const Event& e) {
   lose(l.node, l.reason, /*drop=*/false);
 }
 
-void Rendezvous::lose_running(const Event& e) { leave(e); }
-void Rendezvous::lose_stopping(const Event& e) { leave(e); }
+void Rendezvous::lose_running(const Event& e) {
+  leave(e);
+}
+void Rendezvous::lose_stopping(const Event& e) {
+  leave(e);
+}
 
 void Rendezvous::touch(const Event&) {}  // handle() already refreshed last_seen
 
@@ -496,7 +536,9 @@ void Rendezvous::tick_joining(const Event&) {
   }
 }
 
-void Rendezvous::tick_running(const Event&) { check_heartbeats(); }
+void Rendezvous::tick_running(const Event&) {
+  check_heartbeats();
+}
 
 void Rendezvous::tick_stopping(const Event&) {
   check_heartbeats();

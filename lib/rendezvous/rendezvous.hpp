@@ -90,7 +90,8 @@ struct HangDetected {
   std::string reason;  // "hung: no rank made progress for 10m"
   bool restart = false;
 };
-using Event = std::variant<NodeJoined, NodeLeft, Heartbeat, Tick, WorkerExited, AttemptFinished, StopRequested, HangDetected>;
+using Event =
+    std::variant<NodeJoined, NodeLeft, Heartbeat, Tick, WorkerExited, AttemptFinished, StopRequested, HangDetected>;
 
 // ---- effects ----
 struct NodeAssignment {
@@ -130,7 +131,7 @@ struct Failure {
   std::uint32_t pid = 0;
   TimePoint time{0};  // our clock
   Round round;
-  std::string reason;  // node_lost: why ("its agent is shutting down (SIGTERM)", ...); hung: the verdict
+  std::string reason;            // node_lost: why ("its agent is shutting down (SIGTERM)", ...); hung: the verdict
   std::string describe() const;  // "rank 5 (n2, local rank 1, pid 4242) exited with code 1"
 };
 struct JobFailed {
@@ -247,7 +248,7 @@ class Rendezvous {
   std::set<std::size_t> absent_;                             // hosts (by index) not joined
   std::set<std::pair<TimePoint, std::string>> seen_;         // nodes_ by last_seen
   std::unordered_set<std::string> member_set_;               // members_
-  std::set<std::string> finished_;     // members that reported AttemptFinished this round
+  std::set<std::string> finished_;                           // members that reported AttemptFinished this round
   std::set<std::string> finished_ok_;
   Round round_{0};
   std::uint32_t restart_count_ = 0;

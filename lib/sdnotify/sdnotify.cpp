@@ -30,10 +30,18 @@ Notifier::Notifier() {
   if (active_ && sd_watchdog_enabled(0, &usec) > 0) watchdog_ = ping_interval(usec);
 }
 
-void Notifier::ready(std::string_view status) { send("READY=1\nSTATUS=" + status_line(status)); }
-void Notifier::status(std::string_view status) { send("STATUS=" + status_line(status)); }
-void Notifier::stopping(std::string_view status) { send("STOPPING=1\nSTATUS=" + status_line(status)); }
-void Notifier::watchdog() { send("WATCHDOG=1"); }
+void Notifier::ready(std::string_view status) {
+  send("READY=1\nSTATUS=" + status_line(status));
+}
+void Notifier::status(std::string_view status) {
+  send("STATUS=" + status_line(status));
+}
+void Notifier::stopping(std::string_view status) {
+  send("STOPPING=1\nSTATUS=" + status_line(status));
+}
+void Notifier::watchdog() {
+  send("WATCHDOG=1");
+}
 
 void Notifier::send(const std::string& state) {
   if (!active_) return;

@@ -1,7 +1,7 @@
 #include "shepherd/channel.hpp"
 
-#include <boost/asio/write.hpp>
 #include <fmt/format.h>
+#include <boost/asio/write.hpp>
 
 #include <utility>
 
@@ -68,16 +68,17 @@ void Channel::write() {
     return;
   }
   writing_ = true;
-  asio::async_write(sock_, asio::buffer(out_.front()), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-    if (!self->open_) return;
-    if (ec) {
-      self->close(fmt::format("cannot write to the peer: {}", ec.message()));
-      return;
-    }
-    self->queued_ -= self->out_.front().size();
-    self->out_.pop_front();
-    self->write();
-  });
+  asio::async_write(sock_, asio::buffer(out_.front()),
+                    [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                      if (!self->open_) return;
+                      if (ec) {
+                        self->close(fmt::format("cannot write to the peer: {}", ec.message()));
+                        return;
+                      }
+                      self->queued_ -= self->out_.front().size();
+                      self->out_.pop_front();
+                      self->write();
+                    });
 }
 
 void Channel::close(const std::string& why) {

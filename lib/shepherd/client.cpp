@@ -4,9 +4,9 @@
 #include "common/log.hpp"
 #include "supervisor/process.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <fmt/format.h>
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -38,7 +38,7 @@ Client::Client(asio::io_context& io, const std::string& exe, std::string job_id,
   spec.argv = {exe, "shepherd", "--agent-pid", fmt::format("{}", ::getpid()), "--job", job_id_};
   spec.env = own_environment();
   spec.workdir = std::string(1, '/');  // (a plain "/" trips GCC 12 bug 105329, -Wrestrict)
-  spec.capture_output = false;   // its log lines go where ours go
+  spec.capture_output = false;         // its log lines go where ours go
   spec.stdin_fd = sv[1];
   spec.die_with_parent = false;  // it outlives us long enough to kill the job's tree
   try {
@@ -116,7 +116,9 @@ void Client::read_stacks(const launch::WorkerGroup::StacksQuery& q, StacksDone d
   pending_stacks_[id] = p;
   p->timer.expires_after(q.budget + kShepherdMargin);
   p->timer.async_wait([this, id, budget = q.budget](boost::system::error_code ec) {
-    if (!ec) answer_stacks(id, {}, fmt::format("the shepherd did not answer within {} ms", (budget + kShepherdMargin).count()));
+    if (!ec)
+      answer_stacks(id, {},
+                    fmt::format("the shepherd did not answer within {} ms", (budget + kShepherdMargin).count()));
   });
   channel_->send(encode_stacks({id, q}));
 }
@@ -127,7 +129,9 @@ void Client::answer_stacks(std::uint64_t id, std::vector<stacks::RankStacks> ran
   auto p = it->second;
   pending_stacks_.erase(it);
   p->timer.cancel();
-  asio::post(io_, [p, ranks = std::move(ranks), error = std::move(error)]() mutable { p->done(std::move(ranks), std::move(error)); });
+  asio::post(io_, [p, ranks = std::move(ranks), error = std::move(error)]() mutable {
+    p->done(std::move(ranks), std::move(error));
+  });
 }
 
 void Client::on_message(const std::string& type, const nlohmann::json& m) {
@@ -162,8 +166,10 @@ bool Client::on_reaped(pid_t pid, int status) {
   reaped_ = true;
   const auto how = WIFSIGNALED(status) ? fmt::format("killed by {}", supervisor::signal_name(WTERMSIG(status)))
                                        : fmt::format("exited with code {}", WEXITSTATUS(status));
-  if (channel_->open()) channel_->close(fmt::format("the shepherd (pid {}) {}", pid_, how));
-  else log::get("agent")->debug("job {}: shepherd pid {} {}", job_id_, pid_, how);
+  if (channel_->open())
+    channel_->close(fmt::format("the shepherd (pid {}) {}", pid_, how));
+  else
+    log::get("agent")->debug("job {}: shepherd pid {} {}", job_id_, pid_, how);
   return true;
 }
 

@@ -75,7 +75,7 @@ launch::SysTime from_us(long long us) {
 }
 
 json exit_to_json(const launch::WorkerExit& e) {
-  return {{"rank", e.rank},     {"local_rank", e.local_rank}, {"pid", e.pid},         {"exit_code", e.exit_code},
+  return {{"rank", e.rank},     {"local_rank", e.local_rank}, {"pid", e.pid},        {"exit_code", e.exit_code},
           {"signal", e.signal}, {"when_us", to_us(e.when)},   {"started", e.started}};
 }
 
@@ -105,10 +105,12 @@ std::string message_type(const json& m, Sender from) {
   if (!m.is_object()) throw MessageError("a message must be a JSON object");
   const auto type = get_str(m, "type");
   static const std::vector<std::string_view> kFromAgent{"start", "stop", "kill", "forward", "stacks"};
-  static const std::vector<std::string_view> kFromShepherd{"started", "line", "first_failure", "finished", "stacks_read", "progress"};
+  static const std::vector<std::string_view> kFromShepherd{"started",  "line",        "first_failure",
+                                                           "finished", "stacks_read", "progress"};
   const auto& known = from == Sender::agent ? kFromAgent : kFromShepherd;
   if (std::find(known.begin(), known.end(), type) == known.end()) {
-    throw MessageError(fmt::format("'{}' is not a message the {} sends", type, from == Sender::agent ? "agent" : "shepherd"));
+    throw MessageError(
+        fmt::format("'{}' is not a message the {} sends", type, from == Sender::agent ? "agent" : "shepherd"));
   }
   return type;
 }
@@ -116,13 +118,22 @@ std::string message_type(const json& m, Sender from) {
 json encode_start(const StartAttempt& s) {
   json ranks = json::array();
   for (const auto& r : s.plan.ranks) {
-    json rj{{"rank", r.rank},         {"local_rank", r.local_rank}, {"node", r.node},       {"argv", r.argv},
-            {"env", r.env},           {"log_file", r.log_file},     {"error_file", r.error_file},
-            {"binding", r.binding},   {"cpus", r.cpus}};
+    json rj{{"rank", r.rank},
+            {"local_rank", r.local_rank},
+            {"node", r.node},
+            {"argv", r.argv},
+            {"env", r.env},
+            {"log_file", r.log_file},
+            {"error_file", r.error_file},
+            {"binding", r.binding},
+            {"cpus", r.cpus}};
     if (r.mem_node) rj["mem_node"] = *r.mem_node;
     if (r.container) {
-      rj["container"] = {{"runtime", r.container->runtime}, {"image", r.container->image}, {"name", r.container->name},
-                         {"env_file", r.container->env_file}, {"env", r.container->env}};
+      rj["container"] = {{"runtime", r.container->runtime},
+                         {"image", r.container->image},
+                         {"name", r.container->name},
+                         {"env_file", r.container->env_file},
+                         {"env", r.container->env}};
     }
     ranks.push_back(std::move(rj));
   }
@@ -133,9 +144,10 @@ json encode_start(const StartAttempt& s) {
   if (!s.options.log_root.empty()) options["log_root"] = s.options.log_root;
   if (s.options.hang_timeout.count() > 0) options["hang_timeout_ms"] = s.options.hang_timeout.count();
   if (const auto& u = s.options.run_as) options["run_as"] = {{"uid", u->uid}, {"gid", u->gid}, {"groups", u->groups}};
-  return with_type("start", {{"attempt_dir", s.attempt_dir},
-                             {"options", std::move(options)},
-                             {"plan", {{"job_id", s.plan.job_id}, {"world_size", s.plan.world_size}, {"ranks", ranks}}}});
+  return with_type("start",
+                   {{"attempt_dir", s.attempt_dir},
+                    {"options", std::move(options)},
+                    {"plan", {{"job_id", s.plan.job_id}, {"world_size", s.plan.world_size}, {"ranks", ranks}}}});
 }
 
 StartAttempt decode_start(const json& m) {
@@ -145,9 +157,11 @@ StartAttempt decode_start(const json& m) {
   s.options.attempt = static_cast<int>(get_int(o, "attempt", 0, kMaxInt));
   s.options.workdir = get_str(o, "workdir");
   s.options.stop_grace = Millis(get_int(o, "stop_grace_ms", 0, 24ll * 3600 * 1000));
-  s.options.log_max_bytes = static_cast<std::uint64_t>(get_int(o, "log_max_bytes", 0, std::numeric_limits<long long>::max()));
+  s.options.log_max_bytes =
+      static_cast<std::uint64_t>(get_int(o, "log_max_bytes", 0, std::numeric_limits<long long>::max()));
   if (o.contains("log_root")) s.options.log_root = get_str(o, "log_root");
-  if (o.contains("hang_timeout_ms")) s.options.hang_timeout = Millis(get_int(o, "hang_timeout_ms", 1000, 7ll * 24 * 3600 * 1000));
+  if (o.contains("hang_timeout_ms"))
+    s.options.hang_timeout = Millis(get_int(o, "hang_timeout_ms", 1000, 7ll * 24 * 3600 * 1000));
   if (o.contains("run_as")) {
     const auto& u = get_object(o, "run_as");
     constexpr long long kMaxId = std::numeric_limits<std::uint32_t>::max() - 1;  // (uid_t)-1 means "unchanged"
@@ -188,8 +202,10 @@ StartAttempt decode_start(const json& m) {
     if (rj.contains("mem_node")) r.mem_node = static_cast<int>(get_int(rj, "mem_node", 0, 65535));
     if (rj.contains("container")) {
       const auto& cj = get_object(rj, "container");
-      contract::ContainerRun c{get_str(cj, "runtime"), get_str(cj, "image"), get_str(cj, "name"), get_str(cj, "env_file"), {}};
-      if (!jobspec::runtime_from_name(c.runtime)) throw MessageError(fmt::format("field 'runtime': '{}' is not a container runtime", c.runtime));
+      contract::ContainerRun c{
+          get_str(cj, "runtime"), get_str(cj, "image"), get_str(cj, "name"), get_str(cj, "env_file"), {}};
+      if (!jobspec::runtime_from_name(c.runtime))
+        throw MessageError(fmt::format("field 'runtime': '{}' is not a container runtime", c.runtime));
       for (const auto& [k, v] : get_object(cj, "env").items()) {
         if (!v.is_string()) throw MessageError(fmt::format("field 'container.env': {} is not a string", k));
         c.env[k] = v.get<std::string>();
@@ -205,11 +221,17 @@ StartAttempt decode_start(const json& m) {
   return s;
 }
 
-json encode_signal(std::string_view type, int signal) { return with_type(type, {{"signal", signal}}); }
+json encode_signal(std::string_view type, int signal) {
+  return with_type(type, {{"signal", signal}});
+}
 
-int decode_signal(const json& m) { return static_cast<int>(get_int(m, "signal", 1, 64)); }
+int decode_signal(const json& m) {
+  return static_cast<int>(get_int(m, "signal", 1, 64));
+}
 
-json encode_started(const std::vector<pid_t>& pids) { return with_type("started", {{"pids", pids}}); }
+json encode_started(const std::vector<pid_t>& pids) {
+  return with_type("started", {{"pids", pids}});
+}
 
 std::vector<pid_t> decode_started(const json& m) {
   std::vector<pid_t> out;
@@ -223,14 +245,16 @@ std::vector<pid_t> decode_started(const json& m) {
 }
 
 json encode_line(const Line& l) {
-  return with_type("line", {{"rank", l.rank}, {"stream", l.stream == supervisor::Stream::out ? "out" : "err"}, {"data", l.data}});
+  return with_type(
+      "line", {{"rank", l.rank}, {"stream", l.stream == supervisor::Stream::out ? "out" : "err"}, {"data", l.data}});
 }
 
 Line decode_line(const json& m) {
   Line l;
   l.rank = static_cast<int>(get_int(m, "rank", 0, kMaxInt));
   const auto stream = get_str(m, "stream");
-  if (stream != "out" && stream != "err") throw MessageError(fmt::format("field 'stream': '{}' is neither out nor err", stream));
+  if (stream != "out" && stream != "err")
+    throw MessageError(fmt::format("field 'stream': '{}' is neither out nor err", stream));
   l.stream = stream == "out" ? supervisor::Stream::out : supervisor::Stream::err;
   l.data = get_str(m, "data");
   if (l.data.size() > supervisor::kMaxLine) throw MessageError("field 'data': a line longer than 64 KiB");
@@ -249,9 +273,13 @@ Progress decode_progress(const json& m) {
   return p;
 }
 
-json encode_first_failure(const launch::WorkerExit& e) { return with_type("first_failure", {{"exit", exit_to_json(e)}}); }
+json encode_first_failure(const launch::WorkerExit& e) {
+  return with_type("first_failure", {{"exit", exit_to_json(e)}});
+}
 
-launch::WorkerExit decode_first_failure(const json& m) { return exit_from_json(get_object(m, "exit")); }
+launch::WorkerExit decode_first_failure(const json& m) {
+  return exit_from_json(get_object(m, "exit"));
+}
 
 json encode_finished(const launch::AttemptReport& r) {
   json exits = json::array();
@@ -297,7 +325,8 @@ launch::AttemptReport decode_finished(const json& m) {
     f.log_file = get_str(fj, "log_file");
     if (fj.contains("error_file")) {
       const auto& ej = get_object(fj, "error_file");
-      f.error_file = launch::ErrorFile{get_str(ej, "path"), get_str(ej, "message"), get_str(ej, "traceback"), get_str(ej, "raw")};
+      f.error_file =
+          launch::ErrorFile{get_str(ej, "path"), get_str(ej, "message"), get_str(ej, "traceback"), get_str(ej, "raw")};
     }
     r.first_failure = std::move(f);
   }
@@ -372,6 +401,8 @@ StacksRead decode_stacks_read(const json& m) {
   return r;
 }
 
-std::string dump(const json& m) { return m.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& m) {
+  return m.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 }  // namespace ddp::shepherd

@@ -58,7 +58,7 @@ nlohmann::json encode_start(const StartAttempt& s);
 StartAttempt decode_start(const nlohmann::json& m);
 
 nlohmann::json encode_signal(std::string_view type, int signal);  // stop, forward
-int decode_signal(const nlohmann::json& m);                        // 1..64
+int decode_signal(const nlohmann::json& m);                       // 1..64
 
 nlohmann::json encode_started(const std::vector<pid_t>& pids);
 std::vector<pid_t> decode_started(const nlohmann::json& m);

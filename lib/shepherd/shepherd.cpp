@@ -2,18 +2,18 @@
 #include "shepherd/shepherd.hpp"
 
 #include "common/log.hpp"
-#include "container/runtime.hpp"
 #include "common/strings.hpp"
+#include "container/runtime.hpp"
 #include "hang/progress.hpp"
 #include "launch/worker_group.hpp"
 #include "shepherd/channel.hpp"
 #include "supervisor/process.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <fmt/format.h>
 
 #include <signal.h>
 #include <sys/syscall.h>
@@ -37,7 +37,11 @@ constexpr auto kAbandonDeadline = std::chrono::seconds(10);
 class Shepherd {
  public:
   explicit Shepherd(const ShepherdArgs& a)
-      : args_(a), signals_(io_, SIGTERM, SIGINT, SIGHUP), sigchld_(io_, SIGCHLD), agent_(io_), deadline_(io_),
+      : args_(a),
+        signals_(io_, SIGTERM, SIGINT, SIGHUP),
+        sigchld_(io_, SIGCHLD),
+        agent_(io_),
+        deadline_(io_),
         log_(log::get("shepherd")) {}
 
   int run() {
@@ -74,16 +78,20 @@ class Shepherd {
       if (type == "start") return on_start(decode_start(m));
       if (type == "stacks") return on_stacks(decode_stacks(m));
       if (!group_) return;  // a stop or signal for an attempt that already ended
-      if (type == "stop") group_->request_stop(decode_signal(m));
-      else if (type == "kill") group_->kill_now();
-      else if (type == "forward") group_->forward(decode_signal(m));
+      if (type == "stop")
+        group_->request_stop(decode_signal(m));
+      else if (type == "kill")
+        group_->kill_now();
+      else if (type == "forward")
+        group_->forward(decode_signal(m));
     } catch (const MessageError& e) {
       channel_->close(fmt::format("bad '{}' from the agent: {}", type, e.what()));
     }
   }
 
   void on_start(StartAttempt s) {
-    if (group_) throw MessageError(fmt::format("start of attempt {} while attempt {} runs", s.options.attempt, attempt_));
+    if (group_)
+      throw MessageError(fmt::format("start of attempt {} while attempt {} runs", s.options.attempt, attempt_));
     attempt_ = s.options.attempt;
     dropped_ = 0;
     launch::GroupCallbacks cb;
@@ -161,7 +169,9 @@ class Shepherd {
       channel_->send(encode_finished(r));
       return false;
     }
-    s.options.teardown = [this, runtime, client_env] { container::remove_containers(runtime, container_names_, client_env); };
+    s.options.teardown = [this, runtime, client_env] {
+      container::remove_containers(runtime, container_names_, client_env);
+    };
     return true;
   }
 
@@ -175,7 +185,8 @@ class Shepherd {
   void on_finished(launch::AttemptReport r) {
     group_.reset();
     release_containers();
-    if (dropped_) r.notes.push_back(fmt::format("{} output line(s) did not reach the agent (see the log files)", dropped_));
+    if (dropped_)
+      r.notes.push_back(fmt::format("{} output line(s) did not reach the agent (see the log files)", dropped_));
     channel_->send(encode_finished(r));
     if (abandoning_) done();
   }
@@ -194,7 +205,8 @@ class Shepherd {
     deadline_.expires_after(kAbandonDeadline);
     deadline_.async_wait([this](boost::system::error_code ec) {
       if (ec) return;
-      log_->error("job {}: processes still not reaped after {} s; exiting anyway", args_.job_id, kAbandonDeadline.count());
+      log_->error("job {}: processes still not reaped after {} s; exiting anyway", args_.job_id,
+                  kAbandonDeadline.count());
       done();
     });
   }

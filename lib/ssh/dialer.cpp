@@ -5,9 +5,9 @@
 #include "ssh/policy.hpp"
 #include "ssh/session.hpp"
 
-#include <boost/asio/post.hpp>
 #include <fmt/format.h>
 #include <openssl/evp.h>
+#include <boost/asio/post.hpp>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -59,8 +59,8 @@ void relay(const std::string& node, const std::string& line) {
   const auto r = relay_line(line);
   using L = RelayedLine::Level;
   const auto level = r.level == L::debug || r.level == L::info ? spdlog::level::debug
-                     : r.level == L::warn ? spdlog::level::warn
-                                          : spdlog::level::err;
+                     : r.level == L::warn                      ? spdlog::level::warn
+                                                               : spdlog::level::err;
   log->log(level, "{}| {}", node, r.text);
 }
 
@@ -100,7 +100,8 @@ Dialer::~Dialer() {
 }
 
 std::string Dialer::describe(const net::NodeEntry& node) const {
-  return node.port ? fmt::format("{} (ssh {}:{})", node.name, node.host, node.port) : fmt::format("{} (ssh)", node.name);
+  return node.port ? fmt::format("{} (ssh {}:{})", node.name, node.host, node.port)
+                   : fmt::format("{} (ssh)", node.name);
 }
 
 void Dialer::dial(const net::NodeEntry& node, std::function<void(net::Dialed)> done) {
@@ -145,14 +146,16 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
     if (err.empty()) break;
     auto wait = retry_after(kind, attempt, std::uniform_real_distribution<double>(0, 1)(rng));
     if (!wait) {
-      const auto what = kind == ConnectFailure::timeout ? fmt::format("no SSH answer within {} ms", opts_.timeout.count())
-                                                        : std::string("cannot log in");
+      const auto what = kind == ConnectFailure::timeout
+                            ? fmt::format("no SSH answer within {} ms", opts_.timeout.count())
+                            : std::string("cannot log in");
       return fail(fmt::format("{}: {}: {}{}", describe(node), what, err,
                               attempt > 1 ? fmt::format(" (after {} attempts)", attempt) : ""));
     }
-    log->warn("{}: connection dropped before login ({}); retrying in {} ms (attempt {}; sshd's MaxStartups limits "
-              "concurrent logins)",
-              describe(node), err, wait->count(), attempt + 1);
+    log->warn(
+        "{}: connection dropped before login ({}); retrying in {} ms (attempt {}; sshd's MaxStartups limits "
+        "concurrent logins)",
+        describe(node), err, wait->count(), attempt + 1);
     if (!wait_or_cancel(*wait)) return;
   }
 
@@ -167,20 +170,21 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
       s->upload(opts_.agent_binary, cache_dir(our_sha256_), "ddp-agentd");
       const auto check = parse_probe(s->exec(probe_command(our_sha256_)).out);
       if (check.cached_sha256 != our_sha256_) {
-        return fail(fmt::format("{}: the uploaded agent's hash is '{}', expected {}", describe(node), check.cached_sha256,
-                                our_sha256_));
+        return fail(fmt::format("{}: the uploaded agent's hash is '{}', expected {}", describe(node),
+                                check.cached_sha256, our_sha256_));
       }
       if (check.cached_runs != opts_.agent_version) {
-        return fail(fmt::format("{}: our uploaded agent does not run there: {} (install {} on the node, or the "
-                                "libraries it names)",
-                                describe(node), check.cached_runs.empty() ? "no output" : check.cached_runs,
-                                opts_.agent_version));
+        return fail(fmt::format(
+            "{}: our uploaded agent does not run there: {} (install {} on the node, or the "
+            "libraries it names)",
+            describe(node), check.cached_runs.empty() ? "no output" : check.cached_runs, opts_.agent_version));
       }
     } else {
       log->debug("{}: {}", node.name, choice.reason);
     }
     address = !probe.server_address.empty() ? probe.server_address : s->peer_address();
-    if (address.empty()) return fail(fmt::format("{}: cannot tell the node's address ($SSH_CONNECTION is empty)", describe(node)));
+    if (address.empty())
+      return fail(fmt::format("{}: cannot tell the node's address ($SSH_CONNECTION is empty)", describe(node)));
     if (listener_) {
       try {
         back = net::advertised_endpoint(*opts_.connect_back, net::route_source(address), address, listener_->port());
@@ -216,10 +220,12 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
       sock.set_option(asio::ip::tcp::no_delay(true), ec);
       const auto remote = sock.remote_endpoint(ec);
       auto from = remote.address();
-      if (from.is_v6() && from.to_v6().is_v4_mapped()) from = asio::ip::make_address_v4(asio::ip::v4_mapped, from.to_v6());
+      if (from.is_v6() && from.to_v6().is_v4_mapped())
+        from = asio::ip::make_address_v4(asio::ip::v4_mapped, from.to_v6());
       log::get("ssh")->debug("{}: its agent connected back from {}", name, ec ? "?" : from.to_string());
       net::stream_socket ss(io_);
-      ss.assign(asio::generic::stream_protocol(remote.address().is_v6() ? AF_INET6 : AF_INET, IPPROTO_TCP), sock.release(), ec);
+      ss.assign(asio::generic::stream_protocol(remote.address().is_v6() ? AF_INET6 : AF_INET, IPPROTO_TCP),
+                sock.release(), ec);
       done(net::Dialed{"", std::move(ss), address});
     });
     // The agent dials with a 10 s deadline of its own; past this, something between drops it.
@@ -234,7 +240,8 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
         int n = 0;
         while ((n = ssh_channel_read_nonblocking(ch, buf.data(), buf.size(), is_err)) > 0) {
           if (is_err) {
-            for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)))) relay(node.name, l);
+            for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n))))
+              relay(node.name, l);
           }
         }
         if (n == SSH_ERROR) why = "SSH connection lost: " + s->error();
@@ -244,10 +251,12 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
       if (!delivered->load() && std::chrono::steady_clock::now() > deadline && listener_->forget(tag)) {
         if (auto l = err_lines.flush()) relay(node.name, *l);
         Session::close_channel(ch);
-        return fail(fmt::format("{}: its agent did not connect back to {} within {} s (does a firewall on this side drop "
-                                "it? --advertise-addr must be an address the node can reach)",
-                                describe(node), back, std::chrono::duration_cast<std::chrono::seconds>(
-                                                          std::max<Millis>(opts_.timeout, std::chrono::seconds(12))).count()));
+        return fail(fmt::format(
+            "{}: its agent did not connect back to {} within {} s (does a firewall on this side drop "
+            "it? --advertise-addr must be an address the node can reach)",
+            describe(node), back,
+            std::chrono::duration_cast<std::chrono::seconds>(std::max<Millis>(opts_.timeout, std::chrono::seconds(12)))
+                .count()));
       }
     }
     if (auto l = err_lines.flush()) relay(node.name, *l);

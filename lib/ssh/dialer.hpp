@@ -24,8 +24,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <semaphore>
 #include <string>
 #include <thread>

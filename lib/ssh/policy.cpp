@@ -18,7 +18,9 @@ std::string lower(std::string s) {
   return s;
 }
 
-bool contains(const std::string& haystack, std::string_view needle) { return haystack.find(needle) != std::string::npos; }
+bool contains(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
 
 // ssh-keyscan / ssh-keygen -R name a non-default port as "[host]:port", as known_hosts does.
 std::string known_hosts_name(const HostKeyFacts& f) {
@@ -35,7 +37,8 @@ std::string keyscan(const HostKeyFacts& f) {
 HostKeyDecision decide_host_key(KnownHost state, bool accept_new, const HostKeyFacts& f) {
   const auto who = f.node == f.host ? f.node : fmt::format("{} ({})", f.node, f.host);
   switch (state) {
-    case KnownHost::ok: return {true, false, ""};
+    case KnownHost::ok:
+      return {true, false, ""};
     case KnownHost::unknown:
     case KnownHost::no_file:
       if (accept_new) {
@@ -53,14 +56,16 @@ HostKeyDecision decide_host_key(KnownHost state, bool accept_new, const HostKeyF
     case KnownHost::changed:
     case KnownHost::other_type:
       // Never accepted automatically, as with OpenSSH: this is what an attack looks like.
-      return {false, false,
-              fmt::format("{}: HOST KEY CHANGED: it now offers {} {}, which does not match {}{}. Someone may be "
-                          "intercepting the connection, or the host was reinstalled; if you know the change is expected, "
-                          "remove the old key with `ssh-keygen -f {} -R {}` and launch again",
-                          who, f.key_type, f.fingerprint, f.known_hosts,
-                          state == KnownHost::other_type ? " (it holds a key of another type for this host)" : "",
-                          f.known_hosts, shell_quote(known_hosts_name(f)))};
-    case KnownHost::error: break;
+      return {
+          false, false,
+          fmt::format("{}: HOST KEY CHANGED: it now offers {} {}, which does not match {}{}. Someone may be "
+                      "intercepting the connection, or the host was reinstalled; if you know the change is expected, "
+                      "remove the old key with `ssh-keygen -f {} -R {}` and launch again",
+                      who, f.key_type, f.fingerprint, f.known_hosts,
+                      state == KnownHost::other_type ? " (it holds a key of another type for this host)" : "",
+                      f.known_hosts, shell_quote(known_hosts_name(f)))};
+    case KnownHost::error:
+      break;
   }
   return {false, false, fmt::format("{}: cannot check the host key against {}", who, f.known_hosts)};
 }
@@ -75,9 +80,9 @@ ConnectFailure classify_connect_error(const std::string& libssh_error) {
   }
   // What MaxStartups looks like from the client: sshd closes (or resets) the connection before
   // or during the key exchange.
-  if (contains(e, "connection reset") || contains(e, "socket error: disconnected") || contains(e, "remote host closed") ||
-      contains(e, "connection closed") || contains(e, "socket error: success") || contains(e, "broken pipe") ||
-      contains(e, "disconnected")) {
+  if (contains(e, "connection reset") || contains(e, "socket error: disconnected") ||
+      contains(e, "remote host closed") || contains(e, "connection closed") || contains(e, "socket error: success") ||
+      contains(e, "broken pipe") || contains(e, "disconnected")) {
     return ConnectFailure::dropped;
   }
   return ConnectFailure::other;
@@ -100,14 +105,20 @@ std::string shell_quote(const std::string& s) {
   }
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
 
-std::string cache_dir(const std::string& sha256) { return fmt::format(".cache/ddpctl/{}", sha256); }
-std::string cached_agent(const std::string& sha256) { return cache_dir(sha256) + "/ddp-agentd"; }
+std::string cache_dir(const std::string& sha256) {
+  return fmt::format(".cache/ddpctl/{}", sha256);
+}
+std::string cached_agent(const std::string& sha256) {
+  return cache_dir(sha256) + "/ddp-agentd";
+}
 
 std::string probe_command(const std::string& our_sha256) {
   // Each answer on its own tagged line; a missing tool leaves its line empty rather than
@@ -131,15 +142,20 @@ Probe parse_probe(const std::string& output) {
     if (eq == std::string::npos) continue;
     const auto key = std::string(line.substr(0, eq));
     const auto value = std::string(trim(line.substr(eq + 1)));
-    if (key == "arch") p.arch = value, seen |= 1;
-    else if (key == "version") p.path_version = value, seen |= 2;
-    else if (key == "server") p.server_address = value, seen |= 4;
-    else if (key == "cached") p.cached_sha256 = value, seen |= 8;
-    else if (key == "cachedrun") p.cached_runs = value, seen |= 16;
+    if (key == "arch")
+      p.arch = value, seen |= 1;
+    else if (key == "version")
+      p.path_version = value, seen |= 2;
+    else if (key == "server")
+      p.server_address = value, seen |= 4;
+    else if (key == "cached")
+      p.cached_sha256 = value, seen |= 8;
+    else if (key == "cachedrun")
+      p.cached_runs = value, seen |= 16;
   }
   if (seen != 31) {
-    throw std::runtime_error(fmt::format("unexpected answer to the probe (is the login shell POSIX?): '{}'",
-                                         output.substr(0, 300)));
+    throw std::runtime_error(
+        fmt::format("unexpected answer to the probe (is the login shell POSIX?): '{}'", output.substr(0, 300)));
   }
   return p;
 }
@@ -148,8 +164,9 @@ AgentChoice choose_agent(const Probe& probe, const std::string& our_version, con
                          const std::string& our_sha256) {
   using K = AgentChoice::Kind;
   if (probe.path_version == our_version) return {K::on_path, "ddp-agentd", fmt::format("{} on its PATH", our_version)};
-  const auto why_not_path = probe.path_version.empty() ? std::string("no ddp-agentd on its PATH")
-                                                       : fmt::format("its PATH has {}, we are {}", probe.path_version, our_version);
+  const auto why_not_path = probe.path_version.empty()
+                                ? std::string("no ddp-agentd on its PATH")
+                                : fmt::format("its PATH has {}, we are {}", probe.path_version, our_version);
   if (probe.arch != our_arch) {
     return {K::impossible, "",
             fmt::format("{}, and its architecture ({}) differs from ours ({}), so ours cannot be uploaded: install "

@@ -31,8 +31,8 @@ struct HostKeyDecision {
 };
 
 struct HostKeyFacts {
-  std::string node;         // as listed in --nodes
-  std::string host;         // the host name libssh connected to (after ~/.ssh/config)
+  std::string node;  // as listed in --nodes
+  std::string host;  // the host name libssh connected to (after ~/.ssh/config)
   int port = 22;
   std::string fingerprint;  // "SHA256:..."
   std::string key_type;     // "ssh-ed25519"
@@ -97,8 +97,8 @@ std::string agent_command(const std::string& program, const std::string& node_na
                           const std::string& connect_back = "");
 
 // A line of the remote agent's stderr as our log shows it (common/log.hpp).
-using log::RelayedLine;
 using log::relay_line;
+using log::RelayedLine;
 
 // Splits a byte stream into lines (the remote agent's stderr, relayed to our log). Bounded: a
 // line longer than `max_line` is emitted in pieces.

@@ -28,12 +28,18 @@ std::string take_string(char* s) {
 
 KnownHost known_state(ssh_known_hosts_e e) {
   switch (e) {
-    case SSH_KNOWN_HOSTS_OK: return KnownHost::ok;
-    case SSH_KNOWN_HOSTS_CHANGED: return KnownHost::changed;
-    case SSH_KNOWN_HOSTS_OTHER: return KnownHost::other_type;
-    case SSH_KNOWN_HOSTS_UNKNOWN: return KnownHost::unknown;
-    case SSH_KNOWN_HOSTS_NOT_FOUND: return KnownHost::no_file;
-    case SSH_KNOWN_HOSTS_ERROR: break;
+    case SSH_KNOWN_HOSTS_OK:
+      return KnownHost::ok;
+    case SSH_KNOWN_HOSTS_CHANGED:
+      return KnownHost::changed;
+    case SSH_KNOWN_HOSTS_OTHER:
+      return KnownHost::other_type;
+    case SSH_KNOWN_HOSTS_UNKNOWN:
+      return KnownHost::unknown;
+    case SSH_KNOWN_HOSTS_NOT_FOUND:
+      return KnownHost::no_file;
+    case SSH_KNOWN_HOSTS_ERROR:
+      break;
   }
   return KnownHost::error;
 }
@@ -49,7 +55,9 @@ Session::~Session() {
   ssh_free(s_);
 }
 
-std::string Session::error() const { return ssh_get_error(s_); }
+std::string Session::error() const {
+  return ssh_get_error(s_);
+}
 
 std::string Session::host() const {
   char* h = nullptr;
@@ -138,9 +146,10 @@ std::string Session::authenticate() {
   if (rc == SSH_AUTH_ERROR) return error();
   char* user = nullptr;
   std::string who = ssh_options_get(s_, SSH_OPTIONS_USER, &user) == SSH_OK ? take_string(user) : "?";
-  return fmt::format("authentication failed for user {} (public keys from ssh-agent and ~/.ssh; password "
-                     "logins are not used): {}",
-                     who, error());
+  return fmt::format(
+      "authentication failed for user {} (public keys from ssh-agent and ~/.ssh; password "
+      "logins are not used): {}",
+      who, error());
 }
 
 ExecResult Session::exec(const std::string& command) {
@@ -150,16 +159,20 @@ ExecResult Session::exec(const std::string& command) {
   char buf[16 * 1024];
   bool out_eof = false, err_eof = false;
   while (!(out_eof && err_eof)) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       close_channel(ch);
-      throw std::runtime_error(fmt::format("'{}' did not finish within {} ms", command.substr(0, 80), timeout_.count()));
+      throw std::runtime_error(
+          fmt::format("'{}' did not finish within {} ms", command.substr(0, 80), timeout_.count()));
     }
     for (int is_err = 0; is_err < 2; ++is_err) {
       bool& eof = is_err ? err_eof : out_eof;
       if (eof) continue;
-      const int n = ssh_channel_read_timeout(ch, buf, sizeof buf, is_err, is_err ? 0 : static_cast<int>(std::min<long>(left.count(), 200)));
-      if (n > 0) (is_err ? r.err : r.out).append(buf, static_cast<std::size_t>(n));
+      const int n = ssh_channel_read_timeout(ch, buf, sizeof buf, is_err,
+                                             is_err ? 0 : static_cast<int>(std::min<long>(left.count(), 200)));
+      if (n > 0)
+        (is_err ? r.err : r.out).append(buf, static_cast<std::size_t>(n));
       else if (n == SSH_ERROR) {
         close_channel(ch);
         throw std::runtime_error(error());

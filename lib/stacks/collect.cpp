@@ -60,7 +60,8 @@ std::string str(const json& j, const char* key) {
 long long integer(const json& j, const char* key, long long lo, long long hi) {
   const auto& v = field(j, key);
   if (!v.is_number_integer() || v.get<long long>() < lo || v.get<long long>() > hi)
-    throw Bad{std::string("'") + key + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"};
+    throw Bad{std::string("'") + key + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+              "]"};
   return v.get<long long>();
 }
 
@@ -93,7 +94,9 @@ std::vector<Frame> frames(const json& j, const char* key, Frame::Kind kind) {
     if (kind == Frame::Kind::python) {  // merge.cpp's frames_json
       x.file = str(f, "file");
       // Clamped, not refused: a line is only shown, and one bad frame must not cost the rank.
-      x.line = int(std::clamp<long long>(integer(f, "line", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max()), 0, 1 << 30));
+      x.line = int(std::clamp<long long>(
+          integer(f, "line", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max()), 0,
+          1 << 30));
     } else {
       x.file = str(f, "module");
       x.offset = std::uint64_t(integer(f, "offset", 0, std::numeric_limits<long long>::max()));
@@ -110,14 +113,20 @@ int nesting(const std::string& text) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') max = std::max(max, ++depth);
-    else if (c == ']' || c == '}') --depth;
+    if (c == '"')
+      in_string = true;
+    else if (c == '[' || c == '{')
+      max = std::max(max, ++depth);
+    else if (c == ']' || c == '}')
+      --depth;
   }
   return max;
 }
@@ -247,8 +256,8 @@ ProcessStacks finish_reader(Reader& r, const CollectOptions& o) {
   if (!p && status == 3)
     return not_read(r.target, "native stacks: the stack reader could not drop to the job's user (setresuid failed)");
   if (!p) {
-    return not_read(r.target, "the stack reader (exit status " + std::to_string(status) +
-                                  ") gave no usable reply: " + error);
+    return not_read(r.target,
+                    "the stack reader (exit status " + std::to_string(status) + ") gave no usable reply: " + error);
   }
   if (p->pid != r.target) return not_read(r.target, "the stack reader answered for another process");
   return std::move(*p);
@@ -351,11 +360,16 @@ int reader_main(const std::vector<std::string>& args) {
     if (i + 1 >= args.size()) return 2;
     const long long v = std::atoll(args[++i].c_str());
     if (v < 0 || v > (1ll << 32)) return 2;
-    if (k == "--pid") pid = pid_t(v);
-    else if (k == "--uid") uid = uid_t(v);
-    else if (k == "--gid") gid = gid_t(v);
-    else if (k == "--group") groups.push_back(gid_t(v));
-    else return 2;
+    if (k == "--pid")
+      pid = pid_t(v);
+    else if (k == "--uid")
+      uid = uid_t(v);
+    else if (k == "--gid")
+      gid = gid_t(v);
+    else if (k == "--group")
+      groups.push_back(gid_t(v));
+    else
+      return 2;
   }
   if (pid <= 0 || uid.has_value() != gid.has_value()) return 2;
   ::unsetenv("DEBUGINFOD_URLS");  // libdw would fetch missing debug info over the network
@@ -434,7 +448,8 @@ std::optional<ProcessStacks> process_from_json(const json& j, std::string& error
       p.threads.push_back(std::move(x));
     }
     for (const auto& e : array(j, "errors", kMaxErrors)) {
-      if (!e.is_string() || e.get_ref<const std::string&>().size() > kMaxString) throw Bad{"'errors' holds a non-string"};
+      if (!e.is_string() || e.get_ref<const std::string&>().size() > kMaxString)
+        throw Bad{"'errors' holds a non-string"};
       p.errors.push_back(e.get<std::string>());
     }
     const auto& t = field(j, "timing");
@@ -473,7 +488,8 @@ std::vector<ProcessStacks> collect(const std::vector<pid_t>& pids, const Collect
   std::vector<ProcessStacks> out;
   for (pid_t pid : pids) {
     if (Clock::now() >= deadline) {
-      out.push_back(not_read(pid, "not read within the time budget of " + std::to_string(options.budget.count()) + " ms"));
+      out.push_back(
+          not_read(pid, "not read within the time budget of " + std::to_string(options.budget.count()) + " ms"));
       continue;
     }
     out.push_back(read_process(pid, {.python = true, .native = false}));

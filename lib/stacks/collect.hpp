@@ -47,8 +47,8 @@ struct CollectOptions {
   std::optional<Credentials> as;
   // The reader's argv before "--pid ...": this binary again, as the reader.
   std::vector<std::string> reader{"/proc/self/exe", kReaderArg};
-  int parallel = 8;                          // native readers at once
-  std::size_t max_reply_bytes = 32u << 20;   // 4096 threads of 256 frames fit
+  int parallel = 8;                         // native readers at once
+  std::size_t max_reply_bytes = 32u << 20;  // 4096 threads of 256 frames fit
 };
 
 // One entry per pid, in order. Never throws for a process that cannot be read: what failed (no

@@ -174,7 +174,8 @@ std::optional<SocketOwner> owner_by_sock_diag(const tcp::endpoint& client, const
     const auto* m = static_cast<const inet_diag_msg*>(NLMSG_DATA(h));
     // The kernel's lookup falls back to a listener on the port; only the exact connection counts.
     if (m->idiag_state == kTcpListen) continue;
-    const auto src = diag_address(m->idiag_family, m->id.idiag_src), dst = diag_address(m->idiag_family, m->id.idiag_dst);
+    const auto src = diag_address(m->idiag_family, m->id.idiag_src),
+               dst = diag_address(m->idiag_family, m->id.idiag_dst);
     if (!src || !dst || !same_address(*src, c) || !same_address(*dst, s) || ntohs(m->id.idiag_sport) != client.port() ||
         ntohs(m->id.idiag_dport) != server.port()) {
       continue;

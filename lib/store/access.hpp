@@ -20,10 +20,10 @@
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include <sys/types.h>
 #include <optional>
 #include <span>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 namespace ddp::store {
@@ -44,8 +44,7 @@ struct AccessDecision {
 // addresses; `owner`: the kernel's answer for the client socket (nullopt: not found in this
 // network namespace, or not readable); `job_uid`: the user the job runs as; `nodes`: the job's
 // nodes' addresses (this node's own included, as the coordinator lists them).
-AccessDecision decide_access(const boost::asio::ip::address& peer,
-                             std::span<const boost::asio::ip::address> host_addrs,
+AccessDecision decide_access(const boost::asio::ip::address& peer, std::span<const boost::asio::ip::address> host_addrs,
                              const std::optional<SocketOwner>& owner, uid_t job_uid,
                              std::span<const boost::asio::ip::address> nodes);
 

@@ -28,7 +28,9 @@ asio::ip::address normalize(const asio::ip::address& a) {
   return a;
 }
 
-bool is_loopback(const asio::ip::address& a) { return normalize(a).is_loopback(); }
+bool is_loopback(const asio::ip::address& a) {
+  return normalize(a).is_loopback();
+}
 
 std::string format_endpoint(const tcp::endpoint& ep) {
   auto a = normalize(ep.address());
@@ -48,7 +50,10 @@ std::optional<tcp::endpoint> parse_proc_endpoint(std::string_view text) {
     if (h.size() != 8) return std::nullopt;
     uint32_t v = 0;
     for (char c : h) {
-      int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+      int d = (c >= '0' && c <= '9')   ? c - '0'
+              : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+              : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                                       : -1;
       if (d < 0) return std::nullopt;
       v = (v << 4) | static_cast<uint32_t>(d);
     }
@@ -96,8 +101,8 @@ std::vector<ProcSocket> read_proc_net_tcp() {
       auto owner = ddp::parse_int(uid);
       if (!l || !r || !owner || *owner < 0) continue;
       out.push_back({tcp::endpoint(normalize(l->address()), l->port()),
-                     tcp::endpoint(normalize(r->address()), r->port()),
-                     static_cast<uint8_t>(state), static_cast<uid_t>(*owner), inode});
+                     tcp::endpoint(normalize(r->address()), r->port()), static_cast<uint8_t>(state),
+                     static_cast<uid_t>(*owner), inode});
     }
   }
   return out;

@@ -10,16 +10,25 @@ namespace {
 
 // Wire numbering, indexed by opcode.
 constexpr std::array kV1Ops{
-    Op::set,        Op::compare_set, Op::get,        Op::add,       Op::check,
-    Op::wait,       Op::get_num_keys, Op::watch_key, Op::delete_key,
+    Op::set,
+    Op::compare_set,
+    Op::get,
+    Op::add,
+    Op::check,
+    Op::wait,
+    Op::get_num_keys,
+    Op::watch_key,
+    Op::delete_key,
     // Not in 1.13: early 2.x clients (no VALIDATE) numbered these after DELETE_KEY.
-    Op::append,     Op::multi_get,   Op::multi_set,  Op::cancel_wait,
+    Op::append,
+    Op::multi_get,
+    Op::multi_set,
+    Op::cancel_wait,
 };
 constexpr std::array kV2Ops{
-    Op::validate,  Op::set,        Op::compare_set, Op::get,        Op::add,
-    Op::check,     Op::wait,       Op::get_num_keys, Op::delete_key, Op::append,
-    Op::multi_get, Op::multi_set,  Op::cancel_wait, Op::ping,       Op::queue_push,
-    Op::queue_pop, Op::queue_len,  Op::list_keys,   Op::barrier,
+    Op::validate,     Op::set,        Op::compare_set, Op::get,       Op::add,       Op::check,       Op::wait,
+    Op::get_num_keys, Op::delete_key, Op::append,      Op::multi_get, Op::multi_set, Op::cancel_wait, Op::ping,
+    Op::queue_push,   Op::queue_pop,  Op::queue_len,   Op::list_keys, Op::barrier,
 };
 
 constexpr uint8_t kMagicBytes[4] = {0xCE, 0xF7, 0x85, 0x3C};  // kValidateMagic, little-endian
@@ -34,30 +43,40 @@ struct Shape {
 Shape shape_of(Op op) {
   switch (op) {
     case Op::validate:
-    case Op::ping: return {Kind::word};
+    case Op::ping:
+      return {Kind::word};
     case Op::set:
     case Op::append:
-    case Op::queue_push: return {Kind::key, Kind::value};
-    case Op::compare_set: return {Kind::key, Kind::value, Kind::value2};
+    case Op::queue_push:
+      return {Kind::key, Kind::value};
+    case Op::compare_set:
+      return {Kind::key, Kind::value, Kind::value2};
     case Op::get:
     case Op::watch_key:
     case Op::delete_key:
     case Op::queue_pop:
-    case Op::queue_len: return {Kind::key};
+    case Op::queue_len:
+      return {Kind::key};
     case Op::add:
-    case Op::barrier: return {Kind::key, Kind::number};
+    case Op::barrier:
+      return {Kind::key, Kind::number};
     case Op::check:
     case Op::wait:
-    case Op::multi_get: return {Kind::batch_keys};
-    case Op::multi_set: return {Kind::batch_pairs};
+    case Op::multi_get:
+      return {Kind::batch_keys};
+    case Op::multi_set:
+      return {Kind::batch_pairs};
     case Op::get_num_keys:
     case Op::cancel_wait:
-    case Op::list_keys: return {};
+    case Op::list_keys:
+      return {};
   }
   return {};
 }
 
-Kind kind_at(const Shape& s, uint8_t i) { return i == 0 ? s.a : i == 1 ? s.b : i == 2 ? s.c : Kind::none; }
+Kind kind_at(const Shape& s, uint8_t i) {
+  return i == 0 ? s.a : i == 1 ? s.b : i == 2 ? s.c : Kind::none;
+}
 
 // Bookkeeping cost of one batch entry beyond its bytes (a std::string header).
 constexpr std::size_t kItemOverhead = sizeof(std::string);
@@ -66,18 +85,21 @@ constexpr std::size_t kItemOverhead = sizeof(std::string);
 
 std::string_view to_string(Protocol p) {
   switch (p) {
-    case Protocol::unknown: return "unknown";
-    case Protocol::v1: return "1.13";
-    case Protocol::v2: return "2.x";
+    case Protocol::unknown:
+      return "unknown";
+    case Protocol::v1:
+      return "1.13";
+    case Protocol::v2:
+      return "2.x";
   }
   return "?";
 }
 
 std::string_view to_string(Op op) {
   static constexpr std::array<std::string_view, 20> names{
-      "VALIDATE",  "SET",         "COMPARE_SET", "GET",       "ADD",        "CHECK",     "WAIT",
-      "GETNUMKEYS", "WATCH_KEY",  "DELETE_KEY",  "APPEND",    "MULTI_GET",  "MULTI_SET", "CANCEL_WAIT",
-      "PING",      "QUEUE_PUSH",  "QUEUE_POP",   "QUEUE_LEN", "LIST_KEYS",  "BARRIER"};
+      "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",       "CHECK",     "WAIT",
+      "GETNUMKEYS", "WATCH_KEY",  "DELETE_KEY",  "APPEND",    "MULTI_GET", "MULTI_SET", "CANCEL_WAIT",
+      "PING",       "QUEUE_PUSH", "QUEUE_POP",   "QUEUE_LEN", "LIST_KEYS", "BARRIER"};
   auto i = static_cast<std::size_t>(op);
   return i < names.size() ? names[i] : "?";
 }
@@ -101,9 +123,12 @@ int opcode_of(Protocol p, Op op) {
     return -1;
   };
   switch (p) {
-    case Protocol::v1: return find(kV1Ops);
-    case Protocol::v2: return find(kV2Ops);
-    case Protocol::unknown: break;
+    case Protocol::v1:
+      return find(kV1Ops);
+    case Protocol::v2:
+      return find(kV2Ops);
+    case Protocol::unknown:
+      break;
   }
   return -1;
 }
@@ -141,12 +166,18 @@ std::size_t Decoder::max_len_for(Field f) const {
 
 std::string* Decoder::bytes_target() {
   switch (field_) {
-    case Field::key: return &cur_.key;
-    case Field::value: return &cur_.value;
-    case Field::value2: return &cur_.value2;
-    case Field::keys_item: return &cur_.keys.back();
-    case Field::values_item: return &cur_.values.back();
-    default: return nullptr;
+    case Field::key:
+      return &cur_.key;
+    case Field::value:
+      return &cur_.value;
+    case Field::value2:
+      return &cur_.value2;
+    case Field::keys_item:
+      return &cur_.keys.back();
+    case Field::values_item:
+      return &cur_.values.back();
+    default:
+      return nullptr;
   }
 }
 
@@ -173,14 +204,21 @@ bool Decoder::after_field() {
   if (kind != Kind::none) {
     ++step_;
     switch (kind) {
-      case Kind::key: return start_bytes(Field::key);
-      case Kind::value: return start_bytes(Field::value);
-      case Kind::value2: return start_bytes(Field::value2);
-      case Kind::number: return start_integer(Stage::i64, Field::number);
-      case Kind::word: return start_integer(Stage::u32, Field::word);
+      case Kind::key:
+        return start_bytes(Field::key);
+      case Kind::value:
+        return start_bytes(Field::value);
+      case Kind::value2:
+        return start_bytes(Field::value2);
+      case Kind::number:
+        return start_integer(Stage::i64, Field::number);
+      case Kind::word:
+        return start_integer(Stage::u32, Field::word);
       case Kind::batch_keys:
-      case Kind::batch_pairs: return start_integer(Stage::count, Field::count);
-      case Kind::none: break;
+      case Kind::batch_pairs:
+        return start_integer(Stage::count, Field::count);
+      case Kind::none:
+        break;
     }
   }
   if (cur_.op == Op::multi_set && field_ == Field::keys_item) return start_bytes(Field::values_item);
@@ -270,8 +308,8 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
         } else if (stage_ == Stage::count) {
           uint64_t n = get_u64(scratch_);
           if (n > limits_.max_batch_keys) {
-            ok = fail(std::string(to_string(cur_.op)) + " of " + std::to_string(n) +
-                      " keys exceeds the limit of " + std::to_string(limits_.max_batch_keys));
+            ok = fail(std::string(to_string(cur_.op)) + " of " + std::to_string(n) + " keys exceeds the limit of " +
+                      std::to_string(limits_.max_batch_keys));
             break;
           }
           const std::size_t per_item = cur_.op == Op::multi_set ? 2 * kItemOverhead : kItemOverhead;
@@ -288,8 +326,8 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
           const std::size_t max = max_len_for(field_);
           const bool is_key = field_ == Field::key || field_ == Field::keys_item;
           if (n > max) {
-            ok = fail(std::string(to_string(cur_.op)) + (is_key ? " key" : " value") + " of " +
-                      std::to_string(n) + " bytes exceeds the limit of " + std::to_string(max));
+            ok = fail(std::string(to_string(cur_.op)) + (is_key ? " key" : " value") + " of " + std::to_string(n) +
+                      " bytes exceeds the limit of " + std::to_string(max));
             break;
           }
           if (held_ + n > budget_) {
@@ -323,7 +361,9 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
 // ---------------------------------------------------------------------------------------------
 // Encoders
 
-void put_u8(std::string& out, uint8_t v) { out.push_back(static_cast<char>(v)); }
+void put_u8(std::string& out, uint8_t v) {
+  out.push_back(static_cast<char>(v));
+}
 
 void put_u32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -333,7 +373,9 @@ void put_u64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
 
-void put_i64(std::string& out, int64_t v) { put_u64(out, static_cast<uint64_t>(v)); }
+void put_i64(std::string& out, int64_t v) {
+  put_u64(out, static_cast<uint64_t>(v));
+}
 
 void put_bytes(std::string& out, std::string_view bytes) {
   put_u64(out, bytes.size());
@@ -341,8 +383,8 @@ void put_bytes(std::string& out, std::string_view bytes) {
 }
 
 uint32_t get_u32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
 }
 
 uint64_t get_u64(const uint8_t* p) {
@@ -354,20 +396,31 @@ uint64_t get_u64(const uint8_t* p) {
 std::string encode_request(Protocol p, const Request& r) {
   int code = opcode_of(p, r.op);
   if (code < 0) {
-    throw std::invalid_argument(std::string(to_string(r.op)) + " does not exist in the " +
-                                std::string(to_string(p)) + " protocol");
+    throw std::invalid_argument(std::string(to_string(r.op)) + " does not exist in the " + std::string(to_string(p)) +
+                                " protocol");
   }
   std::string out;
   put_u8(out, static_cast<uint8_t>(code));
   Shape shape = shape_of(r.op);
   for (uint8_t i = 0; i < 3; ++i) {
     switch (kind_at(shape, i)) {
-      case Kind::none: break;
-      case Kind::key: put_bytes(out, r.key); break;
-      case Kind::value: put_bytes(out, r.value); break;
-      case Kind::value2: put_bytes(out, r.value2); break;
-      case Kind::number: put_i64(out, r.number); break;
-      case Kind::word: put_u32(out, r.word); break;
+      case Kind::none:
+        break;
+      case Kind::key:
+        put_bytes(out, r.key);
+        break;
+      case Kind::value:
+        put_bytes(out, r.value);
+        break;
+      case Kind::value2:
+        put_bytes(out, r.value2);
+        break;
+      case Kind::number:
+        put_i64(out, r.number);
+        break;
+      case Kind::word:
+        put_u32(out, r.word);
+        break;
       case Kind::batch_keys:
         put_u64(out, r.keys.size());
         for (const auto& k : r.keys) put_bytes(out, k);

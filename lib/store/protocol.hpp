@@ -36,9 +36,26 @@ std::string_view to_string(Protocol p);
 
 // Operations, independent of their numbering on the wire.
 enum class Op : uint8_t {
-  validate, set, compare_set, get, add, check, wait, get_num_keys, watch_key, delete_key,
-  append, multi_get, multi_set, cancel_wait, ping, queue_push, queue_pop, queue_len,
-  list_keys, barrier,
+  validate,
+  set,
+  compare_set,
+  get,
+  add,
+  check,
+  wait,
+  get_num_keys,
+  watch_key,
+  delete_key,
+  append,
+  multi_get,
+  multi_set,
+  cancel_wait,
+  ping,
+  queue_push,
+  queue_pop,
+  queue_len,
+  list_keys,
+  barrier,
 };
 std::string_view to_string(Op op);
 
@@ -47,8 +64,7 @@ inline constexpr uint32_t kValidateMagic = 0x3C85F7CE;
 // Reply enums (1 byte on the wire).
 inline constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;
 inline constexpr uint8_t kStopWaiting = 0, kWaitCanceled = 1;
-inline constexpr uint8_t kWatchKeyUpdated = 0, kWatchKeyCreated = 1, kWatchKeyDeleted = 2,
-                         kWatchCallbackRegistered = 3;
+inline constexpr uint8_t kWatchKeyUpdated = 0, kWatchKeyCreated = 1, kWatchKeyDeleted = 2, kWatchCallbackRegistered = 3;
 
 // Upper bounds on what one client may make us hold. PyTorch's libuv server caps keys at 8 KiB,
 // values at 8 MiB and batches at 128 Ki keys; we accept 8x those so that no PyTorch client is
@@ -118,7 +134,7 @@ class Decoder {
 
   bool begin_request(uint8_t opcode);
   bool fail(std::string message);
-  bool after_field();                 // the next field of the current op, or completion
+  bool after_field();  // the next field of the current op, or completion
   bool start_integer(Stage s, Field f);
   bool start_bytes(Field f);
   std::string* bytes_target();
@@ -130,10 +146,10 @@ class Decoder {
   Stage stage_ = Stage::detect;
   Field field_ = Field::none;
   uint8_t scratch_[8]{};
-  uint8_t have_ = 0;            // bytes in scratch_
-  uint64_t remaining_ = 0;      // bytes still to copy into the current bytes field
-  uint64_t items_left_ = 0;     // batch items still to read (after the current one)
-  uint8_t step_ = 0;            // which field of the current op comes next
+  uint8_t have_ = 0;         // bytes in scratch_
+  uint64_t remaining_ = 0;   // bytes still to copy into the current bytes field
+  uint64_t items_left_ = 0;  // batch items still to read (after the current one)
+  uint8_t step_ = 0;         // which field of the current op comes next
   std::size_t held_ = 0;
   bool done_ = false;
   Request cur_;

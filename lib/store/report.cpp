@@ -44,14 +44,15 @@ std::string format_wait_report(const WaitReport& report, int world_size, Clock::
       }
     }
     const std::size_t n = wk.waiters.size();
-    std::string who = world_size > 0 ? fmt::format("{}/{} ranks", n, world_size)
-                                     : fmt::format("{} client{}", n, n == 1 ? "" : "s");
+    std::string who =
+        world_size > 0 ? fmt::format("{}/{} ranks", n, world_size) : fmt::format("{} client{}", n, n == 1 ? "" : "s");
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(now - oldest).count();
     if (secs < 0) secs = 0;
-    std::string text = fmt::format("{} {} on `{}` for {} s", who,
-                                   wk.barrier ? "in a barrier" : "waiting", wk.key, secs);
+    std::string text =
+        fmt::format("{} {} on `{}` for {} s", who, wk.barrier ? "in a barrier" : "waiting", wk.key, secs);
     std::vector<std::string> named;
-    if (!ranks.empty()) named.push_back(fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", format_rank_list(ranks)));
+    if (!ranks.empty())
+      named.push_back(fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", format_rank_list(ranks)));
     if (!pids.empty()) {
       std::sort(pids.begin(), pids.end());
       std::string list;

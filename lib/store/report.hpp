@@ -18,17 +18,17 @@ namespace ddp::store {
 using Clock = std::chrono::steady_clock;
 
 struct WaitingClient {
-  uint64_t connection = 0;        // the server's connection id
-  std::string peer;               // "127.0.0.1:41234"
-  std::optional<int> pid;         // from the 2.x PING nonce, or found through /proc (loopback)
-  std::optional<int> rank;        // from the rank resolver, when it knew the pid
-  Clock::time_point since{};      // when its WAIT (or BARRIER) arrived
+  uint64_t connection = 0;    // the server's connection id
+  std::string peer;           // "127.0.0.1:41234"
+  std::optional<int> pid;     // from the 2.x PING nonce, or found through /proc (loopback)
+  std::optional<int> rank;    // from the rank resolver, when it knew the pid
+  Clock::time_point since{};  // when its WAIT (or BARRIER) arrived
 };
 
 struct WaitedKey {
-  std::string key;                // as on the wire, PrefixStore prefixes included
-  bool barrier = false;           // BARRIER waiters (counter at `key` below world size)
-  bool deleted = false;           // the key existed earlier in this attempt, then was deleted
+  std::string key;       // as on the wire, PrefixStore prefixes included
+  bool barrier = false;  // BARRIER waiters (counter at `key` below world size)
+  bool deleted = false;  // the key existed earlier in this attempt, then was deleted
   std::vector<WaitingClient> waiters;
 };
 

@@ -40,7 +40,9 @@ constexpr int kMaxReadsPerWakeup = 16;  // fairness between busy connections
 }  // namespace
 
 // The CPUs this process may use (a container's cpuset, taskset), not the machine's.
-unsigned auto_threads() { return std::clamp(static_cast<unsigned>(std::max(ddp::usable_cpus(), 1)) / 4, 1u, 8u); }
+unsigned auto_threads() {
+  return std::clamp(static_cast<unsigned>(std::max(ddp::usable_cpus(), 1)) / 4, 1u, 8u);
+}
 
 struct Connection;
 
@@ -117,7 +119,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool recount_locked();
   // Under out_mu, once closed: gives back its share and frees its queued replies.
   void release_locked();
-  std::string name_locked() const;                             // under srv->mu
+  std::string name_locked() const;  // under srv->mu
   void arm_read();
   void arm_write();
   void on_readable();
@@ -136,21 +138,21 @@ struct Connection : std::enable_shared_from_this<Connection> {
   ClientId id;
   tcp::endpoint peer, local;
   std::string peer_text;
-  Decoder dec;                              // loop's thread only
+  Decoder dec;  // loop's thread only
   std::atomic<Protocol> protocol{Protocol::unknown};
-  std::atomic<bool> closed{false};          // set under srv->mu
+  std::atomic<bool> closed{false};  // set under srv->mu
   std::atomic<bool> flush_posted{false};
-  bool reading = false;                     // loop's thread only
-  std::atomic<uint64_t> requests{0};        // written on loop's thread only
-  std::optional<int> proc_pid;              // under srv->mu: found through /proc (loopback 1.13 clients)
+  bool reading = false;               // loop's thread only
+  std::atomic<uint64_t> requests{0};  // written on loop's thread only
+  std::optional<int> proc_pid;        // under srv->mu: found through /proc (loopback 1.13 clients)
 
   std::mutex out_mu;  // guards what follows
   std::string out;
   std::size_t out_off = 0;
   bool writing = false, paused = false;
-  std::size_t held_in = 0;               // dec.pending_bytes() as last seen on loop's thread
-  bool released = false;                 // closed and no longer counted
-  std::atomic<std::size_t> counted{0};   // this connection's share of srv->inflight (written under out_mu)
+  std::size_t held_in = 0;              // dec.pending_bytes() as last seen on loop's thread
+  bool released = false;                // closed and no longer counted
+  std::atomic<std::size_t> counted{0};  // this connection's share of srv->inflight (written under out_mu)
 };
 
 bool Connection::recount_locked() {
@@ -255,9 +257,14 @@ void Connection::feed(std::span<const uint8_t> in) {
     if (closed) return;
     if (protocol.load(std::memory_order_relaxed) != dec.protocol()) protocol.store(dec.protocol());
     switch (status) {
-      case Decoder::Status::need_more: return;
-      case Decoder::Status::error: close(dec.error(), true); return;
-      case Decoder::Status::request: handle(s); break;
+      case Decoder::Status::need_more:
+        return;
+      case Decoder::Status::error:
+        close(dec.error(), true);
+        return;
+      case Decoder::Status::request:
+        handle(s);
+        break;
     }
   }
 }
@@ -527,8 +534,8 @@ void Server::Impl::on_accept(Loop& target, tcp::socket sock) {
     return;
   }
   if (open >= opts.totals.max_connections) {
-    log->warn("refused a store connection from {}: the job's store has {} connections open, its limit", format_endpoint(peer),
-              open);
+    log->warn("refused a store connection from {}: the job's store has {} connections open, its limit",
+              format_endpoint(peer), open);
     sock.close(ec);
     return;
   }
@@ -612,7 +619,9 @@ Server::Server(asio::io_context& io, ServerOptions options) : impl_(std::make_sh
   set_allowed_peers(impl_->opts.allowed_peers);
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 void Server::set_allowed_peers(const std::vector<std::string>& peers) {
   std::vector<asio::ip::address> parsed;
@@ -626,7 +635,9 @@ void Server::set_allowed_peers(const std::vector<std::string>& peers) {
   impl_->opts.allowed_peers = peers;
 }
 
-void Server::set_rank_resolver(RankResolver resolver) { impl_->resolver = std::move(resolver); }
+void Server::set_rank_resolver(RankResolver resolver) {
+  impl_->resolver = std::move(resolver);
+}
 
 void Server::start() {
   Impl& s = *impl_;
@@ -673,11 +684,17 @@ void Server::start() {
                                    : fmt::format("{} I/O thread{}", s.opts.threads, s.opts.threads == 1 ? "" : "s"));
 }
 
-uint16_t Server::port() const { return impl_->bound_port; }
+uint16_t Server::port() const {
+  return impl_->bound_port;
+}
 
-std::string Server::address() const { return impl_->bound_host + ":" + std::to_string(impl_->bound_port); }
+std::string Server::address() const {
+  return impl_->bound_host + ":" + std::to_string(impl_->bound_port);
+}
 
-unsigned Server::threads() const { return impl_->opts.threads; }
+unsigned Server::threads() const {
+  return impl_->opts.threads;
+}
 
 void Server::reset() {
   Impl& s = *impl_;

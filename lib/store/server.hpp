@@ -81,12 +81,12 @@ class PortInUse : public StoreError {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";          // an address or name; "::" = all, dual-stack
-  uint16_t port = 29500;                    // 0: any free port (see port())
-  std::vector<std::string> allowed_peers;   // other hosts' addresses that may connect (the job's nodes)
-  std::optional<uid_t> job_uid;             // the job's user; nullopt: this process's effective uid
+  uint16_t port = 29500;                   // 0: any free port (see port())
+  std::vector<std::string> allowed_peers;  // other hosts' addresses that may connect (the job's nodes)
+  std::optional<uid_t> job_uid;            // the job's user; nullopt: this process's effective uid
   Limits limits;
   Totals totals;
-  unsigned threads = 0;                     // I/O threads of its own; 0: the caller's io_context
+  unsigned threads = 0;  // I/O threads of its own; 0: the caller's io_context
 };
 
 // The I/O threads a store gets for "auto" (the default of launches and `store serve`): a quarter
@@ -95,13 +95,15 @@ struct ServerOptions {
 // than 8 were not measured, and the state's one lock will stop paying somewhere.)
 unsigned auto_threads();
 // A job's or command line's request: a count, or negative for auto_threads().
-inline unsigned threads_for(int asked) { return asked < 0 ? auto_threads() : static_cast<unsigned>(asked); }
+inline unsigned threads_for(int asked) {
+  return asked < 0 ? auto_threads() : static_cast<unsigned>(asked);
+}
 
 struct ServerStats {
-  std::size_t connections = 0;     // open now
-  uint64_t accepted = 0;           // since start
-  uint64_t refused = 0;            // not allowed (another user of this host, not a job's node, too many)
-  uint64_t closed_bad = 0;         // closed for a protocol or limit violation
+  std::size_t connections = 0;  // open now
+  uint64_t accepted = 0;        // since start
+  uint64_t refused = 0;         // not allowed (another user of this host, not a job's node, too many)
+  uint64_t closed_bad = 0;      // closed for a protocol or limit violation
   uint64_t requests = 0;
   std::size_t inflight_bytes = 0;  // now: requests being read + replies not yet written, all connections
 };
@@ -118,9 +120,9 @@ class Server {
   // Binds and listens. Throws StoreError with what to do, e.g. "store port 29500 on 127.0.0.1
   // is already in use (another job or torchrun?); choose store.port or --master-port".
   void start();
-  uint16_t port() const;          // the bound port (after start)
-  std::string address() const;    // "127.0.0.1:29500", "[::]:29500"
-  unsigned threads() const;       // ServerOptions::threads
+  uint16_t port() const;        // the bound port (after start)
+  std::string address() const;  // "127.0.0.1:29500", "[::]:29500"
+  unsigned threads() const;     // ServerOptions::threads
 
   // A new attempt: drops every key, queue, waiter and client connection. Keeps listening.
   void reset();

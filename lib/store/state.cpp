@@ -16,8 +16,10 @@ std::string shown(std::string_view key) {
   std::string out;
   for (std::size_t i = 0; i < key.size() && i < 80; ++i) {
     const auto c = static_cast<unsigned char>(key[i]);
-    if (c >= 0x20 && c < 0x7F && c != '\\') out.push_back(static_cast<char>(c));
-    else out += fmt::format("\\x{:02x}", c);
+    if (c >= 0x20 && c < 0x7F && c != '\\')
+      out.push_back(static_cast<char>(c));
+    else
+      out += fmt::format("\\x{:02x}", c);
   }
   if (key.size() > 80) out += fmt::format("... ({} bytes)", key.size());
   return out;
@@ -288,9 +290,9 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
     case Op::append: {
       auto [it, inserted] = kv_.try_emplace(std::move(req.key));
       if (it->second.size() + req.value.size() > limits_.max_value_bytes) {
-        out.close_reason = fmt::format("APPEND to key `{}` would make its value {} bytes, over the limit of {} per value",
-                                       shown(it->first), it->second.size() + req.value.size(),
-                                       limits_.max_value_bytes);
+        out.close_reason =
+            fmt::format("APPEND to key `{}` would make its value {} bytes, over the limit of {} per value",
+                        shown(it->first), it->second.size() + req.value.size(), limits_.max_value_bytes);
         if (inserted) kv_.erase(it);
         return;
       }
@@ -351,9 +353,9 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         total += 8 + (it == kv_.end() ? 0 : it->second.size());
       }
       if (total > limits_.max_connection_bytes) {
-        out.close_reason = fmt::format(
-            "MULTI_GET of {} keys would reply {} bytes, more than the connection's memory cap of {}", req.keys.size(),
-            total, limits_.max_connection_bytes);
+        out.close_reason =
+            fmt::format("MULTI_GET of {} keys would reply {} bytes, more than the connection's memory cap of {}",
+                        req.keys.size(), total, limits_.max_connection_bytes);
         return;
       }
       out.reply.reserve(total);
@@ -451,8 +453,9 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
 
     case Op::queue_push: {
       if (queue_items_ >= totals_.max_queue_items) {
-        out.close_reason = fmt::format("store full: QUEUE_PUSH to `{}` would make {} queue items, over this job's limit of {}",
-                                       shown(req.key), queue_items_ + 1, totals_.max_queue_items);
+        out.close_reason =
+            fmt::format("store full: QUEUE_PUSH to `{}` would make {} queue items, over this job's limit of {}",
+                        shown(req.key), queue_items_ + 1, totals_.max_queue_items);
         return;
       }
       auto [q, created] = queues_.try_emplace(req.key);
@@ -498,8 +501,9 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       std::size_t total = 8;
       for (const auto& [k, _] : kv_) total += 8 + k.size();
       if (total > limits_.max_connection_bytes) {
-        out.close_reason = fmt::format("LIST_KEYS of {} keys would reply {} bytes, more than the connection's memory cap of {}",
-                                       kv_.size(), total, limits_.max_connection_bytes);
+        out.close_reason =
+            fmt::format("LIST_KEYS of {} keys would reply {} bytes, more than the connection's memory cap of {}",
+                        kv_.size(), total, limits_.max_connection_bytes);
         return;
       }
       out.reply.reserve(total);

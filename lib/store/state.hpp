@@ -86,10 +86,10 @@ struct Push {
 
 // What one event made the store do. The caller reuses one Effects, clear()ing it in between.
 struct Effects {
-  std::string reply;                                     // for the client that sent the request
-  std::vector<Push> pushes;                              // for other clients, in this order
-  std::string close_reason;                              // non-empty: close the requester
-  bool gave_up_wait = false;                             // an implicit cancel happened (for logs)
+  std::string reply;          // for the client that sent the request
+  std::vector<Push> pushes;   // for other clients, in this order
+  std::string close_reason;   // non-empty: close the requester
+  bool gave_up_wait = false;  // an implicit cancel happened (for logs)
   void clear();
 };
 
@@ -113,12 +113,12 @@ class State {
   void reset();
 
   std::size_t num_keys() const { return kv_.size(); }
-  std::size_t bytes() const { return bytes_; }            // keys + values + queue items, as counted
+  std::size_t bytes() const { return bytes_; }  // keys + values + queue items, as counted
   std::size_t queue_items() const { return queue_items_; }
   std::size_t registrations() const { return registrations_; }
   const std::string* find(const std::string& key) const;
   std::size_t queue_length(const std::string& key) const;
-  std::optional<uint32_t> client_pid(ClientId id) const;   // from its PING
+  std::optional<uint32_t> client_pid(ClientId id) const;  // from its PING
   bool is_waiting(ClientId id) const;
   std::vector<KeyWaiters> waiters() const;
 
@@ -141,14 +141,13 @@ class State {
   // Wakes every waiter registered on `key`.
   void wake_all(const std::string& key, Effects& out);
   void wake_one(const std::string& key, Effects& out);
-  void notify_watchers(const std::string& key, uint8_t type, std::string_view old_value,
-                       std::string_view new_value, Effects& out);
+  void notify_watchers(const std::string& key, uint8_t type, std::string_view old_value, std::string_view new_value,
+                       Effects& out);
   // False (and out.close_reason set, nothing changed) when the totals refuse it.
   bool do_set(Op op, std::string& key, std::string& value, Effects& out);
   // Whether the map may go from `old_bytes` to `new_bytes` for entry `key` (a key just inserted
   // when `inserted`); accounts it if so, else sets out.close_reason.
-  bool admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes,
-             Effects& out);
+  bool admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes, Effects& out);
   // Whether n more wait/watch registrations fit (the caller adds them); else sets out.close_reason.
   bool room_for_registrations(Op op, std::size_t n, Effects& out) const;
 

@@ -10,10 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
 
@@ -120,9 +120,10 @@ std::optional<Cgroup> Cgroup::create(const std::string& tag) {
   // parent, and the subreaper walk is the documented way there: debug.
   const auto level = ::geteuid() == 0 ? spdlog::level::warn : spdlog::level::debug;
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-    log->log(level, "cannot create cgroup {}: {}; workers are tracked by the subreaper walk instead (a worker "
-             "that leaves the process tree by double-forking is then not killed with the attempt)", path,
-             std::strerror(errno));
+    log->log(level,
+             "cannot create cgroup {}: {}; workers are tracked by the subreaper walk instead (a worker "
+             "that leaves the process tree by double-forking is then not killed with the attempt)",
+             path, std::strerror(errno));
     return std::nullopt;
   }
   int fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
@@ -149,8 +150,11 @@ Cgroup::~Cgroup() {
   // them down: wait for cgroup.events to say "populated 0" (an event, not a poll), at most 1 s.
   if (::rmdir(path_.c_str()) == 0 || errno != EBUSY) return;
   if (!wait_unpopulated(std::chrono::seconds(1)) || ::rmdir(path_.c_str()) != 0) {
-    log::get("supervisor")->warn("cannot remove cgroup {}: {} (a process of the job may still be exiting; "
-                                 "the next launch's sweep removes it)", path_, std::strerror(errno));
+    log::get("supervisor")
+        ->warn(
+            "cannot remove cgroup {}: {} (a process of the job may still be exiting; "
+            "the next launch's sweep removes it)",
+            path_, std::strerror(errno));
   }
 }
 

@@ -3,19 +3,18 @@
 //
 // Policy: the cgroup2 mount is found from /proc/self/mountinfo (never a hard-coded path), our
 // own cgroup from /proc/self/cgroup; the attempt's cgroup is created beside ddpctl as
-// "ddpctl-<launcher pid>-<its start time>-<tag>", so that a reused pid is never taken for the owner. No controllers are enabled (we only need membership and
-// cgroup.kill). If anything is missing or read-only the caller falls back to the subreaper
-// walk, which works everywhere. Stale cgroups of a launcher that was SIGKILLed are swept by the
-// next launch.
+// "ddpctl-<launcher pid>-<its start time>-<tag>", so that a reused pid is never taken for the owner. No controllers are
+// enabled (we only need membership and cgroup.kill). If anything is missing or read-only the caller falls back to the
+// subreaper walk, which works everywhere. Stale cgroups of a launcher that was SIGKILLed are swept by the next launch.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <optional>
-#include <utility>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ddp::supervisor {

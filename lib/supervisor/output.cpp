@@ -2,12 +2,12 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
-#include <utility>
 #include <filesystem>
-#include <fmt/format.h>
+#include <utility>
 
 namespace ddp::supervisor {
 
@@ -71,8 +71,9 @@ RankLogFile::RankLogFile(const std::string& path, std::uint64_t max_bytes) : pat
   const auto slash = path.rfind('/');
   name_ = slash == std::string::npos ? path : path.substr(slash + 1);
   try {
-    dir_ = std::make_shared<const safefs::Dir>(
-        safefs::Dir::open(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash)));
+    dir_ = std::make_shared<const safefs::Dir>(safefs::Dir::open(slash == std::string::npos ? "."
+                                                                 : slash == 0               ? "/"
+                                                                                            : path.substr(0, slash)));
   } catch (const safefs::FsError& e) {
     error_ = e.what();
     return;
@@ -80,7 +81,9 @@ RankLogFile::RankLogFile(const std::string& path, std::uint64_t max_bytes) : pat
   open_first();
 }
 
-RankLogFile::~RankLogFile() { flush(); }
+RankLogFile::~RankLogFile() {
+  flush();
+}
 
 void RankLogFile::open_first() {
   try {
@@ -122,7 +125,8 @@ void RankLogFile::rotate_if_needed(std::size_t next) {
     fd_ = std::move(fresh);
   } catch (const safefs::FsError& e) {
     error_ = e.what();
-    safefs::write_all(fd_.get(), fmt::format("{} ddp| log rotation failed, no more output here: {}\n", utc_timestamp(), error_));
+    safefs::write_all(fd_.get(),
+                      fmt::format("{} ddp| log rotation failed, no more output here: {}\n", utc_timestamp(), error_));
     fd_ = safefs::Fd();
     return;
   }
@@ -198,7 +202,8 @@ void TerminalSink::run() {
     busy_ = true;
     lock.unlock();
     std::string out_buf, err_buf;
-    if (dropped) err_buf += fmt::format("ddpctl: {} lines not shown (terminal too slow); they are in the log files\n", dropped);
+    if (dropped)
+      err_buf += fmt::format("ddpctl: {} lines not shown (terminal too slow); they are in the log files\n", dropped);
     for (auto& [s, line] : batch) {
       auto& buf = s == Stream::out ? out_buf : err_buf;
       buf += line;

@@ -17,10 +17,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <utility>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace ddp::supervisor {

@@ -3,18 +3,18 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sched.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <fmt/format.h>
 #include <fstream>
 #include <unordered_map>
 #include <utility>
@@ -37,9 +37,16 @@ struct Pipe {
     r = fds[0];
     w = fds[1];
   }
-  void close_r() { if (r >= 0) ::close(r), r = -1; }
-  void close_w() { if (w >= 0) ::close(w), w = -1; }
-  ~Pipe() { close_r(); close_w(); }
+  void close_r() {
+    if (r >= 0) ::close(r), r = -1;
+  }
+  void close_w() {
+    if (w >= 0) ::close(w), w = -1;
+  }
+  ~Pipe() {
+    close_r();
+    close_w();
+  }
 };
 
 // Async-signal-safe write of the whole buffer.
@@ -125,9 +132,9 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   auto path_it = spec.env.find("PATH");
   auto exe = resolve_executable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second, spec.workdir);
   if (!exe) {
-    throw SpawnError(fmt::format("cannot run {}: {}", spec.argv[0],
-                                 explain_not_runnable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second,
-                                                      spec.workdir)));
+    throw SpawnError(fmt::format(
+        "cannot run {}: {}", spec.argv[0],
+        explain_not_runnable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second, spec.workdir)));
   }
 
   // Everything the child touches is built here, before fork.
@@ -168,7 +175,8 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   const bool set_mem = spec.mem_node && *spec.mem_node >= 0 && *spec.mem_node < kMaxMemNode;
   if (set_mem) {
     const auto bits = 8 * sizeof(unsigned long);
-    mem_mask[static_cast<std::size_t>(*spec.mem_node) / bits] |= 1ul << (static_cast<std::size_t>(*spec.mem_node) % bits);
+    mem_mask[static_cast<std::size_t>(*spec.mem_node) / bits] |= 1ul
+                                                                 << (static_cast<std::size_t>(*spec.mem_node) % bits);
   }
 
   // Block every signal across fork(): until the child has reset the handlers it inherited
@@ -251,8 +259,12 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
 }
 
 PendingSpawn::PendingSpawn(PendingSpawn&& o) noexcept
-    : spawned(std::exchange(o.spawned, Spawned{})), status_fd(std::exchange(o.status_fd, -1)),
-      program(std::move(o.program)), exe(std::move(o.exe)), workdir(std::move(o.workdir)), user(std::move(o.user)) {}
+    : spawned(std::exchange(o.spawned, Spawned{})),
+      status_fd(std::exchange(o.status_fd, -1)),
+      program(std::move(o.program)),
+      exe(std::move(o.exe)),
+      workdir(std::move(o.workdir)),
+      user(std::move(o.user)) {}
 
 PendingSpawn::~PendingSpawn() {
   for (int fd : {status_fd, spawned.stdout_fd, spawned.stderr_fd, spawned.stdin_fd}) {
@@ -271,7 +283,7 @@ Spawned spawn_finish(PendingSpawn& p) {
     int e;
     std::memcpy(&e, buf + 1, sizeof e);
     // The child exits 127 at once; the caller's reaper collects it. Its pipes close with `p`.
-    const char* what = buf[0] == 'w' ? "cannot enter the working directory"
+    const char* what = buf[0] == 'w'   ? "cannot enter the working directory"
                        : buf[0] == 'c' ? "cannot join the job's cgroup"
                        : buf[0] == 'd' ? "cannot set up stdio"
                        : buf[0] == 'u' ? "cannot switch to the job's user"
@@ -335,7 +347,9 @@ std::vector<pid_t> descendants_of(pid_t root) {
   return out;
 }
 
-void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+void become_subreaper() {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+}
 
 std::string signal_name(int sig) {
   if (const char* abbrev = ::sigabbrev_np(sig)) return fmt::format("SIG{}", abbrev);

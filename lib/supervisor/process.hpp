@@ -11,8 +11,8 @@
 #include <sys/types.h>
 
 #include <csignal>
-#include <map>
 #include <functional>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -36,33 +36,33 @@ struct RunAs {
 };
 
 struct SpawnSpec {
-  std::vector<std::string> argv;            // argv[0] is resolved against PATH of `env`
-  std::map<std::string, std::string> env;   // the complete environment
-  std::string workdir;                      // chdir before exec
-  int cgroup_procs_fd = -1;                 // if >= 0, the child moves itself into this cgroup
-  bool capture_output = true;               // false: inherit ddpctl's stdout/stderr
-  bool stdin_pipe = false;                  // true: stdin is a pipe (write end returned), else /dev/null
-  int stdin_fd = -1;                        // if >= 0 (and no stdin_pipe): the child's stdin, e.g. a socket
+  std::vector<std::string> argv;           // argv[0] is resolved against PATH of `env`
+  std::map<std::string, std::string> env;  // the complete environment
+  std::string workdir;                     // chdir before exec
+  int cgroup_procs_fd = -1;                // if >= 0, the child moves itself into this cgroup
+  bool capture_output = true;              // false: inherit ddpctl's stdout/stderr
+  bool stdin_pipe = false;                 // true: stdin is a pipe (write end returned), else /dev/null
+  int stdin_fd = -1;                       // if >= 0 (and no stdin_pipe): the child's stdin, e.g. a socket
   // PR_SET_PDEATHSIG(SIGKILL). Off only for a child that must outlive us long enough to clean up
   // after itself (the shepherd, which watches its parent through a pidfd instead).
   bool die_with_parent = true;
   // The signal that death sends: SIGKILL for workers; SIGTERM for a child that must pass it on
   // before it goes (srun, which ends its job step's tasks on SIGTERM).
   int parent_death_signal = SIGKILL;
-  bool own_process_group = true;            // false: stay in ddpctl's group (helpers)
+  bool own_process_group = true;  // false: stay in ddpctl's group (helpers)
   // Placement, applied in the child before exec. Best effort: the planner already limits `cpus`
   // to what the launcher may use, and if the kernel still refuses, the worker runs unbound
   // rather than not at all.
-  std::vector<int> cpus;                    // sched_setaffinity; empty: inherit
-  std::optional<int> mem_node;              // set_mempolicy(MPOL_PREFERRED, node); nullopt: inherit
-  std::optional<RunAs> run_as;              // nullopt: our own user
+  std::vector<int> cpus;        // sched_setaffinity; empty: inherit
+  std::optional<int> mem_node;  // set_mempolicy(MPOL_PREFERRED, node); nullopt: inherit
+  std::optional<RunAs> run_as;  // nullopt: our own user
 };
 
 struct Spawned {
   pid_t pid = -1;
   int stdout_fd = -1;  // read ends (O_CLOEXEC), owned by the caller; -1 if not captured
   int stderr_fd = -1;
-  int stdin_fd = -1;   // write end (O_CLOEXEC) when stdin_pipe
+  int stdin_fd = -1;  // write end (O_CLOEXEC) when stdin_pipe
 };
 
 // Finds argv0 the way execvp would, using `path_var` (the worker's PATH) and `workdir` for

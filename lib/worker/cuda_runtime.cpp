@@ -128,7 +128,9 @@ CudaRuntime::Stream CudaRuntime::stream_create() const {
   return s;
 }
 
-void CudaRuntime::stream_synchronize(Stream s) const { check(api_->stream_synchronize(s), "cudaStreamSynchronize"); }
+void CudaRuntime::stream_synchronize(Stream s) const {
+  check(api_->stream_synchronize(s), "cudaStreamSynchronize");
+}
 
 void CudaRuntime::stream_destroy(Stream s) const noexcept {
   if (s) api_->stream_destroy(s);
@@ -140,9 +142,13 @@ CudaRuntime::Event CudaRuntime::event_create() const {
   return e;
 }
 
-void CudaRuntime::event_record(Event e, Stream s) const { check(api_->event_record(e, s), "cudaEventRecord"); }
+void CudaRuntime::event_record(Event e, Stream s) const {
+  check(api_->event_record(e, s), "cudaEventRecord");
+}
 
-void CudaRuntime::event_synchronize(Event e) const { check(api_->event_synchronize(e), "cudaEventSynchronize"); }
+void CudaRuntime::event_synchronize(Event e) const {
+  check(api_->event_synchronize(e), "cudaEventSynchronize");
+}
 
 float CudaRuntime::event_elapsed_ms(Event start, Event end) const {
   float ms = 0;
@@ -154,6 +160,8 @@ void CudaRuntime::event_destroy(Event e) const noexcept {
   if (e) api_->event_destroy(e);
 }
 
-void CudaRuntime::device_synchronize() const { check(api_->device_synchronize(), "cudaDeviceSynchronize"); }
+void CudaRuntime::device_synchronize() const {
+  check(api_->device_synchronize(), "cudaDeviceSynchronize");
+}
 
 }  // namespace ddp::worker

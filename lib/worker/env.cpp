@@ -32,7 +32,8 @@ class Reader {
       return std::nullopt;
     }
     if (*n < min || *n > max) {
-      problem(std::string(name) + "=" + *v + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+      problem(std::string(name) + "=" + *v + " is out of range [" + std::to_string(min) + ", " + std::to_string(max) +
+              "]");
       return std::nullopt;
     }
     return static_cast<int>(*n);
@@ -97,15 +98,15 @@ WorkerEnv parse_worker_env(const EnvLookup& lookup, const EnvOptions& options) {
     r.problem("RANK=" + std::to_string(*rank) + " is not below WORLD_SIZE=" + std::to_string(*world));
   }
   if (local_rank && local_world && *local_rank >= *local_world) {
-    r.problem("LOCAL_RANK=" + std::to_string(*local_rank) + " is not below LOCAL_WORLD_SIZE=" +
-              std::to_string(*local_world));
+    r.problem("LOCAL_RANK=" + std::to_string(*local_rank) +
+              " is not below LOCAL_WORLD_SIZE=" + std::to_string(*local_world));
   }
   if (local_world && world && *local_world > *world) {
     r.problem("LOCAL_WORLD_SIZE=" + std::to_string(*local_world) + " exceeds WORLD_SIZE=" + std::to_string(*world));
   }
   if (group_rank && group_world && *group_rank >= *group_world) {
-    r.problem("GROUP_RANK=" + std::to_string(*group_rank) + " is not below GROUP_WORLD_SIZE=" +
-              std::to_string(*group_world));
+    r.problem("GROUP_RANK=" + std::to_string(*group_rank) +
+              " is not below GROUP_WORLD_SIZE=" + std::to_string(*group_world));
   }
 
   if (!r.problems().empty()) {

@@ -18,19 +18,19 @@
 namespace ddp::worker {
 
 struct WorkerEnv {
-  int rank = 0;               // RANK: global rank
-  int world_size = 1;         // WORLD_SIZE
-  int local_rank = 0;         // LOCAL_RANK: rank on this node; also the CUDA device index
-  int local_world_size = 1;   // LOCAL_WORLD_SIZE
-  int group_rank = 0;         // GROUP_RANK: node rank (0 when absent)
-  int group_world_size = 1;   // GROUP_WORLD_SIZE: nodes (1 when absent)
-  std::string master_addr;    // MASTER_ADDR (empty when not required and absent)
-  int master_port = 0;        // MASTER_PORT (0 when not required and absent)
-  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: > 0 means resume from a checkpoint
-  int max_restarts = 0;       // TORCHELASTIC_MAX_RESTARTS
-  std::string run_id;         // TORCHELASTIC_RUN_ID
-  std::string job_id;         // DDP_JOB_ID (ddpctl only)
-  std::string node_name;      // DDP_NODE (ddpctl only)
+  int rank = 0;                                  // RANK: global rank
+  int world_size = 1;                            // WORLD_SIZE
+  int local_rank = 0;                            // LOCAL_RANK: rank on this node; also the CUDA device index
+  int local_world_size = 1;                      // LOCAL_WORLD_SIZE
+  int group_rank = 0;                            // GROUP_RANK: node rank (0 when absent)
+  int group_world_size = 1;                      // GROUP_WORLD_SIZE: nodes (1 when absent)
+  std::string master_addr;                       // MASTER_ADDR (empty when not required and absent)
+  int master_port = 0;                           // MASTER_PORT (0 when not required and absent)
+  int restart_count = 0;                         // TORCHELASTIC_RESTART_COUNT: > 0 means resume from a checkpoint
+  int max_restarts = 0;                          // TORCHELASTIC_MAX_RESTARTS
+  std::string run_id;                            // TORCHELASTIC_RUN_ID
+  std::string job_id;                            // DDP_JOB_ID (ddpctl only)
+  std::string node_name;                         // DDP_NODE (ddpctl only)
   std::optional<nccl::UniqueId> nccl_unique_id;  // DDP_NCCL_UNIQUE_ID (job asked for one)
 };
 

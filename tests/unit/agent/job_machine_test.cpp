@@ -61,7 +61,8 @@ JobMachine running(std::uint32_t round = 1, Config c = {"n1"}) {
 TEST(JobMachine, EveryPhaseHasARowForEveryEvent) {
   for (int p = 0; p <= static_cast<int>(Phase::done); ++p) {
     for (std::size_t e = 0; e < std::variant_size_v<Event>; ++e) {
-      EXPECT_NE(JobMachine::why(static_cast<Phase>(p), e), nullptr) << phase_name(static_cast<Phase>(p)) << " event " << e;
+      EXPECT_NE(JobMachine::why(static_cast<Phase>(p), e), nullptr)
+          << phase_name(static_cast<Phase>(p)) << " event " << e;
     }
   }
 }
@@ -72,7 +73,8 @@ TEST(JobMachine, OneJobAtATime) {
   EXPECT_EQ(m.busy(kA), JobMachine::Busy::no);  // its own link may offer again (a re-offer)
   ASSERT_TRUE(m.addressed(kB, std::nullopt, "assign"));
   EXPECT_EQ(m.addressed(kB, std::nullopt, "assign")->message, "'assign' for a job this agent does not hold for you");
-  EXPECT_EQ(m.addressed(kA, std::string("j2"), "stop")->message, "'stop' names job j2, but this connection's job is j1");
+  EXPECT_EQ(m.addressed(kA, std::string("j2"), "stop")->message,
+            "'stop' names job j2, but this connection's job is j1");
   EXPECT_EQ(m.addressed(kA, std::string("j2"), "stop")->code, RefuseCode::bad_value);
   EXPECT_FALSE(m.addressed(kA, std::string("j1"), "stop"));
   m = running();
@@ -246,7 +248,7 @@ TEST(JobMachine, Replay02d0419ASigtermdAgentExitsWhateverComesFirst) {
     auto m = running(1);
     m.handle(Shutdown{"SIGTERM"});
     auto out = m.handle(LinkClosed{kA, "connection closed"});  // before the report
-    EXPECT_FALSE(has<Exit>(out));                             // its workers are still reported as running
+    EXPECT_FALSE(has<Exit>(out));                              // its workers are still reported as running
     out = m.handle(WorkersDone{false, {0, 1}, std::nullopt, 0});
     EXPECT_TRUE(has<Forget>(out));
     EXPECT_EQ(all<Exit>(out).size(), 1u);
@@ -294,19 +296,45 @@ TEST(JobMachine, RandomEventStreamsKeepTheInvariants) {
           if (m.busy(link) != JobMachine::Busy::no) continue;
           e = Offer{link, "j" + std::to_string(++jobs)};
           break;
-        case 1: e = Joined{}; break;
-        case 2: e = Assign{link, round, static_cast<std::uint32_t>(pick(2)), pick(2) == 0}; break;
-        case 3: e = Ready{round}; break;
-        case 4: e = RoundFailed{round, "x"}; break;
-        case 5: e = Start{link, round}; break;
-        case 6: e = Stop{link, round, pick(2) == 0, "r"}; break;
-        case 7: e = Signal{pick(2) ? std::optional<std::uint32_t>(round) : std::nullopt, SIGUSR1, "SIGUSR1"}; break;
-        case 8: e = FirstFailure{pick(2), 0, "exited with code 1"}; break;
-        case 9: e = WorkersDone{pick(2) == 0, {0, 1}, pick(2) ? std::optional<int>(pick(2)) : std::nullopt, 0}; break;
-        case 10: e = LinkClosed{link, "closed"}; break;
-        case 11: e = Shutdown{"SIGTERM"}; break;
-        case 12: e = LauncherGone{pick(2) == 0}; break;
-        default: e = Stop{link, round, false, "r"}; break;
+        case 1:
+          e = Joined{};
+          break;
+        case 2:
+          e = Assign{link, round, static_cast<std::uint32_t>(pick(2)), pick(2) == 0};
+          break;
+        case 3:
+          e = Ready{round};
+          break;
+        case 4:
+          e = RoundFailed{round, "x"};
+          break;
+        case 5:
+          e = Start{link, round};
+          break;
+        case 6:
+          e = Stop{link, round, pick(2) == 0, "r"};
+          break;
+        case 7:
+          e = Signal{pick(2) ? std::optional<std::uint32_t>(round) : std::nullopt, SIGUSR1, "SIGUSR1"};
+          break;
+        case 8:
+          e = FirstFailure{pick(2), 0, "exited with code 1"};
+          break;
+        case 9:
+          e = WorkersDone{pick(2) == 0, {0, 1}, pick(2) ? std::optional<int>(pick(2)) : std::nullopt, 0};
+          break;
+        case 10:
+          e = LinkClosed{link, "closed"};
+          break;
+        case 11:
+          e = Shutdown{"SIGTERM"};
+          break;
+        case 12:
+          e = LauncherGone{pick(2) == 0};
+          break;
+        default:
+          e = Stop{link, round, false, "r"};
+          break;
       }
       // The edge refuses job messages that are not addressed to the held job.
       if (std::holds_alternative<Assign>(e) || std::holds_alternative<Start>(e) || std::holds_alternative<Stop>(e)) {
@@ -334,7 +362,9 @@ TEST(JobMachine, RandomEventStreamsKeepTheInvariants) {
           EXPECT_TRUE(joined_);
           ASSERT_TRUE(assigned);
           EXPECT_EQ(s->round, *assigned);
-          if (serve) { EXPECT_TRUE(ready.count(s->round)); }
+          if (serve) {
+            EXPECT_TRUE(ready.count(s->round));
+          }
           EXPECT_FALSE(owner_closed);
           EXPECT_FALSE(m.shutting_down());
           EXPECT_FALSE(was_running);
@@ -364,18 +394,30 @@ TEST(JobMachine, RandomEventStreamsKeepTheInvariants) {
       if (auto* r = std::get_if<Ready>(&e); r && m.phase() == Phase::assigned) ready.insert(r->round);
       // I1
       EXPECT_EQ(m.has_job(), m.phase() != Phase::idle);
-      if (m.phase() == Phase::idle) { EXPECT_EQ(m.owner(), 0u); }
-      if (m.has_job() && m.phase() != Phase::draining) { EXPECT_NE(m.owner(), 0u); }
+      if (m.phase() == Phase::idle) {
+        EXPECT_EQ(m.owner(), 0u);
+      }
+      if (m.has_job() && m.phase() != Phase::draining) {
+        EXPECT_NE(m.owner(), 0u);
+      }
       // I2: workers run only for the round they were started for
-      if (m.workers_running() && was_running) { EXPECT_EQ(m.group_round(), was_round); }
+      if (m.workers_running() && was_running) {
+        EXPECT_EQ(m.group_round(), was_round);
+      }
       // I5: an orphaned or shut-down job is forgotten as soon as nothing runs
-      if ((owner_closed || m.shutting_down()) && !m.workers_running()) { EXPECT_FALSE(m.has_job()); }
+      if ((owner_closed || m.shutting_down()) && !m.workers_running()) {
+        EXPECT_FALSE(m.has_job());
+      }
       // I6: shutting down with no job: exited, once
-      if (m.shutting_down() && !m.has_job()) { EXPECT_TRUE(m.exited()); }
+      if (m.shutting_down() && !m.has_job()) {
+        EXPECT_TRUE(m.exited());
+      }
       EXPECT_LE(exits_emitted, 1u);
       EXPECT_EQ(exits_emitted == 1, m.exited());
       // I7: a one-shot agent that held a job and holds none no more has exited
-      if (oneshot && was_held && !m.has_job()) { EXPECT_TRUE(m.exited()); }
+      if (oneshot && was_held && !m.has_job()) {
+        EXPECT_TRUE(m.exited());
+      }
       if (::testing::Test::HasFailure()) return;
     }
   }

@@ -61,7 +61,8 @@ TEST(AgentConfig, EmptyFileKeepsEveryDefault) {
   for (const char* text : {"", "# only a comment\n", "~\n"}) {
     auto c = parse_agent_config(text, "agent.yaml");
     EXPECT_FALSE(c.listen || c.token_file || c.log_dir || c.name || c.heartbeat_timeout || c.container_runtime ||
-                 c.gpus || c.cpus) << text;
+                 c.gpus || c.cpus)
+        << text;
     EXPECT_TRUE(c.allowed_users.empty());
   }
 }
@@ -76,15 +77,15 @@ TEST(AgentConfig, UnknownKeyGetsAHint) {
 
 TEST(AgentConfig, EveryBadValueIsReportedAtItsPosition) {
   const std::string yaml =
-      "listen: nothere:99999\n"           // 1
-      "token_file: relative/token\n"       // 2
-      "heartbeat_timeout: 100ms\n"         // 3
-      "allowed_users: [alice, Root!]\n"    // 4
-      "container_runtime: lxc\n"           // 5
-      "gpus: [0, [1], 0]\n"                // 6
-      "cpus: 3-1\n"                        // 7
-      "name: 'has space'\n"                // 8
-      "log_dir: [a]\n";                    // 9
+      "listen: nothere:99999\n"          // 1
+      "token_file: relative/token\n"     // 2
+      "heartbeat_timeout: 100ms\n"       // 3
+      "allowed_users: [alice, Root!]\n"  // 4
+      "container_runtime: lxc\n"         // 5
+      "gpus: [0, [1], 0]\n"              // 6
+      "cpus: 3-1\n"                      // 7
+      "name: 'has space'\n"              // 8
+      "log_dir: [a]\n";                  // 9
   auto d = errors_of(yaml);
   EXPECT_EQ(d.size(), 10u);
   expect_error(yaml, 1, 9, "listen: expected HOST:PORT");
@@ -112,7 +113,8 @@ TEST(AgentConfig, UnreadableFileNamesIt) {
     load_agent_config("/nonexistent/agent.yaml");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/agent.yaml: error: cannot read the agent config"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/agent.yaml: error: cannot read the agent config"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -149,7 +151,8 @@ TEST(AgentConfig, KeyUsersErrorsAtTheirPositions) {
 }
 
 TEST(AgentConfig, RootOnlyWithAllowRootWhereverAllowRootIsWritten) {
-  expect_error("key_users:\n  ops: root\n", 2, 8, "key 'ops' maps to root; jobs run as root only with allow_root: true");
+  expect_error("key_users:\n  ops: root\n", 2, 8,
+               "key 'ops' maps to root; jobs run as root only with allow_root: true");
   expect_error("allow_root: false\nkey_users: {ops: root}\n", 2, 18, "maps to root");
   auto c = parse_agent_config("key_users: {ops: root}\nallow_root: true\n", "agent.yaml");
   ASSERT_EQ(c.key_users.size(), 1u);
@@ -163,20 +166,23 @@ TEST(AgentConfig, LimitsBoundWhatAJobMayAsk) {
   EXPECT_EQ(d.limits.store_max_size, 1ull << 30);
   EXPECT_EQ(d.limits.store_max_keys, 1ull << 20);
   EXPECT_EQ(d.limits.log_max_size, 1ull << 30);
-  const auto c = parse_agent_config("limits: {store_max_size: 4GiB, store_max_keys: 4194304, log_max_size: 10GiB}\n", "agent.yaml");
+  const auto c = parse_agent_config("limits: {store_max_size: 4GiB, store_max_keys: 4194304, log_max_size: 10GiB}\n",
+                                    "agent.yaml");
   EXPECT_EQ(c.limits.store_max_size, 4ull << 30);
   EXPECT_EQ(c.limits.store_max_keys, 4194304u);
   EXPECT_EQ(c.limits.log_max_size, 10ull << 30);
   expect_error("limits: {store_max_size: lots}\n", 1, 26, "limits.store_max_size: expected a size of at least 1MiB");
-  expect_error("limits: {store_max_keys: 10}\n", 1, 26, "limits.store_max_keys: expected a number of keys of at least 1024");
+  expect_error("limits: {store_max_keys: 10}\n", 1, 26,
+               "limits.store_max_keys: expected a number of keys of at least 1024");
   expect_error("limits: {log_size: 1GiB}\n", 1, 10, "limits: unknown key 'log_size'");
   expect_error("limits: 5\n", 1, 9, "limits: expected a mapping");
 
   ddp::jobspec::JobSpec spec;  // the job file's defaults fit the agent's
   EXPECT_EQ(over_limits(spec, d.limits), "");
   spec.store_max_bytes = (1ull << 30) + 1;
-  EXPECT_NE(over_limits(spec, d.limits).find("the job's store.max_size (1073741825) is above this node's limit of "
-                                              "1073741824 (limits.store_max_size"),
+  EXPECT_NE(over_limits(spec, d.limits)
+                .find("the job's store.max_size (1073741825) is above this node's limit of "
+                      "1073741824 (limits.store_max_size"),
             std::string::npos);
   EXPECT_EQ(over_limits(spec, c.limits), "");
   spec = {};

@@ -162,7 +162,8 @@ constexpr std::uint64_t kNow = 1'800'000'000;
 
 nlohmann::json offer(const std::string& user, const std::optional<ddp::proto::Key>& signer = std::nullopt,
                      const std::string& delegated_user = "") {
-  nlohmann::json o{{"job_id", "j1"}, {"user", user}, {"node", "n1"}, {"spec", {{"command", {"/bin/true"}}, {"log_dir", "/l"}}}};
+  nlohmann::json o{
+      {"job_id", "j1"}, {"user", user}, {"node", "n1"}, {"spec", {{"command", {"/bin/true"}}, {"log_dir", "/l"}}}};
   if (signer) {
     ddp::proto::Delegation d;
     d.user = delegated_user.empty() ? user : delegated_user;

@@ -37,7 +37,9 @@ std::vector<int> cpus_of(const facts::NodeFacts& f, int numa) {
   }
   return {};
 }
-std::string uuid(int i) { return "GPU-6a1e5f33-9c0b-4d7e-8a21-00000000aa0" + std::to_string(i); }
+std::string uuid(int i) {
+  return "GPU-6a1e5f33-9c0b-4d7e-8a21-00000000aa0" + std::to_string(i);
+}
 
 }  // namespace
 
@@ -195,15 +197,16 @@ TEST(Binding, NoneTurnsPartsOff) {
 }
 
 TEST(Binding, IbHcasOfANode) {
-  EXPECT_THAT(binding::ib_hcas(fixture("dgx-a")),
-              ElementsAre("mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1", "mlx5_7:1"));
+  EXPECT_THAT(binding::ib_hcas(fixture("dgx-a")), ElementsAre("mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1",
+                                                              "mlx5_4:1", "mlx5_5:1", "mlx5_6:1", "mlx5_7:1"));
   EXPECT_TRUE(binding::ib_hcas(fixture("dgx-no-ib")).empty());
 }
 
 TEST(Binding, CommonIbHcaIsTheIntersection) {
   using V = std::vector<std::string>;
   EXPECT_EQ(binding::common_ib_hca({V{"mlx5_1:1", "mlx5_0:1"}}), "=mlx5_0:1,mlx5_1:1");
-  EXPECT_EQ(binding::common_ib_hca({V{"mlx5_0:1", "mlx5_1:1", "mlx5_2:1"}, V{"mlx5_2:1", "mlx5_0:1"}, V{"mlx5_0:1", "mlx5_2:1", "mlx5_3:1"}}),
+  EXPECT_EQ(binding::common_ib_hca({V{"mlx5_0:1", "mlx5_1:1", "mlx5_2:1"}, V{"mlx5_2:1", "mlx5_0:1"},
+                                    V{"mlx5_0:1", "mlx5_2:1", "mlx5_3:1"}}),
             "=mlx5_0:1,mlx5_2:1");
   // The same device on another port is another rail.
   EXPECT_EQ(binding::common_ib_hca({V{"mlx5_0:1"}, V{"mlx5_0:2"}}), std::nullopt);
@@ -224,7 +227,7 @@ TEST(Binding, RestrictGpusBySelector) {
   EXPECT_EQ(p.ranks[0].numa_node, 0);
   EXPECT_EQ(p.ranks[1].numa_node, 1);
 
-  const auto bus = f.gpus.back().pci_bus_id;  // the first in PCI order, after the reverse
+  const auto bus = f.gpus.back().pci_bus_id;                 // the first in PCI order, after the reverse
   auto by_bus = binding::restrict_gpus(f, {bus.substr(5)});  // "18:00.0" without the domain
   ASSERT_EQ(by_bus.gpus.size(), 1u);
   EXPECT_EQ(by_bus.gpus[0].pci_bus_id, bus);
@@ -238,7 +241,8 @@ TEST(Binding, RestrictGpusBySelector) {
   }
   EXPECT_THROW(binding::restrict_gpus(f, {"GPU-nope"}), std::invalid_argument);
   EXPECT_THROW(binding::restrict_gpus(f, {"1", "1"}), std::invalid_argument);
-  EXPECT_THROW(binding::restrict_gpus(f, {"0", f.gpus.back().pci_bus_id}), std::invalid_argument);  // the same GPU twice
+  EXPECT_THROW(binding::restrict_gpus(f, {"0", f.gpus.back().pci_bus_id}),
+               std::invalid_argument);  // the same GPU twice
 }
 
 TEST(Binding, PerRankHcaIsOptIn) {

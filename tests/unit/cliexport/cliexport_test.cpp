@@ -34,13 +34,14 @@ TEST(CliExport, ManPageHasEverySectionOptionAndSubcommand) {
   EXPECT_EQ(man.rfind(".TH TOOL 1 \"\" \"tool 1.0\" \"User Commands\"\n", 0), 0u) << man;
   EXPECT_NE(man.find(".SH NAME\ntool \\- does things\n"), std::string::npos) << man;
   EXPECT_NE(man.find("\\fB\\-v\\fR, \\fB\\-\\-verbose\\fR\nmore output"), std::string::npos) << man;
-  EXPECT_NE(man.find(".SS \"tool run\"\n\\fBtool run\\fR [\\fIOPTIONS\\fR] \\fIjob_file\\fR"), std::string::npos) << man;
+  EXPECT_NE(man.find(".SS \"tool run\"\n\\fBtool run\\fR [\\fIOPTIONS\\fR] \\fIjob_file\\fR"), std::string::npos)
+      << man;
   EXPECT_NE(man.find("\\fB\\-n\\fR, \\fB\\-\\-count\\fR \\fIINT\\fR\nhow many; at least 1"), std::string::npos) << man;
   EXPECT_NE(man.find(".SS \"tool render k8s\""), std::string::npos) << man;
   EXPECT_NE(man.find("\\&.starts with a dot, has a \\e backslash"), std::string::npos) << man;  // not a request
   EXPECT_NE(man.find(".SH SEE ALSO\nother(8)"), std::string::npos) << man;
-  EXPECT_EQ(man.find("hush"), std::string::npos);           // hidden option
-  EXPECT_EQ(man.find("secret"), std::string::npos);         // hidden subcommand
+  EXPECT_EQ(man.find("hush"), std::string::npos);    // hidden option
+  EXPECT_EQ(man.find("secret"), std::string::npos);  // hidden subcommand
 }
 
 TEST(CliExport, BashCompletionKnowsPathsOptionsAndValues) {
@@ -48,10 +49,14 @@ TEST(CliExport, BashCompletionKnowsPathsOptionsAndValues) {
   const auto sh = bash_completion(p.app, "tool");
   EXPECT_NE(sh.find("complete -o filenames -F _tool tool"), std::string::npos) << sh;
   EXPECT_NE(sh.find("\" run\"|\" render\"|\" render k8s\")"), std::string::npos) << sh;
-  EXPECT_NE(sh.find("\"\") subs=\"run render\"; opts=\"-h --help -v --verbose\"; valued=\"\"; files=0 ;;"), std::string::npos) << sh;
+  EXPECT_NE(sh.find("\"\") subs=\"run render\"; opts=\"-h --help -v --verbose\"; valued=\"\"; files=0 ;;"),
+            std::string::npos)
+      << sh;
   // -n/--count and --out take values (file names are completed after them); run takes a file.
-  EXPECT_NE(sh.find("\" run\") subs=\"\"; opts=\"-h --help -n --count --out\"; valued=\"-n --count --out\"; files=1 ;;"),
-            std::string::npos) << sh;
+  EXPECT_NE(
+      sh.find("\" run\") subs=\"\"; opts=\"-h --help -n --count --out\"; valued=\"-n --count --out\"; files=1 ;;"),
+      std::string::npos)
+      << sh;
   EXPECT_EQ(sh.find("hush"), std::string::npos);
   EXPECT_EQ(sh.find("secret"), std::string::npos);
 }

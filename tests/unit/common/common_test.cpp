@@ -80,7 +80,8 @@ TEST(Strings, ParseSize) {
   EXPECT_EQ(ddp::parse_size("1024TiB"), 1ull << 50);  // a petabyte: the most
   EXPECT_FALSE(ddp::parse_size("1025TiB"));
   EXPECT_FALSE(ddp::parse_size("9999999999999999"));  // 16 digits
-  for (const char* bad : {"", "MiB", "1.5GiB", "-1", "10 mib", "10GiBs", "lots", " 10"}) EXPECT_FALSE(ddp::parse_size(bad)) << bad;
+  for (const char* bad : {"", "MiB", "1.5GiB", "-1", "10 mib", "10GiBs", "lots", " 10"})
+    EXPECT_FALSE(ddp::parse_size(bad)) << bad;
 }
 
 TEST(Strings, CleanTextCutsOnCharacterBoundaries) {
@@ -91,13 +92,16 @@ TEST(Strings, CleanTextCutsOnCharacterBoundaries) {
 }
 
 TEST(Strings, CleanTextReplacesInvalidSequences) {
-  EXPECT_EQ(ddp::clean_text("\xed\xa0\x80", 64), "???");          // a surrogate (U+D800)
-  EXPECT_EQ(ddp::clean_text("\xc0\xaf", 64), "??");               // overlong '/'
-  EXPECT_EQ(ddp::clean_text("\xe0\x80\xaf", 64), "???");          // overlong, three bytes
-  EXPECT_EQ(ddp::clean_text("\xf0\x80\x80\xaf", 64), "????");     // overlong, four bytes
-  EXPECT_EQ(ddp::clean_text("\xf4\x90\x80\x80", 64), "????");     // above U+10FFFF
-  EXPECT_EQ(ddp::clean_text("\xff" "x\x80", 64), "?x?");
-  EXPECT_EQ(ddp::clean_text("\xe2\x82", 64), "??");               // cut short
+  EXPECT_EQ(ddp::clean_text("\xed\xa0\x80", 64), "???");       // a surrogate (U+D800)
+  EXPECT_EQ(ddp::clean_text("\xc0\xaf", 64), "??");            // overlong '/'
+  EXPECT_EQ(ddp::clean_text("\xe0\x80\xaf", 64), "???");       // overlong, three bytes
+  EXPECT_EQ(ddp::clean_text("\xf0\x80\x80\xaf", 64), "????");  // overlong, four bytes
+  EXPECT_EQ(ddp::clean_text("\xf4\x90\x80\x80", 64), "????");  // above U+10FFFF
+  EXPECT_EQ(ddp::clean_text("\xff"
+                            "x\x80",
+                            64),
+            "?x?");
+  EXPECT_EQ(ddp::clean_text("\xe2\x82", 64), "??");                        // cut short
   EXPECT_EQ(ddp::clean_text("\xf4\x8f\xbf\xbf", 64), "\xf4\x8f\xbf\xbf");  // U+10FFFF itself is fine
 }
 
@@ -105,7 +109,10 @@ TEST(Strings, CleanTextReplacesControlsAndBidiOverrides) {
   EXPECT_EQ(ddp::clean_text("a\x1b[2Jb\x7f", 64), "a?[2Jb?");
   EXPECT_EQ(ddp::clean_text("a\nb\tc", 64), "a?b?c");
   EXPECT_EQ(ddp::clean_text("a\nb\tc\r", 64, "\n\t"), "a\nb\tc?");
-  EXPECT_EQ(ddp::clean_text("\xc2\x9b" "1m", 64), "?1m");               // C1 CSI
+  EXPECT_EQ(ddp::clean_text("\xc2\x9b"
+                            "1m",
+                            64),
+            "?1m");                                                        // C1 CSI
   EXPECT_EQ(ddp::clean_text("x\xe2\x80\xaey\xe2\x81\xa6z", 64), "x?y?z");  // RLO, LRI
   EXPECT_EQ(ddp::clean_text("\xe2\x80\x94", 64), "\xe2\x80\x94");          // an em dash stays
 }

@@ -1,7 +1,7 @@
 // Every runtime's command line for ranks planned on a recorded 8-GPU node (tests/fixtures/facts),
 // with and without RDMA devices and an unlimited memlock: the argv a user would type by hand.
-#include "binding/binding.hpp"
 #include "container/container.hpp"
+#include "binding/binding.hpp"
 #include "container/runtime.hpp"
 #include "facts/model.hpp"
 
@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <cstdlib>
 
 using namespace ddp;
 using container::HostLayout;
@@ -30,7 +30,9 @@ std::filesystem::path source_dir() {
   return s ? std::filesystem::path(s) : std::filesystem::path(DDP_FALLBACK_SOURCE_DIR);
 }
 
-std::string uuid(int i) { return "GPU-6a1e5f33-9c0b-4d7e-8a21-00000000aa0" + std::to_string(i); }
+std::string uuid(int i) {
+  return "GPU-6a1e5f33-9c0b-4d7e-8a21-00000000aa0" + std::to_string(i);
+}
 std::string all_uuids() {
   std::string s;
   for (int i = 0; i < 8; ++i) s += (i ? "," : "") + uuid(i);
@@ -76,9 +78,10 @@ contract::Plan plan_for(const jobspec::JobSpec& spec, const HostLayout& host, in
 const HostLayout kIb{{"/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"}, std::nullopt};
 const HostLayout kNoIbLimited{{}, 8u << 20};
 
-const std::string kYaml = "  runtime: RT\n  image: nvcr.io/nvidia/pytorch:24.05-py3\n"
-                          "  mounts: ['./:/workspace', '/data:/data:ro']\n  workdir: /workspace\n"
-                          "  extra_args: [--shm-size, 16g]\n  env: {HF_HOME: /data/hf}\n";
+const std::string kYaml =
+    "  runtime: RT\n  image: nvcr.io/nvidia/pytorch:24.05-py3\n"
+    "  mounts: ['./:/workspace', '/data:/data:ro']\n  workdir: /workspace\n"
+    "  extra_args: [--shm-size, 16g]\n  env: {HF_HOME: /data/hf}\n";
 std::string yaml_for(const std::string& rt) {
   auto s = kYaml;
   s.replace(s.find("RT"), 2, rt);
@@ -90,17 +93,38 @@ std::string yaml_for(const std::string& rt) {
 TEST(Container, PodmanRankFive) {
   auto plan = plan_for(job(yaml_for("podman")), kIb);
   const auto& r = plan.ranks.at(5);
-  std::vector<std::string> want{
-      "podman", "run", "--rm", "--init", "--name", "ddpctl-resnet-20261202-130000-ab12-a0-r5",
-      "--label", "ddpctl.job=resnet-20261202-130000-ab12", "--label", "ddpctl.rank=5", "--label", "ddpctl.owner=4242-987654",
-      "--network", "host", "--ipc", "host", "--pull=never", "--ulimit", "memlock=-1:-1",
-      "--cpuset-cpus", "56-111,168-223", "--cpuset-mems", "1",
-      "--device", "/dev/infiniband/rdma_cm", "--device", "/dev/infiniband/uverbs0"};
+  std::vector<std::string> want{"podman",
+                                "run",
+                                "--rm",
+                                "--init",
+                                "--name",
+                                "ddpctl-resnet-20261202-130000-ab12-a0-r5",
+                                "--label",
+                                "ddpctl.job=resnet-20261202-130000-ab12",
+                                "--label",
+                                "ddpctl.rank=5",
+                                "--label",
+                                "ddpctl.owner=4242-987654",
+                                "--network",
+                                "host",
+                                "--ipc",
+                                "host",
+                                "--pull=never",
+                                "--ulimit",
+                                "memlock=-1:-1",
+                                "--cpuset-cpus",
+                                "56-111,168-223",
+                                "--cpuset-mems",
+                                "1",
+                                "--device",
+                                "/dev/infiniband/rdma_cm",
+                                "--device",
+                                "/dev/infiniband/uverbs0"};
   for (int i = 0; i < 8; ++i) want.insert(want.end(), {"--device", "nvidia.com/gpu=" + uuid(i)});
-  want.insert(want.end(), {"--env-file", "/var/log/ddp/resnet-20261202-130000-ab12/attempt-0/rank-5.env",
-                           "--volume", "/home/u/project:/workspace", "--volume", "/data:/data:ro",
-                           "--workdir", "/workspace", "--shm-size", "16g", "nvcr.io/nvidia/pytorch:24.05-py3",
-                           "python3", "train.py", "--epochs", "90"});
+  want.insert(want.end(),
+              {"--env-file", "/var/log/ddp/resnet-20261202-130000-ab12/attempt-0/rank-5.env", "--volume",
+               "/home/u/project:/workspace", "--volume", "/data:/data:ro", "--workdir", "/workspace", "--shm-size",
+               "16g", "nvcr.io/nvidia/pytorch:24.05-py3", "python3", "train.py", "--epochs", "90"});
   EXPECT_EQ(r.argv, want);
   ASSERT_TRUE(r.container);
   EXPECT_EQ(r.container->runtime, "podman");
@@ -155,7 +179,8 @@ TEST(Container, IsolatedGpuIsTheOnlyOnePassed) {
 
 TEST(Container, ContainerEnvDoesNotWidenTheGpus) {
   // container.env's CUDA_VISIBLE_DEVICES is the numbering inside; the runtime still gets the rank's GPU.
-  auto spec = job("  runtime: docker\n  image: img:1\n  env: {CUDA_VISIBLE_DEVICES: all}\n", "binding: {gpu: isolate}\n");
+  auto spec =
+      job("  runtime: docker\n  image: img:1\n  env: {CUDA_VISIBLE_DEVICES: all}\n", "binding: {gpu: isolate}\n");
   auto plan = plan_for(spec, kIb);
   const auto& a = plan.ranks.at(3).argv;
   auto it = std::find(a.begin(), a.end(), "--gpus");
@@ -265,7 +290,8 @@ TEST(Container, RuntimeCommands) {
               ElementsAre("podman", "ps", "--all", "--filter", "label=ddpctl.owner", "--format",
                           "{{.Names}} {{index .Labels \"ddpctl.owner\"}}"));
   EXPECT_THAT(container::image_identity_argv(ContainerRuntime::docker, "img:1"),
-              ElementsAre("docker", "image", "inspect", "--format", "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}", "--", "img:1"));
+              ElementsAre("docker", "image", "inspect", "--format", "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}", "--",
+                          "img:1"));
   EXPECT_THAT(container::image_identity_argv(ContainerRuntime::podman, "img:1"),
               ElementsAre("podman", "image", "inspect", "--format", "{{.Id}} {{.Digest}}", "--", "img:1"));
   EXPECT_THAT(container::pull_argv(ContainerRuntime::podman, "img:1"), ElementsAre("podman", "pull", "--", "img:1"));
@@ -285,7 +311,8 @@ TEST(ImageIdentity, PodmanIdAndManifestDigest) {
 
 TEST(ImageIdentity, DockerIdWithAndWithoutRepoDigests) {
   auto pulled = container::parse_image_identity(
-      ContainerRuntime::docker, "sha256:" + kId + " nvcr.io/nvidia/pytorch@sha256:" + kManifest + " mirror/pytorch@sha256:" + kId);
+      ContainerRuntime::docker,
+      "sha256:" + kId + " nvcr.io/nvidia/pytorch@sha256:" + kManifest + " mirror/pytorch@sha256:" + kId);
   ASSERT_TRUE(pulled);
   EXPECT_EQ(pulled->digest, "sha256:" + kId);
   EXPECT_EQ(pulled->repo_digest, "sha256:" + kManifest);  // the first registry's
@@ -305,12 +332,12 @@ TEST(ImageIdentity, NotAnIdIsRefused) {
 
 TEST(CommandCheck, PodmanRunsTheCheckWithTheJobsMountsAndExtraArgs) {
   auto spec = *job("  runtime: podman\n  image: nvcr.io/nvidia/pytorch:24.05-py3\n  mounts: [/data:/workspace:ro]\n"
-                   "  workdir: /workspace\n  extra_args: [--volume, /usr:/usr:ro]\n").container;
+                   "  workdir: /workspace\n  extra_args: [--volume, /usr:/usr:ro]\n")
+                   .container;
   EXPECT_THAT(container::command_check_argv(spec, "python3", "", "ddpctl-j-check-7", "7-1234"),
               ElementsAre("podman", "run", "--rm", "--name", "ddpctl-j-check-7", "--label", "ddpctl.owner=7-1234",
-                          "--network", "none", "--pull=never",
-                          "--volume", "/data:/workspace:ro", "--volume", "/usr:/usr:ro", "--entrypoint", "/bin/sh",
-                          "nvcr.io/nvidia/pytorch:24.05-py3", "-c",
+                          "--network", "none", "--pull=never", "--volume", "/data:/workspace:ro", "--volume",
+                          "/usr:/usr:ro", "--entrypoint", "/bin/sh", "nvcr.io/nvidia/pytorch:24.05-py3", "-c",
                           "[ -z \"$1\" ] || cd -- \"$1\" || exit 3; command -v -- \"$2\" >/dev/null || exit 4", "sh",
                           "/workspace", "python3"));
 }
@@ -324,7 +351,8 @@ TEST(CommandCheck, DockerPassesTheWorkersPathAndAnEmptyWorkdirMeansTheImages) {
 }
 
 TEST(CommandCheck, ApptainerAndEnroot) {
-  auto app = *job("  runtime: apptainer\n  image: /images/pt.sif\n  mounts: [/data:/data]\n  workdir: /data\n").container;
+  auto app =
+      *job("  runtime: apptainer\n  image: /images/pt.sif\n  mounts: [/data:/data]\n  workdir: /data\n").container;
   auto a = container::command_check_argv(app, "python3", "", "unused", "1-2");
   EXPECT_THAT(std::vector<std::string>(a.begin(), a.begin() + 7),
               ElementsAre("apptainer", "exec", "--cleanenv", "--bind", "/data:/data", "/images/pt.sif", "/bin/sh"));
@@ -350,8 +378,9 @@ TEST(CommandCheck, ExitCodesSayWhatIsMissing) {
 TEST(CommandCheck, WorkerPathIsContainerEnvsThenTheJobs) {
   EXPECT_EQ(container::worker_path(job("  runtime: podman\n  image: i\n")), "");
   EXPECT_EQ(container::worker_path(job("  runtime: podman\n  image: i\n", "env: {PATH: /job/bin}\n")), "/job/bin");
-  EXPECT_EQ(container::worker_path(job("  runtime: podman\n  image: i\n  env: {PATH: /c/bin}\n", "env: {PATH: /job/bin}\n")),
-            "/c/bin");
+  EXPECT_EQ(
+      container::worker_path(job("  runtime: podman\n  image: i\n  env: {PATH: /c/bin}\n", "env: {PATH: /job/bin}\n")),
+      "/c/bin");
 }
 
 TEST(CommandCheck, CheckNamesAreSafeAndPerProcess) {
@@ -372,7 +401,8 @@ TEST(Container, JobWithoutContainerIsLeftAlone) {
 
 namespace {
 const container::Confinement kAlice{1001, 1001, {1001, 27, 44}, "/var/log/ddp/.container-env"};
-const std::string kPlainPodman = "  runtime: podman\n  image: img:1\n  mounts: ['/home/alice/p:/work']\n  workdir: /work\n";
+const std::string kPlainPodman =
+    "  runtime: podman\n  image: img:1\n  mounts: ['/home/alice/p:/work']\n  workdir: /work\n";
 
 contract::Plan confined_plan(const jobspec::JobSpec& spec) {
   contract::NodeContext node;
@@ -416,7 +446,8 @@ TEST(Confinement, TheCommandCheckInTheImageRunsConfinedToo) {
 TEST(Confinement, RootsFlagsAndRootRunningRuntimesAreRefused) {
   EXPECT_EQ(container::confinement_problem(*job(kPlainPodman).container), std::nullopt);
   EXPECT_EQ(container::confinement_problem(*job("  runtime: docker\n  image: img:1\n").container), std::nullopt);
-  auto extra = container::confinement_problem(*job("  runtime: podman\n  image: img:1\n  extra_args: [--privileged]\n").container);
+  auto extra = container::confinement_problem(
+      *job("  runtime: podman\n  image: img:1\n  extra_args: [--privileged]\n").container);
   ASSERT_TRUE(extra);
   EXPECT_THAT(*extra, HasSubstr("container.extra_args (--privileged) are not allowed"));
   for (const char* rt : {"apptainer", "enroot"}) {
@@ -445,9 +476,9 @@ TEST(ImageName, AnOptionIsNeverTakenForAnImage) {
   EXPECT_TRUE(container::image_problem("img:1 --privileged"));
   EXPECT_TRUE(container::image_problem("img\n"));
   // podman's transports that name files or stores on the node (root's runtime would open them).
-  for (const char* t : {"oci-archive:/root/private.tar", "docker-archive:/var/backups/x.tar", "dir:/srv/img",
-                        "oci:/dev/watchdog", "containers-storage:[overlay@/home/u/root+/home/u/run]img",
-                        "docker-daemon:img:1"}) {
+  for (const char* t :
+       {"oci-archive:/root/private.tar", "docker-archive:/var/backups/x.tar", "dir:/srv/img", "oci:/dev/watchdog",
+        "containers-storage:[overlay@/home/u/root+/home/u/run]img", "docker-daemon:img:1"}) {
     ASSERT_TRUE(container::image_problem(t)) << t;
     EXPECT_THAT(*container::image_problem(t), HasSubstr("transport")) << t;
   }
@@ -463,7 +494,8 @@ TEST(ImageName, AnOptionIsNeverTakenForAnImage) {
   EXPECT_THROW(container::command_check_argv(bad, "python3", "", "n", "1-2"), std::invalid_argument);
   container::RankRun run;
   run.argv = {"python3"};
-  for (auto rt : {ContainerRuntime::podman, ContainerRuntime::docker, ContainerRuntime::apptainer, ContainerRuntime::enroot}) {
+  for (auto rt :
+       {ContainerRuntime::podman, ContainerRuntime::docker, ContainerRuntime::apptainer, ContainerRuntime::enroot}) {
     bad.runtime = rt;
     EXPECT_THROW(container::run_argv(bad, run, HostLayout{}), std::invalid_argument);
   }

@@ -6,7 +6,9 @@ using namespace ddp;
 using namespace ddp::contract;
 
 namespace {
-jobspec::JobSpec spec_of(const std::string& yaml) { return jobspec::parse_job_yaml(yaml, "t.yaml"); }
+jobspec::JobSpec spec_of(const std::string& yaml) {
+  return jobspec::parse_job_yaml(yaml, "t.yaml");
+}
 
 NodeContext node4() {
   NodeContext n;
@@ -101,10 +103,19 @@ TEST(Contract, NoLoopbackDefaultsOffLocalMode) {
 
 TEST(Contract, ScrubsOtherLaunchers) {
   auto spec = spec_of("command: [x]\n");
-  Env inherited{{"SLURM_PROCID", "5"},   {"SLURM_JOB_ID", "77"}, {"PET_NPROC_PER_NODE", "8"}, {"RANK", "9"},
-                {"LOCAL_RANK", "9"},     {"NCCL_COMM_ID", "1.2.3.4:5"}, {"OMPI_COMM_WORLD_RANK", "3"},
-                {"PMI_RANK", "2"},       {"TORCHELASTIC_RUN_ID", "old"}, {"DDP_NCCL_UNIQUE_ID", "00"},
-                {"HOME", "/root"},       {"NCCL_DEBUG", "INFO"}, {"MASTER_ADDR", "10.0.0.1"}};
+  Env inherited{{"SLURM_PROCID", "5"},
+                {"SLURM_JOB_ID", "77"},
+                {"PET_NPROC_PER_NODE", "8"},
+                {"RANK", "9"},
+                {"LOCAL_RANK", "9"},
+                {"NCCL_COMM_ID", "1.2.3.4:5"},
+                {"OMPI_COMM_WORLD_RANK", "3"},
+                {"PMI_RANK", "2"},
+                {"TORCHELASTIC_RUN_ID", "old"},
+                {"DDP_NCCL_UNIQUE_ID", "00"},
+                {"HOME", "/root"},
+                {"NCCL_DEBUG", "INFO"},
+                {"MASTER_ADDR", "10.0.0.1"}};
   auto env = worker_env(spec, node4(), inherited, 1);
   for (const char* gone : {"SLURM_PROCID", "SLURM_JOB_ID", "PET_NPROC_PER_NODE", "NCCL_COMM_ID", "OMPI_COMM_WORLD_RANK",
                            "PMI_RANK", "DDP_NCCL_UNIQUE_ID"}) {
@@ -175,8 +186,10 @@ TEST(Forwarding, LoaderVariablesNeverReachRootsProcesses) {
                         "LOCPATH", "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "TMPDIR", "MALLOC_TRACE"}) {
     EXPECT_TRUE(is_loader_variable(v)) << v;
   }
-  for (const char* v : {"PATH", "HOME", "NCCL_DEBUG", "OLD_LD_PRELOAD", "CONTAINERS_CONF"}) EXPECT_FALSE(is_loader_variable(v)) << v;
-  EXPECT_EQ(without_loader_variables({{"PATH", "/bin"}, {"LD_PRELOAD", "x"}, {"GCONV_PATH", "y"}}), (Env{{"PATH", "/bin"}}));
+  for (const char* v : {"PATH", "HOME", "NCCL_DEBUG", "OLD_LD_PRELOAD", "CONTAINERS_CONF"})
+    EXPECT_FALSE(is_loader_variable(v)) << v;
+  EXPECT_EQ(without_loader_variables({{"PATH", "/bin"}, {"LD_PRELOAD", "x"}, {"GCONV_PATH", "y"}}),
+            (Env{{"PATH", "/bin"}}));
 }
 
 // ---- NCCL async error handling: the name each PyTorch release reads, and nothing it warns about

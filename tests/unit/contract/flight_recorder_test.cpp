@@ -7,7 +7,9 @@ using namespace ddp;
 using namespace ddp::contract;
 
 namespace {
-jobspec::JobSpec spec_of(const std::string& yaml) { return jobspec::parse_job_yaml(yaml, "t.yaml"); }
+jobspec::JobSpec spec_of(const std::string& yaml) {
+  return jobspec::parse_job_yaml(yaml, "t.yaml");
+}
 
 NodeContext node2(std::optional<std::string> torch) {
   NodeContext n;

@@ -22,7 +22,8 @@ using namespace ddp::control;
 using nlohmann::json;
 
 TEST(ControlProtocol, RequestsRoundTrip) {
-  for (const auto& r : {Request{Op::status, {}, false}, Request{Op::stop, {}, false}, Request{Op::logs, {0, 3}, true}}) {
+  for (const auto& r :
+       {Request{Op::status, {}, false}, Request{Op::stop, {}, false}, Request{Op::logs, {0, 3}, true}}) {
     const auto line = encode_request(r);
     ASSERT_EQ(line.back(), '\n');
     const auto d = parse_request(line);
@@ -93,14 +94,27 @@ TEST(ControlProtocol, LogLines) {
 }
 
 TEST(ControlProtocol, StatusAsText) {
-  json s{{"job_id", "j1"},   {"mode", "local"},       {"pid", 42},           {"started_unix_ms", 1000},
-         {"state", "running"}, {"attempt", 1},          {"restarts", 1},       {"max_restarts", 3},
-         {"store", "127.0.0.1:29500"}, {"nodes", {"vm"}},
-         {"ranks", {{{"rank", 0}, {"node", "vm"}, {"pid", 100}, {"state", "running"}, {"last_output_age_s", 0.25}},
-                    {{"rank", 1}, {"node", "vm"}, {"pid", nullptr}, {"state", "exited with code 1"}, {"last_output_age_s", nullptr}}}},
+  json s{{"job_id", "j1"},
+         {"mode", "local"},
+         {"pid", 42},
+         {"started_unix_ms", 1000},
+         {"state", "running"},
+         {"attempt", 1},
+         {"restarts", 1},
+         {"max_restarts", 3},
+         {"store", "127.0.0.1:29500"},
+         {"nodes", {"vm"}},
+         {"ranks",
+          {{{"rank", 0}, {"node", "vm"}, {"pid", 100}, {"state", "running"}, {"last_output_age_s", 0.25}},
+           {{"rank", 1},
+            {"node", "vm"},
+            {"pid", nullptr},
+            {"state", "exited with code 1"},
+            {"last_output_age_s", nullptr}}}},
          {"store_waiters", {"1/2 ranks waiting on `k` for 3 s (rank 0)"}}};
   const auto text = format_status(s, 61'000);
-  EXPECT_NE(text.find("job j1 (local, ddpctl pid 42): running, attempt 1, restarts 1/3, up 60 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("job j1 (local, ddpctl pid 42): running, attempt 1, restarts 1/3, up 60 s"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("store: 127.0.0.1:29500"), std::string::npos);
   EXPECT_NE(text.find("100  running"), std::string::npos) << text;
   EXPECT_NE(text.find("0.2 s ago"), std::string::npos) << text;
@@ -114,9 +128,17 @@ TEST(ControlProtocol, StatusAsText) {
 // While a multi-node job's nodes join there is no store and no rank yet: the status says so
 // instead of an empty `store:` line and a table header with no rows.
 TEST(ControlProtocol, StatusBeforeTheRoundStarts) {
-  json s{{"job_id", "j2"}, {"mode", "nodes"}, {"pid", 7}, {"started_unix_ms", 1000},
-         {"state", "round 1: waiting for nodes: 1/2 nodes joined; missing: n2"}, {"attempt", 0}, {"restarts", 0},
-         {"max_restarts", 0}, {"store", ""}, {"nodes", {"n1", "n2"}}, {"ranks", json::array()},
+  json s{{"job_id", "j2"},
+         {"mode", "nodes"},
+         {"pid", 7},
+         {"started_unix_ms", 1000},
+         {"state", "round 1: waiting for nodes: 1/2 nodes joined; missing: n2"},
+         {"attempt", 0},
+         {"restarts", 0},
+         {"max_restarts", 0},
+         {"store", ""},
+         {"nodes", {"n1", "n2"}},
+         {"ranks", json::array()},
          {"store_waiters", json::array()}};
   const auto text = format_status(s, 3'000);
   EXPECT_NE(text.find("store: not up yet\n"), std::string::npos) << text;
@@ -244,14 +266,18 @@ TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
   const auto path = (dir / "job.sock").string();
   {
     boost::asio::io_context io;
-    Server server(io, path, Provider{[] { return json::object(); }, [](const std::string&) {}, [](const std::set<int>&) { return std::vector<std::pair<int, std::string>>{}; }});
+    Server server(io, path,
+                  Provider{[] { return json::object(); }, [](const std::string&) {},
+                           [](const std::set<int>&) { return std::vector<std::pair<int, std::string>>{}; }});
     server.end("succeeded");
     io.poll();  // runs what is ready; the context stops only if nothing is left pending
     EXPECT_TRUE(io.stopped()) << "end() left work (a timer) for the launcher's loop to wait on";
   }
   {
     boost::asio::io_context io;
-    Server server(io, path, Provider{[] { return json::object(); }, [](const std::string&) {}, [](const std::set<int>&) { return std::vector<std::pair<int, std::string>>{}; }});
+    Server server(io, path,
+                  Provider{[] { return json::object(); }, [](const std::string&) {},
+                           [](const std::set<int>&) { return std::vector<std::pair<int, std::string>>{}; }});
     boost::asio::local::stream_protocol::socket client(io);
     client.connect(boost::asio::local::stream_protocol::endpoint(path));
     const std::string follow = json{{"op", "logs"}, {"follow", true}}.dump() + "\n";

@@ -39,7 +39,8 @@ rdzv::AssignRanks assignment(std::uint32_t round, const std::vector<std::pair<st
   return a;
 }
 
-Ready ready(const std::string& node, std::uint32_t round, std::uint16_t port = 29500, std::optional<std::string> id = "ab12") {
+Ready ready(const std::string& node, std::uint32_t round, std::uint16_t port = 29500,
+            std::optional<std::string> id = "ab12") {
   return Ready{node, Round{round}, port, std::move(id), std::nullopt};
 }
 
@@ -125,7 +126,8 @@ TEST(Release, AReadyBeforeTheStartIsDueAssignsOnlyThenTheStartGoesToAll) {
 
 TEST(Release, AReadyNobodyAwaitsIsIgnored) {
   auto m = three_nodes();
-  for (const auto& r : {ready("n2", 1), ready("n1", 2), ready("n9", 1)}) {  // not node rank 0; another round; a stranger
+  for (const auto& r :
+       {ready("n2", 1), ready("n1", 2), ready("n9", 1)}) {  // not node rank 0; another round; a stranger
     auto e = m.handle(r);
     ASSERT_EQ(e.size(), 1u);
     EXPECT_EQ(std::get<ReadyIgnored>(e[0]).node, r.node);
@@ -247,7 +249,8 @@ TEST(Close, ExitsAfterTheStopAreItsEffectUnlessNothingCameBefore) {
   auto m = three_nodes();
   m.handle(StopIssued{Round{1}, Micros(10s)});
   m.handle(exit_of("n1", 1, 0, 0, Micros(12s), SIGTERM));
-  m.handle(exit_of("n2", 1, 0, 0, Micros(11s), SIGTERM));  // later to arrive, earlier stamped: still not the first arrival
+  m.handle(
+      exit_of("n2", 1, 0, 0, Micros(11s), SIGTERM));  // later to arrive, earlier stamped: still not the first arrival
   auto c = all<AttemptClosed>(m.handle(Close{Outcome::failed, std::nullopt}));
   EXPECT_EQ(c.at(0).first_failure, (WorkerKey{"n1", 0}));
 }
@@ -382,8 +385,11 @@ TEST(Invariants, RandomEventStreamsKeepTheRoundsPromises) {
           all_started = 0;
           break;
         }
-        case 1: ev = StartDue{some_round}; break;
-        case 2: case 3: {
+        case 1:
+          ev = StartDue{some_round};
+          break;
+        case 2:
+        case 3: {
           Ready r{rng() % 3 ? (a.nodes.empty() ? node : a.nodes.front().node) : node, some_round,
                   static_cast<std::uint16_t>(1024 + rng() % 60000), std::nullopt, std::nullopt};
           if (rng() % 2) r.nccl_id = std::to_string(rng());
@@ -391,15 +397,23 @@ TEST(Invariants, RandomEventStreamsKeepTheRoundsPromises) {
           ev = r;
           break;
         }
-        case 4: case 5: ev = WorkerStarted{node, some_round, LocalRank{lr}, static_cast<std::uint32_t>(rng())}; break;
-        case 6: case 7: {
+        case 4:
+        case 5:
+          ev = WorkerStarted{node, some_round, LocalRank{lr}, static_cast<std::uint32_t>(rng())};
+          break;
+        case 6:
+        case 7: {
           auto x = exit_of(node, some_round.value, lr, static_cast<int>(rng() % 3),
-                           Micros(static_cast<long long>(rng() % 100'000'000)), rng() % 4 == 0 ? std::optional<int>(SIGKILL) : std::nullopt);
+                           Micros(static_cast<long long>(rng() % 100'000'000)),
+                           rng() % 4 == 0 ? std::optional<int>(SIGKILL) : std::nullopt);
           x.node_leaving = rng() % 10 == 0;
           ev = x;
           break;
         }
-        case 8: case 9: ev = StopIssued{Round{round}, Micros(static_cast<long long>(rng() % 100'000'000))}; break;
+        case 8:
+        case 9:
+          ev = StopIssued{Round{round}, Micros(static_cast<long long>(rng() % 100'000'000))};
+          break;
         default: {
           Close c{static_cast<Outcome>(rng() % 3), std::nullopt};
           if (rng() % 2) {
@@ -419,8 +433,8 @@ TEST(Invariants, RandomEventStreamsKeepTheRoundsPromises) {
       const bool in_round = open && !halted && !closed;
       if (auto* s = std::get_if<StartDue>(&ev); s && s->round == a.round && in_round) due = true;
       bool refused = false;
-      if (auto* r = std::get_if<Ready>(&ev); r && in_round && !released && r->round == a.round && !a.nodes.empty() &&
-                                             r->node == a.nodes.front().node) {
+      if (auto* r = std::get_if<Ready>(&ev);
+          r && in_round && !released && r->round == a.round && !a.nodes.empty() && r->node == a.nodes.front().node) {
         if (r->error) {
           refused = true;
           halted = true;
@@ -443,12 +457,12 @@ TEST(Invariants, RandomEventStreamsKeepTheRoundsPromises) {
         }
         EXPECT_EQ(x.node, a.nodes.at(x.index).node);
         EXPECT_FALSE(halted && !std::holds_alternative<Assigned>(ev));  // I4
-        EXPECT_EQ(++assigns[x.node], 1);                                 // I3
+        EXPECT_EQ(++assigns[x.node], 1);                                // I3
         if (x.start) EXPECT_EQ(++starts[x.node], 1);
       }
       for (const auto& x : all<SendStart>(e)) {
-        EXPECT_TRUE(released);  // I1
-        EXPECT_FALSE(halted);   // I4
+        EXPECT_TRUE(released);           // I1
+        EXPECT_FALSE(halted);            // I4
         EXPECT_EQ(++starts[x.node], 1);  // I3
         EXPECT_EQ(x.round, a.round);
       }

@@ -55,7 +55,7 @@ TEST(StacksGather, EveryRankIsAnsweredAndASilentNodeIsNamed) {
   const auto id = to_a[0]["id"];
   g.on_stacks("a", {{"id", id}, {"rank", 0}, {"process", process(100, "stuck_here")}});
   g.on_stacks("a", {{"id", id}, {"rank", 7}, {"process", process(101, "not_yours")}});  // not a's: dropped
-  g.on_stacks("a", {{"id", id}, {"rank", 1}, {"process", json{{"pid", "x"}}}});        // malformed
+  g.on_stacks("a", {{"id", id}, {"rank", 1}, {"process", json{{"pid", "x"}}}});         // malformed
   g.on_done("a", {{"id", id}});
   EXPECT_FALSE(reply);  // b has not answered yet
   io.run();             // until the deadline
@@ -97,7 +97,8 @@ TEST(StacksGather, ARelayedAnswerIsCutToItsBound) {
       stacks::ThreadStack th;
       th.tid = 100 + r + t * 1000;
       th.main = t == 0;
-      for (int f = 0; f < 100; ++f) th.native.push_back({stacks::Frame::Kind::native, std::string(100, 'f'), "libx.so", 0, 1});
+      for (int f = 0; f < 100; ++f)
+        th.native.push_back({stacks::Frame::Kind::native, std::string(100, 'f'), "libx.so", 0, 1});
       p.threads.push_back(th);
     }
     reply["ranks"].push_back({{"rank", r}, {"node", "a"}, {"process", stacks::to_json(p)}});

@@ -10,7 +10,8 @@
 using namespace std::chrono_literals;
 
 TEST(CoordinatorStopTimeout, AllowsTheStacksReadAndTheConverter) {
-  EXPECT_EQ(ddp::coordinator::round_stop_timeout(30s), 30s + 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
+  EXPECT_EQ(ddp::coordinator::round_stop_timeout(30s),
+            30s + 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
   EXPECT_GE(ddp::coordinator::round_stop_timeout(0s), 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
   EXPECT_LE(ddp::hang::kConvertLimit, 3s);
 }

@@ -30,12 +30,15 @@ std::string codes(const std::vector<Finding>& fs) {
   return out;
 }
 
-std::vector<Finding> check(const std::vector<NodeFacts>& nodes) { return check_consistency(nodes, default_job_needs(nodes)); }
+std::vector<Finding> check(const std::vector<NodeFacts>& nodes) {
+  return check_consistency(nodes, default_job_needs(nodes));
+}
 
 }  // namespace
 
 TEST(Consistency, CleanSetsPass) {
-  for (auto set : {load({"dgx-a", "dgx-b"}), load({"cpu-a", "cpu-b"}), load({"dgx-a"}), load({"cpu-a", "cpu-future"})}) {
+  for (auto set :
+       {load({"dgx-a", "dgx-b"}), load({"cpu-a", "cpu-b"}), load({"dgx-a"}), load({"cpu-a", "cpu-future"})}) {
     auto fs = check(set);
     EXPECT_FALSE(has_errors(fs)) << codes(fs);
     for (const auto& f : fs) EXPECT_EQ(f.severity, Severity::info) << f.message;
@@ -214,7 +217,8 @@ TEST(Consistency, ImageMissingOrDifferentIsAnError) {
 // The job's PyTorch and Python (lib/pyenv's probe): another release or Python minor is an error.
 namespace {
 PythonFacts py(const char* version, std::optional<std::string> torch) {
-  return PythonFacts{"/venv/bin/python3", "the command's program", "/usr/bin/python3.11", version, std::move(torch), {}};
+  return PythonFacts{
+      "/venv/bin/python3", "the command's program", "/usr/bin/python3.11", version, std::move(torch), {}};
 }
 }  // namespace
 

@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 using namespace ddp::facts;
-using ::testing::ElementsAre;
 using facts_test::ScratchTree;
+using ::testing::ElementsAre;
 
 namespace {
 NodeFacts discover_tree(const std::filesystem::path& root) {
@@ -47,8 +47,9 @@ TEST(Discover, DgxH100) {
   }
   EXPECT_EQ(f.gpus[0].sysfs_path, "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0");
 
-  EXPECT_THAT(nic_names(f), ElementsAre("mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1",
-                                        "mlx5_7:1", "eno1", "eno2"));  // IPoIB netdevs, lo and docker0 are not NICs
+  EXPECT_THAT(nic_names(f),
+              ElementsAre("mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1",
+                          "mlx5_7:1", "eno1", "eno2"));  // IPoIB netdevs, lo and docker0 are not NICs
   const auto& ib0 = f.nics[0];
   EXPECT_EQ(ib0.kind, NicKind::ib);
   EXPECT_EQ(ib0.netdev, "ibp25s0");
@@ -184,7 +185,7 @@ TEST(Discover, RoceHcaClaimsItsEthernetNetdev) {
 TEST(FsRoot, ConfinesSymlinksToTheRoot) {
   ScratchTree t;
   t.write("etc/hostname", "inside\n");
-  t.link("abs", "/etc");           // absolute: taken relative to the root
+  t.link("abs", "/etc");               // absolute: taken relative to the root
   t.link("up", "../../../../../etc");  // ".." stops at the root
   t.link("loop1", "loop2");
   t.link("loop2", "loop1");
@@ -201,16 +202,20 @@ TEST(FsRoot, ConfinesSymlinksToTheRoot) {
 
 TEST(Parse, NvidiaFiles) {
   auto info = parse::nvidia_information(
-      "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 200\nGPU UUID: \t GPU-abc\nBus Location: \t 0000:18:00.0\nDevice Minor: \t 0\n");
+      "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 200\nGPU UUID: \t GPU-abc\nBus Location: \t 0000:18:00.0\nDevice "
+      "Minor: \t 0\n");
   EXPECT_EQ(info.model, "NVIDIA H100 80GB HBM3");
   EXPECT_EQ(info.uuid, "GPU-abc");
   EXPECT_EQ(info.bus_location, "0000:18:00.0");
-  EXPECT_EQ(parse::nvidia_driver_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023\n"),
+  EXPECT_EQ(parse::nvidia_driver_version(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023\n"),
             "535.129.03");
-  EXPECT_EQ(parse::nvidia_driver_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  "
-                                         "(dvs-builder@U16)  Tue Mar  5 22:15:33 UTC 2024\n"),
-            "550.54.15");
-  EXPECT_EQ(parse::nvidia_driver_version("NVRM version: NVIDIA UNIX aarch64 Kernel Module  560.35.03  Fri Aug 16 21:22:33 UTC 2024"),
+  EXPECT_EQ(
+      parse::nvidia_driver_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  "
+                                   "(dvs-builder@U16)  Tue Mar  5 22:15:33 UTC 2024\n"),
+      "550.54.15");
+  EXPECT_EQ(parse::nvidia_driver_version(
+                "NVRM version: NVIDIA UNIX aarch64 Kernel Module  560.35.03  Fri Aug 16 21:22:33 UTC 2024"),
             "560.35.03");
   EXPECT_FALSE(parse::nvidia_driver_version("garbage 1.2.3"));
 }

@@ -1,6 +1,6 @@
 // Model: cpulists, bus ids, JSON round trip, and the reader's errors and notes.
-#include "facts/discover.hpp"
 #include "facts/model.hpp"
+#include "facts/discover.hpp"
 #include "facts/native.hpp"
 #include "test_util.hpp"
 
@@ -17,7 +17,8 @@ TEST(Cpulist, ParsesAndFormatsRoundTrip) {
   EXPECT_EQ(parse_cpulist(""), std::vector<int>{});  // memory-only NUMA node
   EXPECT_EQ(format_cpulist({3, 0, 1, 2, 8, 10, 11, 11}), "0-3,8,10-11");
   EXPECT_EQ(format_cpulist({}), "");
-  for (std::string s : {"0-55,112-167", "5", "0-1", "0,2,4", "1-2,4-5,7"}) EXPECT_EQ(format_cpulist(*parse_cpulist(s)), s) << s;
+  for (std::string s : {"0-55,112-167", "5", "0-1", "0,2,4", "1-2,4-5,7"})
+    EXPECT_EQ(format_cpulist(*parse_cpulist(s)), s) << s;
 }
 
 TEST(Cpulist, RejectsGarbageAndHugeRanges) {
@@ -80,8 +81,10 @@ TEST(FactsJson, ContainerImageRoundTripsAndConformsToTheSchemaShape) {
   auto f = from_json(minimal(), "node.json");
   f.container_image = ContainerImage{"podman", "localhost/img:1", "sha256:aa", "sha256:bb", std::nullopt};
   auto j = to_json(f);
-  EXPECT_EQ(j["container_image"], (json{{"runtime", "podman"}, {"image", "localhost/img:1"}, {"digest", "sha256:aa"},
-                                        {"repo_digest", "sha256:bb"}}));
+  EXPECT_EQ(
+      j["container_image"],
+      (json{
+          {"runtime", "podman"}, {"image", "localhost/img:1"}, {"digest", "sha256:aa"}, {"repo_digest", "sha256:bb"}}));
   std::vector<std::string> notes;
   EXPECT_EQ(to_json(from_json(j, "node.json", &notes)), j);
   EXPECT_TRUE(notes.empty());
@@ -123,8 +126,9 @@ TEST(FactsJson, UnknownFieldsBecomeNotes) {
   std::vector<std::string> notes;
   auto f = from_json(j, "new.json", &notes);
   EXPECT_EQ(f.hostname, "n1");
-  EXPECT_THAT(notes, ::testing::UnorderedElementsAre(HasSubstr("newer ddpctl"), HasSubstr("'power'"),
-                                                     HasSubstr("'numa_nodes[0].distance'"), HasSubstr("'versions.rocm'")));
+  EXPECT_THAT(notes,
+              ::testing::UnorderedElementsAre(HasSubstr("newer ddpctl"), HasSubstr("'power'"),
+                                              HasSubstr("'numa_nodes[0].distance'"), HasSubstr("'versions.rocm'")));
 }
 
 TEST(FactsJson, NumaMinusOneIsZeroAndLimitsTakeBothShapes) {

@@ -44,8 +44,10 @@ class MiniSchema {
     if (s.contains("const") && v != s["const"]) fail(at, "const");
     if (s.contains("minimum") && v.is_number() && v.get<double>() < s["minimum"].get<double>()) fail(at, "minimum");
     if (s.contains("maximum") && v.is_number() && v.get<double>() > s["maximum"].get<double>()) fail(at, "maximum");
-    if (s.contains("minLength") && v.is_string() && v.get<std::string>().size() < s["minLength"].get<std::size_t>()) fail(at, "minLength");
-    if (s.contains("pattern") && v.is_string() && !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>())))
+    if (s.contains("minLength") && v.is_string() && v.get<std::string>().size() < s["minLength"].get<std::size_t>())
+      fail(at, "minLength");
+    if (s.contains("pattern") && v.is_string() &&
+        !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>())))
       fail(at, "pattern " + s["pattern"].get<std::string>());
     if (s.contains("oneOf")) {
       int ok = 0;
@@ -101,7 +103,8 @@ TEST(Schema, DiscoveredFactsAndFixturesConform) {
 
 TEST(Schema, CatchesWhatTheReaderRefuses) {
   MiniSchema schema(read_json(facts_test::source_dir() / "proto/node-facts.schema.json"));
-  auto j = json::parse(R"({"hostname": "n", "numa_nodes": [{"id": 0, "cpus": "0-x"}], "gpus": [{"index": 0, "pci_bus_id": "0000:18:00.0"}], "nics": [{"name": "e", "kind": "wifi"}]})");
+  auto j = json::parse(
+      R"({"hostname": "n", "numa_nodes": [{"id": 0, "cpus": "0-x"}], "gpus": [{"index": 0, "pci_bus_id": "0000:18:00.0"}], "nics": [{"name": "e", "kind": "wifi"}]})");
   auto errs = schema.errors(j);
   EXPECT_EQ(errs.size(), 2u);
   j.erase("gpus");

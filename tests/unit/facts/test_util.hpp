@@ -13,8 +13,12 @@ inline std::filesystem::path source_dir() {
   const char* s = std::getenv("DDP_SOURCE_DIR");
   return s ? std::filesystem::path(s) : std::filesystem::path(DDP_FALLBACK_SOURCE_DIR);
 }
-inline std::filesystem::path sysfs_fixture(const std::string& name) { return source_dir() / "tests/fixtures/sysfs" / name; }
-inline std::filesystem::path facts_fixture(const std::string& name) { return source_dir() / "tests/fixtures/facts" / (name + ".json"); }
+inline std::filesystem::path sysfs_fixture(const std::string& name) {
+  return source_dir() / "tests/fixtures/sysfs" / name;
+}
+inline std::filesystem::path facts_fixture(const std::string& name) {
+  return source_dir() / "tests/fixtures/facts" / (name + ".json");
+}
 
 // A temporary directory tree, removed when the object goes.
 class ScratchTree {

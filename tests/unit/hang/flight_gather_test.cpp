@@ -34,7 +34,9 @@ struct TempDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 }  // namespace
 
@@ -112,8 +114,8 @@ TEST(FlightRequestDump, AFifoOfSomeoneElseIsRefused) {
 
 TEST(FlightGather, ListsDumpsOnlyInRankOrder) {
   TempDir t;
-  for (const char* n : {"nccl-flight-rank-10", "nccl-flight-rank-2", "nccl-flight-rank-2.pipe", "rank-0.log",
-                        "nccl-flight-rank-x"})
+  for (const char* n :
+       {"nccl-flight-rank-10", "nccl-flight-rank-2", "nccl-flight-rank-2.pipe", "rank-0.log", "nccl-flight-rank-x"})
     write(t.file(n), "");
   EXPECT_EQ(list_dumps(safefs::Dir::open(t.path.string())),
             (std::vector<std::string>{"nccl-flight-rank-2", "nccl-flight-rank-10"}));
@@ -130,8 +132,9 @@ TEST(FlightGather, ConvertsWithPythonAndNamesTheCollective) {
            R"(,"input_sizes":[[1024]],"input_dtypes":["Float"],"output_sizes":[[1024]],"output_dtypes":["Float"],)" +
            R"("state":")" + state + R"(","is_p2p":false,"retired":false,"timeout_ms":1000})";
   };
-  write(t.file("nccl-flight-rank-0"), R"({"version":"2.4","pg_config":{"0":{"name":"0","desc":"default_pg","ranks":"[0, 1, 2]"}},"entries":[)" +
-                                          entry(1, "completed") + "," + entry(2, "started") + "]}");
+  write(t.file("nccl-flight-rank-0"),
+        R"({"version":"2.4","pg_config":{"0":{"name":"0","desc":"default_pg","ranks":"[0, 1, 2]"}},"entries":[)" +
+            entry(1, "completed") + "," + entry(2, "started") + "]}");
   write(t.file("nccl-flight-rank-1"), R"({"version":"2.4","entries":[)" + entry(1, "completed") + "]}");
   write(t.file("nccl-flight-rank-2"), "\x80\x04garbage");
   ConvertRequest req;
@@ -143,9 +146,9 @@ TEST(FlightGather, ConvertsWithPythonAndNamesTheCollective) {
   EXPECT_EQ(f->behind, (std::vector<int>{1}));
   EXPECT_EQ(f->missing, (std::vector<int>{2}));
   EXPECT_TRUE(f->errors.count(2));
-  EXPECT_EQ(format_finding(*f).rfind(
-                "flight recorder: rank 0 entered all_reduce #2 (pg 0, 4 KiB), rank 1 did not; no dump from rank 2 (rank 2's: ",
-                0),
+  EXPECT_EQ(format_finding(*f).rfind("flight recorder: rank 0 entered all_reduce #2 (pg 0, 4 KiB), rank 1 did not; no "
+                                     "dump from rank 2 (rank 2's: ",
+                                     0),
             0u)
       << format_finding(*f);
 }
@@ -177,9 +180,10 @@ TEST(FlightGather, AnswersForOtherFilesOrRanksAreNotBelieved) {
   TempDir t;
   write(t.file("nccl-flight-rank-0"), "{}");
   ConvertRequest req;
-  req.python = {"/bin/sh", "-c",
-                R"(echo '{"file":"nccl-flight-rank-7","rank":7,"entries":[]}'; echo '{"file":"nccl-flight-rank-0","rank":5,"entries":[]}')",
-                "sh"};
+  req.python = {
+      "/bin/sh", "-c",
+      R"(echo '{"file":"nccl-flight-rank-7","rank":7,"entries":[]}'; echo '{"file":"nccl-flight-rank-0","rank":5,"entries":[]}')",
+      "sh"};
   auto dumps = convert_dumps(t.path.string(), {"nccl-flight-rank-0"}, req);
   ASSERT_EQ(dumps.size(), 1u);
   EXPECT_EQ(dumps[0].rank, 0);

@@ -15,11 +15,16 @@ namespace {
 json entry(const std::string& pg, std::uint64_t seq, const std::string& op, const std::string& state,
            std::vector<std::int64_t> shape = {1048576}, const std::string& dtype = "Float", std::int64_t t = 0,
            bool p2p = false) {
-  return {{"pg", pg},           {"desc", pg == "0" ? "default_pg" : "tp"},
-          {"seq", seq},         {"p2p", p2p},
-          {"op", "nccl:" + op}, {"in", json::array({shape})},
-          {"out", json::array({shape})}, {"in_dtypes", json::array({dtype})},
-          {"out_dtypes", json::array({dtype})}, {"state", state},
+  return {{"pg", pg},
+          {"desc", pg == "0" ? "default_pg" : "tp"},
+          {"seq", seq},
+          {"p2p", p2p},
+          {"op", "nccl:" + op},
+          {"in", json::array({shape})},
+          {"out", json::array({shape})},
+          {"in_dtypes", json::array({dtype})},
+          {"out_dtypes", json::array({dtype})},
+          {"state", state},
           {"t", t ? t : static_cast<std::int64_t>(1000 + seq)}};
 }
 
@@ -31,8 +36,12 @@ json steps(int n, const std::string& last_state, const std::string& pg = "0") {
 }
 
 RankDump dump(int rank, json entries, json groups = json::object()) {
-  json j{{"file", "nccl-flight-rank-" + std::to_string(rank)}, {"rank", rank}, {"version", "2.10"},
-         {"groups", groups}, {"entries", entries}, {"dropped", 0}};
+  json j{{"file", "nccl-flight-rank-" + std::to_string(rank)},
+         {"rank", rank},
+         {"version", "2.10"},
+         {"groups", groups},
+         {"entries", entries},
+         {"dropped", 0}};
   auto d = parse_summary(j.dump());
   EXPECT_EQ(d.error, "") << j.dump();
   return d;
@@ -44,8 +53,8 @@ using Ranks = std::vector<int>;
 
 TEST(FlightAnalysis, TheRankThatDidNotEnterIsNamed) {
   // Ranks 0,2,3 are in all_reduce #57; rank 1 completed #56 and is somewhere in Python.
-  std::vector<RankDump> d{dump(0, steps(57, "started")), dump(1, steps(56, "completed")),
-                          dump(2, steps(57, "started")), dump(3, steps(57, "scheduled"))};
+  std::vector<RankDump> d{dump(0, steps(57, "started")), dump(1, steps(56, "completed")), dump(2, steps(57, "started")),
+                          dump(3, steps(57, "scheduled"))};
   auto f = analyze(d, 4);
   EXPECT_EQ(f.kind, Finding::Kind::not_entered);
   EXPECT_EQ(f.pg, "0");
@@ -60,7 +69,8 @@ TEST(FlightAnalysis, TheRankThatDidNotEnterIsNamed) {
 
 TEST(FlightAnalysis, SeveralBehindAtDifferentPointsTheFirstMissingCollectiveCounts) {
   // Rank 2 stopped after #10, rank 1 after #12, rank 0 is at #13: #11 is the first some did not enter.
-  std::vector<RankDump> d{dump(0, steps(13, "started")), dump(1, steps(12, "completed")), dump(2, steps(10, "completed"))};
+  std::vector<RankDump> d{dump(0, steps(13, "started")), dump(1, steps(12, "completed")),
+                          dump(2, steps(10, "completed"))};
   auto f = analyze(d, 3);
   EXPECT_EQ(f.kind, Finding::Kind::not_entered);
   EXPECT_EQ(f.seq, 11u);
@@ -74,13 +84,14 @@ TEST(FlightAnalysis, AllAgreeWhenEveryRankCompletedTheSame) {
   EXPECT_EQ(f.kind, Finding::Kind::agree);
   EXPECT_EQ(f.seq, 8u);
   EXPECT_EQ(f.ahead, (Ranks{0, 1}));
-  EXPECT_EQ(format_finding(f), "flight recorder: ranks 0,1 agree: the last collective, all_reduce #8 (pg 0, 4 MiB), completed on all");
+  EXPECT_EQ(format_finding(f),
+            "flight recorder: ranks 0,1 agree: the last collective, all_reduce #8 (pg 0, 4 MiB), completed on all");
 }
 
 TEST(FlightAnalysis, AllEnteredSomeCompleted) {
   // Everyone entered #5; ranks 0,1 saw it complete, ranks 2,3 did not (their GPU or link).
-  std::vector<RankDump> d{dump(0, steps(5, "completed")), dump(1, steps(5, "completed")),
-                          dump(2, steps(5, "started")), dump(3, steps(5, "started"))};
+  std::vector<RankDump> d{dump(0, steps(5, "completed")), dump(1, steps(5, "completed")), dump(2, steps(5, "started")),
+                          dump(3, steps(5, "started"))};
   auto f = analyze(d, 4);
   EXPECT_EQ(f.kind, Finding::Kind::not_completed);
   EXPECT_EQ(f.seq, 5u);
@@ -131,11 +142,13 @@ TEST(FlightAnalysis, ARankThatRecordedNothingDidNotEnter) {
 TEST(FlightAnalysis, SeveralProcessGroupsTheEarliestDivergenceWins) {
   // Group "1" (ranks 0,1) diverged first: rank 1 never entered its #4. Group "0" diverged later
   // as a consequence (rank 1 never got there).
-  auto g = json{{"0", {{"desc", "default_pg"}, {"ranks", {0, 1, 2, 3}}}}, {"1", {{"desc", "tp"}, {"ranks", {0, 1}}}},
+  auto g = json{{"0", {{"desc", "default_pg"}, {"ranks", {0, 1, 2, 3}}}},
+                {"1", {{"desc", "tp"}, {"ranks", {0, 1}}}},
                 {"2", {{"desc", "tp"}, {"ranks", {2, 3}}}}};
   auto ranks01 = [&](int r, int tp_n, const std::string& tp_last) {
     json es = json::array();
-    for (int s = 1; s <= tp_n; ++s) es.push_back(entry("1", s, "all_gather", s == tp_n ? tp_last : "completed", {64}, "BFloat16", 100 + s));
+    for (int s = 1; s <= tp_n; ++s)
+      es.push_back(entry("1", s, "all_gather", s == tp_n ? tp_last : "completed", {64}, "BFloat16", 100 + s));
     es.push_back(entry("0", 7, "all_reduce", r == 0 ? "started" : "completed", {16}, "Float", 500));
     return es;
   };
@@ -213,31 +226,35 @@ TEST(FlightAnalysis, SizesThatMayDifferDoNotCountAsAMismatch) {
 }
 
 TEST(FlightAnalysis, PointToPointPendingWhenNoCollectiveDiverged) {
-  std::vector<RankDump> d{
-      dump(0, json::array({entry("0", 1, "all_reduce", "completed"), entry("0", 2, "send", "started", {8}, "Float", 50, true)})),
-      dump(1, json::array({entry("0", 1, "all_reduce", "completed")}))};
+  std::vector<RankDump> d{dump(0, json::array({entry("0", 1, "all_reduce", "completed"),
+                                               entry("0", 2, "send", "started", {8}, "Float", 50, true)})),
+                          dump(1, json::array({entry("0", 1, "all_reduce", "completed")}))};
   auto f = analyze(d, 2);
   EXPECT_EQ(f.kind, Finding::Kind::p2p_pending);
   EXPECT_EQ(f.op, "send");
   EXPECT_EQ(f.ahead, (Ranks{0}));
-  EXPECT_EQ(format_finding(f), "flight recorder: no collective diverged; rank 0 waits in point-to-point send #2 (pg 0, 32 B) (first pending)");
+  EXPECT_EQ(
+      format_finding(f),
+      "flight recorder: no collective diverged; rank 0 waits in point-to-point send #2 (pg 0, 32 B) (first pending)");
   // A p2p op's sequence number never counts as a collective's.
-  std::vector<RankDump> c{
-      dump(0, json::array({entry("0", 1, "all_reduce", "completed"), entry("0", 9, "recv", "completed", {8}, "Float", 0, true)})),
-      dump(1, json::array({entry("0", 1, "all_reduce", "completed")}))};
+  std::vector<RankDump> c{dump(0, json::array({entry("0", 1, "all_reduce", "completed"),
+                                               entry("0", 9, "recv", "completed", {8}, "Float", 0, true)})),
+                          dump(1, json::array({entry("0", 1, "all_reduce", "completed")}))};
   EXPECT_EQ(analyze(c, 2).kind, Finding::Kind::agree);
 }
 
 TEST(FlightAnalysis, NoDataAndUnreadableDumps) {
   EXPECT_EQ(analyze({}, 2).kind, Finding::Kind::no_data);
-  auto bad = parse_summary(R"({"file":"nccl-flight-rank-1","rank":1,"error":"UnpicklingError: refused global os.system"})");
+  auto bad =
+      parse_summary(R"({"file":"nccl-flight-rank-1","rank":1,"error":"UnpicklingError: refused global os.system"})");
   EXPECT_EQ(bad.rank, 1);
   EXPECT_NE(bad.error, "");
   auto f = analyze({bad}, 2);
   EXPECT_EQ(f.kind, Finding::Kind::no_data);
   EXPECT_EQ(f.missing, (Ranks{0, 1}));
   EXPECT_EQ(format_finding(f),
-            "flight recorder: no rank's dump could be read; no dump from ranks 0,1 (rank 1's: UnpicklingError: refused global os.system)");
+            "flight recorder: no rank's dump could be read; no dump from ranks 0,1 (rank 1's: UnpicklingError: refused "
+            "global os.system)");
   // Next to a good one: the bad one is a missing rank with its reason.
   auto g = analyze({dump(0, steps(2, "started")), bad}, 2);
   EXPECT_EQ(g.kind, Finding::Kind::not_completed);
@@ -251,9 +268,10 @@ TEST(FlightAnalysis, ADuplicateRankCountsOnce) {
 }
 
 TEST(FlightSummary, GarbageIsAnErrorNeverAThrow) {
-  for (const std::string& s : std::vector<std::string>{"", "{", "[]", "null", "42", "\"x\"", R"({"rank":"zero","entries":[]})", R"({"rank":-3,"entries":[]})",
-        R"({"rank":0})", R"({"rank":0,"entries":{}})", std::string(50, '[') + std::string(50, ']'),
-        R"({"rank":0,"entries":[)" + std::string(40, '[') + std::string(40, ']') + "]}"}) {
+  for (const std::string& s : std::vector<std::string>{
+           "", "{", "[]", "null", "42", "\"x\"", R"({"rank":"zero","entries":[]})", R"({"rank":-3,"entries":[]})",
+           R"({"rank":0})", R"({"rank":0,"entries":{}})", std::string(50, '[') + std::string(50, ']'),
+           R"({"rank":0,"entries":[)" + std::string(40, '[') + std::string(40, ']') + "]}"}) {
     auto d = parse_summary(s);
     EXPECT_NE(d.error, "") << s;
   }
@@ -340,7 +358,11 @@ TEST(FlightSummary, TextIsCutOnCharactersAndControlsAreReplaced) {
   json e = entry("0", 1, "all_reduce", "completed");
   e["op"] = std::string(127, 'a') + "\xc3\xa9";  // the 128-byte cap falls inside "é"
   e["desc"] = "x\x1b[2Jy\xe2\x80\xae";
-  json j{{"rank", 0}, {"version", "2.\xc2\x9b" "1"}, {"entries", json::array({e})}};
+  json j{{"rank", 0},
+         {"version",
+          "2.\xc2\x9b"
+          "1"},
+         {"entries", json::array({e})}};
   auto d = parse_summary(j.dump());
   ASSERT_EQ(d.error, "");
   ASSERT_EQ(d.entries.size(), 1u);
@@ -356,7 +378,8 @@ TEST(FlightSummary, ANodeThatSendsAgainReplacesItsSummaries) {
   // The coordinator keeps every node's summaries of a round; a node's second message must not
   // count its ranks twice, nor may a node speak for ranks it does not hold.
   auto summary = [](int rank, int n) {
-    return json{{"file", "nccl-flight-rank-" + std::to_string(rank)}, {"rank", rank}, {"entries", steps(n, "completed")}};
+    return json{
+        {"file", "nccl-flight-rank-" + std::to_string(rank)}, {"rank", rank}, {"entries", steps(n, "completed")}};
   };
   std::vector<RankDump> all;
   take_node_summaries(all, "b", 2, 2, json::array({summary(2, 1), summary(3, 1)}));

@@ -13,10 +13,13 @@ using ddp::stacks::Frame;
 
 namespace {
 
-Frame py(const std::string& fn, const std::string& file, int line) { return {Frame::Kind::python, fn, file, line, 0}; }
+Frame py(const std::string& fn, const std::string& file, int line) {
+  return {Frame::Kind::python, fn, file, line, 0};
+}
 
-const std::vector<Frame> kAllReduce{py("all_reduce", "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", 1555),
-                                    py("step", "/w/train.py", 42), py("<module>", "/w/train.py", 60)};
+const std::vector<Frame> kAllReduce{
+    py("all_reduce", "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", 1555),
+    py("step", "/w/train.py", 42), py("<module>", "/w/train.py", 60)};
 const std::vector<Frame> kSleep{py("stuck_here", "/w/train.py", 12), py("<module>", "/w/train.py", 60)};
 const std::vector<Frame> kMatmul{py("step", "/w/train.py", 30), py("<module>", "/w/train.py", 60)};
 
@@ -50,13 +53,16 @@ TEST(Fingerprint, IsTheFramesPlacesLinesIncluded) {
 
 TEST(Collective, TorchDistributedButNotItsCheckpointNorDdpsForward) {
   EXPECT_TRUE(inside_torch_distributed(kAllReduce));
-  EXPECT_TRUE(inside_torch_distributed({py("wait", "/venv/lib/python3.12/site-packages/torch/distributed/c10d_logger.py", 3)}));
+  EXPECT_TRUE(
+      inside_torch_distributed({py("wait", "/venv/lib/python3.12/site-packages/torch/distributed/c10d_logger.py", 3)}));
   EXPECT_FALSE(inside_torch_distributed(kSleep));
   EXPECT_FALSE(inside_torch_distributed({py("forward", "/venv/site-packages/torch/nn/parallel/distributed.py", 1600)}));
-  EXPECT_FALSE(inside_torch_distributed({py("save", "/venv/site-packages/torch/distributed/checkpoint/state_dict_saver.py", 50)}));
+  EXPECT_FALSE(inside_torch_distributed(
+      {py("save", "/venv/site-packages/torch/distributed/checkpoint/state_dict_saver.py", 50)}));
   EXPECT_FALSE(inside_torch_distributed({}));
   // A CUDA synchronisation is where a healthy GPU-bound loop waits too: its CPU time counts.
-  EXPECT_FALSE(inside_torch_distributed({py("synchronize", "/venv/site-packages/torch/cuda/__init__.py", 801), py("step", "/w/train.py", 9)}));
+  EXPECT_FALSE(inside_torch_distributed(
+      {py("synchronize", "/venv/site-packages/torch/cuda/__init__.py", 801), py("step", "/w/train.py", 9)}));
 }
 
 // The scenario: rank 1 sleeps in Python, the others wait in all_reduce spinning a core
@@ -69,9 +75,12 @@ TEST(RankProgress, SleeperAndSpinningCollectiveIsAHangAtTheTimeout) {
       EXPECT_EQ(p.on_sample(sample(r, now, r == 1 ? kSleep : kAllReduce, r == 1 ? 7 : 100u * s)), Why::none);
     }
     const auto v = p.watch().check(now);
-    if (s < 10) EXPECT_EQ(v, Watch::Verdict::progressing) << s;
-    else if (s == 10) EXPECT_EQ(v, Watch::Verdict::hung_now);
-    else EXPECT_EQ(v, Watch::Verdict::still_hung) << s;
+    if (s < 10)
+      EXPECT_EQ(v, Watch::Verdict::progressing) << s;
+    else if (s == 10)
+      EXPECT_EQ(v, Watch::Verdict::hung_now);
+    else
+      EXPECT_EQ(v, Watch::Verdict::still_hung) << s;
   }
   EXPECT_EQ(p.watch().idle(t0 + 20s), 20s);
 }
@@ -154,9 +163,9 @@ TEST(NodeProgress, HungOnlyWhenEveryNodeIsIdleForTheTimeout) {
   const std::vector<std::string> nodes{"a", "b", "c"};
   EXPECT_EQ(np.check(nodes, t0 + 100s), Watch::Verdict::progressing);  // nobody said idle
   np.on_report("a", 5s, t0 + 5s);
-  np.on_report("b", 6s, t0 + 8s);  // last progress t0+2s
+  np.on_report("b", 6s, t0 + 8s);                                     // last progress t0+2s
   EXPECT_EQ(np.check(nodes, t0 + 30s), Watch::Verdict::progressing);  // c progresses
-  np.on_report("c", 5s, t0 + 9s);  // last progress t0+4s: the youngest
+  np.on_report("c", 5s, t0 + 9s);                                     // last progress t0+4s: the youngest
   EXPECT_EQ(np.check(nodes, t0 + 13999ms), Watch::Verdict::progressing);
   EXPECT_EQ(np.check(nodes, t0 + 14s), Watch::Verdict::hung_now);
   EXPECT_EQ(np.check(nodes, t0 + 15s), Watch::Verdict::still_hung);
@@ -208,8 +217,10 @@ TEST(Invariants, RandomSampleStreams) {
       reporter.emplace_back(timeout);
     }
     NodeProgress job(timeout, t0);
-    std::vector<std::vector<Sample>> previous(static_cast<std::size_t>(nnodes), std::vector<Sample>(static_cast<std::size_t>(nranks)));
-    std::vector<std::vector<bool>> has_previous(static_cast<std::size_t>(nnodes), std::vector<bool>(static_cast<std::size_t>(nranks)));
+    std::vector<std::vector<Sample>> previous(static_cast<std::size_t>(nnodes),
+                                              std::vector<Sample>(static_cast<std::size_t>(nranks)));
+    std::vector<std::vector<bool>> has_previous(static_cast<std::size_t>(nnodes),
+                                                std::vector<bool>(static_cast<std::size_t>(nranks)));
     std::vector<TimePoint> node_truth(static_cast<std::size_t>(nnodes), t0);
     TimePoint truth = t0;
     bool job_hung = false;

@@ -30,7 +30,9 @@ TorchrunContext ctx(std::map<std::string, std::string> env = {}) {
   return c;
 }
 
-TorchrunPlan tr(V args, std::map<std::string, std::string> env = {}) { return parse_torchrun(args, ctx(std::move(env))); }
+TorchrunPlan tr(V args, std::map<std::string, std::string> env = {}) {
+  return parse_torchrun(args, ctx(std::move(env)));
+}
 
 std::string refusal(V args, std::map<std::string, std::string> env = {}) {
   try {
@@ -128,7 +130,8 @@ TEST(LaunchWords, JobFileKeepsFlagsAfterIt) {
 }
 
 TEST(LaunchWords, CommandAfterSeparator) {
-  auto w = split_launch_words({"-n", "4", "--nodes", "a,b", "--", "python3", "train.py", "-n", "9"}, launch_takes_value);
+  auto w =
+      split_launch_words({"-n", "4", "--nodes", "a,b", "--", "python3", "train.py", "-n", "9"}, launch_takes_value);
   EXPECT_EQ(w.own, (V{"-n", "4", "--nodes", "a,b"}));
   EXPECT_EQ(w.command, (V{"python3", "train.py", "-n", "9"}));
   EXPECT_FALSE(w.script);
@@ -229,8 +232,9 @@ TEST(Torchrun, SingleNodeSpellingsAccepted) {
 }
 
 TEST(Torchrun, MultiNodeRefusedWithTheDdpctlWay) {
-  for (V args : {V{"--nnodes", "2", "t.py"}, V{"--nnodes=1:4", "t.py"}, V{"--node-rank", "1", "t.py"},
-                 V{"--rdzv-endpoint", "n1:29400", "--rdzv-backend", "c10d", "t.py"}, V{"--master_addr", "10.0.0.1", "t.py"}}) {
+  for (V args :
+       {V{"--nnodes", "2", "t.py"}, V{"--nnodes=1:4", "t.py"}, V{"--node-rank", "1", "t.py"},
+        V{"--rdzv-endpoint", "n1:29400", "--rdzv-backend", "c10d", "t.py"}, V{"--master_addr", "10.0.0.1", "t.py"}}) {
     auto msg = refusal(args);
     EXPECT_NE(msg.find("--nodes"), std::string::npos) << msg;
     EXPECT_NE(msg.find("--ssh"), std::string::npos) << msg;
@@ -285,7 +289,8 @@ TEST(Torchrun, BindingAndShutdown) {
 TEST(Torchrun, ArgparseShapes) {
   EXPECT_NE(refusal({"--nproc-per-nodes", "2", "t.py"}).find("(did you mean --nproc-per-node?)"), std::string::npos);
   EXPECT_NE(refusal({"--bogus", "t.py"}).find("not a torchrun option"), std::string::npos);
-  EXPECT_NE(refusal({"--r", "t.py"}).find("ambiguous"), std::string::npos);  // --rdzv-*, --redirects, --role, --run-path
+  EXPECT_NE(refusal({"--r", "t.py"}).find("ambiguous"),
+            std::string::npos);  // --rdzv-*, --redirects, --role, --run-path
   EXPECT_NE(refusal({"--standalone=1", "t.py"}).find("takes no value"), std::string::npos);
   EXPECT_NE(refusal({"--nproc-per-node"}).find("expects a value"), std::string::npos);
   EXPECT_NE(refusal({"-x", "t.py"}).find("not a torchrun option"), std::string::npos);

@@ -46,7 +46,8 @@ logs: {dir: ./logs, max_size: 10MiB}
 store: {port: 29600, threads: 4, max_size: 64MiB, max_keys: 10000}
 stop: {grace: 5s}
 nccl: {unique_id: off}
-)", "train.yaml");
+)",
+                          "train.yaml");
   EXPECT_EQ(s.name, "resnet50-ddp");
   EXPECT_EQ(s.nproc.kind, Nproc::Kind::count);
   EXPECT_EQ(s.nproc.count, 4);
@@ -98,7 +99,9 @@ TEST(JobSpec, CommandStringMeansShell) {
   EXPECT_EQ(s.command[0], "python3 train.py && echo done");
 }
 
-TEST(JobSpec, MissingCommand) { expect_error("name: x\n", 1, 1, "missing key 'command'"); }
+TEST(JobSpec, MissingCommand) {
+  expect_error("name: x\n", 1, 1, "missing key 'command'");
+}
 
 TEST(JobSpec, UnknownKeyWithHint) {
   expect_error("command: [x]\nnproc_per_nod: 4\n", 2, 1, "did you mean 'nproc_per_node'");
@@ -118,7 +121,8 @@ TEST(JobSpec, WrongTypes) {
   expect_error("command: [x]\nrestart: {max_restarts: -1}\n", 2, 25, "from 0 to 1000");
   expect_error("command: [x]\nstop: {grace: soon}\n", 2, 15, "expected a duration");
   expect_error("command: [x]\nstore: {port: 70000}\n", 2, 15, "from 0 to 65535");
-  expect_error("command: [x]\nstore: {threads: many}\n", 2, 18, "store.threads (or auto): expected an integer from 0 to 64");
+  expect_error("command: [x]\nstore: {threads: many}\n", 2, 18,
+               "store.threads (or auto): expected an integer from 0 to 64");
   expect_error("command: [x]\nstore: {max_size: 1KiB}\n", 2, 19, "store.max_size: expected at least 1MiB");
   expect_error("command: [x]\nstore: {max_keys: 10}\n", 2, 19, "store.max_keys");
   expect_error("command: [x]\nenv: [A, B]\n", 2, 6, "expected a mapping of NAME: value");
@@ -150,7 +154,8 @@ container:
   pull: never
   extra_args: [--shm-size, 8g]
   env: {HF_HOME: /data/hf}
-)", "t");
+)",
+                          "t");
   ASSERT_TRUE(s.container);
   const auto& c = *s.container;
   EXPECT_EQ(c.runtime, ContainerRuntime::podman);
@@ -178,20 +183,25 @@ TEST(JobSpec, ContainerErrors) {
   expect_error("command: [x]\ncontainer: {image: i}\n", 2, 1, "missing key 'runtime'");
   expect_error("command: [x]\ncontainer: {runtime: dokcer, image: i}\n", 2, 22, "did you mean 'docker'");
   expect_error("command: [x]\ncontainer: {runtime: podman, image: i, pul: never}\n", 2, 40, "did you mean 'pull'");
-  expect_error("command: [x]\ncontainer: {runtime: podman, image: i, pull: sometimes}\n", 2, 46, "never, missing, always");
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: i, pull: sometimes}\n", 2, 46,
+               "never, missing, always");
   expect_error("command: [x]\ncontainer: {runtime: podman, image: ''}\n", 2, 37, "empty string");
   expect_error("command: [x]\ncontainer: {runtime: podman, image: i, workdir: rel}\n", 2, 49, "absolute path");
   expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: [/a]\n", 5, 12, "SOURCE:TARGET");
-  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: ['/a:rel']\n", 5, 12, "absolute TARGET");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: ['/a:rel']\n", 5, 12,
+               "absolute TARGET");
   expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: ['/a:/b:rx']\n", 5, 12, "ro|rw");
   expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  mounts: /a:/b\n", 5, 11, "expected a list");
-  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  env: {RANK: '1'}\n", 5, 9, "container.env.RANK: set by ddpctl");
-  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  extra_args: --x\n", 5, 15, "list of arguments");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  env: {RANK: '1'}\n", 5, 9,
+               "container.env.RANK: set by ddpctl");
+  expect_error("command: [x]\ncontainer:\n  runtime: podman\n  image: i\n  extra_args: --x\n", 5, 15,
+               "list of arguments");
   expect_error("command: [x]\ncontainer: docker\n", 2, 12, "expected a mapping");
   // The host's id holder cannot speak the image's NCCL.
   expect_error("command: [x]\nnccl: {unique_id: on}\ncontainer: {runtime: podman, image: i}\n", 2, 19,
                "cannot be honoured with container");
-  EXPECT_NO_THROW(parse_job_yaml("command: [x]\nnccl: {unique_id: auto}\ncontainer: {runtime: podman, image: i}\n", "t"));
+  EXPECT_NO_THROW(
+      parse_job_yaml("command: [x]\nnccl: {unique_id: auto}\ncontainer: {runtime: podman, image: i}\n", "t"));
 }
 
 TEST(JobSpec, Binding) {
@@ -216,22 +226,26 @@ TEST(JobSpec, Binding) {
 }
 
 TEST(JobSpec, MultiNodeKeys) {
-  auto s = parse_job_yaml("command: [x]\nnnodes: 2\nhosts: [a, 'b:29411']\nrendezvous: {join_timeout: 1m, last_call: 2s}\n", "t");
+  auto s = parse_job_yaml(
+      "command: [x]\nnnodes: 2\nhosts: [a, 'b:29411']\nrendezvous: {join_timeout: 1m, last_call: 2s}\n", "t");
   EXPECT_EQ(s.nnodes_min, 2);
   EXPECT_EQ(s.nnodes_max, 2);
   EXPECT_EQ(s.hosts, (std::vector<std::string>{"a", "b:29411"}));
   EXPECT_EQ(s.join_timeout, ddp::Millis(60000));
   EXPECT_EQ(s.last_call, ddp::Millis(2000));
   EXPECT_EQ(s.heartbeat_timeout, ddp::Millis(6000));
-  EXPECT_EQ(parse_job_yaml("command: [x]\nrendezvous: {heartbeat_timeout: 3s}\n", "t").heartbeat_timeout, ddp::Millis(3000));
-  expect_error("command: [x]\nrendezvous: {heartbeat_timeout: 500ms}\n", 2, 33, "rendezvous.heartbeat_timeout: expected at least 2s");
+  EXPECT_EQ(parse_job_yaml("command: [x]\nrendezvous: {heartbeat_timeout: 3s}\n", "t").heartbeat_timeout,
+            ddp::Millis(3000));
+  expect_error("command: [x]\nrendezvous: {heartbeat_timeout: 500ms}\n", 2, 33,
+               "rendezvous.heartbeat_timeout: expected at least 2s");
   expect_error("command: [x]\nrendezvous: {heartbeat_timeout: 1s}\n", 2, 33, "one late heartbeat must not lose a node");
   EXPECT_EQ(parse_job_yaml("command: [x]\nhosts: 'n[1-4]'\n", "t").hosts, (std::vector<std::string>{"n[1-4]"}));
   auto e = parse_job_yaml("command: [x]\nnnodes: '2:4'\n", "t");
   EXPECT_EQ(e.nnodes_min, 2);
   EXPECT_EQ(e.nnodes_max, 4);
   expect_error("command: [x]\nhosts: []\n", 2, 8, "hosts: expected a list");
-  expect_error("command: [x]\nrendezvous: {join_timeout: soon}\n", 2, 28, "rendezvous.join_timeout: expected a duration");
+  expect_error("command: [x]\nrendezvous: {join_timeout: soon}\n", 2, 28,
+               "rendezvous.join_timeout: expected a duration");
   expect_error("command: [x]\nrendezvous: {last_cal: 1s}\n", 2, 14, "did you mean 'last_call'");
 }
 
@@ -311,8 +325,10 @@ TEST(JobSpec, Hang) {
   auto d = parse_job_yaml("command: [x]\nhang:\n  timeout: 90s\n", "t");
   EXPECT_EQ(d.hang->action, HangAction::report);
   EXPECT_EQ(d.hang->timeout, ddp::Millis(90s));
-  EXPECT_EQ(parse_job_yaml("command: [x]\nhang: {timeout: 5s, action: restart}\n", "t").hang->action, HangAction::restart);
-  expect_error("command: [x]\nhang: {timeout: 10m, action: kill}\n", 2, 30, "hang.action: expected report, stop or restart, got 'kill'");
+  EXPECT_EQ(parse_job_yaml("command: [x]\nhang: {timeout: 5s, action: restart}\n", "t").hang->action,
+            HangAction::restart);
+  expect_error("command: [x]\nhang: {timeout: 10m, action: kill}\n", 2, 30,
+               "hang.action: expected report, stop or restart, got 'kill'");
   expect_error("command: [x]\nhang: {timeout: soon}\n", 2, 17, "hang.timeout: expected a duration");
   expect_error("command: [x]\nhang: {timeout: 500ms}\n", 2, 17, "hang.timeout: expected at least 2s");
   expect_error("command: [x]\nhang: {action: stop}\n", 2, 7, "hang: missing key 'timeout'");
@@ -322,5 +338,6 @@ TEST(JobSpec, Hang) {
     EXPECT_EQ(hang_action_from_name(hang_action_name(a)), a);
   }
   EXPECT_FALSE(hang_action_from_name("Stop").has_value());
-  expect_error("command: [x]\ncontainer: {runtime: podman, image: x}\nhang: {timeout: 5s}\n", 3, 7, "hang: not supported yet with container");
+  expect_error("command: [x]\ncontainer: {runtime: podman, image: x}\nhang: {timeout: 5s}\n", 3, 7,
+               "hang: not supported yet with container");
 }

@@ -9,7 +9,8 @@ using Object = nlohmann::ordered_json;
 namespace {
 
 jobspec::JobSpec spec(const std::string& extra = "") {
-  return jobspec::parse_job_yaml("name: Resnet_50.ddp\nnnodes: 3\ncommand: [python3, train.py]\n" + extra, "train.yaml");
+  return jobspec::parse_job_yaml("name: Resnet_50.ddp\nnnodes: 3\ncommand: [python3, train.py]\n" + extra,
+                                 "train.yaml");
 }
 
 k8s::RenderOptions options() {
@@ -55,7 +56,8 @@ TEST(K8sRender, IndexedJobHeadlessServiceAndConfigMap) {
   EXPECT_EQ(job["spec"]["template"]["metadata"]["labels"], svc["spec"]["selector"]);
   const auto& c = pod["containers"][0];
   EXPECT_EQ(c["env"][0]["name"], "DDP_K8S_NODES");
-  EXPECT_EQ(c["env"][0]["value"], "resnet-50-ddp-0.resnet-50-ddp,resnet-50-ddp-1.resnet-50-ddp,resnet-50-ddp-2.resnet-50-ddp");
+  EXPECT_EQ(c["env"][0]["value"],
+            "resnet-50-ddp-0.resnet-50-ddp,resnet-50-ddp-1.resnet-50-ddp,resnet-50-ddp-2.resnet-50-ddp");
   const std::string script = c["command"][2];
   EXPECT_NE(script.find("ddp-agentd --oneshot"), std::string::npos);
   EXPECT_NE(script.find("if [ \"$JOB_COMPLETION_INDEX\" = 0 ]"), std::string::npos);
@@ -117,11 +119,12 @@ TEST(K8sRender, NamesFollowDns1035) {
 // YAML 1.1 readers (Kubernetes') must get back exactly the objects: strings that look like
 // numbers or bools stay strings, multi-line text survives.
 TEST(K8sRender, YamlRoundTripsTypes) {
-  Object o{{"apiVersion", "v1"},
-           {"s", Object::array({"1", "0400", "true", "on", "No", "~", "", "1e3", "0x1f", ".5", "plain", "a: b", "- x"})},
-           {"n", 256},
-           {"b", false},
-           {"text", "line 1\n  indented: 2\n"}};
+  Object o{
+      {"apiVersion", "v1"},
+      {"s", Object::array({"1", "0400", "true", "on", "No", "~", "", "1e3", "0x1f", ".5", "plain", "a: b", "- x"})},
+      {"n", 256},
+      {"b", false},
+      {"text", "line 1\n  indented: 2\n"}};
   auto docs = YAML::LoadAll(k8s::to_yaml({o, o}));
   ASSERT_EQ(docs.size(), 2u);
   const auto& d = docs[1];

@@ -7,10 +7,18 @@ using namespace ddp::launch;
 using namespace std::chrono_literals;
 
 namespace {
-SysTime t(int ms) { return SysTime(std::chrono::milliseconds(1'000'000 + ms)); }
-WorkerExit ok(int rank, int ms) { return {rank, rank, 100 + rank, 0, 0, t(ms)}; }
-WorkerExit code(int rank, int c, int ms) { return {rank, rank, 100 + rank, c, 0, t(ms)}; }
-WorkerExit sig(int rank, int s, int ms) { return {rank, rank, 100 + rank, 0, s, t(ms)}; }
+SysTime t(int ms) {
+  return SysTime(std::chrono::milliseconds(1'000'000 + ms));
+}
+WorkerExit ok(int rank, int ms) {
+  return {rank, rank, 100 + rank, 0, 0, t(ms)};
+}
+WorkerExit code(int rank, int c, int ms) {
+  return {rank, rank, 100 + rank, c, 0, t(ms)};
+}
+WorkerExit sig(int rank, int s, int ms) {
+  return {rank, rank, 100 + rank, 0, s, t(ms)};
+}
 }  // namespace
 
 TEST(Attempt, AllSucceed) {
@@ -103,4 +111,6 @@ TEST(Attempt, Describe) {
   EXPECT_EQ(sig(0, SIGKILL, 0).describe(), "was killed by SIGKILL");
 }
 
-TEST(Attempt, ZeroRanksIsAnError) { EXPECT_THROW(AttemptTracker(0), std::invalid_argument); }
+TEST(Attempt, ZeroRanksIsAnError) {
+  EXPECT_THROW(AttemptTracker(0), std::invalid_argument);
+}

@@ -5,9 +5,9 @@
 #include "launch/report.hpp"
 #include "launch/stack_snapshot.hpp"
 
-#include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -22,7 +22,9 @@ namespace stacks = ddp::stacks;
 
 namespace {
 
-stacks::Frame py(std::string fn, std::string file, int line) { return {stacks::Frame::Kind::python, fn, file, line, 0}; }
+stacks::Frame py(std::string fn, std::string file, int line) {
+  return {stacks::Frame::Kind::python, fn, file, line, 0};
+}
 
 stacks::RankStacks rank_in(int rank, std::vector<stacks::Frame> frames, std::string node = "") {
   stacks::RankStacks r;
@@ -58,7 +60,8 @@ TEST(FailureStacks, SummaryNamesTheCollectiveAndTheJobsOwnFrame) {
 
 TEST(FailureStacks, TheOddRankComesFirstAndARankWithoutStacksSaysWhy) {
   FailureStacks s;
-  s.ranks = {rank_in(0, in_all_reduce()), rank_in(1, {py("load_batch", "/w/train.py", 12), py("step", "/w/train.py", 40)}),
+  s.ranks = {rank_in(0, in_all_reduce()),
+             rank_in(1, {py("load_batch", "/w/train.py", 12), py("step", "/w/train.py", 40)}),
              rank_in(2, in_all_reduce())};
   stacks::RankStacks shell;
   shell.rank = 3;
@@ -100,7 +103,7 @@ TEST(FailureStacks, WhatTheJobsMemorySaysIsBounded) {
   EXPECT_EQ(p.threads[0].python.size(), kMaxStackFrames);
   EXPECT_TRUE(p.threads[0].truncated);
   EXPECT_LE(p.threads[0].python[0].function.size(), kMaxStackString);
-  EXPECT_EQ(p.threads[0].name, "?[31mred");  // no escape reaches a terminal
+  EXPECT_EQ(p.threads[0].name, "?[31mred");                                       // no escape reaches a terminal
   EXPECT_NO_THROW((void)nlohmann::json(p.threads[0].python[0].function).dump());  // valid UTF-8
 
   // And on the wire: one node's stacks stay under kMaxWireBytes, the rest named.
@@ -186,7 +189,8 @@ TEST(FailureStacks, AJobResultMessageCarriesTheLinesNotTheGroups) {
     stacks::ThreadStack th;
     th.tid = t + 1;
     th.main = t == 0;
-    for (int f = 0; f < 64; ++f) th.python.push_back(py("f" + std::to_string(t * 100 + f) + std::string(200, 'x'), "/w/t.py", f));
+    for (int f = 0; f < 64; ++f)
+      th.python.push_back(py("f" + std::to_string(t * 100 + f) + std::string(200, 'x'), "/w/t.py", f));
     p.threads.push_back(std::move(th));
   }
   JobReport r{"job", "failed", 1, 5, {}};
@@ -199,7 +203,8 @@ TEST(FailureStacks, AJobResultMessageCarriesTheLinesNotTheGroups) {
       s.ranks.push_back({rank, "n" + std::to_string(rank / 8), p});
       s.ranks.back().stacks.threads[0].python[0].function = "odd" + std::to_string(rank) + std::string(600, 'y');
     }
-    for (int n = 0; n < 30; ++n) s.notes.push_back(fmt::format("n{}: rank {}: not read within the 2s given to the stacks", n, n));
+    for (int n = 0; n < 30; ++n)
+      s.notes.push_back(fmt::format("n{}: rank {}: not read within the 2s given to the stacks", n, n));
     s.file = fmt::format("/l/attempt-{}/stacks.txt", at);
     a.stacks = std::move(s);
     r.attempts.push_back(std::move(a));
@@ -221,8 +226,8 @@ TEST(FailureStacks, AJobResultMessageCarriesTheLinesNotTheGroups) {
 // A node's stacks name only the ranks it holds: another node's rank (or one twice) is dropped.
 TEST(FailureStacks, ANodeSpeaksOnlyForItsOwnRanks) {
   FailureStacks s;
-  s.ranks = {rank_in(3, in_all_reduce()), rank_in(4, in_all_reduce()), rank_in(4, in_all_reduce()), rank_in(0, in_all_reduce()),
-             rank_in(8, in_all_reduce())};
+  s.ranks = {rank_in(3, in_all_reduce()), rank_in(4, in_all_reduce()), rank_in(4, in_all_reduce()),
+             rank_in(0, in_all_reduce()), rank_in(8, in_all_reduce())};
   keep_own_ranks(s, 4, 4);
   ASSERT_EQ(s.ranks.size(), 1u);
   EXPECT_EQ(s.ranks[0].rank, 4);
@@ -243,18 +248,21 @@ struct Gate {
 };
 
 // The fake pids below are nobody's: their start time is said to stay the same.
-std::optional<unsigned long long> same_start(pid_t) { return 1; }
+std::optional<unsigned long long> same_start(pid_t) {
+  return 1;
+}
 
 TEST(StackSnapshot, ReadsEveryTargetAndSaysSoOnTheLoop) {
   boost::asio::io_context io;
   std::optional<FailureStacks> got;
-  StackSnapshot snap(io, {{0, "", 10}, {2, "", 12}}, std::chrono::seconds(30), [&](FailureStacks s) { got = std::move(s); },
-                     [](pid_t pid) {
-                       stacks::ProcessStacks p;
-                       p.pid = pid;
-                       return p;
-                     },
-                     same_start);
+  StackSnapshot snap(
+      io, {{0, "", 10}, {2, "", 12}}, std::chrono::seconds(30), [&](FailureStacks s) { got = std::move(s); },
+      [](pid_t pid) {
+        stacks::ProcessStacks p;
+        p.pid = pid;
+        return p;
+      },
+      same_start);
   EXPECT_FALSE(got);  // never from inside the constructor
   io.run();
   ASSERT_TRUE(got);
@@ -268,18 +276,19 @@ TEST(StackSnapshot, ABlockedReadCostsTheBudgetAndNoMore) {
   auto gate = std::make_shared<Gate>();
   std::optional<FailureStacks> got;
   const auto t0 = std::chrono::steady_clock::now();
-  StackSnapshot snap(io, {{0, "", 10}, {1, "", 11}, {2, "", 12}}, std::chrono::milliseconds(200),
-                     [&](FailureStacks s) { got = std::move(s); },
-                     [gate](pid_t pid) {
-                       stacks::ProcessStacks p;
-                       p.pid = pid;
-                       if (pid == 11) {
-                         std::unique_lock l(gate->mu);
-                         gate->cv.wait(l, [&] { return gate->open; });
-                       }
-                       return p;
-                     },
-                     same_start);
+  StackSnapshot snap(
+      io, {{0, "", 10}, {1, "", 11}, {2, "", 12}}, std::chrono::milliseconds(200),
+      [&](FailureStacks s) { got = std::move(s); },
+      [gate](pid_t pid) {
+        stacks::ProcessStacks p;
+        p.pid = pid;
+        if (pid == 11) {
+          std::unique_lock l(gate->mu);
+          gate->cv.wait(l, [&] { return gate->open; });
+        }
+        return p;
+      },
+      same_start);
   io.run();
   const auto took = std::chrono::steady_clock::now() - t0;
   gate->release();  // the detached reader ends (it holds its own state, not ours)
@@ -296,23 +305,24 @@ TEST(StackSnapshot, SkipEndsTheWaitAtOnce) {
   boost::asio::io_context io;
   auto gate = std::make_shared<Gate>();
   std::optional<FailureStacks> got;
-  auto snap = std::make_unique<StackSnapshot>(io, std::vector<StackSnapshot::Target>{{0, "", 10}}, std::chrono::hours(1),
-                                              [&](FailureStacks s) { got = std::move(s); },
-                                              [gate](pid_t pid) {
-                                                std::unique_lock l(gate->mu);
-                                                gate->cv.wait(l, [&] { return gate->open; });
-                                                stacks::ProcessStacks p;
-                                                p.pid = pid;
-                                                return p;
-                                              },
-                                              same_start);
+  auto snap = std::make_unique<StackSnapshot>(
+      io, std::vector<StackSnapshot::Target>{{0, "", 10}}, std::chrono::hours(1),
+      [&](FailureStacks s) { got = std::move(s); },
+      [gate](pid_t pid) {
+        std::unique_lock l(gate->mu);
+        gate->cv.wait(l, [&] { return gate->open; });
+        stacks::ProcessStacks p;
+        p.pid = pid;
+        return p;
+      },
+      same_start);
   EXPECT_TRUE(snap->pending());
   snap->skip("skipped: a second Ctrl-C");
   ASSERT_TRUE(got);  // at once, from skip() itself
   EXPECT_FALSE(snap->pending());
   EXPECT_EQ(got->notes.at(0), "rank 0: skipped: a second Ctrl-C");
-  snap.reset();   // destroyed while its reader still blocks
-  io.run();       // nothing left to wait for: the loop does not wait on the reader
+  snap.reset();  // destroyed while its reader still blocks
+  io.run();      // nothing left to wait for: the loop does not wait on the reader
   gate->release();
 }
 
@@ -323,7 +333,8 @@ TEST(StackSnapshot, ARankThatExitedDuringTheReadIsNotKept) {
   std::optional<FailureStacks> got;
   auto calls = std::make_shared<std::atomic<int>>(0);
   StackSnapshot snap(
-      io, {{0, "", 10}, {1, "", 11}, {2, "", 12}}, std::chrono::seconds(30), [&](FailureStacks s) { got = std::move(s); },
+      io, {{0, "", 10}, {1, "", 11}, {2, "", 12}}, std::chrono::seconds(30),
+      [&](FailureStacks s) { got = std::move(s); },
       [](pid_t pid) {
         stacks::ProcessStacks p;
         p.pid = pid;
@@ -331,7 +342,7 @@ TEST(StackSnapshot, ARankThatExitedDuringTheReadIsNotKept) {
       },
       [calls](pid_t pid) -> std::optional<unsigned long long> {
         if (pid == 11) return (*calls)++ == 0 ? 100 : 200;  // reused: another process's start time after the read
-        if (pid == 12) return std::nullopt;                  // gone before the read began
+        if (pid == 12) return std::nullopt;                 // gone before the read began
         return 1;
       });
   io.run();
@@ -365,13 +376,15 @@ TEST(StackSnapshot, ACompletionQueuedBeforeItWentDoesNothing) {
   int first_done = 0, second_done = 0;
   boost::asio::steady_timer before(io);
   before.expires_at(std::chrono::steady_clock::now() - std::chrono::seconds(1));  // ready ahead of the snapshot's
-  snap.emplace(io, std::vector<StackSnapshot::Target>{{0, "", 10}}, std::chrono::milliseconds(0), [&](FailureStacks) { ++first_done; }, blocked,
-               same_start);
+  snap.emplace(
+      io, std::vector<StackSnapshot::Target>{{0, "", 10}}, std::chrono::milliseconds(0),
+      [&](FailureStacks) { ++first_done; }, blocked, same_start);
   before.async_wait([&](boost::system::error_code) {
     // The snapshot's zero budget has run out too: its completion is queued behind this one.
     snap.reset();
-    snap.emplace(io, std::vector<StackSnapshot::Target>{{1, "", 11}}, std::chrono::hours(1),
-                 [&](FailureStacks) { ++second_done; }, blocked, same_start);
+    snap.emplace(
+        io, std::vector<StackSnapshot::Target>{{1, "", 11}}, std::chrono::hours(1),
+        [&](FailureStacks) { ++second_done; }, blocked, same_start);
   });
   io.poll();
   EXPECT_EQ(first_done, 0);
@@ -394,8 +407,9 @@ TEST(StackSnapshot, NoThreadToReadOnIsSaidNotThrown) {
       if (::setgid(65534) != 0 || ::setuid(65534) != 0 || ::setrlimit(RLIMIT_NPROC, &none) != 0) ::_exit(10);
       boost::asio::io_context io;
       std::optional<FailureStacks> got;
-      StackSnapshot snap(io, {{0, "", 10}}, std::chrono::hours(1), [&](FailureStacks s) { got = std::move(s); },
-                         [](pid_t) { return stacks::ProcessStacks{}; }, same_start);
+      StackSnapshot snap(
+          io, {{0, "", 10}}, std::chrono::hours(1), [&](FailureStacks s) { got = std::move(s); },
+          [](pid_t) { return stacks::ProcessStacks{}; }, same_start);
       io.run();
       code = got && got->notes.size() == 1 && got->notes[0] == "rank 0: not read: cannot start a thread" ? 0 : 11;
     } catch (...) {

@@ -3,9 +3,9 @@
 // its other handlers (an agent's heartbeats, its watchdog) meanwhile (issue 23).
 #include "launch/nccl_holder.hpp"
 
+#include <gtest/gtest.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <gtest/gtest.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -66,13 +66,14 @@ struct Outcome {
 
 std::unique_ptr<launch::NcclHolderWait> start(boost::asio::io_context& io, const StandIn& s, jobspec::NcclUniqueId mode,
                                               Outcome& out, std::chrono::milliseconds deadline = 20s) {
-  return launch::NcclHolder::start(io, s.env(), s.dir, s.dir, mode, false, std::nullopt,
-                                   [&out](std::optional<launch::NcclHolder> h, std::string e) {
-                                     out.called = true;
-                                     if (h) out.holder.emplace(std::move(*h));
-                                     out.error = std::move(e);
-                                   },
-                                   deadline);
+  return launch::NcclHolder::start(
+      io, s.env(), s.dir, s.dir, mode, false, std::nullopt,
+      [&out](std::optional<launch::NcclHolder> h, std::string e) {
+        out.called = true;
+        if (h) out.holder.emplace(std::move(*h));
+        out.error = std::move(e);
+      },
+      deadline);
 }
 
 }  // namespace

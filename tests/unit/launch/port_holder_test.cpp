@@ -19,8 +19,10 @@ using namespace ddp::launch;
 TEST(PortHolder, ListeningInodesFromProcNetTcp) {
   const char* tcp =
       "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-      "   0: 0100007F:7436 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0 100 0 0 10 0\n"
-      "   1: 0100007F:7436 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 5151 1 0 20 4 30 10 -1\n"
+      "   0: 0100007F:7436 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0 100 0 0 10 "
+      "0\n"
+      "   1: 0100007F:7436 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 5151 1 0 20 4 30 10 "
+      "-1\n"
       "   2: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 77 1 0 100 0 0 10 0\n"
       "   3: garbage\n";
   EXPECT_EQ(listening_inodes(tcp, 29750), (std::set<unsigned long>{4242}));  // 0x7436; the established one is not

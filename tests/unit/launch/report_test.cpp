@@ -10,8 +10,9 @@
 using namespace ddp::launch;
 
 TEST(Report, ParsesTorchelasticErrorFile) {
-  auto ef = parse_error_file("/x/rank-1.error.json",
-                             R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback...\n  line 3", "timestamp": "1700000000"}}})");
+  auto ef = parse_error_file(
+      "/x/rank-1.error.json",
+      R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback...\n  line 3", "timestamp": "1700000000"}}})");
   ASSERT_TRUE(ef);
   EXPECT_EQ(ef->message, "RuntimeError: boom");
   EXPECT_EQ(ef->traceback, "Traceback...\n  line 3");
@@ -26,18 +27,25 @@ TEST(Report, KeepsUnknownShapesRaw) {
   EXPECT_EQ(ef2->message, "plain");
 }
 
-TEST(Report, MissingErrorFile) { EXPECT_FALSE(read_error_file("/nonexistent/e.json")); }
+TEST(Report, MissingErrorFile) {
+  EXPECT_FALSE(read_error_file("/nonexistent/e.json"));
+}
 
 TEST(Report, FormatNamesTheFirstFailure) {
   AttemptReport a;
   a.attempt = 0;
   a.phase = Phase::failed;
   WorkerExit e{2, 2, 4242, 1, 0, SysTime{}};
-  a.first_failure = RankFailure{e, "vm", {"step 3", "ValueError: nan"}, ErrorFile{"/l/rank-2.error.json", "ValueError: nan", "tb", ""}, "/l/rank-2.log"};
+  a.first_failure = RankFailure{e,
+                                "vm",
+                                {"step 3", "ValueError: nan"},
+                                ErrorFile{"/l/rank-2.error.json", "ValueError: nan", "tb", ""},
+                                "/l/rank-2.log"};
   a.exits = {WorkerExit{0, 0, 1, 0, 15, SysTime{}}, e};
   a.log_dir = "/l";
   auto text = format_attempt(a, 0);
-  EXPECT_NE(text.find("first failure: rank 2 (local rank 2, node vm, pid 4242) exited with code 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("first failure: rank 2 (local rank 2, node vm, pid 4242) exited with code 1"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("| ValueError: nan"), std::string::npos);
   EXPECT_NE(text.find("rank 0 was killed by SIGTERM"), std::string::npos);
   EXPECT_NE(text.find("logs: /l"), std::string::npos);

@@ -1,7 +1,7 @@
 // The worker env contract: a full torchrun/ddpctl environment, and every kind of bad one.
+#include "worker/env.hpp"
 #include "nccl/unique_id.hpp"
 #include "worker/comm.hpp"
-#include "worker/env.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -73,8 +73,12 @@ TEST(WorkerEnv, ParsesAFullContract) {
 }
 
 TEST(WorkerEnv, OptionalPartsDefault) {
-  Env env = {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
-             {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}};
+  Env env = {{"RANK", "0"},
+             {"WORLD_SIZE", "1"},
+             {"LOCAL_RANK", "0"},
+             {"LOCAL_WORLD_SIZE", "1"},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", "1"}};
   WorkerEnv w = parse_worker_env(lookup(env));
   EXPECT_EQ(w.group_rank, 0);
   EXPECT_EQ(w.group_world_size, 1);

@@ -1,7 +1,7 @@
 // The id's hex codec, the holder's line parser, and the bootstrap-address decode on crafted ids
 // laid out as NCCL 2.x's ncclBootstrapHandle (magic at 0, sockaddr at 8).
-#include "nccl/holder_protocol.hpp"
 #include "nccl/unique_id.hpp"
+#include "nccl/holder_protocol.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <string>
 
-using ddp::net::advertised_endpoint;
 using ddp::net::AdvertiseAddr;
+using ddp::net::advertised_endpoint;
 using ddp::net::parse_advertise_addr;
 
 TEST(AdvertiseAddr, Forms) {

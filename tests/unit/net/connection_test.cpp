@@ -3,8 +3,8 @@
 // same over a socketpair (SSH mode).
 #include "net/connection.hpp"
 
-#include <boost/asio.hpp>
 #include <gtest/gtest.h>
+#include <boost/asio.hpp>
 
 #include <sys/socket.h>
 
@@ -14,7 +14,9 @@ namespace asio = boost::asio;
 
 namespace {
 
-Key key(char c) { return Key{"default", std::string(40, c)}; }
+Key key(char c) {
+  return Key{"default", std::string(40, c)};
+}
 
 struct Pair {
   asio::io_context io;
@@ -124,8 +126,8 @@ TEST(Connection, OverASocketpairWithoutEndpoints) {
   auto [server, client] = socketpair_connections(io, "stdio", "n1 (ssh)");
   std::vector<std::string> server_got;
   std::string server_closed;
-  server->start({nullptr, [&](Message m) { server_got.push_back(m.type); },
-                 [&](const std::string& r) { server_closed = r; }});
+  server->start(
+      {nullptr, [&](Message m) { server_got.push_back(m.type); }, [&](const std::string& r) { server_closed = r; }});
   client->start({[&](const PeerInfo&) {
                    client->send(client->session().message("heartbeat", {{"now_us", 1}}));
                    client->close("done");
@@ -150,7 +152,8 @@ TEST(Connection, AHandlerThatThrowsClosesItsLinkOnlyAndThePeerIsTold) {
                      [&](const std::string& r) { bad_closed = r; }});
   bad_client->start({[&](const PeerInfo&) { bad_client->send(bad_client->session().message("heartbeat")); }, nullptr,
                      [&](const std::string& r) { bad_client_closed = r; }});
-  good_server->start({nullptr, [&](Message m) { good_got.push_back(m.type); }, [&](const std::string& r) { good_closed = r; }});
+  good_server->start(
+      {nullptr, [&](Message m) { good_got.push_back(m.type); }, [&](const std::string& r) { good_closed = r; }});
   good_client->start({[&](const PeerInfo&) {
                         // The second message leaves after the first link has failed.
                         asio::post(io, [&] {

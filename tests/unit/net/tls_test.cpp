@@ -3,11 +3,11 @@
 // job's text never crosses in clear; an agent that allows TLS takes plaintext too, one that
 // requires it refuses plaintext and says why; a wrong secret or an unknown key id fails TLS's own
 // handshake before the protocol's starts.
-#include "net/connection.hpp"
 #include "net/tls.hpp"
+#include "net/connection.hpp"
 
-#include <boost/asio.hpp>
 #include <gtest/gtest.h>
+#include <boost/asio.hpp>
 
 #include <mutex>
 #include <thread>
@@ -25,7 +25,9 @@ namespace {
 
 const std::string kMarker = "a-job-secret-that-must-not-travel-in-clear";
 
-Key key(const std::string& id, char c) { return Key{id, std::string(40, c)}; }
+Key key(const std::string& id, char c) {
+  return Key{id, std::string(40, c)};
+}
 
 // A one-connection TCP relay on loopback that keeps a copy of everything it forwards.
 class Tap {
@@ -140,10 +142,10 @@ Run run(bool client_tls, TlsMode server_mode, const Key& client_key) {
                    r.client_est = true;
                    r.client_tls = client->encrypted();
                    // Any message will do; a stop's reason carries the marker here.
-                   client->send(client->session().message("stop", {{"job_id", "j"}, {"round", 1}, {"grace_ms", 1000}, {"reason", kMarker}}));
+                   client->send(client->session().message(
+                       "stop", {{"job_id", "j"}, {"round", 1}, {"grace_ms", 1000}, {"reason", kMarker}}));
                  },
-                 [&](Message) { client->close("done"); },
-                 [&](const std::string& why) { r.client_closed = why; }});
+                 [&](Message) { client->close("done"); }, [&](const std::string& why) { r.client_closed = why; }});
   // Until both ends have closed (the client closes once answered; a refusal closes both).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while ((r.client_closed.empty() || r.server_closed.empty()) && std::chrono::steady_clock::now() < deadline) {

@@ -9,7 +9,8 @@ TEST(Wire, PayloadRoundTrips) {
   JobPayload p;
   p.spec = ddp::jobspec::parse_job_yaml(
       "name: t\nnnodes: 2\nnproc_per_node: 3\ncommand: [python3, a.py, --x]\nworkdir: /w\nenv: {A: '1', B: two}\n"
-      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555, threads: 3, max_size: 2MiB, max_keys: 5000}\nstop: {grace: 4s}\n"
+      "restart: {max_restarts: 2, backoff: 3s}\nstore: {port: 29555, threads: 3, max_size: 2MiB, max_keys: "
+      "5000}\nstop: {grace: 4s}\n"
       "binding: {gpu: isolate, numa: exclusive, nic: rank}\n",
       "t.yaml");
   p.forward_env = {{"PATH", "/usr/bin"}};
@@ -53,7 +54,8 @@ TEST(Wire, StoreThreadsAutoTravelsAndAnOlderLauncherMeansTheAgentsLoop) {
 TEST(Wire, ContainerRoundTrips) {
   JobPayload p;
   p.spec = ddp::jobspec::parse_job_yaml(
-      "command: [x]\ncontainer: {runtime: enroot, image: /img/pt.sqsh, mounts: ['/a:/b:ro'], workdir: /b, pull: always,\n"
+      "command: [x]\ncontainer: {runtime: enroot, image: /img/pt.sqsh, mounts: ['/a:/b:ro'], workdir: /b, pull: "
+      "always,\n"
       "  extra_args: [--rw], env: {K: v}}\n",
       "t.yaml");
   auto back = payload_from_json(nlohmann::json::parse(to_json(p).dump()));
@@ -105,7 +107,8 @@ TEST(Wire, BadPayloadNamesTheField) {
 }
 
 TEST(Wire, ForwardedEnvMatchesNamesAndPrefixes) {
-  auto f = forwarded_env({{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}, {"HOME", "h"}, {"PATHX", "no"}, {"NCCL_A-B", "odd"}}, {"PATH", "NCCL_*"});
+  auto f = forwarded_env({{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}, {"HOME", "h"}, {"PATHX", "no"}, {"NCCL_A-B", "odd"}},
+                         {"PATH", "NCCL_*"});
   EXPECT_EQ(f, (std::map<std::string, std::string>{{"PATH", "p"}, {"NCCL_DEBUG", "INFO"}}));
 }
 

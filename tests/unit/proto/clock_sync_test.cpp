@@ -37,7 +37,7 @@ TEST(ClockSync, ImpossibleSampleRefused) {
 
 TEST(ClockSync, ShortestRoundTripWins) {
   ClockSync s;
-  EXPECT_TRUE(s.add({microseconds(0), microseconds(1'000'900), microseconds(1000)}));   // rtt 1000, est 1000400
+  EXPECT_TRUE(s.add({microseconds(0), microseconds(1'000'900), microseconds(1000)}));     // rtt 1000, est 1000400
   EXPECT_TRUE(s.add({microseconds(2000), microseconds(1'002'050), microseconds(2100)}));  // rtt 100, est 1000000
   EXPECT_TRUE(s.add({microseconds(3000), microseconds(1'003'000), microseconds(8000)}));  // rtt 5000
   EXPECT_EQ(s.samples(), 3);

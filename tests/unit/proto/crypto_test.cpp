@@ -22,8 +22,9 @@ TEST(Crypto, HmacMatchesRfc4231KeysShorterAndLongerThanABlock) {
   EXPECT_EQ(to_hex(as_bytes(hmac_sha256(long_key, "Test Using Larger Than Block-Size Key - Hash Key First"))),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");  // case 6
   EXPECT_EQ(to_hex(as_bytes(hmac_sha256(
-                long_key, "This is a test using a larger than block-size key and a larger than block-size data. The key "
-                          "needs to be hashed before being used by the HMAC algorithm."))),
+                long_key,
+                "This is a test using a larger than block-size key and a larger than block-size data. The key "
+                "needs to be hashed before being used by the HMAC algorithm."))),
             "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");  // case 7
 }
 

@@ -18,7 +18,9 @@ const Key kBob{"bob-key", std::string(40, 'b')};
 const Keyring kAgentKeys({kAlice, kBob, Key{"coord", std::string(40, 'c')}});
 constexpr std::uint64_t kNow = 1'800'000'000;
 
-json spec() { return {{"command", {"python", "train.py"}}, {"log_dir", "/home/alice/logs"}, {"forward_env", json::object()}}; }
+json spec() {
+  return {{"command", {"python", "train.py"}}, {"log_dir", "/home/alice/logs"}, {"forward_env", json::object()}};
+}
 
 Delegation alice_delegation(std::uint64_t expires = kNow + kDelegationSeconds) {
   Delegation d;
@@ -31,7 +33,9 @@ Delegation alice_delegation(std::uint64_t expires = kNow + kDelegationSeconds) {
   return sign_delegation(d, kAlice);
 }
 
-DelegationExpect at_agent() { return {"train-1", "alice", "coord", "", payload_digest(spec()), kNow}; }
+DelegationExpect at_agent() {
+  return {"train-1", "alice", "coord", "", payload_digest(spec()), kNow};
+}
 
 std::string refusal(const Delegation& d, DelegationExpect e = at_agent(), const Keyring& keys = kAgentKeys) {
   auto why = verify_delegation(d, keys, e);
@@ -84,9 +88,11 @@ TEST(Delegation, ForgedOrAlteredIsRefused) {
   forged.mac = sign_delegation(forged, kBob).mac;
   EXPECT_NE(refusal(forged).find("does not verify with key 'alice-key'"), std::string::npos) << refusal(forged);
   // Alice's signature, a field changed afterwards.
-  for (auto change : {+[](Delegation& d) { d.user = "root"; }, +[](Delegation& d) { d.job_id = "train-2"; },
-                      +[](Delegation& d) { d.expires_s += 3600; }, +[](Delegation& d) { d.coordinator_key = "bob-key"; },
-                      +[](Delegation& d) { d.spec_sha256 = std::string(64, '0'); }, +[](Delegation& d) { d.nonce = std::string(32, '8'); }}) {
+  for (auto change :
+       {+[](Delegation& d) { d.user = "root"; }, +[](Delegation& d) { d.job_id = "train-2"; },
+        +[](Delegation& d) { d.expires_s += 3600; }, +[](Delegation& d) { d.coordinator_key = "bob-key"; },
+        +[](Delegation& d) { d.spec_sha256 = std::string(64, '0'); },
+        +[](Delegation& d) { d.nonce = std::string(32, '8'); }}) {
     auto d = alice_delegation();
     change(d);
     EXPECT_NE(refusal(d).find("does not verify"), std::string::npos) << refusal(d);

@@ -86,7 +86,9 @@ struct Pair {
   }
 };
 
-std::string body_of(const std::string& frame) { return frame.substr(kFrameHeaderBytes); }
+std::string body_of(const std::string& frame) {
+  return frame.substr(kFrameHeaderBytes);
+}
 
 }  // namespace
 
@@ -166,7 +168,8 @@ TEST(Session, WholeConversationSplitAtEveryByteBoundary) {
   auto auth = absorb(p.client.on_bytes(ack_and_proof)).sent;
   ASSERT_TRUE(p.client.established());
   std::string stream = hello + auth;
-  stream += p.client.seal(p.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 2}}));
+  stream += p.client.seal(p.client.message(
+      "join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 2}}));
   stream += p.client.seal(p.client.message("heartbeat"));  // sealed in order: seq 0, then 1
   for (std::size_t i = 0; i <= stream.size(); ++i) {
     Session server = Session::server(server_config());
@@ -287,9 +290,10 @@ TEST(Session, VersionMismatchGivesAHint) {
     p.client = Session::client(cfg);
     p.connect();
     ASSERT_TRUE(p.s.dropped);
-    EXPECT_EQ(*p.s.dropped,
-              "version: no common protocol version: the client speaks 7, 8, 'coord' speaks 3, 4, 5, 6 (upgrade ddpctl on "
-              "'coord' (it is older than the client))");
+    EXPECT_EQ(
+        *p.s.dropped,
+        "version: no common protocol version: the client speaks 7, 8, 'coord' speaks 3, 4, 5, 6 (upgrade ddpctl on "
+        "'coord' (it is older than the client))");
     EXPECT_NE(p.c.dropped->find("peer refused: version"), std::string::npos);
   }
   {
@@ -337,7 +341,8 @@ TEST(Session, ClientRefusesAVersionItDidNotOffer) {
   auto ack = make_message("hello_ack", 7, {{"version", 7}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
   auto o = absorb(client.on_bytes(encode_frame(dump(ack))));
   ASSERT_TRUE(o.dropped);
-  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (3, 4, 5, 6)"), std::string::npos);
+  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (3, 4, 5, 6)"),
+            std::string::npos);
   auto sent = json::parse(body_of(o.sent));
   EXPECT_EQ(sent["type"], "error");
   EXPECT_EQ(sent["code"], "version");
@@ -445,10 +450,12 @@ TEST(SessionFrames, DroppedFrameBreaksTheSequence) {
 
 TEST(SessionFrames, EveryTamperedByteIsDetected) {
   auto base = established_pair();
-  auto f = base.client.seal(base.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
+  auto f = base.client.seal(base.client.message(
+      "join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
   for (std::size_t i = kFrameHeaderBytes; i < f.size(); ++i) {
     auto p = established_pair();  // identical nonces: identical keys and sequence
-    auto same = p.client.seal(p.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
+    auto same = p.client.seal(p.client.message(
+        "join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 8}}));
     ASSERT_EQ(same, f);
     same[i] = static_cast<char>(same[i] ^ 0x01);
     auto o = absorb(p.server.on_bytes(same));
@@ -459,9 +466,8 @@ TEST(SessionFrames, EveryTamperedByteIsDetected) {
 
 TEST(SessionFrames, InjectedPlainFrameIsDropped) {
   auto p = established_pair();
-  auto o = absorb(p.server.on_bytes(encode_frame(dump(make_message("submit", 1, {{"user", "mallory"},
-                                                                                  {"spec", json::object()},
-                                                                                  {"nodes", json::array()}})))));
+  auto o = absorb(p.server.on_bytes(encode_frame(
+      dump(make_message("submit", 1, {{"user", "mallory"}, {"spec", json::object()}, {"nodes", json::array()}})))));
   EXPECT_TRUE(o.delivered.empty());
   EXPECT_TRUE(o.dropped);
 }
@@ -496,7 +502,8 @@ TEST(SessionFrames, InvalidAuthenticatedMessageGetsAnErrorThenDrop) {
   };
   for (const auto& c : std::vector<Case>{
            {R"({"type":"launch_rockets","v":1})", "unknown_type: unknown message type 'launch_rockets'"},
-           {R"({"type":"join","v":1,"job_id":"j","node":"n1"})", "missing_field: 'join' is missing required field 'nproc'"},
+           {R"({"type":"join","v":1,"job_id":"j","node":"n1"})",
+            "missing_field: 'join' is missing required field 'nproc'"},
            {R"({"type":"join","v":1,"job_id":"j","node":"n1","nproc":"8"})",
             "wrong_type: 'join.nproc' must be an unsigned integer, got a string"},
            {R"({"type":"assign","v":1})", "wrong_sender"},
@@ -535,7 +542,13 @@ TEST(SessionFrames, LargeFramesUpToTheLimitAfterAuth) {
   ASSERT_EQ(o.delivered.size(), 1u);
   EXPECT_EQ(o.delivered[0].body["data"], data);
   // Over the limit: the sender refuses to build it; a receiver refuses it from the header.
-  json big = p.client.message("join", {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n"}, {"nproc", 1}, {"facts", {{"blob", std::string(limits().max_frame_bytes, 'f')}}}});
+  json big = p.client.message("join", {{"t0_us", 1},
+                                       {"rx_us", 2},
+                                       {"tx_us", 3},
+                                       {"job_id", "j"},
+                                       {"node", "n"},
+                                       {"nproc", 1},
+                                       {"facts", {{"blob", std::string(limits().max_frame_bytes, 'f')}}}});
   EXPECT_THROW(p.client.seal(big), std::invalid_argument);
   auto huge = p.client.seal_raw(std::string(limits().max_frame_bytes + 1, ' '));
   auto r = absorb(p.server.on_bytes(huge.substr(0, 8)));
@@ -563,7 +576,8 @@ TEST(SessionHandshake, GarbageIsRefused) {
 
 TEST(SessionHandshake, SessionMessagesBeforeAuthAreRefused) {
   Session server = Session::server(server_config());
-  auto join = make_message("join", 1, {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 2}});
+  auto join = make_message("join", 1,
+                           {{"t0_us", 1}, {"rx_us", 2}, {"tx_us", 3}, {"job_id", "j"}, {"node", "n1"}, {"nproc", 2}});
   auto o = absorb(server.on_bytes(encode_frame(dump(join))));
   ASSERT_TRUE(o.dropped);
   EXPECT_EQ(*o.dropped, "unexpected: 'join' before authentication finished (complete the hello/auth handshake first)");
@@ -591,7 +605,8 @@ TEST(SessionHandshake, OutOfOrderHandshakeMessages) {
 
 TEST(SessionHandshake, InvalidHelloNamesTheField) {
   Session server = Session::server(server_config());
-  auto hello = make_message("hello", 1, {{"versions", {1}}, {"key_id", "default"}, {"nonce", "abcd"}, {"role", "agent"}, {"user", "u"}});
+  auto hello = make_message(
+      "hello", 1, {{"versions", {1}}, {"key_id", "default"}, {"nonce", "abcd"}, {"role", "agent"}, {"user", "u"}});
   auto o = absorb(server.on_bytes(encode_frame(dump(hello))));
   ASSERT_TRUE(o.dropped);
   EXPECT_NE(o.dropped->find("bad_value: 'hello.nonce' must be 32 bytes"), std::string::npos);

@@ -1,7 +1,7 @@
 // lib/pyenv: the interpreter choice and the probe's parser (pure), and the probe itself against
 // stand-in interpreters (shell scripts in a temporary folder): answer, timeout, cache, staleness.
-#include "pyenv/probe.hpp"
 #include "pyenv/pyenv.hpp"
+#include "pyenv/probe.hpp"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,9 @@ using namespace ddp::pyenv;
 namespace fs = std::filesystem;
 
 namespace {
-jobspec::JobSpec spec_of(const std::string& yaml) { return jobspec::parse_job_yaml(yaml, "t.yaml"); }
+jobspec::JobSpec spec_of(const std::string& yaml) {
+  return jobspec::parse_job_yaml(yaml, "t.yaml");
+}
 }  // namespace
 
 TEST(Pyenv, LooksLikePython) {
@@ -66,7 +68,8 @@ TEST(Pyenv, BadAnswersAreErrorsNotGuesses) {
   EXPECT_NE(parse_probe_output("").facts.error->find("no answer"), std::string::npos);
   EXPECT_NE(parse_probe_output("DDPCTL-PYENV {nope\n").facts.error->find("not JSON"), std::string::npos);
   EXPECT_NE(parse_probe_output("DDPCTL-PYENV [1]\n").facts.error->find("not a JSON object"), std::string::npos);
-  EXPECT_NE(parse_probe_output("DDPCTL-PYENV {\"torch\": \"2.1\"}\n").facts.error->find("no Python version"), std::string::npos);
+  EXPECT_NE(parse_probe_output("DDPCTL-PYENV {\"torch\": \"2.1\"}\n").facts.error->find("no Python version"),
+            std::string::npos);
   // An absurd torch string is not a version.
   auto a = parse_probe_output("DDPCTL-PYENV {\"python\": \"3.11.2\", \"torch\": \"" + std::string(200, '9') + "\"}\n");
   EXPECT_FALSE(a.facts.torch);
@@ -95,8 +98,10 @@ void write_interpreter(const fs::path& file, const std::string& body) {
 }
 
 std::string answering(const fs::path& site, const fs::path& counter, const std::string& torch) {
-  return "echo run >> " + counter.string() + "\necho 'DDPCTL-PYENV {\"executable\": \"'$0'\", \"python\": \"3.11.2\", "
-         "\"torch\": \"" + torch + "\", \"site\": [\"" + site.string() + "\"]}'\n";
+  return "echo run >> " + counter.string() +
+         "\necho 'DDPCTL-PYENV {\"executable\": \"'$0'\", \"python\": \"3.11.2\", "
+         "\"torch\": \"" +
+         torch + "\", \"site\": [\"" + site.string() + "\"]}'\n";
 }
 
 int runs(const fs::path& counter) {

@@ -529,7 +529,7 @@ TEST(FirstFailure, EarliestByMappedTimeNotByArrival) {
   Config c = three_hosts();
   Sim s(c);
   s.now = Micros(100s);
-  s.join("n1", 1, Micros(5s));    // n1's clock runs 5 s ahead of ours
+  s.join("n1", 1, Micros(5s));  // n1's clock runs 5 s ahead of ours
   s.join("n2", 1, Micros(0s));
   s.join("n3", 1, Micros(-10s));  // n3's clock runs 10 s behind
   s.now = Micros(200s);
@@ -715,7 +715,8 @@ TEST(Status, SaysWhatItWaitsFor) {
   Sim s(c);
   s.join("n1");
   s.join("n2");
-  EXPECT_EQ(s.r->status(), "round 1: waiting for nodes: 2/3 nodes joined (need 2-3); missing: n3; last call ends in 5s");
+  EXPECT_EQ(s.r->status(),
+            "round 1: waiting for nodes: 2/3 nodes joined (need 2-3); missing: n3; last call ends in 5s");
   s.advance(5s);
   EXPECT_EQ(s.r->status(), "round 1: running on 2 nodes, world size 4");
 }
@@ -788,18 +789,37 @@ TEST(Invariants, RandomEventStreamsKeepTheMachineSane) {
       n += std::to_string(1 + rng() % 5);
       Effects e;
       switch (rng() % 9) {
-        case 0: e = s.join(n, 1 + rng() % 4, Micros(static_cast<long long>(rng() % 1000))); break;
-        case 1: s.alive.erase(n); e = s.on(NodeLeft{n, "closed"}); break;
-        case 2: e = s.on(Heartbeat{n}); break;
-        case 3: e = s.advance(Micros(static_cast<long long>(rng() % 8'000'000))); break;
-        case 4: e = s.exit(n, rng() % 4, static_cast<int>(rng() % 3), std::nullopt, s.now); break;
-        case 5: e = s.finished(n, rng() % 2); break;
-        case 6: e = s.ack_all(); break;
-        case 7:
-          if (rng() % 20 == 0) e = s.on(StopRequested{"fuzz"});
-          else if (rng() % 10 == 0) e = s.on(HangDetected{"hung", rng() % 2 == 0});
+        case 0:
+          e = s.join(n, 1 + rng() % 4, Micros(static_cast<long long>(rng() % 1000)));
           break;
-        default: e = s.on(Tick{}); break;
+        case 1:
+          s.alive.erase(n);
+          e = s.on(NodeLeft{n, "closed"});
+          break;
+        case 2:
+          e = s.on(Heartbeat{n});
+          break;
+        case 3:
+          e = s.advance(Micros(static_cast<long long>(rng() % 8'000'000)));
+          break;
+        case 4:
+          e = s.exit(n, rng() % 4, static_cast<int>(rng() % 3), std::nullopt, s.now);
+          break;
+        case 5:
+          e = s.finished(n, rng() % 2);
+          break;
+        case 6:
+          e = s.ack_all();
+          break;
+        case 7:
+          if (rng() % 20 == 0)
+            e = s.on(StopRequested{"fuzz"});
+          else if (rng() % 10 == 0)
+            e = s.on(HangDetected{"hung", rng() % 2 == 0});
+          break;
+        default:
+          e = s.on(Tick{});
+          break;
       }
       for (const auto& a : all<AssignRanks>(e)) {
         std::uint32_t base = 0;

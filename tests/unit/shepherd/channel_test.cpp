@@ -3,8 +3,8 @@
 
 #include "proto/frame.hpp"
 
-#include <boost/asio/io_context.hpp>
 #include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -33,17 +33,19 @@ TEST(ShepherdChannel, MessagesArriveInOrderBothWays) {
   auto agent = Channel::make(io, p.a, Sender::shepherd, 1 << 20);
   auto shep = Channel::make(io, p.b, Sender::agent, 1 << 20);
   std::vector<std::string> at_shepherd, at_agent;
-  shep->start({[&](const std::string& t, const json& m) {
-                 at_shepherd.push_back(t);
-                 if (t == "stop") shep->send(encode_line({0, ddp::supervisor::Stream::out, "bye " + std::to_string(decode_signal(m))}));
-               },
-               nullptr});
+  shep->start(
+      {[&](const std::string& t, const json& m) {
+         at_shepherd.push_back(t);
+         if (t == "stop")
+           shep->send(encode_line({0, ddp::supervisor::Stream::out, "bye " + std::to_string(decode_signal(m))}));
+       },
+       nullptr});
   agent->start({[&](const std::string&, const json& m) {
-                   at_agent.push_back(decode_line(m).data);
-                   agent->close("done");
-                   shep->close("done");
-                 },
-                 nullptr});
+                  at_agent.push_back(decode_line(m).data);
+                  agent->close("done");
+                  shep->close("done");
+                },
+                nullptr});
   agent->send(encode_signal("forward", 10));
   agent->send(encode_signal("stop", 15));
   io.run_for(std::chrono::seconds(10));
@@ -99,7 +101,8 @@ TEST(ShepherdChannel, AFullQueueDropsInsteadOfGrowing) {
   // Nobody reads the other end and the io_context does not run: writes stay queued.
   auto agent = Channel::make(io, p.a, Sender::shepherd, 1000);
   int accepted = 0;
-  for (int i = 0; i < 100; ++i) accepted += agent->send(encode_line({0, ddp::supervisor::Stream::out, std::string(100, 'x')}));
+  for (int i = 0; i < 100; ++i)
+    accepted += agent->send(encode_line({0, ddp::supervisor::Stream::out, std::string(100, 'x')}));
   EXPECT_GT(accepted, 0);
   EXPECT_LT(accepted, 100);
   ::close(p.b);

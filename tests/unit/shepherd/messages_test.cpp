@@ -37,7 +37,9 @@ StartAttempt sample_start() {
 }
 
 // A message through its text form, as the peer reads it.
-json wire(const json& m) { return json::parse(dump(m)); }
+json wire(const json& m) {
+  return json::parse(dump(m));
+}
 
 }  // namespace
 
@@ -71,8 +73,8 @@ TEST(ShepherdMessages, StartRoundTrips) {
 
 TEST(ShepherdMessages, ContainerRunRoundTrips) {
   auto s = sample_start();
-  s.plan.ranks[1].container = ddp::contract::ContainerRun{"podman", "img:1", "ddpctl-j-a2-r1", "/logs/rank-1.env",
-                                                          {{"RANK", "1"}, {"HF_HOME", "/data"}}};
+  s.plan.ranks[1].container = ddp::contract::ContainerRun{
+      "podman", "img:1", "ddpctl-j-a2-r1", "/logs/rank-1.env", {{"RANK", "1"}, {"HF_HOME", "/data"}}};
   const auto d = decode_start(wire(encode_start(s)));
   EXPECT_FALSE(d.plan.ranks[0].container);
   ASSERT_TRUE(d.plan.ranks[1].container);
@@ -174,7 +176,9 @@ TEST(ShepherdMessages, LinesKeepTheirStreamAndSurviveInvalidUtf8) {
   EXPECT_EQ(l.stream, supervisor::Stream::err);
   EXPECT_EQ(l.data, "loss 0.5");
   // A worker may print any bytes; the message must still be valid JSON.
-  auto bad = decode_line(wire(encode_line({0, supervisor::Stream::out, std::string("a\xff" "b")})));
+  auto bad = decode_line(wire(encode_line({0, supervisor::Stream::out,
+                                           std::string("a\xff"
+                                                       "b")})));
   EXPECT_EQ(bad.data.front(), 'a');
   EXPECT_EQ(bad.data.back(), 'b');
   auto m = encode_line({0, supervisor::Stream::out, "x"});
@@ -204,7 +208,8 @@ TEST(ShepherdMessages, FinishedReportRoundTrips) {
   r.exits = {killed, bad, never};
   r.notes = {"a note"};
   r.log_dir = "/l";
-  r.first_failure = launch::RankFailure{bad, "n2", {"x", "y"}, launch::ErrorFile{"/l/e.json", "ValueError", "tb", ""}, "/l/r.log"};
+  r.first_failure =
+      launch::RankFailure{bad, "n2", {"x", "y"}, launch::ErrorFile{"/l/e.json", "ValueError", "tb", ""}, "/l/r.log"};
   const auto m = wire(encode_finished(r));
   EXPECT_EQ(message_type(m, Sender::shepherd), "finished");
   const auto d = decode_finished(m);
@@ -238,7 +243,8 @@ TEST(ShepherdMessages, FinishedReportRoundTrips) {
   stacks::RankStacks in_barrier{0, "n2", {}};
   in_barrier.stacks.python = "3.11.2";
   in_barrier.stacks.python_ok = true;
-  in_barrier.stacks.threads.push_back({101, "python3", true, {{stacks::Frame::Kind::python, "barrier", "/c10d.py", 7, 0}}, {}});
+  in_barrier.stacks.threads.push_back(
+      {101, "python3", true, {{stacks::Frame::Kind::python, "barrier", "/c10d.py", 7, 0}}, {}});
   with_stacks.stacks = launch::FailureStacks{{in_barrier}, {"rank 1: not read"}, "/l/stacks.txt"};
   const auto d3 = decode_finished(wire(encode_finished(with_stacks)));
   ASSERT_TRUE(d3.stacks);
@@ -266,7 +272,8 @@ TEST(ShepherdMessages, FinishedReportKeepsAFrameWithoutALine) {
   stacks::RankStacks nowhere{0, "", {}};
   nowhere.stacks.python = "3.11.2";
   nowhere.stacks.python_ok = true;
-  nowhere.stacks.threads.push_back({101, "python3", true, {{stacks::Frame::Kind::python, "wait", "/w/t.py", -1, 0}}, {}});
+  nowhere.stacks.threads.push_back(
+      {101, "python3", true, {{stacks::Frame::Kind::python, "wait", "/w/t.py", -1, 0}}, {}});
   r.stacks = launch::FailureStacks{{nowhere}, {}, ""};
   launch::AttemptReport d;
   ASSERT_NO_THROW(d = decode_finished(wire(encode_finished(r))));

@@ -14,7 +14,9 @@ HostKeyFacts facts(int port = 22) {
   return HostKeyFacts{"n1", "n1.example", port, "SHA256:abcDEF", "ssh-ed25519", "/home/u/.ssh/known_hosts"};
 }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -66,10 +68,12 @@ TEST(HostKey, ChangedKeySaysItMayBeAnAttackAndHowToRemoveTheOldKey) {
 TEST(Retry, ClassifiesLibsshErrors) {
   EXPECT_EQ(classify_connect_error("Timeout connecting to 10.0.0.2"), ConnectFailure::timeout);
   EXPECT_EQ(classify_connect_error("Connection refused"), ConnectFailure::refused);
-  EXPECT_EQ(classify_connect_error("Failed to resolve hostname nx (Name or service not known)"), ConnectFailure::unreachable);
+  EXPECT_EQ(classify_connect_error("Failed to resolve hostname nx (Name or service not known)"),
+            ConnectFailure::unreachable);
   EXPECT_EQ(classify_connect_error("Socket error: disconnected"), ConnectFailure::dropped);
   EXPECT_EQ(classify_connect_error("Connection reset by peer"), ConnectFailure::dropped);
-  EXPECT_EQ(classify_connect_error("Access denied. Authentication that can continue: publickey"), ConnectFailure::other);
+  EXPECT_EQ(classify_connect_error("Access denied. Authentication that can continue: publickey"),
+            ConnectFailure::other);
 }
 
 TEST(Retry, OnlyDropsAreRetriedWithGrowingCappedDelays) {

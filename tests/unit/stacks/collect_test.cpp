@@ -169,8 +169,8 @@ TEST(Collect, HangingReaderIsKilledAtTheDeadline) {
   ::close(fd);
   const auto t0 = Clock::now();
   // Two targets, two readers at once: both are stopped.
-  auto got = collect({::getpid(), ::getpid()},
-                     shell_reader(std::string("echo $$ >> ") + path + "; exec sleep 1000", std::chrono::milliseconds(500)));
+  auto got = collect({::getpid(), ::getpid()}, shell_reader(std::string("echo $$ >> ") + path + "; exec sleep 1000",
+                                                            std::chrono::milliseconds(500)));
   const auto took = Clock::now() - t0;
   EXPECT_GE(took, std::chrono::milliseconds(500));
   EXPECT_LT(took, std::chrono::seconds(5));

@@ -51,8 +51,8 @@ TEST(StoreAccessDecision, FromThisHostOnlyTheJobsUserAndRoot) {
   const auto nodes = addrs({"10.0.0.1", "10.0.0.2", "fd00::2"});
   // Every way of being on this host: loopback (any of 127/8, ::1, v4-mapped), an own address
   // (listed as a node or not), or a client socket the kernel shows here.
-  for (const char* peer : {"127.0.0.1", "127.9.9.9", "::1", "::ffff:127.0.0.1", "10.0.0.1", "::ffff:10.0.0.1",
-                           "fd00::1"}) {
+  for (const char* peer :
+       {"127.0.0.1", "127.9.9.9", "::1", "::ffff:127.0.0.1", "10.0.0.1", "::ffff:10.0.0.1", "fd00::1"}) {
     SCOPED_TRACE(peer);
     for (bool listed : {false, true}) {
       const auto& n = listed ? nodes : std::vector<address>{};

@@ -50,7 +50,9 @@ RawClient::RawClient(uint16_t port) {
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-RawClient::~RawClient() { close(); }
+RawClient::~RawClient() {
+  close();
+}
 
 void RawClient::close() {
   if (fd_ >= 0) ::close(fd_);
@@ -247,8 +249,12 @@ std::string replay_fixture(const std::vector<FixtureStep>& steps, uint16_t port)
   for (const auto& s : steps) {
     std::string where = "line " + std::to_string(s.line) + " (connection " + std::to_string(s.conn) + "): ";
     switch (s.kind) {
-      case FixtureStep::Kind::send: conn(s.conn).send(s.bytes); break;
-      case FixtureStep::Kind::close: conn(s.conn).close(); break;
+      case FixtureStep::Kind::send:
+        conn(s.conn).send(s.bytes);
+        break;
+      case FixtureStep::Kind::close:
+        conn(s.conn).close();
+        break;
       case FixtureStep::Kind::expect: {
         std::string got = conn(s.conn).recv(s.bytes.size());
         if (got != s.bytes) return where + "expected [" + hex(s.bytes) + "], got [" + hex(got) + "]";
@@ -266,7 +272,8 @@ std::string replay_fixture(const std::vector<FixtureStep>& steps, uint16_t port)
   // Nothing unexpected left over on any connection.
   for (auto& [n, c] : conns) {
     if (c->fd() >= 0 && !c->quiet(std::chrono::milliseconds(20))) {
-      return "connection " + std::to_string(n) + ": unexpected extra bytes [" + hex(c->recv(64, std::chrono::milliseconds(50))) + "]";
+      return "connection " + std::to_string(n) + ": unexpected extra bytes [" +
+             hex(c->recv(64, std::chrono::milliseconds(50))) + "]";
     }
   }
   return "";

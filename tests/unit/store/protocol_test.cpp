@@ -25,27 +25,52 @@ std::vector<Request> examples() {
     out.push_back(r);
   };
   add(Op::validate, [](Request& r) { r.word = kValidateMagic; });
-  add(Op::set, [](Request& r) { r.key = "/k"; r.value = std::string("v\0\xff", 3); });
-  add(Op::set, [](Request& r) { r.key = ""; r.value = ""; });
-  add(Op::compare_set, [](Request& r) { r.key = "/c"; r.value = "old"; r.value2 = "new"; });
+  add(Op::set, [](Request& r) {
+    r.key = "/k";
+    r.value = std::string("v\0\xff", 3);
+  });
+  add(Op::set, [](Request& r) {
+    r.key = "";
+    r.value = "";
+  });
+  add(Op::compare_set, [](Request& r) {
+    r.key = "/c";
+    r.value = "old";
+    r.value2 = "new";
+  });
   add(Op::get, [](Request& r) { r.key = "/default_pg/0//cuda//0"; });
-  add(Op::add, [](Request& r) { r.key = "init/"; r.number = -5; });
+  add(Op::add, [](Request& r) {
+    r.key = "init/";
+    r.number = -5;
+  });
   add(Op::check, [](Request& r) { r.keys = {"/a", "/bb"}; });
   add(Op::wait, [](Request& r) { r.keys = {"/a"}; });
   add(Op::wait, [](Request& r) { r.keys = {}; });
   add(Op::get_num_keys, [](Request&) {});
   add(Op::watch_key, [](Request& r) { r.key = "/w"; });
   add(Op::delete_key, [](Request& r) { r.key = "/d"; });
-  add(Op::append, [](Request& r) { r.key = "/ap"; r.value = "xyz"; });
+  add(Op::append, [](Request& r) {
+    r.key = "/ap";
+    r.value = "xyz";
+  });
   add(Op::multi_get, [](Request& r) { r.keys = {"/a", "", "/c"}; });
-  add(Op::multi_set, [](Request& r) { r.keys = {"/a", "/b"}; r.values = {"1", ""}; });
+  add(Op::multi_set, [](Request& r) {
+    r.keys = {"/a", "/b"};
+    r.values = {"1", ""};
+  });
   add(Op::cancel_wait, [](Request&) {});
   add(Op::ping, [](Request& r) { r.word = 0xDEADBEEF; });
-  add(Op::queue_push, [](Request& r) { r.key = "/q"; r.value = "item"; });
+  add(Op::queue_push, [](Request& r) {
+    r.key = "/q";
+    r.value = "item";
+  });
   add(Op::queue_pop, [](Request& r) { r.key = "/q"; });
   add(Op::queue_len, [](Request& r) { r.key = "/q"; });
   add(Op::list_keys, [](Request&) {});
-  add(Op::barrier, [](Request& r) { r.key = "/bar"; r.number = 16; });
+  add(Op::barrier, [](Request& r) {
+    r.key = "/bar";
+    r.number = 16;
+  });
   return out;
 }
 
@@ -59,8 +84,7 @@ std::string preamble(Protocol p) {
 }
 
 // Decodes `wire` fed in the pieces given by `cuts` (sorted offsets); returns the requests.
-std::vector<Request> decode_in_pieces(const std::string& wire, const std::vector<std::size_t>& cuts,
-                                      Decoder& dec) {
+std::vector<Request> decode_in_pieces(const std::string& wire, const std::vector<std::size_t>& cuts, Decoder& dec) {
   std::vector<Request> got;
   std::size_t start = 0;
   std::vector<std::size_t> ends = cuts;
@@ -238,10 +262,10 @@ TEST(StoreProtocol, OversizedLengthsAreRejectedBeforeAnyPayload) {
   };
   std::string huge_key("\x00\x00\x00\x00\x00\x01\x00\x00", 8);  // 2^40
   std::vector<Case> cases{
-      {std::string("\x02", 1) + huge_key, "key of 1099511627776 bytes"},               // 1.13 GET
-      {std::string("\x02\x65\0\0\0\0\0\0\0", 9), "key of 101 bytes"},                  // one over
-      {std::string("\x00\x01\0\0\0\0\0\0\0k\xE9\x03\0\0\0\0\0\0", 18), "value of 1001"},  // SET
-      {std::string("\x05\x0B\0\0\0\0\0\0\0", 9), "WAIT of 11 keys"},                   // batch
+      {std::string("\x02", 1) + huge_key, "key of 1099511627776 bytes"},                         // 1.13 GET
+      {std::string("\x02\x65\0\0\0\0\0\0\0", 9), "key of 101 bytes"},                            // one over
+      {std::string("\x00\x01\0\0\0\0\0\0\0k\xE9\x03\0\0\0\0\0\0", 18), "value of 1001"},         // SET
+      {std::string("\x05\x0B\0\0\0\0\0\0\0", 9), "WAIT of 11 keys"},                             // batch
       {std::string("\x00\x01\0\0\0\0\0\0\0k\x00\x00\x00\x00\x00\x00\x00\x80", 18), "value of"},  // 2^63
   };
   for (const auto& c : cases) {

@@ -13,9 +13,9 @@
 
 #include <cstring>
 #include <filesystem>
-#include <thread>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 using namespace ddp::store;
 using namespace ddp::store::testing;
@@ -24,7 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string enc(Protocol p, Request r) { return encode_request(p, r); }
+std::string enc(Protocol p, Request r) {
+  return encode_request(p, r);
+}
 Request req(Op op, std::string key = {}, std::string value = {}) {
   Request r;
   r.op = op;
@@ -43,7 +45,9 @@ std::string i64(int64_t v) {
   put_i64(s, v);
   return s;
 }
-std::string validate() { return std::string("\x00\xCE\xF7\x85\x3C", 5); }
+std::string validate() {
+  return std::string("\x00\xCE\xF7\x85\x3C", 5);
+}
 
 std::vector<std::string> fixture_files() {
   std::vector<std::string> out;
@@ -58,7 +62,9 @@ std::vector<std::string> fixture_files() {
 
 // Every test of the server runs twice: on the caller's loop (threads 0, the launcher's way) and
 // on three I/O threads of its own, so that connections of one test land on different threads.
-std::string threads_name(unsigned threads) { return threads == 0 ? "caller_loop" : "threads" + std::to_string(threads); }
+std::string threads_name(unsigned threads) {
+  return threads == 0 ? "caller_loop" : "threads" + std::to_string(threads);
+}
 
 class StoreFixtures : public ::testing::TestWithParam<std::tuple<std::string, unsigned>> {};
 
@@ -72,17 +78,24 @@ TEST_P(StoreFixtures, Replays) {
   EXPECT_EQ(replay_fixture(steps, st.port()), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, StoreFixtures, ::testing::Combine(::testing::ValuesIn(fixture_files()), ::testing::Values(0u, 3u)),
+INSTANTIATE_TEST_SUITE_P(Files, StoreFixtures,
+                         ::testing::Combine(::testing::ValuesIn(fixture_files()), ::testing::Values(0u, 3u)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + threads_name(std::get<1>(info.param));
                          });
 
 TEST(StoreFixtureFormat, ParsesTokens) {
-  auto steps = parse_fixture("# c\n2> 0a ff \"ab\" s\"x\" u8:7 u32:0x01020304 i64:-1 # tail\n< quiet\n3< eof\n> close\n");
+  auto steps =
+      parse_fixture("# c\n2> 0a ff \"ab\" s\"x\" u8:7 u32:0x01020304 i64:-1 # tail\n< quiet\n3< eof\n> close\n");
   ASSERT_EQ(steps.size(), 4u);
   EXPECT_EQ(steps[0].conn, 2);
-  EXPECT_EQ(steps[0].bytes, std::string("\x0a\xff" "ab" "\x01\0\0\0\0\0\0\0x" "\x07" "\x04\x03\x02\x01"
-                                        "\xff\xff\xff\xff\xff\xff\xff\xff", 26));
+  EXPECT_EQ(steps[0].bytes, std::string("\x0a\xff"
+                                        "ab"
+                                        "\x01\0\0\0\0\0\0\0x"
+                                        "\x07"
+                                        "\x04\x03\x02\x01"
+                                        "\xff\xff\xff\xff\xff\xff\xff\xff",
+                                        26));
   EXPECT_EQ(steps[1].kind, FixtureStep::Kind::expect_quiet);
   EXPECT_EQ(steps[2].kind, FixtureStep::Kind::expect_eof);
   EXPECT_EQ(steps[2].conn, 3);
@@ -211,7 +224,10 @@ TEST_P(StoreServer, WaitReportFindsAOneThirteenClientsPidThroughProc) {
   const pid_t self = getpid();
   st.call([&] {
     st.server().set_rank_resolver({
-        .candidate_pids = [self] { return std::vector<pid_t>{1, self}; },
+        .candidate_pids =
+            [self] {
+              return std::vector<pid_t>{1, self};
+            },
         .rank_of_pid = [self](pid_t p) -> std::optional<int> {
           if (p == self) return 7;
           return std::nullopt;
@@ -250,7 +266,8 @@ TEST_P(StoreServer, PortInUseSaysWhatToDo) {
     FAIL() << "bound a port in use";
   } catch (const StoreError& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("store port " + std::to_string(st.port()) + " on 127.0.0.1 is already in use"), std::string::npos)
+    EXPECT_NE(msg.find("store port " + std::to_string(st.port()) + " on 127.0.0.1 is already in use"),
+              std::string::npos)
         << msg;
     EXPECT_NE(msg.find("--master-port"), std::string::npos);
   }
@@ -404,8 +421,8 @@ TEST_P(StoreServer, MultiSetsThatNeverFinishAreBoundedOverAllConnections) {
     ASSERT_TRUE(st.eventually([&] {
       auto x = st.server().stats();
       return x.closed_bad == static_cast<uint64_t>(i) && x.inflight_bytes >= 3 * kMiB;
-    })) << "after attacker " << i << ": closed " << stats_of(st).closed_bad << ", in flight "
-        << stats_of(st).inflight_bytes;
+    })) << "after attacker "
+        << i << ": closed " << stats_of(st).closed_bad << ", in flight " << stats_of(st).inflight_bytes;
   }
   int closed = 0;
   for (auto& a : attackers) closed += a->closed_by_peer(200ms) ? 1 : 0;
@@ -448,7 +465,8 @@ TEST_P(StoreServer, UnreadRepliesPastTheirCapCloseTheClient) {
   ServerThread st(opts());
   {
     RawClient setter(st.port());
-    setter.send(enc(Protocol::v1, req(Op::set, "/big", std::string(8 * kMiB, 'v'))) + enc(Protocol::v1, req(Op::get_num_keys)));
+    setter.send(enc(Protocol::v1, req(Op::set, "/big", std::string(8 * kMiB, 'v'))) +
+                enc(Protocol::v1, req(Op::get_num_keys)));
     ASSERT_EQ(setter.recv(8), i64(1));
   }
   RawClient c(st.port());
@@ -465,7 +483,8 @@ TEST_P(StoreServer, NonReadingWatchersAreBoundedOverAllConnections) {
   // another pushes old + new into every one of them (16 MiB each, 160 MiB over ten).
   ServerThread st({.host = "127.0.0.1", .port = 0, .totals = {.max_inflight_bytes = 40 * kMiB}, .threads = GetParam()});
   RawClient setter(st.port());
-  setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'a'))) + enc(Protocol::v1, req(Op::get_num_keys)));
+  setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'a'))) +
+              enc(Protocol::v1, req(Op::get_num_keys)));
   ASSERT_EQ(setter.recv(8, 10s), i64(1));
   std::vector<std::unique_ptr<RawClient>> watchers;
   for (int i = 0; i < 10; ++i) {
@@ -473,7 +492,8 @@ TEST_P(StoreServer, NonReadingWatchersAreBoundedOverAllConnections) {
     watchers.back()->send(enc(Protocol::v1, req(Op::watch_key, "/w")));
     ASSERT_EQ(watchers.back()->recv(1), std::string(1, static_cast<char>(kWatchCallbackRegistered)));
   }
-  setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'b'))) + enc(Protocol::v1, req(Op::get_num_keys)));
+  setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'b'))) +
+              enc(Protocol::v1, req(Op::get_num_keys)));
   // The setter is served (it holds nothing in flight); watchers were closed to keep the bound.
   EXPECT_EQ(setter.recv(8, 10s), i64(1));
   EXPECT_GE(stats_of(st).closed_bad, 2u);

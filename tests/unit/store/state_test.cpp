@@ -1,8 +1,8 @@
 // Store semantics, pure: WAIT/CANCEL_WAIT ordering, ADD's decimal storage, COMPARE_SET's
 // quirks, queues waking one, BARRIER, WATCH_KEY pushes, DELETE_KEY, GETNUMKEYS, the wait report,
 // the store's totals (bytes, keys, queue items, registrations) and APPEND's value limit.
-#include "store/report.hpp"
 #include "store/state.hpp"
+#include "store/report.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string u8(uint8_t v) { return std::string(1, static_cast<char>(v)); }
+std::string u8(uint8_t v) {
+  return std::string(1, static_cast<char>(v));
+}
 std::string i64(int64_t v) {
   std::string s;
   put_i64(s, v);
@@ -140,11 +142,25 @@ TEST(StoreState, EveryWriterWakesWaiters) {
     Request r;
     r.key = "/k";
     switch (how) {
-      case 0: r.op = Op::set; break;
-      case 1: r.op = Op::add; break;
-      case 2: r.op = Op::append; r.value = "z"; break;
-      case 3: r.op = Op::multi_set; r.keys = {"/k"}; r.values = {"v"}; break;
-      case 4: r.op = Op::compare_set; r.value2 = "v"; break;
+      case 0:
+        r.op = Op::set;
+        break;
+      case 1:
+        r.op = Op::add;
+        break;
+      case 2:
+        r.op = Op::append;
+        r.value = "z";
+        break;
+      case 3:
+        r.op = Op::multi_set;
+        r.keys = {"/k"};
+        r.values = {"v"};
+        break;
+      case 4:
+        r.op = Op::compare_set;
+        r.value2 = "v";
+        break;
     }
     EXPECT_EQ(flat(h.run(1, r)), (Pushes{{2, u8(kStopWaiting)}})) << how;
   }
@@ -413,7 +429,8 @@ TEST(StoreReport, FormatsOneLinePerKeyWithRanks) {
   b.barrier = true;
   b.waiters.push_back({.rank = 0, .since = t0});
   one.waited.push_back(b);
-  EXPECT_EQ(format_wait_report(one, 0, t0 + 2s), "1 client in a barrier on `/bar` for 2 s (rank 0); barrier not reached");
+  EXPECT_EQ(format_wait_report(one, 0, t0 + 2s),
+            "1 client in a barrier on `/bar` for 2 s (rank 0); barrier not reached");
 }
 
 TEST(StoreReport, RankList) {
@@ -505,7 +522,7 @@ TEST(StoreTotals, AppendAddCompareSetCountAgainstTheByteTotal) {
   EXPECT_TRUE(h.cas(1, "/a", "12345678", "1").close_reason.empty());  // 3
   EXPECT_FALSE(h.cas(1, "/a", "1", std::string(19, 'x')).close_reason.empty());
   EXPECT_EQ(*h.st.find("/a"), "1");
-  EXPECT_TRUE(h.add(1, "/n", 1000000).close_reason.empty());  // "/n" + "1000000": 9, total 12
+  EXPECT_TRUE(h.add(1, "/n", 1000000).close_reason.empty());               // "/n" + "1000000": 9, total 12
   EXPECT_FALSE(h.add(1, "/n", 1000000000000000000).close_reason.empty());  // 19 digits: 24 in all
   EXPECT_EQ(*h.st.find("/n"), "1000000");
   EXPECT_EQ(h.st.bytes(), recount(h.st, {"/a", "/n"}, {}));
@@ -620,11 +637,21 @@ TEST(StoreTotals, RandomOperationsKeepTheCountExact) {
     const auto& q = queues[rnd(2)];
     std::string v(rnd(40), 'v');
     switch (rnd(7)) {
-      case 0: h.set(1, k, v); break;
-      case 1: h.run(1, appended(k, v)); break;
-      case 2: h.add(1, k, static_cast<int64_t>(rnd(1000000))); break;
-      case 3: h.cas(1, k, h.st.find(k) ? *h.st.find(k) : "", v); break;
-      case 4: h.simple(1, Op::delete_key, k); break;
+      case 0:
+        h.set(1, k, v);
+        break;
+      case 1:
+        h.run(1, appended(k, v));
+        break;
+      case 2:
+        h.add(1, k, static_cast<int64_t>(rnd(1000000)));
+        break;
+      case 3:
+        h.cas(1, k, h.st.find(k) ? *h.st.find(k) : "", v);
+        break;
+      case 4:
+        h.simple(1, Op::delete_key, k);
+        break;
       case 5:
         if (h.push(1, q, v).close_reason.empty()) shadow[q].push_back(v);
         break;

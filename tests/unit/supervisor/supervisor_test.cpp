@@ -4,14 +4,14 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-#include <memory>
-#include <sstream>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
 
 using namespace ddp::supervisor;
 
@@ -142,7 +142,8 @@ TEST(Cgroup, StartTimeFromStat) {
   EXPECT_EQ(start_time_from_stat(line), 987654ull);
   EXPECT_FALSE(start_time_from_stat("1234 (x) S 1 2 3"));
   EXPECT_FALSE(start_time_from_stat(""));
-  EXPECT_TRUE(start_time_from_stat(std::string(1, ' ') + "1 (init) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0").has_value());
+  EXPECT_TRUE(
+      start_time_from_stat(std::string(1, ' ') + "1 (init) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0").has_value());
 }
 
 TEST(Process, ResolveExecutable) {
@@ -167,21 +168,23 @@ TEST(Process, ExplainNotRunnable) {
   EXPECT_EQ(explain_not_runnable("train.py", "/bin", dir),
             "train.py is not a program on PATH; it is a file in workdir " + dir +
                 ": run it with its interpreter: command: [python3, train.py]");
-  EXPECT_EQ(explain_not_runnable("tool", "/bin", dir),
-            "tool is not a program on PATH; it is a file in workdir " + dir + ": write it with its folder: command: [./tool]");
+  EXPECT_EQ(explain_not_runnable("tool", "/bin", dir), "tool is not a program on PATH; it is a file in workdir " + dir +
+                                                           ": write it with its folder: command: [./tool]");
   EXPECT_EQ(explain_not_runnable("./gone.py", "/bin", dir), "./gone.py does not exist (in workdir " + dir + ")");
-  EXPECT_EQ(explain_not_runnable("sub", "/bin", "/") , "'sub' is not found on PATH (/bin); give its full path, or check the spelling");
+  EXPECT_EQ(explain_not_runnable("sub", "/bin", "/"),
+            "'sub' is not found on PATH (/bin); give its full path, or check the spelling");
   EXPECT_EQ(explain_not_runnable(dir + "/sub", "", "/"), dir + "/sub is a directory, not a program");
   // A long PATH is named by its first folders.
   const auto msg = explain_not_runnable("trian", "/a:/b:/c:/d:/e:/f", "/");
   EXPECT_EQ(msg, "'trian' is not found on PATH (/a, /b, /c, and 3 more); give its full path, or check the spelling");
   // On PATH but not executable: the interpreter, with the path found.
-  EXPECT_EQ(explain_not_runnable("train.py", dir, "/"),
-            "train.py is not executable (found on PATH, in " + dir + "); run it with its interpreter: command: [python3, " +
-                dir + "/train.py] (or chmod +x it)");
+  EXPECT_EQ(explain_not_runnable("train.py", dir, "/"), "train.py is not executable (found on PATH, in " + dir +
+                                                            "); run it with its interpreter: command: [python3, " +
+                                                            dir + "/train.py] (or chmod +x it)");
   // The caller spells commands its own way.
-  EXPECT_EQ(explain_not_runnable("./train.py", "", dir, [](const std::vector<std::string>& a) { return "<" + a[0] + ">"; }),
-            "./train.py is not executable (in workdir " + dir + "); run it with its interpreter: <python3> (or chmod +x it)");
+  EXPECT_EQ(
+      explain_not_runnable("./train.py", "", dir, [](const std::vector<std::string>& a) { return "<" + a[0] + ">"; }),
+      "./train.py is not executable (in workdir " + dir + "); run it with its interpreter: <python3> (or chmod +x it)");
   std::filesystem::remove_all(dir);
 }
 
