@@ -110,6 +110,7 @@ class Job:
         got = contracts(self.text())
         for h in self.hosts:
             self.pids.update(h.ns_pids())
+        self.cgroups = self.s.agent_cgroups(self.pids)  # the cgroups the job's agents made, while it runs
         assert len(got) == n, f"{len(got)} of {n} ranks started:\n{self.text()}\n{self.s.logs()}"
         return got
 
@@ -224,6 +225,8 @@ def test_scancel_leaves_nothing_on_any_node(slurm):
     s = slurm
     job = Job(s, "cancel", "sleep")
     job.wait_contracts(6)
+    # One cgroup per node, made by its agent for the workers: checked empty below.
+    assert len(job.cgroups) == 3, job.cgroups
     r = s.ctl("scancel", job.id)
     assert r.returncode == 0, r.stderr
     info = job.info()
@@ -251,7 +254,7 @@ def test_scancel_signal_usr1_batch_reaches_every_rank(slurm):
 
 def test_a_nodes_slurmd_killed(slurm):
     s = slurm
-    job = Job(s, "slurmdkill", "sleep")
+    job = Job(s, "slurmdkill", "sleep", sbatch=["--no-requeue"])
     job.wait_contracts(6)
     n2 = s.c.hosts[1]
     slurmd = s.daemons[f"slurmd-{n2.name}"]
@@ -260,9 +263,14 @@ def test_a_nodes_slurmd_killed(slurm):
     slurmd.wait(timeout=10)
     del s.daemons[f"slurmd-{n2.name}"]
     info = job.info(timeout=90)
-    print(info, job.text())
-    assert info["JobState"] in ("NODE_FAIL",), info
+    assert info["JobState"] == "NODE_FAIL", (info, job.text())
+    assert "srun: error: Node failure on n2" in job.text(), job.text()
+    assert s.node_states()[n2.name] == "down*"  # "*": not responding
     assert_nothing_left(s, job.hosts, job.pids)
+    # Every rank was asked to stop: n1's and n3's by SLURM, n2's (whose slurmd is gone) by its agent
+    # once its coordinator (ddpctl, in the batch step on n1) was gone.
+    assert job.signals() == {f"SIGTERM-rank{r}": job.hosts[r // 2].name for r in range(6)}, job.text()
+    # The node comes back when its slurmd does (ReturnToService=2).
     s.start_slurmd(n2)
     s.wait_idle([n2])
 
