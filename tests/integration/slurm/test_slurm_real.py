@@ -79,7 +79,7 @@ def slurm():
 class Job:
     """One `ddpctl launch --slurm` in an sbatch script (`exec ddpctl ...`, as in the README)."""
 
-    def __init__(self, s, name, mode, nodes=3, partition="main", sbatch=(), store="{port: 29500}"):
+    def __init__(self, s, name, mode, nodes=3, partition="main", sbatch=(), store="{port: 29500}", script_args=""):
         c = s.c
         self.s, self.name = s, name
         self.out_dir = os.path.join(c.dir, f"out-{name}")
@@ -87,7 +87,7 @@ class Job:
         spec = job_file(c, name, [PY, s.worker, mode, self.out_dir], nproc=2, store=store)
         self.result = os.path.join(c.dir, f"{name}.result.json")
         script = c.write(f"{name}.sbatch", "#!/bin/bash\n"
-                                           f"exec ddpctl launch --slurm --result-json {self.result} {spec}\n")
+                                           f"exec ddpctl launch --slurm --result-json {self.result} {script_args} {spec}\n")
         self.output = os.path.join(c.dir, f"{name}.out")
         r = s.ctl("sbatch", "--parsable", f"--nodes={nodes}", f"--partition={partition}", f"--job-name={name}",
                   f"--chdir={c.dir}", f"--output={self.output}", *sbatch, script)
@@ -273,6 +273,58 @@ def test_a_nodes_slurmd_killed(slurm):
     # The node comes back when its slurmd does (ReturnToService=2).
     s.start_slurmd(n2)
     s.wait_idle([n2])
+
+
+def cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline").read().split("\0")
+    except OSError:
+        return []
+
+
+def test_an_agent_killed_fails_the_job_and_leaves_nothing(slurm):
+    """kill -9 of n2's agent: srun's --kill-on-bad-exit=1 ends the agents' step, ddpctl fails the
+    job naming n2, and the batch job fails with ddpctl's exit status."""
+    s = slurm
+    job = Job(s, "agentkill", "sleep")
+    job.wait_contracts(6)
+    n2 = s.c.hosts[1]
+    agents = [pid for pid in n2.ns_pids() if "ddp-agentd" in " ".join(cmdline(pid)) and "--oneshot" in cmdline(pid)]
+    assert len(agents) == 1, [cmdline(p) for p in n2.ns_pids()]
+    os.kill(agents[0], signal.SIGKILL)
+    info = job.info()
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, job.text())
+    assert "node n2" in job.text(), job.text()
+    assert_nothing_left(s, job.hosts, job.pids)
+
+
+def test_ddpctl_killed_in_the_batch_step_leaves_nothing(slurm):
+    """kill -9 of ddpctl (the batch shell, after exec): the batch step ends, SLURM ends the job and
+    its agents' step, and nothing is left on any node."""
+    s = slurm
+    job = Job(s, "ctlkill", "sleep")
+    job.wait_contracts(6)
+    n1 = s.c.hosts[0]
+    ctl = [pid for pid in n1.ns_pids() if cmdline(pid)[:2] == ["ddpctl", "launch"]
+           or (cmdline(pid) and cmdline(pid)[0].endswith("/ddpctl") and "launch" in cmdline(pid))]
+    assert len(ctl) == 1, [cmdline(p) for p in n1.ns_pids()]
+    os.kill(ctl[0], signal.SIGKILL)
+    info = job.info()
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "0:9", (info, job.text())
+    assert_nothing_left(s, job.hosts, job.pids)
+
+
+def test_a_step_srun_cannot_create_fails_the_launch(slurm):
+    """A --srun-arg the cluster cannot satisfy (a GPU on nodes without any): the real srun refuses
+    the step, and ddpctl stops with exit status 2, showing srun's reason."""
+    s = slurm
+    job = Job(s, "refused", "once", script_args="--srun-arg=--gres=gpu:1")
+    info = job.info()
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", (info, job.text())
+    assert "srun| srun: error: Invalid generic resource (gres) specification" in job.text(), job.text()
+    assert "srun ended (exit status 1) before the agents on n[1-3] announced themselves" in job.text(), job.text()
+    assert "CONTRACT" not in job.text()
+    assert_nothing_left(s, job.hosts)
 
 
 def test_a_time_limit_stops_the_job_and_leaves_nothing(slurm):
