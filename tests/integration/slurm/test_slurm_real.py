@@ -26,14 +26,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
 import slurmcluster  # noqa: E402
 from ddptest import alive  # noqa: E402
-from simcluster import contracts, job_file  # noqa: E402
+from simcluster import captured, contracts, job_file  # noqa: E402
 
 SKIP = slurmcluster.slurm_unavailable()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 PY = "/usr/bin/python3"
 
-# Prints its contract; SIGUSR1 and SIGTERM each leave a file "SIG-rankR" holding the host's
+# Prints its contract; SIGUSR1, SIGUSR2 and SIGTERM each leave a file "SIG-rankR" holding the host's
 # name in the out folder (SIGTERM then ends it 143). Modes: "once" ends at once; "usr1" ends 0
 # once SIGUSR1 came; "sleep" sleeps (bounded); "fail" is "sleep" except rank 4, which ends 7.
 WORKER = r'''
@@ -51,6 +51,7 @@ def on_term(sig, frame):
     mark("SIGTERM")
     sys.exit(143)
 signal.signal(signal.SIGUSR1, on_usr1)
+signal.signal(signal.SIGUSR2, lambda sig, frame: mark("SIGUSR2"))
 signal.signal(signal.SIGTERM, on_term)
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
         "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GLOO_SOCKET_IFNAME", "DDP_NODE", "DDP_AGENT_SECRET", "SLURM_JOB_ID"]
@@ -189,7 +190,9 @@ def test_salloc_runs_the_contract_and_real_srun_takes_ddpctls_flags(slurm):
     os.makedirs(shim)
     record = os.path.join(c.dir, "srun-argv")
     with open(os.path.join(shim, "srun"), "w") as f:
-        f.write(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\nexec /usr/bin/srun \"$@\"\n")
+        # argv, one word a line, and the length of the secret in srun's environment (never its value)
+        f.write(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\necho \"${{#DDP_AGENT_SECRET}}\" > {record}.secret\n"
+                "exec /usr/bin/srun \"$@\"\n")
     os.chmod(os.path.join(shim, "srun"), 0o755)
     out_dir = os.path.join(c.dir, "out-salloc")
     os.makedirs(out_dir)
@@ -205,6 +208,10 @@ def test_salloc_runs_the_contract_and_real_srun_takes_ddpctls_flags(slurm):
                  "--mem=0", "--cpu-bind=none", "--kill-on-bad-exit=1", "--export=ALL", "--input=none", "--label",
                  "--unbuffered", "--mpi=none", "--job-name=ddpctl-salloc", "--partition=main"):
         assert flag in argv, (flag, argv)
+    agent = argv.index(os.path.join(c.bin, "ddp-agentd"))
+    assert argv.index("--partition=main") < agent
+    assert argv[agent + 1:] == ["--oneshot", "--listen", "[::]:0", "--secret-env", "DDP_AGENT_SECRET", "--announce"]
+    assert open(record + ".secret").read().strip() == "64"  # in srun's environment only
     assert_nothing_left(s, c.hosts[:3])
 
 
@@ -250,6 +257,49 @@ def test_scancel_signal_usr1_batch_reaches_every_rank(slurm):
     assert job.signals() == {f"SIGUSR1-rank{r}": job.hosts[r // 2].name for r in range(6)}, job.text()
     assert "SIGUSR1: passing it to every worker on 3 nodes" in job.text(), job.text()
     assert_nothing_left(s, job.hosts, job.pids)
+
+
+def test_usr2_then_sigterm_to_the_batch_shell(slurm):
+    """SIGUSR2 to the batch shell reaches every rank and the job goes on; SIGTERM to it stops the
+    job (ddpctl's 143 is the batch job's exit code), every rank asked to stop first."""
+    s = slurm
+    job = Job(s, "usr2", "sleep")
+    job.wait_contracts(6)
+    assert s.ctl("scancel", "--signal=USR2", "--batch", job.id).returncode == 0
+    want = {f"SIGUSR2-rank{r}": job.hosts[r // 2].name for r in range(6)}
+    assert job.wait_signals(6) == want, job.text()
+    assert s.job(job.id)["JobState"] == "RUNNING"
+    assert s.ctl("scancel", "--signal=TERM", "--batch", job.id).returncode == 0
+    info = job.info()
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "143:0", (info, job.text())
+    want.update({f"SIGTERM-rank{r}": job.hosts[r // 2].name for r in range(6)})
+    assert job.signals() == want, job.text()
+    assert json.load(open(job.result))["status"] == "stopped"
+    assert_nothing_left(s, job.hosts, job.pids)
+
+
+def test_tls_hides_the_job_from_the_wire(slurm):
+    """salloc on ctl, the agent on n1: the launch's link crosses n1's interface. The marker a
+    worker prints crosses in clear without --tls (the control), nowhere with it."""
+    s, c = slurm, slurm.c
+    n1 = c.hosts[0]
+    worker = c.write("worker-echo.py", "import sys\nprint('ECHO ' + sys.argv[1], flush=True)\n")
+    marker = "marker-" + os.urandom(8).hex()
+    spec = job_file(c, "slurmtls", [PY, worker, marker])
+
+    def launch(*extra):
+        return s.run(c.ctl, ["salloc", "--nodes=1", "--nodelist=n1", "--partition=main", "ddpctl", "launch",
+                             "--slurm", *extra, spec], timeout=60, cwd=c.dir)
+
+    r, wire = captured(c, n1, launch)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert marker.encode() in wire, "the capture saw no plaintext job: it would prove nothing below"
+    r, wire = captured(c, n1, lambda: launch("--tls"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"ECHO {marker}" in r.stdout, r.stdout + r.stderr
+    assert len(wire) > 2000, "nothing captured"
+    assert marker.encode() not in wire
+    assert_nothing_left(s, [n1])
 
 
 def test_a_nodes_slurmd_killed(slurm):
