@@ -364,6 +364,34 @@ def test_ddpctl_killed_in_the_batch_step_leaves_nothing(slurm):
     assert_nothing_left(s, job.hosts, job.pids)
 
 
+def test_ddpctl_killed_in_an_salloc_shell_ends_its_step(slurm):
+    """kill -9 of ddpctl run from an salloc shell, which stays (and its allocation with it): srun
+    gets SIGTERM through its parent-death signal and passes it to the agents, which stop their
+    workers. Nothing is left on any node while the allocation still runs."""
+    s, c = slurm, slurm.c
+    out_dir = os.path.join(c.dir, "out-sallockill")
+    os.makedirs(out_dir)
+    spec = job_file(c, "sallockill", [PY, s.worker, "sleep", out_dir], nproc=2)
+    stop = os.path.join(c.dir, "sallockill.stop")
+    script = c.write("sallockill.sh", f"#!/bin/sh\nddpctl launch --slurm {spec}\necho \"ddpctl ended $?\"\n"
+                                      f"for i in $(seq 600); do [ -e {stop} ] && exit 0; sleep 0.1; done\nexit 1\n")
+    p = s.popen(c.ctl, ["salloc", "--nodes=3", "--partition=main", "--job-name=sallockill", script],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
+    simcluster.wait_for_contracts(p, 6)
+    hosts = c.hosts[:3]
+    pids = {pid for h in hosts for pid in h.ns_pids()}
+    assert len(s.agent_cgroups(pids)) == 3
+    ctl = [pid for pid in c.ctl.ns_pids() if cmdline(pid)[:2] == ["ddpctl", "launch"]]
+    assert len(ctl) == 1, [cmdline(pid) for pid in c.ctl.ns_pids()]
+    os.kill(ctl[0], signal.SIGKILL)
+    assert_nothing_left(s, hosts, pids)
+    r = s.ctl("squeue", "--noheader", "--name=sallockill", "--format=%T")
+    assert r.stdout.split() == ["RUNNING"], r.stdout + r.stderr  # SLURM did not do it: the allocation is alive
+    open(stop, "w").close()
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "ddpctl ended 137" in out, out + err
+
+
 def test_a_step_srun_cannot_create_fails_the_launch(slurm):
     """A --srun-arg the cluster cannot satisfy (a GPU on nodes without any): the real srun refuses
     the step, and ddpctl stops with exit status 2, showing srun's reason."""
