@@ -148,13 +148,19 @@ def leftovers(s, hosts):
 
 def assert_nothing_left(s, hosts, pids=(), timeout=30):
     """Nothing but slurmd in any node's namespace (no slurmstepd, agent, shepherd or worker), and
-    no process in a cgroup an agent made (ddpctl-<pid>-... under the cgroup v2 hierarchy)."""
+    no process in a cgroup the job's agents made (ddpctl-<pid>-... under the cgroup v2 hierarchy,
+    pid one of pids)."""
     deadline = time.time() + timeout
     while leftovers(s, hosts) and time.time() < deadline:
         time.sleep(0.1)
     assert not leftovers(s, hosts), f"still running: {leftovers(s, hosts)}"
+    # The cgroup itself may stay, empty, when SLURM ends the step before its shepherd removed it
+    # (seen after kill -9 of ddpctl); the next launch on that node sweeps it (supervisor::Cgroup).
     for d in s.agent_cgroups(set(pids)):
-        procs = open(os.path.join(d, "cgroup.procs")).read().split()
+        try:
+            procs = open(os.path.join(d, "cgroup.procs")).read().split()
+        except FileNotFoundError:
+            continue  # removed meanwhile
         assert not procs, f"{d} still holds {procs}"
 
 
@@ -312,6 +318,15 @@ def test_a_nodes_slurmd_killed(slurm):
     os.kill(slurmd.pid, signal.SIGKILL)
     slurmd.wait(timeout=10)
     del s.daemons[f"slurmd-{n2.name}"]
+    try:
+        check_slurmd_killed(s, job, n2)
+    finally:
+        # The node comes back when its slurmd does (ReturnToService=2), for the tests after this one.
+        s.start_slurmd(n2)
+    s.wait_idle([n2])
+
+
+def check_slurmd_killed(s, job, n2):
     info = job.info(timeout=90)
     assert info["JobState"] == "NODE_FAIL", (info, job.text())
     assert "srun: error: Node failure on n2" in job.text(), job.text()
@@ -320,9 +335,6 @@ def test_a_nodes_slurmd_killed(slurm):
     # Every rank was asked to stop: n1's and n3's by SLURM, n2's (whose slurmd is gone) by its agent
     # once its coordinator (ddpctl, in the batch step on n1) was gone.
     assert job.signals() == {f"SIGTERM-rank{r}": job.hosts[r // 2].name for r in range(6)}, job.text()
-    # The node comes back when its slurmd does (ReturnToService=2).
-    s.start_slurmd(n2)
-    s.wait_idle([n2])
 
 
 def cmdline(pid):
@@ -355,8 +367,7 @@ def test_ddpctl_killed_in_the_batch_step_leaves_nothing(slurm):
     job = Job(s, "ctlkill", "sleep")
     job.wait_contracts(6)
     n1 = s.c.hosts[0]
-    ctl = [pid for pid in n1.ns_pids() if cmdline(pid)[:2] == ["ddpctl", "launch"]
-           or (cmdline(pid) and cmdline(pid)[0].endswith("/ddpctl") and "launch" in cmdline(pid))]
+    ctl = [pid for pid in n1.ns_pids() if cmdline(pid)[:2] == ["ddpctl", "launch"]]
     assert len(ctl) == 1, [cmdline(p) for p in n1.ns_pids()]
     os.kill(ctl[0], signal.SIGKILL)
     info = job.info()
