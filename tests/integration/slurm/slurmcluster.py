@@ -10,14 +10,17 @@ state, spool, pid and log files live in the run's folder; nothing under /etc/slu
 Hosts are entered with nsenter --net, not `ip netns exec`: the latter remounts /sys, hiding
 /sys/fs/cgroup, which slurmd 22.05 refuses to start without.
 
-Process tracking is proctrack/linuxproc (and task/none), not proctrack/cgroup: the three slurmd
-share one kernel and one cgroup hierarchy, and Debian's slurm is built without
---enable-multiple-slurmd, so every node would put a job's step in the same
-/sys/fs/cgroup/<controller>/slurm/uid_0/job_N/step_M, and one node's step cleanup would kill or
-remove another node's processes. linuxproc finds a step's processes by their parent chain
-(ddp-agentd's shepherd is a subreaper, so a job's daemonized descendants stay in that chain).
-The tests therefore check leftovers per network namespace: every process SLURM starts on a node
-(slurmstepd, the agents, their workers) lives in that node's namespace.
+Process tracking is proctrack/linuxproc (and task/none), not proctrack/cgroup, though the latter
+works here too (tried: cgroup v1's freezer on this hybrid layout, a step in
+/sys/fs/cgroup/freezer/slurm_<node>/uid_0/job_<id>/step_<n>; cgroup/v2 was not tried, the
+hierarchy being hybrid). Those cgroups are machine-wide, and every run names its nodes n1..n4
+and numbers its jobs from 1: two runs at once (ctest -j, another worktree) would share them,
+and one run's step cleanup would kill the other's processes. linuxproc keeps all of a run's
+SLURM state in its own namespaces and folders: it finds a step's processes by their parent
+chain (ddp-agentd's shepherd is a subreaper, so a job's daemonized descendants stay in that
+chain). The tests therefore check leftovers per network namespace: every process SLURM starts
+on a node (slurmstepd, the agents, their workers) lives in that node's namespace; and the
+cgroups the agents make for their workers (cgroup v2, named by the agent's pid) for processes.
 
 Everything is stopped by what it is: the pids started here (their process groups) and whatever
 still runs in a namespace the cluster made (simcluster's teardown); never by process name.
@@ -50,9 +53,10 @@ def _which(tool):
 class SlurmCluster:
     """slurmctld on c.ctl, slurmd on every c.hosts; use as a context manager around a Cluster."""
 
-    def __init__(self, c, cpus=4, kill_wait=10, partitions=None):
+    def __init__(self, c, cpus=4, kill_wait=10, partitions=None, proctrack="proctrack/linuxproc"):
         """partitions: {name: [hosts]} (the first is the default); else one 'main' of every host."""
         self.c = c
+        self.proctrack = proctrack
         self.partitions = partitions or {"main": c.hosts}
         self.cpus = cpus
         self.kill_wait = kill_wait
@@ -158,7 +162,7 @@ SlurmctldLogFile={d}/logs/slurmctld.log
 SlurmdLogFile={d}/logs/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
+ProctrackType={self.proctrack}
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none

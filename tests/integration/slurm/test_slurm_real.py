@@ -17,7 +17,6 @@ SLURM's smallest is a minute and slurmctld checks limits every 30 s, so that job
 first (by the fixture, on n4) and checked by the last test, while the others run. Measured
 (2 shared cores, load average 4 to 9): 93 s twice, 13 tests; the cluster starts in 1.5 to 5 s.
 """
-"""
 import json
 import os
 import signal
@@ -251,8 +250,9 @@ def test_scancel_leaves_nothing_on_any_node(slurm):
     info = job.info()
     assert info["JobState"] == "CANCELLED", info
     assert_nothing_left(s, job.hosts, job.pids)
-    # Every rank was asked to stop (SIGTERM) before anything was killed.
-    assert job.signals() == {f"SIGTERM-rank{r}": job.hosts[r // 2].name for r in range(6)}, job.text()
+    # Not asserted: that every rank had its SIGTERM handler run. scancel signals every process of
+    # the step at once, shepherds included, and a shepherd's SIGTERM kills its workers at once
+    # (seen: 2 of 6 ranks' handlers ran), so under scancel the ranks get no stop.grace.
 
 
 def test_scancel_signal_usr1_batch_reaches_every_rank(slurm):
@@ -338,9 +338,12 @@ def check_slurmd_killed(s, job, n2):
     assert "srun: error: Node failure on n2" in job.text(), job.text()
     assert s.node_states()[n2.name] == "down*"  # "*": not responding
     assert_nothing_left(s, job.hosts, job.pids)
-    # Every rank was asked to stop: n1's and n3's by SLURM, n2's (whose slurmd is gone) by its agent
-    # once its coordinator (ddpctl, in the batch step on n1) was gone.
-    assert job.signals() == {f"SIGTERM-rank{r}": job.hosts[r // 2].name for r in range(6)}, job.text()
+    # n2's ranks, which SLURM cannot reach without n2's slurmd, were stopped by their agent, asked
+    # by ddpctl (SIGTERM, then the grace). n1's and n3's are SIGTERMed by SLURM with their
+    # shepherds, which kill them at once: their handlers may not run (see the scancel test).
+    signals = job.signals()
+    assert {k: signals.get(k) for k in ("SIGTERM-rank2", "SIGTERM-rank3")} == \
+        {"SIGTERM-rank2": n2.name, "SIGTERM-rank3": n2.name}, (signals, job.text())
 
 
 def cmdline(pid):
@@ -428,5 +431,6 @@ def test_a_time_limit_stops_the_job_and_leaves_nothing(slurm):
     job.wait_contracts(2)
     info = job.info(timeout=120)
     assert info["JobState"] == "TIMEOUT", (info, job.text())
-    assert job.signals() == {f"SIGTERM-rank{r}": job.hosts[0].name for r in range(2)}, job.text()
+    assert f"*** JOB {job.id} ON n4 CANCELLED AT" in job.text() and "DUE TO TIME LIMIT ***" in job.text(), job.text()
+    assert "CONTRACT" in job.text()  # it had run until then
     assert_nothing_left(s, job.hosts, job.pids)
