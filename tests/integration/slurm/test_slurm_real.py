@@ -167,6 +167,10 @@ def assert_nothing_left(s, hosts, pids=(), timeout=30):
         except FileNotFoundError:
             continue  # removed meanwhile
         assert not procs, f"{d} still holds {procs}"
+        try:
+            os.rmdir(d)  # ours (made by this job's agents) and empty: not left for another run's sweep
+        except FileNotFoundError:
+            pass
 
 
 def check_contract(by_rank, hosts, nproc=2):
