@@ -11,7 +11,8 @@
 #   MODE=storm           instead of throughput: a connection storm (store_storm): CLIENTS (default
 #                        4096) clients connect at once, then meet at a barrier; REPEATS (3) runs
 #                        each, alternating; CONNS connections per client (default: 2 for 1.13's
-#                        protocol, which opens a callback connection too; 1 for 2.x)
+#                        protocol, which opens a callback connection too; 1 for 2.x);
+#                        STORM_TIMEOUT (30) seconds for one storm until it counts as failed
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -73,7 +74,8 @@ echo "machine: $(nproc) cores; load generator ($load_threads threads) and both s
 protocol=${PROTOCOL:-$("$python" -c 'import torch; print(2 if int(torch.__version__.split(".")[0]) >= 2 else 1)')}
 if [[ $mode == storm ]]; then
   "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
-    --clients "${CLIENTS:-4096}" --repeats "${REPEATS:-3}" --threads "$load_threads" ${CONNS:+--conns "$CONNS"}
+    --clients "${CLIENTS:-4096}" --repeats "${REPEATS:-3}" --threads "$load_threads" \
+    --timeout "${STORM_TIMEOUT:-30}" ${CONNS:+--conns "$CONNS"}
   exit
 fi
 "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \

@@ -16,7 +16,8 @@ of the machine):
 
 "The same environment": a first ddpctl run (not counted) records the environment its rank got;
 the hand runs get exactly that (ddpctl's variables included: CUDA_VISIBLE_DEVICES, NCCL_*,
-OMP_NUM_THREADS, ...) except two, which must differ: MASTER_PORT (a free port of its own) and
+the flight recorder's TORCH_*, with paths into ddpctl's log folder moved to a folder of each
+hand run's own) except two, which must differ: MASTER_PORT (a free port of its own) and
 TORCHELASTIC_USE_AGENT_STORE (removed: started by hand, rank 0 hosts the TCPStore inside its
 own process, which is what `python3 train.py` with env:// does; through ddpctl it is a client
 of ddpctl's store). One hand run is also made first and not counted (page cache, GPU clocks).
@@ -100,6 +101,8 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=180, help="seconds for one run")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="seconds: start no new pair when the last pair's time would overrun this (at least 2 pairs)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     a = ap.parse_args()
@@ -129,24 +132,38 @@ def main():
         nonlocal idx
         idx += 1
         out = str(work / f"{idx:02d}-hand.json")
-        env = {**env, "MASTER_PORT": str(free_port())}
+        # Paths into the first ddpctl run's log folder (the error file, the flight recorder's
+        # dump and pipe files): the same paths in a folder of this run's own.
+        own = work / f"hand-{idx:02d}"
+        env = {k: v.replace(str(work / "logs"), str(own)) for k, v in env.items()}
+        for k, v in env.items():
+            if str(own) in v:
+                Path(v).parent.mkdir(parents=True, exist_ok=True)
+        env["MASTER_PORT"] = str(free_port())
         return one_run("hand", [a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out)
 
     print(f"training overhead: {a.pairs} pairs (hand, ddpctl), {a.device}, model {a.model}, {a.dtype}; work {work}",
           flush=True)
+    begun = time.monotonic()  # --budget counts from here, the runs not counted included
     first = ddpctl_run()  # not counted: it records the rank's environment
     launcher_set = {k: v for k, v in first["env"].items() if base.get(k) != v and k != "PYTHON_EXEC"}
     hand_env = {**base, **{k: v for k, v in launcher_set.items() if k not in MUST_DIFFER}}
     hand_run(hand_env)  # not counted either
     print("  copied from ddpctl's rank to the hand runs: " + " ".join(sorted(k for k in launcher_set if k not in
                                                                               MUST_DIFFER)), flush=True)
-    runs = []
+    runs, last_pair = [], 0.0
     for i in range(a.pairs):
+        pair_start = time.monotonic()
+        if a.budget and i >= 2 and (pair_start - begun) + last_pair > a.budget:
+            print(f"  stopping after {i} pairs: another would overrun --budget {a.budget:.0f} s", flush=True)
+            break
         for r in (hand_run(hand_env), ddpctl_run()):
             runs.append(r)
             print(f"  {r['side']:6s} first step {r['first_step_s']:7.3f} s (python up {r['python_start_s']:.3f}, "
                   f"init {r['init_s']:.3f})  steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s",
                   flush=True)
+        last_pair = time.monotonic() - pair_start
+    pairs = len(runs) // 2
 
     def col(side, key):
         return [r[key] for r in runs if r["side"] == side]
@@ -166,7 +183,7 @@ def main():
     first_ok = fs["delta"] <= 0.3
     rank = runs[0]["rank"]
     result = {
-        "benchmark": "training-overhead", "pairs": a.pairs, "launcher": a.launcher,
+        "benchmark": "training-overhead", "pairs": pairs, "launcher": a.launcher,
         "ddpctl": a.ddpctl, "python": a.python, "host": socket.gethostname(), "cores": os.cpu_count(),
         "model": rank["model"], "params": rank["params"], "dtype": rank["dtype"], "backend": rank["backend"],
         "torch": rank["torch"], "device": rank["device"], "steps": rank["steps"], "warmup": rank["warmup"],
@@ -185,7 +202,7 @@ def main():
     print()
     print(f"{rank['model']}; {rank['params'] / 1e6:.1f} M parameters; {rank['dtype']}, {rank['backend']}, "
           f"torch {rank['torch']}, {rank['device']}; {rank['steps']} steady steps after {rank['warmup']} + 1")
-    print(f"| measure (median of {a.pairs}) | by hand | ddpctl {a.launcher} | ddpctl - hand | hand spread |")
+    print(f"| measure (median of {pairs}) | by hand | ddpctl {a.launcher} | ddpctl - hand | hand spread |")
     print("|---|---|---|---|---|")
     for key, label in (("first_step_s", "request to end of step 1"), ("python_start_s", "request to script's line 1"),
                        ("import_s", "import torch"),
