@@ -11,7 +11,8 @@
 #   bash tests/gpu/perf_on_h200.sh
 # Everything lands in $OUT (or ./gpu-out); $OUT/perf_summary.txt holds the verdict lines:
 #   TORCHRUN_CONTRACT PASS, TRAINING steady step ... PASS, TRAINING first step ... PASS, and the
-#   store's ratio lines. Exit 0 when every step ran and passed; the failing steps are named.
+#   store's ratio lines (measured, not judged). Exit 0 when every step ran and the contract and
+#   training targets passed; the failing steps are named.
 # For a smoke test on a machine without a GPU (smaller, on the CPU; the timeouts stay):
 #   PY=/usr/bin/python3 TRAIN_ARGS="--device cpu --model tiny --dtype fp32 --pairs 2 --steps 5 --warmup 1" \
 #   STORE_SECONDS=1 STORM_CLIENTS=16,256 bash tests/gpu/perf_on_h200.sh
@@ -77,6 +78,8 @@ section "summary"
     echo "storm, $conns connection(s) per client (time until all released, theirs/ours):"
     grep -h " ratio " "$out/store_storm_conns$conns.txt"
   done
-  if ((${#failed[@]})); then printf 'FAILED: %s\n' "${failed[@]}"; else echo "ALL STEPS RAN AND PASSED"; fi
+  # The contract and the training targets are judged (their PASS/FAIL lines above); the store's
+  # ratios are measurements, judged by the reader against issue 27's targets.
+  if ((${#failed[@]})); then printf 'FAILED: %s\n' "${failed[@]}"; else echo "ALL STEPS RAN; CONTRACT AND TRAINING TARGETS PASSED"; fi
 } 2>&1 | tee "$out/perf_summary.txt"
 ((${#failed[@]} == 0))
