@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -49,13 +51,37 @@ std::string validate() {
   return std::string("\x00\xCE\xF7\x85\x3C", 5);
 }
 
-std::vector<std::string> fixture_files() {
+std::vector<std::string> fixture_files(const char* dir = DDP_STORE_FIXTURES) {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(DDP_STORE_FIXTURES)) {
+  for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() == ".txt") out.push_back(e.path().stem().string());
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
+// A fixture's `# NAME: VALUE` header line (fixtures/README.md), or "".
+std::string directive(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const std::string head = "# " + name + ": ";
+    if (line.rfind(head, 0) == 0) return line.substr(head.size());
+  }
+  return "";
+}
+
+// The server a fixture asks for: its `# store.protocol:` line as the job file's store.protocol.
+ServerOptions fixture_server(const std::string& text, unsigned threads) {
+  ServerOptions o{.host = "127.0.0.1", .port = 0, .threads = threads};
+  o.legacy = legacy_hint(directive(text, "store.protocol"), std::nullopt);
+  return o;
 }
 
 }  // namespace
@@ -69,12 +95,10 @@ std::string threads_name(unsigned threads) {
 class StoreFixtures : public ::testing::TestWithParam<std::tuple<std::string, unsigned>> {};
 
 TEST_P(StoreFixtures, Replays) {
-  std::ifstream f(std::string(DDP_STORE_FIXTURES) + "/" + std::get<0>(GetParam()) + ".txt");
-  std::stringstream text;
-  text << f.rdbuf();
-  auto steps = parse_fixture(text.str());
+  const std::string text = read_text(std::string(DDP_STORE_FIXTURES) + "/" + std::get<0>(GetParam()) + ".txt");
+  auto steps = parse_fixture(text);
   ASSERT_FALSE(steps.empty());
-  ServerThread st({.host = "127.0.0.1", .port = 0, .threads = std::get<1>(GetParam())});
+  ServerThread st(fixture_server(text, std::get<1>(GetParam())));
   EXPECT_EQ(replay_fixture(steps, st.port()), "");
 }
 
@@ -83,6 +107,68 @@ INSTANTIATE_TEST_SUITE_P(Files, StoreFixtures,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + threads_name(std::get<1>(info.param));
                          });
+
+// One session per PyTorch release layout (tests/fixtures/store, docs/store-protocol.md): the
+// codec reads every byte a client of that release sends as that release's operations, and the
+// server answers what that client expects.
+class StoreReleaseFixtures : public ::testing::TestWithParam<std::string> {};
+
+std::string release_name(const std::string& stem) {
+  std::string out;
+  for (char c : stem) out += (c == '-' || c == '.') ? '_' : c;
+  return out;
+}
+
+TEST_P(StoreReleaseFixtures, DecodeAsTheirRelease) {
+  const std::string text = read_text(std::string(DDP_RELEASE_FIXTURES) + "/" + GetParam() + ".txt");
+  const std::string layout = directive(text, "layout");
+  ASSERT_FALSE(layout.empty()) << "a release fixture names its layout";
+  std::map<int, std::string> sent;
+  for (const auto& step : parse_fixture(text)) {
+    if (step.kind == FixtureStep::Kind::send) sent[step.conn] += step.bytes;
+  }
+  const LegacyHint hint = legacy_hint(directive(text, "store.protocol"), std::nullopt);
+  for (const auto& [conn, wire] : sent) {
+    Decoder dec({}, hint);
+    std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(wire.data()), wire.size());
+    Request r;
+    std::size_t n = 0;
+    Decoder::Status st;
+    while ((st = dec.next(in, r)) == Decoder::Status::request) ++n;
+    EXPECT_EQ(st, Decoder::Status::need_more) << "connection " << conn << ": " << dec.error();
+    EXPECT_TRUE(dec.idle()) << "connection " << conn << " ends inside a request";
+    EXPECT_GT(n, 0u);
+    if (conn == 1) EXPECT_EQ(to_string(dec.protocol()), layout);
+  }
+  // Without the job's release, a 1.13–2.1 session that uses opcode 7 or 8 is refused, not misread.
+  if (!directive(text, "store.protocol").empty()) {
+    bool refused = false;
+    for (const auto& [conn, wire] : sent) {
+      Decoder dec;
+      std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(wire.data()), wire.size());
+      Request r;
+      Decoder::Status st;
+      while ((st = dec.next(in, r)) == Decoder::Status::request) {
+      }
+      if (st == Decoder::Status::error) {
+        refused = true;
+        EXPECT_NE(dec.error().find("store: {protocol: "), std::string::npos) << dec.error();
+      }
+    }
+    EXPECT_TRUE(refused);
+  }
+}
+
+TEST_P(StoreReleaseFixtures, Replay) {
+  const std::string text = read_text(std::string(DDP_RELEASE_FIXTURES) + "/" + GetParam() + ".txt");
+  for (unsigned threads : {0u, 3u}) {
+    ServerThread st(fixture_server(text, threads));
+    EXPECT_EQ(replay_fixture(parse_fixture(text), st.port()), "") << threads_name(threads);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Releases, StoreReleaseFixtures, ::testing::ValuesIn(fixture_files(DDP_RELEASE_FIXTURES)),
+                         [](const auto& info) { return release_name(info.param); });
 
 TEST(StoreFixtureFormat, ParsesTokens) {
   auto steps =
