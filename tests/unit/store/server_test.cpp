@@ -433,10 +433,10 @@ TEST_P(StoreServer, StopWhileClientsAreBusyClosesEveryConnection) {
 TEST_P(StoreServer, AClientPastTheStoresTotalIsClosedAndOthersAreServed) {
   // The total is the store's, not the connection's: two connections of 40 bytes each fill it.
   ServerThread st({.host = "127.0.0.1",
-                  .port = 0,
-                  .totals = {.max_bytes = 100},
-                  .threads = GetParam(),
-                  .legacy = {Protocol::v1, "the test"}});  // DELETE_KEY = 8
+                   .port = 0,
+                   .totals = {.max_bytes = 100},
+                   .threads = GetParam(),
+                   .legacy = {Protocol::v1, "the test"}});  // DELETE_KEY = 8
   RawClient a(st.port()), b(st.port()), c(st.port());
   a.send(enc(Protocol::v1, req(Op::set, "/a", std::string(38, 'a'))) + enc(Protocol::v1, req(Op::get, "/a")));
   EXPECT_EQ(a.recv(8 + 38).size(), 46u);
@@ -531,10 +531,10 @@ TEST_P(StoreServer, NonReadingGettersOfALargeValueAreBoundedOverAllConnections) 
   // Attack (b): one 8 MiB value, then connections that never read ask for it three times each:
   // ~24 MiB queued per connection (under the per-connection caps), 144 MiB in all.
   ServerThread st({.host = "127.0.0.1",
-                  .port = 0,
-                  .totals = {.max_inflight_bytes = 40 * kMiB},
-                  .threads = GetParam(),
-                  .legacy = {Protocol::v1, "the test"}});  // WATCH_KEY = 7
+                   .port = 0,
+                   .totals = {.max_inflight_bytes = 40 * kMiB},
+                   .threads = GetParam(),
+                   .legacy = {Protocol::v1, "the test"}});  // WATCH_KEY = 7
   const std::string big(8 * kMiB, 'v');
   {
     RawClient setter(st.port());
@@ -582,10 +582,10 @@ TEST_P(StoreServer, NonReadingWatchersAreBoundedOverAllConnections) {
   // Attack (c): 1.13 WATCH_KEY connections that never read; a SET of an 8 MiB value over
   // another pushes old + new into every one of them (16 MiB each, 160 MiB over ten).
   ServerThread st({.host = "127.0.0.1",
-                  .port = 0,
-                  .totals = {.max_inflight_bytes = 40 * kMiB},
-                  .threads = GetParam(),
-                  .legacy = {Protocol::v1, "the test"}});  // WATCH_KEY = 7
+                   .port = 0,
+                   .totals = {.max_inflight_bytes = 40 * kMiB},
+                   .threads = GetParam(),
+                   .legacy = {Protocol::v1, "the test"}});  // WATCH_KEY = 7
   RawClient setter(st.port());
   setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'a'))) +
               enc(Protocol::v1, req(Op::get_num_keys)));
