@@ -1,8 +1,8 @@
 // `ddpctl store serve --listen HOST:PORT [--allow ADDR ...] [--world-size N] [--threads N|auto]
-// [--max-size BYTES] [--max-keys N] [--max-inflight BYTES]`: a standalone c10d TCPStore-compatible server (the one
-// launches embed), until SIGINT/SIGTERM. From this host it serves only its own user and root. Prints "listening on
-// HOST:PORT" on stdout once it listens (port 0 picks a free port). SIGUSR1 logs who waits for what; standalone, ranks
-// come from the clients' RANK variable.
+// [--max-size BYTES] [--max-keys N] [--max-inflight BYTES] [--protocol RELEASE]`: a standalone c10d TCPStore-compatible
+// server (the one launches embed), until SIGINT/SIGTERM. From this host it serves only its own user and root. Prints
+// "listening on HOST:PORT" on stdout once it listens (port 0 picks a free port). SIGUSR1 logs who waits for what;
+// standalone, ranks come from the clients' RANK variable.
 #include "commands.hpp"
 
 #include "common/log.hpp"
@@ -35,6 +35,7 @@ struct ServeArgs {
   std::size_t max_size = ddp::store::Totals{}.max_bytes;
   std::size_t max_keys = ddp::store::Totals{}.max_keys;
   std::size_t max_inflight = ddp::store::Totals{}.max_inflight_bytes;
+  std::string protocol = "auto";  // the clients' PyTorch release, for those without VALIDATE (1.13–2.1)
 };
 
 // "HOST:PORT", "[V6]:PORT".
@@ -66,6 +67,11 @@ int serve(const ServeArgs& args) {
   auto [host, port] = parse_listen(args.listen);
   boost::asio::io_context io;
   // As the job file's store.threads: auto, or 0 to kMaxStoreThreads.
+  if (args.protocol != "auto" && !ddp::store::parse_release(args.protocol)) {
+    throw std::runtime_error(
+        fmt::format("--protocol `{}`: expected auto or the clients' PyTorch release from 1.13 on, such as 1.13 or 2.1",
+                    args.protocol));
+  }
   int threads = ddp::jobspec::kAutoThreads;
   if (args.threads != "auto") {
     const auto& t = args.threads;
@@ -85,7 +91,8 @@ int serve(const ServeArgs& args) {
                                  .port = port,
                                  .allowed_peers = args.allow,
                                  .totals = totals,
-                                 .threads = ddp::store::threads_for(threads)});
+                                 .threads = ddp::store::threads_for(threads),
+                                 .legacy = ddp::store::legacy_hint(args.protocol, std::nullopt)});
   const pid_t self = getpid();
   server.set_rank_resolver({
       .candidate_pids =
@@ -149,6 +156,11 @@ Command add_store_command(CLI::App& root) {
                    "the connection holding the most is closed")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::numeric_limits<std::size_t>::max()));
+  serve_cmd
+      ->add_option("--protocol", args->protocol,
+                   "the clients' PyTorch release (1.13, 2.0, 2.1, ...): how clients that send no VALIDATE (1.13-2.1) "
+                   "are read where their releases differ; auto refuses those operations")
+      ->capture_default_str();
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
   serve_cmd
       ->add_option("--threads", args->threads,

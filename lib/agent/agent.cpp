@@ -956,6 +956,8 @@ class Agent {
         so.totals.max_bytes = job.payload.spec.store_max_bytes;
         so.totals.max_keys = job.payload.spec.store_max_keys;
         so.threads = store::threads_for(job.payload.spec.store_threads);
+        so.legacy = store::legacy_hint(job.payload.spec.store_protocol,
+                                       job.python ? job.python->torch : std::optional<std::string>{});
         store_.emplace(io_, so);
         store_host_ = host;
         store_port_ = port;

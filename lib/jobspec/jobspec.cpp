@@ -35,6 +35,19 @@ JobSpecError::JobSpecError(std::vector<Diagnostic> diagnostics)
 
 namespace {
 
+// store.protocol: "auto", or a PyTorch release MAJOR.MINOR from 1.13 on (1.13, or 2.N).
+std::optional<std::string> store_protocol(const YAML::Node& v) {
+  if (!v.IsScalar()) return std::nullopt;
+  const std::string& t = v.Scalar();
+  if (t == "auto" || t == "1.13") return t;
+  if (t.size() < 3 || t.size() > 4 || t.compare(0, 2, "2.") != 0) return std::nullopt;
+  for (std::size_t i = 2; i < t.size(); ++i) {
+    if (t[i] < '0' || t[i] > '9') return std::nullopt;
+  }
+  if (t.size() == 4 && t[2] == '0') return std::nullopt;  // "2.01"
+  return t;
+}
+
 // Keys we know. Those in `not_yet` belong to features of later issues.
 const std::vector<std::string> kTopKeys{"name", "nnodes",      "hosts",   "nproc_per_node", "command", "workdir",
                                         "env",  "env_forward", "restart", "logs",           "store",   "stop",
@@ -263,7 +276,7 @@ class Parser {
           }
         });
       } else if (key == "store") {
-        mapping(v, "store", {"port", "threads", "max_size", "max_keys"},
+        mapping(v, "store", {"port", "threads", "max_size", "max_keys", "protocol"},
                 [&](const std::string& sk, const YAML::Node&, const YAML::Node& sv) {
                   if (sk == "port") {
                     if (auto n = integer(sv, "store.port (0 picks a free port)", 0, 65535)) {
@@ -277,6 +290,13 @@ class Parser {
                       else
                         spec.store_max_bytes = *sz;
                     }
+                  } else if (sk == "protocol") {
+                    if (auto p = store_protocol(sv))
+                      spec.store_protocol = *p;
+                    else
+                      error(sv,
+                            "store.protocol: expected auto or the job's PyTorch release from 1.13 on, such as "
+                            "\"1.13\", \"2.1\" or \"2.11\"");
                   } else if (sk == "max_keys") {
                     if (auto n = integer(sv, "store.max_keys", 1024, 1ll << 32))
                       spec.store_max_keys = static_cast<std::uint64_t>(*n);

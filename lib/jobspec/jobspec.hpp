@@ -126,6 +126,9 @@ struct JobSpec {
   // stores); the other totals (queue items, waiters, connections) are store::Totals' defaults.
   std::uint64_t store_max_bytes = 1ull << 30;  // store.max_size: keys + values + queue items
   std::uint64_t store_max_keys = 1ull << 20;   // store.max_keys
+  // store.protocol: the job's PyTorch release ("1.13", "2.1", ...) for the store's clients that
+  // send no VALIDATE (1.13–2.1), whose opcodes 7 and 8 differ; "auto": the probed PyTorch.
+  std::string store_protocol = "auto";
   NcclUniqueId nccl_unique_id = NcclUniqueId::automatic;
   BindingSpec binding;
   std::optional<ContainerSpec> container;

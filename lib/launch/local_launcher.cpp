@@ -221,6 +221,7 @@ class LocalLauncher {
     so.totals.max_bytes = opts_.spec.store_max_bytes;
     so.totals.max_keys = opts_.spec.store_max_keys;
     so.threads = store::threads_for(opts_.spec.store_threads);
+    so.legacy = store::legacy_hint(opts_.spec.store_protocol, node.torch_version);
     start_store(so);
     opts_.spec.store_port = store_->port();
     store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});

@@ -86,6 +86,8 @@ json to_json(const JobPayload& p) {
          {"forward_env", p.forward_env}};
   if (s.workdir) j["workdir"] = *s.workdir;
   if (!s.python.empty()) j["python"] = s.python;
+  // store.protocol (version 6; absent: auto): how node 0's store reads 1.13–2.1 clients.
+  if (s.store_protocol != "auto") j["store_protocol"] = s.store_protocol;
   // The hang watchdog (version 6): the agents sample with its timeout; the coordinator acts.
   if (s.hang)
     j["hang"] = {{"timeout_ms", s.hang->timeout.count()}, {"action", jobspec::hang_action_name(s.hang->action)}};
@@ -169,6 +171,10 @@ JobPayload payload_from_json(const json& j) {
   // Absent from a launcher that predates them: the defaults.
   if (j.contains("store_max_bytes")) s.store_max_bytes = get<std::uint64_t>(j, "store_max_bytes");
   if (j.contains("store_max_keys")) s.store_max_keys = get<std::uint64_t>(j, "store_max_keys");
+  if (j.contains("store_protocol")) {
+    s.store_protocol = get<std::string>(j, "store_protocol");
+    if (s.store_protocol.size() > 8) throw WireError("job spec: store_protocol is not a PyTorch release");
+  }
   const auto nccl = get<std::string>(j, "nccl_unique_id");
   s.nccl_unique_id = nccl == "on"    ? jobspec::NcclUniqueId::on
                      : nccl == "off" ? jobspec::NcclUniqueId::off

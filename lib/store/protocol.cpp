@@ -8,23 +8,19 @@
 namespace ddp::store {
 namespace {
 
-// Wire numbering, indexed by opcode.
+// Wire numbering, indexed by opcode (docs/store-protocol.md: each release's enum, with its source).
+// PyTorch 1.13 and 2.0: TCPStore.cpp's QueryType.
 constexpr std::array kV1Ops{
-    Op::set,
-    Op::compare_set,
-    Op::get,
-    Op::add,
-    Op::check,
-    Op::wait,
-    Op::get_num_keys,
-    Op::watch_key,
-    Op::delete_key,
-    // Not in 1.13: early 2.x clients (no VALIDATE) numbered these after DELETE_KEY.
-    Op::append,
-    Op::multi_get,
-    Op::multi_set,
-    Op::cancel_wait,
+    Op::set, Op::compare_set, Op::get, Op::add, Op::check, Op::wait, Op::get_num_keys, Op::watch_key, Op::delete_key,
 };
+// PyTorch 2.1: WATCH_KEY removed (pytorch#105014), APPEND..CANCEL_WAIT after DELETE_KEY, no VALIDATE yet.
+constexpr std::array kV21Ops{
+    Op::set,          Op::compare_set, Op::get,    Op::add,       Op::check,     Op::wait,
+    Op::get_num_keys, Op::delete_key,  Op::append, Op::multi_get, Op::multi_set, Op::cancel_wait,
+};
+// What 1.13, 2.0 and 2.1 number alike.
+constexpr std::size_t kLegacyShared = 7;
+// PyTorch 2.2 and later (TCPStoreBackend.hpp): append-only since VALIDATE came (pytorch#107607).
 constexpr std::array kV2Ops{
     Op::validate,     Op::set,        Op::compare_set, Op::get,       Op::add,       Op::check,       Op::wait,
     Op::get_num_keys, Op::delete_key, Op::append,      Op::multi_get, Op::multi_set, Op::cancel_wait, Op::ping,
@@ -87,12 +83,58 @@ std::string_view to_string(Protocol p) {
   switch (p) {
     case Protocol::unknown:
       return "unknown";
+    case Protocol::legacy:
+      return "1.13–2.1";
     case Protocol::v1:
-      return "1.13";
+      return "1.13–2.0";
+    case Protocol::v21:
+      return "2.1";
     case Protocol::v2:
-      return "2.x";
+      return "2.2+";
   }
   return "?";
+}
+
+std::optional<Release> parse_release(std::string_view v) {
+  auto number = [&v]() -> std::optional<int> {
+    std::size_t n = 0;
+    int value = 0;
+    while (n < v.size() && n < 4 && v[n] >= '0' && v[n] <= '9') value = value * 10 + (v[n++] - '0');
+    if (n == 0 || (n < v.size() && v[n] >= '0' && v[n] <= '9')) return std::nullopt;
+    v.remove_prefix(n);
+    return value;
+  };
+  auto major = number();
+  if (!major || v.empty() || v.front() != '.') return std::nullopt;
+  v.remove_prefix(1);
+  auto minor = number();
+  if (!minor) return std::nullopt;
+  if (!v.empty() && v.front() != '.' && v.front() != '+' && v.front() != 'a' && v.front() != 'r' && v.front() != 'b' &&
+      v.front() != 'd')
+    return std::nullopt;  // "2.1x": not a version
+  Release r{*major, *minor};
+  if (r < Release{1, 13} || r.major > 2) return std::nullopt;
+  return r;
+}
+
+Protocol layout_of(Release r) {
+  if (r < Release{2, 1}) return Protocol::v1;
+  if (r == Release{2, 1}) return Protocol::v21;
+  return Protocol::v2;
+}
+
+LegacyHint legacy_hint(std::string_view store_protocol, const std::optional<std::string>& torch_version) {
+  if (!store_protocol.empty() && store_protocol != "auto") {
+    if (auto r = parse_release(store_protocol)) {
+      return {layout_of(*r), "store.protocol " + std::string(store_protocol)};
+    }
+    return {Protocol::unknown, "store.protocol " + std::string(store_protocol) + " (not a release from 1.13 on)"};
+  }
+  if (torch_version) {
+    if (auto r = parse_release(*torch_version)) return {layout_of(*r), "the job's PyTorch " + *torch_version};
+    return {Protocol::unknown, "the job's PyTorch " + *torch_version + " (not a release ddpctl knows)"};
+  }
+  return {Protocol::unknown, "the job's PyTorch is not known"};
 }
 
 std::string_view to_string(Op op) {
@@ -123,8 +165,14 @@ int opcode_of(Protocol p, Op op) {
     return -1;
   };
   switch (p) {
+    case Protocol::legacy: {
+      const int code = find(kV1Ops);
+      return code < static_cast<int>(kLegacyShared) ? code : -1;
+    }
     case Protocol::v1:
       return find(kV1Ops);
+    case Protocol::v21:
+      return find(kV21Ops);
     case Protocol::v2:
       return find(kV2Ops);
     case Protocol::unknown:
@@ -136,11 +184,47 @@ int opcode_of(Protocol p, Op op) {
 // ---------------------------------------------------------------------------------------------
 // Decoder
 
-Decoder::Decoder(Limits limits) : limits_(limits), budget_(limits.max_connection_bytes) {}
+Decoder::Decoder(Limits limits, LegacyHint hint)
+    : limits_(limits), hint_(std::move(hint)), budget_(limits.max_connection_bytes) {}
 
 bool Decoder::fail(std::string message) {
   error_ = std::move(message);
   return false;
+}
+
+// A connection without VALIDATE at an opcode beyond the shared 0..6: its bytes decide (9..11
+// exist only in 2.1), else the hint does (7, 8), else it is refused.
+bool Decoder::resolve_legacy(uint8_t opcode) {
+  if (opcode < kLegacyShared) return true;
+  if (opcode >= 9 && opcode < kV21Ops.size()) {
+    protocol_ = Protocol::v21;
+    return true;
+  }
+  if (opcode != 7 && opcode != 8) {
+    return fail("unknown opcode " + std::to_string(opcode) +
+                ": no PyTorch release numbers an operation so (this client sent no VALIDATE, so it is 1.13–2.1, "
+                "whose opcodes end at 11)");
+  }
+  const std::string what = opcode == 7 ? "opcode 7 is WATCH_KEY in PyTorch 1.13 and 2.0 but DELETE_KEY in 2.1"
+                                       : "opcode 8 is DELETE_KEY in PyTorch 1.13 and 2.0 but APPEND in 2.1";
+  const std::string fix =
+      "set the job's release in the job file: store: {protocol: \"1.13\"} (for 1.13 or 2.0) or store: {protocol: "
+      "\"2.1\"}";
+  switch (hint_.layout) {
+    case Protocol::v1:
+    case Protocol::v21:
+      protocol_ = hint_.layout;
+      return true;
+    case Protocol::v2:
+      return fail(what + ", and this client sent no VALIDATE (2.2 and later do), so it is not the job's release (" +
+                  hint_.source + "); run the job's clients with that PyTorch, or " + fix);
+    default:
+      return fail(what +
+                  "; this client sent no VALIDATE (2.2 and later do), so which one it is cannot be told "
+                  "from its bytes, and " +
+                  (hint_.source.empty() ? std::string("the job's PyTorch is not known") : hint_.source) + ": " + fix +
+                  " (ddpctl store serve: --protocol 1.13 or 2.1)");
+  }
 }
 
 bool Decoder::begin_request(uint8_t opcode) {
@@ -149,13 +233,22 @@ bool Decoder::begin_request(uint8_t opcode) {
   step_ = 0;
   items_left_ = 0;
   field_ = Field::none;
-  if (protocol_ == Protocol::v1 && opcode < kV1Ops.size()) {
+  if (protocol_ == Protocol::legacy && !resolve_legacy(opcode)) return false;
+  if (protocol_ == Protocol::legacy) {
+    cur_.op = kV1Ops[opcode];  // 0..6 (resolve_legacy): the same in 1.13, 2.0 and 2.1
+  } else if (protocol_ == Protocol::v1 && opcode < kV1Ops.size()) {
     cur_.op = kV1Ops[opcode];
+  } else if (protocol_ == Protocol::v21 && opcode < kV21Ops.size()) {
+    cur_.op = kV21Ops[opcode];
   } else if (protocol_ == Protocol::v2 && opcode < kV2Ops.size()) {
     cur_.op = kV2Ops[opcode];
   } else {
-    return fail("unknown opcode " + std::to_string(opcode) + ", PyTorch 2.0–2.5? (the connection speaks the " +
-                std::string(to_string(protocol_)) + " protocol)");
+    std::string msg = "unknown opcode " + std::to_string(opcode) + " for PyTorch " + std::string(to_string(protocol_));
+    if (protocol_ == Protocol::v1 && opcode >= 9 && opcode < kV21Ops.size()) {
+      msg += " (read so from " + hint_.source + "); it is " + std::string(to_string(kV21Ops[opcode])) +
+             " in PyTorch 2.1: if the job runs 2.1, set store: {protocol: \"2.1\"} in the job file";
+    }
+    return fail(msg);
   }
   return after_field();
 }
@@ -250,7 +343,7 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
         uint8_t b = in.front();
         in = in.subspan(1);
         if (have_ == 0 && b != 0x00) {
-          protocol_ = Protocol::v1;
+          protocol_ = Protocol::legacy;
           ok = begin_request(b);
           break;
         }
@@ -267,14 +360,14 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
           }
           break;
         }
-        // A 0x00 not followed by the magic: a 1.13 SET. Replay what we held through it (a SET
+        // A 0x00 not followed by the magic: a SET of 1.13–2.1. Replay what we held through it (a SET
         // needs at least 17 bytes, so no request can complete inside these 5).
         uint8_t held[5];
         std::size_t n = 0;
         for (uint8_t i = 1; i < have_; ++i) held[n++] = scratch_[i];
         held[n++] = b;
         have_ = 0;
-        protocol_ = Protocol::v1;
+        protocol_ = Protocol::legacy;
         ok = begin_request(0x00);
         if (ok) {
           std::span<const uint8_t> replay(held, n);

@@ -3,11 +3,14 @@
 //
 // Policy:
 //  - No sockets here, no clock: bytes in, requests out. The server feeds whatever recv() gave it.
-//  - Families are told apart by the first bytes of a connection: 00 CE F7 85 3C (VALIDATE with
-//    the magic 0x3C85F7CE) is 2.x (2.6+ enum); anything else is 1.13. The 1.13 family also
-//    accepts opcodes 9..12 (APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT) because early 2.x clients
-//    without VALIDATE used 1.13's enum extended that way; any other opcode is an error
-//    ("unknown opcode N, PyTorch 2.0–2.5?").
+//  - Layouts (docs/store-protocol.md has each release's, with its source): a connection whose
+//    first bytes are 00 CE F7 85 3C (VALIDATE with the magic 0x3C85F7CE) is PyTorch 2.2 or later,
+//    one append-only enum for all of them. Any other start is a release without VALIDATE: 1.13
+//    and 2.0 (WATCH_KEY=7, DELETE_KEY=8) or 2.1 (DELETE_KEY=7, APPEND=8, MULTI_GET=9,
+//    MULTI_SET=10, CANCEL_WAIT=11). Opcodes 0..6 mean the same in both; 9..11 prove 2.1; 7 and 8
+//    cannot be told apart from the bytes, and are read as the LegacyHint says (the job's PyTorch,
+//    or store.protocol in the job file). Without a hint they are refused with a message naming
+//    the releases and the fix, never guessed.
 //  - Integers are little-endian, as PyTorch sends them (host-order memcpy on x86/arm64). We
 //    encode and decode them byte by byte, so this code means the same on any host.
 //  - Every length and count is checked against Limits the moment it is read, before a single
@@ -20,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,10 +33,36 @@ namespace ddp::store {
 
 enum class Protocol : uint8_t {
   unknown,  // nothing decided yet (fewer than the deciding bytes seen)
-  v1,       // PyTorch 1.13 (no VALIDATE, WATCH_KEY), plus the early-2.x opcodes 9..12
-  v2,       // PyTorch 2.6+ (VALIDATE first, PING, queues, LIST_KEYS, BARRIER)
+  legacy,   // no VALIDATE: 1.13, 2.0 or 2.1; only opcodes 0..6 (the same in all three) seen yet
+  v1,       // PyTorch 1.13 and 2.0 (no VALIDATE; WATCH_KEY=7, DELETE_KEY=8)
+  v21,      // PyTorch 2.1 (no VALIDATE; DELETE_KEY=7 .. CANCEL_WAIT=11)
+  v2,       // PyTorch 2.2 and later (VALIDATE first; PING, queues, LIST_KEYS, BARRIER appended since)
 };
+// The releases a layout stands for: "1.13–2.1", "1.13–2.0", "2.1", "2.2+".
 std::string_view to_string(Protocol p);
+
+// How a connection without VALIDATE reads opcodes 7 and 8 when its own bytes have not told
+// (legacy_hint() makes one). layout v1 or v21: read so; v2: the job runs 2.2 or later, so such a
+// client is not the job's and is refused; unknown: refused (the job's PyTorch is not known).
+struct LegacyHint {
+  Protocol layout = Protocol::unknown;
+  std::string source;  // why, for messages: "the job's PyTorch 2.1.2", "store.protocol 2.1"
+  bool operator==(const LegacyHint&) const = default;
+};
+
+// The PyTorch release {major, minor} of a version string ("2.1.2+cu121", "1.13.1"); nullopt when
+// it does not start with two dotted numbers, or is not a release from 1.13 on.
+struct Release {
+  int major = 0, minor = 0;
+  friend auto operator<=>(const Release&, const Release&) = default;
+};
+std::optional<Release> parse_release(std::string_view version);
+// The wire layout of a release: v1 (1.13, 2.0), v21 (2.1), v2 (2.2 and later).
+Protocol layout_of(Release r);
+// store_protocol: the job file's store.protocol ("auto" or empty: not given, or a release such as
+// "2.1"); torch_version: the job's PyTorch as probed on the store's node, if known. store.protocol
+// wins over the probe.
+LegacyHint legacy_hint(std::string_view store_protocol, const std::optional<std::string>& torch_version);
 
 // Operations, independent of their numbering on the wire.
 enum class Op : uint8_t {
@@ -111,7 +141,7 @@ class Decoder {
  public:
   enum class Status { need_more, request, error };
 
-  explicit Decoder(Limits limits = {});
+  explicit Decoder(Limits limits = {}, LegacyHint hint = {});
 
   // Consumes bytes from the front of `in` until one request is complete (Status::request: it is
   // in `out`, and `in` holds what follows it), the input runs out (need_more: all consumed), or
@@ -133,6 +163,7 @@ class Decoder {
   enum class Field : uint8_t { none, key, value, value2, keys_item, values_item, number, word, count };
 
   bool begin_request(uint8_t opcode);
+  bool resolve_legacy(uint8_t opcode);  // protocol_ legacy: decides v1/v21 for this opcode, or fails
   bool fail(std::string message);
   bool after_field();  // the next field of the current op, or completion
   bool start_integer(Stage s, Field f);
@@ -141,6 +172,7 @@ class Decoder {
   std::size_t max_len_for(Field f) const;
 
   Limits limits_;
+  LegacyHint hint_;
   std::size_t budget_;
   Protocol protocol_ = Protocol::unknown;
   Stage stage_ = Stage::detect;
@@ -165,9 +197,9 @@ void put_bytes(std::string& out, std::string_view bytes);  // u64 length + bytes
 uint32_t get_u32(const uint8_t* p);
 uint64_t get_u64(const uint8_t* p);
 
-// The bytes a PyTorch client of protocol `p` sends for `r` (the first VALIDATE of a 2.x
-// connection included only when r.op is validate). Throws std::invalid_argument when `p` has no
-// such operation.
+// The bytes a PyTorch client of protocol `p` sends for `r` (the first VALIDATE of a 2.2+
+// connection included only when r.op is validate; `legacy` encodes the opcodes 0..6 that 1.13–2.1
+// share). Throws std::invalid_argument when `p` has no such operation.
 std::string encode_request(Protocol p, const Request& r);
 
 }  // namespace ddp::store

@@ -111,7 +111,11 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
 
 struct Connection : std::enable_shared_from_this<Connection> {
   Connection(std::shared_ptr<Server::Impl> srv, Loop& loop, tcp::socket s, ClientId id)
-      : srv(std::move(srv)), loop(loop), sock(std::move(s)), id(id), dec(this->srv->opts.limits) {}
+      : srv(std::move(srv)),
+        loop(loop),
+        sock(std::move(s)),
+        id(id),
+        dec(this->srv->opts.limits, this->srv->opts.legacy) {}
 
   std::size_t queued() const { return out.size() - out_off; }  // under out_mu
   // Under out_mu: brings this connection's share of the store's in-flight total to held_in +

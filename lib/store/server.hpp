@@ -1,5 +1,6 @@
 // The c10d TCPStore-compatible server: Boost.Asio edge over the pure decoder (protocol.hpp) and
-// store semantics (state.hpp). Unmodified PyTorch 1.13 and 2.6+ workers are its clients.
+// store semantics (state.hpp). Unmodified PyTorch workers of every release from 1.13 on are its clients
+// (docs/store-protocol.md).
 //
 // Use (all calls on the io_context's thread; the server never blocks it):
 //
@@ -87,6 +88,9 @@ struct ServerOptions {
   Limits limits;
   Totals totals;
   unsigned threads = 0;  // I/O threads of its own; 0: the caller's io_context
+  // How clients without VALIDATE (PyTorch 1.13–2.1) read the opcodes their releases number
+  // differently (protocol.hpp): from the job's PyTorch or store.protocol (legacy_hint()).
+  LegacyHint legacy;
 };
 
 // The I/O threads a store gets for "auto" (the default of launches and `store serve`): a quarter

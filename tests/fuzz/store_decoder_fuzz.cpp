@@ -1,9 +1,9 @@
 // libFuzzer target for the store's wire decoder and, behind it, the store semantics.
 //
-// Input: byte 0 picks how the rest is cut into reads (1..16 bytes, or whole when 0) and how
-// requests are spread over three clients; the rest is what a connection sends. Properties:
-// nothing crashes or leaks (sanitizers), no limit is exceeded, and every decoded request
-// re-encodes to bytes that decode to the same request.
+// Input: byte 0 picks how the rest is cut into reads (1..16 bytes, or whole when 0), how
+// requests are spread over three clients, and the release the decoder is told (bits 6-7); the rest is what a connection
+// sends. Properties: nothing crashes or leaks (sanitizers), no limit is exceeded, and every decoded request re-encodes
+// to bytes that decode to the same request.
 #include "store/protocol.hpp"
 #include "store/state.hpp"
 
@@ -20,7 +20,8 @@ void check_round_trip(Protocol p, const Request& r) {
   std::string wire;
   if (p == Protocol::v2) wire = std::string("\x00\xCE\xF7\x85\x3C", 5);
   wire += encode_request(p, r);
-  Decoder again;
+  // A fresh connection of the same release: 1.13/2.0 and 2.1 say it through the hint.
+  Decoder again({}, {p == Protocol::v1 || p == Protocol::v21 ? p : Protocol::unknown, "the fuzz target"});
   std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(wire.data()), wire.size());
   Request got;
   if (p == Protocol::v2 && again.next(in, got) != Decoder::Status::request) std::abort();
@@ -39,7 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   lim.max_value_bytes = 1 << 16;
   lim.max_batch_keys = 1024;
   lim.max_connection_bytes = 1 << 20;
-  Decoder dec(lim);
+  // Bits 6-7 of the seed: the job's release as the store would know it (none, 1.13, 2.1, 2.2+).
+  constexpr Protocol kHints[] = {Protocol::unknown, Protocol::v1, Protocol::v21, Protocol::v2};
+  Decoder dec(lim, {kHints[seed >> 6], "the fuzz target"});
   // Small totals, so that the limits' paths are taken and their bounds checked.
   const Totals totals{.max_bytes = 1 << 17, .max_keys = 64, .max_queue_items = 64, .max_waiters = 64};
   State state(lim, totals);

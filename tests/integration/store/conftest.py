@@ -73,9 +73,11 @@ class StoreProcess:
 
 
 # Every test against both ways of serving: on the command's own thread and on two I/O threads.
+# The clients are Debian's PyTorch 1.13: the store is told so (--protocol, as a launch tells it the
+# probed release), so that it reads their WATCH_KEY (7) and DELETE_KEY (8) as 1.13's.
 @pytest.fixture(params=["0", "2"], ids=["one_loop", "threads2"])
 def store(request, tmp_path):
-    s = StoreProcess(tmp_path, "--threads", request.param)
+    s = StoreProcess(tmp_path, "--threads", request.param, "--protocol", "1.13")
     yield s
     assert s.alive(), "the store died during the test:\n" + s.log_text()
     assert s.stop() == 0

@@ -105,8 +105,8 @@ def test_non_reading_connections_are_closed_and_the_store_stays_bounded(tmp_path
 
 
 def v1_multi_set_header(key, value_len):
-    """A 1.13-family MULTI_SET (opcode 11) of one key, up to the value's length: its bytes follow."""
-    return b"\x0b" + struct.pack("<Q", 1) + v1_bytes(key) + struct.pack("<Q", value_len)
+    """A PyTorch 2.1 MULTI_SET (opcode 10; no VALIDATE) of one key, up to the value's length: its bytes follow."""
+    return b"\x0a" + struct.pack("<Q", 1) + v1_bytes(key) + struct.pack("<Q", value_len)
 
 
 def test_requests_that_never_finish_are_closed_and_the_store_stays_bounded(tmp_path):

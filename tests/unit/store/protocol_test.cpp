@@ -110,9 +110,12 @@ std::vector<Request> decode_in_pieces(const std::string& wire, const std::vector
 }  // namespace
 
 TEST(StoreProtocol, EveryOpRoundTripsSplitAtEveryByteBoundary) {
-  for (Protocol p : {Protocol::v1, Protocol::v2}) {
+  for (Protocol p : {Protocol::v1, Protocol::v21, Protocol::v2}) {
+    const LegacyHint hint{p == Protocol::v2 ? Protocol::unknown : p, "the test"};
     for (const Request& r : examples()) {
       if (opcode_of(p, r.op) < 0) continue;
+      // Without VALIDATE, only what 1.13–2.1 number alike leaves the layout open.
+      const Protocol seen = p != Protocol::v2 && opcode_of(Protocol::legacy, r.op) >= 0 ? Protocol::legacy : p;
       if (r.op == Op::validate) continue;  // covered by the preamble
       const std::string head = preamble(p);
       // A harmless first request so that 1.13 detection is not what is tested here.
@@ -120,18 +123,18 @@ TEST(StoreProtocol, EveryOpRoundTripsSplitAtEveryByteBoundary) {
       first.op = Op::get_num_keys;
       const std::string wire = head + encode_request(p, first) + encode_request(p, r);
       for (std::size_t cut = 0; cut <= wire.size(); ++cut) {
-        Decoder dec;
+        Decoder dec({}, hint);
         auto got = decode_in_pieces(wire, {cut}, dec);
         std::size_t expected = (p == Protocol::v2 ? 1 : 0) + 2;
         ASSERT_EQ(got.size(), expected) << to_string(r.op) << " cut " << cut;
         EXPECT_EQ(got.back(), r) << to_string(r.op) << " cut " << cut;
-        EXPECT_EQ(dec.protocol(), p);
+        EXPECT_EQ(dec.protocol(), seen) << to_string(r.op);
         EXPECT_TRUE(dec.idle());
       }
       // And one byte at a time.
       std::vector<std::size_t> every;
       for (std::size_t i = 1; i < wire.size(); ++i) every.push_back(i);
-      Decoder dec;
+      Decoder dec({}, hint);
       auto got = decode_in_pieces(wire, every, dec);
       ASSERT_FALSE(got.empty());
       EXPECT_EQ(got.back(), r) << to_string(r.op);
@@ -140,15 +143,29 @@ TEST(StoreProtocol, EveryOpRoundTripsSplitAtEveryByteBoundary) {
 }
 
 TEST(StoreProtocol, OpcodeTablesMatchTheReference) {
-  // 1.13: SET..DELETE_KEY = 0..8 (9..12: the early-2.x extension).
+  // 1.13 and 2.0: SET..DELETE_KEY = 0..8, nothing after.
   EXPECT_EQ(opcode_of(Protocol::v1, Op::set), 0);
   EXPECT_EQ(opcode_of(Protocol::v1, Op::wait), 5);
   EXPECT_EQ(opcode_of(Protocol::v1, Op::watch_key), 7);
   EXPECT_EQ(opcode_of(Protocol::v1, Op::delete_key), 8);
-  EXPECT_EQ(opcode_of(Protocol::v1, Op::cancel_wait), 12);
+  EXPECT_EQ(opcode_of(Protocol::v1, Op::append), -1);
+  EXPECT_EQ(opcode_of(Protocol::v1, Op::cancel_wait), -1);
   EXPECT_EQ(opcode_of(Protocol::v1, Op::ping), -1);
   EXPECT_EQ(opcode_of(Protocol::v1, Op::validate), -1);
-  // 2.6+: VALIDATE=0 .. BARRIER=18, no WATCH_KEY.
+  // 2.1: no WATCH_KEY, no VALIDATE: DELETE_KEY=7 .. CANCEL_WAIT=11.
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::get_num_keys), 6);
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::delete_key), 7);
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::append), 8);
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::multi_get), 9);
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::multi_set), 10);
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::cancel_wait), 11);
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::watch_key), -1);
+  EXPECT_EQ(opcode_of(Protocol::v21, Op::validate), -1);
+  // What all three share.
+  EXPECT_EQ(opcode_of(Protocol::legacy, Op::get_num_keys), 6);
+  EXPECT_EQ(opcode_of(Protocol::legacy, Op::watch_key), -1);
+  EXPECT_EQ(opcode_of(Protocol::legacy, Op::delete_key), -1);
+  // 2.2+: VALIDATE=0 .. BARRIER=18, no WATCH_KEY.
   EXPECT_EQ(opcode_of(Protocol::v2, Op::validate), 0);
   EXPECT_EQ(opcode_of(Protocol::v2, Op::set), 1);
   EXPECT_EQ(opcode_of(Protocol::v2, Op::get_num_keys), 7);
@@ -203,7 +220,7 @@ TEST(StoreProtocol, DetectsOneThirteenFromItsFirstByte) {
   auto in = bytes(wire);
   Request r;
   ASSERT_EQ(dec.next(in, r), Decoder::Status::request);
-  EXPECT_EQ(dec.protocol(), Protocol::v1);
+  EXPECT_EQ(dec.protocol(), Protocol::legacy);
   EXPECT_EQ(r.op, Op::get_num_keys);
 }
 
@@ -221,19 +238,19 @@ TEST(StoreProtocol, OneThirteenSetWhoseLengthStartsLikeTheMagicIsStillASet) {
     auto got = decode_in_pieces(wire, {cut}, dec);
     ASSERT_EQ(got.size(), 1u) << cut;
     EXPECT_EQ(got[0], set);
-    EXPECT_EQ(dec.protocol(), Protocol::v1);
+    EXPECT_EQ(dec.protocol(), Protocol::legacy);
   }
 }
 
 TEST(StoreProtocol, UnknownOpcodesCloseWithAClearMessage) {
-  for (int code = 13; code < 256; ++code) {
-    Decoder dec;
+  for (int code = 12; code < 256; ++code) {
+    Decoder dec({}, {Protocol::v1, "the test"});
     std::string wire(1, static_cast<char>(code));
     auto in = bytes(wire);
     Request r;
     ASSERT_EQ(dec.next(in, r), Decoder::Status::error) << code;
     EXPECT_NE(dec.error().find("unknown opcode " + std::to_string(code)), std::string::npos) << dec.error();
-    EXPECT_NE(dec.error().find("PyTorch 2.0"), std::string::npos);
+    EXPECT_NE(dec.error().find("1.13–2.1"), std::string::npos) << dec.error();
   }
   for (int code = 19; code < 256; ++code) {
     Decoder dec;
@@ -337,4 +354,117 @@ TEST(StoreProtocol, EncodeRefusesOpsTheProtocolLacks) {
   EXPECT_THROW(encode_request(Protocol::v1, r), std::invalid_argument);
   r.op = Op::watch_key;
   EXPECT_THROW(encode_request(Protocol::v2, r), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The releases without VALIDATE (1.13, 2.0, 2.1): what the bytes tell, and what they do not.
+
+namespace {
+Request keyed(Op op, std::string key, std::string value = {}) {
+  Request r;
+  r.op = op;
+  r.key = std::move(key);
+  r.value = std::move(value);
+  return r;
+}
+// Decodes all of `wire`; returns the requests and, on an error, leaves it in dec.error().
+std::vector<Request> decode_all(const std::string& wire, Decoder& dec) {
+  std::vector<Request> got;
+  auto in = bytes(wire);
+  Request r;
+  while (dec.next(in, r) == Decoder::Status::request) got.push_back(r);
+  return got;
+}
+}  // namespace
+
+TEST(StoreLegacyLayouts, OpcodeSevenIsNeverGuessed) {
+  // 07 s"/k": WATCH_KEY "/k" from 1.13/2.0, DELETE_KEY "/k" from 2.1. The same bytes.
+  const std::string wire = encode_request(Protocol::v1, keyed(Op::watch_key, "/k"));
+  ASSERT_EQ(wire, encode_request(Protocol::v21, keyed(Op::delete_key, "/k")));
+  {
+    Decoder dec;  // no hint: refused, naming both releases and the fix
+    EXPECT_TRUE(decode_all(wire, dec).empty());
+    EXPECT_NE(dec.error().find("WATCH_KEY in PyTorch 1.13 and 2.0 but DELETE_KEY in 2.1"), std::string::npos)
+        << dec.error();
+    EXPECT_NE(dec.error().find("store: {protocol: \"2.1\"}"), std::string::npos) << dec.error();
+  }
+  {
+    Decoder dec({}, legacy_hint("auto", std::string("1.13.1")));
+    auto got = decode_all(wire, dec);
+    ASSERT_EQ(got.size(), 1u) << dec.error();
+    EXPECT_EQ(got[0], keyed(Op::watch_key, "/k"));
+    EXPECT_EQ(dec.protocol(), Protocol::v1);
+  }
+  {
+    Decoder dec({}, legacy_hint("auto", std::string("2.1.2+cu121")));
+    auto got = decode_all(wire, dec);
+    ASSERT_EQ(got.size(), 1u) << dec.error();
+    EXPECT_EQ(got[0], keyed(Op::delete_key, "/k"));
+    EXPECT_EQ(dec.protocol(), Protocol::v21);
+  }
+  {
+    // The job runs 2.11: a client without VALIDATE is not the job's.
+    Decoder dec({}, legacy_hint("auto", std::string("2.11.0+cu130")));
+    EXPECT_TRUE(decode_all(wire, dec).empty());
+    EXPECT_NE(dec.error().find("not the job's release (the job's PyTorch 2.11.0+cu130)"), std::string::npos)
+        << dec.error();
+  }
+}
+
+TEST(StoreLegacyLayouts, OpcodeEightIsDeleteOrAppendByTheHint) {
+  // 1.13 DELETE_KEY "/k" then GETNUMKEYS; read as 2.1, the 06 would be the start of APPEND's value.
+  const std::string wire = encode_request(Protocol::v1, keyed(Op::delete_key, "/k")) + std::string("\x06", 1);
+  Decoder v1({}, {Protocol::v1, "store.protocol 1.13"});
+  auto got = decode_all(wire, v1);
+  ASSERT_EQ(got.size(), 2u) << v1.error();
+  EXPECT_EQ(got[0], keyed(Op::delete_key, "/k"));
+  EXPECT_EQ(got[1].op, Op::get_num_keys);
+  const std::string append = encode_request(Protocol::v21, keyed(Op::append, "/k", "tail"));
+  Decoder v21({}, {Protocol::v21, "store.protocol 2.1"});
+  got = decode_all(append, v21);
+  ASSERT_EQ(got.size(), 1u) << v21.error();
+  EXPECT_EQ(got[0], keyed(Op::append, "/k", "tail"));
+  Decoder none;
+  EXPECT_TRUE(decode_all(append, none).empty());
+  EXPECT_NE(none.error().find("DELETE_KEY in PyTorch 1.13 and 2.0 but APPEND in 2.1"), std::string::npos)
+      << none.error();
+}
+
+TEST(StoreLegacyLayouts, OpcodesNineToElevenProveTwoOneWhateverTheHint) {
+  Request mg;
+  mg.op = Op::multi_get;
+  mg.keys = {"/a", "/b"};
+  // MULTI_GET (9), then DELETE_KEY (7): the connection is 2.1 from its own bytes.
+  const std::string wire =
+      encode_request(Protocol::v21, mg) + encode_request(Protocol::v21, keyed(Op::delete_key, "/a"));
+  for (const LegacyHint& hint : {LegacyHint{}, legacy_hint("auto", std::string("1.13.1"))}) {
+    Decoder dec({}, hint);
+    auto got = decode_all(wire, dec);
+    ASSERT_EQ(got.size(), 2u) << dec.error();
+    EXPECT_EQ(got[0], mg);
+    EXPECT_EQ(got[1], keyed(Op::delete_key, "/a"));
+    EXPECT_EQ(dec.protocol(), Protocol::v21);
+  }
+  // Once a 7 was read as 1.13 (by the hint), a later 9 is an error that names the fix.
+  const std::string late =
+      encode_request(Protocol::v1, keyed(Op::delete_key, "/a")) + encode_request(Protocol::v21, mg);
+  Decoder dec({}, {Protocol::v1, "the job's PyTorch 1.13.1"});
+  auto got = decode_all(late, dec);
+  EXPECT_EQ(got.size(), 1u);
+  EXPECT_NE(dec.error().find("MULTI_GET in PyTorch 2.1"), std::string::npos) << dec.error();
+}
+
+TEST(StoreLegacyLayouts, HintsFromTheJobFileWinOverTheProbe) {
+  EXPECT_EQ(legacy_hint("2.1", std::string("1.13.1")).layout, Protocol::v21);
+  EXPECT_EQ(legacy_hint("2.1", std::string("1.13.1")).source, "store.protocol 2.1");
+  EXPECT_EQ(legacy_hint("2.0", std::nullopt).layout, Protocol::v1);
+  EXPECT_EQ(legacy_hint("2.3", std::nullopt).layout, Protocol::v2);
+  EXPECT_EQ(legacy_hint("auto", std::string("2.0.1")).layout, Protocol::v1);
+  EXPECT_EQ(legacy_hint("auto", std::string("2.2.0a0+git")).layout, Protocol::v2);
+  EXPECT_EQ(legacy_hint("auto", std::nullopt).layout, Protocol::unknown);
+  EXPECT_EQ(legacy_hint("", std::string("garbage")).layout, Protocol::unknown);
+  EXPECT_FALSE(parse_release("1.12.0"));
+  EXPECT_FALSE(parse_release("3.0"));
+  EXPECT_FALSE(parse_release("2.1x"));
+  EXPECT_EQ(parse_release("2.10.1"), (Release{2, 10}));
 }

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -49,13 +51,37 @@ std::string validate() {
   return std::string("\x00\xCE\xF7\x85\x3C", 5);
 }
 
-std::vector<std::string> fixture_files() {
+std::vector<std::string> fixture_files(const char* dir = DDP_STORE_FIXTURES) {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(DDP_STORE_FIXTURES)) {
+  for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() == ".txt") out.push_back(e.path().stem().string());
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
+// A fixture's `# NAME: VALUE` header line (fixtures/README.md), or "".
+std::string directive(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const std::string head = "# " + name + ": ";
+    if (line.rfind(head, 0) == 0) return line.substr(head.size());
+  }
+  return "";
+}
+
+// The server a fixture asks for: its `# store.protocol:` line as the job file's store.protocol.
+ServerOptions fixture_server(const std::string& text, unsigned threads) {
+  ServerOptions o{.host = "127.0.0.1", .port = 0, .threads = threads};
+  o.legacy = legacy_hint(directive(text, "store.protocol"), std::nullopt);
+  return o;
 }
 
 }  // namespace
@@ -69,12 +95,10 @@ std::string threads_name(unsigned threads) {
 class StoreFixtures : public ::testing::TestWithParam<std::tuple<std::string, unsigned>> {};
 
 TEST_P(StoreFixtures, Replays) {
-  std::ifstream f(std::string(DDP_STORE_FIXTURES) + "/" + std::get<0>(GetParam()) + ".txt");
-  std::stringstream text;
-  text << f.rdbuf();
-  auto steps = parse_fixture(text.str());
+  const std::string text = read_text(std::string(DDP_STORE_FIXTURES) + "/" + std::get<0>(GetParam()) + ".txt");
+  auto steps = parse_fixture(text);
   ASSERT_FALSE(steps.empty());
-  ServerThread st({.host = "127.0.0.1", .port = 0, .threads = std::get<1>(GetParam())});
+  ServerThread st(fixture_server(text, std::get<1>(GetParam())));
   EXPECT_EQ(replay_fixture(steps, st.port()), "");
 }
 
@@ -83,6 +107,74 @@ INSTANTIATE_TEST_SUITE_P(Files, StoreFixtures,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + threads_name(std::get<1>(info.param));
                          });
+
+// One session per PyTorch release layout (tests/fixtures/store, docs/store-protocol.md): the
+// codec reads every byte a client of that release sends as that release's operations, and the
+// server answers what that client expects.
+class StoreReleaseFixtures : public ::testing::TestWithParam<std::string> {};
+
+std::string release_name(const std::string& stem) {
+  std::string out;
+  for (char c : stem) out += (c == '-' || c == '.') ? '_' : c;
+  return out;
+}
+
+TEST_P(StoreReleaseFixtures, DecodeAsTheirRelease) {
+  const std::string text = read_text(std::string(DDP_RELEASE_FIXTURES) + "/" + GetParam() + ".txt");
+  const std::string layout = directive(text, "layout");
+  ASSERT_FALSE(layout.empty()) << "a release fixture names its layout";
+  std::map<int, std::string> sent;
+  for (const auto& step : parse_fixture(text)) {
+    if (step.kind == FixtureStep::Kind::send) sent[step.conn] += step.bytes;
+  }
+  const LegacyHint hint = legacy_hint(directive(text, "store.protocol"), std::nullopt);
+  for (const auto& [conn, wire] : sent) {
+    Decoder dec({}, hint);
+    std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(wire.data()), wire.size());
+    Request r;
+    std::size_t n = 0;
+    Decoder::Status st;
+    while ((st = dec.next(in, r)) == Decoder::Status::request) ++n;
+    EXPECT_EQ(st, Decoder::Status::need_more) << "connection " << conn << ": " << dec.error();
+    EXPECT_TRUE(dec.idle()) << "connection " << conn << " ends inside a request";
+    EXPECT_GT(n, 0u);
+    if (conn == 1) {
+      EXPECT_EQ(to_string(dec.protocol()), layout);
+    }
+  }
+  // Without the job's release, a session without VALIDATE is never read as another release: it
+  // is refused at its first 7 or 8 (1.13 and 2.0 cannot be told from 2.1 by their bytes), or
+  // its own 9..11 prove it 2.1 first.
+  if (!directive(text, "store.protocol").empty()) {
+    bool refused = false;
+    for (const auto& [conn, wire] : sent) {
+      Decoder dec;
+      std::span<const uint8_t> in(reinterpret_cast<const uint8_t*>(wire.data()), wire.size());
+      Request r;
+      Decoder::Status st;
+      while ((st = dec.next(in, r)) == Decoder::Status::request) {
+      }
+      if (st == Decoder::Status::error) {
+        refused = true;
+        EXPECT_NE(dec.error().find("store: {protocol: "), std::string::npos) << dec.error();
+      } else if (conn == 1) {
+        EXPECT_EQ(to_string(dec.protocol()), layout);
+      }
+    }
+    if (layout != "2.1") EXPECT_TRUE(refused);
+  }
+}
+
+TEST_P(StoreReleaseFixtures, Replay) {
+  const std::string text = read_text(std::string(DDP_RELEASE_FIXTURES) + "/" + GetParam() + ".txt");
+  for (unsigned threads : {0u, 3u}) {
+    ServerThread st(fixture_server(text, threads));
+    EXPECT_EQ(replay_fixture(parse_fixture(text), st.port()), "") << threads_name(threads);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Releases, StoreReleaseFixtures, ::testing::ValuesIn(fixture_files(DDP_RELEASE_FIXTURES)),
+                         [](const auto& info) { return release_name(info.param); });
 
 TEST(StoreFixtureFormat, ParsesTokens) {
   auto steps =
@@ -340,7 +432,11 @@ TEST_P(StoreServer, StopWhileClientsAreBusyClosesEveryConnection) {
 
 TEST_P(StoreServer, AClientPastTheStoresTotalIsClosedAndOthersAreServed) {
   // The total is the store's, not the connection's: two connections of 40 bytes each fill it.
-  ServerThread st({.host = "127.0.0.1", .port = 0, .totals = {.max_bytes = 100}, .threads = GetParam()});
+  ServerThread st({.host = "127.0.0.1",
+                   .port = 0,
+                   .totals = {.max_bytes = 100},
+                   .threads = GetParam(),
+                   .legacy = {Protocol::v1, "the test"}});  // DELETE_KEY = 8
   RawClient a(st.port()), b(st.port()), c(st.port());
   a.send(enc(Protocol::v1, req(Op::set, "/a", std::string(38, 'a'))) + enc(Protocol::v1, req(Op::get, "/a")));
   EXPECT_EQ(a.recv(8 + 38).size(), 46u);
@@ -410,7 +506,7 @@ TEST_P(StoreServer, MultiSetsThatNeverFinishAreBoundedOverAllConnections) {
   ms.op = Op::multi_set;
   ms.keys = {"/never"};
   ms.values = {std::string(3 * kMiB, 'x')};
-  const std::string whole = enc(Protocol::v1, ms);
+  const std::string whole = enc(Protocol::v21, ms);
   const std::string header = whole.substr(0, whole.size() - 3 * kMiB + 100);  // lengths + 100 bytes
   std::vector<std::unique_ptr<RawClient>> attackers;
   for (int i = 0; i < 4; ++i) {
@@ -434,7 +530,11 @@ TEST_P(StoreServer, MultiSetsThatNeverFinishAreBoundedOverAllConnections) {
 TEST_P(StoreServer, NonReadingGettersOfALargeValueAreBoundedOverAllConnections) {
   // Attack (b): one 8 MiB value, then connections that never read ask for it three times each:
   // ~24 MiB queued per connection (under the per-connection caps), 144 MiB in all.
-  ServerThread st({.host = "127.0.0.1", .port = 0, .totals = {.max_inflight_bytes = 40 * kMiB}, .threads = GetParam()});
+  ServerThread st({.host = "127.0.0.1",
+                   .port = 0,
+                   .totals = {.max_inflight_bytes = 40 * kMiB},
+                   .threads = GetParam(),
+                   .legacy = {Protocol::v1, "the test"}});  // WATCH_KEY = 7
   const std::string big(8 * kMiB, 'v');
   {
     RawClient setter(st.port());
@@ -481,7 +581,11 @@ TEST_P(StoreServer, UnreadRepliesPastTheirCapCloseTheClient) {
 TEST_P(StoreServer, NonReadingWatchersAreBoundedOverAllConnections) {
   // Attack (c): 1.13 WATCH_KEY connections that never read; a SET of an 8 MiB value over
   // another pushes old + new into every one of them (16 MiB each, 160 MiB over ten).
-  ServerThread st({.host = "127.0.0.1", .port = 0, .totals = {.max_inflight_bytes = 40 * kMiB}, .threads = GetParam()});
+  ServerThread st({.host = "127.0.0.1",
+                   .port = 0,
+                   .totals = {.max_inflight_bytes = 40 * kMiB},
+                   .threads = GetParam(),
+                   .legacy = {Protocol::v1, "the test"}});  // WATCH_KEY = 7
   RawClient setter(st.port());
   setter.send(enc(Protocol::v1, req(Op::set, "/w", std::string(8 * kMiB, 'a'))) +
               enc(Protocol::v1, req(Op::get_num_keys)));
@@ -510,7 +614,7 @@ TEST_P(StoreServer, AMultiGetNamingALargeKeyManyTimesIsClosed) {
   Request mg;
   mg.op = Op::multi_get;
   mg.keys.assign(1000, "/big");
-  a.send(enc(Protocol::v1, mg));
+  a.send(enc(Protocol::v21, mg));
   EXPECT_TRUE(a.closed_by_peer(10s));
   expect_served(st.port(), "/honest");
 }
