@@ -43,7 +43,8 @@ nlohmann::json to_json(const DryRun& run, const jobspec::JobSpec& spec, bool sho
          {"python", n.python},
          {"async_error_handling", {{"names", n.async_error_handling.names}, {"why", n.async_error_handling.why}}},
          {"flight_recorder", {{"on", !n.flight_recorder.env.empty()}, {"why", n.flight_recorder.why}}}});
-    for (auto& r : contract::to_json(n.plan)["ranks"]) {
+    auto planned = contract::to_json(n.plan);  // kept: the loop below walks into it
+    for (auto& r : planned["ranks"]) {
       auto env = r["env"].get<Env>();
       if (!show_env) {
         auto shown = shown_env(env, n.planned_from, spec);
