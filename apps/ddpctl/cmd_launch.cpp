@@ -1,26 +1,16 @@
-// ddpctl launch: parse the job file, apply flags, then dry-run or run locally.
-#include "agent/agent.hpp"
+// ddpctl launch: parse the job file and the flags, then dry-run or run locally, or hand a multi-node
+// launch to lib/multinode (its policy) and the coordinator.
 #include "commands.hpp"
-#include "common/log.hpp"
 #include "common/strings.hpp"
 #include "coordinator/client.hpp"
 #include "coordinator/coordinator.hpp"
-#include "coordinator/dry_run.hpp"
-#include "coordinator/gather.hpp"
-#include "coordinator/standing.hpp"
-#include "facts/model.hpp"
-#include "hostlist/hostlist.hpp"
 #include "jobspec/flags.hpp"
 #include "jobspec/jobspec.hpp"
 #include "launch/local_launcher.hpp"
 #include "launch/report.hpp"
-#include "net/advertise.hpp"
+#include "multinode/launch_plan.hpp"
+#include "multinode/reach.hpp"
 #include "net/connection.hpp"
-#include "net/token_file.hpp"
-#include "proto/crypto.hpp"
-#include "slurm/slurm.hpp"
-#include "slurm/step.hpp"
-#include "ssh/dialer.hpp"
 
 #include <fmt/format.h>
 
@@ -45,31 +35,10 @@ extern char** environ;
 namespace ddpctl {
 
 namespace {
-struct LaunchArgs {
+struct LaunchArgs : ddp::multinode::LaunchFlags {
   std::string job_file;
   std::vector<std::string> command;  // after `--`, or from a bare script.py (jobspec/flags.hpp)
-  std::optional<int> nproc;
-  std::optional<int> max_restarts;
-  std::optional<std::string> log_dir;
-  std::optional<int> master_port;
-  std::string ranks;
-  std::string job_id;
-  std::string result_json;
-  std::string nodes;
-  std::string facts;
-  bool dry_run = false;
-  bool quiet = false;
-  std::string token_file;
-  bool tls = false;
-  bool ssh = false;
-  bool ssh_accept_new = false;
-  double ssh_timeout_s = 15;
-  int ssh_parallel = 8;
-  std::string coordinator;
-  bool detach = false;
-  bool slurm = false;
-  std::vector<std::string> srun_args;
-  std::string advertise_addr;
+  bool show_env = false;
 };
 
 std::map<std::string, std::string> own_environment() {
@@ -79,23 +48,6 @@ std::map<std::string, std::string> own_environment() {
     if (auto eq = kv.find('='); eq != std::string_view::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
   }
   return env;
-}
-
-// --slurm: the nodes of the allocation we run in (SLURM_JOB_NODELIST), as a host list.
-std::string slurm_node_list(const LaunchArgs& args, const ddp::jobspec::JobSpec& spec) {
-  if (!args.nodes.empty()) throw ddp::slurm::SlurmError("--slurm takes its nodes from the allocation: drop --nodes");
-  if (args.ssh) throw ddp::slurm::SlurmError("--slurm and --ssh are two ways to reach the nodes: pick one");
-  if (!args.token_file.empty())
-    throw ddp::slurm::SlurmError("--token-file is not used with --slurm: each run makes its own secret");
-  if (!args.coordinator.empty()) {
-    throw ddp::slurm::SlurmError("--slurm runs the job's coordinator here, inside the allocation: drop --coordinator");
-  }
-  if (args.detach)
-    throw ddp::slurm::SlurmError(
-        "--detach is not supported with --slurm yet (the batch script's end ends the allocation anyway)");
-  const auto alloc = ddp::slurm::allocation_from_env(own_environment());
-  const auto nodes = ddp::slurm::pick_nodes(alloc, spec.nnodes_min, spec.nnodes_max, spec.nnodes_max > 1);
-  return ddp::hostlist::compress(nodes);
 }
 
 // --detach without --coordinator: a background ddpctl (its own session, no terminal) runs the
@@ -239,39 +191,12 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
 // --dry-run --nodes ...: every node's plan, from recorded facts (--facts F1[,F2...]) or, without
 // --facts, from the agents' live facts (as `doctor --nodes` gathers them; nothing is offered or
 // started on them).
-int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::CoordinatorOptions& opts) {
+int print_multi_node_plan(const ddp::multinode::MultiNodePlan& plan, const LaunchArgs& args) {
   try {
-    auto entries = ddp::net::node_entries(opts.nodes, 29410, static_cast<bool>(opts.make_dialer));
-    std::vector<ddp::facts::NodeFacts> facts;
-    if (args.facts.empty()) {
-      const auto keys =
-          ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
-      bool missing = false;
-      for (auto& g : ddp::coordinator::gather_facts(opts.nodes, keys, ddp::net::local_user(), ddp::Millis(15000))) {
-        if (!g.facts) {
-          std::cerr << fmt::format("ddpctl launch: {}: {}\n", g.node, g.error);
-          missing = true;
-          continue;
-        }
-        facts.push_back(ddp::facts::from_json(*g.facts, "agent " + g.node));
-      }
-      if (missing) {
-        std::cerr << "ddpctl launch: --dry-run needs every node's facts (or give them with --facts)\n";
-        return 2;
-      }
-    } else {
-      for (auto f : ddp::split(args.facts, ','))
-        facts.push_back(ddp::facts::load_facts_file(std::string(ddp::trim(f))));
-    }
-    if (facts.size() == 1) facts.resize(entries.size(), facts[0]);
-    if (facts.size() != entries.size()) {
-      std::cerr << fmt::format(
-          "ddpctl launch: --facts names {} files for {} nodes: give one per node, or one for all\n", facts.size(),
-          entries.size());
-      return 2;
-    }
-    std::cout << ddp::coordinator::dry_run_plan(opts.spec, entries, facts, opts.job_id, opts.launcher_env).dump(2)
-              << "\n";
+    auto result = ddp::multinode::dry_run(plan, args, args.show_env);
+    for (const auto& e : result.errors) std::cerr << "ddpctl launch: " << e << "\n";
+    if (!result.plan) return 2;
+    std::cout << result.plan->dump(2) << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "ddpctl launch: " << e.what() << "\n";
@@ -279,218 +204,32 @@ int print_multi_node_plan(const LaunchArgs& args, const ddp::coordinator::Coordi
   }
 }
 
-// Our own ddp-agentd, the one SSH mode uploads: beside this ddpctl (build/bin, or /usr/bin).
-std::string own_agent_binary() {
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("ddp-agentd") : (exe.parent_path() / "ddp-agentd").string();
-}
-
 // The multi-node launch (--nodes, or the job file's hosts:): the embedded coordinator drives
-// ddp-agentd on every node. nullopt: a local launch.
-std::optional<int> maybe_run_multi_node(const LaunchArgs& args, ddp::jobspec::JobSpec spec) {
-  namespace fs = std::filesystem;
-  std::string list = !args.nodes.empty() ? args.nodes : ddp::join(spec.hosts, ",");
-  if (args.slurm) {
-    try {
-      list = slurm_node_list(args, spec);
-    } catch (const ddp::slurm::SlurmError& e) {
-      std::cerr << "ddpctl launch: " << e.what() << "\n";
-      return 2;
-    }
-  } else if (!args.srun_args.empty()) {
-    std::cerr << "ddpctl launch: --srun-arg needs --slurm\n";
-    return 2;
-  }
-  if (list.empty()) {
-    if (args.ssh) {
-      std::cerr << fmt::format(
-          "ddpctl launch: --ssh needs nodes: pass --nodes (e.g. --nodes node[1-2]) or list hosts: "
-          "in {}\n",
-          spec.file);
-      return 2;
-    }
-    if (spec.nnodes_max > 1) {
-      std::cerr << fmt::format(
-          "ddpctl launch: {}: nnodes {} needs nodes to run on: pass --nodes (e.g. --nodes "
-          "node[1-{}]) or list hosts: in the job file; each node runs ddp-agentd\n",
-          spec.file, spec.nnodes_max, spec.nnodes_max);
-      return 2;
-    }
-    return std::nullopt;
-  }
+// ddp-agentd on every node (policy: lib/multinode). nullopt: a local launch.
+std::optional<int> maybe_run_multi_node(const LaunchArgs& args, const ddp::jobspec::JobSpec& spec) {
   auto fail = [](const std::string& msg) {
     std::cerr << "ddpctl launch: " << msg << "\n";
     return 2;
   };
-  if (!args.facts.empty() && !args.dry_run)
-    return fail("--facts with --nodes is for --dry-run (a launch uses each agent's live facts)");
-  if (args.dry_run && args.facts.empty() && (args.ssh || args.slurm)) {
-    return fail(
-        "--dry-run with --ssh or --slurm needs --facts: one facts file per node (comma-separated, in --nodes order) or "
-        "one for "
-        "every node, e.g. from `ddpctl doctor --json` on each node (live facts come from standing agents only)");
-  }
-  auto hosts = ddp::hostlist::expand(list);
-  if (!hosts.ok()) return fail(fmt::format("--nodes '{}': {}", list, hosts.error->to_string()));
-  if (spec.nnodes_max > 1 && hosts.hosts.size() < static_cast<std::size_t>(spec.nnodes_min)) {
-    return fail(fmt::format("nnodes {} in {} needs at least {} nodes, but {} were given",
-                            spec.nnodes_min == spec.nnodes_max ? std::to_string(spec.nnodes_max)
-                                                               : fmt::format("{}:{}", spec.nnodes_min, spec.nnodes_max),
-                            spec.file, spec.nnodes_min, hosts.hosts.size()));
-  }
-  if (spec.nnodes_max == 1 && hosts.hosts.size() > 1) {
-    // No nnodes in the file: the host list decides.
-    spec.nnodes_min = spec.nnodes_max = static_cast<int>(hosts.hosts.size());
-  }
-  if (args.nproc) spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args.nproc};
-  if (args.max_restarts) spec.max_restarts = *args.max_restarts;
-  if (args.log_dir) spec.log_dir = *args.log_dir;
-  if (args.master_port)
-    spec.store_port = static_cast<std::uint16_t>(*args.master_port), spec.store_port_explicit = *args.master_port != 0;
-  // Relative paths mean the launcher's working directory; agents get them absolute.
-  const fs::path cwd = fs::current_path();
-  fs::path workdir = spec.workdir ? fs::path(*spec.workdir) : cwd;
-  if (workdir.is_relative()) workdir = cwd / workdir;
-  spec.workdir = workdir.lexically_normal().string();
-  fs::path logs = spec.log_dir;
-  if (logs.is_relative()) logs = cwd / logs;
-  spec.log_dir = logs.lexically_normal().string();
-  if (spec.container) {
-    for (auto& m : spec.container->mounts) {
-      if (fs::path(m.source).is_relative()) m.source = (cwd / m.source).lexically_normal().string();
-      if (m.source.size() > 1 && m.source.back() == '/') m.source.pop_back();
-    }
-  }
-
-  ddp::coordinator::CoordinatorOptions opts;
-  opts.spec = spec;
-  opts.nodes = hosts.hosts;
-  opts.quiet = args.quiet;
-  if (!args.result_json.empty()) opts.result_json = args.result_json;
-  for (auto part : ddp::split(args.ranks, ',')) {
-    if (ddp::trim(part).empty()) continue;
-    auto r = ddp::parse_int(ddp::trim(part));
-    if (!r || *r < 0) return fail(fmt::format("--ranks: expected rank numbers such as 0,3, got '{}'", part));
-    opts.show_ranks.insert(static_cast<int>(*r));
-  }
-  opts.user = ddp::net::local_user();
-  opts.launcher_env = own_environment();
-  if (args.job_id.empty()) {
-    auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    std::tm tm{};
-    ::localtime_r(&t, &tm);
-    std::random_device rd;
-    opts.job_id = fmt::format("{}-{:04}{:02}{:02}-{:02}{:02}{:02}-{:04x}", spec.name, tm.tm_year + 1900, tm.tm_mon + 1,
-                              tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, rd() & 0xffff);
-  } else {
-    opts.job_id = args.job_id;
-  }
-  if (args.dry_run) return print_multi_node_plan(args, opts);
-  if (!args.advertise_addr.empty() && !args.ssh) {
-    return fail(
-        "--advertise-addr is for --ssh (agents connecting back); with --nodes the coordinator dials the agents and "
-        "nothing connects to it");
-  }
-  if (!args.coordinator.empty()) {
-    if (args.ssh)
-      return fail(
-          "--coordinator with --ssh: a standing coordinator reaches its agents over TCP (SSH mode starts its own)");
-    auto ep = ddp::hostlist::parse_endpoint(args.coordinator);
-    if (!ep.ok()) return fail(fmt::format("--coordinator '{}': {}", args.coordinator, ep.error->to_string()));
-    ddp::coordinator::SubmitOptions so;
-    so.host = ep.endpoint.host;
-    so.port = ep.endpoint.port.value_or(ddp::coordinator::kStandingPort);
-    try {
-      so.keys =
-          ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
-    } catch (const ddp::net::TokenError& e) {
-      return fail(e.what());
-    }
-    so.job_id = opts.job_id;
-    so.user = opts.user;
-    so.payload.spec = opts.spec;
-    so.payload.forward_env = ddp::net::forwarded_env(opts.launcher_env, opts.spec.env_forward);
-    so.nodes = opts.nodes;
-    so.detach = args.detach;
-    so.quiet = args.quiet;
-    so.show_ranks = opts.show_ranks;
-    so.result_json = opts.result_json;
-    so.tls = args.tls;
-    return ddp::coordinator::submit_job(std::move(so));
-  }
+  ddp::multinode::LaunchContext context;
+  context.cwd = std::filesystem::current_path().string();
+  context.env = own_environment();
+  context.user = ddp::net::local_user();
+  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  ::localtime_r(&t, &context.local_time);
+  context.random = static_cast<std::uint16_t>(std::random_device{}() & 0xffff);
+  auto outcome = ddp::multinode::plan_multi_node(args, spec, context);
+  if (!outcome.error.empty()) return fail(outcome.error);
+  if (outcome.local()) return std::nullopt;
+  auto& plan = *outcome.plan;
+  if (args.dry_run) return print_multi_node_plan(plan, args);
   try {
-    if (args.ssh) {
-      if (!args.token_file.empty()) return fail("--token-file is not used with --ssh: each run makes its own secret");
-      // A fresh secret per run, known only to us and to the agents we start: it travels inside
-      // each SSH channel (the agent's stdin), never on a command line or in a file.
-      const auto nonce = ddp::proto::random_nonce();
-      const auto secret =
-          ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
-      opts.keys = ddp::proto::Keyring({{"ssh", secret}});
-      ddp::ssh::DialerOptions so;
-      so.accept_new = args.ssh_accept_new;
-      so.timeout = ddp::Millis(static_cast<long long>(args.ssh_timeout_s * 1000));
-      so.max_parallel = args.ssh_parallel;
-      so.secret = secret;
-      so.agent_binary = own_agent_binary();
-      so.agent_version = ddp::agent::kVersion;
-      so.verbose_agent = ddp::log::get("ssh")->should_log(spdlog::level::debug);
-      if (!args.advertise_addr.empty()) {
-        try {
-          so.connect_back = ddp::net::parse_advertise_addr(args.advertise_addr);
-        } catch (const std::invalid_argument& e) {
-          return fail(fmt::format("--advertise-addr '{}': {}", args.advertise_addr, e.what()));
-        }
-      }
-      if (!std::filesystem::exists(so.agent_binary)) {
-        return fail(
-            fmt::format("--ssh: our ddp-agentd is not at {} (it must sit beside ddpctl, to be uploaded to nodes "
-                        "that lack it)",
-                        so.agent_binary));
-      }
-      opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::ssh::Dialer>(io, so); };
-      if (args.tls && args.advertise_addr.empty()) {
-        return fail(
-            "--tls is not used with --ssh: SSH already encrypts the link to each agent (with --advertise-addr, "
-            "where the agents connect back over TCP, it is)");
-      }
-    } else if (args.slurm) {
-      // A fresh secret per run, as over SSH: srun carries it to the agents in their environment
-      // (slurm::kSecretEnv), which they read and remove; never a command-line word or a file.
-      const auto nonce = ddp::proto::random_nonce();
-      const auto secret =
-          ddp::proto::to_hex(std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
-      opts.keys = ddp::proto::Keyring({{"run", secret}});
-      ddp::slurm::StepDialerOptions so;
-      so.step.nodes = hosts.hosts;
-      so.step.agent = own_agent_binary();
-      so.step.verbose_agent = ddp::log::get("slurm")->should_log(spdlog::level::debug);
-      so.step.extra = args.srun_args;
-      so.step.job_name = "ddpctl-" + spec.name;
-      so.secret = secret;
-      so.env = opts.launcher_env;
-      so.workdir = cwd.string();
-      so.stop_grace = spec.stop_grace;
-      if (!std::filesystem::exists(so.step.agent)) {
-        return fail(
-            fmt::format("--slurm: our ddp-agentd is not at {} (srun runs it from there on every node)", so.step.agent));
-      }
-      opts.make_dialer = [so](boost::asio::io_context& io) { return std::make_unique<ddp::slurm::StepDialer>(io, so); };
-    } else {
-      opts.keys =
-          ddp::net::load_token_file(args.token_file.empty() ? ddp::net::find_client_token_file() : args.token_file);
-    }
-    opts.tls = args.tls;
-    if (args.detach) return run_detached(std::move(opts));
-    return ddp::coordinator::run_coordinator(std::move(opts));
-  } catch (const ddp::net::TokenError& e) {
-    return fail(e.what());
-  } catch (const ddp::coordinator::CoordinatorError& e) {
-    return fail(e.what());
-  } catch (const ddp::slurm::SlurmError& e) {
-    return fail(e.what());
-  } catch (const std::runtime_error& e) {
+    if (plan.reach == ddp::multinode::Reach::standing)
+      return ddp::coordinator::submit_job(ddp::multinode::submit_options(plan, args));
+    ddp::multinode::prepare_reach(plan, args);
+    if (args.detach) return run_detached(std::move(plan.options));
+    return ddp::coordinator::run_coordinator(std::move(plan.options));
+  } catch (const std::runtime_error& e) {  // TokenError, CoordinatorError, SlurmError among them
     return fail(e.what());
   }
 }
@@ -564,7 +303,12 @@ Command add_launch_command(CLI::App& root) {
   sub->add_option("--advertise-addr", args->advertise_addr,
                   "with --ssh: the agents connect back over TCP to HOST[:PORT] (auto or :PORT: this machine's address "
                   "on the route to each node; port 0: any) instead of speaking over their SSH channel");
-  sub->add_flag("--dry-run", args->dry_run, "print the plan as JSON and start nothing");
+  sub->add_flag("--dry-run", args->dry_run,
+                "print the plan as JSON and start nothing; each rank's env shows the variables ddpctl sets and "
+                "those the job names (env:, env_forward:)");
+  sub->add_flag("--show-env", args->show_env,
+                "with --dry-run: show every variable of each rank's environment, those passed on unchanged from "
+                "ddpctl's own environment too (they may hold credentials)");
   sub->add_flag("-q,--quiet", args->quiet, "no worker output on the terminal (log files still get it)");
 
   auto take_words = [args, sub](const std::vector<std::string>& words) {
@@ -615,6 +359,10 @@ Command add_launch_command(CLI::App& root) {
               std::cerr << "ddpctl launch: --ssh-accept-new needs --ssh\n";
               return 2;
             }
+            if (args->show_env && !args->dry_run) {
+              std::cerr << "ddpctl launch: --show-env is for --dry-run (ddpctl launch --dry-run --show-env ...)\n";
+              return 2;
+            }
             if (auto rc = maybe_run_multi_node(*args, opts.spec)) return *rc;
             if (args->detach || !args->coordinator.empty()) {
               std::cerr << fmt::format(
@@ -645,7 +393,7 @@ Command add_launch_command(CLI::App& root) {
             }
             try {
               if (args->dry_run) {
-                std::cout << ddp::launch::dry_run(std::move(opts)).dump(2) << "\n";
+                std::cout << ddp::launch::dry_run(std::move(opts), args->show_env).dump(2) << "\n";
                 return 0;
               }
               return ddp::launch::run_local(std::move(opts));

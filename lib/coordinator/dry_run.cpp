@@ -3,6 +3,8 @@
 #include "binding/binding.hpp"
 #include "container/container.hpp"
 #include "contract/contract.hpp"
+#include "contract/dry_run.hpp"
+#include "contract/flight_recorder.hpp"
 #include "launch/bind.hpp"
 
 #include <fmt/format.h>
@@ -35,7 +37,8 @@ int workers_on(const jobspec::JobSpec& spec, const facts::NodeFacts& f, const st
 
 nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net::NodeEntry>& nodes,
                             const std::vector<facts::NodeFacts>& facts, const std::string& job_id,
-                            const std::map<std::string, std::string>& launcher_env) {
+                            const std::map<std::string, std::string>& launcher_env, const std::string& master_addr,
+                            bool show_env) {
   if (facts.size() != nodes.size()) {
     throw std::invalid_argument(fmt::format("{} facts for {} nodes", facts.size(), nodes.size()));
   }
@@ -55,27 +58,29 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
   // A container's worker gets only what enters the container (lib/container's policy).
   const contract::Env inherited = spec.container ? container::forwarded_into_container(forwarded, spec) : forwarded;
 
-  nlohmann::json out{{"job_id", job_id},
-                     {"world_size", world},
-                     {"nnodes", nodes.size()},
-                     {"master_addr", nodes.empty() ? "" : nodes[0].host},
-                     {"master_port", spec.store_port},
-                     {"nccl_ib_hca", job_ib_hca ? nlohmann::json(*job_ib_hca) : nlohmann::json(nullptr)},
-                     {"notes",
-                      {"the agent sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that carries "
-                       "the rendezvous on each node, unless the job sets them",
-                       "each node adds its own environment; only the launcher's forwarded variables are shown",
-                       "MASTER_ADDR is node rank 0's address as the launcher reaches it",
-                       "log and error files are shown under the agents' default --log-dir, /var/log/ddpctl"}}};
+  contract::DryRun run;
+  run.job_id = job_id;
+  run.world_size = world;
+  run.master_addr = master_addr;
+  run.master_port = spec.store_port;
   if (spec.store_port == 0)
-    out["notes"].push_back("store.port 0: node rank 0's agent picks MASTER_PORT when the job starts");
+    run.master_port = contract::run_time_value("the port node rank 0's agent picks for the store when the job starts");
+  if (job_ib_hca) run.nccl_ib_hca = *job_ib_hca;
+  run.notes = {
+      "the agent sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that carries "
+      "the rendezvous on each node, unless the job sets them",
+      "each node adds its own environment; only the launcher's forwarded variables are shown",
+      "MASTER_ADDR is node rank 0's address as the coordinator reaches it",
+      "log and error files are shown under the agents' default --log-dir, /var/log/ddpctl"};
+  if (spec.store_port == 0)
+    run.notes.push_back("store.port 0: node rank 0's agent picks MASTER_PORT when the job starts");
   if (spec.nccl_unique_id != jobspec::NcclUniqueId::off) {
-    out["notes"].push_back(
+    run.notes.push_back(
         "DDP_NCCL_UNIQUE_ID is made for every attempt by node rank 0's agent when it starts (where "
         "libnccl.so.2 loads there)");
   }
   if (spec.container) {
-    out["notes"].push_back(
+    run.notes.push_back(
         "container jobs: each agent adds its node's /dev/infiniband devices (not in facts files), "
         "labels ddpctl.owner with its own pid and start time (shown as 0-0), and gives the runtime "
         "client its own environment (only the launcher's forwarded variables are shown)");
@@ -90,7 +95,7 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
     node.local_world_size = nproc[i];
     node.rank_base = base;
     node.world_size = world;
-    node.master_addr = nodes[0].host;
+    node.master_addr = master_addr;
     node.master_port = spec.store_port;
     node.local_mode = false;
     // The agent's default --log-dir, in the folder of the job's user (lib/agent: <log_dir>/<user>/<job>).
@@ -99,7 +104,17 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
     // The job's PyTorch as the node's facts found it (ddpctl doctor --job FILE --json); the
     // system Python's versions.torch is not the job's and is not used.
     if (facts[i].python) node.torch_version = facts[i].python->torch;
-    const auto aeh = contract::async_error_handling(node.torch_version);
+    contract::DryRunNode n;
+    n.name = nodes[i].name;
+    n.hostname = facts[i].hostname;
+    n.node_rank = static_cast<int>(i);
+    n.rank_base = base;
+    n.python = facts[i].python ? facts::to_json(*facts[i].python) : nlohmann::json(nullptr);
+    n.async_error_handling = contract::async_error_handling(node.torch_version);
+    auto chosen = contract::scrub(inherited);
+    for (const auto& [k, v] : spec.env) chosen[k] = v;
+    n.flight_recorder = contract::flight_recorder(spec, node, chosen);
+    n.planned_from = inherited;
     auto plan = contract::make_plan(spec, node, inherited);
     if (!spec.binding.all_none()) {
       auto b = binding::plan_binding(facts[i], nproc[i], spec.binding);
@@ -112,16 +127,11 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
       if (facts[i].limits.memlock) host.memlock_hard = facts[i].limits.memlock->hard;
       container::wrap_plan(plan, spec, forwarded, host, 0, container::Owner{}, spec.workdir.value_or("/"));
     }
-    out["nodes"].push_back({{"node", nodes[i].name},
-                            {"node_rank", i},
-                            {"hostname", facts[i].hostname},
-                            {"rank_base", base},
-                            {"plan", contract::to_json(plan)},
-                            {"python", facts[i].python ? facts::to_json(*facts[i].python) : nlohmann::json(nullptr)},
-                            {"async_error_handling", {{"names", aeh.names}, {"why", aeh.why}}}});
+    n.plan = std::move(plan);
+    run.nodes.push_back(std::move(n));
     base += nproc[i];
   }
-  return out;
+  return contract::to_json(run, spec, show_env);
 }
 
 }  // namespace ddp::coordinator

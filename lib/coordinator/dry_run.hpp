@@ -6,7 +6,8 @@
 // and the same binding an agent lays on its ranks (launch/bind.hpp), with the job-wide
 // NCCL_IB_HCA of every node's IB devices. What only the live node knows is said, not guessed:
 // the socket interface (the agent picks the one that carries the rendezvous) and the node's own
-// environment (only the launcher's forwarded variables are shown).
+// environment (only the launcher's forwarded variables are shown). The JSON has the local dry
+// run's shape (contract/dry_run.hpp, proto/dry-run.schema.json).
 #pragma once
 
 #include "facts/model.hpp"
@@ -21,10 +22,13 @@
 
 namespace ddp::coordinator {
 
-// `facts` has one entry per node, in the nodes' order. Throws std::invalid_argument when a node
-// cannot run the job as planned (nproc_per_node: gpu on a node without GPUs).
+// `facts` has one entry per node, in the nodes' order. `master_addr`: node rank 0's address as
+// the run will give it (as the coordinator reaches that node), or contract::run_time_value(why)
+// where only the run can know it. show_env: as --show-env. Throws std::invalid_argument when a
+// node cannot run the job as planned (nproc_per_node: gpu on a node without GPUs).
 nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net::NodeEntry>& nodes,
                             const std::vector<facts::NodeFacts>& facts, const std::string& job_id,
-                            const std::map<std::string, std::string>& launcher_env);
+                            const std::map<std::string, std::string>& launcher_env, const std::string& master_addr,
+                            bool show_env = false);
 
 }  // namespace ddp::coordinator

@@ -42,6 +42,12 @@ std::vector<GatheredFacts> gather_facts(const std::vector<std::string>& nodes, c
                                      entries[i].port, reach.count() / 1000));
       }
       if (ec) return settle(i, fmt::format("cannot reach its agent at port {}: {}", entries[i].port, ec.message()));
+      boost::system::error_code peer_ec;
+      if (auto peer = s.remote_endpoint(peer_ec).address(); !peer_ec) {
+        if (peer.is_v6() && peer.to_v6().is_v4_mapped())
+          peer = asio::ip::make_address_v4(asio::ip::v4_mapped, peer.to_v6());
+        out[i].address = peer.to_string();
+      }
       proto::ClientConfig cc;
       cc.role = proto::Role::coordinator;
       cc.user = user;

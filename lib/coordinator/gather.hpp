@@ -18,6 +18,7 @@ struct GatheredFacts {
   std::string node;                     // the --nodes entry's name
   std::optional<nlohmann::json> facts;  // the agent's answer, in the facts model
   std::string error;                    // why there is none: unreachable, refused, timed out
+  std::string address;                  // the address its agent was reached at, as the coordinator names it
 };
 
 // Connecting to an agent and the handshake get at most this long (less when `timeout` is shorter):

@@ -6,6 +6,7 @@
 #include "common/strings.hpp"
 #include "container/container.hpp"
 #include "container/runtime.hpp"
+#include "contract/dry_run.hpp"
 #include "contract/flight_recorder.hpp"
 #include "control/paths.hpp"
 #include "control/server.hpp"
@@ -39,6 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -175,17 +177,42 @@ static contract::Plan make_attempt_plan(const LaunchOptions& opts, const contrac
   return plan;
 }
 
-nlohmann::json dry_run(LaunchOptions opts) {
+nlohmann::json dry_run(LaunchOptions opts, bool show_env) {
   auto node = resolve_node_context(opts, 0);
-  auto out = contract::to_json(make_attempt_plan(opts, node, own_environment(), container::read_host_layout(), 0));
-  out["python"] = opts.python ? facts::to_json(*opts.python) : nlohmann::json(nullptr);
-  const auto aeh = contract::async_error_handling(node.torch_version);
-  out["async_error_handling"] = {{"names", aeh.names}, {"why", aeh.why}};
-  auto chosen = contract::scrub(own_environment());
+  const auto inherited = own_environment();
+  contract::DryRunNode n;
+  n.name = n.hostname = node.node_name;
+  n.plan = make_attempt_plan(opts, node, inherited, container::read_host_layout(), 0);
+  n.planned_from = planning_env(opts.spec, inherited);
+  n.python = opts.python ? facts::to_json(*opts.python) : nlohmann::json(nullptr);
+  n.async_error_handling = contract::async_error_handling(node.torch_version);
+  auto chosen = contract::scrub(inherited);
   for (const auto& [k, v] : opts.spec.env) chosen[k] = v;
-  const auto fr = contract::flight_recorder(opts.spec, node, chosen);
-  out["flight_recorder"] = {{"on", !fr.env.empty()}, {"why", fr.why}};
-  return out;
+  n.flight_recorder = contract::flight_recorder(opts.spec, node, chosen);
+  contract::DryRun run;
+  run.job_id = opts.job_id;
+  run.world_size = node.world_size;
+  run.master_addr = node.master_addr;
+  run.notes.push_back("MASTER_ADDR is 127.0.0.1: a local job's store, served by ddpctl, listens on loopback");
+  if (node.master_port == 0) {
+    run.master_port = contract::run_time_value("a free port, which ddpctl picks when the job starts");
+  } else {
+    run.master_port = node.master_port;
+    if (!opts.spec.store_port_explicit) {
+      run.notes.push_back(
+          fmt::format("MASTER_PORT {} unless another job holds it when this one starts: then a free one "
+                      "(store.port or --master-port insists on it)",
+                      node.master_port));
+    }
+  }
+  // The job-wide NCCL_IB_HCA when ddpctl derived it (the binding's nic), not the job's own.
+  const auto& env0 = n.plan.ranks.at(0).env;
+  const bool job_sets_it =
+      std::any_of(opts.spec.env.begin(), opts.spec.env.end(), [](const auto& kv) { return kv.first == "NCCL_IB_HCA"; });
+  if (auto it = env0.find("NCCL_IB_HCA"); it != env0.end() && !job_sets_it && !n.planned_from.count("NCCL_IB_HCA"))
+    run.nccl_ib_hca = it->second;
+  run.nodes.push_back(std::move(n));
+  return contract::to_json(run, opts.spec, show_env);
 }
 
 namespace {

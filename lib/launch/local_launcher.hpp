@@ -41,8 +41,9 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt);
 // Python is the image's, which this launcher does not probe yet) or a facts file without one.
 std::optional<facts::PythonFacts> job_python(const LaunchOptions& opts);
 
-// `ddpctl launch --dry-run`: the plan as JSON; starts nothing, binds nothing.
-nlohmann::json dry_run(LaunchOptions opts);
+// `ddpctl launch --dry-run`: the plan as JSON (contract/dry_run.hpp's shape); starts nothing,
+// binds nothing. show_env: every variable of the ranks' environment, inherited ones included.
+nlohmann::json dry_run(LaunchOptions opts, bool show_env = false);
 
 // Runs the job to the end; returns ddpctl's exit status (0 only if every rank exited 0).
 int run_local(LaunchOptions opts);

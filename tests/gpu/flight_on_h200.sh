@@ -38,7 +38,7 @@ YAML
 "$PY" - "$work/dry.json" <<'PY' | tee "$out/flight_dry.txt"
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("flight_recorder:", json.dumps(d.get("flight_recorder")))
+print("flight_recorder:", json.dumps(d["nodes"][0].get("flight_recorder")))
 print("rank 0 env:", {k: v for k, v in d["ranks"][0]["env"].items() if "TORCH_NCCL" in k or "TORCH_FR" in k})
 PY
 check "dry-run: flight recorder on" 'grep -q "\"on\": true" "$out/flight_dry.txt"'

@@ -49,9 +49,10 @@ section "issue 22: the job's PyTorch as ddpctl sees it, and no warning caused by
   python3 - "$work/dry.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
-py = p["python"] or {}
+node = p["nodes"][0]
+py = node["python"] or {}
 print("dry-run python:", py.get("interpreter"), py.get("version"), "torch", py.get("torch"), "|", "async names:",
-      " ".join(p["async_error_handling"]["names"]))
+      " ".join(node["async_error_handling"]["names"]))
 PY
   "$B/ddpctl" doctor | sed -n '/^python/,/^$/p'
   logs=$(ls "$work"/logs/*/attempt-0/rank-*.log 2>/dev/null)

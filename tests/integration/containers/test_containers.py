@@ -242,7 +242,9 @@ def test_multi_node_dry_run_shows_every_ranks_runtime_argv(tmp_path):
     fixtures = SOURCE_DIR / "tests" / "fixtures" / "facts"
     job = write_job(tmp_path, f"nproc_per_node: gpu\ncommand: [python3, train.py]\n"
                               f"container: {{runtime: podman, image: {IMAGE}, mounts: ['./:/work'], workdir: /work}}\n")
-    r = subprocess.run([DDPCTL, "launch", "--dry-run", "--nodes", "a,b", "--job-id", "ctr-nodes-dry", "--facts",
+    # names that resolve nowhere, looked up (MASTER_ADDR) in a network namespace without a route
+    no_net = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--net", "--map-root-user"]
+    r = subprocess.run([*no_net, DDPCTL, "launch", "--dry-run", "--nodes", "a,b", "--job-id", "ctr-nodes-dry", "--facts",
                         f"{fixtures / 'dgx-a.json'},{fixtures / 'dgx-b.json'}", str(job)],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -250,7 +252,7 @@ def test_multi_node_dry_run_shows_every_ranks_runtime_argv(tmp_path):
     gpus = {n: [g["uuid"] for g in json.loads((fixtures / f"dgx-{n}.json").read_text())["gpus"]] for n in "ab"}
     seen = []
     for node in plan["nodes"]:
-        for rank in node["plan"]["ranks"]:
+        for rank in (r for r in plan["ranks"] if r["node"] == node["node"]):
             argv = rank["argv"]
             assert argv[:4] == ["podman", "run", "--rm", "--init"]
             assert argv[argv.index("--name") + 1] == f"ddpctl-ctr-nodes-dry-a0-r{rank['rank']}"

@@ -91,9 +91,10 @@ def test_the_dry_run_says_this_pytorch_has_no_flight_recorder(tmp_path):
                        timeout=60)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
-    torch = (plan.get("python") or {}).get("torch")
-    assert torch and torch.startswith("1."), plan.get("python")
-    assert plan["flight_recorder"]["on"] is False
-    assert torch in plan["flight_recorder"]["why"]
+    node = plan["nodes"][0]
+    torch = (node["python"] or {}).get("torch")
+    assert torch and torch.startswith("1."), node["python"]
+    assert node["flight_recorder"]["on"] is False
+    assert torch in node["flight_recorder"]["why"]
     assert not any(k.startswith("TORCH_NCCL_TRACE") or k.startswith("TORCH_NCCL_DEBUG_INFO")
                    for k in plan["ranks"][0]["env"])

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from ddptest import DDPCTL, PYTHON, SOURCE_DIR, alive, launch, read_pids, start_launch, wait_for, write_job
@@ -257,6 +258,45 @@ def test_dry_run_plans_and_starts_nothing(tmp_path):
     assert plan["ranks"][0]["argv"][0] == PYTHON
     assert "binding" in plan["ranks"][0]
     assert not (tmp_path / "started").exists() and not (tmp_path / "logs").exists()
+
+
+DRY_RUN_SCHEMA = json.loads((SOURCE_DIR / "proto" / "dry-run.schema.json").read_text())
+
+
+def test_dry_run_shows_what_ddpctl_sets_and_the_job_names_not_the_launchers_secrets(tmp_path):
+    """Dry runs get pasted into bug reports: a variable that only passes through from ddpctl's own
+    environment (a cloud key) is left out, counted and said to be, unless --show-env; what ddpctl
+    sets and what the job names (env:, env_forward:) are shown. The JSON has the --nodes shape."""
+    job = write_job(tmp_path, f"nproc_per_node: 2\ncommand: [{PYTHON}, train.py]\nenv: {{MY_SETTING: 'on'}}\n"
+                              "env_forward: [WANDB_*]\n")
+    env = dict(os.environ, AWS_SECRET_ACCESS_KEY="hunter2-not-for-bug-reports", WANDB_PROJECT="demo")
+    dry = [DDPCTL, "launch", "--dry-run", str(job), "--job-id", "dry-env"]
+    r = subprocess.run(dry, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "hunter2" not in r.stdout and "AWS_SECRET_ACCESS_KEY" not in r.stdout
+    plan = json.loads(r.stdout)
+    jsonschema.Draft202012Validator.check_schema(DRY_RUN_SCHEMA)
+    jsonschema.Draft202012Validator(DRY_RUN_SCHEMA).validate(plan)
+    assert plan["nnodes"] == 1 and plan["master_addr"] == "127.0.0.1" and len(plan["nodes"]) == 1
+    for rank in plan["ranks"]:
+        e = rank["env"]
+        assert e["RANK"] == str(rank["rank"]) and e["MASTER_ADDR"] == "127.0.0.1" and e["OMP_NUM_THREADS"] == "1"
+        assert e["MY_SETTING"] == "on" and e["WANDB_PROJECT"] == "demo"
+        assert "PATH" not in e and "HOME" not in e
+    assert plan["env"]["all"] is False and plan["env"]["left_out"] >= 3  # PATH, HOME and the key at least
+    assert f"{plan['env']['left_out']} more" in plan["notes"][0] and "--show-env" in plan["notes"][0]
+
+    r = subprocess.run(dry + ["--show-env"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    jsonschema.Draft202012Validator(DRY_RUN_SCHEMA).validate(plan)
+    assert plan["env"] == {"all": True, "left_out": 0}
+    assert plan["ranks"][0]["env"]["AWS_SECRET_ACCESS_KEY"] == "hunter2-not-for-bug-reports"
+    assert plan["ranks"][0]["env"]["PATH"] == env["PATH"]
+
+    r = subprocess.run([DDPCTL, "launch", "--show-env", str(job)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "--show-env is for --dry-run" in r.stderr, r.stderr
 
 
 def test_ranks_filter_and_log_files(tmp_path):

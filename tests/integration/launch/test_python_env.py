@@ -65,11 +65,11 @@ def test_dry_run_and_doctor_show_a_virtualenvs_torch(tmp_path):
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         plan = json.loads(r.stdout)
-        py = plan["python"]
+        py = plan["nodes"][0]["python"]
         assert py["interpreter"] == str(d / "bin" / "python3"), py
         assert py["source"] == "the command's program"
         assert py["version"].startswith("3.")
-        aeh = plan["async_error_handling"]
+        aeh = plan["nodes"][0]["async_error_handling"]
         rank_env = plan["ranks"][0]["env"]
         if torch:
             assert py["torch"].startswith(torch), py
@@ -102,7 +102,7 @@ def test_python_key_names_the_interpreter_of_a_shell_script(tmp_path):
     r = subprocess.run([DDPCTL, "launch", str(job), "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    py = json.loads(r.stdout)["python"]
+    py = json.loads(r.stdout)["nodes"][0]["python"]
     assert py["interpreter"] == f"{with_torch}/bin/python3" and py["torch"].startswith("1.13."), py
     assert py["source"].startswith("python: in "), py
 
@@ -111,7 +111,7 @@ def test_python_key_names_the_interpreter_of_a_shell_script(tmp_path):
     r = subprocess.run([DDPCTL, "launch", str(job), "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "set python:" in json.loads(r.stdout)["python"]["source"]
+    assert "set python:" in json.loads(r.stdout)["nodes"][0]["python"]["source"]
 
     # A wrong python: is an error with its place in the file.
     bad = write_job(tmp_path, "command: [sh, run.sh]\npython: [uv, 3]\n", name="bad.yaml")
