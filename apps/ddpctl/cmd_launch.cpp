@@ -1,5 +1,6 @@
 // ddpctl launch: parse the job file, apply flags, then dry-run or run locally.
 #include "agent/agent.hpp"
+#include "attempt/files.hpp"
 #include "commands.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -13,7 +14,6 @@
 #include "jobspec/flags.hpp"
 #include "jobspec/jobspec.hpp"
 #include "launch/local_launcher.hpp"
-#include "launch/report.hpp"
 #include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/token_file.hpp"

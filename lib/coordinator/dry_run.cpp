@@ -1,9 +1,9 @@
 #include "coordinator/dry_run.hpp"
 
+#include "attempt/bind.hpp"
 #include "binding/binding.hpp"
 #include "container/container.hpp"
 #include "contract/contract.hpp"
-#include "launch/bind.hpp"
 
 #include <fmt/format.h>
 

@@ -7,10 +7,11 @@
 // owner reaps children (SIGCHLD) and hands each reaped pid to on_reaped().
 #pragma once
 
+#include "attempt/attempt.hpp"
+#include "attempt/files.hpp"
+#include "attempt/report.hpp"
 #include "contract/contract.hpp"
-#include "launch/attempt.hpp"
 #include "launch/hang_sampler.hpp"
-#include "launch/report.hpp"
 #include "launch/stack_snapshot.hpp"
 #include "stacks/merge.hpp"
 #include "supervisor/cgroup.hpp"
@@ -26,9 +27,6 @@
 #include <vector>
 
 namespace ddp::launch {
-
-// The default of GroupOptions::stacks_budget: the coordinator's stop timeout allows for it.
-inline constexpr std::chrono::milliseconds kStacksBudget{2000};
 
 struct GroupOptions {
   int attempt = 0;
