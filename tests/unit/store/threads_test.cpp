@@ -62,11 +62,14 @@ TEST(StoreThreads, ManyClientsOnFourIoThreadsSetGetWaitAndAdd) {
         Request wait;
         wait.op = Op::wait;
         wait.keys = {key_of(next, s)};
+        // As a client does: a WAIT's answer is read before the next request (a request sent
+        // after an unanswered WAIT stands for a WAIT that timed out, fixtures/v1_wait_two_clients).
         cl.send(encode_request(Protocol::v1, req(Op::set, key_of(c, s), value_of(c, s))) +
-                encode_request(Protocol::v1, add) + encode_request(Protocol::v1, wait) +
-                encode_request(Protocol::v1, req(Op::get, key_of(next, s))));
+                encode_request(Protocol::v1, add));
         const auto a = cl.recv(8);
+        cl.send(encode_request(Protocol::v1, wait));
         const auto w = cl.recv(1);
+        cl.send(encode_request(Protocol::v1, req(Op::get, key_of(next, s))));
         const auto want = value_of(next, s);
         const auto g = cl.recv(8 + want.size());
         if (a.size() != 8 || w != std::string(1, '\0') || g.size() != 8 + want.size() ||
