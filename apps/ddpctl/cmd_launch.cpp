@@ -1,5 +1,6 @@
 // ddpctl launch: parse the job file and the flags, then dry-run or run locally, or hand a multi-node
 // launch to lib/multinode (its policy) and the coordinator.
+#include "attempt/files.hpp"
 #include "commands.hpp"
 #include "common/strings.hpp"
 #include "coordinator/client.hpp"
@@ -7,7 +8,6 @@
 #include "jobspec/flags.hpp"
 #include "jobspec/jobspec.hpp"
 #include "launch/local_launcher.hpp"
-#include "launch/report.hpp"
 #include "multinode/launch_plan.hpp"
 #include "multinode/reach.hpp"
 #include "net/connection.hpp"

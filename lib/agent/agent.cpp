@@ -8,6 +8,7 @@
 #include "agent/job_machine.hpp"
 #include "agent/preflight.hpp"
 #include "agent/stdio_link.hpp"
+#include "attempt/bind.hpp"
 #include "binding/binding.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
@@ -19,7 +20,6 @@
 #include "contract/flight_recorder.hpp"
 #include "facts/discover.hpp"
 #include "jobspec/jobspec.hpp"
-#include "launch/bind.hpp"
 #include "launch/nccl_holder.hpp"
 #include "launch/worker_group.hpp"
 #include "net/acceptor.hpp"
@@ -309,7 +309,7 @@ class Agent {
     // The running round's exits as the shepherd reported them, for the machine's ReportExit.
     std::map<int, launch::WorkerExit> exits;
     std::optional<launch::RankFailure> first_failure;
-    std::optional<json> stacks;                // the round's, as the shepherd took them (launch/failure_stacks.hpp)
+    std::optional<json> stacks;                // the round's, as the shepherd took them (attempt/failure_stacks.hpp)
     std::shared_ptr<PreflightRun> preflight;   // until it joins (killed with the job): image, or Python
     std::optional<facts::PythonFacts> python;  // the job's interpreter here (lib/pyenv), for the contract
     json offer_t0_us;                          // the offer's coordinator time, echoed in the join

@@ -122,6 +122,21 @@ std::string records_dir() {
   return runtime_dir();
 }
 
+Ended ended_now(const std::string& job_id, const std::string& status, int exit_code, const std::string& logs,
+                const std::optional<std::string>& result_json) {
+  Ended e;
+  e.job_id = job_id;
+  e.status = status;
+  e.exit_code = exit_code;
+  e.ended_unix_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  e.logs = logs;
+  std::error_code ec;
+  e.result_json = result_json ? fs::absolute(*result_json, ec).string() : std::string();
+  return e;
+}
+
 nlohmann::json to_json(const Ended& e) {
   nlohmann::json files = nlohmann::json::array();
   for (const auto& [rank, path] : e.files) files.push_back({{"rank", rank}, {"path", path}});

@@ -47,6 +47,10 @@ struct Ended {
   std::string result_json;                         // empty: none was written
   std::vector<std::pair<int, std::string>> files;  // (rank, path): the last attempt's log files
 };
+// The record of a job that ends now; `result_json` made absolute (`ddpctl status` reads it from
+// anywhere).
+Ended ended_now(const std::string& job_id, const std::string& status, int exit_code, const std::string& logs,
+                const std::optional<std::string>& result_json);
 // The record as JSON (what the file holds; `ddpctl status --json` shows it, less the files).
 nlohmann::json to_json(const Ended& e);
 // $XDG_STATE_HOME/ddpctl/jobs, else ~/.local/state/ddpctl/jobs (private folders, created), else

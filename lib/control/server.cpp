@@ -261,10 +261,10 @@ std::optional<std::string> Server::missing_ranks(const std::set<int>& wanted) co
   return ranks_outside(wanted, static_cast<int>(all.size()));
 }
 
-void Server::publish(int rank, supervisor::Stream stream, const std::string& line) {
+void Server::publish(int rank, Stream stream, const std::string& line) {
   for (const auto& c : clients_) {
     if (!c->follower || c->closed || (!c->filter.empty() && !c->filter.contains(rank))) continue;
-    c->send({{"rank", rank}, {"stream", stream == supervisor::Stream::out ? "out" : "err"}, {"line", line}}, true);
+    c->send({{"rank", rank}, {"stream", stream == Stream::out ? "out" : "err"}, {"line", line}}, true);
   }
 }
 

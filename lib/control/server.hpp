@@ -8,10 +8,10 @@
 // launcher, found when binding, is replaced).
 #pragma once
 
+#include "common/stream.hpp"
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "net/acceptor.hpp"
-#include "supervisor/output.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
@@ -48,7 +48,7 @@ class Server {
 
   const std::string& path() const { return path_; }
   // A worker's line, to every follower.
-  void publish(int rank, supervisor::Stream stream, const std::string& line);
+  void publish(int rank, Stream stream, const std::string& line);
   // The job is over: followers get {"end": result}; every client is closed once its queue is
   // written (at most 2 s: a stuck client must not hold the launcher's exit); nothing more is accepted.
   // `record`: the job's end record (paths.hpp; the provider's log files added), left before any

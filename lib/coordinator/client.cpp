@@ -1,10 +1,10 @@
 // ddpctl's side of a standing coordinator: submit_job and ControlRelay (client.hpp).
 #include "coordinator/client.hpp"
 
+#include "attempt/files.hpp"
 #include "common/log.hpp"
 #include "common/version.hpp"
 #include "coordinator/standing.hpp"
-#include "launch/report.hpp"
 #include "net/connection.hpp"
 #include "proto/delegation.hpp"
 #include "supervisor/output.hpp"

@@ -11,14 +11,14 @@
 
 #include "hang/progress.hpp"
 
+#include "attempt/files.hpp"
+#include "attempt/report.hpp"
 #include "binding/binding.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "control/paths.hpp"
 #include "control/server.hpp"
 #include "facts/consistency.hpp"
-#include "launch/report.hpp"
-#include "launch/worker_group.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "proto/clock_sync.hpp"
@@ -200,7 +200,8 @@ class Coordinator {
   rdzv::TimePoint now() const { return clock_.now(); }
 
   control::Ended end_record() const {
-    return launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+    return control::ended_now(report_.job_id, report_.status, report_.exit_code,
+                              fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
   }
 
   // ---- connections ----

@@ -17,10 +17,10 @@
 // it waited for (the rendezvous machine's messages).
 #pragma once
 
+#include "attempt/report.hpp"
 #include "common/duration.hpp"
 #include "common/log.hpp"
 #include "jobspec/jobspec.hpp"
-#include "launch/report.hpp"
 #include "net/dialer.hpp"
 #include "proto/keyring.hpp"
 #include "supervisor/output.hpp"

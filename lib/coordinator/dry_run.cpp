@@ -1,11 +1,11 @@
 #include "coordinator/dry_run.hpp"
 
+#include "attempt/bind.hpp"
 #include "binding/binding.hpp"
 #include "container/container.hpp"
 #include "contract/contract.hpp"
 #include "contract/dry_run.hpp"
 #include "contract/flight_recorder.hpp"
-#include "launch/bind.hpp"
 
 #include <fmt/format.h>
 

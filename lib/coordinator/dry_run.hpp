@@ -3,7 +3,7 @@
 //
 // Pure: the same rank assignment the rendezvous makes when every listed node joins (node ranks in
 // --nodes order, rank bases from each node's own worker count), the same environment contract
-// and the same binding an agent lays on its ranks (launch/bind.hpp), with the job-wide
+// and the same binding an agent lays on its ranks (attempt/bind.hpp), with the job-wide
 // NCCL_IB_HCA of every node's IB devices. What only the live node knows is said, not guessed:
 // the socket interface (the agent picks the one that carries the rendezvous) and the node's own
 // environment (only the launcher's forwarded variables are shown). The JSON has the local dry

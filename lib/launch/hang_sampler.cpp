@@ -1,6 +1,6 @@
 // See hang_sampler.hpp; what counts as progress is lib/hang/progress.hpp's.
 #include "launch/hang_sampler.hpp"
-#include "launch/failure_stacks.hpp"
+#include "attempt/files.hpp"
 
 #include "common/log.hpp"
 #include "common/strings.hpp"

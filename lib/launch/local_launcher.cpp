@@ -1,5 +1,9 @@
 #include "launch/local_launcher.hpp"
 
+#include "attempt/attempt.hpp"
+#include "attempt/bind.hpp"
+#include "attempt/files.hpp"
+#include "attempt/report.hpp"
 #include "binding/binding.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
@@ -14,11 +18,8 @@
 #include "facts/model.hpp"
 #include "hang/flight_gather.hpp"
 #include "hang/progress.hpp"
-#include "launch/attempt.hpp"
-#include "launch/bind.hpp"
 #include "launch/nccl_holder.hpp"
 #include "launch/port_holder.hpp"
-#include "launch/report.hpp"
 #include "launch/worker_group.hpp"
 #include "pyenv/probe.hpp"
 #include "store/peers.hpp"
@@ -140,7 +141,7 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
 }
 
 // The job's binding (lib/binding), planned for the --facts node when given (then this machine's
-// affinity mask does not narrow it), else for this one, and laid onto the plan (launch/bind.hpp).
+// affinity mask does not narrow it), else for this one, and laid onto the plan (attempt/bind.hpp).
 static void apply_binding(contract::Plan& plan, const LaunchOptions& opts) {
   const auto& want = opts.spec.binding;
   if (want.all_none()) return;
@@ -556,7 +557,8 @@ class LocalLauncher {
   }
 
   control::Ended end_record() const {
-    return launch::end_record(report_, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+    return control::ended_now(report_.job_id, report_.status, report_.exit_code,
+                              fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
   }
 
   void done() {

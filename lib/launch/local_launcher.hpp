@@ -1,4 +1,4 @@
-// The local launch: one node, no daemon. ddpctl itself plays coordinator, agent and shepherd:
+// The local launch: one node, no daemon. ddpctl itself plays coordinator and agent, and
 // it starts nproc_per_node workers with the environment contract, streams and files their
 // output, stops everyone at the first failure, restarts from checkpoint while restarts remain,
 // and leaves nothing running.

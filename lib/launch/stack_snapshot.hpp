@@ -9,8 +9,8 @@
 // an eventfd, so it may outlive this object and the io_context.
 #pragma once
 
+#include "attempt/files.hpp"
 #include "common/duration.hpp"
-#include "launch/failure_stacks.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>

@@ -1,16 +1,17 @@
-// One attempt's workers on one node: the shepherd's job. Spawns every rank of a plan, files and
+// One attempt's workers on one node (the worker group). Spawns every rank of a plan, files and
 // forwards their output, tracks exits, stops the whole tree (process groups, the attempt's
 // cgroup, and every descendant the launcher is subreaper of), and says when the attempt is over:
 // every rank reaped, nothing left running, every pipe drained.
 //
-// Used by the local launcher (ddpctl) and, per node, by the agent. It owns no signals: the
-// owner reaps children (SIGCHLD) and hands each reaped pid to on_reaped().
+// Used by the local launcher (ddpctl) and, per node, by the shepherd process (lib/shepherd). It
+// owns no signals: the owner reaps children (SIGCHLD) and hands each reaped pid to on_reaped().
 #pragma once
 
+#include "attempt/attempt.hpp"
+#include "attempt/files.hpp"
+#include "attempt/report.hpp"
 #include "contract/contract.hpp"
-#include "launch/attempt.hpp"
 #include "launch/hang_sampler.hpp"
-#include "launch/report.hpp"
 #include "launch/stack_snapshot.hpp"
 #include "stacks/merge.hpp"
 #include "supervisor/cgroup.hpp"
@@ -26,9 +27,6 @@
 #include <vector>
 
 namespace ddp::launch {
-
-// The default of GroupOptions::stacks_budget: the coordinator's stop timeout allows for it.
-inline constexpr std::chrono::milliseconds kStacksBudget{2000};
 
 struct GroupOptions {
   int attempt = 0;

@@ -12,7 +12,7 @@
 //                       first_failure {exit}                 the attempt is stopping because of it
 //                       finished {report}                    the attempt is over, nothing of it runs
 //                                                            (report.stacks: where the ranks were when
-//                                                            it was stopped, launch/failure_stacks.hpp)
+//                                                            it was stopped, attempt/failure_stacks.hpp)
 //                       stacks_read {id, ranks: [{rank, process}]}   the answer to 'stacks' (also after
 //                                                            the attempt ended); process: stacks::to_json
 //                       progress {idle_ms, stacks}           the hang watchdog: the node went idle
@@ -24,8 +24,8 @@
 // a large environment, fits; one output line is at most 64 KiB.
 #pragma once
 
+#include "attempt/report.hpp"
 #include "contract/contract.hpp"
-#include "launch/report.hpp"
 #include "launch/worker_group.hpp"
 #include "stacks/merge.hpp"
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common/safe_fs.hpp"
+#include "common/stream.hpp"
 
 #include <sys/types.h>
 
@@ -50,7 +51,7 @@ class LastLines {
   std::deque<std::string> lines_;
 };
 
-enum class Stream { out, err };
+using Stream = ddp::Stream;  // common/stream.hpp
 
 // One rank's log file: "2026-12-02T10:30:00.123Z out| text". Rotated once (to .1) at the cap,
 // so the newest output (the part that explains a failure) is always kept.

@@ -2,8 +2,8 @@
 // dumps before answering must still be within it, or the round reports it lost.
 #include "coordinator/coordinator.hpp"
 
+#include "attempt/failure_stacks.hpp"
 #include "hang/flight.hpp"
-#include "launch/worker_group.hpp"
 
 #include <gtest/gtest.h>
 

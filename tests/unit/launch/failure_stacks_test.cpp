@@ -1,8 +1,8 @@
 // The stacks of a failure report: bounds on what a job's memory can make us carry and print, the
 // wire form between shepherd, agent and coordinator, the report's lines, and the snapshot's
 // time budget and skip (a reader that blocks stands for a target whose memory is slow to read).
-#include "launch/failure_stacks.hpp"
-#include "launch/report.hpp"
+#include "attempt/failure_stacks.hpp"
+#include "attempt/report.hpp"
 #include "launch/stack_snapshot.hpp"
 
 #include <fmt/format.h>

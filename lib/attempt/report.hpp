@@ -1,12 +1,10 @@
 // What a user reads when a job ends: the first failure named, its last output and error file,
-// as text for the terminal and as JSON for --result-json.
+// as text for the terminal and as JSON for --result-json. Pure: reports in, text and JSON out
+// (reading error files and writing the result file: attempt/files.hpp).
 #pragma once
 
-#include "common/safe_fs.hpp"
-
-#include "control/paths.hpp"
-#include "launch/attempt.hpp"
-#include "launch/failure_stacks.hpp"
+#include "attempt/attempt.hpp"
+#include "attempt/failure_stacks.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -18,20 +16,13 @@ namespace ddp::launch {
 
 // A worker's TORCHELASTIC_ERROR_FILE, as torch.distributed.elastic's @record writes it:
 // {"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
-// Other JSON shapes are kept raw; a file over 1 MiB is not read.
+// Other JSON shapes are kept raw. Reading one is the edge's (attempt/files.hpp).
 struct ErrorFile {
   std::string path;
   std::string message;
   std::string traceback;
   std::string raw;  // when the shape is unknown
 };
-// A rank's TORCHELASTIC_ERROR_FILE, `name` in the attempt's folder: read only if it is a regular
-// file (not a link) of `owner_uid` (the job's user), at most kMaxErrorFileBytes; one that is not
-// is named in `raw`, unread. nullopt: there is none.
-inline constexpr std::size_t kMaxErrorFileBytes = 1u << 20;
-std::optional<ErrorFile> read_error_file(const safefs::Dir& dir, const std::string& name, uid_t owner_uid);
-// The same for a file of ours, in a folder of ours.
-std::optional<ErrorFile> read_error_file(const std::string& path);
 std::optional<ErrorFile> parse_error_file(const std::string& path, const std::string& content);
 
 struct RankFailure {
@@ -73,16 +64,6 @@ std::string format_attempt(const AttemptReport& a, int max_restarts);
 // message, which a frame bounds (1 MiB): the standing coordinator's job_result.
 enum class StacksDetail { kFull, kSummary };
 nlohmann::json to_json(const JobReport& r, StacksDetail stacks = StacksDetail::kFull);
-
-// --result-json: whether `path` can be written, checked before anything starts (its folder
-// exists and is writable, or the file is); the reason when not.
-std::optional<std::string> result_file_problem(const std::string& path);
-// Writes `report` (indented JSON) to `path`; the reason when it could not.
-std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report);
-
-// What the job's control socket leaves when the job is over (control/paths.hpp): `ddpctl status|logs JOB` read it.
-control::Ended end_record(const JobReport& report, const std::string& job_log_dir,
-                          const std::optional<std::string>& result_json);
 
 std::string format_time(SysTime t);  // "10:30:05.123" local time
 

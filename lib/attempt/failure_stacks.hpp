@@ -5,17 +5,16 @@
 // The stacks are read from the job's memory: every string and count in them is the job's to
 // choose. So they are bounded here, once, when read (frames, threads, bytes per string), and
 // again on the wire (kMaxWireBytes per node) and on the terminal (kSummaryGroups lines, the rest in
-// the file). One function reads a rank (read_rank_stacks): Python frames only, which root may read
-// in-process (lib/stacks); the privilege-separated native reader can replace it there.
+// the file). One function reads a rank (read_rank_stacks, attempt/files.hpp): Python frames only,
+// which root may read in-process (lib/stacks); the privilege-separated native reader can replace
+// it there. This header is pure; the reads and the files are attempt/files.hpp's.
 #pragma once
 
-#include "common/safe_fs.hpp"
 #include "stacks/merge.hpp"
 
 #include <nlohmann/json.hpp>
 
-#include <sys/types.h>
-
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,20 +27,15 @@ inline constexpr std::size_t kMaxStackString = 512;       // a function or file 
 inline constexpr std::size_t kMaxWireBytes = 256u << 10;  // one node's stacks in a message (frames are 1 MiB)
 inline constexpr std::size_t kMaxWireRanks = 4096;        // ranks of one node in a message
 inline constexpr std::size_t kSummaryGroups = 6;          // lines on the terminal; the rest in stacks.txt
+// The time the stacks are read in before the first signal (the worker group's default); the
+// coordinator's stop timeout allows for it.
+inline constexpr std::chrono::milliseconds kStacksBudget{2000};
 
 struct FailureStacks {
   std::vector<stacks::RankStacks> ranks;  // the ranks that were still running, by rank
   std::vector<std::string> notes;         // what was not read, and why (skipped, out of time)
   std::string file;                       // the full text (stacks.txt), empty: not written
 };
-
-// THE read of one rank for a failure report: Python frames only (no ptrace, nothing opened in
-// the target's name), bounded. Never throws.
-stacks::ProcessStacks read_rank_stacks(pid_t pid);
-
-// Field 22 of /proc/<pid>/stat: when the process started (clock ticks since boot), none when it
-// is gone. A pid's owner is checked by it around a read (stack_snapshot.hpp).
-std::optional<unsigned long long> process_start_time(pid_t pid);
 
 // Cuts `p` to the bounds above (the reader's own depth limit aside).
 void bound_stacks(stacks::ProcessStacks& p);
@@ -71,14 +65,5 @@ nlohmann::json report_json(const FailureStacks& s);
 inline constexpr std::size_t kSummaryMessageLines = 16;
 inline constexpr std::size_t kSummaryAttempts = 16;
 nlohmann::json stacks_summary_json(const FailureStacks& s, bool with_lines = true);
-
-// stacks.txt and stacks.json in the attempt's folder (written new, then renamed into place, never
-// through a link, given to `owner`). Returns the path of stacks.txt, or why it was not written.
-struct Written {
-  std::string path;
-  std::string error;
-};
-Written write_stacks_files(const safefs::Dir& dir, const std::optional<safefs::Owner>& owner, const FailureStacks& s,
-                           int world_size);
 
 }  // namespace ddp::launch

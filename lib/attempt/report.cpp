@@ -1,15 +1,8 @@
-#include "launch/report.hpp"
+#include "attempt/report.hpp"
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <cerrno>
-#include <cstring>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
 namespace ddp::launch {
@@ -33,34 +26,6 @@ std::optional<ErrorFile> parse_error_file(const std::string& path, const std::st
   }
   if (ef.message.empty() && ef.traceback.empty()) ef.raw = content;
   return ef;
-}
-
-std::optional<ErrorFile> read_error_file(const safefs::Dir& dir, const std::string& name, uid_t owner_uid) {
-  // The folder belongs to the job's user and the reader may be root: the rank may have put a
-  // link to a secret there. Only a regular file of the job's own user is read, bounded.
-  const auto path = dir.path_of(name);
-  auto r = safefs::read_owned(dir, name, owner_uid, kMaxErrorFileBytes);
-  switch (r.kind) {
-    case safefs::ReadResult::Kind::missing:
-      return std::nullopt;
-    case safefs::ReadResult::Kind::refused:
-      return ErrorFile{path, "", "", fmt::format("(error file not read: {})", r.reason)};
-    case safefs::ReadResult::Kind::too_big:
-      return ErrorFile{path, "", "", fmt::format("(error file of {} bytes not read)", r.size)};
-    case safefs::ReadResult::Kind::ok:
-      break;
-  }
-  return parse_error_file(path, r.text);
-}
-
-std::optional<ErrorFile> read_error_file(const std::string& path) {
-  const auto slash = path.rfind('/');
-  try {
-    const auto dir = safefs::Dir::open(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
-    return read_error_file(dir, slash == std::string::npos ? path : path.substr(slash + 1), ::geteuid());
-  } catch (const safefs::FsError&) {
-    return std::nullopt;
-  }
 }
 
 std::string format_time(SysTime t) {
@@ -202,51 +167,6 @@ nlohmann::json to_json(const JobReport& r, StacksDetail detail) {
                      {"attempts", attempts}};
   if (!r.message.empty()) out["message"] = r.message;
   return out;
-}
-
-std::optional<std::string> result_file_problem(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (path.empty()) return "no file named";
-  if (fs::is_directory(path, ec)) return fmt::format("{} is a folder", path);
-  if (fs::exists(path, ec)) {
-    if (::access(path.c_str(), W_OK) != 0) return fmt::format("{}: {}", path, std::strerror(errno));
-    return std::nullopt;
-  }
-  auto dir = fs::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  if (!fs::is_directory(dir, ec)) return fmt::format("{}: the folder {} does not exist", path, dir.string());
-  if (::access(dir.c_str(), W_OK) != 0)
-    return fmt::format("{}: cannot write in {}: {}", path, dir.string(), std::strerror(errno));
-  return std::nullopt;
-}
-
-control::Ended end_record(const JobReport& report, const std::string& job_log_dir,
-                          const std::optional<std::string>& result_json) {
-  control::Ended e;
-  e.job_id = report.job_id;
-  e.status = report.status;
-  e.exit_code = report.exit_code;
-  e.ended_unix_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  e.logs = job_log_dir;
-  std::error_code ec;
-  e.result_json =
-      result_json ? std::filesystem::absolute(*result_json, ec).string() : std::string();  // read from anywhere
-  return e;
-}
-
-std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report) {
-  // 0600: the first failure's output is the submitter's (a standing coordinator writes every user's).
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
-  safefs::Fd f(fd);
-  // replace: a byte of invalid UTF-8 that slipped into a note becomes U+FFFD, never a throw.
-  if (!safefs::write_all(fd, report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n")) {
-    return fmt::format("cannot write the result file {}: {}", path, std::strerror(errno));
-  }
-  return std::nullopt;
 }
 
 }  // namespace ddp::launch

@@ -1,15 +1,10 @@
 // See failure_stacks.hpp.
-#include "launch/failure_stacks.hpp"
+#include "attempt/failure_stacks.hpp"
 
 #include "common/strings.hpp"
 #include "common/text.hpp"
-#include "stacks/reader.hpp"
-#include "supervisor/cgroup.hpp"
 
 #include <fmt/format.h>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -111,22 +106,6 @@ void bound_stacks(stacks::ProcessStacks& p) {
   p.python = clean(p.python);
   if (p.errors.size() > 4) p.errors.resize(4);
   for (auto& e : p.errors) e = clean(e);
-}
-
-std::optional<unsigned long long> process_start_time(pid_t pid) {
-  if (pid <= 0) return std::nullopt;
-  safefs::Fd fd(::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (fd.get() < 0) return std::nullopt;
-  char buf[1024];  // comm is at most 16 bytes: the line is a few hundred
-  const auto n = ::read(fd.get(), buf, sizeof buf);
-  if (n <= 0) return std::nullopt;
-  return supervisor::start_time_from_stat(std::string_view(buf, static_cast<std::size_t>(n)));
-}
-
-stacks::ProcessStacks read_rank_stacks(pid_t pid) {
-  auto p = stacks::read_process(pid, {.python = true, .native = false});
-  bound_stacks(p);
-  return p;
 }
 
 json to_wire(const FailureStacks& s) {
@@ -281,34 +260,6 @@ json stacks_summary_json(const FailureStacks& s, bool with_lines) {
     }
   }
   return {{"summary", lines}, {"file", s.file}};
-}
-
-Written write_stacks_files(const safefs::Dir& dir, const std::optional<safefs::Owner>& owner, const FailureStacks& s,
-                           int world_size) {
-  // Each file is made new under a temporary name and renamed into place: a link or FIFO the job
-  // put under either name is replaced, never followed or written through.
-  auto put = [&](const std::string& name, const std::string& text) -> std::string {
-    const std::string tmp = "." + name + ".tmp";
-    try {
-      safefs::remove_in(dir, tmp);
-      auto fd = safefs::create_new(dir, tmp, owner);
-      if (!safefs::write_all(fd.get(), text)) {
-        safefs::remove_in(dir, tmp);
-        return fmt::format("cannot write {}", dir.path_of(tmp));
-      }
-      safefs::rename_in(dir, tmp, name);
-      return "";
-    } catch (const safefs::FsError& e) {
-      safefs::remove_in(dir, tmp);
-      return e.what();
-    }
-  };
-  auto j = report_json(s);
-  j["file"] = dir.path_of("stacks.txt");
-  if (auto err = put("stacks.txt", full_text(s, world_size)); !err.empty()) return {"", err};
-  if (auto err = put("stacks.json", j.dump(2, ' ', false, json::error_handler_t::replace) + "\n"); !err.empty())
-    return {"", err};
-  return {dir.path_of("stacks.txt"), ""};
 }
 
 }  // namespace ddp::launch

@@ -1,11 +1,6 @@
-#include "launch/report.hpp"
+#include "attempt/report.hpp"
 
 #include <gtest/gtest.h>
-
-#include <stdlib.h>
-
-#include <filesystem>
-#include <fstream>
 
 using namespace ddp::launch;
 
@@ -25,10 +20,6 @@ TEST(Report, KeepsUnknownShapesRaw) {
   EXPECT_EQ(ef->raw, "not json at all");
   auto ef2 = parse_error_file("/x", R"({"message": "plain"})");
   EXPECT_EQ(ef2->message, "plain");
-}
-
-TEST(Report, MissingErrorFile) {
-  EXPECT_FALSE(read_error_file("/nonexistent/e.json"));
 }
 
 TEST(Report, FormatNamesTheFirstFailure) {
@@ -57,18 +48,4 @@ TEST(Report, FormatNamesTheFirstFailure) {
   EXPECT_EQ(j["attempts"][0]["first_failure"]["exit_code"], 1);
   EXPECT_EQ(j["attempts"][0]["first_failure"]["error_file"]["message"], "ValueError: nan");
   EXPECT_EQ(j["attempts"][0]["exits"][0]["signal"], 15);
-}
-
-TEST(Report, AResultFileWithABadByteIsWrittenNotThrown) {
-  char tmpl[] = "/tmp/ddp-result-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
-  const auto path = dir + "/result.json";
-  nlohmann::json report{{"notes", {std::string("rank 0: \xff\xfe")}}};
-  std::optional<std::string> err;
-  EXPECT_NO_THROW(err = write_result_file(path, report));
-  EXPECT_FALSE(err) << *err;
-  std::ifstream f(path);
-  const auto back = nlohmann::json::parse(f);
-  EXPECT_EQ(back.at("notes").at(0).get<std::string>(), "rank 0: \xef\xbf\xbd\xef\xbf\xbd");
-  std::filesystem::remove_all(dir);
 }

@@ -1,4 +1,4 @@
-#include "launch/attempt.hpp"
+#include "attempt/attempt.hpp"
 
 #include <fmt/format.h>
 #include <string.h>

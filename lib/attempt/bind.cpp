@@ -1,4 +1,4 @@
-#include "launch/bind.hpp"
+#include "attempt/bind.hpp"
 
 #include <fmt/format.h>
 
