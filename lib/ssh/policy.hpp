@@ -82,6 +82,10 @@ Probe parse_probe(const std::string& output);
 // Where our binary goes: ~/.cache/ddpctl/<sha256>/ddp-agentd (relative to the home directory,
 // which is where SFTP and exec requests start).
 std::string cache_dir(const std::string& sha256);
+// The shell command that receives a file on its stdin into ~/remote_dir/name when the node's sshd
+// has no SFTP subsystem: directories made 0700 (umask), written under a temporary name, then
+// renamed over the destination, so a half-written file is never run. POSIX sh.
+std::string exec_upload_command(const std::string& remote_dir, const std::string& name);
 std::string cached_agent(const std::string& sha256);
 
 struct AgentChoice {

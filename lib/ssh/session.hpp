@@ -13,6 +13,7 @@
 #include <libssh/libssh.h>
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 
 namespace ddp::ssh {
@@ -46,9 +47,12 @@ class Session {
   std::string authenticate();
   // Runs a command to its end (bounded by the timeout); throws std::runtime_error.
   ExecResult exec(const std::string& command);
-  // Writes a local file to `remote_dir/name` (mode 0700, directories 0700) over SFTP, through a
-  // temporary name and a rename so a half-written file is never run; throws std::runtime_error.
-  void upload(const std::string& local_path, const std::string& remote_dir, const std::string& name);
+  // Writes a local file to `remote_dir/name` (relative to the home; mode 0700, directories 0700)
+  // through a temporary name and a rename, so a half-written file is never run. Over SFTP when the
+  // node's sshd has the subsystem, else through an exec channel running exec_upload_command()
+  // (policy.hpp) with the file on its stdin. Throws std::runtime_error.
+  enum class UploadVia { sftp, exec };
+  UploadVia upload(const std::string& local_path, const std::string& remote_dir, const std::string& name);
   // Starts a command and returns its open channel (owned by the caller: close_channel()).
   ssh_channel start(const std::string& command);
   static void close_channel(ssh_channel channel);
@@ -61,6 +65,7 @@ class Session {
 
  private:
   ssh_session s_ = nullptr;
+  void upload_exec(std::istream& in, const std::string& remote_dir, const std::string& name);
   Millis timeout_{15000};
 };
 

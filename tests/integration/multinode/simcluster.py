@@ -313,9 +313,10 @@ class Cluster:
             with open(os.path.join(h.home, ".ssh", "authorized_keys"), "w") as f:
                 f.write(pub)
 
-    def start_sshd(self, host, port=22, agent_on_path=True):
+    def start_sshd(self, host, port=22, agent_on_path=True, sftp=True):
         """A key-only sshd on host:port. agent_on_path: ~/.ssh/environment puts the run's bin folder
-        (our ddp-agentd) on the PATH of its sessions; else the node has no agent."""
+        (our ddp-agentd) on the PATH of its sessions; else the node has no agent. sftp=False: no
+        'Subsystem sftp' line, as hardened images ship."""
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation folder
         d = os.path.join(self.dir, f"sshd-{host.name}")
         os.makedirs(d, exist_ok=True)
@@ -327,7 +328,7 @@ class Cluster:
             f.write(f"Port {port}\nListenAddress {host.addr}\nHostKey {hostkey}\nPidFile none\n"
                     "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
                     "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\nPermitUserEnvironment yes\n"
-                    "Subsystem sftp internal-sftp\nLogLevel VERBOSE\n")
+                    + ("Subsystem sftp internal-sftp\n" if sftp else "") + "LogLevel VERBOSE\n")
         env = os.path.join(host.home, ".ssh", "environment")
         if agent_on_path:
             with open(env, "w") as f:

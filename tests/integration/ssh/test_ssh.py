@@ -456,3 +456,24 @@ def test_advertise_addr_behind_nat_fails_naming_the_node_and_leaves_nothing(clus
     assert time.time() - started < 60
     assert dropped() > 0
     assert wait_nothing_left(c, hosts) == {}
+
+
+def test_node_without_sftp_gets_the_agent_through_an_exec_channel(cluster):
+    """Issue 26: a hardened sshd without 'Subsystem sftp' still gets our agent (before: the launch
+    failed with 'SFTP is not available'), checked by its hash as an SFTP upload is."""
+    c = cluster
+    n1, n2 = c.hosts[:2]
+    c.start_sshd(n1)
+    c.start_sshd(n2, agent_on_path=False, sftp=False)
+    c.trust([n1, n2])
+    worker = c.write("worker.py", WORKER)
+    rc, out, err = finish(c.launch_ssh(job(c, "nosftp", [PY, worker]), hosts=[n1, n2]), timeout=120)
+    assert rc == 0, out + err
+    assert sorted(contracts(out)) == [0, 1], out + err
+    assert "n2: its sshd has no SFTP subsystem; sent the agent through a plain exec channel" in err, err
+    sha = hashlib.sha256(open(os.path.join(c.bin, "ddp-agentd"), "rb").read()).hexdigest()
+    cached = os.path.join(n2.home, ".cache", "ddpctl", sha, "ddp-agentd")
+    assert hashlib.sha256(open(cached, "rb").read()).hexdigest() == sha
+    assert os.stat(cached).st_mode & 0o777 == 0o700
+    assert not os.path.exists(os.path.join(n2.home, ".cache", "ddpctl", sha, ".ddp-agentd.part"))
+    assert wait_nothing_left(c, [n1, n2]) == {}

@@ -3,7 +3,15 @@
 // answer, and the stderr line splitter.
 #include "ssh/policy.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 using namespace ddp::ssh;
 using ddp::Millis;
@@ -164,4 +172,49 @@ TEST(Relay, KeepsTheAgentsLevelAndMarksOtherLinesAsWarnings) {
   auto other = relay_line("sh: 1: ddp-agentd: not found");
   EXPECT_EQ(other.level, RelayedLine::Level::warn);
   EXPECT_EQ(other.text, "sh: 1: ddp-agentd: not found");
+}
+
+// The no-SFTP upload command, run by a real sh with a scratch HOME: the bytes land at the
+// destination, 0700, through the temporary name (none left), replacing an older file, and a
+// directory name with shell metacharacters is data, not code.
+TEST(Commands, ExecUploadWritesTheFileWithoutSftp) {
+  char tmpl[] = "/tmp/ddp-upload-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string home = tmpl;
+  auto run = [&](const std::string& dir, const std::string& bytes) {
+    const auto script = home + "/run.sh";
+    {
+      std::ofstream f(script);
+      f << exec_upload_command(dir, "ddp-agentd") << "\n";
+    }
+    const auto cmd = fmt::format("HOME={} sh {} < {}/in", shell_quote(home), shell_quote(script), shell_quote(home));
+    {
+      std::ofstream f(home + "/in", std::ios::binary);
+      f << bytes;
+    }
+    return std::system(cmd.c_str());
+  };
+  auto read = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  std::string payload(100000, '\0');
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7);
+  ASSERT_EQ(run(".cache/ddpctl/abc", payload), 0);
+  const auto dest = home + "/.cache/ddpctl/abc/ddp-agentd";
+  EXPECT_EQ(read(dest), payload);
+  struct stat st {};
+  ASSERT_EQ(::stat(dest.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat((home + "/.cache/ddpctl/abc").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_NE(::access((home + "/.cache/ddpctl/abc/.ddp-agentd.part").c_str(), F_OK), 0);
+  // A second upload replaces the first.
+  ASSERT_EQ(run(".cache/ddpctl/abc", "new"), 0);
+  EXPECT_EQ(read(dest), "new");
+  // Metacharacters in the folder name are not run.
+  ASSERT_EQ(run("odd $(touch pwned) ';x", "z"), 0);
+  EXPECT_EQ(read(home + "/odd $(touch pwned) ';x/ddp-agentd"), "z");
+  EXPECT_NE(::access((home + "/pwned").c_str(), F_OK), 0);
+  std::filesystem::remove_all(home);
 }
