@@ -46,7 +46,7 @@ void LastLines::add(std::string line) {
   while (lines_.size() > max_) lines_.pop_front();
 }
 
-static std::string utc_timestamp() {
+std::string utc_timestamp() {
   auto now = std::chrono::system_clock::now();
   auto secs = std::chrono::system_clock::to_time_t(now);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;

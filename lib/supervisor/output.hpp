@@ -60,6 +60,10 @@ enum class Stream { out, err };
 // the first byte (common/safe_fs.hpp), given to its owner through the fd, and rotation renames
 // within the folder and creates the new file with O_EXCL. A file that cannot be opened so is
 // not written at all (error() says why).
+// Now as a rank log line begins: "2026-12-04T20:44:11.123Z" (UTC, milliseconds; fixed width, so
+// lines sort by it as text).
+std::string utc_timestamp();
+
 class RankLogFile {
  public:
   // `owner`: the (uid, gid) the file (and each rotated successor) is given, for workers that
