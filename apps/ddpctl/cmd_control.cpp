@@ -153,9 +153,10 @@ std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc, b
     if (fd < 0 && errno == ECONNREFUSED) ::unlink(path.c_str());
     return fd;
   };
-  // The running jobs the name may mean: only their sockets are dialled.
+  // The running jobs the name may mean (ids it begins): only their sockets are dialled.
   std::vector<Target> live;
-  for (const auto& id : control::match_job(control::socket_jobs(dir), job)) {
+  for (const auto& id : control::socket_jobs(dir)) {
+    if (!id.starts_with(job)) continue;
     const int fd = try_job(id);
     if (fd >= 0) live.push_back({id, fd});
   }
