@@ -3,6 +3,8 @@
 // coordinator that relays the same conversation (coordinator/client.hpp). Blocking I/O: a CLI
 // talking to one socket.
 #include "commands.hpp"
+#include "common/stream.hpp"
+#include "control/log_merge.hpp"
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "coordinator/client.hpp"
@@ -21,11 +23,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -80,6 +85,7 @@ struct ControlArgs {
   std::string job;
   bool json_out = false;
   bool follow = false;
+  bool timestamps = false;
   std::string ranks;
   std::string coordinator;
   std::string token_file;
@@ -107,8 +113,11 @@ std::optional<Target> relay_job(const ControlArgs& a, const char* cmd, int& rc) 
   }
 }
 
-// The job named, or the only one running; otherwise says what runs and returns nullopt (exit code in `rc`).
-std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
+// The job named (its id or any prefix that names one job only), or without a name the only one
+// running, else the one that ended last; otherwise says what there is and returns nullopt (exit
+// code in `rc`). `defaulted` says the job was chosen for the user (no id given).
+std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc, bool* defaulted = nullptr) {
+  if (defaulted) *defaulted = false;
   if (!a.coordinator.empty()) return relay_job(a, cmd, rc);
   if (a.tls) {
     std::cerr << fmt::format(
@@ -125,6 +134,13 @@ std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
     rc = 2;
     return std::nullopt;
   }
+  std::string records;
+  std::vector<std::string> ended;  // newest first
+  try {
+    records = control::records_dir();
+    ended = control::ended_jobs(records);
+  } catch (const control::ControlError&) {  // no record of ended jobs: only running ones are found
+  }
   auto try_job = [&](const std::string& id) -> int {
     std::string path;
     try {
@@ -137,36 +153,104 @@ std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc) {
     if (fd < 0 && errno == ECONNREFUSED) ::unlink(path.c_str());
     return fd;
   };
-  if (!job.empty()) {
-    const int fd = try_job(job);
-    if (fd < 0) {
-      if (ddp::jobspec::valid_job_id(job)) {
-        try {
-          if (auto e = control::read_ended(control::records_dir(), job)) return Target{job, -1, nullptr, std::move(e)};
-        } catch (const control::ControlError&) {
-        }
-      }
-      std::cerr << fmt::format("ddpctl {}: job {} is not running here (no live control socket in {})\n", cmd, job, dir);
-      rc = 1;
-      return std::nullopt;
-    }
-    return Target{job, fd};
-  }
+  // The running jobs the name may mean (ids it begins): only their sockets are dialled.
   std::vector<Target> live;
   for (const auto& id : control::socket_jobs(dir)) {
+    if (!id.starts_with(job)) continue;
     const int fd = try_job(id);
     if (fd >= 0) live.push_back({id, fd});
   }
-  if (live.size() == 1) return live.front();
-  for (auto& t : live) ::close(t.fd);
-  if (live.empty()) {
-    std::cerr << fmt::format("ddpctl {}: no job of yours is running (control sockets live in {})\n", cmd, dir);
+  auto close_all = [&] {
+    for (auto& t : live) ::close(t.fd);
+  };
+  auto as_ended = [&](const std::string& id) -> std::optional<Target> {
+    if (auto e = control::read_ended(records, id)) return Target{id, -1, nullptr, std::move(e)};
+    return std::nullopt;
+  };
+  auto listing = [&](const std::vector<std::string>& ids) {
+    constexpr std::size_t kShown = 10;
+    std::string out;
+    for (std::size_t i = 0; i < ids.size() && i < kShown; ++i) {
+      const bool runs = std::any_of(live.begin(), live.end(), [&](const Target& t) { return t.job_id == ids[i]; });
+      out += fmt::format("  {}{}\n", ids[i], runs ? " (running)" : "");
+    }
+    if (ids.size() > kShown) out += fmt::format("  ... and {} more\n", ids.size() - kShown);
+    return out;
+  };
+  if (job.empty()) {
+    if (live.size() == 1) return live.front();
+    if (live.size() > 1) {
+      std::vector<std::string> ids;
+      for (const auto& t : live) ids.push_back(t.job_id);
+      std::cerr << fmt::format("ddpctl {}: {} jobs are running; name one (any unique beginning of its id will do):\n{}",
+                               cmd, live.size(), listing(ids));
+      close_all();
+      rc = 2;
+      return std::nullopt;
+    }
+    // Nothing runs: the job that ended last (a record that cannot be read is passed over).
+    for (const auto& id : ended) {
+      if (auto t = as_ended(id)) {
+        if (defaulted) *defaulted = true;
+        return t;
+      }
+    }
+    std::cerr << fmt::format(
+        "ddpctl {}: no job of yours is running (control sockets live in {}), and none has ended in the last 30 "
+        "days{}\n",
+        cmd, dir, records.empty() ? "" : fmt::format(" (records in {})", records));
     rc = 1;
-  } else {
-    std::cerr << fmt::format("ddpctl {}: {} jobs are running; name one:\n", cmd, live.size());
-    for (const auto& t : live) std::cerr << "  " << t.job_id << "\n";
-    rc = 2;
+    return std::nullopt;
   }
+  // A name: a running job's id, an ended job's, or the beginning of exactly one of them.
+  std::vector<std::string> ids;
+  for (const auto& t : live) ids.push_back(t.job_id);
+  ids.insert(ids.end(), ended.begin(), ended.end());
+  const auto matches = control::match_job(ids, job);
+  if (matches.size() == 1) {
+    for (auto& t : live) {
+      if (t.job_id != matches.front()) continue;
+      auto found = t;
+      t.fd = -1;
+      close_all();
+      return found;
+    }
+    close_all();
+    if (auto t = as_ended(matches.front())) return t;
+    std::cerr << fmt::format("ddpctl {}: job {} is not running here, and its end record in {} cannot be read\n", cmd,
+                             matches.front(), records);
+    rc = 1;
+    return std::nullopt;
+  }
+  if (matches.size() > 1) {
+    std::cerr << fmt::format("ddpctl {}: '{}' begins {} job ids; type more of the one you mean:\n{}", cmd, job,
+                             matches.size(), listing(matches));
+    close_all();
+    rc = 2;
+    return std::nullopt;
+  }
+  close_all();
+  // None: what there is instead (the running jobs, then those that ended, newest first).
+  std::vector<std::string> running;
+  for (const auto& id : control::socket_jobs(dir)) {
+    const int fd = try_job(id);
+    if (fd >= 0) {
+      running.push_back(id);
+      ::close(fd);
+    }
+  }
+  auto some = [](const std::vector<std::string>& v) {
+    constexpr std::size_t kShown = 10;
+    if (v.empty()) return std::string("none");
+    std::vector<std::string> shown(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(v.size(), kShown)));
+    return fmt::format("{}{}", fmt::join(shown, ", "),
+                       v.size() > kShown ? fmt::format(" and {} more", v.size() - kShown) : std::string());
+  };
+  std::cerr << fmt::format(
+      "ddpctl {}: job {} is not running here, and no job id here begins with it (running: {}; ended in the last 30 "
+      "days, newest first: {})\n",
+      cmd, job, some(running), some(ended));
+  rc = 1;
   return std::nullopt;
 }
 
@@ -221,7 +305,8 @@ std::optional<json> ask(LineReader& r, const control::Request& req, const char* 
 
 int run_status(const ControlArgs& a) {
   int rc = 0;
-  auto t = find_job(a, "status", rc);
+  bool defaulted = false;
+  auto t = find_job(a, "status", rc, &defaulted);
   if (!t) return rc;
   if (t->ended) {
     const auto& e = *t->ended;
@@ -231,7 +316,8 @@ int run_status(const ControlArgs& a) {
       j["state"] = "ended";
       std::cout << j.dump(2) << "\n";
     }
-    std::cerr << fmt::format("ddpctl status: {}\n", describe_ended(e));
+    std::cerr << fmt::format("ddpctl status: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
+                             describe_ended(e));
     return 1;  // not running
   }
   LineReader r(t->fd);
@@ -246,10 +332,12 @@ int run_status(const ControlArgs& a) {
 
 int run_stop(const ControlArgs& a) {
   int rc = 0;
-  auto t = find_job(a, "stop", rc);
+  bool defaulted = false;
+  auto t = find_job(a, "stop", rc, &defaulted);
   if (!t) return rc;
   if (t->ended) {
-    std::cerr << fmt::format("ddpctl stop: nothing to stop: {}\n", describe_ended(*t->ended));
+    std::cerr << fmt::format("ddpctl stop: nothing to stop: {}{}\n",
+                             defaulted ? "no job of yours is running; the last one: " : "", describe_ended(*t->ended));
     return 1;
   }
   LineReader r(t->fd);
@@ -263,16 +351,20 @@ int run_stop(const ControlArgs& a) {
   return 0;
 }
 
-// A rank's log file as `[rank] line`, its first `limit` bytes; false when it cannot be read.
-bool print_log_file(int rank, const std::string& path, std::uint64_t limit = UINT64_MAX) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::string line;
-  while (limit > 0 && std::getline(in, line)) {
-    limit -= std::min<std::uint64_t>(limit, line.size() + 1);
-    if (auto l = control::parse_log_line(line)) std::cout << fmt::format("[{}] {}\n", rank, l->text);
-  }
-  return true;
+// "[rank] text", or with --timestamps "<UTC time> [rank] text".
+void print_line(bool timestamps, const std::string& time, int rank, const std::string& text) {
+  if (timestamps)
+    std::cout << fmt::format("{} [{}] {}\n", time, rank, text);
+  else
+    std::cout << fmt::format("[{}] {}\n", rank, text);
+}
+
+// The ranks' files merged by time (LogMerge), each read up to its limit.
+void print_merged(std::vector<control::LogMerge::Source> sources, bool timestamps) {
+  control::LogMerge merge(std::move(sources));
+  while (auto l = merge.next()) print_line(timestamps, l->time, l->rank, l->text);
+  std::cout.flush();
+  for (const auto& u : merge.unreadable()) std::cerr << "ddpctl logs: " << u << "\n";
 }
 
 int run_logs(const ControlArgs& a) {
@@ -286,7 +378,8 @@ int run_logs(const ControlArgs& a) {
     }
   }
   int rc = 0;
-  auto t = find_job(a, "logs", rc);
+  bool defaulted = false;
+  auto t = find_job(a, "logs", rc, &defaulted);
   if (!t) return rc;
   if (t->ended) {  // the last attempt's files, as the launcher listed them when the job ended
     const auto& files = t->ended->files;
@@ -294,27 +387,39 @@ int run_logs(const ControlArgs& a) {
       std::cerr << fmt::format("ddpctl logs: {}\n", *outside);
       return 1;
     }
+    // Which job these lines are, before them (the user did not name it, or it is over).
+    std::cerr << fmt::format("ddpctl logs: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
+                             describe_ended(*t->ended))
+              << std::flush;
+    std::vector<control::LogMerge::Source> sources;
     for (const auto& [rank, path] : files) {
       if (!req.ranks.empty() && !req.ranks.contains(rank)) continue;
-      if (!print_log_file(rank, path)) std::cerr << fmt::format("ddpctl logs: rank {}: cannot read {}\n", rank, path);
+      // A rank file rotated once (logs.max_size) keeps its older lines in <file>.1.
+      std::vector<control::LogMerge::File> chain;
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(path + ".1", ec)) chain.push_back({path + ".1"});
+      chain.push_back({path});
+      sources.push_back({rank, std::move(chain)});
     }
-    std::cout.flush();
-    std::cerr << fmt::format("ddpctl logs: {}\n", describe_ended(*t->ended));
+    print_merged(std::move(sources), a.timestamps);
     return 0;
   }
   LineReader r(t->fd);
   auto reply = ask(r, req, "logs");
   if (!reply) return 1;
   t->job_id = reply->value("job_id", t->job_id);
-  // What the files held when we asked; with -f, the stream carries on from exactly there.
+  // What the files held when we asked, merged by time; with -f, the stream carries on from exactly there.
+  std::vector<control::LogMerge::Source> sources;
   for (const auto& f : (*reply)["files"]) {
-    print_log_file(f.value("rank", -1), f.value("path", ""), f.value("size", std::uint64_t{0}));
+    sources.push_back({f.value("rank", -1), {{f.value("path", ""), f.value("size", std::uint64_t{0})}}});
   }
-  std::cout.flush();
+  print_merged(std::move(sources), a.timestamps);
   // Without -f a launcher closes now; a coordinator first sends its files' lines inline.
   while (auto m = r.next()) {
     if (m->contains("line")) {
-      std::cout << fmt::format("[{}] {}\n", m->value("rank", -1), m->value("line", "")) << std::flush;
+      const auto time = m->contains("time") ? m->value("time", "") : ddp::utc_timestamp();
+      print_line(a.timestamps, time, m->value("rank", -1), m->value("line", ""));
+      std::cout.flush();
     } else if (m->contains("dropped")) {
       std::cerr << fmt::format("ddpctl logs: {} line(s) skipped (we read too slowly; the log files have them)\n",
                                m->value("dropped", 0));
@@ -410,17 +515,24 @@ std::vector<Command> add_control_commands(CLI::App& root) {
   std::vector<Command> out;
   auto* status =
       root.add_subcommand("status", "a running job: nodes, ranks, pids, restarts, last output, store waiters");
-  status->add_option("job", args->job, "job id (default: the only job of yours that runs)");
+  status->add_option("job", args->job,
+                     "job id, or any beginning of it that names one job (default: the only job of yours that runs, "
+                     "else the one that ended last)");
   status->add_flag("--json", args->json_out, "the status document as JSON");
   out.push_back({status, [args] { return run_status(*args); }});
-  auto* logs = root.add_subcommand("logs", "a running job's output from its per-rank log files");
-  logs->add_option("job", args->job, "job id (default: the only job of yours that runs)");
+  auto* logs =
+      root.add_subcommand("logs", "a job's output from its per-rank log files, the ranks' lines merged by time");
+  logs->add_option("job", args->job,
+                   "job id, or any beginning of it that names one job (default: the only job of yours that runs, else "
+                   "the one that ended last)");
   logs->add_flag("-f,--follow", args->follow, "then follow the live output until the job ends");
   logs->add_option("--ranks", args->ranks, "only these ranks, e.g. 0,3 or 4-7");
+  logs->add_flag("--timestamps", args->timestamps, "begin each line with the UTC time it was written");
   out.push_back({logs, [args] { return run_logs(*args); }});
   auto* stop =
       root.add_subcommand("stop", "stop a running job as Ctrl-C would (SIGTERM, grace, SIGKILL); waits for its end");
-  stop->add_option("job", args->job, "job id (default: the only job of yours that runs)");
+  stop->add_option("job", args->job,
+                   "job id, or any beginning of it that names one job (default: the only job of yours that runs)");
   out.push_back({stop, [args] { return run_stop(*args); }});
   for (auto* cmd : {status, logs, stop}) {
     cmd->add_option(

@@ -364,11 +364,16 @@ Command add_launch_command(CLI::App& root) {
               return 2;
             }
             if (auto rc = maybe_run_multi_node(*args, opts.spec)) return *rc;
-            if (args->detach || !args->coordinator.empty()) {
-              std::cerr << fmt::format(
-                  "ddpctl launch: {} needs --nodes (or hosts: in the job file); a local launch "
-                  "runs in the foreground\n",
-                  args->detach ? "--detach" : "--coordinator");
+            if (args->detach) {
+              std::cerr << "ddpctl launch: --detach needs --nodes (or hosts: in the job file); a local launch runs "
+                           "in the foreground. To leave one running without this terminal: `setsid -f ddpctl launch "
+                           "ARGS >job.out 2>&1 </dev/null` (your arguments less --detach); `ddpctl status`, `logs` "
+                           "and `stop` reach it as any local job\n";
+              return 2;
+            }
+            if (!args->coordinator.empty()) {
+              std::cerr << "ddpctl launch: --coordinator needs --nodes (or hosts: in the job file): a standing "
+                           "coordinator runs jobs on agents; a local launch runs in the foreground\n";
               return 2;
             }
             if (args->nproc) opts.spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args->nproc};

@@ -201,4 +201,32 @@ std::optional<Ended> read_ended(const std::string& dir, const std::string& job_i
   }
 }
 
+std::vector<std::string> ended_jobs(const std::string& dir) {
+  std::vector<std::pair<fs::file_time_type, std::string>> found;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir, ec)) {
+    const auto name = f.path().filename().string();
+    if (name.size() <= kEndedSuffix.size() || !name.ends_with(kEndedSuffix) || !f.is_regular_file(ec)) continue;
+    const auto t = fs::last_write_time(f.path(), ec);
+    if (ec) continue;
+    found.emplace_back(t, name.substr(0, name.size() - kEndedSuffix.size()));
+  }
+  // Newest first; ties (records written in the same clock tick) by id, for a stable answer.
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  std::vector<std::string> out;
+  out.reserve(found.size());
+  for (auto& [t, id] : found) out.push_back(std::move(id));
+  return out;
+}
+
+std::vector<std::string> match_job(const std::vector<std::string>& ids, std::string_view typed) {
+  if (!typed.empty() && std::find(ids.begin(), ids.end(), typed) != ids.end()) return {std::string(typed)};
+  std::vector<std::string> out;
+  for (const auto& id : ids) {
+    if (id.starts_with(typed) && std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  }
+  return out;
+}
+
 }  // namespace ddp::control

@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -63,5 +64,13 @@ void record_ended(const std::string& dir, const Ended& e);
 void forget_ended(const std::string& dir, const std::string& job_id);
 // nullopt when there is none, or it is not one of ours (malformed).
 std::optional<Ended> read_ended(const std::string& dir, const std::string& job_id);
+// Job ids of the records in `dir`, the most recently written (ended) first; names only, nothing
+// parsed (at most a month of records: record_ended sweeps older ones).
+std::vector<std::string> ended_jobs(const std::string& dir);
+
+// What a job id the user typed names among `ids` (in their order, duplicates once): the id
+// itself when it is one of them, else every id it begins; empty when it names none. An empty
+// `typed` begins every id.
+std::vector<std::string> match_job(const std::vector<std::string>& ids, std::string_view typed);
 
 }  // namespace ddp::control

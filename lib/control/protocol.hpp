@@ -5,7 +5,8 @@
 //   server: status  {"ok": true, "status": {...}}                       then closes
 //           stop    {"ok": true, "stopping": true}                      then closes when the job has ended
 //           logs    {"ok": true, "files": [{"rank", "path", "size"}]}   the client reads each file up to
-//                   size; with follow, every later line {"rank", "stream", "line"}, {"dropped": n} when
+//                   size; with follow, every later line {"rank", "stream", "line", "time"} (time: UTC, as
+//                   the files write it; absent from older launchers), {"dropped": n} when
 //                   the client fell behind, and {"end": "<job result>"} before the close
 //           stacks  {"ok": true, "world_size": n, "ranks": [{"rank", "node", "process"}]}  then closes;
 //                   process: stacks::to_json(ProcessStacks); a rank (or node) that could not be read is

@@ -262,9 +262,11 @@ std::optional<std::string> Server::missing_ranks(const std::set<int>& wanted) co
 }
 
 void Server::publish(int rank, Stream stream, const std::string& line) {
+  std::string time;  // taken once, for the followers that are there
   for (const auto& c : clients_) {
     if (!c->follower || c->closed || (!c->filter.empty() && !c->filter.contains(rank))) continue;
-    c->send({{"rank", rank}, {"stream", stream == Stream::out ? "out" : "err"}, {"line", line}}, true);
+    if (time.empty()) time = utc_timestamp();
+    c->send({{"rank", rank}, {"stream", stream == Stream::out ? "out" : "err"}, {"line", line}, {"time", time}}, true);
   }
 }
 

@@ -63,6 +63,21 @@ std::string plain_address(const asio::ip::address& addr) {
   return a.to_string();
 }
 
+// Why a node's agent could not be dialled, with what to check: the error alone ("Connection
+// refused") does not say that it is the agent that is missing.
+std::string dial_failure(const boost::system::error_code& ec, std::uint16_t port) {
+  namespace e = asio::error;
+  if (ec == e::connection_refused)
+    return fmt::format("connection refused: is ddp-agentd running there, listening on port {}?", port);
+  if (ec == e::host_not_found || ec == e::host_not_found_try_again || ec == e::no_data)
+    return fmt::format("{}: is the host name in --nodes right?", ec.message());
+  if (ec == e::timed_out)
+    return fmt::format("no answer ({}): is the host up, and port {} open through its firewall?", ec.message(), port);
+  if (ec == e::host_unreachable || ec == e::network_unreachable)
+    return fmt::format("{}: is the host up and its address right?", ec.message());
+  return ec.message();
+}
+
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions opts)
@@ -153,6 +168,7 @@ class Coordinator {
     std::string image_digest;          // a container job's image as the node resolved it
     bool ever_joined = false;
     int dial_failures = 0;
+    std::string why_missing;  // the last reason it could not be reached (repeated while waiting)
     asio::steady_timer redial;
   };
 
@@ -216,6 +232,7 @@ class Coordinator {
             return fatal(d.error + "; stopping the nodes that did start");
           }
           log_->warn("{}; retrying", d.error);
+          n.why_missing = d.error;
           return schedule_redial(n);
         }
         n.address = d.address;
@@ -235,8 +252,9 @@ class Coordinator {
               [this, &n](boost::system::error_code ec, tcp::socket s) {
                 if (done_) return;
                 if (ec) {
+                  n.why_missing = dial_failure(ec, n.entry.port);
                   auto lvl = n.dial_failures == 0 ? spdlog::level::warn : spdlog::level::debug;
-                  log_->log(lvl, "{}: cannot reach the agent: {}; retrying", label(n), ec.message());
+                  log_->log(lvl, "{}: cannot reach the agent: {}; retrying", label(n), n.why_missing);
                   return schedule_redial(n);
                 }
                 connect(n, std::move(s));
@@ -351,6 +369,7 @@ class Coordinator {
     } else if (!was_established) {
       log_->debug("{}: {}", label(n), reason);
     }
+    if (!n.joined) n.why_missing = reason;
     schedule_redial(n);
   }
 
@@ -480,6 +499,7 @@ class Coordinator {
     n.joined = true;
     n.leaving = false;
     n.ever_joined = true;
+    n.why_missing.clear();
     const auto off = n.sync.best().value_or(proto::ClockOffset{});
     handle(rdzv::NodeJoined{n.entry.name, nproc, off.offset});
   }
@@ -590,11 +610,30 @@ class Coordinator {
     progress_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || done_) return;
       if (rdzv_.state() == rdzv::State::joining) {
-        say(spdlog::level::info, "still waiting: {} (rendezvous.join_timeout: {})", rdzv_.status(),
-            format_duration(std::chrono::duration_cast<Millis>(opts_.spec.join_timeout)));
+        say(spdlog::level::info, "still waiting: {} (rendezvous.join_timeout: {}){}", rdzv_.status(),
+            format_duration(std::chrono::duration_cast<Millis>(opts_.spec.join_timeout)), missing_reasons());
       }
       arm_progress();
     });
+  }
+
+  // "; n4: Host not found (...): is the name right?; n5: ..." for the nodes not joined that could
+  // not be reached (the first 8 by name), so that every waiting line says why, not only the first.
+  std::string missing_reasons() const {
+    constexpr std::size_t kShown = 8;
+    std::string out;
+    std::size_t shown = 0, more = 0;
+    for (const auto& [name, n] : nodes_) {
+      if (n->joined || n->why_missing.empty()) continue;
+      if (shown == kShown) {
+        ++more;
+        continue;
+      }
+      out += fmt::format("; {}: {}", name, n->why_missing);
+      ++shown;
+    }
+    if (more) out += fmt::format("; and {} more unreachable", more);
+    return out;
   }
 
   void apply(rdzv::Effects effects) {
@@ -865,6 +904,8 @@ class Coordinator {
       close_attempt(launch::Phase::failed, f.first_failure);
       report_.status = "failed";
       report_.exit_code = 1;
+      // A timed-out rendezvous: why each node that did not come could not be reached.
+      if (f.kind == rdzv::JobFailed::Kind::rendezvous_timeout) f.message += missing_reasons();
       report_.message = f.message;
       say(spdlog::level::err, "job {} failed: {}", opts_.job_id, f.message);
     }

@@ -4,6 +4,7 @@
 #include "coordinator/stacks_gather.hpp"
 
 #include "common/log.hpp"
+#include "control/log_merge.hpp"
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "coordinator/coordinator.hpp"
@@ -479,28 +480,23 @@ class Standing {
       auto files = j["files"];
       j["files"] = json::array();
       control_reply(c, std::move(j), false);
-      auto backlog = std::make_shared<std::vector<json>>();
+      // Merged by time, as `ddpctl logs` shows a local job's files.
+      std::vector<control::LogMerge::Source> sources;
       for (const auto& f : files) {
-        std::ifstream in(f.value("path", ""));
-        std::uint64_t left = f.value("size", std::uint64_t{0});
-        std::string l;
-        while (left > 0 && std::getline(in, l)) {
-          left -= std::min<std::uint64_t>(left, l.size() + 1);
-          if (auto parsed = control::parse_log_line(l)) {
-            backlog->push_back({{"rank", f.value("rank", -1)}, {"stream", parsed->stream}, {"line", parsed->text}});
-          }
-        }
+        sources.push_back({f.value("rank", -1), {{f.value("path", ""), f.value("size", std::uint64_t{0})}}});
       }
-      send_backlog(c, r, backlog, 0);
+      send_backlog(c, r, std::make_shared<control::LogMerge>(std::move(sources)));
     });
   }
 
-  void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<std::vector<json>> lines,
-                    std::size_t from) {
-    while (from < lines->size() && c->queued_bytes() < kRelayHighWater)
-      control_reply(c, std::move((*lines)[from++]), false);
-    if (from == lines->size()) return read_relay(c, r);
-    paced(c, r, [this, c, r, lines, from] { send_backlog(c, r, lines, from); });
+  // The files' lines, read as the client takes them (one line per rank held, never the files).
+  void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<control::LogMerge> merge) {
+    while (c->queued_bytes() < kRelayHighWater) {
+      auto l = merge->next();
+      if (!l) return read_relay(c, r);
+      control_reply(c, {{"rank", l->rank}, {"stream", l->stream}, {"line", l->text}, {"time", l->time}}, false);
+    }
+    paced(c, r, [this, c, r, merge] { send_backlog(c, r, merge); });
   }
 
   // Carries on once the client has taken most of what is queued for it.

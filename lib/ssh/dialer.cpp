@@ -149,8 +149,9 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
       const auto what = kind == ConnectFailure::timeout
                             ? fmt::format("no SSH answer within {} ms", opts_.timeout.count())
                             : std::string("cannot log in");
-      return fail(fmt::format("{}: {}: {}{}", describe(node), what, err,
-                              attempt > 1 ? fmt::format(" (after {} attempts)", attempt) : ""));
+      return fail(fmt::format("{}: {}: {}{}{}", describe(node), what, err,
+                              attempt > 1 ? fmt::format(" (after {} attempts)", attempt) : "",
+                              connect_hint(kind, node.host, node.port, node.user)));
     }
     log->warn(
         "{}: connection dropped before login ({}); retrying in {} ms (attempt {}; sshd's MaxStartups limits "

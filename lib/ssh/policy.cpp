@@ -88,6 +88,24 @@ ConnectFailure classify_connect_error(const std::string& libssh_error) {
   return ConnectFailure::other;
 }
 
+std::string connect_hint(ConnectFailure failure, const std::string& host, std::uint16_t port, const std::string& user) {
+  // Port 0: none given, so ~/.ssh/config's (or 22): said as ssh itself would be run.
+  const auto target = user.empty() ? host : fmt::format("{}@{}", user, host);
+  const auto ssh = port == 0 ? fmt::format("ssh {}", target) : fmt::format("ssh -p {} {}", port, target);
+  const auto where = port == 0 ? host : fmt::format("{}:{}", host, port);
+  switch (failure) {
+    case ConnectFailure::refused:
+      return fmt::format("; no sshd listening on {}? check that `{}` works", where, ssh);
+    case ConnectFailure::unreachable:
+      return fmt::format("; check the host name and that `{}` works", ssh);
+    case ConnectFailure::timeout:
+      return fmt::format("; is {} up, and its SSH port open? check that `{}` works (--ssh-timeout to wait longer)",
+                         host, ssh);
+    default:
+      return {};
+  }
+}
+
 std::optional<Millis> retry_after(ConnectFailure failure, int attempt, double jitter, const RetryPolicy& p) {
   if (failure != ConnectFailure::dropped || attempt >= p.max_attempts) return std::nullopt;
   const double base = static_cast<double>(p.initial.count()) * std::pow(2.0, attempt - 1);

@@ -14,6 +14,7 @@
 #include "common/duration.hpp"
 #include "common/log.hpp"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,10 @@ enum class ConnectFailure { dropped, timeout, refused, unreachable, auth, host_k
 
 // Classifies libssh's error text for a failed connect.
 ConnectFailure classify_connect_error(const std::string& libssh_error);
+
+// What to check after a connect that failed for good, as "; ..." to follow the error (empty when
+// the error says it already): a refused connection means no sshd listens at host:port.
+std::string connect_hint(ConnectFailure failure, const std::string& host, std::uint16_t port, const std::string& user);
 
 struct RetryPolicy {
   int max_attempts = 5;

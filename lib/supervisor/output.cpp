@@ -46,16 +46,6 @@ void LastLines::add(std::string line) {
   while (lines_.size() > max_) lines_.pop_front();
 }
 
-static std::string utc_timestamp() {
-  auto now = std::chrono::system_clock::now();
-  auto secs = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  ::gmtime_r(&secs, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                     tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
-}
-
 RankLogFile::RankLogFile(std::shared_ptr<const safefs::Dir> dir, std::string name, std::uint64_t max_bytes,
                          std::optional<std::pair<uid_t, gid_t>> owner)
     : dir_(std::move(dir)), name_(std::move(name)), path_(dir_ ? dir_->path_of(name_) : name_), max_bytes_(max_bytes) {

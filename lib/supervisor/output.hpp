@@ -61,6 +61,8 @@ using Stream = ddp::Stream;  // common/stream.hpp
 // the first byte (common/safe_fs.hpp), given to its owner through the fd, and rotation renames
 // within the folder and creates the new file with O_EXCL. A file that cannot be opened so is
 // not written at all (error() says why).
+using ddp::utc_timestamp;  // common/stream.hpp: the stamp a rank log line begins with
+
 class RankLogFile {
  public:
   // `owner`: the (uid, gid) the file (and each rotated successor) is given, for workers that

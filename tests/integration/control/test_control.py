@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import DDPCTL, PYTHON, alive, start_launch, wait_for, write_job
+import re
+
+from ddptest import DDPCTL, PYTHON, alive, launch, start_launch, wait_for, write_job
 
 WORKER = r'''
 import datetime, os, sys, time
@@ -33,6 +35,42 @@ while True:
 '''
 
 
+# Ranks 0 and 1 take turns: each line is printed only once the other rank's line before it is in
+# its log file, and the clock is past that line's time, so the files' times order them a, b, c, d.
+PINGPONG = r'''
+import datetime, os, sys, time
+rank = int(os.environ["RANK"])
+other = os.path.join(os.environ["LOGS"], f"rank-{1 - rank}.log")
+
+def seen(word):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(other) as f:
+                for line in f:
+                    if line.rstrip("\n").endswith(" out| " + word):
+                        t = datetime.datetime.strptime(line.split(" ")[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+                        return t.replace(tzinfo=datetime.timezone.utc)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    sys.exit(f"rank {rank}: {word} never came")
+
+words = ["a", "b", "c", "d"]
+for i, w in enumerate(words):
+    if i % 2 != rank:
+        continue
+    if i:
+        t = seen(words[i - 1]) + datetime.timedelta(milliseconds=5)
+        while datetime.datetime.now(datetime.timezone.utc) <= t:
+            time.sleep(0.001)
+    print(w, flush=True)
+if rank == 0:
+    seen("d")
+    sys.exit(3)
+'''
+
+
 @pytest.fixture
 def rt(tmp_path):
     d = tmp_path / "rt"
@@ -48,8 +86,13 @@ def job_file(tmp_path, name="ctl", wait_on_store=False):
                                "stop: {grace: 3s}\nnccl: {unique_id: off}\n", name=f"{name}.yaml")
 
 
+def ctl_env(rt):
+    """The control sockets' folder and the ended jobs' records, both the test's own."""
+    return {"XDG_RUNTIME_DIR": str(rt), "XDG_STATE_HOME": str(rt / "state")}
+
+
 def ctl(rt, *args, timeout=60):
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(rt))
+    env = dict(os.environ, **ctl_env(rt))
     return subprocess.run([DDPCTL, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -70,7 +113,7 @@ def end(p, timeout=60):
 
 def test_status_logs_and_stop_from_another_process(tmp_path, rt):
     job = job_file(tmp_path, wait_on_store=True)
-    p = start_launch(job, "-q", "--job-id", "ctl-1", env={"XDG_RUNTIME_DIR": str(rt)})
+    p = start_launch(job, "-q", "--job-id", "ctl-1", env=ctl_env(rt))
     try:
         sock = rt / "ddpctl" / "ctl-1.sock"
         wait_for(sock.exists, timeout=30, what="the control socket")
@@ -90,6 +133,8 @@ def test_status_logs_and_stop_from_another_process(tmp_path, rt):
         assert all(alive(pid) for pid in pids) and all(r["state"] == "running" for r in s["ranks"])
         assert all(r["last_output_age_s"] is not None and r["last_output_age_s"] >= 0 for r in s["ranks"])
         assert any("rank 1" in w and "nobody_sets_this" in w for w in s["store_waiters"]), s["store_waiters"]
+        # Any beginning of its id names it.
+        assert status_json(rt, "ctl")["job_id"] == "ctl-1"
         text = ctl(rt, "status")  # the only job: no id needed
         assert text.returncode == 0, text.stderr
         assert "job ctl-1 (local" in text.stdout and str(pids[0]) in text.stdout and str(pids[1]) in text.stdout
@@ -101,12 +146,15 @@ def test_status_logs_and_stop_from_another_process(tmp_path, rt):
         lines = r.stdout.splitlines()
         assert lines[0] == f"[0] PID {pids[0]}" and all(l.startswith("[0] ") for l in lines), lines[:5]
         assert "[0] tick 0 rank 0" in lines
+        r = ctl(rt, "logs", "--timestamps", "--ranks", "0")
+        assert r.returncode == 0, r.stderr
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \[0\] PID \d+", r.stdout.splitlines()[0]), r.stdout[:200]
         # a rank the job does not have: said, not an empty answer (or, with -f, a wait for ever)
         r = ctl(rt, "logs", "--ranks", "1,5")
         assert r.returncode != 0 and "the job has no rank 5 (it has ranks 0-1)" in r.stderr, r.stderr
 
         # logs -f: the file, then the live stream, every line exactly once and in order.
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(rt))
+        env = dict(os.environ, **ctl_env(rt))
         f = subprocess.Popen([DDPCTL, "logs", "-f", "ctl-1", "--ranks", "0"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         try:
@@ -137,7 +185,7 @@ def test_status_logs_and_stop_from_another_process(tmp_path, rt):
 
 
 def test_several_jobs_are_listed_and_each_is_reached_by_id(tmp_path, rt):
-    procs = [start_launch(job_file(tmp_path, name=n), "-q", "--job-id", n, env={"XDG_RUNTIME_DIR": str(rt)})
+    procs = [start_launch(job_file(tmp_path, name=n), "-q", "--job-id", n, env=ctl_env(rt))
              for n in ("ctl-a", "ctl-b")]
     try:
         for n in ("ctl-a", "ctl-b"):
@@ -153,9 +201,10 @@ def test_several_jobs_are_listed_and_each_is_reached_by_id(tmp_path, rt):
         assert ctl(rt, "stop").returncode == 0
         assert end(procs[1])[0] == 143
         r = ctl(rt, "status")
-        assert r.returncode == 1 and "no job of yours is running" in r.stderr
+        assert r.returncode == 1 and "no job of yours is running; the last one: job ctl-b ended" in r.stderr, r.stderr
         r = ctl(rt, "logs", "nosuch")
-        assert r.returncode == 1 and "job nosuch is not running here" in r.stderr
+        assert r.returncode == 1 and "job nosuch is not running here, and no job id here begins with it" in r.stderr
+        assert "newest first: ctl-b, ctl-a)" in r.stderr, r.stderr
         # an ended job, named: how it ended and where its logs are; its last attempt's lines
         r = ctl(rt, "status", "ctl-a")
         assert r.returncode == 1 and "job ctl-a ended" in r.stderr and "(stopped, exit code 143)" in r.stderr, r.stderr
@@ -175,7 +224,7 @@ def test_several_jobs_are_listed_and_each_is_reached_by_id(tmp_path, rt):
 
 
 def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
-    p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-k", env={"XDG_RUNTIME_DIR": str(rt)})
+    p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-k", env=ctl_env(rt))
     try:
         wait_for(lambda: status_json(rt) is not None, timeout=30, what="the job")
         p.send_signal(signal.SIGKILL)
@@ -194,7 +243,7 @@ def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
 def test_another_user_is_refused_even_with_the_socket_open(tmp_path):
     # A folder every user can traverse (pytest's tmp_path is private to root).
     rt = Path(tempfile.mkdtemp(prefix="ddp-ctl-", dir="/var/tmp"))
-    p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-u", env={"XDG_RUNTIME_DIR": str(rt)})
+    p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-u", env=ctl_env(rt))
     try:
         wait_for(lambda: status_json(rt) is not None, timeout=30, what="the job")
         sock = rt / "ddpctl" / "ctl-u.sock"
@@ -219,3 +268,58 @@ def test_another_user_is_refused_even_with_the_socket_open(tmp_path):
             p.kill()
             p.wait()
         shutil.rmtree(rt, ignore_errors=True)
+
+
+def test_logs_merge_the_ranks_by_time_and_default_to_the_last_ended_job(tmp_path, rt):
+    worker = tmp_path / "pingpong.py"
+    worker.write_text(PINGPONG)
+    for job_id in ("pp-first-1", "pp-second-1"):
+        job = write_job(tmp_path, f"name: pp\nnproc_per_node: 2\ncommand: [{PYTHON}, {worker}]\n"
+                                  f"env: {{LOGS: '{tmp_path}/logs/{job_id}/attempt-0'}}\nnccl: {{unique_id: off}}\n",
+                        name=f"{job_id}.yaml")
+        r = launch(job, "-q", "--job-id", job_id, env=ctl_env(rt))
+        assert r.returncode == 1 and "exited with code 3" in r.stderr, r.stderr
+    # Nothing runs: the job that ended last, said first; its ranks' lines in the order they were written.
+    r = ctl(rt, "logs")
+    assert r.returncode == 0, r.stderr
+    assert "no job of yours is running; the last one: job pp-second-1 ended" in r.stderr, r.stderr
+    assert "(failed, exit code 1)" in r.stderr, r.stderr
+    assert r.stdout.splitlines() == ["[0] a", "[1] b", "[0] c", "[1] d"], r.stdout
+    # Any unique beginning of an id; --timestamps: each line's time, in order.
+    r = ctl(rt, "logs", "--timestamps", "pp-f")
+    assert r.returncode == 0 and "job pp-first-1 ended" in r.stderr, r.stderr
+    lines = r.stdout.splitlines()
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+    assert all(re.fullmatch(stamp + r" \[[01]\] [abcd]", l) for l in lines), lines
+    assert [l.split(" ", 1)[1] for l in lines] == ["[0] a", "[1] b", "[0] c", "[1] d"], lines
+    times = [l.split(" ")[0] for l in lines]
+    assert times == sorted(times) and len(set(times)) == 4, times
+    r = ctl(rt, "status")
+    assert r.returncode == 1 and "no job of yours is running; the last one: job pp-second-1 ended" in r.stderr, r.stderr
+    # A beginning that fits several: each named, nothing chosen.
+    r = ctl(rt, "status", "pp-")
+    assert r.returncode == 2 and "'pp-' begins 2 job ids" in r.stderr, r.stderr
+    assert "pp-first-1" in r.stderr and "pp-second-1" in r.stderr
+    r = ctl(rt, "stop")
+    assert r.returncode == 1 and "nothing to stop: no job of yours is running; the last one: job pp-second-1" in r.stderr
+
+
+def test_local_detach_names_a_way_that_works(tmp_path, rt):
+    job = job_file(tmp_path, name="det")
+    r = launch(job, "--detach", env=ctl_env(rt))
+    assert r.returncode == 2, r.stderr
+    hint = "`setsid -f ddpctl launch ARGS >job.out 2>&1 </dev/null` (your arguments less --detach)"
+    assert "--detach needs --nodes" in r.stderr and hint in r.stderr, r.stderr
+    # What it says, done: the job runs without us, and status/stop reach it.
+    cmd = f"setsid -f {DDPCTL} launch {job} --master-port 0 --job-id det-1 >job.out 2>&1 </dev/null"
+    subprocess.run(["sh", "-c", cmd], cwd=tmp_path, env=dict(os.environ, **ctl_env(rt)), check=True, timeout=30)
+    pid = None
+    try:
+        wait_for(lambda: status_json(rt, "det-1") is not None, timeout=60, what="the detached job")
+        pid = status_json(rt, "det-1")["pid"]
+        r = ctl(rt, "stop", "det")
+        assert r.returncode == 0 and "job det-1 has ended" in r.stderr, r.stderr
+        wait_for(lambda: not alive(pid), timeout=30, what="the detached launcher to exit")
+    finally:
+        if pid and alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -28,6 +28,20 @@ def test_missing_nodes_are_named_while_waiting_and_when_the_timeout_ends_it(tmp_
     assert "rendezvous timed out after 3s: 0/2 nodes joined; missing:" in r.stderr, r.stderr
 
 
+def test_every_waiting_line_says_why_each_node_is_missing(tmp_path):
+    # The reason was said once, in the first warning; every later line only named the nodes.
+    r, nodes = launch(tmp_path, 2, 2)
+    assert r.returncode == 1, r.stderr
+    waiting = [line for line in r.stderr.splitlines() if "still waiting" in line]
+    assert len(waiting) >= 2, r.stderr
+    for line in waiting:
+        for n in nodes:
+            port = n.rsplit(":", 1)[1]
+            assert f"connection refused: is ddp-agentd running there, listening on port {port}?" in line, line
+    failed = [line for line in r.stderr.splitlines() if "rendezvous timed out" in line]
+    assert failed and "connection refused: is ddp-agentd running there" in failed[0], r.stderr
+
+
 def test_more_nodes_than_nnodes_is_said_up_front(tmp_path):
     r, _ = launch(tmp_path, 2, 3)
     assert "nnodes is 2 but 3 nodes are listed" in r.stderr, r.stderr

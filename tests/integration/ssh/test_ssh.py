@@ -262,6 +262,21 @@ def test_host_that_never_speaks_ssh_times_out_and_the_started_node_is_stopped(cl
     assert wait_nothing_left(c, [n1]) == {}
 
 
+def test_host_without_sshd_is_refused_with_what_to_check(cluster):
+    c = cluster
+    n1, n2 = c.hosts[:2]
+    c.start_sshd(n1)
+    c.trust([n1])
+    # Nothing listens on n2's port 22: the connection is refused, at once.
+    worker = c.write("worker.py", WORKER)
+    rc, out, err = finish(c.launch_ssh(job(c, "nosshd", [PY, worker, "sleep"]), hosts=[n1, n2]), timeout=60)
+    assert rc == 2, err
+    assert "n2 (ssh): cannot log in:" in err and "Connection refused" in err, err
+    assert "no sshd listening on n2? check that `ssh n2` works" in err, err
+    assert "CONTRACT" not in out
+    assert wait_nothing_left(c, [n1]) == {}
+
+
 def test_proxyjump_from_ssh_config_reaches_a_node_the_launcher_cannot(cluster):
     c = cluster
     n1, n2 = c.hosts[:2]

@@ -1,3 +1,4 @@
+#include "control/log_merge.hpp"
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "control/server.hpp"
@@ -306,4 +307,93 @@ TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
   }
   ::unsetenv("XDG_STATE_HOME");
   std::filesystem::remove_all(dir);
+}
+
+TEST(ControlPaths, AJobIsNamedByItsIdOrAnyBeginningThatIsUnique) {
+  const std::vector<std::string> ids = {"train-20261204-101500-ab12", "train-20261204-113000-cd34", "eval-1", "eval-1x",
+                                        "train-20261204-101500-ab12"};
+  using V = std::vector<std::string>;
+  EXPECT_EQ(match_job(ids, "eval"), (V{"eval-1", "eval-1x"}));  // ambiguous: both
+  EXPECT_EQ(match_job(ids, "eval-1"), (V{"eval-1"}));           // a whole id wins over longer ones
+  EXPECT_EQ(match_job(ids, "train-20261204-10"), (V{"train-20261204-101500-ab12"}));  // once, not twice
+  EXPECT_EQ(match_job(ids, "train"), (V{"train-20261204-101500-ab12", "train-20261204-113000-cd34"}));
+  EXPECT_EQ(match_job(ids, "nosuch"), V{});
+  EXPECT_EQ(match_job(ids, "").size(), 4u);  // no name: every job
+}
+
+TEST(ControlPaths, EndedJobsAreListedNewestFirst) {
+  TempDir d;
+  const auto dir = d.p.string();
+  Ended e;
+  e.status = "succeeded";
+  const auto now = std::filesystem::file_time_type::clock::now();
+  int age = 3;
+  for (const char* id : {"old", "newest", "middle"}) {
+    e.job_id = id;
+    record_ended(dir, e);
+  }
+  for (const char* id : {"old", "middle", "newest"}) {
+    std::filesystem::last_write_time(d.p / (std::string(id) + ".ended"), now - std::chrono::minutes(age--));
+  }
+  std::ofstream(d.p / "stray.ended.tmp") << "{";  // a write that did not finish is no record
+  std::filesystem::create_directory(d.p / "dir.ended");
+  EXPECT_EQ(ended_jobs(dir), (std::vector<std::string>{"newest", "middle", "old"}));
+}
+
+namespace {
+// A rank log file of "<time> <stream>| <text>" lines.
+std::string write_log(const std::filesystem::path& p, const std::vector<std::string>& lines) {
+  std::ofstream out(p);
+  for (const auto& l : lines) out << l << "\n";
+  return p.string();
+}
+std::vector<std::string> merged(LogMerge& m) {
+  std::vector<std::string> out;
+  while (auto l = m.next()) out.push_back(std::to_string(l->rank) + " " + l->time.substr(17) + " " + l->text);
+  return out;
+}
+}  // namespace
+
+TEST(ControlLogMerge, RanksLinesComeInTimeOrder) {
+  TempDir d;
+  const auto r0 =
+      write_log(d.p / "rank-0.log", {"2026-12-04T10:00:01.000Z out| a0", "2026-12-04T10:00:03.000Z ddp| note",
+                                     "2026-12-04T10:00:03.500Z err| b0", "2026-12-04T10:00:05.000Z out| c0"});
+  const auto r1 = write_log(d.p / "rank-1.log", {"2026-12-04T10:00:00.500Z out| a1", "2026-12-04T10:00:03.500Z out| b1",
+                                                 "garbage", "2026-12-04T10:00:04.000Z out| c1"});
+  const auto r2 = write_log(d.p / "rank-2.log", {});
+  LogMerge m({{0, {{r0}}}, {1, {{r1}}}, {2, {{r2}}}, {3, {{(d.p / "rank-3.log").string()}}}});
+  // Equal times: the lower rank first. ddp| notes and lines of another shape are not output.
+  EXPECT_EQ(merged(m), (std::vector<std::string>{"1 00.500Z a1", "0 01.000Z a0", "0 03.500Z b0", "1 03.500Z b1",
+                                                 "1 04.000Z c1", "0 05.000Z c0"}));
+  ASSERT_EQ(m.unreadable().size(), 1u);
+  EXPECT_EQ(m.unreadable()[0], "rank 3: cannot read " + (d.p / "rank-3.log").string());
+}
+
+TEST(ControlLogMerge, ARanksOwnOrderStandsAndLimitsAndRotatedFilesAreKept) {
+  TempDir d;
+  // rank 0's clock stepped back: its lines still come in its own order.
+  const auto r0 = write_log(d.p / "rank-0.log", {"2026-12-04T10:00:05.000Z out| x", "2026-12-04T10:00:01.000Z out| y"});
+  // rank 1 rotated once: the .1 file first; its current file read only up to the limit (the size
+  // the launcher gave: the line after it was written later).
+  const auto r1old = write_log(d.p / "rank-1.log.1", {"2026-12-04T10:00:00.000Z out| old"});
+  const auto line = std::string("2026-12-04T10:00:02.000Z out| new");
+  const auto r1 = write_log(d.p / "rank-1.log", {line, "2026-12-04T10:00:03.000Z out| past the limit"});
+  LogMerge m({{0, {{r0}}}, {1, {{r1old}, {r1, line.size() + 1}}}});
+  EXPECT_EQ(merged(m), (std::vector<std::string>{"1 00.000Z old", "1 02.000Z new", "0 05.000Z x", "0 01.000Z y"}));
+}
+
+TEST(ControlLogMerge, CutsLongLines) {
+  TempDir d;
+  const auto long_text = std::string(LogMerge::kMaxLine * 2, 'z');
+  const auto r0 = write_log(d.p / "rank-0.log",
+                            {"2026-12-04T10:00:01.000Z out| " + long_text, "2026-12-04T10:00:02.000Z out| after"});
+  LogMerge m({{0, {{r0}}}});
+  auto first = m.next();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->text.size(), LogMerge::kMaxLine - std::string("2026-12-04T10:00:01.000Z out| ").size());
+  auto second = m.next();
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->text, "after");  // the long line's rest was skipped, not taken for a line
+  EXPECT_FALSE(m.next());
 }

@@ -84,6 +84,16 @@ TEST(Retry, ClassifiesLibsshErrors) {
             ConnectFailure::other);
 }
 
+TEST(Retry, AFailureThatIsNotRetriedSaysWhatToCheck) {
+  // A refused connection: no sshd there, and how to see it with ssh itself.
+  EXPECT_EQ(connect_hint(ConnectFailure::refused, "n1", 0, ""), "; no sshd listening on n1? check that `ssh n1` works");
+  EXPECT_EQ(connect_hint(ConnectFailure::refused, "n1", 2222, "alice"),
+            "; no sshd listening on n1:2222? check that `ssh -p 2222 alice@n1` works");
+  EXPECT_TRUE(has(connect_hint(ConnectFailure::unreachable, "nx", 0, ""), "`ssh nx` works"));
+  EXPECT_TRUE(has(connect_hint(ConnectFailure::timeout, "n1", 22, ""), "--ssh-timeout"));
+  EXPECT_EQ(connect_hint(ConnectFailure::auth, "n1", 22, ""), "");  // its own message says what to do
+}
+
 TEST(Retry, OnlyDropsAreRetriedWithGrowingCappedDelays) {
   RetryPolicy p{5, Millis(200), Millis(1000)};
   EXPECT_EQ(retry_after(ConnectFailure::dropped, 1, 1.0, p), Millis(200));

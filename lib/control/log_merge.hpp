@@ -1,0 +1,57 @@
+// `ddpctl logs`: the ranks' log files merged into one stream by the time each line was written
+// (the "<UTC time> out| text" prefix of lib/supervisor's RankLogFile, fixed width, so ordered as
+// text). Streams, not loads: one pending line per file is held at a time, each cut at kMaxLine,
+// so memory grows with the number of ranks, never with the files' size. A rank's own lines keep
+// their order whatever their times say (a clock stepped back); equal times go lowest rank first.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::control {
+
+struct MergedLine {
+  int rank = -1;
+  std::string time;    // as the file has it, e.g. "2026-12-04T20:44:11.123Z"
+  std::string stream;  // "out" | "err"
+  std::string text;
+};
+
+class LogMerge {
+ public:
+  // A file read up to `limit` bytes (what it held when a running job was asked).
+  struct File {
+    std::string path;
+    std::uint64_t limit = UINT64_MAX;
+  };
+  // One rank's files, oldest first (a rotated rank-<r>.log.1, then rank-<r>.log).
+  struct Source {
+    int rank = -1;
+    std::vector<File> files;
+  };
+  static constexpr std::size_t kMaxLine = 256 * 1024;
+
+  explicit LogMerge(std::vector<Source> sources);
+  ~LogMerge();
+  LogMerge(const LogMerge&) = delete;
+  LogMerge& operator=(const LogMerge&) = delete;
+
+  // The next line in time order; nullopt once every file is read. ddpctl's own "ddp|" notes and
+  // lines of another shape are skipped.
+  std::optional<MergedLine> next();
+  // The files that could not be opened, as "rank R: cannot read PATH".
+  const std::vector<std::string>& unreadable() const { return unreadable_; }
+
+ private:
+  struct Reader;
+  bool advance(Reader& r);  // r's next line into r.pending; false when r is done
+  std::vector<std::unique_ptr<Reader>> readers_;
+  std::vector<std::size_t> heap_;  // indices into readers_, earliest pending line on top
+  std::vector<std::string> unreadable_;
+};
+
+}  // namespace ddp::control
