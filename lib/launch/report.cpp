@@ -1,10 +1,13 @@
 #include "launch/report.hpp"
 
+#include "common/strings.hpp"
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -121,6 +124,11 @@ std::string format_attempt(const AttemptReport& a, int max_restarts) {
       for (std::size_t i = 0; i < others.size(); ++i) out += (i ? ", " : " ") + others[i];
       out += "\n";
     }
+  } else if (std::any_of(a.exits.begin(), a.exits.end(), [](const WorkerExit& e) { return e.forwarded; })) {
+    // Killed by a signal the launcher forwarded (SIGUSR1/2): not a failure of the rank's own.
+    std::vector<std::string> exits;
+    for (const auto& e : a.exits) exits.push_back(fmt::format("rank {} {}", e.rank, e.describe()));
+    out += "  no rank failed by itself: " + join_first(exits, ", ", 16) + "\n";
   }
   if (a.stacks) {
     // Said before the grace period's signals: where each rank was, not how it died.
@@ -154,6 +162,7 @@ static nlohmann::json exit_json(const WorkerExit& e) {
     j["exit_code"] = e.exit_code;
     j["signal"] = nullptr;
   }
+  j["forwarded"] = e.forwarded;
   j["description"] = e.describe();
   return j;
 }
