@@ -475,7 +475,8 @@ class Agent {
     }
     if (m.type == "start") return feed(job::Start{link, round()});
     if (m.type == "stop") {
-      return feed(job::Stop{link, round(), b["grace_ms"].get<std::uint64_t>() == 0, b["reason"].get<std::string>()});
+      return feed(job::Stop{link, round(), b["grace_ms"].get<std::uint64_t>() == 0, b["reason"].get<std::string>(),
+                            b.value("interrupt_grace_ms", std::uint64_t{0})});
     }
     if (m.type == "signal") {
       const auto name = b["signal"].get<std::string>();
@@ -552,6 +553,8 @@ class Agent {
     if (!job_ || !job_->shepherd) return;
     if (s.now)
       job_->shepherd->kill_now();
+    else if (s.interrupt_ms)
+      job_->shepherd->request_stop(SIGINT, Millis(s.interrupt_ms));  // a Ctrl-C (version 6)
     else
       job_->shepherd->request_stop(SIGTERM);
   }
@@ -1308,6 +1311,8 @@ class Agent {
       m["signal"] = ex.signal;
     else
       m["exit_code"] = ex.exit_code;
+    // Version 6: killed by a signal this node forwarded (SIGUSR1/2), so no failure of its own.
+    if (ex.forwarded && job.owner && job.owner->session().version() >= 6) m["forwarded"] = true;
     if (detail) {
       json tail = json::array();
       for (const auto& l : detail->last_lines) tail.push_back(cut(l, kTailLineBytes));

@@ -84,7 +84,7 @@ const JobMachine::Transition JobMachine::kTable[] = {
   {kAny,                         ev<RoundFailed>,     &JobMachine::ignore,          "a failure of a round no longer current"},
   {kHeld,                        ev<Start>,           &JobMachine::start,           "start the assigned round once; else say it failed"},
   {kAny,                         ev<Start>,           &JobMachine::ignore,          "no job: addressed() refused it at the edge"},
-  {kWorkers,                     ev<Stop>,            &JobMachine::stop_running,    "the round's workers: SIGTERM (grace) or SIGKILL"},
+  {kWorkers,                     ev<Stop>,            &JobMachine::stop_running,    "the round's workers: [SIGINT,] SIGTERM (grace) or SIGKILL"},
   {kNoWorkers,                   ev<Stop>,            &JobMachine::stop_idle,       "nothing of it runs: its result at once"},
   {kAny,                         ev<Stop>,            &JobMachine::ignore,          "no job: addressed() refused it at the edge"},
   {kWorkers,                     ev<Signal>,          &JobMachine::signal,          "SIGUSR1/2 to the workers of that round, as they are"},
@@ -221,7 +221,7 @@ void JobMachine::stop_running(const Event& e, Out& out) {
     return;
   }
   out.push_back(warn(fmt::format("job {} round {}: stop: {}", job_id_, s.round, s.reason)));
-  out.push_back(StopWorkers{s.now});
+  out.push_back(StopWorkers{s.now, s.interrupt_ms});
 }
 
 void JobMachine::stop_idle(const Event& e, Out& out) {

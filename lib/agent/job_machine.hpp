@@ -71,6 +71,7 @@ struct Stop {
   std::uint32_t round = 0;
   bool now = false;  // grace 0: SIGKILL at once
   std::string reason;
+  std::uint64_t interrupt_ms = 0;  // version 6, a Ctrl-C: SIGINT first, SIGTERM this long after
 };
 struct Signal {  // SIGUSR1/2 for the round's workers (from the coordinator, or sent to the agent: round nullopt)
   std::optional<std::uint32_t> round;
@@ -119,7 +120,8 @@ struct StartWorkers {  // the attempt folder, the plan, the shepherd; RoundFaile
   std::uint32_t round = 0;
 };
 struct StopWorkers {
-  bool now = false;  // kill now (SIGKILL); else SIGTERM, then the grace
+  bool now = false;                // kill now (SIGKILL); else SIGTERM, then the grace
+  std::uint64_t interrupt_ms = 0;  // not 0: SIGINT first, SIGTERM this long after (a Ctrl-C)
 };
 struct ForwardSignal {
   int sig = 0;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <string.h>
+#include <algorithm>
 #include <stdexcept>
 
 namespace ddp::launch {
@@ -10,7 +11,9 @@ std::string WorkerExit::describe() const {
   if (!started) return "was not started";
   if (signal != 0) {
     const char* abbrev = ::sigabbrev_np(signal);
-    return abbrev ? fmt::format("was killed by SIG{}", abbrev) : fmt::format("was killed by signal {}", signal);
+    auto out = abbrev ? fmt::format("was killed by SIG{}", abbrev) : fmt::format("was killed by signal {}", signal);
+    if (forwarded) out += ", which ddpctl forwarded (it has no handler for it)";
+    return out;
   }
   return fmt::format("exited with code {}", exit_code);
 }
@@ -19,7 +22,13 @@ AttemptTracker::AttemptTracker(int nranks) : exits_(static_cast<std::size_t>(nra
   if (nranks <= 0) throw std::invalid_argument("an attempt needs at least one rank");
 }
 
-Decision AttemptTracker::on_exit(const WorkerExit& e) {
+void AttemptTracker::on_forwarded(int signal) {
+  if (std::find(forwarded_.begin(), forwarded_.end(), signal) == forwarded_.end()) forwarded_.push_back(signal);
+}
+
+Decision AttemptTracker::on_exit(const WorkerExit& in) {
+  auto e = in;
+  if (e.signal && std::find(forwarded_.begin(), forwarded_.end(), e.signal) != forwarded_.end()) e.forwarded = true;
   // Indexed by local rank: on a node whose first global rank is not 0, global ranks do not
   // start at 0, but local ranks always do.
   const auto slot = static_cast<std::size_t>(e.local_rank);
@@ -29,7 +38,7 @@ Decision AttemptTracker::on_exit(const WorkerExit& e) {
   exits_[slot] = e;
   --live_;
   if (phase_ == Phase::running && e.failed()) {
-    first_failure_ = e;
+    if (!e.forwarded) first_failure_ = e;
     phase_ = Phase::stopping;
     if (live_ == 0) {
       phase_ = Phase::failed;

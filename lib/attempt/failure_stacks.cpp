@@ -202,9 +202,11 @@ void keep_own_ranks(FailureStacks& s, int base, int count) {
     return r.rank < base || r.rank >= base + count || !seen.insert(r.rank).second;
   });
   if (const auto dropped = before - s.ranks.size()) {
-    s.notes.push_back(count > 0 ? fmt::format("{} rank(s) it does not hold (ranks {}-{} are its) were left out",
-                                              dropped, base, base + count - 1)
-                                : fmt::format("{} rank(s) it does not hold were left out", dropped));
+    const auto what =
+        dropped == 1 ? std::string("1 rank it does not hold") : fmt::format("{} ranks it does not hold", dropped);
+    s.notes.push_back(count > 0 ? fmt::format("{} ({} {}) {} left out", what, rank_range(base, count),
+                                              count == 1 ? "is its" : "are its", dropped == 1 ? "was" : "were")
+                                : fmt::format("{} {} left out", what, dropped == 1 ? "was" : "were"));
   }
 }
 

@@ -1,7 +1,10 @@
 #include "attempt/report.hpp"
 
+#include "common/strings.hpp"
+
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <ctime>
 #include <sstream>
 
@@ -86,6 +89,11 @@ std::string format_attempt(const AttemptReport& a, int max_restarts) {
       for (std::size_t i = 0; i < others.size(); ++i) out += (i ? ", " : " ") + others[i];
       out += "\n";
     }
+  } else if (std::any_of(a.exits.begin(), a.exits.end(), [](const WorkerExit& e) { return e.forwarded; })) {
+    // Killed by a signal the launcher forwarded (SIGUSR1/2): not a failure of the rank's own.
+    std::vector<std::string> exits;
+    for (const auto& e : a.exits) exits.push_back(fmt::format("rank {} {}", e.rank, e.describe()));
+    out += "  no rank failed by itself: " + join_first(exits, ", ", 16) + "\n";
   }
   if (a.stacks) {
     // Said before the grace period's signals: where each rank was, not how it died.
@@ -119,6 +127,7 @@ static nlohmann::json exit_json(const WorkerExit& e) {
     j["exit_code"] = e.exit_code;
     j["signal"] = nullptr;
   }
+  j["forwarded"] = e.forwarded;
   j["description"] = e.describe();
   return j;
 }

@@ -88,6 +88,7 @@ class Coordinator {
         heartbeat_timer_(io_),
         progress_timer_(io_),
         hang_timer_(io_),
+        interrupt_timer_(io_),
         log_(log::get("coord")),
         rdzv_(make_config(), now()) {}
 
@@ -551,6 +552,7 @@ class Coordinator {
     info.exit.pid = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
     info.exit.signal = b.contains("signal") ? static_cast<int>(b["signal"].get<std::uint32_t>()) : 0;
     info.exit.exit_code = b.contains("exit_code") ? static_cast<int>(b["exit_code"].get<std::int64_t>()) : 0;
+    info.exit.forwarded = info.exit.signal && b.value("forwarded", false);  // version 6
     const auto when = n.sync.to_local(agent_time);
     info.exit.when = to_sys(when);
     if (b.contains("tail")) info.tail = b["tail"].get<std::vector<std::string>>();
@@ -567,7 +569,8 @@ class Coordinator {
                            agent_time,
                            when,
                            static_cast<std::uint32_t>(info.exit.pid),
-                           n.leaving};
+                           n.leaving,
+                           info.exit.forwarded};
     if (info.exit.signal)
       ev.signal = info.exit.signal;
     else
@@ -800,7 +803,31 @@ class Coordinator {
     // a local launch's does: the first clue in a hang.
     for (const auto& w : store_waiters_) notes_.push_back("store: " + w);
     say(spdlog::level::warn, "stopping every node's workers: {}", s.reason);
-    for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), s.round, s.reason, opts_.spec.stop_grace);
+    // A Ctrl-C's stop (the user's, before any failure stopped the round): SIGINT first.
+    const auto interrupt = stop_signal_ == SIGINT ? launch::interrupt_grace(opts_.spec.stop_grace) : Millis(0);
+    for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), s.round, s.reason, opts_.spec.stop_grace, interrupt);
+    if (interrupt.count() > 0) say_sigterm_after(interrupt, s.round);
+  }
+
+  // The Ctrl-C's second step, said here as a local launch says it (the agents send it, on the
+  // same timing; their own lines stay on the nodes).
+  void say_sigterm_after(Millis interrupt, rdzv::Round round) {
+    interrupt_timer_.expires_after(interrupt);
+    interrupt_timer_.async_wait([this, interrupt, round](boost::system::error_code ec) {
+      if (ec || done_ || killed_now_ || rounds_.round() != round) return;
+      const auto left = ranks_running();
+      if (left == 0) return;
+      say(spdlog::level::warn,
+          "{} rank{} still running {} after SIGINT: the agents send SIGTERM; SIGKILL {} after that", left,
+          left == 1 ? "" : "s", format_duration(interrupt), format_duration(opts_.spec.stop_grace));
+    });
+  }
+
+  // The current round's ranks that have not exited (yet).
+  std::size_t ranks_running() const {
+    std::size_t n = 0;
+    for (const auto& [node, pl] : rounds_.placement()) n += pl.local_world_size;
+    return n > exits_.size() ? n - exits_.size() : 0;
   }
 
   // ---- the hang watchdog (lib/hang): each node reports when it goes idle and when it resumes;
@@ -872,12 +899,16 @@ class Coordinator {
     });
   }
 
-  void send_stop(Node& n, rdzv::Round round, const std::string& reason, Millis grace) {
-    send(n, "stop",
-         {{"job_id", opts_.job_id},
-          {"round", round.value},
-          {"reason", reason.substr(0, 4000)},
-          {"grace_ms", static_cast<std::uint64_t>(grace.count())}});
+  // `interrupt` (a Ctrl-C's, version 6): SIGINT first, SIGTERM that long after; an older agent
+  // starts at SIGTERM.
+  void send_stop(Node& n, rdzv::Round round, const std::string& reason, Millis grace, Millis interrupt = Millis(0)) {
+    json m{{"job_id", opts_.job_id},
+           {"round", round.value},
+           {"reason", reason.substr(0, 4000)},
+           {"grace_ms", static_cast<std::uint64_t>(grace.count())}};
+    if (interrupt.count() > 0 && n.conn && n.conn->session().version() >= 6)
+      m["interrupt_grace_ms"] = static_cast<std::uint64_t>(interrupt.count());
+    send(n, "stop", std::move(m));
   }
 
   void on_effect(rdzv::RestartScheduled& r) {
@@ -1069,6 +1100,7 @@ class Coordinator {
     heartbeat_timer_.cancel();
     progress_timer_.cancel();
     hang_timer_.cancel();
+    interrupt_timer_.cancel();
     for (auto& [name, n] : nodes_) {
       n->redial.cancel();
       if (n->conn) n->conn->close("the job is over", /*routine=*/true);
@@ -1119,14 +1151,27 @@ class Coordinator {
   void stop_job(int sig, const std::string& what) {
     if (done_) return;
     if (stop_signal_) {
-      say(spdlog::level::warn, "{} again: killing every node's workers now", what);
+      say(spdlog::level::warn, "{} again: killing every node's workers now",
+          sig == SIGINT ? std::string("Ctrl-C") : what);
       killed_now_ = true;
       for (const auto& m : rdzv_.members()) send_stop(*nodes_.at(m), rounds_.round(), "killed by the user", Millis(0));
       return;
     }
     stop_signal_ = sig;
-    say(spdlog::level::warn, "{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)",
-        what, format_duration(opts_.spec.stop_grace));
+    // A Ctrl-C while the round runs: SIGINT first (on_effect(StopAll)). One that comes while a
+    // failure's stop runs changes nothing of it.
+    if (sig == SIGINT && rdzv_.state() == rdzv::State::running) {
+      const auto ranks = ranks_running();
+      const auto nodes = rdzv_.members().size();
+      say(spdlog::level::warn,
+          "Ctrl-C: sending SIGINT to {} rank{} on {} node{} (KeyboardInterrupt); SIGTERM in {}, SIGKILL {} after that; "
+          "Ctrl-C again to kill now",
+          ranks, ranks == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s",
+          format_duration(launch::interrupt_grace(opts_.spec.stop_grace)), format_duration(opts_.spec.stop_grace));
+    } else {
+      say(spdlog::level::warn, "{}: stopping the job on every node (SIGTERM, then SIGKILL after {}; again to kill now)",
+          what, format_duration(opts_.spec.stop_grace));
+    }
     handle(rdzv::StopRequested{what});
   }
 
@@ -1245,6 +1290,7 @@ class Coordinator {
   std::optional<hang::NodeProgress> hang_;
   std::map<std::string, std::string> hang_stacks_;
   asio::steady_timer hang_timer_;
+  asio::steady_timer interrupt_timer_;  // a Ctrl-C: when the agents send SIGTERM
   std::shared_ptr<spdlog::logger> log_;
   std::vector<net::NodeEntry> entries_;
   std::vector<std::string> hosts_;
@@ -1288,7 +1334,8 @@ class Coordinator {
 }  // namespace
 
 std::chrono::microseconds round_stop_timeout(std::chrono::milliseconds stop_grace) {
-  return stop_grace + launch::kStacksBudget + hang::kConvertLimit + std::chrono::seconds(5);
+  return stop_grace + launch::interrupt_grace(stop_grace) + launch::kStacksBudget + hang::kConvertLimit +
+         std::chrono::seconds(5);
 }
 
 int run_coordinator(CoordinatorOptions options) {

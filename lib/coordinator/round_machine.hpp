@@ -83,6 +83,7 @@ struct WorkerExited {
   TimePoint when{0};        // mapped onto the job's clock
   std::uint32_t pid = 0;
   bool node_leaving = false;  // its node said `leaving`: the stop of its ranks is no failure of theirs
+  bool forwarded = false;     // killed by a signal its agent forwarded (version 6): never the first failure
 };
 struct StopIssued {  // the rendezvous machine's StopAll went out
   rdzv::Round round;
@@ -166,6 +167,7 @@ class RoundMachine {
     TimePoint when{0};
     std::optional<int> signal;
     bool failed = false;
+    bool forwarded = false;  // killed by a forwarded signal: ends the round, is never its cause
   };
 
   void open(const Event&);

@@ -593,16 +593,28 @@ class LocalLauncher {
   void stop_job(int sig, const std::string& what) {
     if (done_) return;
     if (stop_signal_) {
-      log_->warn("{} again: killing every worker now", what);
+      log_->warn("{} again: killing every worker now", sig == SIGINT ? std::string("Ctrl-C") : what);
       if (group_) group_->kill_now();
       return;
     }
     stop_signal_ = sig;
-    log_->warn("{}: stopping the job (SIGTERM, then SIGKILL after {}; again to kill now)", what,
-               format_duration(opts_.spec.stop_grace));
+    const auto grace = opts_.spec.stop_grace;
+    const bool interrupt = sig == SIGINT && group_ && !group_->stopping();
+    if (interrupt) {
+      // Ctrl-C: SIGINT first, as a terminal would send it to a script run by hand. (A group that
+      // is stopping already, after a failure, goes on with its SIGTERM.)
+      const auto ranks = group_->worker_pids().size();
+      log_->warn(
+          "Ctrl-C: sending SIGINT to {} rank{} (KeyboardInterrupt); SIGTERM in {}, SIGKILL {} after that; "
+          "Ctrl-C again to kill now",
+          ranks, ranks == 1 ? "" : "s", format_duration(interrupt_grace(grace)), format_duration(grace));
+    } else {
+      log_->warn("{}: stopping the job (SIGTERM, then SIGKILL after {}; again to kill now)", what,
+                 format_duration(grace));
+    }
     if (group_) {
       note_waiters();  // a user stopping a hang wants to know what it hung on
-      group_->request_stop(sig);
+      group_->request_stop(sig, interrupt ? interrupt_grace(grace) : Millis(0));
     } else {
       // Between attempts (backoff): nothing runs; end here.
       report_.status = "stopped";

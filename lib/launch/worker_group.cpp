@@ -284,16 +284,24 @@ void WorkerGroup::on_exit(Worker& w, const WorkerExit& ex) {
   if (hang_) hang_->on_exit(w.plan.local_rank);
   log::get("launch")->debug("rank {} (pid {}) {}", w.plan.rank, ex.pid, ex.describe());
   if (tracker_.on_exit(ex) == Decision::stop_all) {
-    if (cb_.on_first_failure) cb_.on_first_failure(ex);
+    if (const auto& ff = tracker_.first_failure(); ff && cb_.on_first_failure) {
+      cb_.on_first_failure(*ff);
+    } else if (!ff) {
+      const auto& marked = tracker_.exits().at(static_cast<std::size_t>(w.plan.local_rank));
+      log::get("launch")->warn("rank {} {}; stopping the other ranks", w.plan.rank, marked->describe());
+    }
     stop_all();
   }
 }
 
-void WorkerGroup::request_stop(int signal) {
-  if (tracker_.on_stop_requested(signal) == Decision::stop_all) stop_all();
+void WorkerGroup::request_stop(int signal, Millis interrupt_grace) {
+  if (tracker_.on_stop_requested(signal) != Decision::stop_all) return;
+  if (signal == SIGINT) interrupt_grace_ = interrupt_grace;
+  stop_all();
 }
 
 void WorkerGroup::kill_now() {
+  killed_now_ = true;
   if (snapshot_ && snapshot_->pending()) {
     killing_now_ = true;
     snapshot_->skip("skipped: the stop was made immediate (a second Ctrl-C, or a kill)");
@@ -302,6 +310,7 @@ void WorkerGroup::kill_now() {
 }
 
 void WorkerGroup::forward(int signal) {
+  tracker_.on_forwarded(signal);
   for (pid_t p : worker_pids()) ::kill(p, signal);
 }
 
@@ -341,8 +350,30 @@ void WorkerGroup::stacks_taken(FailureStacks s) {
   report_.stacks = std::move(s);
 }
 
-void WorkerGroup::terminate(bool sigterm) {
-  if (sigterm) signal_everything(SIGTERM);
+// A Ctrl-C's stop: SIGINT first (Python's KeyboardInterrupt), SIGTERM to whatever is left after
+// the interrupt grace, each step said once; any other stop starts at SIGTERM.
+void WorkerGroup::terminate(bool polite) {
+  if (!polite) return kill_after_grace();
+  if (interrupt_grace_.count() <= 0 || tracker_.stop_signal() != SIGINT) {
+    signal_everything(SIGTERM);
+    return kill_after_grace();
+  }
+  signal_everything(SIGINT);
+  grace_timer_.expires_after(interrupt_grace_);
+  grace_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    if (killed_now_) return kill_after_grace();  // a second Ctrl-C came meanwhile: only the SIGKILLs are left
+    const auto ranks = worker_pids().size();
+    const auto left = ranks ? fmt::format("{} rank{} still running", ranks, ranks == 1 ? "" : "s")
+                            : std::string("processes the ranks left behind still running");
+    log::get("launch")->warn("{} {} after SIGINT: sending SIGTERM; SIGKILL {} after that", left,
+                             format_duration(interrupt_grace_), format_duration(opts_.stop_grace));
+    signal_everything(SIGTERM);
+    kill_after_grace();
+  });
+}
+
+void WorkerGroup::kill_after_grace() {
   grace_timer_.expires_after(opts_.stop_grace);
   grace_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec) return;

@@ -21,6 +21,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -75,10 +76,14 @@ class WorkerGroup {
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   void start();
-  // A stop from outside (Ctrl-C, a coordinator's stop): SIGTERM, grace, SIGKILL.
-  void request_stop(int signal);
-  void kill_now();           // a second Ctrl-C
-  void forward(int signal);  // SIGUSR1/SIGUSR2: to every live worker, as it is
+  // A stop from outside (a coordinator's stop, `ddpctl stop`): SIGTERM, stop_grace, SIGKILL.
+  // With a Ctrl-C's `interrupt_grace` (signal SIGINT): SIGINT first, so that Python raises
+  // KeyboardInterrupt and a script can save its checkpoint; SIGTERM to what is left after
+  // interrupt_grace; SIGKILL stop_grace after that.
+  void request_stop(int signal, Millis interrupt_grace = Millis(0));
+  void kill_now();  // a second Ctrl-C
+  // SIGUSR1/SIGUSR2: to every live worker, as it is; a rank it kills is no failure of its own.
+  void forward(int signal);
   // The owner reaped `pid` with wait status `status`; returns false if it is not a worker.
   bool on_reaped(pid_t pid, int status, SysTime when);
   // After the owner reaped a batch (workers or strays): re-check whether the attempt is over.
@@ -96,6 +101,7 @@ class WorkerGroup {
   // its owner stops it after the group has finished.
   void keep(pid_t pid) { keep_.push_back(pid); }
   bool finished() const { return finished_; }
+  bool stopping() const { return stopping_; }  // its stop began (a failure's, or one asked for)
   // Every running rank's stacks as the watchdog's latest round read them, merged ("" without
   // a watchdog).
   std::string hang_stacks_text() const { return hang_ ? hang_->stacks_text(plan_.world_size) : std::string(); }
@@ -125,7 +131,8 @@ class WorkerGroup {
   void stop_all();
   bool take_stacks_first();  // false: nothing to read, go on at once
   void stacks_taken(FailureStacks s);
-  void terminate(bool sigterm);  // SIGTERM (or not), then SIGKILL after the grace
+  void terminate(bool polite);  // the polite signal(s) (or not), then SIGKILL after the grace
+  void kill_after_grace();
   void signal_everything(int sig);
   bool pipes_open() const;
   void finish();
@@ -153,6 +160,8 @@ class WorkerGroup {
   bool torn_down_ = false;  // teardown ran after the last rank was reaped
   bool finished_ = false;
   bool killing_now_ = false;
+  bool killed_now_ = false;    // kill_now() ran: no polite step after it
+  Millis interrupt_grace_{0};  // a Ctrl-C's stop: SIGINT, this long, then SIGTERM
   std::unique_ptr<StackSnapshot> snapshot_;
   std::vector<pid_t> keep_;
   std::unique_ptr<HangSampler> hang_;

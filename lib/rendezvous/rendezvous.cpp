@@ -153,7 +153,8 @@ std::string Failure::describe() const {
     case Kind::worker_exit:
       if (signal) {
         const char* name = signal_name(*signal);
-        return who + " was killed by signal " + std::to_string(*signal) + (name ? std::string(" (") + name + ")" : "");
+        return who + " was killed by signal " + std::to_string(*signal) + (name ? std::string(" (") + name + ")" : "") +
+               (forwarded ? ", which ddpctl forwarded (it has no handler for it)" : "");
       }
       return who + " exited with code " + std::to_string(exit_code.value_or(-1));
     case Kind::node_lost:
@@ -573,6 +574,7 @@ std::optional<Failure> Rendezvous::failure_of(const WorkerExited& x) const {
   f.exit_code = x.exit_code;
   f.signal = x.signal;
   f.pid = x.pid;
+  f.forwarded = x.signal && x.forwarded;
   f.time = x.agent_time - n.offset;
   return f;
 }

@@ -74,6 +74,7 @@ struct WorkerExited {
   std::optional<int> signal;
   TimePoint agent_time{0};  // on the agent's clock
   std::uint32_t pid = 0;
+  bool forwarded = false;  // killed by a signal its agent forwarded (SIGUSR1/2): said so in describe()
 };
 struct AttemptFinished {
   std::string node;
@@ -129,7 +130,8 @@ struct Failure {
   std::optional<GlobalRank> rank;
   std::optional<int> exit_code, signal;
   std::uint32_t pid = 0;
-  TimePoint time{0};  // our clock
+  bool forwarded = false;  // the signal was one ddpctl forwarded (SIGUSR1/2)
+  TimePoint time{0};       // our clock
   Round round;
   std::string reason;            // node_lost: why ("its agent is shutting down (SIGTERM)", ...); hung: the verdict
   std::string describe() const;  // "rank 5 (n2, local rank 1, pid 4242) exited with code 1"

@@ -85,8 +85,11 @@ void Client::start(StartAttempt attempt, launch::GroupCallbacks cb) {
   first_failure_.reset();
 }
 
-void Client::request_stop(int signal) {
-  if (running_) channel_->send(encode_signal("stop", signal));
+void Client::request_stop(int signal, Millis interrupt_grace) {
+  if (!running_) return;
+  auto m = encode_signal("stop", signal);
+  if (interrupt_grace.count() > 0) m["interrupt_ms"] = interrupt_grace.count();
+  channel_->send(std::move(m));
 }
 
 void Client::kill_now() {

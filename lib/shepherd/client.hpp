@@ -49,7 +49,8 @@ class Client {
   // destroy this client from inside it). Throws ShepherdError if an attempt runs or the
   // shepherd is gone.
   void start(StartAttempt attempt, launch::GroupCallbacks cb);
-  void request_stop(int signal);
+  // SIGTERM, or (SIGINT with an interrupt grace: a Ctrl-C) SIGINT first: WorkerGroup::request_stop.
+  void request_stop(int signal, Millis interrupt_grace = Millis(0));
   void kill_now();
   void forward(int signal);
 

@@ -75,8 +75,8 @@ launch::SysTime from_us(long long us) {
 }
 
 json exit_to_json(const launch::WorkerExit& e) {
-  return {{"rank", e.rank},     {"local_rank", e.local_rank}, {"pid", e.pid},        {"exit_code", e.exit_code},
-          {"signal", e.signal}, {"when_us", to_us(e.when)},   {"started", e.started}};
+  return {{"rank", e.rank},     {"local_rank", e.local_rank}, {"pid", e.pid},         {"exit_code", e.exit_code},
+          {"signal", e.signal}, {"when_us", to_us(e.when)},   {"started", e.started}, {"forwarded", e.forwarded}};
 }
 
 launch::WorkerExit exit_from_json(const json& j) {
@@ -88,6 +88,7 @@ launch::WorkerExit exit_from_json(const json& j) {
   e.signal = static_cast<int>(get_int(j, "signal", 0, 64));
   e.when = from_us(get_int(j, "when_us", 0, std::numeric_limits<long long>::max()));
   e.started = get_bool(j, "started");
+  e.forwarded = j.contains("forwarded") && get_bool(j, "forwarded");
   return e;
 }
 
@@ -227,6 +228,11 @@ json encode_signal(std::string_view type, int signal) {
 
 int decode_signal(const json& m) {
   return static_cast<int>(get_int(m, "signal", 1, 64));
+}
+
+Millis decode_interrupt(const json& m) {
+  if (!m.contains("interrupt_ms")) return Millis(0);
+  return Millis(get_int(m, "interrupt_ms", 0, 24ll * 3600 * 1000));
 }
 
 json encode_started(const std::vector<pid_t>& pids) {

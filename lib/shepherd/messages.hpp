@@ -2,7 +2,8 @@
 // on a local socketpair. Pure: encoding and strict decoding, no I/O.
 //
 //   agent -> shepherd:  start {attempt_dir, options, plan}   run one attempt's workers
-//                       stop {signal}                        SIGTERM, grace, SIGKILL
+//                       stop {signal, interrupt_ms?}         SIGTERM, grace, SIGKILL (interrupt_ms:
+//                                                            SIGINT first, SIGTERM that long after)
 //                       kill {}                              SIGKILL now (a stop with no grace)
 //                       forward {signal}                     SIGUSR1/2 to every worker, as it is
 //                       stacks {id, local_ranks, native, budget_ms}  read the running ranks' stacks
@@ -59,6 +60,7 @@ StartAttempt decode_start(const nlohmann::json& m);
 
 nlohmann::json encode_signal(std::string_view type, int signal);  // stop, forward
 int decode_signal(const nlohmann::json& m);                       // 1..64
+Millis decode_interrupt(const nlohmann::json& m);                 // a stop's interrupt_ms (0: none)
 
 nlohmann::json encode_started(const std::vector<pid_t>& pids);
 std::vector<pid_t> decode_started(const nlohmann::json& m);

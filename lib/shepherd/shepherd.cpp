@@ -79,7 +79,7 @@ class Shepherd {
       if (type == "stacks") return on_stacks(decode_stacks(m));
       if (!group_) return;  // a stop or signal for an attempt that already ended
       if (type == "stop")
-        group_->request_stop(decode_signal(m));
+        group_->request_stop(decode_signal(m), decode_interrupt(m));
       else if (type == "kill")
         group_->kill_now();
       else if (type == "forward")

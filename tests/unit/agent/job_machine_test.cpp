@@ -147,6 +147,17 @@ TEST(JobMachine, AssignBeforeTheJoinOrWhileWorkersRunIsRefused) {
   EXPECT_EQ(m.phase(), Phase::running);
 }
 
+// A Ctrl-C's stop (version 6's interrupt_grace_ms): the workers get SIGINT first.
+TEST(JobMachine, ACtrlCsStopCarriesItsInterruptGraceToTheWorkers) {
+  auto m = running(1);
+  auto out = m.handle(Stop{kA, 1, false, "stopped by the user", 10'000});
+  EXPECT_FALSE(one<StopWorkers>(out).now);
+  EXPECT_EQ(one<StopWorkers>(out).interrupt_ms, 10'000u);
+  m = running(1);
+  out = m.handle(Stop{kA, 1, false, "node n2 lost"});
+  EXPECT_EQ(one<StopWorkers>(out).interrupt_ms, 0u);
+}
+
 TEST(JobMachine, StopStopsTheRoundsWorkersOrAnswersAtOnce) {
   auto m = running(1);
   auto out = m.handle(Stop{kA, 1, false, "node n2 lost"});

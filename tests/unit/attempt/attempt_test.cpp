@@ -111,6 +111,50 @@ TEST(Attempt, Describe) {
   EXPECT_EQ(sig(0, SIGKILL, 0).describe(), "was killed by SIGKILL");
 }
 
+// SIGUSR1 that ddpctl passed on (a scheduler's preemption warning) kills a rank with no handler
+// for it: the attempt ends, but that rank did not fail by itself.
+TEST(Attempt, ARankKilledByAForwardedSignalIsNeverTheFirstFailure) {
+  AttemptTracker a(3);
+  a.on_forwarded(SIGUSR1);
+  EXPECT_EQ(a.on_exit(sig(2, SIGUSR1, 10)), Decision::stop_all);  // a rank is gone: stop the others
+  EXPECT_FALSE(a.first_failure());
+  ASSERT_TRUE(a.exits()[2]);
+  EXPECT_TRUE(a.exits()[2]->forwarded);
+  EXPECT_EQ(a.exits()[2]->describe(), "was killed by SIGUSR1, which ddpctl forwarded (it has no handler for it)");
+  // what the stop then ends is its consequence, not a failure either
+  EXPECT_EQ(a.on_exit(code(0, 1, 11)), Decision::none);
+  EXPECT_EQ(a.on_exit(sig(1, SIGTERM, 12)), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::failed);
+  EXPECT_FALSE(a.first_failure());
+  EXPECT_FALSE(a.exits()[0]->forwarded);
+}
+
+TEST(Attempt, OnlyTheSignalsForwardedAreMarked) {
+  AttemptTracker a(2);
+  a.on_forwarded(SIGUSR2);
+  EXPECT_EQ(a.on_exit(sig(0, SIGUSR1, 10)), Decision::stop_all);  // sent by someone else
+  ASSERT_TRUE(a.first_failure());
+  EXPECT_FALSE(a.first_failure()->forwarded);
+  EXPECT_EQ(a.first_failure()->describe(), "was killed by SIGUSR1");
+}
+
+TEST(Attempt, AFailureBeforeTheForwardedSignalStaysTheFirst) {
+  AttemptTracker a(2);
+  EXPECT_EQ(a.on_exit(code(0, 3, 10)), Decision::stop_all);
+  a.on_forwarded(SIGUSR1);
+  EXPECT_EQ(a.on_exit(sig(1, SIGUSR1, 11)), Decision::finished);
+  EXPECT_EQ(a.first_failure()->rank, 0);
+  EXPECT_TRUE(a.exits()[1]->forwarded);
+}
+
+TEST(Attempt, TheLastRankKilledByAForwardedSignalFailsWithoutAFirstFailure) {
+  AttemptTracker a(1);
+  a.on_forwarded(SIGUSR1);
+  EXPECT_EQ(a.on_exit(sig(0, SIGUSR1, 10)), Decision::finished);
+  EXPECT_EQ(a.phase(), Phase::failed);
+  EXPECT_FALSE(a.first_failure());
+}
+
 TEST(Attempt, ZeroRanksIsAnError) {
   EXPECT_THROW(AttemptTracker(0), std::invalid_argument);
 }

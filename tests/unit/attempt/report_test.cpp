@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
+
 using namespace ddp::launch;
 
 TEST(Report, ParsesTorchelasticErrorFile) {
@@ -48,4 +50,23 @@ TEST(Report, FormatNamesTheFirstFailure) {
   EXPECT_EQ(j["attempts"][0]["first_failure"]["exit_code"], 1);
   EXPECT_EQ(j["attempts"][0]["first_failure"]["error_file"]["message"], "ValueError: nan");
   EXPECT_EQ(j["attempts"][0]["exits"][0]["signal"], 15);
+}
+
+TEST(Report, AForwardedSignalIsNamedAndNoRankIsTheFirstFailure) {
+  AttemptReport a;
+  a.phase = Phase::failed;
+  WorkerExit fw{2, 2, 4242, 0, SIGUSR1, SysTime{}};
+  fw.forwarded = true;
+  a.exits = {WorkerExit{0, 0, 1, 0, SIGTERM, SysTime{}}, fw};
+  auto text = format_attempt(a, 0);
+  EXPECT_EQ(text.find("first failure"), std::string::npos) << text;
+  EXPECT_NE(text.find("no rank failed by itself: rank 0 was killed by SIGTERM, rank 2 was killed by SIGUSR1, which "
+                      "ddpctl forwarded (it has no handler for it)"),
+            std::string::npos)
+      << text;
+  JobReport r{"job-1", "failed", 1, 0, {a}};
+  auto j = to_json(r);
+  EXPECT_TRUE(j["attempts"][0]["first_failure"].is_null());
+  EXPECT_EQ(j["attempts"][0]["exits"][1]["forwarded"], true);
+  EXPECT_EQ(j["attempts"][0]["exits"][0]["forwarded"], false);
 }

@@ -231,6 +231,37 @@ TEST(Workers, ALeavingNodesExitsAreFiledButNeverACause) {
 
 // ---------------------------------------------------------------- closing the attempt
 
+// An agent's SIGUSR1, forwarded to a rank with no handler for it (version 6's `forwarded`): the
+// round ends, but neither the rendezvous's failure nor the order of exits makes it the cause.
+TEST(Close, ARankKilledByAForwardedSignalIsNeverTheFirstFailure) {
+  auto m = three_nodes();
+  auto x = exit_of("n2", 1, 0, 0, Micros(10s), SIGUSR1);
+  x.forwarded = true;
+  auto fwd = all<ForwardExit>(m.handle(x));
+  ASSERT_EQ(fwd.size(), 1u);
+  EXPECT_TRUE(fwd[0].exit.forwarded);  // the rendezvous's message says so too
+  m.handle(StopIssued{Round{1}, Micros(11s)});
+  m.handle(exit_of("n1", 1, 0, 0, Micros(12s), SIGTERM));
+  rdzv::Failure f;  // the rendezvous filed the forwarded exit as its failure
+  f.node = "n2";
+  f.local_rank = LocalRank{0};
+  auto c = all<AttemptClosed>(m.handle(Close{Outcome::failed, f}));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_FALSE(c[0].first_failure);
+  EXPECT_FALSE(c[0].node_failure);
+}
+
+TEST(Close, ARealFailureBeforeAForwardedSignalIsStillFirst) {
+  auto m = three_nodes();
+  auto x = exit_of("n2", 1, 0, 0, Micros(11s), SIGUSR1);
+  x.forwarded = true;
+  m.handle(x);
+  m.handle(exit_of("n3", 1, 1, 3, Micros(10s)));  // happened first, arrived later
+  m.handle(StopIssued{Round{1}, Micros(12s)});
+  auto c = all<AttemptClosed>(m.handle(Close{Outcome::failed, std::nullopt}));
+  EXPECT_EQ(c.at(0).first_failure, (WorkerKey{"n3", 1}));
+}
+
 TEST(Close, TheEarliestFailureBeforeTheStopIsFirst) {
   auto m = three_nodes();
   m.handle(exit_of("n3", 1, 1, 9, Micros(12s)));  // arrives first, happened later

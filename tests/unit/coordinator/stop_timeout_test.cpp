@@ -10,8 +10,11 @@
 using namespace std::chrono_literals;
 
 TEST(CoordinatorStopTimeout, AllowsTheStacksReadAndTheConverter) {
+  // (a Ctrl-C's SIGINT step, 10 s at most, comes before the grace)
   EXPECT_EQ(ddp::coordinator::round_stop_timeout(30s),
-            30s + 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
+            30s + 10s + 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
+  EXPECT_EQ(ddp::coordinator::round_stop_timeout(2s),
+            2s + 2s + 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
   EXPECT_GE(ddp::coordinator::round_stop_timeout(0s), 5s + ddp::launch::kStacksBudget + ddp::hang::kConvertLimit);
   EXPECT_LE(ddp::hang::kConvertLimit, 3s);
 }

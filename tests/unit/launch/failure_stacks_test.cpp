@@ -232,7 +232,13 @@ TEST(FailureStacks, ANodeSpeaksOnlyForItsOwnRanks) {
   ASSERT_EQ(s.ranks.size(), 1u);
   EXPECT_EQ(s.ranks[0].rank, 4);
   ASSERT_EQ(s.notes.size(), 1u);
-  EXPECT_EQ(s.notes[0], "4 rank(s) it does not hold (ranks 4-7 are its) were left out");
+  EXPECT_EQ(s.notes[0], "4 ranks it does not hold (ranks 4-7 are its) were left out");
+  // One rank on the node, one foreign rank: said in the singular, not "ranks 2-2".
+  FailureStacks one;
+  one.ranks = {rank_in(2, in_all_reduce()), rank_in(5, in_all_reduce())};
+  keep_own_ranks(one, 2, 1);
+  ASSERT_EQ(one.notes.size(), 1u);
+  EXPECT_EQ(one.notes[0], "1 rank it does not hold (rank 2 is its) was left out");
 }
 
 // A reader that blocks until released: a target whose memory cannot be read quickly.

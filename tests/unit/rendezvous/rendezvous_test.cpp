@@ -515,6 +515,11 @@ TEST(Restarts, SignalNamesInDescriptions) {
   EXPECT_EQ(f.describe(), "rank 0 (n1, local rank 0) was killed by signal 9 (SIGKILL)");
   f.signal = 64;
   EXPECT_EQ(f.describe(), "rank 0 (n1, local rank 0) was killed by signal 64");
+  f.signal = SIGUSR1;
+  f.forwarded = true;  // an agent passed it on, and the rank had no handler
+  EXPECT_EQ(
+      f.describe(),
+      "rank 0 (n1, local rank 0) was killed by signal 10 (SIGUSR1), which ddpctl forwarded (it has no handler for it)");
   Failure lost;
   lost.kind = Failure::Kind::node_lost;
   lost.node = "n2";

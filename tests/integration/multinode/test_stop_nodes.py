@@ -1,0 +1,124 @@
+"""The stop sequence across simulated nodes (issue 25): a Ctrl-C to ddpctl reaches every node's
+ranks as SIGINT first (the coordinator's stop carries the interrupt grace, protocol version 6),
+then SIGTERM, then SIGKILL, each step said on the launcher's terminal; a SIGUSR1 that the agents
+forward and that kills a rank with no handler is named as such in the report, and no rank is the
+job's first failure."""
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import simcluster  # noqa: E402
+from simcluster import finish, wait_for_tagged  # noqa: E402
+
+SKIP = simcluster.netns_unavailable()
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+
+PY = "/usr/bin/python3"
+
+# argv: the shared folder, then a mode.
+#   checkpoint: saves a checkpoint (in the shared folder) on KeyboardInterrupt
+#   stubborn:   notes SIGINT and SIGTERM (one line each, in order) and goes on; only SIGKILL ends it
+#   usr1-on-1:  rank 1 has a SIGUSR1 handler, the others none
+WORKER = r'''
+import json, os, signal, sys, time
+d, mode = sys.argv[1], sys.argv[2]
+r = os.environ["RANK"]
+def note(name):
+    def h(*_):
+        with open(os.path.join(d, f"signals-{r}"), "a") as f:
+            f.write(name + "\n")
+    return h
+if mode == "stubborn":
+    signal.signal(signal.SIGINT, note("INT"))
+    signal.signal(signal.SIGTERM, note("TERM"))
+if mode == "usr1-on-1" and r == "1":
+    signal.signal(signal.SIGUSR1, note("USR1"))
+print("READY " + json.dumps(os.getpid()), flush=True)
+try:
+    while True:
+        time.sleep(1)
+except KeyboardInterrupt:
+    tmp = os.path.join(d, f"ckpt-{r}.tmp")
+    with open(tmp, "w") as f:
+        f.write(f"rank {r} step 42")
+    os.rename(tmp, os.path.join(d, f"ckpt-{r}.pt"))
+'''
+
+
+@pytest.fixture
+def cluster():
+    with simcluster.Cluster(nodes=3) as c:
+        for h in c.hosts:
+            c.start_agent(h)
+        yield c
+
+
+def start(c, name, mode):
+    worker = c.write("worker.py", WORKER)
+    job = simcluster.job_file(c, name, [PY, worker, c.dir, mode])  # one rank per node, stop.grace 3s
+    p = c.launch(job, "--result-json", os.path.join(c.dir, "r.json"))
+    wait_for_tagged(p, 3, "READY ")
+    return p
+
+
+def result(c):
+    with open(os.path.join(c.dir, "r.json")) as f:
+        return json.load(f)
+
+
+def test_ctrl_c_reaches_every_nodes_python_ranks_as_keyboard_interrupt(cluster):
+    c = cluster
+    p = start(c, "ckpt", "checkpoint")
+    os.kill(p.pid, signal.SIGINT)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 128 + signal.SIGINT, err
+    for r in range(3):
+        with open(os.path.join(c.dir, f"ckpt-{r}.pt")) as f:
+            assert f.read() == f"rank {r} step 42", err
+    assert err.count("Ctrl-C: sending SIGINT to 3 ranks on 3 nodes (KeyboardInterrupt); SIGTERM in 3s, SIGKILL 3s "
+                     "after that; Ctrl-C again to kill now") == 1, err
+    res = result(c)
+    assert res["status"] == "stopped" and res["attempts"][0]["first_failure"] is None, res
+
+
+def test_ranks_ignoring_sigint_get_sigterm_then_sigkill_each_step_said(cluster):
+    c = cluster
+    p = start(c, "stubborn", "stubborn")
+    os.kill(p.pid, signal.SIGINT)
+    rc, out, err = finish(p, timeout=90)
+    assert rc == 128 + signal.SIGINT, err
+    for r in range(3):
+        with open(os.path.join(c.dir, f"signals-{r}")) as f:
+            assert f.read() == "INT\nTERM\n", err
+    steps = [
+        "Ctrl-C: sending SIGINT to 3 ranks on 3 nodes (KeyboardInterrupt); SIGTERM in 3s, SIGKILL 3s after that; "
+        "Ctrl-C again to kill now",
+        "3 ranks still running 3s after SIGINT: the agents send SIGTERM; SIGKILL 3s after that",
+        "3 ranks were still running after the 3s stop grace: SIGKILL",
+    ]
+    at = [err.find(s) for s in steps]
+    assert all(i >= 0 for i in at) and at == sorted(at), err
+    assert all(err.count(s) == 1 for s in steps), err
+    assert result(c)["status"] == "stopped"
+
+
+def test_a_forwarded_sigusr1_is_named_and_no_rank_is_the_first_failure(cluster):
+    c = cluster
+    p = start(c, "usr1", "usr1-on-1")
+    os.kill(p.pid, signal.SIGUSR1)
+    rc, out, err = finish(p, timeout=60)
+    assert rc == 1, err
+    assert "first failure" not in err, err
+    assert "no rank failed by itself:" in err, err
+    for r in (0, 2):
+        assert f"rank {r} was killed by SIGUSR1, which ddpctl forwarded (it has no handler for it)" in err, err
+    with open(os.path.join(c.dir, "signals-1")) as f:
+        assert f.read() == "USR1\n"
+    a = result(c)["attempts"][0]
+    assert a["first_failure"] is None, a
+    by_rank = {e["rank"]: e for e in a["exits"]}
+    assert by_rank[0]["forwarded"] and by_rank[2]["forwarded"] and not by_rank[1]["forwarded"], a
