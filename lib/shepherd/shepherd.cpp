@@ -33,6 +33,9 @@ namespace {
 constexpr std::size_t kMaxQueued = 64u << 20;
 // After the agent is gone: the time the killed tree gets to be reaped and its pipes drained.
 constexpr auto kAbandonDeadline = std::chrono::seconds(10);
+// After a stop signal while the agent lives: what the agent's stop sequence gets beyond its own
+// length before this process kills the job itself.
+constexpr Millis kSignalMargin{5'000};
 
 class Shepherd {
  public:
@@ -42,6 +45,7 @@ class Shepherd {
         sigchld_(io_, SIGCHLD),
         agent_(io_),
         deadline_(io_),
+        signal_deadline_(io_),
         log_(log::get("shepherd")) {}
 
   int run() {
@@ -109,6 +113,7 @@ class Shepherd {
     }
     if (!prepare_containers(s)) return;
     group_ = std::make_unique<launch::WorkerGroup>(io_, std::move(s.plan), s.attempt_dir, s.options, std::move(cb));
+    stop_grace_ = s.options.stop_grace;
     if (watchdog_) group_->keep(watchdog_->pid());
     group_->start();
     std::vector<pid_t> pids;  // by local rank
@@ -224,10 +229,30 @@ class Shepherd {
     io_.stop();
   }
 
+  // SLURM's scancel and time limit, and systemd's control-group kill, signal every process of
+  // the job at once: the agent (which then stops the job in order, with the job's stop grace),
+  // the ranks themselves, and this process. Abandoning here would SIGKILL the ranks while their
+  // SIGTERM handlers write a checkpoint. So while the agent lives and an attempt runs, the stop
+  // is the agent's; only if it has not ended the attempt within the whole stop sequence
+  // (the stacks read, a Ctrl-C's SIGINT step, stop.grace, and a margin) do we kill the job here.
   void wait_signals() {
     signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec) return;
-      abandon(fmt::format("{} received", supervisor::signal_name(sig)));
+      const auto what = fmt::format("{} received", supervisor::signal_name(sig));
+      if (group_ && channel_ && channel_->open() && !abandoning_ && !signalled_) {
+        signalled_ = true;
+        const auto wait = stop_grace_ + launch::interrupt_grace(stop_grace_) + launch::kStacksBudget + kSignalMargin;
+        log_->warn(
+            "job {}: {}; the agent (pid {}) stops the job; killing its processes here if the attempt has not "
+            "ended within {}",
+            args_.job_id, what, args_.agent_pid, format_duration(wait));
+        signal_deadline_.expires_after(wait);
+        signal_deadline_.async_wait([this, what](boost::system::error_code e) {
+          if (!e && group_) abandon(fmt::format("{}, and the attempt has not ended", what));
+        });
+      } else {
+        abandon(what);  // no attempt, the agent's link gone, or a second signal: kill now
+      }
       wait_signals();
     });
   }
@@ -245,6 +270,7 @@ class Shepherd {
   asio::signal_set signals_, sigchld_;
   asio::posix::stream_descriptor agent_;  // the agent's pidfd: readable once the agent has exited
   asio::steady_timer deadline_;
+  asio::steady_timer signal_deadline_;  // a signal received while the agent lives (wait_signals)
   std::shared_ptr<spdlog::logger> log_;
   std::shared_ptr<Channel> channel_;
   std::optional<contract::Plan> env_files_;  // the attempt's plan, for its env files
@@ -255,6 +281,8 @@ class Shepherd {
   int attempt_ = 0;
   std::uint64_t dropped_ = 0;
   bool abandoning_ = false;
+  bool signalled_ = false;     // a stop signal came while the agent lived (wait_signals)
+  Millis stop_grace_{30'000};  // the running attempt's
   int exit_code_ = 0;
 };
 

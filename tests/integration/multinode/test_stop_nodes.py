@@ -23,6 +23,7 @@ PY = "/usr/bin/python3"
 #   checkpoint: saves a checkpoint (in the shared folder) on KeyboardInterrupt
 #   stubborn:   notes SIGINT and SIGTERM (one line each, in order) and goes on; only SIGKILL ends it
 #   usr1-on-1:  rank 1 has a SIGUSR1 handler, the others none
+#   slow-term:  on SIGTERM, takes 1 s to write a checkpoint, then exits 0
 WORKER = r'''
 import json, os, signal, sys, time
 d, mode = sys.argv[1], sys.argv[2]
@@ -37,7 +38,14 @@ if mode == "stubborn":
     signal.signal(signal.SIGTERM, note("TERM"))
 if mode == "usr1-on-1" and r == "1":
     signal.signal(signal.SIGUSR1, note("USR1"))
-print("READY " + json.dumps(os.getpid()), flush=True)
+if mode == "slow-term":
+    def slow_checkpoint(*_):
+        time.sleep(1.0)
+        with open(os.path.join(d, f"ckpt-{r}.pt"), "w") as f:
+            f.write(f"rank {r} on SIGTERM")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, slow_checkpoint)
+print("READY " + json.dumps([os.getpid(), os.getppid()]), flush=True)
 try:
     while True:
         time.sleep(1)
@@ -61,8 +69,7 @@ def start(c, name, mode):
     worker = c.write("worker.py", WORKER)
     job = simcluster.job_file(c, name, [PY, worker, c.dir, mode])  # one rank per node, stop.grace 3s
     p = c.launch(job, "--result-json", os.path.join(c.dir, "r.json"))
-    wait_for_tagged(p, 3, "READY ")
-    return p
+    return p, wait_for_tagged(p, 3, "READY ")
 
 
 def result(c):
@@ -72,7 +79,7 @@ def result(c):
 
 def test_ctrl_c_reaches_every_nodes_python_ranks_as_keyboard_interrupt(cluster):
     c = cluster
-    p = start(c, "ckpt", "checkpoint")
+    p, _ = start(c, "ckpt", "checkpoint")
     os.kill(p.pid, signal.SIGINT)
     rc, out, err = finish(p, timeout=60)
     assert rc == 128 + signal.SIGINT, err
@@ -87,7 +94,7 @@ def test_ctrl_c_reaches_every_nodes_python_ranks_as_keyboard_interrupt(cluster):
 
 def test_ranks_ignoring_sigint_get_sigterm_then_sigkill_each_step_said(cluster):
     c = cluster
-    p = start(c, "stubborn", "stubborn")
+    p, _ = start(c, "stubborn", "stubborn")
     os.kill(p.pid, signal.SIGINT)
     rc, out, err = finish(p, timeout=90)
     assert rc == 128 + signal.SIGINT, err
@@ -108,7 +115,7 @@ def test_ranks_ignoring_sigint_get_sigterm_then_sigkill_each_step_said(cluster):
 
 def test_a_forwarded_sigusr1_is_named_and_no_rank_is_the_first_failure(cluster):
     c = cluster
-    p = start(c, "usr1", "usr1-on-1")
+    p, _ = start(c, "usr1", "usr1-on-1")
     os.kill(p.pid, signal.SIGUSR1)
     rc, out, err = finish(p, timeout=60)
     assert rc == 1, err
@@ -122,3 +129,28 @@ def test_a_forwarded_sigusr1_is_named_and_no_rank_is_the_first_failure(cluster):
     assert a["first_failure"] is None, a
     by_rank = {e["rank"]: e for e in a["exits"]}
     assert by_rank[0]["forwarded"] and by_rank[2]["forwarded"] and not by_rank[1]["forwarded"], a
+
+
+def test_sigterm_to_every_process_of_the_job_leaves_the_stop_to_the_agent(cluster):
+    """SLURM's scancel and systemd's control-group kill signal every process of a job at once:
+    the ranks and their shepherd. The shepherd leaves the stop to its living agent instead of
+    SIGKILLing the ranks while their SIGTERM handlers write a checkpoint (before: killed at once,
+    no checkpoint; test_slurm_real.py saw it under a real scancel)."""
+    c = cluster
+    p, ready = start(c, "scancel", "slow-term")
+    shepherds = set()
+    for rank, (node, (pid, ppid)) in ready.items():
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            assert b"shepherd" in f.read(), (rank, node, ppid)
+        shepherds.add(ppid)
+    assert len(shepherds) == 3
+    for rank, (node, (pid, ppid)) in ready.items():
+        os.kill(ppid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
+    rc, out, err = finish(p, timeout=60)
+    for r in range(3):
+        path = os.path.join(c.dir, f"ckpt-{r}.pt")
+        assert os.path.exists(path), f"rank {r} was killed before its SIGTERM handler ended:\n{err}"
+        with open(path) as f:
+            assert f.read() == f"rank {r} on SIGTERM"
+    assert rc == 0, err
