@@ -117,3 +117,35 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
             ranks = sorted(p.name for p in next(iter(new_jobs)).glob("rank-*.log"))
             assert ranks == ["rank-0.log", "rank-1.log"], ranks
     assert {"build", "launch", "dry-run", "torchrun"} <= seen
+
+
+def github_anchor(heading):
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path):
+    found, in_code = set(), False
+    for line in path.read_text().split("\n"):
+        if line.startswith("```"):
+            in_code = not in_code
+        m = re.match(r"^#{1,6} (.*)", line)
+        if m and not in_code:
+            found.add(github_anchor(m.group(1)))
+    return found
+
+
+def test_every_link_in_the_readme_and_docs_leads_somewhere():
+    """The README sends users to docs/ for everything long: each relative link names a file of the
+    tree and, with #anchor, a heading in it (GitHub's anchors)."""
+    broken = []
+    for doc in [README, *sorted((SOURCE_DIR / "docs").glob("*.md"))]:
+        for link in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"^[a-z]+://", link):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (doc.parent / path).resolve() if path else doc
+            if not target.exists():
+                broken.append(f"{doc.name}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+                broken.append(f"{doc.name}: {link} (no such heading)")
+    assert not broken, broken
