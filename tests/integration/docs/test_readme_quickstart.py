@@ -56,7 +56,10 @@ def kind(line):
 
 def checkout_copy(dest):
     """The source tree as a fresh clone has it, plus `build` -> the build under test."""
-    ignore = shutil.ignore_patterns("build", "build-*", "logs", ".git", "__pycache__", "checkpoints")
+    def ignore(folder, names):
+        top = os.path.samefile(folder, SOURCE_DIR)
+        return [n for n in names if n == "__pycache__" or (top and (n in ("build", "logs", "checkpoints", ".git")
+                                                                     or n.startswith("build-")))]
     shutil.copytree(SOURCE_DIR, dest, ignore=ignore, symlinks=True)
     os.symlink(BINARY_DIR, dest / "build")
     return dest
