@@ -8,11 +8,21 @@
 #   SERVER_THREADS=auto  our server's I/O threads (`store serve --threads`: 0, N or auto, a
 #                        quarter of the cores); PyTorch's server is one thread whatever is asked
 #   LOAD_THREADS=N       the load generator's epoll threads (default: half the cores, at least 2)
+#   MODE=storm           instead of throughput: a connection storm (store_storm): CLIENTS (default
+#                        4096) clients connect at once, then meet at a barrier; REPEATS (3) runs
+#                        each, alternating; CONNS connections per client (default: 2 for 1.13's
+#                        protocol, which opens a callback connection too; 1 for 2.x);
+#                        STORM_TIMEOUT (30) seconds for one storm until it counts as failed
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
 ddpctl=$build/bin/ddpctl
-load=$build/bin/store_load
+mode=${MODE:-throughput}
+case $mode in
+  throughput) load=$build/bin/store_load ;;
+  storm) load=$build/bin/store_storm ;;
+  *) echo "run.sh: MODE is throughput or storm, not $mode" >&2; exit 2 ;;
+esac
 for b in "$ddpctl" "$load"; do
   [[ -x $b ]] || { echo "run.sh: $b is missing; run scripts/build first" >&2; exit 2; }
 done
@@ -20,6 +30,8 @@ python=${PYTHON:-/usr/bin/python3}
 "$python" -c "import torch" 2>/dev/null \
   || { echo "run.sh: $python has no torch (set PYTHON=...)" >&2; exit 2; }
 
+# A storm holds CLIENTS x CONNS connections in each server and in the load generator at once.
+ulimit -n "$(ulimit -Hn)"
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -60,5 +72,11 @@ echo "torch: PyTorch $("$python" -c 'import torch; print(torch.__version__)') TC
 echo "machine: $(nproc) cores; load generator ($load_threads threads) and both servers share them"
 # The wire numbering the comparison server speaks: 1.13's for torch 1.x, 2.x's (VALIDATE first) after.
 protocol=${PROTOCOL:-$("$python" -c 'import torch; print(2 if int(torch.__version__.split(".")[0]) >= 2 else 1)')}
+if [[ $mode == storm ]]; then
+  "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
+    --clients "${CLIENTS:-4096}" --repeats "${REPEATS:-3}" --threads "$load_threads" \
+    --timeout "${STORM_TIMEOUT:-30}" ${CONNS:+--conns "$CONNS"}
+  exit
+fi
 "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
   --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}" --threads "$load_threads"

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""A stand-in for SLURM's srun, put first on PATH by test_slurm.py.
+"""A stand-in for SLURM's srun, put first on PATH by test_slurm.py, kept only for what the real
+srun of test_slurm_real.py cannot show there: a node whose task fails at once, before its agent
+runs (FAKE_SRUN_FAIL_NODE). The real cluster's nodes share one file system and one ddp-agentd,
+so no real node can lack or break the agent while the others have it. Everything else of
+`ddpctl launch --slurm` (srun's flags, the secret, failures, scancel, signals, TLS, time limit)
+is tested against the real srun.
 
 It does what `ddpctl launch --slurm` needs of srun's step launch, on simulated hosts:
-  - records its argv and whether the run's secret came in its environment (FAKE_SRUN_RECORD,
-    one JSON line per call; the secret's value is never written, only its length);
   - runs the command once per node of --nodelist (SLURM syntax, one bracket per name is enough
     here) inside that node's namespaces, using the prefixes in FAKE_SRUN_HOSTS (JSON: node ->
     argv prefix), with srun's own environment (--export=ALL);
@@ -11,8 +14,7 @@ It does what `ddpctl launch --slurm` needs of srun's step launch, on simulated h
   - on SIGTERM or SIGINT passes SIGTERM to every task, as srun does, and with
     --kill-on-bad-exit=1 when a task fails; exits with the highest task status once every task
     has ended.
-Faults for the failure tests: FAKE_SRUN_FAIL_NODE=n2 makes that node's task fail at once
-(without running the command), FAKE_SRUN_REFUSE=1 makes the step creation fail.
+FAKE_SRUN_FAIL_NODE=n2 makes that node's task fail at once (without running the command).
 """
 import json
 import os
@@ -22,9 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-
-SECRET_ENV = "DDP_AGENT_SECRET"
-
 
 def expand(nodelist):
     out = []
@@ -48,13 +47,6 @@ def main():
         opts[k] = v
         i += 1
     command = args[i:]
-    with open(os.environ["FAKE_SRUN_RECORD"], "a") as f:
-        f.write(json.dumps({"argv": sys.argv[1:], "secret_len": len(os.environ.get(SECRET_ENV, "")),
-                            "slurm_job_id": os.environ.get("SLURM_JOB_ID")}) + "\n")
-    if os.environ.get("FAKE_SRUN_REFUSE"):
-        print("srun: error: Unable to create step for job 4242: Requested node configuration is not available",
-              file=sys.stderr, flush=True)
-        return 1
     prefixes = json.load(open(os.environ["FAKE_SRUN_HOSTS"]))
     nodes = expand(opts["--nodelist"])
     assert len(nodes) == int(opts["--nodes"]) == int(opts["--ntasks"]), opts

@@ -1,0 +1,196 @@
+"""The training script bench/training/run.py starts, by hand and through ddpctl: an unchanged
+torchrun-style DDP script (env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK).
+
+It writes one JSON file (--out) of CLOCK_MONOTONIC timestamps (time.monotonic(), one clock for
+every process of the machine, so the harness can subtract the instant it asked for the process):
+  t_main          the script's first line (interpreter up, nothing imported)
+  t_imported      torch imported
+  t_init          init_process_group returned
+  t_ready         model, optimizer and synthetic batch on the device
+  t_step1         the end of step 1: forward, backward, optimizer step, then the device synchronised
+  steady          the steady window: --steps steps after --warmup, timed as a whole between two
+                  device synchronisations (no synchronisation inside, as a real loop runs), and in
+                  --chunks equal parts for the spread within the run
+and what ran: model, parameters, batch, dtype, backend, device name, torch version, CPU affinity.
+
+Model: ResNet-50 (torchvision) when importable and --model auto/resnet50; otherwise a stack of
+transformer blocks written here in plain torch (pre-norm attention + GELU MLP). Synthetic data,
+made once on the device. bf16 through autocast, fp32 weights (the usual mixed precision).
+"""
+import time
+
+T_MAIN = time.monotonic()
+
+import os  # noqa: E402
+
+ENV0 = dict(os.environ)  # as the launcher gave it, before torch's import can add anything
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+T_IMPORTED = time.monotonic()
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: multi-head self-attention and a 4x GELU MLP."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.0 and later
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # 1.13 (the CPU smoke test here)
+            w = (q @ k.transpose(-2, -1)) / (d // self.heads) ** 0.5
+            w = w.masked_fill(torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+            a = w.softmax(-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab, d, heads, layers):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+# name: (d, heads, layers, vocab, seq, batch); "tiny" is the CPU smoke test's.
+TRANSFORMERS = {"transformer": (1024, 16, 8, 32768, 1024, 16), "tiny": (64, 4, 2, 256, 32, 4)}
+
+
+def build(kind, device, batch):
+    """Returns (model, inputs, targets, loss_fn, description)."""
+    if kind == "auto":
+        try:
+            import torchvision  # noqa: F401
+
+            kind = "resnet50"
+        except ImportError:
+            kind = "transformer"
+    g = torch.Generator(device="cpu").manual_seed(0)
+    if kind == "resnet50":
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None, num_classes=1000)
+        batch = batch or 128
+        x = torch.randn(batch, 3, 224, 224, generator=g).to(device).to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), generator=g).to(device)
+        model = model.to(device).to(memory_format=torch.channels_last)
+        desc = f"torchvision {torchvision.__version__} resnet50, batch {batch}, 224x224, channels_last"
+        return model, x, y, lambda out, y: F.cross_entropy(out, y), desc
+    d, heads, layers, vocab, seq, default_batch = TRANSFORMERS[kind]
+    batch = batch or default_batch
+    model = Transformer(vocab, d, heads, layers).to(device)
+    x = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    y = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    desc = f"{kind}: {layers} blocks (plain torch), d {d}, {heads} heads, seq {seq}, vocab {vocab}, batch {batch}"
+    return model, x, y, lambda out, y: F.cross_entropy(out.flatten(0, 1).float(), y.flatten()), desc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True, help="the JSON file this run writes")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--model", default="auto", choices=["auto", "resnet50", "transformer", "tiny"])
+    ap.add_argument("--batch", type=int, default=0, help="0: the model's default")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--warmup", type=int, default=10, help="steps after step 1 before the steady window")
+    ap.add_argument("--steps", type=int, default=50, help="steps in the steady window")
+    ap.add_argument("--chunks", type=int, default=5)
+    a = ap.parse_args()
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if a.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        backend = "nccl"
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+        def sync():
+            torch.cuda.synchronize(device)
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+
+        def sync():
+            pass
+
+    dist.init_process_group(backend)  # env://, as torchrun's scripts do
+    t_init = time.monotonic()
+
+    model, x, y, loss_fn, desc = build(a.model, device, a.batch)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if a.device == "cuda" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    sync()
+    t_ready = time.monotonic()
+    amp = torch.autocast(device_type=a.device, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with amp:
+            out = ddp(x)
+        loss = loss_fn(out, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step()
+    sync()
+    t_step1 = time.monotonic()
+    for _ in range(a.warmup):
+        step()
+    sync()
+    per_chunk = max(1, a.steps // a.chunks)
+    chunks = []
+    t0 = time.monotonic()
+    for _ in range(a.chunks):
+        c0 = time.monotonic()
+        for _ in range(per_chunk):
+            loss = step()
+        sync()
+        chunks.append((time.monotonic() - c0) / per_chunk)
+    steady = (time.monotonic() - t0) / (per_chunk * a.chunks)
+    final_loss = float(loss)
+    dist.destroy_process_group()
+    result = {
+        "t_main": T_MAIN, "t_imported": T_IMPORTED, "t_init": t_init, "t_ready": t_ready, "t_step1": t_step1,
+        "steady_step_s": steady, "chunk_step_s": chunks, "steps": per_chunk * a.chunks, "warmup": a.warmup,
+        "loss": final_loss, "model": desc, "params": sum(p.numel() for p in model.parameters()),
+        "dtype": a.dtype, "backend": backend, "torch": torch.__version__, "pid": os.getpid(),
+        "device": torch.cuda.get_device_name(device) if a.device == "cuda" else "cpu",
+        "affinity": sorted(os.sched_getaffinity(0)), "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "env": ENV0,
+    }
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.rename(tmp, a.out)
+
+
+if __name__ == "__main__":
+    main()
