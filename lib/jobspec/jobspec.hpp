@@ -122,7 +122,7 @@ struct JobSpec {
   // as torchrun --standalone does.
   bool store_port_explicit = false;
   int store_threads = kAutoThreads;  // the store's own I/O threads; 0: the launcher's (agent's) loop
-  // The store's totals for the whole job (README "The store": far above what initialisation
+  // The store's totals for the whole job (docs/jobfile.md "The job's store": far above what initialisation
   // stores); the other totals (queue items, waiters, connections) are store::Totals' defaults.
   std::uint64_t store_max_bytes = 1ull << 30;  // store.max_size: keys + values + queue items
   std::uint64_t store_max_keys = 1ull << 20;   // store.max_keys

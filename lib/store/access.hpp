@@ -1,7 +1,7 @@
 // Who may connect to a job's store: the decision (pure) and the two kernel facts it needs (the
 // addresses of this host, and the uid that owns the client end of a connection from this host).
 //
-// Policy (docs/security.md has the model; README "The store" the user's view):
+// Policy (docs/security.md has the model; docs/jobfile.md "The job's store" the user's view):
 //  - A connection from this host is one whose source address is loopback (127/8, ::1, their
 //    v4-mapped forms), one of this host's interface addresses (node rank 0's workers reach the
 //    store at MASTER_ADDR, the node's own address), or one whose client socket the kernel shows

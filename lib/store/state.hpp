@@ -62,7 +62,7 @@ namespace ddp::store {
 using ClientId = uint64_t;
 
 // What one job's store may hold in all, over all its connections. The defaults are far above
-// what initialisation stores (README, "The store": a few keys of at most a few hundred bytes
+// what initialisation stores (docs/jobfile.md, "The job's store": a few keys of at most a few hundred bytes
 // per rank and process group): they stop a runaway or hostile client, not a job.
 struct Totals {
   std::size_t max_bytes = std::size_t{1} << 30;        // keys + values + queue items (store.max_size)
