@@ -3,8 +3,9 @@ debootstrap tarball, build/debootstrap/), booted with systemd-nspawn (systemd 25
 network namespace of its own holding only lo), and checked the way an admin would: `systemctl
 enable --now ddp-agentd` (Type=notify: active once it listens), a job's ranks in a transient unit
 of its own started over systemd's API, the watchdog restarting an agent that stops answering
-(SIGSTOP), `systemctl stop ddp-agentd` and `apt-get remove` with a job running (no worker
-left), and an upgrade with the agent running.
+(SIGSTOP), `systemctl stop ddp-agentd` with a job running (no worker left), the agent's lines
+in journald with the job id and rank as fields, `apt-get remove` with a job running, and an
+upgrade with the agent running.
 
 How: nspawn runs with --register=no --keep-unit (this host's PID 1 is not systemd, so there is
 no machined to register with) and --notify-ready=yes; the test owns nspawn's NOTIFY_SOCKET and
@@ -345,6 +346,29 @@ def test_stopping_the_agent_with_a_job_running_leaves_no_worker(box):
     assert left.stdout.strip() == "", left.stdout
     assert show(box, units[0], "ActiveState")["ActiveState"] in ("inactive", "failed"), units
     TIMES["stop"] = time.monotonic() - t0
+
+
+def test_the_agents_lines_in_the_journal_carry_the_job_and_rank(box):
+    t0 = time.monotonic()
+    box.ok("systemctl start ddp-agentd")
+    job = "name: journal\ncommand: [/bin/sh, -c, 'if [ $RANK = 1 ]; then exit 3; fi; exec sleep 120']\nnproc_per_node: 2\n"
+    box.ok(f"cat > /root/journal.yaml <<'EOF'\n{job}EOF")
+    r = box.sh("cd /root && timeout 120 ddpctl launch --nodes 127.0.0.1 --token-file /etc/ddpctl/token journal.yaml",
+               timeout=150)
+    assert r.returncode not in (0, 124), r.stdout + r.stderr
+    # journald takes datagrams asynchronously: --sync waits until it wrote what it was sent.
+    out = box.ok("journalctl --sync && journalctl -o json --no-pager _SYSTEMD_UNIT=ddp-agentd.service DDP_RANK=1")
+    entries = [json.loads(line) for line in out.splitlines()]
+    failed = [e for e in entries if e.get("DDP_JOB_ID", "").startswith("journal-")]
+    assert len(failed) == 1, out
+    e = failed[0]
+    assert e["DDP_ROUND"] == "1" and e["PRIORITY"] == "4" and e["DDP_SUBSYSTEM"] == "agent", e
+    assert "rank 1 exited with code 3" in e["MESSAGE"], e
+    # Every line about that job is found by its id; the ones about no job carry none.
+    job_lines = box.ok(f"journalctl -o json --no-pager _SYSTEMD_UNIT=ddp-agentd.service DDP_JOB_ID={e['DDP_JOB_ID']}")
+    messages = [json.loads(line)["MESSAGE"] for line in job_lines.splitlines()]
+    assert len(messages) >= 3 and all(m.startswith(f"job {e['DDP_JOB_ID']}") for m in messages), messages
+    TIMES["journal"] = time.monotonic() - t0
 
 
 def test_apt_get_remove_with_a_job_running_leaves_no_worker(box):
