@@ -6,6 +6,7 @@
 #include <systemd/sd-daemon.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -72,11 +73,50 @@ void append(sd_bus_message* m, const Property& p) {
 
 }  // namespace
 
+namespace {
+
+// systemd's own socket, which PID 1 serves to root without a bus daemon (systemctl uses it as
+// root too). A minimal Debian has systemd but no dbus-daemon: without this, the packaged agent
+// could not start its jobs' units there.
+constexpr const char* kPrivatePath = "/run/systemd/private";
+
+int open_private(sd_bus** out) {
+  sd_bus* bus = nullptr;
+  int rc = sd_bus_new(&bus);
+  if (rc < 0) return rc;
+  if ((rc = sd_bus_set_address(bus, fmt::format("unix:path={}", kPrivatePath).c_str())) < 0 ||
+      (rc = sd_bus_start(bus)) < 0) {
+    sd_bus_unref(bus);
+    return rc;
+  }
+  *out = bus;
+  return 0;
+}
+
+}  // namespace
+
 Manager::Manager() {
+  connect();
+}
+
+void Manager::connect() {
+  sd_bus_flush_close_unref(bus_);
+  bus_ = nullptr;
+  // An explicit DBUS_SYSTEM_BUS_ADDRESS is the admin's (or a test's) choice: that bus only.
+  const char* explicit_address = std::getenv("DBUS_SYSTEM_BUS_ADDRESS");
+  int private_rc = 0;
+  if ((!explicit_address || !*explicit_address) && ::geteuid() == 0) {
+    private_rc = open_private(&bus_);
+    if (private_rc >= 0) return;
+    bus_ = nullptr;
+  }
   const int rc = sd_bus_open_system(&bus_);
   if (rc < 0) {
     bus_ = nullptr;
-    throw UnitError(fmt::format("cannot reach the system bus: {}", std::strerror(-rc)));
+    throw UnitError(private_rc < 0 ? fmt::format("cannot reach systemd: neither its socket {} ({}) nor the system bus "
+                                                 "({}) answers",
+                                                 kPrivatePath, std::strerror(-private_rc), std::strerror(-rc))
+                                   : fmt::format("cannot reach the system bus: {}", std::strerror(-rc)));
   }
 }
 
@@ -85,6 +125,17 @@ Manager::~Manager() {
 }
 
 std::string Manager::start(const UnitRequest& r) {
+  // systemd's socket closes when PID 1 re-executes (an upgrade of systemd): connect again once.
+  if (bus_ && sd_bus_is_open(bus_) <= 0) connect();
+  try {
+    return call(r);
+  } catch (const Disconnected&) {
+    connect();
+    return call(r);
+  }
+}
+
+std::string Manager::call(const UnitRequest& r) {
   MessagePtr call, reply;
   ErrorGuard err;
   check(sd_bus_message_new_method_call(bus_, &call.m, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
@@ -97,6 +148,7 @@ std::string Manager::start(const UnitRequest& r) {
   check(sd_bus_message_append(call.m, "a(sa(sv))", 0), "auxiliary units");
   constexpr std::uint64_t kTimeoutUsec = 30'000'000;  // systemd answers at once unless it is stuck
   const int rc = sd_bus_call(bus_, call.m, kTimeoutUsec, &err.e, &reply.m);
+  if (rc == -ENOTCONN || rc == -ECONNRESET) throw Disconnected(std::strerror(-rc));
   if (rc < 0) {
     throw UnitError(fmt::format("systemd refused the job's unit {}: {}{}", r.name,
                                 err.e.name ? fmt::format("{}: ", err.e.name) : "",

@@ -28,7 +28,9 @@ class UnitError : public std::runtime_error {
 
 class Manager {
  public:
-  // Connects to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else systemd's socket). Throws UnitError.
+  // Connects to systemd: DBUS_SYSTEM_BUS_ADDRESS when set (that bus only); else, as root,
+  // systemd's own socket /run/systemd/private (no dbus-daemon needed, as systemctl does), then
+  // the system bus. Throws UnitError.
   Manager();
   ~Manager();
   Manager(const Manager&) = delete;
@@ -36,9 +38,15 @@ class Manager {
 
   // StartTransientUnit(name, "fail", properties, []); returns systemd's job object path.
   // Throws UnitError with the bus's error name and message.
+  // Connects again once if the connection was lost (PID 1 re-executed).
   std::string start(const UnitRequest& r);
 
  private:
+  struct Disconnected : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  void connect();
+  std::string call(const UnitRequest& r);
   sd_bus* bus_ = nullptr;
 };
 

@@ -5,7 +5,13 @@ a stand-in that owns org.freedesktop.systemd1 on a private dbus-daemon the test 
 agent finds it through DBUS_SYSTEM_BUS_ADDRESS), records every property of
 StartTransientUnit and runs the shepherd as its own child, as systemd would. What systemd
 itself does with the properties (cgroups, KillMode) is not imitated; docs/architecture.md
-gives the reasoning. Everything runs on loopback and unix sockets in the test's folder."""
+gives the reasoning. Everything runs on loopback and unix sockets in the test's folder.
+
+The real systemd (cgroups, Delegate, KillMode, the shepherd as PID 1's child, no worker left
+after `systemctl stop`) is checked by tests/integration/packaging/test_systemd_nspawn.py in a
+Debian 12 booted with systemd-nspawn; this stand-in stays for what that one does not show:
+every property of the call, the refusal without a bus, the kill after the agent's SIGKILL and
+the fork outside systemd."""
 import json
 import os
 import shutil

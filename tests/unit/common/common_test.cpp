@@ -1,4 +1,5 @@
 #include "common/duration.hpp"
+#include "common/journal.hpp"
 #include "common/size.hpp"
 #include "common/strings.hpp"
 #include "common/text.hpp"
@@ -115,4 +116,28 @@ TEST(Strings, CleanTextReplacesControlsAndBidiOverrides) {
             "?1m");                                                        // C1 CSI
   EXPECT_EQ(ddp::clean_text("x\xe2\x80\xaey\xe2\x81\xa6z", 64), "x?y?z");  // RLO, LRI
   EXPECT_EQ(ddp::clean_text("\xe2\x80\x94", 64), "\xe2\x80\x94");          // an em dash stays
+}
+
+TEST(JournalFields, TakeTheJobRoundAndRankOfTheAgentsLines) {
+  using F = std::vector<std::pair<std::string, std::string>>;
+  using ddp::log::journal_fields;
+  EXPECT_EQ(journal_fields("job j-1 round 2: rank 3 exited with code 1; stopping this node's other workers"),
+            (F{{"DDP_JOB_ID", "j-1"}, {"DDP_ROUND", "2"}, {"DDP_RANK", "3"}}));
+  // "node rank" is not a rank: only ": rank <r> " right after the job (and round) counts.
+  EXPECT_EQ(journal_fields("job j round 1: node rank 0 of 1, ranks 0-1 of 2, master 127.0.0.1:29500"),
+            (F{{"DDP_JOB_ID", "j"}, {"DDP_ROUND", "1"}}));
+  EXPECT_EQ(journal_fields("job j: store on 127.0.0.1:29500"), (F{{"DDP_JOB_ID", "j"}}));
+  EXPECT_EQ(journal_fields("job j from 10.0.0.1:5000: refused"), (F{{"DDP_JOB_ID", "j"}}));
+  EXPECT_EQ(journal_fields("job j: rank 12x"), (F{{"DDP_JOB_ID", "j"}}));
+  EXPECT_TRUE(journal_fields("jobs are refused").empty());
+  EXPECT_TRUE(journal_fields("listening on [::]:29410").empty());
+  EXPECT_TRUE(journal_fields("job ").empty());
+}
+
+TEST(JournalFields, TheStreamMatchesOnlyItsDeviceAndInode) {
+  using ddp::log::is_journal_stream;
+  EXPECT_TRUE(is_journal_stream("8:1234", 8, 1234));
+  EXPECT_FALSE(is_journal_stream("8:1234", 8, 1235));
+  EXPECT_FALSE(is_journal_stream("", 8, 1234));
+  EXPECT_FALSE(is_journal_stream(nullptr, 8, 1234));
 }
