@@ -554,7 +554,11 @@ class Agent {
     if (s.now)
       job_->shepherd->kill_now();
     else if (s.interrupt_ms)
-      job_->shepherd->request_stop(SIGINT, Millis(s.interrupt_ms));  // a Ctrl-C (version 6)
+      // A Ctrl-C (version 6). The job's own interrupt grace bounds the coordinator's value: the
+      // ranks never stay in the SIGINT step longer than the job file allows.
+      job_->shepherd->request_stop(
+          SIGINT, std::min(Millis(static_cast<long long>(std::min<std::uint64_t>(s.interrupt_ms, 600'000))),
+                           launch::interrupt_grace(job_->payload.spec.stop_grace)));
     else
       job_->shepherd->request_stop(SIGTERM);
   }

@@ -46,6 +46,11 @@ Decision AttemptTracker::on_exit(const WorkerExit& in) {
     }
     return Decision::stop_all;
   }
+  // Stopping only for a forwarded signal's death, before any signal of ours: a rank failing by
+  // itself now is the first failure all the same.
+  const bool own_failure_while_forwarding =
+      phase_ == Phase::stopping && !stop_requested_ && !first_failure_ && !signals_sent_ && e.failed() && !e.forwarded;
+  if (own_failure_while_forwarding) first_failure_ = e;
   if (live_ == 0) {
     if (phase_ == Phase::running)
       phase_ = Phase::succeeded;
@@ -53,7 +58,7 @@ Decision AttemptTracker::on_exit(const WorkerExit& in) {
       phase_ = stop_requested_ && !first_failure_ ? Phase::stopped : Phase::failed;
     return Decision::finished;
   }
-  return Decision::none;
+  return own_failure_while_forwarding ? Decision::first_failure : Decision::none;
 }
 
 Decision AttemptTracker::on_stop_requested(int signal) {

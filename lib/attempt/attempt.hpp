@@ -56,6 +56,9 @@ enum class Decision {
   none,      // keep going
   stop_all,  // a first failure: stop every other worker now
   finished,  // the attempt is over; see phase()
+  // A rank failed by itself while the attempt was already stopping for a forwarded signal's
+  // death, before any stop signal went out: it is the first failure (the stop already runs).
+  first_failure,
 };
 
 class AttemptTracker {
@@ -68,6 +71,10 @@ class AttemptTracker {
   // The launcher passed `signal` on to every worker: a rank it kills from now on is marked
   // forwarded (WorkerExit::forwarded) rather than failed by itself.
   void on_forwarded(int signal);
+  // The stop's first signal has gone out (after the stacks read). Until then, an attempt that
+  // stops only because a forwarded signal killed a rank still takes a rank's own failure as the
+  // first failure: it happened before anything of ours could have caused it.
+  void on_signals_sent() { signals_sent_ = true; }
 
   Phase phase() const { return phase_; }
   bool finished() const { return phase_ == Phase::succeeded || phase_ == Phase::failed || phase_ == Phase::stopped; }
@@ -75,12 +82,14 @@ class AttemptTracker {
   const std::optional<WorkerExit>& first_failure() const { return first_failure_; }
   const std::vector<std::optional<WorkerExit>>& exits() const { return exits_; }
   int stop_signal() const { return stop_signal_; }
+  bool signals_sent() const { return signals_sent_; }
 
  private:
   std::vector<std::optional<WorkerExit>> exits_;
   int live_;
   Phase phase_ = Phase::running;
   bool stop_requested_ = false;
+  bool signals_sent_ = false;  // on_signals_sent()
   int stop_signal_ = 0;
   std::vector<int> forwarded_;  // signals passed on to the workers, in order
   std::optional<WorkerExit> first_failure_;

@@ -283,7 +283,12 @@ bool WorkerGroup::on_reaped(pid_t pid, int status, SysTime when) {
 void WorkerGroup::on_exit(Worker& w, const WorkerExit& ex) {
   if (hang_) hang_->on_exit(w.plan.local_rank);
   log::get("launch")->debug("rank {} (pid {}) {}", w.plan.rank, ex.pid, ex.describe());
-  if (tracker_.on_exit(ex) == Decision::stop_all) {
+  const auto decision = tracker_.on_exit(ex);
+  if (decision == Decision::first_failure) {
+    if (const auto& ff = tracker_.first_failure(); ff && cb_.on_first_failure) cb_.on_first_failure(*ff);
+    return;
+  }
+  if (decision == Decision::stop_all) {
     if (const auto& ff = tracker_.first_failure(); ff && cb_.on_first_failure) {
       cb_.on_first_failure(*ff);
     } else if (!ff) {
@@ -301,6 +306,7 @@ void WorkerGroup::request_stop(int signal, Millis interrupt_grace) {
 }
 
 void WorkerGroup::kill_now() {
+  tracker_.on_signals_sent();
   killed_now_ = true;
   if (snapshot_ && snapshot_->pending()) {
     killing_now_ = true;
@@ -353,6 +359,7 @@ void WorkerGroup::stacks_taken(FailureStacks s) {
 // A Ctrl-C's stop: SIGINT first (Python's KeyboardInterrupt), SIGTERM to whatever is left after
 // the interrupt grace, each step said once; any other stop starts at SIGTERM.
 void WorkerGroup::terminate(bool polite) {
+  tracker_.on_signals_sent();
   if (!polite) return kill_after_grace();
   if (interrupt_grace_.count() <= 0 || tracker_.stop_signal() != SIGINT) {
     signal_everything(SIGTERM);

@@ -94,6 +94,9 @@ class Shepherd {
   }
 
   void on_start(StartAttempt s) {
+    // A stop signal reached this process during an earlier attempt (wait_signals): it was meant
+    // for the whole job (systemd stopping the job's unit, SLURM cancelling the step).
+    if (signalled_) throw MessageError("a stop signal reached the job's shepherd; it starts no further attempt");
     if (group_)
       throw MessageError(fmt::format("start of attempt {} while attempt {} runs", s.options.attempt, attempt_));
     attempt_ = s.options.attempt;
@@ -193,6 +196,7 @@ class Shepherd {
     if (dropped_)
       r.notes.push_back(fmt::format("{} output line(s) did not reach the agent (see the log files)", dropped_));
     channel_->send(encode_finished(r));
+    signal_deadline_.cancel();  // the attempt ended in order after a stop signal (wait_signals)
     if (abandoning_) done();
   }
 

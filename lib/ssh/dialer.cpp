@@ -168,7 +168,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
     if (choice.kind == AgentChoice::Kind::impossible) return fail(fmt::format("{}: {}", describe(node), choice.reason));
     if (choice.kind == AgentChoice::Kind::upload) {
       log->info("{}: {}", node.name, choice.reason);
-      if (s->upload(opts_.agent_binary, cache_dir(our_sha256_), "ddp-agentd") == Session::UploadVia::exec)
+      if (s->upload(opts_.agent_binary, cache_dir(our_sha256_), "ddp-agentd", our_sha256_) == Session::UploadVia::exec)
         log->info("{}: its sshd has no SFTP subsystem; sent the agent through a plain exec channel", node.name);
       const auto check = parse_probe(s->exec(probe_command(our_sha256_)).out);
       if (check.cached_sha256 != our_sha256_) {

@@ -134,14 +134,16 @@ std::string shell_quote(const std::string& s) {
 std::string cache_dir(const std::string& sha256) {
   return fmt::format(".cache/ddpctl/{}", sha256);
 }
-std::string exec_upload_command(const std::string& remote_dir, const std::string& name) {
+std::string exec_upload_command(const std::string& remote_dir, const std::string& name, std::uint64_t bytes,
+                                const std::string& sha256) {
   const auto dir = shell_quote(remote_dir);
   const auto tmp = shell_quote(fmt::format("{}/.{}.part", remote_dir, name));
   const auto dest = shell_quote(fmt::format("{}/{}", remote_dir, name));
   return fmt::format(
-      "cd && umask 077 && mkdir -p -- {0} && chmod 700 -- {0} && rm -f -- {1} && cat > {1} && chmod 700 -- {1} && "
+      "cd && umask 077 && mkdir -p -- {0} && chmod 700 -- {0} && rm -f -- {1} && cat > {1} && "
+      "[ \"$(wc -c < {1})\" -eq {3} ] && printf '%s  %s\\n' {4} {1} | sha256sum -c --status && chmod 700 -- {1} && "
       "mv -f -- {1} {2}",
-      dir, tmp, dest);
+      dir, tmp, dest, bytes, shell_quote(sha256));
 }
 std::string cached_agent(const std::string& sha256) {
   return cache_dir(sha256) + "/ddp-agentd";

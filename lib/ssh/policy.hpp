@@ -90,7 +90,10 @@ std::string cache_dir(const std::string& sha256);
 // The shell command that receives a file on its stdin into ~/remote_dir/name when the node's sshd
 // has no SFTP subsystem: directories made 0700 (umask), written under a temporary name, then
 // renamed over the destination, so a half-written file is never run. POSIX sh.
-std::string exec_upload_command(const std::string& remote_dir, const std::string& name);
+// The file is renamed into place only when it has `bytes` bytes and the SHA-256 `sha256` (an
+// interrupted transfer, whose stdin simply ends, leaves a short file that must never run).
+std::string exec_upload_command(const std::string& remote_dir, const std::string& name, std::uint64_t bytes,
+                                const std::string& sha256);
 std::string cached_agent(const std::string& sha256);
 
 struct AgentChoice {

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -210,7 +211,7 @@ void Session::close_channel(ssh_channel ch) {
 }
 
 Session::UploadVia Session::upload(const std::string& local_path, const std::string& remote_dir,
-                                   const std::string& name) {
+                                   const std::string& name, const std::string& sha256) {
   std::ifstream in(local_path, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("cannot read {}", local_path));
   std::unique_ptr<sftp_session_struct, void (*)(sftp_session)> sftp(sftp_new(s_), sftp_free);
@@ -218,7 +219,10 @@ Session::UploadVia Session::upload(const std::string& local_path, const std::str
     // No 'Subsystem sftp' in the node's sshd_config (hardened images drop it): a plain exec
     // channel carries the bytes instead; the caller checks the result by its hash either way.
     sftp.reset();
-    upload_exec(in, remote_dir, name);
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(local_path, ec);
+    if (ec) throw std::runtime_error(fmt::format("cannot read {}: {}", local_path, ec.message()));
+    upload_exec(in, bytes, remote_dir, name, sha256);
     return UploadVia::exec;
   }
   // Each level, 0700; an existing one is fine (its mode is the user's business, except ours).
@@ -255,8 +259,9 @@ Session::UploadVia Session::upload(const std::string& local_path, const std::str
   return UploadVia::sftp;
 }
 
-void Session::upload_exec(std::istream& in, const std::string& remote_dir, const std::string& name) {
-  const auto command = exec_upload_command(remote_dir, name);
+void Session::upload_exec(std::istream& in, std::uint64_t bytes, const std::string& remote_dir, const std::string& name,
+                          const std::string& sha256) {
+  const auto command = exec_upload_command(remote_dir, name, bytes, sha256);
   ssh_channel ch = start(command);
   std::vector<char> buf(32 * 1024);
   while (in) {

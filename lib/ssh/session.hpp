@@ -52,7 +52,9 @@ class Session {
   // node's sshd has the subsystem, else through an exec channel running exec_upload_command()
   // (policy.hpp) with the file on its stdin. Throws std::runtime_error.
   enum class UploadVia { sftp, exec };
-  UploadVia upload(const std::string& local_path, const std::string& remote_dir, const std::string& name);
+  // `sha256`: the file's, checked on the node before an exec-channel upload is renamed into place.
+  UploadVia upload(const std::string& local_path, const std::string& remote_dir, const std::string& name,
+                   const std::string& sha256);
   // Starts a command and returns its open channel (owned by the caller: close_channel()).
   ssh_channel start(const std::string& command);
   static void close_channel(ssh_channel channel);
@@ -65,7 +67,8 @@ class Session {
 
  private:
   ssh_session s_ = nullptr;
-  void upload_exec(std::istream& in, const std::string& remote_dir, const std::string& name);
+  void upload_exec(std::istream& in, std::uint64_t bytes, const std::string& remote_dir, const std::string& name,
+                   const std::string& sha256);
   Millis timeout_{15000};
 };
 

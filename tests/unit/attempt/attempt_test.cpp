@@ -155,6 +155,30 @@ TEST(Attempt, TheLastRankKilledByAForwardedSignalFailsWithoutAFirstFailure) {
   EXPECT_FALSE(a.first_failure());
 }
 
+// Review finding: rank 0 dies of a forwarded SIGUSR1; rank 1 crashes by itself before any stop
+// signal of ours went out (the stacks read): rank 1 is the first failure. After the signals,
+// an exit is a consequence again.
+TEST(Attempt, AnOwnFailureBeforeOurSignalsIsTheFirstFailureAfterAForwardedDeath) {
+  AttemptTracker a(3);
+  a.on_forwarded(SIGUSR1);
+  EXPECT_EQ(a.on_exit(sig(0, SIGUSR1, 10)), Decision::stop_all);
+  EXPECT_FALSE(a.first_failure());
+  EXPECT_EQ(a.on_exit(sig(1, SIGSEGV, 20)), Decision::first_failure);
+  ASSERT_TRUE(a.first_failure());
+  EXPECT_EQ(a.first_failure()->rank, 1);
+  a.on_signals_sent();
+  EXPECT_EQ(a.on_exit(sig(2, SIGTERM, 30)), Decision::finished);
+  EXPECT_EQ(a.first_failure()->rank, 1);
+  EXPECT_EQ(a.phase(), Phase::failed);
+
+  AttemptTracker b(2);
+  b.on_forwarded(SIGUSR1);
+  EXPECT_EQ(b.on_exit(sig(0, SIGUSR1, 10)), Decision::stop_all);
+  b.on_signals_sent();
+  EXPECT_EQ(b.on_exit(sig(1, SIGTERM, 20)), Decision::finished);
+  EXPECT_FALSE(b.first_failure());
+}
+
 TEST(Attempt, ZeroRanksIsAnError) {
   EXPECT_THROW(AttemptTracker(0), std::invalid_argument);
 }

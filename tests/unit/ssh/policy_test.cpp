@@ -185,32 +185,39 @@ TEST(Relay, KeepsTheAgentsLevelAndMarksOtherLinesAsWarnings) {
 }
 
 // The no-SFTP upload command, run by a real sh with a scratch HOME: the bytes land at the
-// destination, 0700, through the temporary name (none left), replacing an older file, and a
+// destination, 0700, through the temporary name (none left), replacing an older file; a
+// transfer cut short (stdin ends early) or with other bytes is never renamed into place; a
 // directory name with shell metacharacters is data, not code.
 TEST(Commands, ExecUploadWritesTheFileWithoutSftp) {
   char tmpl[] = "/tmp/ddp-upload-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string home = tmpl;
-  auto run = [&](const std::string& dir, const std::string& bytes) {
-    const auto script = home + "/run.sh";
-    {
-      std::ofstream f(script);
-      f << exec_upload_command(dir, "ddp-agentd") << "\n";
-    }
-    const auto cmd = fmt::format("HOME={} sh {} < {}/in", shell_quote(home), shell_quote(script), shell_quote(home));
-    {
-      std::ofstream f(home + "/in", std::ios::binary);
-      f << bytes;
-    }
-    return std::system(cmd.c_str());
+  auto write = [](const std::string& p, const std::string& bytes) {
+    std::ofstream f(p, std::ios::binary);
+    f << bytes;
   };
   auto read = [](const std::string& p) {
     std::ifstream f(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
   };
+  auto sha256 = [&](const std::string& bytes) {
+    write(home + "/h", bytes);
+    const auto cmd = fmt::format("sha256sum {} > {}/h.out", shell_quote(home + "/h"), shell_quote(home));
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    return read(home + "/h.out").substr(0, 64);
+  };
+  // sends `sent` while the command expects `expected`
+  auto run = [&](const std::string& dir, const std::string& expected, const std::string& sent) {
+    const auto sum = sha256(expected);
+    write(home + "/run.sh", exec_upload_command(dir, "ddp-agentd", expected.size(), sum) + "\n");
+    write(home + "/in", sent);
+    const auto cmd = fmt::format("HOME={} sh {} < {}/in 2>/dev/null", shell_quote(home), shell_quote(home + "/run.sh"),
+                                 shell_quote(home));
+    return std::system(cmd.c_str());
+  };
   std::string payload(100000, '\0');
   for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7);
-  ASSERT_EQ(run(".cache/ddpctl/abc", payload), 0);
+  ASSERT_EQ(run(".cache/ddpctl/abc", payload, payload), 0);
   const auto dest = home + "/.cache/ddpctl/abc/ddp-agentd";
   EXPECT_EQ(read(dest), payload);
   struct stat st {};
@@ -219,11 +226,15 @@ TEST(Commands, ExecUploadWritesTheFileWithoutSftp) {
   ASSERT_EQ(::stat((home + "/.cache/ddpctl/abc").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   EXPECT_NE(::access((home + "/.cache/ddpctl/abc/.ddp-agentd.part").c_str(), F_OK), 0);
-  // A second upload replaces the first.
-  ASSERT_EQ(run(".cache/ddpctl/abc", "new"), 0);
+  // Cut short, or the same length with other bytes: refused, the old file stays.
+  EXPECT_NE(run(".cache/ddpctl/abc", "new bytes", "new by"), 0);
+  EXPECT_NE(run(".cache/ddpctl/abc", "new bytes", "NEW BYTES"), 0);
+  EXPECT_EQ(read(dest), payload);
+  // A whole second upload replaces the first.
+  ASSERT_EQ(run(".cache/ddpctl/abc", "new", "new"), 0);
   EXPECT_EQ(read(dest), "new");
   // Metacharacters in the folder name are not run.
-  ASSERT_EQ(run("odd $(touch pwned) ';x", "z"), 0);
+  ASSERT_EQ(run("odd $(touch pwned) ';x", "z", "z"), 0);
   EXPECT_EQ(read(home + "/odd $(touch pwned) ';x/ddp-agentd"), "z");
   EXPECT_NE(::access((home + "/pwned").c_str(), F_OK), 0);
   std::filesystem::remove_all(home);
