@@ -417,8 +417,13 @@ int run_logs(const ControlArgs& a) {
   // Without -f a launcher closes now; a coordinator first sends its files' lines inline.
   while (auto m = r.next()) {
     if (m->contains("line")) {
-      const auto time = m->contains("time") ? m->value("time", "") : ddp::utc_timestamp();
-      print_line(a.timestamps, time, m->value("rank", -1), m->value("line", ""));
+      // Each field checked for its type: a line that is not what we expect is skipped, not fatal.
+      const auto& line = (*m)["line"];
+      const auto* rank = m->contains("rank") ? &(*m)["rank"] : nullptr;
+      if (!line.is_string() || (rank && !rank->is_number_integer())) continue;
+      const auto time =
+          m->contains("time") && (*m)["time"].is_string() ? (*m)["time"].get<std::string>() : ddp::utc_timestamp();
+      print_line(a.timestamps, time, rank ? rank->get<int>() : -1, line.get<std::string>());
       std::cout.flush();
     } else if (m->contains("dropped")) {
       std::cerr << fmt::format("ddpctl logs: {} line(s) skipped (we read too slowly; the log files have them)\n",

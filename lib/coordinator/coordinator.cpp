@@ -29,6 +29,7 @@
 #include <boost/asio.hpp>
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <filesystem>
@@ -552,7 +553,9 @@ class Coordinator {
     info.exit.pid = static_cast<pid_t>(b["pid"].get<std::uint32_t>());
     info.exit.signal = b.contains("signal") ? static_cast<int>(b["signal"].get<std::uint32_t>()) : 0;
     info.exit.exit_code = b.contains("exit_code") ? static_cast<int>(b["exit_code"].get<std::int64_t>()) : 0;
-    info.exit.forwarded = info.exit.signal && b.value("forwarded", false);  // version 6
+    // Version 6. Only the signals ddpctl forwards (a preemption warning) can be: a node may not
+    // hide a rank's SIGSEGV or an OOM kill as "forwarded".
+    info.exit.forwarded = (info.exit.signal == SIGUSR1 || info.exit.signal == SIGUSR2) && b.value("forwarded", false);
     const auto when = n.sync.to_local(agent_time);
     info.exit.when = to_sys(when);
     if (b.contains("tail")) info.tail = b["tail"].get<std::vector<std::string>>();

@@ -683,7 +683,7 @@ void Server::start() {
   s.start_threads();
   s.running = true;
   s.do_accept();
-  s.log->debug("store listening on {} (PyTorch 1.13 and 2.x clients; {})", address(),
+  s.log->debug("store listening on {} (PyTorch 1.13 to 2.11 clients; {})", address(),
                s.opts.threads == 0 ? std::string("on the caller's loop")
                                    : fmt::format("{} I/O thread{}", s.opts.threads, s.opts.threads == 1 ? "" : "s"));
 }

@@ -81,7 +81,11 @@ class SlurmCluster:
         for k in list(e):
             if k.startswith("SLURM_"):
                 del e[k]
-        e.update({"SLURM_CONF": self.conf, "PATH": f"{self.c.bin}:/usr/sbin:/usr/bin:/sbin:/bin"})
+        # The hosts share one file system except /tmp (a tmpfs each): the state folder, where each
+        # node's agent keeps its job's log folders, must be per host, as on real nodes (under
+        # ctest XDG_STATE_HOME names one folder for all of them, and the agents collided there).
+        e.update({"SLURM_CONF": self.conf, "PATH": f"{self.c.bin}:/usr/sbin:/usr/bin:/sbin:/bin",
+                  "XDG_STATE_HOME": "/tmp/ddp-state"})
         e.update(extra)
         return e
 

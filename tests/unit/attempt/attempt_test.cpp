@@ -121,7 +121,8 @@ TEST(Attempt, ARankKilledByAForwardedSignalIsNeverTheFirstFailure) {
   ASSERT_TRUE(a.exits()[2]);
   EXPECT_TRUE(a.exits()[2]->forwarded);
   EXPECT_EQ(a.exits()[2]->describe(), "was killed by SIGUSR1, which ddpctl forwarded (it has no handler for it)");
-  // what the stop then ends is its consequence, not a failure either
+  // what the stop then ends (after its signals went out) is its consequence, not a failure either
+  a.on_signals_sent();
   EXPECT_EQ(a.on_exit(code(0, 1, 11)), Decision::none);
   EXPECT_EQ(a.on_exit(sig(1, SIGTERM, 12)), Decision::finished);
   EXPECT_EQ(a.phase(), Phase::failed);
