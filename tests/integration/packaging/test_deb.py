@@ -31,10 +31,18 @@ def run(*argv, **kw):
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
-    r = run(str(SOURCE_DIR / "scripts" / "package"), env=dict(os.environ, BUILD_DIR=str(BINARY_DIR)), timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = BINARY_DIR / "packages"
-    debs = {p.name.split("_")[0]: p for p in out.glob("*.deb")}
+    """The two .deb files, copied out of build/packages/ into this test's own folder. Under
+    `ctest -j` test_systemd_nspawn builds them at the same time: scripts/package empties
+    build/packages/ and CPack's staging folder, so the build and the copy hold a lock."""
+    mine = tmp_path_factory.mktemp("debs")
+    (BINARY_DIR / "debootstrap").mkdir(parents=True, exist_ok=True)
+    with open(BINARY_DIR / "debootstrap" / "package.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = run(str(SOURCE_DIR / "scripts" / "package"), env=dict(os.environ, BUILD_DIR=str(BINARY_DIR)), timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for p in (BINARY_DIR / "packages").glob("*.deb"):
+            shutil.copy2(p, mine / p.name)
+    debs = {p.name.split("_")[0]: p for p in mine.glob("*.deb")}
     assert set(debs) == {"ddpctl", "ddp-agentd"}, debs
     return debs
 
