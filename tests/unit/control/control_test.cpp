@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -307,6 +308,67 @@ TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
   }
   ::unsetenv("XDG_STATE_HOME");
   std::filesystem::remove_all(dir);
+}
+
+// `ddpctl status` (and a starting launcher's sweep) removes a socket that refuses connections as
+// a dead launcher's. A socket bound but not yet listening refuses too: a status at the moment a
+// job starts must not take its control socket away. Found as a flake of test_stacks_nodes, whose
+// polling `ddpctl stacks` removed the coordinator's socket between bind and listen.
+namespace {
+// A non-blocking dial, as the ddpctl client's: -1 with errno set when it is refused or gone; a
+// full backlog (nobody accepts in this test) answers EAGAIN and is counted as there.
+int dial(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0 || errno == EAGAIN) return fd;
+  const int e = errno;
+  ::close(fd);
+  errno = e;
+  return -1;
+}
+}  // namespace
+
+TEST(ControlServer, AStatusWhileAJobStartsLeavesItsSocketInPlace) {
+  TempDir d;
+  ::setenv("XDG_STATE_HOME", (d.p / "state").c_str(), 1);
+  std::atomic<bool> done{false};
+  std::thread status([&] {  // what apps/ddpctl/cmd_control.cpp does for every socket it finds
+    while (!done) {
+      for (const auto& id : socket_jobs(d.p.string())) {
+        const auto path = socket_path(d.p.string(), id);
+        const int fd = dial(path);
+        if (fd < 0 && errno == ECONNREFUSED) {
+          ::unlink(path.c_str());
+        }
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  });
+  int lost = 0, refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    boost::asio::io_context io;
+    const auto path = socket_path(d.p.string(), "job" + std::to_string(i % 3));
+    try {
+      Server server(io, path,
+                    Provider{[] { return json::object(); }, [](const std::string&) {},
+                             [](const std::set<int>&) { return std::vector<std::pair<int, std::string>>{}; }});
+      const int fd = dial(path);
+      if (fd < 0) ++lost;  // EAGAIN (a full backlog, nobody accepts here) still counts as there
+      if (fd >= 0) ::close(fd);
+    } catch (const ControlError&) {
+      ++refused;
+    }
+  }
+  done = true;
+  status.join();
+  EXPECT_EQ(lost, 0) << "launchers whose control socket was removed while they started";
+  EXPECT_EQ(refused, 0) << "launchers that could not listen";
+  for (const auto& e : std::filesystem::directory_iterator(d.p)) {
+    EXPECT_FALSE(e.path().filename().string().ends_with(".t")) << "a temporary socket name left: " << e.path();
+  }
+  ::unsetenv("XDG_STATE_HOME");
 }
 
 TEST(ControlPaths, AJobIsNamedByItsIdOrAnyBeginningThatIsUnique) {
