@@ -316,13 +316,18 @@ std::vector<std::string> remove_argv(ContainerRuntime runtime, const std::vector
 
 std::vector<std::string> list_owned_argv(ContainerRuntime runtime) {
   if (!has_image_store(runtime)) return {};
+  // podman's .Labels is a map; docker's is one "k=v,k=v" string, which `index` cannot read
+  // (docker exits 1: "cannot index slice/array with type string"): docker has .Label "key".
+  const std::string label = runtime == ContainerRuntime::docker
+                                ? fmt::format("{{{{.Label \"{}\"}}}}", kOwnerLabel)
+                                : fmt::format("{{{{index .Labels \"{}\"}}}}", kOwnerLabel);
   return {std::string(jobspec::runtime_name(runtime)),
           "ps",
           "--all",
           "--filter",
           fmt::format("label={}", kOwnerLabel),
           "--format",
-          fmt::format("{{{{.Names}}}} {{{{index .Labels \"{}\"}}}}", kOwnerLabel)};
+          "{{.Names}} " + label};
 }
 
 std::vector<std::string> image_identity_argv(ContainerRuntime runtime, const std::string& image) {

@@ -301,7 +301,14 @@ void sweep_stale(ContainerRuntime runtime, const Env& client_env) {
   auto argv = list_owned_argv(runtime);
   if (argv.empty()) return;
   auto r = run_command(argv, client_env, std::chrono::seconds(60));
-  if (r.exit_code != 0) return;  // no runtime to ask; nothing of ours can be there either
+  if (r.exit_code == -1) return;  // no runtime to ask; nothing of ours can be there either
+  if (r.exit_code != 0) {
+    // The runtime is there but would not list: what a dead launcher left stays. Say so.
+    log::get("container")
+        ->warn("cannot look for containers left by launchers that no longer run ({} exited {}): {}", join(argv, " "),
+               r.exit_code, first_line(r.err.empty() ? r.out : r.err));
+    return;
+  }
   std::vector<std::string> stale;
   std::istringstream in(r.out);
   for (std::string line; std::getline(in, line);) {
