@@ -6,15 +6,19 @@
 #include "ssh/session.hpp"
 
 #include <fmt/format.h>
+#include <libssh/callbacks.h>
 #include <openssl/evp.h>
 #include <boost/asio/post.hpp>
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <random>
 
@@ -24,8 +28,11 @@ namespace asio = boost::asio;
 
 namespace {
 
-// How often the pump looks at the cancel flag when neither side has anything to say.
-constexpr int kPumpPollMs = 200;
+// poll()'s timeout until `deadline`, rounded up (0 once it has passed).
+int ms_until(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<long long>(left.count(), 0, 24LL * 3600 * 1000));
+}
 
 bool write_all(int fd, const char* p, std::size_t n) {
   while (n > 0) {
@@ -64,6 +71,65 @@ void relay(const std::string& node, const std::string& line) {
   log->log(level, "{}| {}", node, r.text);
 }
 
+// Takes every byte libssh decodes for a channel when it decodes it, whichever call reads the
+// socket (ssh_channel_write does too): nothing waits in libssh's buffers, so a poll() on the
+// socket is a complete wait. stdout goes to `out_fd` (none: dropped), stderr to our log. What
+// arrived before the callbacks were set is read by drain().
+class ChannelSink {
+ public:
+  ChannelSink(ssh_channel ch, int out_fd, std::string node) : ch_(ch), out_fd_(out_fd), node_(std::move(node)) {
+    cb_.userdata = this;
+    cb_.channel_data_function = &ChannelSink::on_data;
+    ssh_callbacks_init(&cb_);
+    ssh_set_channel_callbacks(ch_, &cb_);
+  }
+  ChannelSink(const ChannelSink&) = delete;
+  ChannelSink& operator=(const ChannelSink&) = delete;
+  ~ChannelSink() { detach(); }
+
+  // What libssh buffered before the callbacks, then whatever the socket holds now (decoded into
+  // the callbacks). False when the SSH session failed.
+  bool drain() {
+    for (int is_err = 0; is_err < 2; ++is_err) {
+      int n = 0;
+      while ((n = ssh_channel_read_nonblocking(ch_, buf_.data(), buf_.size(), is_err)) > 0) {
+        take(buf_.data(), static_cast<std::size_t>(n), is_err != 0);
+      }
+      if (n == SSH_ERROR) return false;
+    }
+    return true;
+  }
+  bool out_failed() const { return out_failed_; }
+  // Before the channel is closed: the callbacks go, the last partial stderr line is logged.
+  void detach() {
+    if (!ch_) return;
+    ssh_remove_channel_callbacks(ch_, &cb_);
+    ch_ = nullptr;
+    if (auto l = err_lines_.flush()) relay(node_, *l);
+  }
+
+ private:
+  static int on_data(ssh_session, ssh_channel, void* data, uint32_t len, int is_stderr, void* self) {
+    static_cast<ChannelSink*>(self)->take(static_cast<const char*>(data), len, is_stderr != 0);
+    return static_cast<int>(len);  // all of it taken
+  }
+  void take(const char* p, std::size_t n, bool is_err) {
+    if (is_err) {
+      for (auto& l : err_lines_.feed(std::string_view(p, n))) relay(node_, l);
+    } else if (out_fd_ >= 0 && !out_failed_ && !write_all(out_fd_, p, n)) {
+      out_failed_ = true;
+    }
+  }
+
+  ssh_channel ch_;
+  int out_fd_;
+  std::string node_;
+  bool out_failed_ = false;
+  LineSplitter err_lines_;
+  ssh_channel_callbacks_struct cb_{};
+  std::array<char, 32 * 1024> buf_{};
+};
+
 }  // namespace
 
 std::string sha256_file(const std::string& path) {
@@ -90,13 +156,18 @@ Dialer::Dialer(asio::io_context& io, DialerOptions options)
   utsname u{};
   ::uname(&u);
   our_arch_ = u.machine;
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) throw std::runtime_error(fmt::format("eventfd: {}", std::strerror(errno)));
   if (opts_.connect_back) listener_ = std::make_unique<net::CallbackListener>(io_, opts_.connect_back->port);
 }
 
 Dialer::~Dialer() {
   cancel_ = true;
   cv_.notify_all();
+  const std::uint64_t one = 1;  // never read: stays readable for every pump's poll()
+  [[maybe_unused]] auto w = ::write(wake_fd_, &one, sizeof one);
   for (auto& t : threads_) t.join();
+  ::close(wake_fd_);
 }
 
 std::string Dialer::describe(const net::NodeEntry& node) const {
@@ -232,26 +303,18 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
     });
     // The agent dials with a 10 s deadline of its own; past this, something between drops it.
     const auto deadline = std::chrono::steady_clock::now() + std::max<Millis>(opts_.timeout, std::chrono::seconds(12));
-    LineSplitter err_lines;
-    std::array<char, 32 * 1024> buf{};
+    ChannelSink sink(ch, -1, node.name);
     std::string why;
+    bool first = true;  // libssh may hold the agent's first bytes already: read before any wait
     while (!cancel_) {
-      pollfd p{ssh_get_fd(s->raw()), POLLIN, 0};
-      ::poll(&p, 1, kPumpPollMs);
-      for (int is_err = 0; is_err < 2; ++is_err) {
-        int n = 0;
-        while ((n = ssh_channel_read_nonblocking(ch, buf.data(), buf.size(), is_err)) > 0) {
-          if (is_err) {
-            for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n))))
-              relay(node.name, l);
-          }
-        }
-        if (n == SSH_ERROR) why = "SSH connection lost: " + s->error();
-      }
+      pollfd p[2] = {{ssh_get_fd(s->raw()), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      ::poll(p, 2, first ? 0 : delivered->load() ? -1 : ms_until(deadline));
+      first = false;
+      if (!sink.drain()) why = "SSH connection lost: " + s->error();
       if (why.empty() && (ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch))) why = "the agent ended";
       if (!why.empty()) break;
       if (!delivered->load() && std::chrono::steady_clock::now() > deadline && listener_->forget(tag)) {
-        if (auto l = err_lines.flush()) relay(node.name, *l);
+        sink.detach();
         Session::close_channel(ch);
         return fail(fmt::format(
             "{}: its agent did not connect back to {} within {} s (does a firewall on this side drop "
@@ -261,7 +324,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
                 .count()));
       }
     }
-    if (auto l = err_lines.flush()) relay(node.name, *l);
+    sink.detach();
     Session::close_channel(ch);
     if (!why.empty() && listener_->forget(tag)) {
       return fail(fmt::format("{}: {} before connecting back to {}", describe(node), why, back));
@@ -286,12 +349,14 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
   });
 
   // The pump: our socketpair end <-> the agent's stdin/stdout; its stderr -> our log.
-  LineSplitter err_lines;
+  ChannelSink sink(ch, mine.fd, node.name);
   std::array<char, 32 * 1024> buf{};
   std::string why = "the launcher is stopping";
+  bool first = true;  // libssh may hold the agent's first bytes already: read before any wait
   while (!cancel_) {
-    pollfd p[2] = {{ssh_get_fd(s->raw()), POLLIN, 0}, {mine.fd, POLLIN, 0}};
-    ::poll(p, 2, kPumpPollMs);
+    pollfd p[3] = {{ssh_get_fd(s->raw()), POLLIN, 0}, {mine.fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    ::poll(p, 3, first ? 0 : -1);
+    first = false;
     if (p[1].revents) {
       const ssize_t n = ::read(mine.fd, buf.data(), buf.size());
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
@@ -303,33 +368,20 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
         break;
       }
     }
-    bool lost = false;
-    for (int is_err = 0; is_err < 2 && !lost; ++is_err) {
-      for (;;) {
-        const int n = ssh_channel_read_nonblocking(ch, buf.data(), buf.size(), is_err);
-        if (n == SSH_ERROR) {
-          why = "SSH connection lost: " + s->error();
-          lost = true;
-        }
-        if (n <= 0) break;
-        if (!is_err) {
-          if (!write_all(mine.fd, buf.data(), static_cast<std::size_t>(n))) {
-            why = "the coordinator closed the link";
-            lost = true;
-            break;
-          }
-        } else {
-          for (auto& l : err_lines.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)))) relay(node.name, l);
-        }
-      }
+    if (!sink.drain()) {
+      why = "SSH connection lost: " + s->error();
+      break;
     }
-    if (lost) break;
+    if (sink.out_failed()) {
+      why = "the coordinator closed the link";
+      break;
+    }
     if (ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch)) {
       why = "the agent ended";
       break;
     }
   }
-  if (auto l = err_lines.flush()) relay(node.name, *l);
+  sink.detach();
   log->debug("{}: link closed: {}", node.name, why);
   ::shutdown(mine.fd, SHUT_RDWR);
   Session::close_channel(ch);

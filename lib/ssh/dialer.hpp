@@ -65,6 +65,7 @@ class Dialer final : public net::Dialer {
   std::string our_sha256_, our_arch_;
   std::counting_semaphore<1024> slots_;
   std::atomic<bool> cancel_{false};
+  int wake_fd_ = -1;  // an eventfd, readable once cancel_ is set: the pumps poll it with their sockets
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
