@@ -77,6 +77,14 @@ const std::set<std::string> kReservedEnv{"RANK",
                                          "DDP_NCCL_UNIQUE_ID",
                                          "DDP_ATTEMPT"};
 
+}  // namespace
+
+const std::set<std::string>& reserved_env() {
+  return kReservedEnv;
+}
+
+namespace {
+
 class Parser {
  public:
   explicit Parser(std::string file) : file_(std::move(file)) {}

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -145,6 +146,10 @@ struct JobSpec {
 JobSpec parse_job_yaml(const std::string& text, const std::string& file);
 // Reads and parses a file. Throws JobSpecError (also for an unreadable file).
 JobSpec load_job_file(const std::string& path);
+
+// The variables ddpctl sets for every worker, which `env:` may not name (the value would be a
+// lie). contract_test checks this list against what contract::worker_env sets and scrubs.
+const std::set<std::string>& reserved_env();
 
 // A job id names folders (<log_dir>/<id>), sockets and containers, and it comes from the command line
 // and from the network: [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 characters (so never '..' or '/').

@@ -260,3 +260,28 @@ TEST(Contract, AsyncErrorHandlingTheUsersChoiceStandsAlone) {
   EXPECT_EQ(async_names(worker_env(plain, n, {{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, 0)),
             (Names{"NCCL_ASYNC_ERROR_HANDLING=0"}));
 }
+
+// Two lists name the contract's variables for different ends: jobspec's reserved set (what `env:`
+// may not set) and the scrub list (what an inherited environment may not bring in). Each variable
+// worker_env sets for ddpctl's own reasons must be in both, or a job file (reserved) or a
+// surrounding launcher (scrubbed) could give a worker a false identity.
+TEST(Contract, EveryVariableTheContractOwnsIsReservedAndScrubbed) {
+  auto spec = spec_of("command: [python3, t.py]\nrestart: {max_restarts: 3}\n");
+  auto n = node4();
+  n.nccl_unique_id_hex = std::string(256, 'a');
+  n.node_rank = 1;
+  const auto env = worker_env(spec, n, {}, 2);
+  const auto& reserved = jobspec::reserved_env();
+  for (const auto& name : reserved) {
+    EXPECT_TRUE(is_scrubbed(name)) << name << " is reserved but an inherited value would reach workers";
+    EXPECT_TRUE(env.contains(name)) << name << " is reserved but worker_env does not set it";
+  }
+  // What worker_env sets beyond the reserved set is a default the job may change (env: wins),
+  // never an identity: none of it may be on the scrub list.
+  for (const auto& [name, value] : env) {
+    if (reserved.contains(name)) continue;
+    EXPECT_FALSE(is_scrubbed(name)) << name << "=" << value << " is set by the contract and scrubbed from the "
+                                    << "inherited environment, but a job file may set it: add it to jobspec's "
+                                    << "reserved set";
+  }
+}
