@@ -2,7 +2,7 @@
 // pattern on this machine, with no protocol work at all (no JSON, no HMAC, no Asio): the floor
 // under bench/rendezvous/run.py's numbers.
 //
-//   loopback_floor --count N [--mode rendezvous|heartbeat] [--seconds S] [--bytes B]
+//   loopback_floor --count N [--mode rendezvous|heartbeat] [--seconds S] [--bytes B] [--reply]
 //
 // Two processes, one epoll loop each, as ddpctl and fake_agents are: "coordinator" and "agents".
 //
@@ -17,6 +17,9 @@
 // heartbeat: N connections established first (not measured), then for --seconds each side sends
 // each peer B bytes (default 120, a sealed heartbeat's size) once a second, spread evenly over
 // the second, and reads whatever arrives. Reported: each process's CPU as a share of one core.
+//
+// --reply: the coordinator does not beat on its own but answers each agent's beat at once (its
+// reply carries the ACK of the agent's beat: fewer segments).
 //
 // Prints one line of `key value` pairs. Everything stays on 127.0.0.1.
 #include <arpa/inet.h>
@@ -145,7 +148,10 @@ double steady_s() {
 
 // Heartbeats: every peer gets `bytes` once a second, peer i at its share i/N of the second;
 // whatever arrives is read. For `seconds`; the CPU of exactly that loop is returned.
-Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, int bytes, const std::string& payload) {
+// `reply`: this side does not beat on its own; it answers each beat it reads at once (the
+// coordinator's beats as replies to the agents').
+Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, int bytes, const std::string& payload,
+                      bool reply = false) {
   const auto c0 = cpu_now();
   const double t0 = steady_s();
   const double n = static_cast<double>(peers.size());
@@ -156,7 +162,7 @@ Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, int byte
   for (;;) {
     const double now = steady_s();
     if (now - t0 >= seconds) break;
-    while (now >= round + static_cast<double>(next) / n) {
+    while (!reply && now >= round + static_cast<double>(next) / n) {
       send_all(peers[next].fd, payload.data(), static_cast<std::size_t>(bytes));
       if (++next == peers.size()) {
         next = 0;
@@ -165,14 +171,19 @@ Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, int byte
     }
     // At least 1 ms: the beats due within it go out together (4 at 4096 nodes), no busy wait.
     const double due = round + static_cast<double>(next) / n;
-    const int wait_ms = std::max(1, static_cast<int>((due - steady_s()) * 1000) + 1);
+    const int wait_ms = reply ? static_cast<int>((t0 + seconds - now) * 1000) + 1
+                              : std::max(1, static_cast<int>((due - steady_s()) * 1000) + 1);
     int k = ::epoll_wait(ep, evs.data(), static_cast<int>(evs.size()), wait_ms);
     for (int e = 0; e < k; ++e) {
-      const int fd = peers[evs[e].data.u32].fd;
+      Peer& p = peers[evs[e].data.u32];
       for (;;) {
-        ssize_t got = ::recv(fd, buf.data(), buf.size(), 0);
+        ssize_t got = ::recv(p.fd, buf.data(), buf.size(), 0);
         if (got < 0 && (errno == EAGAIN || errno == EINTR)) break;
         if (got <= 0) throw std::runtime_error("peer closed");
+        if (!reply) continue;
+        p.have += static_cast<std::size_t>(got);
+        for (; p.have >= static_cast<std::size_t>(bytes); p.have -= static_cast<std::size_t>(bytes))
+          send_all(p.fd, payload.data(), static_cast<std::size_t>(bytes));
       }
     }
   }
@@ -233,6 +244,7 @@ int connect_to(uint16_t port) {
 
 int main(int argc, char** argv) try {
   int count = 4096, bytes = 120;
+  bool reply = false;
   double seconds = 5;
   std::string mode = "rendezvous";
   for (int i = 1; i < argc; ++i) {
@@ -247,6 +259,8 @@ int main(int argc, char** argv) try {
       mode = next();
     else if (a == "--seconds")
       seconds = std::stod(next());
+    else if (a == "--reply")
+      reply = true;
     else if (a == "--bytes")
       bytes = std::stoi(next());
     else
@@ -328,7 +342,7 @@ int main(int argc, char** argv) try {
     char b = 0;
     if (::read(up[0], &b, 1) != 1) die("read");
     if (::write(go[1], &b, 1) != 1) die("write");
-    return heartbeat_loop(ep, peers, seconds, bytes, payload);
+    return heartbeat_loop(ep, peers, seconds, bytes, payload, reply);
   });
   (void)coord;
   const long segs0 = tcp_out_segs();
