@@ -10,7 +10,9 @@
 //
 // Each agent also sends a heartbeat every --heartbeat-ms (default 1000, as a real agent; 0: none)
 // once established, echoing the coordinator's last one (t0_us, rx_us) as a real agent does; the
-// agents' beats are spread evenly over the interval, as independent machines' would be.
+// agents' beats are spread evenly over the interval, as independent machines' would be. --out
+// also counts the beats each way, and the coordinator's that came within 100 ms of the agent's
+// own (answers).
 //
 //   fake_agents --count N --base-port P --token-file F --out times.json [--work-ms MS] [--heartbeat-ms MS]
 // prints "ready" once every port listens, "started" once every node has its start (the
@@ -72,6 +74,10 @@ struct Bench {
   int heartbeat_ms = 1000;    // 0: no heartbeats
   // The coordinator's last heartbeat per agent (now_us, and ours when it arrived), echoed.
   std::vector<std::int64_t> echo_t0, echo_rx;
+  // When each agent last beat; how many beats we sent, how many the coordinator sent us, and how
+  // many of those came within 100 ms of our own (answers to ours, not beats of its own).
+  std::vector<std::int64_t> beat_sent_us;
+  int agent_beats = 0, coordinator_beats = 0, coordinator_answers = 0;
 
   void accept(int i) {
     acceptors[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket s) {
@@ -120,6 +126,8 @@ struct Bench {
         send(*conn, "heartbeat", {{"now_us", now_us()}, {"t0_us", echo_t0[i]}, {"rx_us", echo_rx[i]}});
       else
         send(*conn, "heartbeat", {{"now_us", now_us()}});
+      beat_sent_us[i] = now_us();
+      ++agent_beats;
       beat(conn, i, std::chrono::milliseconds(heartbeat_ms));
     });
   }
@@ -135,6 +143,8 @@ struct Bench {
         echo_t0[i] = b["now_us"].get<std::int64_t>();
         echo_rx[i] = now_us();
       }
+      ++coordinator_beats;
+      if (beat_sent_us[i] && now_us() - beat_sent_us[i] < 100'000) ++coordinator_answers;
       return;
     }
     if (m.type == "job_offer") {
@@ -218,6 +228,7 @@ int main(int argc, char** argv) {
   bench.keys = ddp::net::load_token_file(token_file);
   bench.echo_t0.assign(bench.count, 0);
   bench.echo_rx.assign(bench.count, 0);
+  bench.beat_sent_us.assign(bench.count, 0);
   for (int i = 0; i < bench.count; ++i) {
     auto a = std::make_unique<tcp::acceptor>(bench.io);
     tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), static_cast<std::uint16_t>(base_port + i));
@@ -242,6 +253,9 @@ int main(int argc, char** argv) {
                              {"agents_cpu_us", bench.cpu_last_assign_us - bench.cpu_first_accept_us},
                              {"setup_cpu_us", setup_cpu_us},
                              {"assigned", bench.assigned},
+                             {"agent_beats", bench.agent_beats},
+                             {"coordinator_beats", bench.coordinator_beats},
+                             {"coordinator_answers", bench.coordinator_answers},
                              {"finished", bench.finished},
                              {"starts_in_assign", bench.starts_in_assign},
                              {"separate_starts", bench.separate_starts}}
