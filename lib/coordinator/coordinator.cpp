@@ -316,6 +316,9 @@ class Coordinator {
         {[this, &n](const proto::PeerInfo& p) {
            log_->debug("{}: authenticated (agent '{}', {})", label(n), p.name, p.software);
            n.dial_failures = 0;
+           // The offer is as good as a beat: the timer's first for this node comes only if its
+           // agent has not beaten (and been answered) within 1.25 intervals.
+           n.beat_at = std::chrono::steady_clock::now();
            // The offer is also the first clock probe: the join echoes its t0_us with
            // the agent's stamps (proto/clock_sync.hpp); heartbeats refine it later.
            auto offer = n.conn->session().message(
