@@ -39,7 +39,8 @@ def test_the_coordinator_answers_each_agents_beat(tmp_path):
             agents.wait()
     got = json.loads(out.read_text())
     assert got["agent_beats"] >= 3 * NODES, got
-    # Every beat is answered (a beat sent as the job ended may not be); a coordinator beating on a
-    # timer of its own lands within 100 ms of an agent's beat about one time in ten.
-    assert got["coordinator_answers"] >= got["agent_beats"] - NODES, got
-    assert got["coordinator_answers"] >= 0.8 * got["coordinator_beats"], got
+    # Answered within 100 ms: every beat, but for one sent as the job ended or a reply a loaded
+    # machine held up (hence 60%, not all); a coordinator beating on a timer of its own lands
+    # within 100 ms of an agent's beat about one time in ten (the old one: 0 of 14).
+    assert got["coordinator_answers"] >= 0.6 * got["agent_beats"], got
+    assert got["coordinator_answers"] >= 0.6 * got["coordinator_beats"], got
