@@ -8,9 +8,16 @@
 // simulated agents' own exit reports for the first nodes delay their handling of the last
 // nodes' assigns, which real agents on machines of their own would not.
 //
-//   fake_agents --count N --base-port P --token-file F --out times.json [--work-ms MS]
-// prints "ready" once every port listens; writes {first_accept_us, last_assign_us, last_start_us, assigned,
-// finished, starts_in_assign, separate_starts, setup_cpu_us} (system clock, microseconds; the
+// Each agent also sends a heartbeat every --heartbeat-ms (default 1000, as a real agent; 0: none)
+// once established, echoing the coordinator's last one (t0_us, rx_us) as a real agent does; the
+// agents' beats are spread evenly over the interval, as independent machines' would be. --out
+// also counts the beats each way, and the coordinator's that came within 100 ms of the agent's
+// own (answers).
+//
+//   fake_agents --count N --base-port P --token-file F --out times.json [--work-ms MS] [--heartbeat-ms MS]
+// prints "ready" once every port listens, "started" once every node has its start (the
+// benchmark measures the steady state, heartbeats only, after it); writes {first_accept_us, last_assign_us,
+// last_start_us, assigned, finished, starts_in_assign, separate_starts, setup_cpu_us} (system clock, microseconds; the
 // CPU time spent before "ready") when every agent's job
 // is done or its link is gone. --version 3 speaks only the previous protocol version (the
 // coordinator then sends each node a start of its own); tests/integration/coordinator uses it.
@@ -60,10 +67,17 @@ struct Bench {
   // This process's CPU time at the first accept and at the last assignment: how busy the agents'
   // side was during the rendezvous (the rest of the two cores is the coordinator's).
   std::int64_t cpu_first_accept_us = 0, cpu_last_assign_us = 0;
-  int assigned = 0, finished = 0, closed = 0;
+  int assigned = 0, finished = 0, closed = 0, started = 0;
   int starts_in_assign = 0, separate_starts = 0;
   std::uint32_t version = 0;  // 0: every version this build speaks
   int work_ms = 0;            // how long each worker "runs"
+  int heartbeat_ms = 1000;    // 0: no heartbeats
+  // The coordinator's last heartbeat per agent (now_us, and ours when it arrived), echoed.
+  std::vector<std::int64_t> echo_t0, echo_rx;
+  // When each agent last beat; how many beats we sent, how many the coordinator sent us, and how
+  // many of those came within 100 ms of our own (answers to ours, not beats of its own).
+  std::vector<std::int64_t> beat_sent_us;
+  int agent_beats = 0, coordinator_beats = 0, coordinator_answers = 0;
 
   void accept(int i) {
     acceptors[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket s) {
@@ -90,11 +104,32 @@ struct Bench {
     if (version) sc.versions = {version};
     auto conn = Connection::make(std::move(s), ddp::proto::Session::server(sc), sc.name, "bench", ddp::Millis(60000));
     Connection* raw = conn.get();
-    conn->start({[this](const ddp::proto::PeerInfo&) { last_established_us = now_us(); },
+    conn->start({[this, i, raw](const ddp::proto::PeerInfo&) {
+                   last_established_us = now_us();
+                   if (heartbeat_ms > 0) {
+                     // Spread: agent i's first beat at its share of the interval.
+                     beat(raw->shared_from_this(), i,
+                          std::chrono::microseconds(std::int64_t(heartbeat_ms) * 1000 * i / count));
+                   }
+                 },
                  [this, raw, i](ddp::proto::Message m) { on_message(*raw, i, m); },
                  [this](const std::string&) {
                    if (++closed == count) io.stop();
                  }});
+  }
+
+  void beat(std::shared_ptr<Connection> conn, int i, std::chrono::microseconds after) {
+    auto timer = std::make_shared<asio::steady_timer>(io, after);
+    timer->async_wait([this, timer, conn, i](boost::system::error_code ec) {
+      if (ec || !conn->established()) return;
+      if (echo_t0[i])
+        send(*conn, "heartbeat", {{"now_us", now_us()}, {"t0_us", echo_t0[i]}, {"rx_us", echo_rx[i]}});
+      else
+        send(*conn, "heartbeat", {{"now_us", now_us()}});
+      beat_sent_us[i] = now_us();
+      ++agent_beats;
+      beat(conn, i, std::chrono::milliseconds(heartbeat_ms));
+    });
   }
 
   bool send(Connection& c, const char* type, json fields) {
@@ -103,6 +138,15 @@ struct Bench {
 
   void on_message(Connection& c, int i, const ddp::proto::Message& m) {
     const auto& b = m.body;
+    if (m.type == "heartbeat") {
+      if (b.contains("now_us")) {
+        echo_t0[i] = b["now_us"].get<std::int64_t>();
+        echo_rx[i] = now_us();
+      }
+      ++coordinator_beats;
+      if (beat_sent_us[i] && now_us() - beat_sent_us[i] < 100'000) ++coordinator_answers;
+      return;
+    }
     if (m.type == "job_offer") {
       last_offer_us = now_us();
       send(c, "join",
@@ -128,6 +172,7 @@ struct Bench {
     if (m.type == "start" || (m.type == "assign" && b.value("start", false))) {
       ++(m.type == "start" ? separate_starts : starts_in_assign);
       last_start_us = now_us();
+      if (++started == count) std::cout << "started" << std::endl;
       const json job = b["job_id"], round = b["round"];
       send(c, "worker_started", {{"job_id", job}, {"round", round}, {"local_rank", 0}, {"pid", 1000 + i}});
       if (work_ms <= 0) return exit_worker(c, i, job, round);
@@ -165,6 +210,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", out)->required();
   app.add_option("--work-ms", bench.work_ms, "how long each worker runs before it exits 0")
       ->check(CLI::Range(0, 600000));
+  app.add_option("--heartbeat-ms", bench.heartbeat_ms, "each agent's heartbeat interval (0: none)")
+      ->check(CLI::Range(0, 60000));
   app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 6));
   CLI11_PARSE(app, argc, argv);
 
@@ -179,6 +226,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   bench.keys = ddp::net::load_token_file(token_file);
+  bench.echo_t0.assign(bench.count, 0);
+  bench.echo_rx.assign(bench.count, 0);
+  bench.beat_sent_us.assign(bench.count, 0);
   for (int i = 0; i < bench.count; ++i) {
     auto a = std::make_unique<tcp::acceptor>(bench.io);
     tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), static_cast<std::uint16_t>(base_port + i));
@@ -203,6 +253,9 @@ int main(int argc, char** argv) {
                              {"agents_cpu_us", bench.cpu_last_assign_us - bench.cpu_first_accept_us},
                              {"setup_cpu_us", setup_cpu_us},
                              {"assigned", bench.assigned},
+                             {"agent_beats", bench.agent_beats},
+                             {"coordinator_beats", bench.coordinator_beats},
+                             {"coordinator_answers", bench.coordinator_answers},
                              {"finished", bench.finished},
                              {"starts_in_assign", bench.starts_in_assign},
                              {"separate_starts", bench.separate_starts}}

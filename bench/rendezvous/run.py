@@ -8,7 +8,14 @@ wall time, and the CPU time (user + system) each side spent on the whole launch:
 benchmark both share the machine's cores, so what one side saves the other can use.
 
     python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
-                                    [--work-ms 250] [--agents FAKE_AGENTS]
+                                    [--work-ms 250] [--agents FAKE_AGENTS] [--steady SECONDS]
+
+Also reported: each side's CPU split into user and system time (the system time is mostly the
+kernel's loopback TCP: both ends' stacks run in the sending process), and the TCP segments the
+machine sent during the launch per node (/proc/net/snmp OutSegs, machine-wide: other traffic on
+the machine counts too). With --steady S, the workers run S + 2 s and, from 1 s after the last
+node started, ddpctl's and fake_agents' CPU over S seconds is measured: the heartbeats' cost
+(every agent beats every second, as real agents do, and ddpctl beats to each of them).
 
 Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 after --work-ms (see
 fake_agents.cpp for why not at once); the whole launch includes that time. With --compare both
@@ -59,31 +66,57 @@ def reap(proc, timeout, what):
         time.sleep(0.005)
 
 
-def one(build, agents_bin, work_ms, n, tmp):
+def tcp_out_segs():
+    lines = [l.split() for l in open("/proc/net/snmp") if l.startswith("Tcp:")]
+    return int(lines[1][lines[0].index("OutSegs")])
+
+
+def proc_cpu(pid):
+    """utime + stime of a live process, seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(build, agents_bin, work_ms, n, tmp, steady=0, heartbeat_ms=1000):
     token = os.path.join(tmp, "token")
     base = free_base(n)
     out = os.path.join(tmp, f"agents-{n}.json")
     agents = subprocess.Popen([agents_bin, "--count", str(n), "--base-port", str(base), "--token-file", token, "--out", out,
-                               "--work-ms", str(work_ms)], stdout=subprocess.PIPE, text=True,
+                               "--work-ms", str(work_ms), "--heartbeat-ms", str(heartbeat_ms)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "DDP_LOG_LEVEL": "warn"})
     try:
         if agents.stdout.readline().strip() != "ready":
             sys.exit("fake_agents did not start")
         nodes = ",".join(f"127.0.0.1:{base + i}" for i in range(n))
         job = os.path.join(tmp, "job.yaml")
+        segs0 = tcp_out_segs()
         t0 = time.time()
+        idle = None
         with tempfile.TemporaryFile(mode="w+") as err:
             ctl = subprocess.Popen([os.path.join(build, "bin", "ddpctl"), "launch", "-q", "--nodes", nodes, "--token-file",
                                     token, "--log-dir", os.path.join(tmp, "logs"), job], stdout=subprocess.DEVNULL, stderr=err)
+            if steady:
+                # The steady state: every node started, the workers "running", only heartbeats.
+                if agents.stdout.readline().strip() != "started":
+                    sys.exit("fake_agents did not report every node started")
+                time.sleep(1)
+                c0, a0, w0 = proc_cpu(ctl.pid), proc_cpu(agents.pid), time.time()
+                time.sleep(steady)
+                c1, a1, w1 = proc_cpu(ctl.pid), proc_cpu(agents.pid), time.time()
+                idle = ((c1 - c0) / (w1 - w0), (a1 - a0) / (w1 - w0))
             # wait4: the exit status and the process's CPU time (user + system) in one call.
             status, ru = reap(ctl, 300, "ddpctl")
             wall = time.time() - t0
+            segs = tcp_out_segs() - segs0
             ctl_cpu = ru.ru_utime + ru.ru_stime
+            ctl_sys = ru.ru_stime
             if os.waitstatus_to_exitcode(status) != 0:
                 err.seek(0)
                 sys.exit(f"ddpctl failed with {os.waitstatus_to_exitcode(status)}:\n{err.read()[-3000:]}")
         _, ru = reap(agents, 60, "fake_agents")
         agents_cpu = ru.ru_utime + ru.ru_stime
+        agents_sys = ru.ru_stime
     finally:
         if agents.returncode is None and agents.poll() is None:
             agents.kill()
@@ -93,7 +126,8 @@ def one(build, agents_bin, work_ms, n, tmp):
         sys.exit(f"only {got['assigned']} of {n} agents were assigned, {got['finished']} finished")
     agents_cpu -= got.get("setup_cpu_us", 0) / 1e6  # the listeners it opened before "ready"
     start = (got["last_start_us"] - got["first_accept_us"]) / 1e6 if "last_start_us" in got else None
-    return (got["last_assign_us"] - got["first_accept_us"]) / 1e6, start, wall, ctl_cpu, agents_cpu
+    return ((got["last_assign_us"] - got["first_accept_us"]) / 1e6, start, wall, ctl_cpu, agents_cpu, ctl_sys, agents_sys,
+            segs / n, idle)
 
 
 def main():
@@ -104,6 +138,9 @@ def main():
     ap.add_argument("--compare", help="another build folder (e.g. an older commit's), run alternately with --build")
     ap.add_argument("--work-ms", type=int, default=250, help="how long each fake worker runs")
     ap.add_argument("--agents", help="the fake_agents binary (default: the --build's)")
+    ap.add_argument("--steady", type=float, default=0,
+                    help="measure the heartbeats' CPU over this many seconds once every node runs")
+    ap.add_argument("--heartbeat-ms", type=int, default=1000, help="the fake agents' heartbeat interval (0: none)")
     args = ap.parse_args()
     agents_bin = args.agents or os.path.join(args.build, "bin", "fake_agents")
     builds = [args.build] + ([args.compare] if args.compare else [])
@@ -121,7 +158,8 @@ def main():
             runs = {b: [] for b in builds}
             for _ in range(args.repeats):
                 for b in builds:
-                    runs[b].append(one(b, agents_bin, args.work_ms, n, tmp))
+                    work_ms = int((args.steady + 2) * 1000) if args.steady else args.work_ms
+                    runs[b].append(one(b, agents_bin, work_ms, n, tmp, args.steady, args.heartbeat_ms))
             for b in builds:
                 rdzv = statistics.median(r[0] for r in runs[b])
                 starts = [r[1] for r in runs[b] if r[1] is not None]
@@ -130,6 +168,15 @@ def main():
                 cpu = f"{statistics.median(r[3] for r in runs[b]) * 1000:.0f} / {statistics.median(r[4] for r in runs[b]) * 1000:.0f} ms"
                 print(f"{os.path.relpath(b, ROOT)[-24:]:<24} {n:>6} {rdzv * 1000:>17.1f} ms {start} {wall * 1000:>19.1f} ms "
                       f"{cpu:>21}   " + ", ".join(f"{r[0] * 1000:.0f}/{r[2] * 1000:.0f}" for r in runs[b]), flush=True)
+                med = lambda i: statistics.median(r[i] for r in runs[b])
+                print(f"{'':<24} {'':>6} of which system time: ddpctl {med(5) * 1000:.0f} ms, agents {med(6) * 1000:.0f} ms; "
+                      f"TCP segments sent per node: {med(7):.1f}; CPU per node, both sides: "
+                      f"{(med(3) + med(4)) / n * 1e6:.0f} us", flush=True)
+                if args.steady:
+                    print(f"{'':<24} {'':>6} steady state (heartbeats only), share of one core: ddpctl "
+                          f"{statistics.median(r[8][0] for r in runs[b]) * 100:.2f}%, agents "
+                          f"{statistics.median(r[8][1] for r in runs[b]) * 100:.2f}% "
+                          f"(runs: " + ", ".join(f"{r[8][0] * 100:.2f}" for r in runs[b]) + ")", flush=True)
 
 
 if __name__ == "__main__":

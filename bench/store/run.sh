@@ -13,6 +13,8 @@
 #                        each, alternating; CONNS connections per client (default: 2 for 1.13's
 #                        protocol, which opens a callback connection too; 1 for 2.x);
 #                        STORM_TIMEOUT (30) seconds for one storm until it counts as failed
+#   COMPARE_BUILD=DIR    also serve with DIR/bin/ddpctl (e.g. an older commit's build) as a third
+#                        target, "before", in the same run
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -66,6 +68,12 @@ DDP_LOG_LEVEL=warn start "$ddpctl" store serve --listen 127.0.0.1:0 --threads "$
 ours_pid=$started_pid ours_port=$started_port
 start "$python" "$root/bench/store/torch_server.py"
 torch_pid=$started_pid torch_port=$started_port
+extra=()
+if [[ -n ${COMPARE_BUILD:-} ]]; then
+  DDP_LOG_LEVEL=warn start "$COMPARE_BUILD/bin/ddpctl" store serve --listen 127.0.0.1:0 --threads "$server_threads"
+  extra=(--target "before=127.0.0.1:$started_port:$started_pid")
+  echo "before: $COMPARE_BUILD/bin/ddpctl store serve (pid $started_pid, port $started_port)"
+fi
 
 echo "ours:  ddpctl store serve --threads $server_threads (pid $ours_pid, port $ours_port)"
 echo "torch: PyTorch $("$python" -c 'import torch; print(torch.__version__)') TCPStore(is_master=True) (pid $torch_pid, port $torch_port)"
@@ -73,10 +81,10 @@ echo "machine: $(nproc) cores; load generator ($load_threads threads) and both s
 # The wire numbering the comparison server speaks: 1.13's for torch 1.x, 2.x's (VALIDATE first) after.
 protocol=${PROTOCOL:-$("$python" -c 'import torch; print(2 if int(torch.__version__.split(".")[0]) >= 2 else 1)')}
 if [[ $mode == storm ]]; then
-  "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
+  "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" "${extra[@]}" \
     --clients "${CLIENTS:-4096}" --repeats "${REPEATS:-3}" --threads "$load_threads" \
     --timeout "${STORM_TIMEOUT:-30}" ${CONNS:+--conns "$CONNS"}
   exit
 fi
-"$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" \
+"$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" "${extra[@]}" \
   --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}" --threads "$load_threads"

@@ -14,7 +14,11 @@
 // Reported per run: the time until every connection was established, until every client was
 // released (from the common start), the per-client release time p50/p99, connections refused or
 // reset (never retried: a PyTorch client would retry, so any is a failure of the run), and the
-// server's CPU time over the run (/proc/PID/stat). Targets are measured in turn, --repeats times,
+// server's CPU time over the run (/proc/PID/stat), and the kernel's counters of the run
+// (/proc/net/netstat, machine-wide, so each run is alone on the machine's loopback): SYNs the
+// listener dropped because its accept queue was full (ListenOverflows: the server did not
+// accept fast enough; each such client waits for its SYN's retransmission, 1 s later) and SYNs
+// retransmitted (TCPSynRetrans). Targets are measured in turn, --repeats times,
 // alternating; the summary is the median. Clients close with SO_LINGER 0 (a reset, no TIME_WAIT)
 // so repeated storms do not run out of ephemeral ports.
 #include "store/protocol.hpp"
@@ -69,6 +73,21 @@ long cpu_ticks(pid_t pid) {
   return utime + stime;
 }
 
+// TcpExt counters from /proc/net/netstat (a header line of names, then a line of values).
+long netstat_counter(const char* name) {
+  std::ifstream f("/proc/net/netstat");
+  std::string names, values;
+  while (std::getline(f, names) && std::getline(f, values)) {
+    if (names.rfind("TcpExt:", 0) != 0) continue;
+    std::istringstream n(names), v(values);
+    std::string key, val;
+    while (n >> key && v >> val) {
+      if (key == name) return std::stol(val);
+    }
+  }
+  return -1;
+}
+
 long status_kib(pid_t pid, const char* key) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -107,6 +126,7 @@ struct Client {
 
 struct RunResult {
   double connected_ms = 0, released_ms = 0, p50_ms = 0, p99_ms = 0, cpu_ms = 0;
+  double overflows = 0, syn_retrans = 0;  // the kernel's, over the run
   int failed = 0;
   std::string first_error;
 };
@@ -278,11 +298,14 @@ RunResult storm(const Target& t, int clients, int conns, Protocol proto, int nth
     });
   }
   const long ticks0 = cpu_ticks(t.pid);
+  const long overflows0 = netstat_counter("ListenOverflows"), syn0 = netstat_counter("TCPSynRetrans");
   t0 = Clk::now();
   start.arrive_and_wait();
   for (auto& th : threads) th.join();
   const long ticks1 = cpu_ticks(t.pid);
   RunResult res;
+  res.overflows = static_cast<double>(netstat_counter("ListenOverflows") - overflows0);
+  res.syn_retrans = static_cast<double>(netstat_counter("TCPSynRetrans") - syn0);
   std::vector<double> rel;
   for (int ti = 0; ti < nthreads; ++ti) {
     res.connected_ms = std::max(res.connected_ms, connected_ms[ti]);
@@ -365,8 +388,8 @@ int main(int argc, char** argv) try {
       "store_storm: PyTorch %s clients, %d connection(s) each, all connecting at once from %d thread(s), then "
       "(2.x: VALIDATE, PING,) ADD to a barrier, WAIT for the last; median of %d\n",
       proto == Protocol::v1 ? "1.13" : "2.x", conns, threads, repeats);
-  std::printf("%8s  %-8s %14s %14s %10s %10s %12s %8s\n", "clients", "server", "connected ms", "released ms", "p50 ms",
-              "p99 ms", "server cpu ms", "failed");
+  std::printf("%8s  %-8s %14s %14s %10s %10s %12s %8s %10s %10s\n", "clients", "server", "connected ms", "released ms",
+              "p50 ms", "p99 ms", "server cpu ms", "failed", "overflows", "SYN rexmit");
   int any_failed = 0, run_no = 0;
   for (int n : clients) {
     std::vector<std::vector<RunResult>> rs(targets.size());
@@ -392,14 +415,21 @@ int main(int argc, char** argv) try {
       int failed = 0;
       for (auto& r : rs[ti]) failed += r.failed;
       released.push_back(pick([](auto& r) { return r.released_ms; }));
-      std::printf("%8d  %-8s %14.1f %14.1f %10.1f %10.1f %12.1f %8d\n", n, targets[ti].name.c_str(),
+      std::printf("%8d  %-8s %14.1f %14.1f %10.1f %10.1f %12.1f %8d %10.0f %10.0f\n", n, targets[ti].name.c_str(),
                   pick([](auto& r) { return r.connected_ms; }), released.back(), pick([](auto& r) { return r.p50_ms; }),
-                  pick([](auto& r) { return r.p99_ms; }), pick([](auto& r) { return r.cpu_ms; }), failed);
+                  pick([](auto& r) { return r.p99_ms; }), pick([](auto& r) { return r.cpu_ms; }), failed,
+                  pick([](auto& r) { return r.overflows; }), pick([](auto& r) { return r.syn_retrans; }));
+      std::printf("%8s  %-8s runs (released ms): ", "", targets[ti].name.c_str());
+      for (auto& r : rs[ti]) std::printf("%.0f ", r.released_ms);
+      std::printf("\n");
       std::fflush(stdout);
     }
     if (released.size() >= 2 && released[0] > 0)
       std::printf("%8d  %-8s %14s %13.2fx (theirs/ours: how many times faster all are released)\n", n, "ratio", "",
                   released[1] / released[0]);
+    for (std::size_t ti = 2; ti < released.size(); ++ti)
+      std::printf("%8d  %-8s %14s %13.2fx (%s/ours)\n", n, "ratio", "", released[ti] / released[0],
+                  targets[ti].name.c_str());
   }
   std::printf("\nserver memory (KiB, VmHWM): ");
   for (auto& t : targets) std::printf("%s %ld  ", t.name.c_str(), status_kib(t.pid, "VmHWM:"));

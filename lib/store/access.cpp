@@ -39,13 +39,6 @@ bool listed(const asio::ip::address& a, std::span<const asio::ip::address> list)
   return std::any_of(list.begin(), list.end(), [&](const asio::ip::address& b) { return same_address(a, b); });
 }
 
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 // The address in an inet_diag id field: 4 bytes for AF_INET, 16 for AF_INET6.
 std::optional<asio::ip::address> diag_address(uint8_t family, const uint32_t (&field)[4]) {
   if (family == AF_INET) {
@@ -118,21 +111,44 @@ std::vector<asio::ip::address> host_addresses() {
   return out;
 }
 
-std::optional<SocketOwner> owner_by_sock_diag(const tcp::endpoint& client, const tcp::endpoint& server, bool& failed) {
+SockDiag& SockDiag::operator=(SockDiag&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+    seq_ = o.seq_;
+  }
+  return *this;
+}
+
+SockDiag::~SockDiag() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<SocketOwner> SockDiag::owner(const tcp::endpoint& client, const tcp::endpoint& server, bool& failed) {
   failed = false;
   const auto c = normalize(client.address()), s = normalize(server.address());
   if (c.is_v4() != s.is_v4()) {
     failed = true;
     return std::nullopt;
   }
-  Fd fd{::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG)};
-  if (fd.fd < 0) {
+  if (fd_ < 0) {
+    fd_ = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd_ < 0) {
+      failed = true;
+      return std::nullopt;
+    }
+    // The kernel answers inside sendto(); the timeout only bounds a kernel that would not.
+    timeval tv{1, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  // Any failure below closes the socket: the next lookup starts on a fresh one, so an answer
+  // that came late (past the timeout) is never read as the answer to another question.
+  auto broken = [&] {
+    ::close(fd_);
+    fd_ = -1;
     failed = true;
     return std::nullopt;
-  }
-  // The kernel answers inside sendto(); the timeout only bounds a kernel that would not.
-  timeval tv{1, 0};
-  ::setsockopt(fd.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  };
 
   struct {
     nlmsghdr nlh;
@@ -141,7 +157,7 @@ std::optional<SocketOwner> owner_by_sock_diag(const tcp::endpoint& client, const
   msg.nlh.nlmsg_len = sizeof msg;
   msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
   msg.nlh.nlmsg_flags = NLM_F_REQUEST;  // no NLM_F_DUMP: an exact lookup by the 4-tuple
-  msg.nlh.nlmsg_seq = 1;
+  msg.nlh.nlmsg_seq = ++seq_;
   msg.req.sdiag_family = c.is_v4() ? AF_INET : AF_INET6;  // v4-mapped v6 sockets are found as AF_INET
   msg.req.sdiag_protocol = IPPROTO_TCP;
   msg.req.idiag_states = ~0u;
@@ -153,18 +169,14 @@ std::optional<SocketOwner> owner_by_sock_diag(const tcp::endpoint& client, const
 
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
-  if (::sendto(fd.fd, &msg, sizeof msg, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel) < 0) {
-    failed = true;
-    return std::nullopt;
-  }
+  if (::sendto(fd_, &msg, sizeof msg, 0, reinterpret_cast<const sockaddr*>(&kernel), sizeof kernel) < 0)
+    return broken();
   alignas(nlmsghdr) char buf[8192];
-  ssize_t n = ::recv(fd.fd, buf, sizeof buf, 0);
-  if (n < 0) {
-    failed = true;
-    return std::nullopt;
-  }
+  ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+  if (n < 0) return broken();
   int len = static_cast<int>(n);
   for (auto* h = reinterpret_cast<nlmsghdr*>(buf); NLMSG_OK(h, len); h = NLMSG_NEXT(h, len)) {
+    if (h->nlmsg_seq != seq_) return broken();  // not this question's answer
     if (h->nlmsg_type == NLMSG_ERROR) {
       const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
       if (e->error != -ENOENT) failed = true;  // ENOENT: no such socket here (another host's)
@@ -185,6 +197,11 @@ std::optional<SocketOwner> owner_by_sock_diag(const tcp::endpoint& client, const
   return std::nullopt;
 }
 
+std::optional<SocketOwner> owner_by_sock_diag(const tcp::endpoint& client, const tcp::endpoint& server, bool& failed) {
+  SockDiag diag;
+  return diag.owner(client, server, failed);
+}
+
 std::optional<SocketOwner> owner_by_proc_net(const tcp::endpoint& client, const tcp::endpoint& server) {
   const tcp::endpoint c(normalize(client.address()), client.port()), s(normalize(server.address()), server.port());
   for (const auto& sock : read_proc_net_tcp()) {
@@ -194,11 +211,17 @@ std::optional<SocketOwner> owner_by_proc_net(const tcp::endpoint& client, const 
   return std::nullopt;
 }
 
-std::optional<SocketOwner> client_socket_owner(const tcp::endpoint& client, const tcp::endpoint& server) {
+std::optional<SocketOwner> client_socket_owner(SockDiag& diag, const tcp::endpoint& client,
+                                               const tcp::endpoint& server) {
   bool failed = false;
-  auto owner = owner_by_sock_diag(client, server, failed);
+  auto owner = diag.owner(client, server, failed);
   if (!failed) return owner;
   return owner_by_proc_net(client, server);
+}
+
+std::optional<SocketOwner> client_socket_owner(const tcp::endpoint& client, const tcp::endpoint& server) {
+  SockDiag diag;
+  return client_socket_owner(diag, client, server);
 }
 
 }  // namespace ddp::store

@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::store {
@@ -57,6 +58,30 @@ std::vector<boost::asio::ip::address> host_addresses();
 // listening socket that a lookup by port might return is never taken for it. nullopt when no
 // such socket is found or neither source can be read.
 std::optional<SocketOwner> client_socket_owner(const boost::asio::ip::tcp::endpoint& client,
+                                               const boost::asio::ip::tcp::endpoint& server);
+
+// One sock_diag netlink socket kept for every lookup of a listener (one thread's): a connection
+// storm of 8192 accepts made three system calls more each when every lookup opened, set up and
+// closed its own (bench/store MODE=storm). Opened at the first lookup; movable, not copyable.
+class SockDiag {
+ public:
+  SockDiag() = default;
+  SockDiag(SockDiag&& o) noexcept : fd_(std::exchange(o.fd_, -1)), seq_(o.seq_) {}
+  SockDiag& operator=(SockDiag&& o) noexcept;
+  SockDiag(const SockDiag&) = delete;
+  SockDiag& operator=(const SockDiag&) = delete;
+  ~SockDiag();
+  // As owner_by_sock_diag; `failed` when the netlink socket cannot be used.
+  std::optional<SocketOwner> owner(const boost::asio::ip::tcp::endpoint& client,
+                                   const boost::asio::ip::tcp::endpoint& server, bool& failed);
+
+ private:
+  int fd_ = -1;
+  uint32_t seq_ = 0;
+};
+
+// client_socket_owner with a kept netlink socket (sock_diag first, the /proc fallback after).
+std::optional<SocketOwner> client_socket_owner(SockDiag& diag, const boost::asio::ip::tcp::endpoint& client,
                                                const boost::asio::ip::tcp::endpoint& server);
 
 // The two sources, each on its own (for tests): sock_diag, and the /proc fallback.

@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -36,6 +38,11 @@ constexpr std::size_t kReadChunk = 256 * 1024;
 constexpr std::size_t kPauseReadingAt = 4 * 1024 * 1024;  // queued output that stops our reads
 constexpr int kBacklog = std::max(SOMAXCONN, 4096);
 constexpr int kMaxReadsPerWakeup = 16;  // fairness between busy connections
+// Connections taken off the kernel's accept queue in one wakeup before any is looked at: as
+// large as the queue (somaxconn, 4096 by default), so a storm's queue is emptied at the speed of
+// accept4() alone and the per-connection work (the owner lookup, registration) runs after it;
+// one at a time, 4096 clients' 8192 connections overflowed it (SYNs dropped, retried 1 s later).
+constexpr int kAcceptBatch = 4096;
 
 }  // namespace
 
@@ -72,7 +79,10 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
         state(opts.limits, opts.totals) {}
 
   void do_accept();
-  void on_accept(Loop& target, tcp::socket sock);
+  // Empties the accept queue (up to kAcceptBatch); false when accepting failed for a reason
+  // other than an empty queue (out of descriptors: the caller waits before trying again).
+  bool drain_accept_queue();
+  void on_accept(Loop& target, tcp::socket sock, const tcp::endpoint& peer);
   // Drops every connection: they leave the map and the state now; their sockets close on
   // their own threads. Under no lock.
   void drop_all();
@@ -88,6 +98,9 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   std::vector<asio::ip::address> allowed;  // caller's thread only
   tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
+  std::optional<tcp::endpoint> listen_local;            // the listener's address when not a wildcard
+  SockDiag diag;                                        // the accepting thread's, for every lookup
+  std::vector<std::pair<int, tcp::endpoint>> accepted;  // one drain's, reused
   std::vector<std::unique_ptr<Loop>> loops;
   std::size_t next_loop = 0;
   RankResolver resolver;
@@ -485,43 +498,75 @@ void Server::Impl::shed_locked() {
 // ---------------------------------------------------------------------------------------------
 
 void Server::Impl::do_accept() {
-  // The connection is accepted onto the loop that will serve it.
-  Loop& target = *loops[next_loop];
-  acceptor.async_accept(target.io, [self = shared_from_this(), &target](const error_code& ec, tcp::socket sock) {
+  // Readiness, then accept4() in a loop on the caller's thread: the connections leave the
+  // kernel's queue before any is looked at (kAcceptBatch).
+  acceptor.async_wait(tcp::acceptor::wait_read, [self = shared_from_this()](const error_code& ec) {
     if (!self->running || ec == asio::error::operation_aborted) return;
-    if (ec) {
-      // Out of descriptors: the connection stays in the backlog; try again shortly rather than
-      // spin on a listener that stays readable.
-      std::size_t open;
-      {
-        std::lock_guard lk(self->mu);
-        open = self->conns.size();
-      }
-      self->log->warn("store accept failed: {} ({} connections open)", ec.message(), open);
-      self->accept_retry.expires_after(std::chrono::milliseconds(100));
-      self->accept_retry.async_wait([self](const error_code& e) {
-        if (!e && self->running) self->do_accept();
-      });
-      return;
+    if (!ec && self->drain_accept_queue()) return self->do_accept();
+    // Out of descriptors: the connections stay in the backlog; try again shortly rather than
+    // spin on a listener that stays readable.
+    std::size_t open;
+    {
+      std::lock_guard lk(self->mu);
+      open = self->conns.size();
     }
-    self->on_accept(target, std::move(sock));
-    self->do_accept();
+    self->log->warn("store accept failed: {} ({} connections open)",
+                    ec ? ec.message() : std::string(std::strerror(errno)), open);
+    self->accept_retry.expires_after(std::chrono::milliseconds(100));
+    self->accept_retry.async_wait([self](const error_code& e) {
+      if (!e && self->running) self->do_accept();
+    });
   });
+}
+
+bool Server::Impl::drain_accept_queue() {
+  accepted.clear();
+  bool ok = true;
+  while (accepted.size() < static_cast<std::size_t>(kAcceptBatch)) {
+    sockaddr_storage sa{};
+    socklen_t len = sizeof sa;
+    const int fd =
+        ::accept4(acceptor.native_handle(), reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;  // a client that gave up while queued
+      ok = errno == EAGAIN || errno == EWOULDBLOCK;
+      break;
+    }
+    tcp::endpoint peer;
+    if (len <= peer.capacity()) {
+      std::memcpy(peer.data(), &sa, len);
+      peer.resize(len);
+    }
+    accepted.emplace_back(fd, peer);
+  }
+  const int saved = errno;
+  for (auto& [fd, peer] : accepted) {
+    Loop& target = *loops[next_loop];
+    error_code ec;
+    tcp::socket sock(target.io);
+    sock.assign(peer.protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      continue;
+    }
+    on_accept(target, std::move(sock), peer);
+  }
+  errno = saved;
+  return ok;
 }
 
 // On the caller's thread; the socket has no operation pending yet, so its loop's thread does
 // not touch it until the read is armed there.
-void Server::Impl::on_accept(Loop& target, tcp::socket sock) {
+void Server::Impl::on_accept(Loop& target, tcp::socket sock, const tcp::endpoint& peer) {
   error_code ec;
-  tcp::endpoint peer = sock.remote_endpoint(ec);
+  // The listener's own address when it has one (no getsockname() per connection).
+  tcp::endpoint local = listen_local ? *listen_local : sock.local_endpoint(ec);
   if (ec) return;  // already gone
-  tcp::endpoint local = sock.local_endpoint(ec);
-  if (ec) return;
   // Who it is, once per connection: this host's addresses (not for loopback) and the kernel's
   // owner of the client socket (found only when the client is on this host).
   const auto peer_addr = normalize(peer.address());
   const auto host_addrs = peer_addr.is_loopback() ? std::vector<asio::ip::address>{} : host_addresses();
-  const auto owner = client_socket_owner(peer, local);
+  const auto owner = client_socket_owner(diag, peer, local);
   const AccessDecision access = decide_access(peer_addr, host_addrs, owner, job_uid, allowed);
   std::size_t open;
   {
@@ -544,7 +589,7 @@ void Server::Impl::on_accept(Loop& target, tcp::socket sock) {
     return;
   }
   sock.set_option(tcp::no_delay(true), ec);
-  sock.non_blocking(true, ec);
+  sock.non_blocking(true, ec);  // accept4 made it so; this tells Asio
   if (ec) {
     log->warn("cannot serve {}: {}", format_endpoint(peer), ec.message());
     return;
@@ -678,7 +723,11 @@ void Server::start() {
   if (ec) fail("bind");
   s.acceptor.listen(kBacklog, ec);
   if (ec) fail("listen on");
-  s.bound_port = s.acceptor.local_endpoint(ec).port();
+  const auto local = s.acceptor.local_endpoint(ec);
+  s.bound_port = local.port();
+  if (!local.address().is_unspecified()) s.listen_local = local;
+  s.acceptor.non_blocking(true, ec);  // drain_accept_queue's accept4() loop ends at EAGAIN
+  if (ec) fail("set non-blocking");
   s.bound_host = addr.is_v6() ? fmt::format("[{}]", addr.to_string()) : addr.to_string();
   s.start_threads();
   s.running = true;

@@ -298,3 +298,49 @@ TEST_F(StoreAccessKernel, ServerOfANonRootJobRefusesEveryOtherUser) {
   root.send(set_then_get());
   EXPECT_EQ(root.recv(9).size(), 9u);
 }
+
+TEST(StoreAccessKernelKept, OneNetlinkSocketAnswersEveryLookupInTurn) {
+  // The store keeps one sock_diag socket for all its accepts: each answer must be its own
+  // question's, found, not found and found again, alternating (a reply read for the wrong
+  // question would name the wrong user).
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 64), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const uint16_t port = ntohs(a.sin_port);
+  const tcp::endpoint server(make_address("127.0.0.1"), port);
+  std::vector<int> fds;
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < 32; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    sockaddr_in me{};
+    socklen_t ml = sizeof me;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &ml);
+    fds.push_back(fd);
+    ports.push_back(ntohs(me.sin_port));
+  }
+  SockDiag kept;
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < ports.size(); ++i) {
+      bool failed = true;
+      auto got = kept.owner(tcp::endpoint(make_address("127.0.0.1"), ports[i]), server, failed);
+      EXPECT_FALSE(failed);
+      ASSERT_TRUE(got.has_value()) << "client " << i << ", round " << round;
+      EXPECT_EQ(got->uid, ::geteuid());
+      EXPECT_TRUE(got->held);
+      // A client port nobody holds, between two that exist: not found, and no error.
+      got = kept.owner(tcp::endpoint(make_address("127.0.0.2"), ports[i]), server, failed);
+      EXPECT_FALSE(failed);
+      EXPECT_EQ(got, std::nullopt);
+      EXPECT_EQ(client_socket_owner(kept, tcp::endpoint(make_address("127.0.0.1"), ports[i]), server)->uid,
+                ::geteuid());
+    }
+  }
+  for (int fd : fds) ::close(fd);
+  ::close(lfd);
+}
