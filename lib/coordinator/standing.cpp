@@ -8,6 +8,7 @@
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "coordinator/coordinator.hpp"
+#include "coordinator/relay_limits.hpp"
 #include "jobspec/jobspec.hpp"
 #include "net/acceptor.hpp"
 #include "net/connection.hpp"
@@ -78,6 +79,8 @@ struct Relay {
   asio::steady_timer pace;
   asio::streambuf buf;
   std::string job_id;
+  std::string user;       // who asked (relay_limits.hpp counts per user)
+  std::size_t files = 0;  // log files its backlog may hold open (0 once the backlog is sent)
   bool answered = false;
   bool ended = false;
 };
@@ -89,7 +92,8 @@ class Standing {
         acceptor_(io_),
         signals_(io_, SIGINT, SIGTERM),
         watchdog_timer_(io_),
-        log_(log::get("coordinator")) {}
+        log_(log::get("coordinator")),
+        relay_limits_(relay_limits(net::nofile_soft_limit())) {}
 
   int run() {
     listen();
@@ -438,8 +442,13 @@ class Standing {
     } catch (const control::ControlError& e) {
       return control_reply(c, {{"ok", false}, {"error", e.what()}}, true);
     }
+    if (auto why = refuse_relay(relay_limits_, relay_use(nullptr), relay_use(&user), user)) {
+      log_->warn("{}: {}; refused", c->label(), *why);
+      return c->refuse(proto::ErrorCode::bad_value, *why);
+    }
     auto r = std::make_shared<Relay>(io_);
     r->job_id = id;
+    r->user = user;
     relays_[c] = r;
     auto line = b.value("line", std::string());
     if (line.empty() || line.back() != '\n') line += '\n';
@@ -476,8 +485,18 @@ class Standing {
         return read_relay(c, r);
       }
       // The files are on this machine: their lines (up to the sizes taken with the
-      // subscription) go inline, then the live stream carries on from there.
+      // subscription) go inline, then the live stream carries on from there. A merge holds one
+      // file open per rank while it reads (control/log_merge.hpp).
       auto files = j["files"];
+      if (auto why = refuse_backlog(relay_limits_, relay_use(nullptr), relay_use(&r->user), r->user, r->job_id,
+                                    files.size())) {
+        log_->warn("{}: {}; refused", c->label(), *why);
+        r->ended = true;
+        boost::system::error_code ignored;
+        r->sock.close(ignored);
+        return c->refuse(proto::ErrorCode::bad_value, *why);
+      }
+      r->files = files.size();
       j["files"] = json::array();
       control_reply(c, std::move(j), false);
       // Merged by time, as `ddpctl logs` shows a local job's files.
@@ -493,7 +512,10 @@ class Standing {
   void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<control::LogMerge> merge) {
     while (c->queued_bytes() < kRelayHighWater) {
       auto l = merge->next();
-      if (!l) return read_relay(c, r);
+      if (!l) {
+        r->files = 0;  // every file read and closed
+        return read_relay(c, r);
+      }
       control_reply(c, {{"rank", l->rank}, {"stream", l->stream}, {"line", l->text}, {"time", l->time}}, false);
     }
     paced(c, r, [this, c, r, merge] { send_backlog(c, r, merge); });
@@ -512,12 +534,24 @@ class Standing {
 
   void end_relay(Connection* c, Relay& r, const std::string& error) {
     r.ended = true;
+    r.files = 0;
     boost::system::error_code ignored;
     r.sock.close(ignored);
     if (!error.empty() && !r.answered)
       control_reply(c, {{"ok", false}, {"error", error}}, true);
     else
       control_reply(c, nullptr, true);
+  }
+
+  // What relays hold now: all of them (user null), or one user's.
+  RelayUse relay_use(const std::string* user) const {
+    RelayUse u;
+    for (const auto& [c, r] : relays_) {
+      if (user && r->user != *user) continue;
+      ++u.relays;
+      u.files += r->files;
+    }
+    return u;
   }
 
   // ---- lifetime ----
@@ -577,11 +611,12 @@ class Standing {
   sdnotify::Notifier notify_;
   std::shared_ptr<spdlog::logger> log_;
   std::map<Connection*, std::shared_ptr<Connection>> clients_;
-  std::map<Connection*, std::shared_ptr<Relay>> relays_;
-  std::map<Connection*, std::string> users_;        // each established client's user (identity.hpp)
-  std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first client
+  std::map<Connection*, std::shared_ptr<Relay>> relays_;  // bounded by relay_limits_
+  std::map<Connection*, std::string> users_;              // each established client's user (identity.hpp)
+  std::shared_ptr<boost::asio::ssl::context> tls_;        // made at the first client
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;
+  RelayLimits relay_limits_;
   std::optional<net::Acceptor<tcp>> accept_loop_;  // last: it uses acceptor_ and log_
 };
 
