@@ -66,9 +66,9 @@ struct Job {
   std::string id, user;
   std::thread thread;
   std::mutex mu;
-  std::function<void(const std::string&)> stop;  // set while the job's loop runs (under mu)
-  std::optional<std::string> pending_stop;       // a stop that came before the loop ran (under mu)
-  std::weak_ptr<Connection> submitter;           // empty: detached, or the submitter left
+  std::function<void(int, const std::string&)> signal;      // set while the job's loop runs (under mu)
+  std::optional<std::pair<int, std::string>> pending_stop;  // a stop that came before the loop ran (under mu)
+  std::weak_ptr<Connection> submitter;                      // empty: detached, or the submitter left
   std::uint64_t dropped = 0;
 };
 
@@ -201,6 +201,7 @@ class Standing {
     if (!user_of(c)) return;  // refused at establishment: its frames behind the handshake are moot
     if (m.type == "submit") return on_submit(c, m.body);
     if (m.type == "stop_job") return on_stop_job(c, m.body);
+    if (m.type == "signal_job") return on_signal_job(c, m.body);
     if (m.type == "control") return on_control(c, m.body);
     if (m.type == "heartbeat") return;
     c->refuse(proto::ErrorCode::unexpected, fmt::format("a coordinator does not take '{}' from ddpctl", m.type));
@@ -309,15 +310,15 @@ class Standing {
              {{"job_id", job->id}, {"kind", "running"}, {"message", "every rank has started"}});
       });
     };
-    o.events.started = [job](std::function<void(const std::string&)> stop) {
+    o.events.started = [job](std::function<void(int, const std::string&)> signal) {
       std::lock_guard lock(job->mu);
-      job->stop = std::move(stop);
-      if (auto who = std::exchange(job->pending_stop, std::nullopt)) job->stop(*who);
+      job->signal = std::move(signal);
+      if (auto p = std::exchange(job->pending_stop, std::nullopt)) job->signal(p->first, p->second);
     };
     auto report = std::make_shared<launch::JobReport>();
     o.events.done = [job, report](const launch::JobReport& r) {
       std::lock_guard lock(job->mu);
-      job->stop = nullptr;  // the job's loop is gone: nothing may be posted to it any more
+      job->signal = nullptr;  // the job's loop is gone: nothing may be posted to it any more
       *report = r;
     };
 
@@ -336,7 +337,7 @@ class Standing {
       {
         // run_coordinator may throw after `started` without `done`: its loop is gone all the same.
         std::lock_guard lock(job->mu);
-        job->stop = nullptr;
+        job->signal = nullptr;
       }
       asio::post(io_, [this, job, report, error] { on_job_over(job, *report, error); });
     });
@@ -392,16 +393,32 @@ class Standing {
       return c->refuse(proto::ErrorCode::bad_value,
                        fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
     }
+    // Version 6: the submitter's Ctrl-C is a SIGINT (its ranks get SIGINT first, as a local
+    // launch's); without it, SIGTERM (ddpctl stop's).
+    const int sig = b.value("signal", std::string()) == "SIGINT" ? SIGINT : SIGTERM;
     stop(*it->second,
-         fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""));
+         fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""), sig);
   }
 
-  static void stop(Job& j, const std::string& who) {
+  // Version 6: the submitter got SIGUSR1/SIGUSR2 (a scheduler's preemption warning): the job's
+  // workers get it too, as a local launch's do.
+  void on_signal_job(Connection* c, const json& b) {
+    auto it = jobs_.find(b["job_id"].get<std::string>());
+    if (it == jobs_.end() || !may_touch(*it->second, *user_of(c))) {
+      return c->refuse(proto::ErrorCode::bad_value,
+                       fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
+    }
+    const int sig = b["signal"].get<std::string>() == "SIGUSR1" ? SIGUSR1 : SIGUSR2;
+    std::lock_guard lock(it->second->mu);
+    if (it->second->signal) it->second->signal(sig, c->label());  // none yet: no workers to pass it to
+  }
+
+  static void stop(Job& j, const std::string& who, int sig = SIGTERM) {
     std::lock_guard lock(j.mu);
-    if (j.stop)
-      j.stop(who);
+    if (j.signal)
+      j.signal(sig, who);
     else
-      j.pending_stop = who;  // applied once the loop runs; harmless once it has ended
+      j.pending_stop = {sig, who};  // applied once the loop runs; harmless once it has ended
   }
 
   // ---- ddpctl status/logs/stop --coordinator ----

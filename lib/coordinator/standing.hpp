@@ -4,7 +4,7 @@
 //
 //   ddpctl ─hello(role ctl)─▶ handshake (the token file's keys, as the agents') ─▶ submit{job, user, spec, nodes}
 //          ◀─ job_accepted ◀─ job_output / job_event ... ◀─ job_result{state, exit_code, report}
-//          ─▶ stop_job (the submitter's Ctrl-C)
+//          ─▶ stop_job{signal} (the submitter's Ctrl-C or SIGTERM), signal_job (its SIGUSR1/2)
 //   ddpctl status/logs/stop --coordinator ─▶ control{job_id, line} ◀─ control{line} ... control{eof}
 //
 // Each job runs on a thread of its own with its own event loop (run_coordinator, unchanged);
