@@ -187,6 +187,48 @@ void remove_in(const Dir& dir, const std::string& name) noexcept {
   ::unlinkat(dir.fd(), name.c_str(), 0);
 }
 
+OpenResult open_in_folder_to_read(const std::string& path) noexcept {
+  OpenResult r;
+  try {
+    const auto slash = path.rfind('/');
+    const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+    check_name(name);
+    Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!dir) {
+      r.missing = errno == ENOENT;
+      r.reason = fmt::format("its folder: {}", why_not_opened(errno));
+      return r;
+    }
+    struct stat dst {};
+    if (::fstat(dir.get(), &dst) != 0) {
+      r.reason = std::strerror(errno);
+      return r;
+    }
+    Fd fd(::openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!fd) {
+      r.missing = errno == ENOENT;
+      r.reason = why_not_opened(errno);
+      return r;
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) {
+      r.reason = std::strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+      r.reason = "it is not a regular file";
+    } else if (st.st_nlink != 1) {
+      r.reason = fmt::format("it has {} names (a hard link)", st.st_nlink);
+    } else if (st.st_uid != dst.st_uid) {
+      r.reason = fmt::format("it belongs to uid {}, not to its folder's owner (uid {})", st.st_uid, dst.st_uid);
+    } else {
+      r.fd = std::move(fd);
+    }
+  } catch (const std::exception& e) {  // a bad name (FsError), or no memory for a message
+    r.reason = e.what();
+  }
+  return r;
+}
+
 ReadResult read_owned(const Dir& dir, const std::string& name, uid_t owner_uid, std::size_t max_bytes) noexcept {
   ReadResult r;
   try {

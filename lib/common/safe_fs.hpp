@@ -113,6 +113,18 @@ struct ReadResult {
 // most `max_bytes`. Never follows a link, never blocks on a FIFO, never throws.
 ReadResult read_owned(const Dir& dir, const std::string& name, uid_t owner_uid, std::size_t max_bytes) noexcept;
 
+// A file named by a path in a folder someone else may write (`ddpctl logs` run by root over a
+// job's log folder), opened to read: its folder is opened without following a link there
+// (O_DIRECTORY|O_NOFOLLOW; the path above it is followed), then the file below that fd without
+// following a link or blocking on a FIFO (O_NOFOLLOW|O_NONBLOCK). Refused: anything but a
+// regular file with one name that belongs to its folder's owner. Never throws.
+struct OpenResult {
+  Fd fd;                 // open: read it (a regular file: O_NONBLOCK changes nothing)
+  bool missing = false;  // no such file (or folder)
+  std::string reason;    // not open and not missing: why, for the user
+};
+OpenResult open_in_folder_to_read(const std::string& path) noexcept;
+
 // Writes all of `data` to `fd` (retrying short writes and EINTR); false on an error.
 bool write_all(int fd, std::string_view data) noexcept;
 

@@ -1,10 +1,15 @@
 #include "control/log_merge.hpp"
 
+#include "common/safe_fs.hpp"
 #include "control/protocol.hpp"
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <tuple>
 
 namespace ddp::control {
@@ -14,31 +19,42 @@ struct LogMerge::Reader {
   std::size_t order = 0;  // the source's place: equal times go in this order
   std::vector<File> files;
   std::size_t next_file = 0;
-  std::ifstream in;
+  safefs::Fd in;  // the file being read (none: the next one is opened)
   std::uint64_t left = 0;
+  std::array<char, 8192> buf;  // as much as std::ifstream kept per file
+  std::size_t pos = 0, len = 0;
   MergedLine pending;
-};
 
-namespace {
-
-// One line (without '\n') of at most `cap` bytes kept, the rest of a longer one skipped; false
-// at the end of the file or of `left`.
-bool read_line(std::ifstream& in, std::uint64_t& left, std::string& out, std::size_t cap) {
-  out.clear();
-  auto* sb = in.rdbuf();
-  bool any = false;
-  while (left > 0) {
-    const int c = sb->sbumpc();
-    if (c == std::char_traits<char>::eof()) break;
-    --left;
-    any = true;
-    if (c == '\n') return true;
-    if (out.size() < cap) out.push_back(static_cast<char>(c));
+  // The next byte, or -1 at the end of the file (or a read error).
+  int get() {
+    if (pos == len) {
+      ssize_t n;
+      do {
+        n = ::read(in.get(), buf.data(), buf.size());
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return -1;
+      pos = 0;
+      len = static_cast<std::size_t>(n);
+    }
+    return static_cast<unsigned char>(buf[pos++]);
   }
-  return any;
-}
 
-}  // namespace
+  // One line (without '\n') of at most `cap` bytes kept, the rest of a longer one skipped;
+  // false at the end of the file or of `left`.
+  bool read_line(std::string& out, std::size_t cap) {
+    out.clear();
+    bool any = false;
+    while (left > 0) {
+      const int c = get();
+      if (c < 0) break;
+      --left;
+      any = true;
+      if (c == '\n') return true;
+      if (out.size() < cap) out.push_back(static_cast<char>(c));
+    }
+    return any;
+  }
+};
 
 LogMerge::LogMerge(std::vector<Source> sources) {
   for (std::size_t i = 0; i < sources.size(); ++i) {
@@ -63,20 +79,22 @@ LogMerge::~LogMerge() = default;
 bool LogMerge::advance(Reader& r) {
   std::string line;
   while (true) {
-    if (!r.in.is_open()) {
+    if (!r.in) {
       if (r.next_file >= r.files.size()) return false;
       const auto& f = r.files[r.next_file++];
-      r.in.open(f.path, std::ios::binary);
-      if (!r.in) {
-        unreadable_.push_back(fmt::format("rank {}: cannot read {}", r.rank, f.path));
-        r.in = std::ifstream();
+      // The folder may be the job's (ddpctl logs as root): no link followed, no FIFO opened.
+      auto o = safefs::open_in_folder_to_read(f.path);
+      if (!o.fd) {
+        unreadable_.push_back(o.missing ? fmt::format("rank {}: cannot read {}", r.rank, f.path)
+                                        : fmt::format("rank {}: cannot read {}: {}", r.rank, f.path, o.reason));
         continue;
       }
+      r.in = std::move(o.fd);
       r.left = f.limit;
+      r.pos = r.len = 0;
     }
-    if (!read_line(r.in, r.left, line, kMaxLine)) {
-      r.in.close();
-      r.in = std::ifstream();
+    if (!r.read_line(line, kMaxLine)) {
+      r.in = safefs::Fd();
       continue;
     }
     auto parsed = parse_log_line(line);

@@ -1,12 +1,13 @@
 // `ddpctl logs`: the ranks' log files merged into one stream by the time each line was written
 // (the "<UTC time> out| text" prefix of lib/supervisor's RankLogFile, fixed width, so ordered as
 // text). Streams, not loads: one pending line per file is held at a time, each cut at kMaxLine,
-// so memory grows with the number of ranks, never with the files' size. A rank's own lines keep
+// so memory grows with the number of ranks, never with the files' size. The files may be in a
+// job's folder and the reader root: each is opened as safe_fs.hpp's open_in_folder_to_read
+// (no link followed, no FIFO opened, a regular file of its folder's owner only). A rank's own lines keep
 // their order whatever their times say (a clock stepped back); equal times go lowest rank first.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>

@@ -49,10 +49,15 @@ std::string where(const std::string& host, std::uint16_t port) {
 
 class Submitter {
  public:
-  explicit Submitter(SubmitOptions o) : opts_(std::move(o)), signals_(io_, SIGINT, SIGTERM), log_(log::get("coord")) {}
+  explicit Submitter(SubmitOptions o)
+      : opts_(std::move(o)),
+        signals_(io_, SIGINT, SIGTERM),
+        user_signals_(io_, SIGUSR1, SIGUSR2),
+        log_(log::get("coord")) {}
 
   int run() {
     wait_signals();
+    wait_user_signals();
     net::dial(io_, opts_.host, opts_.port, opts_.dial_timeout, [this](boost::system::error_code ec, tcp::socket s) {
       if (ec) return end(2, fmt::format("cannot reach the coordinator at {}: {}", at(), ec.message()));
       conn_ = Connection::make(std::move(s), proto::Session::client(ctl_config(opts_.keys, opts_.user)),
@@ -188,12 +193,32 @@ class Submitter {
       if (conn_ && conn_->established() && accepted_) {
         log_->warn("{}: stopping job {} on the coordinator (again to kill its workers now)",
                    supervisor::signal_name(sig), opts_.job_id);
-        conn_->send(
-            conn_->session().message("stop_job", {{"job_id", opts_.job_id}, {"reason", supervisor::signal_name(sig)}}));
+        json stop{{"job_id", opts_.job_id}, {"reason", supervisor::signal_name(sig)}};
+        // Version 6: a Ctrl-C reaches the ranks as SIGINT first, as a local launch's does.
+        if (conn_->session().version() >= 6) stop["signal"] = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        conn_->send(conn_->session().message("stop_job", std::move(stop)));
       } else {
         return end(128 + sig, fmt::format("{} before the job was accepted", supervisor::signal_name(sig)));
       }
       wait_signals();
+    });
+  }
+
+  // SIGUSR1/SIGUSR2 (a scheduler's preemption warning, SLURM's --signal=B:USR1@120) go on to
+  // the job's workers, as a local launch's do; the job goes on.
+  void wait_user_signals() {
+    user_signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec || done_) return;
+      const auto name = sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2";
+      if (!conn_ || !conn_->established() || !accepted_) {
+        log_->warn("{}: job {} is not accepted yet; not passed on", name, opts_.job_id);
+      } else if (conn_->session().version() < 6) {
+        log_->warn("{}: not passed on: the coordinator at {} speaks protocol version {} (passing signals needs 6)",
+                   name, at(), conn_->session().version());
+      } else {
+        conn_->send(conn_->session().message("signal_job", {{"job_id", opts_.job_id}, {"signal", name}}));
+      }
+      wait_user_signals();
     });
   }
 
@@ -204,13 +229,14 @@ class Submitter {
     if (!error.empty()) log_->error("{}", error);
     boost::system::error_code ignored;
     signals_.cancel(ignored);
+    user_signals_.cancel(ignored);
     if (conn_) conn_->close("done", /*routine=*/true);
     io_.stop();
   }
 
   SubmitOptions opts_;
   asio::io_context io_;
-  asio::signal_set signals_;
+  asio::signal_set signals_, user_signals_;
   std::shared_ptr<spdlog::logger> log_;
   supervisor::TerminalSink terminal_;
   std::shared_ptr<Connection> conn_;

@@ -133,8 +133,14 @@ class Coordinator {
     if (opts_.events.started) {
       // Posted onto this loop; once it has stopped, nothing runs (and `done` below tells the
       // caller to stop calling).
-      opts_.events.started(
-          [this](const std::string& who) { asio::post(io_, [this, who] { stop_job(SIGTERM, who); }); });
+      opts_.events.started([this](int sig, const std::string& who) {
+        asio::post(io_, [this, sig, who] {
+          if (sig == SIGUSR1 || sig == SIGUSR2)
+            forward_signal(sig);
+          else
+            stop_job(sig, who);
+        });
+      });
     }
     heartbeat();
     dial_from(nodes_.begin());
@@ -1157,21 +1163,27 @@ class Coordinator {
   void wait_user_signals() {
     user_signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec || done_) return;
-      const auto members = rdzv_.members();
-      if (rounds_.round().value == 0 || members.empty()) {
-        log_->warn("{}: no workers run yet; not passed on", supervisor::signal_name(sig));
-      } else {
-        log_->info("{}: passing it to every worker on {} node{}", supervisor::signal_name(sig), members.size(),
-                   members.size() == 1 ? "" : "s");
-        for (const auto& m : members) {
-          send(*nodes_.at(m), "signal",
-               {{"job_id", opts_.job_id},
-                {"round", rounds_.round().value},
-                {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}});
-        }
-      }
+      forward_signal(sig);
       wait_user_signals();
     });
+  }
+
+  // SIGUSR1/SIGUSR2, ours or a standing coordinator's submitter's.
+  void forward_signal(int sig) {
+    if (done_) return;
+    const auto members = rdzv_.members();
+    if (rounds_.round().value == 0 || members.empty()) {
+      say(spdlog::level::warn, "{}: no workers run yet; not passed on", supervisor::signal_name(sig));
+      return;
+    }
+    say(spdlog::level::info, "{}: passing it to every worker on {} node{}", supervisor::signal_name(sig),
+        members.size(), members.size() == 1 ? "" : "s");
+    for (const auto& m : members) {
+      send(*nodes_.at(m), "signal",
+           {{"job_id", opts_.job_id},
+            {"round", rounds_.round().value},
+            {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}});
+    }
   }
 
   // Ctrl-C, SIGTERM, SIGHUP, or `ddpctl stop` (as SIGTERM) from another terminal.

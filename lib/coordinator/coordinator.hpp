@@ -13,7 +13,8 @@
 // node that cannot be started before the job runs is fatal too: its error names it, and the
 // nodes that did start are stopped (their links close, their one-shot agents exit). Ctrl-C / SIGTERM stop every
 // node's workers and end with 128+signal; a second one kills them now. SIGUSR1/SIGUSR2 go to
-// every node's workers as they are (a `signal` message), and the job goes on. Every timeout says what
+// every node's workers as they are (a `signal` message), and the job goes on. A standing
+// coordinator's job gets its submitter's signals through JobEvents::started's handle. Every timeout says what
 // it waited for (the rendezvous machine's messages).
 #pragma once
 
@@ -48,9 +49,10 @@ struct JobEvents {
   // The job-wide lines ddpctl's own log shows (rounds, stops, restarts, the result) and the
   // failure reports.
   std::function<void(spdlog::level::level_enum level, const std::string& text)> notice;
-  // The job's loop is about to run: `stop` (like `ddpctl stop`) may be called from any thread
-  // until `done` has returned.
-  std::function<void(std::function<void(const std::string& who)> stop)> started;
+  // The job's loop is about to run: `signal` may be called from any thread until `done` has
+  // returned, as if the launcher got `sig`: SIGTERM stops the job (as `ddpctl stop`), SIGINT
+  // stops it as a Ctrl-C does (SIGINT to the ranks first), SIGUSR1/SIGUSR2 go to the workers.
+  std::function<void(std::function<void(int sig, const std::string& who)> signal)> started;
   // The job is over (its loop has stopped); the report carries the exit status.
   std::function<void(const launch::JobReport& report)> done;
 };

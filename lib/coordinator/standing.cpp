@@ -8,6 +8,7 @@
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
 #include "coordinator/coordinator.hpp"
+#include "coordinator/relay_limits.hpp"
 #include "jobspec/jobspec.hpp"
 #include "net/acceptor.hpp"
 #include "net/connection.hpp"
@@ -65,9 +66,9 @@ struct Job {
   std::string id, user;
   std::thread thread;
   std::mutex mu;
-  std::function<void(const std::string&)> stop;  // set while the job's loop runs (under mu)
-  std::optional<std::string> pending_stop;       // a stop that came before the loop ran (under mu)
-  std::weak_ptr<Connection> submitter;           // empty: detached, or the submitter left
+  std::function<void(int, const std::string&)> signal;      // set while the job's loop runs (under mu)
+  std::optional<std::pair<int, std::string>> pending_stop;  // a stop that came before the loop ran (under mu)
+  std::weak_ptr<Connection> submitter;                      // empty: detached, or the submitter left
   std::uint64_t dropped = 0;
 };
 
@@ -78,6 +79,8 @@ struct Relay {
   asio::steady_timer pace;
   asio::streambuf buf;
   std::string job_id;
+  std::string user;       // who asked (relay_limits.hpp counts per user)
+  std::size_t files = 0;  // log files its backlog may hold open (0 once the backlog is sent)
   bool answered = false;
   bool ended = false;
 };
@@ -89,7 +92,8 @@ class Standing {
         acceptor_(io_),
         signals_(io_, SIGINT, SIGTERM),
         watchdog_timer_(io_),
-        log_(log::get("coordinator")) {}
+        log_(log::get("coordinator")),
+        relay_limits_(relay_limits(net::nofile_soft_limit())) {}
 
   int run() {
     listen();
@@ -197,6 +201,7 @@ class Standing {
     if (!user_of(c)) return;  // refused at establishment: its frames behind the handshake are moot
     if (m.type == "submit") return on_submit(c, m.body);
     if (m.type == "stop_job") return on_stop_job(c, m.body);
+    if (m.type == "signal_job") return on_signal_job(c, m.body);
     if (m.type == "control") return on_control(c, m.body);
     if (m.type == "heartbeat") return;
     c->refuse(proto::ErrorCode::unexpected, fmt::format("a coordinator does not take '{}' from ddpctl", m.type));
@@ -305,15 +310,15 @@ class Standing {
              {{"job_id", job->id}, {"kind", "running"}, {"message", "every rank has started"}});
       });
     };
-    o.events.started = [job](std::function<void(const std::string&)> stop) {
+    o.events.started = [job](std::function<void(int, const std::string&)> signal) {
       std::lock_guard lock(job->mu);
-      job->stop = std::move(stop);
-      if (auto who = std::exchange(job->pending_stop, std::nullopt)) job->stop(*who);
+      job->signal = std::move(signal);
+      if (auto p = std::exchange(job->pending_stop, std::nullopt)) job->signal(p->first, p->second);
     };
     auto report = std::make_shared<launch::JobReport>();
     o.events.done = [job, report](const launch::JobReport& r) {
       std::lock_guard lock(job->mu);
-      job->stop = nullptr;  // the job's loop is gone: nothing may be posted to it any more
+      job->signal = nullptr;  // the job's loop is gone: nothing may be posted to it any more
       *report = r;
     };
 
@@ -332,7 +337,7 @@ class Standing {
       {
         // run_coordinator may throw after `started` without `done`: its loop is gone all the same.
         std::lock_guard lock(job->mu);
-        job->stop = nullptr;
+        job->signal = nullptr;
       }
       asio::post(io_, [this, job, report, error] { on_job_over(job, *report, error); });
     });
@@ -388,16 +393,32 @@ class Standing {
       return c->refuse(proto::ErrorCode::bad_value,
                        fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
     }
+    // Version 6: the submitter's Ctrl-C is a SIGINT (its ranks get SIGINT first, as a local
+    // launch's); without it, SIGTERM (ddpctl stop's).
+    const int sig = b.value("signal", std::string()) == "SIGINT" ? SIGINT : SIGTERM;
     stop(*it->second,
-         fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""));
+         fmt::format("{}{}", c->label(), b.contains("reason") ? ": " + b["reason"].get<std::string>() : ""), sig);
   }
 
-  static void stop(Job& j, const std::string& who) {
+  // Version 6: the submitter got SIGUSR1/SIGUSR2 (a scheduler's preemption warning): the job's
+  // workers get it too, as a local launch's do.
+  void on_signal_job(Connection* c, const json& b) {
+    auto it = jobs_.find(b["job_id"].get<std::string>());
+    if (it == jobs_.end() || !may_touch(*it->second, *user_of(c))) {
+      return c->refuse(proto::ErrorCode::bad_value,
+                       fmt::format("no job {} of yours runs here", b["job_id"].get<std::string>()));
+    }
+    const int sig = b["signal"].get<std::string>() == "SIGUSR1" ? SIGUSR1 : SIGUSR2;
+    std::lock_guard lock(it->second->mu);
+    if (it->second->signal) it->second->signal(sig, c->label());  // none yet: no workers to pass it to
+  }
+
+  static void stop(Job& j, const std::string& who, int sig = SIGTERM) {
     std::lock_guard lock(j.mu);
-    if (j.stop)
-      j.stop(who);
+    if (j.signal)
+      j.signal(sig, who);
     else
-      j.pending_stop = who;  // applied once the loop runs; harmless once it has ended
+      j.pending_stop = {sig, who};  // applied once the loop runs; harmless once it has ended
   }
 
   // ---- ddpctl status/logs/stop --coordinator ----
@@ -438,8 +459,13 @@ class Standing {
     } catch (const control::ControlError& e) {
       return control_reply(c, {{"ok", false}, {"error", e.what()}}, true);
     }
+    if (auto why = refuse_relay(relay_limits_, relay_use(nullptr), relay_use(&user), user)) {
+      log_->warn("{}: {}; refused", c->label(), *why);
+      return c->refuse(proto::ErrorCode::bad_value, *why);
+    }
     auto r = std::make_shared<Relay>(io_);
     r->job_id = id;
+    r->user = user;
     relays_[c] = r;
     auto line = b.value("line", std::string());
     if (line.empty() || line.back() != '\n') line += '\n';
@@ -476,8 +502,18 @@ class Standing {
         return read_relay(c, r);
       }
       // The files are on this machine: their lines (up to the sizes taken with the
-      // subscription) go inline, then the live stream carries on from there.
+      // subscription) go inline, then the live stream carries on from there. A merge holds one
+      // file open per rank while it reads (control/log_merge.hpp).
       auto files = j["files"];
+      if (auto why = refuse_backlog(relay_limits_, relay_use(nullptr), relay_use(&r->user), r->user, r->job_id,
+                                    files.size())) {
+        log_->warn("{}: {}; refused", c->label(), *why);
+        r->ended = true;
+        boost::system::error_code ignored;
+        r->sock.close(ignored);
+        return c->refuse(proto::ErrorCode::bad_value, *why);
+      }
+      r->files = files.size();
       j["files"] = json::array();
       control_reply(c, std::move(j), false);
       // Merged by time, as `ddpctl logs` shows a local job's files.
@@ -493,7 +529,10 @@ class Standing {
   void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<control::LogMerge> merge) {
     while (c->queued_bytes() < kRelayHighWater) {
       auto l = merge->next();
-      if (!l) return read_relay(c, r);
+      if (!l) {
+        r->files = 0;  // every file read and closed
+        return read_relay(c, r);
+      }
       control_reply(c, {{"rank", l->rank}, {"stream", l->stream}, {"line", l->text}, {"time", l->time}}, false);
     }
     paced(c, r, [this, c, r, merge] { send_backlog(c, r, merge); });
@@ -512,12 +551,24 @@ class Standing {
 
   void end_relay(Connection* c, Relay& r, const std::string& error) {
     r.ended = true;
+    r.files = 0;
     boost::system::error_code ignored;
     r.sock.close(ignored);
     if (!error.empty() && !r.answered)
       control_reply(c, {{"ok", false}, {"error", error}}, true);
     else
       control_reply(c, nullptr, true);
+  }
+
+  // What relays hold now: all of them (user null), or one user's.
+  RelayUse relay_use(const std::string* user) const {
+    RelayUse u;
+    for (const auto& [c, r] : relays_) {
+      if (user && r->user != *user) continue;
+      ++u.relays;
+      u.files += r->files;
+    }
+    return u;
   }
 
   // ---- lifetime ----
@@ -577,11 +628,12 @@ class Standing {
   sdnotify::Notifier notify_;
   std::shared_ptr<spdlog::logger> log_;
   std::map<Connection*, std::shared_ptr<Connection>> clients_;
-  std::map<Connection*, std::shared_ptr<Relay>> relays_;
-  std::map<Connection*, std::string> users_;        // each established client's user (identity.hpp)
-  std::shared_ptr<boost::asio::ssl::context> tls_;  // made at the first client
+  std::map<Connection*, std::shared_ptr<Relay>> relays_;  // bounded by relay_limits_
+  std::map<Connection*, std::string> users_;              // each established client's user (identity.hpp)
+  std::shared_ptr<boost::asio::ssl::context> tls_;        // made at the first client
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;
+  RelayLimits relay_limits_;
   std::optional<net::Acceptor<tcp>> accept_loop_;  // last: it uses acceptor_ and log_
 };
 

@@ -4,7 +4,7 @@
 //
 //   ddpctl ─hello(role ctl)─▶ handshake (the token file's keys, as the agents') ─▶ submit{job, user, spec, nodes}
 //          ◀─ job_accepted ◀─ job_output / job_event ... ◀─ job_result{state, exit_code, report}
-//          ─▶ stop_job (the submitter's Ctrl-C)
+//          ─▶ stop_job{signal} (the submitter's Ctrl-C or SIGTERM), signal_job (its SIGUSR1/2)
 //   ddpctl status/logs/stop --coordinator ─▶ control{job_id, line} ◀─ control{line} ... control{eof}
 //
 // Each job runs on a thread of its own with its own event loop (run_coordinator, unchanged);
@@ -19,7 +19,10 @@
 // signed with that key (proto/delegation.hpp, protocol version 6), which the agents check and
 // map themselves; without key_users a client is the user it declares (one shared token cannot
 // tell users apart). A job is stopped or inspected only by its submitter or root. A submitter that
-// reads slowly loses output lines (counted, and told), never slows the job. SIGTERM stops every
+// reads slowly loses output lines (counted, and told), never slows the job. The control requests
+// a client may hold open, and the log files their backlogs hold open, are bounded per user and in
+// all (relay_limits.hpp): past a bound the request is refused with the bound, only its
+// connection dropped. SIGTERM stops every
 // job (their workers on every node), then the daemon exits.
 #pragma once
 

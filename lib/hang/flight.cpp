@@ -1,5 +1,6 @@
 #include "hang/flight.hpp"
 
+#include "common/json_depth.hpp"
 #include "common/strings.hpp"
 #include "common/text.hpp"
 #include "stacks/merge.hpp"
@@ -18,30 +19,7 @@ namespace {
 
 // nlohmann's parser is iterative, but a document nested thousands deep still costs a stack frame
 // per level when it is destroyed or walked: summaries are refused beyond this, before parsing.
-constexpr int kMaxDepth = 16;
-
-bool too_deep(std::string_view s) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : s) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"')
-      in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > kMaxDepth) return true;
-    } else if (c == ']' || c == '}')
-      --depth;
-  }
-  return false;
-}
+constexpr std::size_t kMaxDepth = 16;
 
 std::string text(const json& j, const char* key, std::size_t max = 128) {
   auto it = j.find(key);
@@ -230,7 +208,7 @@ RankDump parse_summary(std::string_view line) {
     d.error = fmt::format("summary of {} bytes, more than {}", line.size(), kMaxSummaryBytes);
     return d;
   }
-  if (too_deep(line)) {
+  if (!json_depth_within(line, kMaxDepth)) {
     d.error = "summary nested too deep";
     return d;
   }

@@ -5,19 +5,17 @@
 #include "common/text.hpp"
 #include "contract/flight_recorder.hpp"
 #include "hang/flight_convert_py.hpp"
+#include "supervisor/run_bounded.hpp"
 
 #include <fmt/format.h>
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -150,53 +148,15 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
   spec.env = req.env;
   spec.workdir = req.workdir;
   spec.run_as = req.run_as;
-  supervisor::Spawned sp;
+  supervisor::Bounded ran;
   try {
-    sp = supervisor::spawn(spec);  // its own process group
+    ran = supervisor::run_bounded(spec, req.timeout, req.max_output, 4096);  // its own process group
   } catch (const supervisor::SpawnError& e) {
     return failed_all(fmt::format("cannot run {}: {}", *resolved, e.what()));
   }
-
-  std::string out, err;
-  bool timed_out = false, truncated = false;
-  const auto deadline = std::chrono::steady_clock::now() + req.timeout;
-  std::array<pollfd, 2> fds{pollfd{sp.stdout_fd, POLLIN, 0}, pollfd{sp.stderr_fd, POLLIN, 0}};
-  int open = 2;
-  char buf[16384];
-  while (open > 0) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(left.count()));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    for (std::size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-        continue;
-      }
-      auto& text = i == 0 ? out : err;
-      const std::size_t cap = i == 0 ? req.max_output : 4096;
-      if (text.size() < cap)
-        text.append(buf, std::min<std::size_t>(static_cast<std::size_t>(got), cap - text.size()));
-      else if (i == 0)
-        truncated = true;
-    }
-  }
-  for (auto& p : fds)
-    if (p.fd >= 0) ::close(p.fd);
-  ::kill(-sp.pid, SIGKILL);  // whatever is left of its group (a wrapper's children too)
-  int status = 0;
-  while (::waitpid(sp.pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const auto& out = ran.out;
+  const auto& err = ran.err;
+  const bool timed_out = ran.timed_out, truncated = ran.out_truncated;
 
   // One line per dump; which rank a line is comes from its file's name (the converter's own
   // "rank" is not believed), and only a name asked for (or, listing, a dump's name) counts, once.
@@ -219,11 +179,10 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
   }
   // The job's interpreter wrote it: any bytes at all.
   const auto first_err = clean_text(trim(err.substr(0, err.find('\n'))), 256);
-  const bool clean = !timed_out && !truncated && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  const bool clean = !timed_out && !truncated && ran.status == 0;
   const std::string why = timed_out   ? fmt::format("the converter did not finish within {} ms", req.timeout.count())
                           : truncated ? fmt::format("the converter wrote more than {} bytes", req.max_output)
-                                      : fmt::format("the converter gave no answer (exit status {}{})",
-                                                    WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                                      : fmt::format("the converter gave no answer (exit status {}{})", ran.status,
                                                     first_err.empty() ? "" : ": " + first_err);
   std::vector<RankDump> result;
   if (all) {

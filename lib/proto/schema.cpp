@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "common/json_depth.hpp"
 #include "common/strings.hpp"
 #include "proto/schema_data.hpp"
 
@@ -226,30 +227,6 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
   return std::nullopt;
 }
 
-// Nesting depth of a JSON text, ignoring brackets inside strings; stops early past `limit`.
-bool depth_within(std::string_view text, std::size_t limit) {
-  std::size_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"')
-      in_string = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > limit) return false;
-    } else if ((c == '}' || c == ']') && depth > 0)
-      --depth;
-  }
-  return true;
-}
-
 }  // namespace
 
 const Limits& limits() {
@@ -332,7 +309,7 @@ std::optional<ProtoError> validate(const nlohmann::json& m, const Sender& sender
 
 Parsed parse_message(std::string_view json_bytes, const Sender& sender) {
   Parsed p;
-  if (!depth_within(json_bytes, limits().max_json_depth)) {
+  if (!json_depth_within(json_bytes, limits().max_json_depth)) {
     p.error =
         err(ErrorCode::bad_json, "JSON nested deeper than " + std::to_string(limits().max_json_depth) + " levels");
     return p;

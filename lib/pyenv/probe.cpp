@@ -2,17 +2,14 @@
 
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "supervisor/run_bounded.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <poll.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
@@ -55,57 +52,6 @@ facts::PythonFacts python_from_json(const json& o) {
 
 namespace {
 using facts::to_json;
-
-// Runs argv with a deadline; returns (stdout, stderr, exit status or -1 when killed).
-struct Ran {
-  std::string out, err;
-  int status = 0;
-  bool timed_out = false;
-};
-
-Ran run_bounded(const supervisor::SpawnSpec& spec, std::chrono::milliseconds timeout) {
-  auto sp = supervisor::spawn(spec);  // own process group; throws SpawnError
-  Ran r;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::array<pollfd, 2> fds{pollfd{sp.stdout_fd, POLLIN, 0}, pollfd{sp.stderr_fd, POLLIN, 0}};
-  int open = 2;
-  char buf[4096];
-  while (open > 0) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      r.timed_out = true;
-      break;
-    }
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(left.count()));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    for (std::size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-        continue;
-      }
-      auto& text = i == 0 ? r.out : r.err;
-      const std::size_t cap = i == 0 ? kMaxStdout : kMaxStderr;
-      if (text.size() < cap) text.append(buf, std::min<std::size_t>(static_cast<std::size_t>(got), cap - text.size()));
-    }
-  }
-  for (auto& p : fds)
-    if (p.fd >= 0) ::close(p.fd);
-  // At the deadline, or when both pipes closed: whatever is left of the group goes (a wrapper's
-  // children included); the interpreter itself is ours to reap.
-  ::kill(-sp.pid, SIGKILL);
-  int st = 0;
-  while (::waitpid(sp.pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
 
 // The variables that change which Python runs or what it finds.
 bool python_variable(const std::string& k) {
@@ -226,9 +172,9 @@ facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
   spec.env = req.env;
   spec.workdir = req.workdir;
   spec.run_as = req.run_as;
-  Ran ran;
+  supervisor::Bounded ran;
   try {
-    ran = run_bounded(spec, req.timeout);
+    ran = supervisor::run_bounded(spec, req.timeout, kMaxStdout, kMaxStderr);
   } catch (const supervisor::SpawnError& e) {
     f.error = fmt::format("cannot run {}: {}", *resolved, e.what());
     return f;

@@ -1,6 +1,7 @@
 // See collect.hpp.
 #include "stacks/collect.hpp"
 
+#include "common/json_depth.hpp"
 #include "stacks/merge.hpp"
 #include "stacks/native.hpp"
 #include "stacks/reader.hpp"
@@ -37,7 +38,7 @@ constexpr std::size_t kMaxThreads = 8192;
 constexpr std::size_t kMaxFrames = 1024;
 constexpr std::size_t kMaxString = 4096;
 constexpr std::size_t kMaxErrors = 256;
-constexpr int kMaxNesting = 8;  // to_json(ProcessStacks) nests 5 deep
+constexpr std::size_t kMaxNesting = 8;  // to_json(ProcessStacks) nests 5 deep
 
 struct Bad {
   std::string what;
@@ -104,31 +105,6 @@ std::vector<Frame> frames(const json& j, const char* key, Frame::Kind kind) {
     out.push_back(std::move(x));
   }
   return out;
-}
-
-// Deepest nesting of [ and { in JSON text, strings skipped: checked before a parse so that a
-// hostile reply cannot make the parser (or the value's destructor) recurse without bound.
-int nesting(const std::string& text) {
-  int depth = 0, max = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"')
-      in_string = true;
-    else if (c == '[' || c == '{')
-      max = std::max(max, ++depth);
-    else if (c == ']' || c == '}')
-      --depth;
-  }
-  return max;
 }
 
 std::string status_field(pid_t pid, const char* key) {
@@ -469,7 +445,7 @@ std::optional<ProcessStacks> process_from_text(const std::string& text, std::str
     error = "it wrote nothing";
     return std::nullopt;
   }
-  if (nesting(text) > kMaxNesting) {
+  if (!json_depth_within(text, kMaxNesting)) {
     error = "its JSON nests deeper than " + std::to_string(kMaxNesting);
     return std::nullopt;
   }

@@ -323,3 +323,32 @@ def test_local_detach_names_a_way_that_works(tmp_path, rt):
     finally:
         if pid and alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+# A rank that leaves a symbolic link where its log file was (to a file of log lines it could not
+# read itself, were `ddpctl logs` root's and the job another user's).
+LINKER = r'''
+import os
+logs = os.environ["LOGS"]
+print("mine", flush=True)
+os.unlink(os.path.join(logs, "rank-0.log"))
+os.symlink(os.environ["SECRET"], os.path.join(logs, "rank-0.log"))
+'''
+
+
+def test_logs_follow_no_link_the_job_left_in_its_log_folder(tmp_path, rt):
+    secret = tmp_path / "secret"
+    secret.write_text("2026-12-04T10:00:00.000Z out| the secret\n")
+    worker = tmp_path / "linker.py"
+    worker.write_text(LINKER)
+    job = write_job(tmp_path, f"name: ln\nnproc_per_node: 1\ncommand: [{PYTHON}, {worker}]\n"
+                              f"env: {{LOGS: '{tmp_path}/logs/ln-1/attempt-0', SECRET: '{secret}'}}\n"
+                              "nccl: {unique_id: off}\n", name="ln.yaml")
+    r = launch(job, "-q", "--job-id", "ln-1", env=ctl_env(rt))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "logs/ln-1/attempt-0/rank-0.log").is_symlink()
+    r = ctl(rt, "logs", "ln-1")
+    assert r.returncode == 0, r.stderr
+    assert "the secret" not in r.stdout, r.stdout
+    assert (f"ddpctl logs: rank 0: cannot read {tmp_path}/logs/ln-1/attempt-0/rank-0.log: it is a symbolic link, "
+            "which is not followed here") in r.stderr, r.stderr

@@ -209,3 +209,40 @@ TEST(SafeFs, GivesFoldersAndFilesToTheirOwnerAndRefusesOthersFiles) {
   EXPECT_EQ(read_owned(user, "rootfile", kNobody, 100).kind, ReadResult::Kind::refused);
   EXPECT_EQ(read(t.path / "nobody" / "rootfile"), "secret\n");
 }
+
+// A file named by a path, in a folder someone else may write (ddpctl logs as root).
+TEST(SafeFs, OpenInFolderToReadTakesOnlyARegularFileOfTheFoldersOwner) {
+  TempDir t;
+  std::ofstream(t.path / "rank-0.log") << "x\n";
+  auto r = open_in_folder_to_read((t.path / "rank-0.log").string());
+  ASSERT_TRUE(r.fd) << r.reason;
+  char c = 0;
+  EXPECT_EQ(::read(r.fd.get(), &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+  r = open_in_folder_to_read((t.path / "none.log").string());
+  EXPECT_TRUE(!r.fd && r.missing);
+  r = open_in_folder_to_read((t.path / "nofolder" / "rank-0.log").string());
+  EXPECT_TRUE(!r.fd && r.missing);
+  fs::create_symlink(t.path / "rank-0.log", t.path / "link.log");
+  r = open_in_folder_to_read((t.path / "link.log").string());
+  EXPECT_TRUE(!r.fd && !r.missing);
+  EXPECT_EQ(r.reason, "it is a symbolic link, which is not followed here");
+  fs::create_directory_symlink(t.path, t.path / "folder-link");
+  r = open_in_folder_to_read((t.path / "folder-link" / "rank-0.log").string());
+  EXPECT_TRUE(!r.fd && !r.missing);
+  EXPECT_NE(r.reason.find("its folder: "), std::string::npos) << r.reason;
+  ASSERT_EQ(::mkfifo((t.path / "fifo.log").c_str(), 0600), 0);  // no writer: a blocking open would hang
+  r = open_in_folder_to_read((t.path / "fifo.log").string());
+  EXPECT_EQ(r.reason, "it is not a regular file");
+  fs::create_hard_link(t.path / "rank-0.log", t.path / "hard.log");
+  r = open_in_folder_to_read((t.path / "hard.log").string());
+  EXPECT_EQ(r.reason, "it has 2 names (a hard link)");
+  r = open_in_folder_to_read((t.path / "..").string());
+  EXPECT_FALSE(r.fd);
+  if (::geteuid() == 0) {  // a file given to another user in our folder (a job could not, as it is not root)
+    std::ofstream(t.path / "theirs.log") << "y\n";
+    ASSERT_EQ(::chown((t.path / "theirs.log").c_str(), kNobody, kNobody), 0);
+    r = open_in_folder_to_read((t.path / "theirs.log").string());
+    EXPECT_EQ(r.reason, "it belongs to uid 65534, not to its folder's owner (uid 0)");
+  }
+}

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -458,4 +459,42 @@ TEST(ControlLogMerge, CutsLongLines) {
   ASSERT_TRUE(second);
   EXPECT_EQ(second->text, "after");  // the long line's rest was skipped, not taken for a line
   EXPECT_FALSE(m.next());
+}
+
+// `ddpctl logs` run by root over a job's log folder: what the job left where a rank file is
+// expected is refused, never followed or read (safe_fs.hpp's open_in_folder_to_read).
+TEST(ControlLogMerge, NeverFollowsALinkNorOpensAFifoOrAHardLink) {
+  TempDir d;
+  const auto secret = write_log(d.p / "secret", {"2026-12-04T10:00:00.000Z out| the secret"});
+  const auto r0 = write_log(d.p / "rank-0.log", {"2026-12-04T10:00:01.000Z out| mine"});
+  std::filesystem::create_symlink(secret, d.p / "rank-1.log");
+  std::filesystem::create_hard_link(secret, d.p / "rank-2.log");
+  ASSERT_EQ(::mkfifo((d.p / "rank-3.log").c_str(), 0600), 0);
+  // A writer that holds the FIFO open with a line in it: a reader that opened it would not block
+  // at the open, and would show the line.
+  const int w = ::open((d.p / "rank-3.log").c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(w, 0);
+  const std::string fifo_line = "2026-12-04T10:00:00.000Z out| from the fifo\n";
+  ASSERT_EQ(::write(w, fifo_line.data(), fifo_line.size()), static_cast<ssize_t>(fifo_line.size()));
+  // A folder that is a link (to the folder holding the secret).
+  std::filesystem::create_directory(d.p / "real");
+  write_log(d.p / "real" / "rank-4.log", {"2026-12-04T10:00:00.000Z out| behind a folder link"});
+  std::filesystem::create_directory_symlink(d.p / "real", d.p / "attempt-link");
+  LogMerge m({{0, {{r0}}},
+              {1, {{(d.p / "rank-1.log").string()}}},
+              {2, {{(d.p / "rank-2.log").string()}}},
+              {3, {{(d.p / "rank-3.log").string()}}},
+              {4, {{(d.p / "attempt-link" / "rank-4.log").string()}}}});
+  // Checked before any line is taken: a merge that opened the FIFO would block reading past its line.
+  ASSERT_EQ(m.unreadable().size(), 4u);
+  ::close(w);
+  EXPECT_EQ(m.unreadable()[0], "rank 1: cannot read " + (d.p / "rank-1.log").string() +
+                                   ": it is a symbolic link, which is not followed here");
+  EXPECT_EQ(m.unreadable()[1],
+            "rank 2: cannot read " + (d.p / "rank-2.log").string() + ": it has 2 names (a hard link)");
+  EXPECT_EQ(m.unreadable()[2], "rank 3: cannot read " + (d.p / "rank-3.log").string() + ": it is not a regular file");
+  EXPECT_NE(m.unreadable()[3].find("rank-4.log: its folder: it is not a folder (or is a symbolic link"),
+            std::string::npos)
+      << m.unreadable()[3];
+  EXPECT_EQ(merged(m), (std::vector<std::string>{"0 01.000Z mine"}));
 }

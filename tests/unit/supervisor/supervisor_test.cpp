@@ -1,11 +1,14 @@
 #include "supervisor/cgroup.hpp"
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
+#include "supervisor/run_bounded.hpp"
 
 #include <gtest/gtest.h>
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <filesystem>
@@ -289,5 +292,55 @@ TEST(Process, RunAsSwitchesUserAndGroups) {
   ::rmdir(dir);
   int st;
   while (::waitpid(-1, &st, 0) > 0) {
+  }
+}
+
+// run_bounded (supervisor/run_bounded.hpp): a helper's output within caps, its status, and a
+// deadline after which its whole group is gone.
+namespace {
+ddp::supervisor::SpawnSpec shell(const std::string& script) {
+  ddp::supervisor::SpawnSpec s;
+  s.argv = {"/bin/sh", "-c", script};
+  s.env = {{"PATH", "/usr/bin:/bin"}};
+  s.workdir = "/";
+  return s;
+}
+}  // namespace
+
+TEST(RunBounded, OutputStatusAndCaps) {
+  using namespace std::chrono_literals;
+  auto r = ddp::supervisor::run_bounded(shell("echo out; echo err >&2; exit 3"), 10s, 100, 100);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+  EXPECT_EQ(r.status, 3);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_FALSE(r.out_truncated);
+  // Past the caps the rest is read and dropped: the child never blocks on a full pipe.
+  r = ddp::supervisor::run_bounded(shell("head -c 1000000 /dev/zero; head -c 1000000 /dev/zero >&2"), 30s, 10, 5);
+  EXPECT_EQ(r.out.size(), 10u);
+  EXPECT_EQ(r.err.size(), 5u);
+  EXPECT_TRUE(r.out_truncated);
+  EXPECT_EQ(r.status, 0);
+  r = ddp::supervisor::run_bounded(shell("kill -TERM $$"), 10s, 10, 10);
+  EXPECT_EQ(r.status, -1);
+}
+
+TEST(RunBounded, TheDeadlineEndsTheWholeGroup) {
+  using namespace std::chrono_literals;
+  // A grandchild in the helper's group holds the pipes open: the deadline ends it too.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = ddp::supervisor::run_bounded(shell("sleep 300 & echo $!; wait"), 300ms, 100, 100);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.status, -1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  const pid_t grandchild = std::stoi(r.out);
+  // Killed with its group: its pidfd says it exited (a pid gone already cannot be opened).
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, grandchild, 0));
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 10000), 1) << "the grandchild outlived the deadline";
+    ::close(pidfd);
+  } else {
+    EXPECT_EQ(errno, ESRCH);
   }
 }

@@ -1,0 +1,64 @@
+// The standing coordinator's relay bounds (coordinator/relay_limits.hpp): per user and in all,
+// scaled down with the descriptors the daemon may hold, and refusals that say how to get under them.
+#include "coordinator/relay_limits.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace ddp::coordinator;
+
+TEST(RelayLimits, ThePackagedUnitGetsTheDefaults) {
+  const auto l = relay_limits(1048576);  // LimitNOFILE of packaging/systemd/ddp-coordinator.service
+  EXPECT_EQ(l.relays, 256u);
+  EXPECT_EQ(l.relays_per_user, 16u);
+  EXPECT_EQ(l.files, 16384u);
+  EXPECT_EQ(l.files_per_user, 4096u);
+  EXPECT_EQ(relay_limits(UINT64_MAX).files, 16384u);  // unlimited
+}
+
+TEST(RelayLimits, FewDescriptorsScaleThemDown) {
+  const auto l = relay_limits(128);
+  EXPECT_EQ(l.relays, 16u);
+  EXPECT_EQ(l.relays_per_user, 16u);
+  EXPECT_EQ(l.files, 32u);
+  EXPECT_EQ(l.files_per_user, 8u);
+  const auto tiny = relay_limits(8);
+  EXPECT_EQ(tiny.relays, 4u);
+  EXPECT_EQ(tiny.relays_per_user, 4u);
+  EXPECT_EQ(tiny.files, 4u);
+  EXPECT_EQ(tiny.files_per_user, 1u);
+}
+
+TEST(RelayLimits, RelaysPerUserThenInAll) {
+  const RelayLimits l{/*relays=*/4, /*relays_per_user=*/2, /*files=*/100, /*files_per_user=*/10};
+  EXPECT_FALSE(refuse_relay(l, {1, 0}, {1, 0}, "alice"));
+  auto why = refuse_relay(l, {2, 0}, {2, 0}, "alice");
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("user alice has 2 status/logs/stop/stacks requests open"), std::string::npos) << *why;
+  EXPECT_NE(why->find("`ddpctl logs -f` left running?"), std::string::npos) << *why;
+  // bob has none, but the daemon is full.
+  why = refuse_relay(l, {4, 0}, {0, 0}, "bob");
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("serves 4 status/logs/stop/stacks requests at once, its limit"), std::string::npos) << *why;
+  EXPECT_FALSE(refuse_relay(l, {3, 0}, {0, 0}, "bob"));
+}
+
+TEST(RelayLimits, BacklogFilesPerUserThenInAll) {
+  const RelayLimits l{4, 2, /*files=*/20, /*files_per_user=*/10};
+  EXPECT_FALSE(refuse_backlog(l, {1, 0}, {1, 0}, "alice", "j", 10));  // exactly the user's share
+  auto why = refuse_backlog(l, {1, 0}, {1, 0}, "alice", "j", 11);
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why,
+            "job j's logs are 11 rank files, and this coordinator reads at most 10 at once for user alice (0 open for "
+            "other requests): name fewer ranks with --ranks");
+  why = refuse_backlog(l, {2, 6}, {2, 6}, "alice", "j", 5);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("(6 open for other requests): name fewer ranks with --ranks, or let your other `ddpctl logs` "
+                      "finish"),
+            std::string::npos)
+      << *why;
+  why = refuse_backlog(l, {3, 16}, {0, 0}, "bob", "k", 5);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("has 16 log files open for other requests, and reads at most 20 at once"), std::string::npos)
+      << *why;
+  EXPECT_FALSE(refuse_backlog(l, {3, 15}, {0, 0}, "bob", "k", 5));
+}
