@@ -1317,6 +1317,8 @@ class Agent {
       m["exit_code"] = ex.exit_code;
     // Version 6: killed by a signal this node forwarded (SIGUSR1/2), so no failure of its own.
     if (ex.forwarded && job.owner && job.owner->session().version() >= 6) m["forwarded"] = true;
+    // Version 6: this node's stop signals had gone out: a consequence, never the first failure.
+    if (ex.after_stop && job.owner && job.owner->session().version() >= 6) m["after_stop"] = true;
     if (detail) {
       json tail = json::array();
       for (const auto& l : detail->last_lines) tail.push_back(cut(l, kTailLineBytes));

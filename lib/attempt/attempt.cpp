@@ -29,6 +29,7 @@ void AttemptTracker::on_forwarded(int signal) {
 Decision AttemptTracker::on_exit(const WorkerExit& in) {
   auto e = in;
   if (e.signal && std::find(forwarded_.begin(), forwarded_.end(), e.signal) != forwarded_.end()) e.forwarded = true;
+  if (signals_sent_) e.after_stop = true;
   // Indexed by local rank: on a node whose first global rank is not 0, global ranks do not
   // start at 0, but local ranks always do.
   const auto slot = static_cast<std::size_t>(e.local_rank);

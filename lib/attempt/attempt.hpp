@@ -45,6 +45,9 @@ struct WorkerExit {
   bool started = true;  // false: never started because another rank failed first
   // Killed by `signal`, which the launcher forwarded to it (SIGUSR1/2 sent to ddpctl or an agent).
   bool forwarded = false;
+  // Ended after this launcher's or agent's stop signals went out (on_signals_sent): a consequence
+  // of the stop, whatever it died of, never the first failure across nodes.
+  bool after_stop = false;
   bool failed() const { return started && (signal != 0 || exit_code != 0); }
   // "exited with code 1" / "was killed by SIGSEGV" / "was killed by SIGUSR1, which ddpctl forwarded (...)"
   std::string describe() const;

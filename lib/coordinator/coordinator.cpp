@@ -573,6 +573,9 @@ class Coordinator {
     // Version 6. Only the signals ddpctl forwards (a preemption warning) can be: a node may not
     // hide a rank's SIGSEGV or an OOM kill as "forwarded".
     info.exit.forwarded = (info.exit.signal == SIGUSR1 || info.exit.signal == SIGUSR2) && b.value("forwarded", false);
+    // Version 6. The node had sent its own stop signals (after a failure there, a forwarded
+    // signal's death, or our stop): what this rank died of is the stop's doing.
+    info.exit.after_stop = b.value("after_stop", false);
     const auto when = n.sync.to_local(agent_time);
     info.exit.when = to_sys(when);
     if (b.contains("tail")) info.tail = b["tail"].get<std::vector<std::string>>();
@@ -590,7 +593,8 @@ class Coordinator {
                            when,
                            static_cast<std::uint32_t>(info.exit.pid),
                            n.leaving,
-                           info.exit.forwarded};
+                           info.exit.forwarded,
+                           info.exit.after_stop};
     if (info.exit.signal)
       ev.signal = info.exit.signal;
     else

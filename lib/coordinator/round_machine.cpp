@@ -159,7 +159,7 @@ void RoundMachine::note_exit(const Event& e) {
   const WorkerKey key{x.node, x.local_rank.value};
   const bool first = !exits_.contains(key);
   const bool failed = x.signal.has_value() || x.exit_code.value_or(0) != 0;
-  exits_[key] = ExitMark{x.when, x.signal, failed, x.signal && x.forwarded};
+  exits_[key] = ExitMark{x.when, x.signal, failed, x.signal && x.forwarded, x.after_stop};
   if (!first || x.node_leaving) return;  // a leaving node's ranks were stopped with it: no cause, no event
   if (failed) failures_.push_back(key);
   out_.push_back(ForwardExit{rdzv::WorkerExited{x.node, x.round, x.local_rank, x.signal ? std::nullopt : x.exit_code,
@@ -183,14 +183,14 @@ void RoundMachine::close(const Event& e) {
   std::optional<WorkerKey> first;
   if (c.failure && c.failure->local_rank) {
     WorkerKey k{c.failure->node, c.failure->local_rank->value};
-    if (exits_.contains(k) && !exits_.at(k).forwarded) first = k;
+    if (exits_.contains(k) && !exits_.at(k).never_first()) first = k;
   }
   const bool node_level = c.failure && !c.failure->local_rank;
   if (node_level) out.node_failure = c.failure;
   if (!first) {
     for (std::size_t i = 0; i < failures_.size(); ++i) {
       const auto& mark = exits_.at(failures_[i]);
-      if (mark.forwarded) continue;  // a signal ddpctl forwarded killed it: no failure of its own
+      if (mark.never_first()) continue;  // a forwarded signal, or its node's stop, ended it
       // Stopped by the user (Ctrl-C, `ddpctl stop`), an exit after the stop is no failure at all.
       const bool before_stop = !stop_at_ || mark.when <= *stop_at_;
       bool cause = stopped ? before_stop : (i == 0 || before_stop);

@@ -84,6 +84,7 @@ struct WorkerExited {
   std::uint32_t pid = 0;
   bool node_leaving = false;  // its node said `leaving`: the stop of its ranks is no failure of theirs
   bool forwarded = false;     // killed by a signal its agent forwarded (version 6): never the first failure
+  bool after_stop = false;    // ended after its node's own stop signals (version 6): never the first failure
 };
 struct StopIssued {  // the rendezvous machine's StopAll went out
   rdzv::Round round;
@@ -168,6 +169,10 @@ class RoundMachine {
     std::optional<int> signal;
     bool failed = false;
     bool forwarded = false;  // killed by a forwarded signal: ends the round, is never its cause
+    // Ended after its node's own stop signals went out: the stop's effect on that node, which
+    // its agent knows without any clock (a sibling of a rank killed by a forwarded signal).
+    bool after_stop = false;
+    bool never_first() const { return forwarded || after_stop; }
   };
 
   void open(const Event&);

@@ -75,8 +75,9 @@ launch::SysTime from_us(long long us) {
 }
 
 json exit_to_json(const launch::WorkerExit& e) {
-  return {{"rank", e.rank},     {"local_rank", e.local_rank}, {"pid", e.pid},         {"exit_code", e.exit_code},
-          {"signal", e.signal}, {"when_us", to_us(e.when)},   {"started", e.started}, {"forwarded", e.forwarded}};
+  return {{"rank", e.rank},           {"local_rank", e.local_rank}, {"pid", e.pid},
+          {"exit_code", e.exit_code}, {"signal", e.signal},         {"when_us", to_us(e.when)},
+          {"started", e.started},     {"forwarded", e.forwarded},   {"after_stop", e.after_stop}};
 }
 
 launch::WorkerExit exit_from_json(const json& j) {
@@ -89,6 +90,7 @@ launch::WorkerExit exit_from_json(const json& j) {
   e.when = from_us(get_int(j, "when_us", 0, std::numeric_limits<long long>::max()));
   e.started = get_bool(j, "started");
   e.forwarded = j.contains("forwarded") && get_bool(j, "forwarded");
+  e.after_stop = j.contains("after_stop") && get_bool(j, "after_stop");
   return e;
 }
 

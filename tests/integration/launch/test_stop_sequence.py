@@ -19,8 +19,8 @@ def py_job(tmp, script, nproc=2, grace="20s"):
 CHECKPOINTING = """
 import os, time
 r = os.environ["RANK"]
-open(f"worker-{r}.pid", "w").write(str(os.getpid()))
-try:
+try:  # the pid file inside: a SIGINT right after it must land where it is caught
+    open(f"worker-{r}.pid", "w").write(str(os.getpid()))
     while True:
         time.sleep(1)
 except KeyboardInterrupt:

@@ -45,8 +45,8 @@ if mode == "slow-term":
             f.write(f"rank {r} on SIGTERM")
         sys.exit(0)
     signal.signal(signal.SIGTERM, slow_checkpoint)
-print("READY " + json.dumps([os.getpid(), os.getppid()]), flush=True)
-try:
+try:  # READY inside: a SIGINT right after the line must land where it is caught
+    print("READY " + json.dumps([os.getpid(), os.getppid()]), flush=True)
     while True:
         time.sleep(1)
 except KeyboardInterrupt:

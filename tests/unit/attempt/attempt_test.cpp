@@ -128,6 +128,11 @@ TEST(Attempt, ARankKilledByAForwardedSignalIsNeverTheFirstFailure) {
   EXPECT_EQ(a.phase(), Phase::failed);
   EXPECT_FALSE(a.first_failure());
   EXPECT_FALSE(a.exits()[0]->forwarded);
+  // and each says so, for the coordinator, which sees exits from many nodes (worker_exited's
+  // after_stop): the forwarded death came before any stop signal, the others after
+  EXPECT_FALSE(a.exits()[2]->after_stop);
+  EXPECT_TRUE(a.exits()[0]->after_stop);
+  EXPECT_TRUE(a.exits()[1]->after_stop);
 }
 
 TEST(Attempt, OnlyTheSignalsForwardedAreMarked) {

@@ -251,6 +251,45 @@ TEST(Close, ARankKilledByAForwardedSignalIsNeverTheFirstFailure) {
   EXPECT_FALSE(c[0].node_failure);
 }
 
+// Two ranks on n1: a forwarded SIGUSR1 kills local rank 0, so n1's agent stops local rank 1
+// with its own SIGTERM, before the coordinator's stop, and says so (version 6's `after_stop`).
+// That SIGTERM is the stop's doing: no rank is the first failure. (It was, on the old machine:
+// stamped before the coordinator's stop, the sibling looked like a failure of its own.)
+TEST(Close, ARankStoppedByItsOwnNodeAfterAForwardedDeathIsNeverTheFirstFailure) {
+  auto m = three_nodes();
+  auto x = exit_of("n1", 1, 0, 0, Micros(10s), SIGUSR1);
+  x.forwarded = true;
+  m.handle(x);
+  auto sibling = exit_of("n1", 1, 1, 0, Micros(10500ms), SIGTERM);
+  sibling.after_stop = true;
+  m.handle(sibling);
+  m.handle(StopIssued{Round{1}, Micros(11s)});
+  auto later = exit_of("n3", 1, 0, 0, Micros(12s), SIGTERM);
+  later.after_stop = true;
+  m.handle(later);
+  rdzv::Failure f;  // even were the sibling the rendezvous's failure
+  f.node = "n1";
+  f.local_rank = LocalRank{1};
+  auto c = all<AttemptClosed>(m.handle(Close{Outcome::failed, f}));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_FALSE(c[0].first_failure);
+}
+
+// A rank that fails by itself on another node, before anything was stopped there, stays first.
+TEST(Close, AnOwnFailureElsewhereStaysFirstBesideExitsAfterANodesStop) {
+  auto m = three_nodes();
+  auto x = exit_of("n1", 1, 0, 0, Micros(10s), SIGUSR1);
+  x.forwarded = true;
+  m.handle(x);
+  auto sibling = exit_of("n1", 1, 1, 0, Micros(10500ms), SIGTERM);
+  sibling.after_stop = true;
+  m.handle(sibling);
+  m.handle(exit_of("n3", 1, 1, 3, Micros(10700ms)));
+  m.handle(StopIssued{Round{1}, Micros(11s)});
+  auto c = all<AttemptClosed>(m.handle(Close{Outcome::failed, std::nullopt}));
+  EXPECT_EQ(c.at(0).first_failure, (WorkerKey{"n3", 1}));
+}
+
 TEST(Close, ARealFailureBeforeAForwardedSignalIsStillFirst) {
   auto m = three_nodes();
   auto x = exit_of("n2", 1, 0, 0, Micros(11s), SIGUSR1);
