@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <unordered_map>
 #include <utility>
 
@@ -398,18 +398,29 @@ std::vector<pid_t> descendants_of(pid_t root) {
   std::unordered_multimap<pid_t, pid_t> children;
   DIR* d = ::opendir("/proc");
   if (!d) return {};
+  // Every process of the machine, each time (a launch's end, each store client's rank): one
+  // openat and one read each, into a buffer on the stack, nothing allocated per process.
+  const int proc = ::dirfd(d);
   while (auto* e = ::readdir(d)) {
     auto pid = parse_int(e->d_name);
     if (!pid) continue;
-    std::ifstream f(fmt::format("/proc/{}/stat", *pid));
-    std::string line;
-    if (!std::getline(f, line)) continue;
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; parse from the last ')'.
+    char path[32];
+    std::snprintf(path, sizeof path, "%s/stat", e->d_name);
+    const int fd = ::openat(proc, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[1024];  // "pid (comm) state ppid ...": comm is at most 64 bytes
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    ::close(fd);
+    if (n <= 0) continue;
+    const std::string_view line(buf, static_cast<std::size_t>(n));
+    // comm may hold spaces and parentheses; parse from the last ')'.
     auto close = line.rfind(')');
-    if (close == std::string::npos || close + 4 > line.size()) continue;
-    auto fields = split(std::string_view(line).substr(close + 2), ' ');
-    if (fields.size() < 2) continue;
-    if (auto ppid = parse_int(fields[1])) children.emplace(static_cast<pid_t>(*ppid), static_cast<pid_t>(*pid));
+    if (close == std::string_view::npos || close + 4 > line.size()) continue;
+    const auto rest = line.substr(close + 2);  // "state ppid ..."
+    const auto sp = rest.find(' ');
+    if (sp == std::string_view::npos) continue;
+    const auto field = rest.substr(sp + 1, rest.find(' ', sp + 1) - (sp + 1));
+    if (auto ppid = parse_int(field)) children.emplace(static_cast<pid_t>(*ppid), static_cast<pid_t>(*pid));
   }
   ::closedir(d);
   std::vector<pid_t> out, frontier{root};
