@@ -145,7 +145,7 @@ constexpr bool kShareMemory = true;
 // The child's stack when it shares our memory: what child_exec needs, with room to spare.
 constexpr std::size_t kChildStack = 32 * 1024;
 
-int child_entry(void* arg) {
+[[maybe_unused]] int child_entry(void* arg) {
   child_exec(*static_cast<const ChildArgs*>(arg));
 }
 
