@@ -8,6 +8,7 @@
 // ssh_test links the library as well and checks that every function loaded here is its own.
 #pragma once
 
+#include <libssh/callbacks.h>
 #include <libssh/libssh.h>
 #include <libssh/sftp.h>
 
