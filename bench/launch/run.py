@@ -5,14 +5,22 @@ N trivial workers (/bin/true, N = 1, 4, 16) started by
   - the floor: a shell forking them all at once, `sh -c '/bin/true & ... wait'`,
   - ddpctl launch (store served, NCCL id made when libnccl is present: `nccl.unique_id: auto`),
   - ddpctl launch with nccl.unique_id: off,
+  - with --compare, another ddpctl (an older build) the same two ways, run alternately with the
+    first so that both see the same machine,
   - Debian's torchrun 1.13 (`--standalone --no_python`; Python 3.11 needs `--redirects 1 --tee 1`
     to avoid its Std.from_str crash, and we pass `--monitor_interval 0.1`, its fastest setting;
     the default 5 s poll would make it look far worse).
-Wall time is the median of R runs (each including GNU time's own start, the same for all);
-peak RSS is the largest resident set in the launcher's process tree as GNU time reports it
-(%M), which for /bin/true workers is the launcher itself.
+Then `ddpctl --version` alone (the cost of starting the binary: loader, libraries, allocator).
 
-Usage: bench/launch/run.py [--repeats R] [--ddpctl build/bin/ddpctl]
+Per case: wall time, median of R runs and its spread (the middle half, 25th to 75th percentile;
+each run includes GNU time's own start, the same for all); peak RSS, the largest resident set in
+the launcher's process tree as GNU time reports it (%M; for /bin/true workers the launcher
+itself); minor page faults (%R), the median over the runs, summed over the whole tree (the
+launcher, the NCCL id holder and the workers: each /bin/true takes about 60-70). On a
+paravirtualised VM a page fault costs about 15 us, so faults are most of a start's time.
+
+Usage: bench/launch/run.py [--repeats R] [--ddpctl build/bin/ddpctl] [--compare OTHER/ddpctl]
+                           [--sizes 1,4,16] [--no-torchrun]
 """
 import argparse
 import os
@@ -31,22 +39,49 @@ def measure(argv, cwd, env=None):
     # fork from this Python process would carry Python's RSS into the child's high-water mark.
     out = Path(cwd) / "time.out"
     t0 = time.perf_counter()
-    rc = subprocess.call(["/usr/bin/time", "-f", "%M", "-o", str(out), *argv], cwd=cwd, env=env,
+    rc = subprocess.call(["/usr/bin/time", "-f", "%M %R", "-o", str(out), *argv], cwd=cwd, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"{argv[0]} failed with {rc}: {' '.join(argv)}")
-    return wall, int(out.read_text().split()[-1]) / 1024.0  # MiB
+    rss_kib, faults = out.read_text().split()[-2:]
+    return wall, int(rss_kib) / 1024.0, int(faults)
 
 
-def run(label, argv, cwd, repeats, env=None):
-    walls, rss = [], []
-    measure(argv, cwd, env)  # warm the page cache
+class Case:
+    def __init__(self, label, argv, env=None):
+        self.label, self.argv, self.env = label, argv, env
+        self.walls, self.rss, self.faults = [], [], []
+
+    def once(self, cwd):
+        w, r, f = measure(self.argv, cwd, self.env)
+        self.walls.append(w * 1000)
+        self.rss.append(r)
+        self.faults.append(f)
+
+    def wall(self):
+        return statistics.median(self.walls)
+
+    def spread(self):
+        if len(self.walls) < 4:
+            return min(self.walls), max(self.walls)
+        q = statistics.quantiles(self.walls, n=4)
+        return q[0], q[2]
+
+    def cell(self):
+        lo, hi = self.spread()
+        return (f"{self.wall():.1f} ms ({lo:.1f}–{hi:.1f}), {max(self.rss):.1f} MiB, "
+                f"{statistics.median(self.faults):.0f} flt")
+
+
+def run_alternately(cases, cwd, repeats):
+    """Each case once to warm the page cache, then R rounds of every case in turn: a burst of load
+    on the machine falls on all of them alike."""
+    for c in cases:
+        measure(c.argv, cwd, c.env)
     for _ in range(repeats):
-        w, r = measure(argv, cwd, env)
-        walls.append(w)
-        rss.append(r)
-    return {"label": label, "wall_ms": statistics.median(walls) * 1000, "rss_mib": max(rss)}
+        for c in cases:
+            c.once(cwd)
 
 
 def main():
@@ -54,34 +89,59 @@ def main():
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--torchrun-repeats", type=int, default=3)
     ap.add_argument("--ddpctl", default=str(ROOT / "build" / "bin" / "ddpctl"))
+    ap.add_argument("--compare", help="another ddpctl (ddp-ncclid beside it), e.g. an older commit's build")
+    ap.add_argument("--sizes", default="1,4,16")
+    ap.add_argument("--no-torchrun", action="store_true")
     ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter whose torchrun is measured")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
     # XDG_STATE_HOME: the ended jobs' records stay with the run's files, not in the user's state folder.
     env = dict(os.environ, DDP_LOG_LEVEL="warn", XDG_STATE_HOME=str(tmp / "state"))
-    print(f"# launch of N /bin/true workers; median of {args.repeats} (torchrun: {args.torchrun_repeats}) runs")
-    print(f"# machine: {os.cpu_count()} CPUs, {os.uname().release}")
+    builds = [("ddpctl", args.ddpctl)] + ([("compared", args.compare)] if args.compare else [])
+    print(f"# launch of N /bin/true workers; median of {args.repeats} (torchrun: {args.torchrun_repeats}) runs, "
+          f"(25th–75th percentile), peak RSS, minor page faults of the whole tree")
+    print(f"# machine: {os.cpu_count()} CPUs, {os.uname().release}; load before: {os.getloadavg()[0]:.2f}")
+    for name, path in builds:
+        print(f"# {name}: {path}")
     print()
-    print(f"| N | floor (sh fork+exec) | ddpctl | ddpctl, no NCCL id | torchrun | ddpctl / torchrun (wall) | ddpctl / torchrun (RSS) |")
-    print(f"|---|---|---|---|---|---|---|")
-    for n in (1, 4, 16):
+    head = ["N", "floor (sh fork+exec)"]
+    for name, _ in builds:
+        head += [name, f"{name}, no NCCL id"]
+    if not args.no_torchrun:
+        head += ["torchrun", "ddpctl / floor", "ddpctl / torchrun (wall)"]
+    else:
+        head += ["ddpctl / floor"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for n in (int(s) for s in args.sizes.split(",")):
         for nccl in ("auto", "off"):
             (tmp / f"job-{n}-{nccl}.yaml").write_text(
                 f"nproc_per_node: {n}\ncommand: [/bin/true]\nlogs: {{dir: {tmp}/logs}}\nnccl: {{unique_id: {nccl}}}\n")
-        floor = run("floor", ["/bin/sh", "-c", " ".join(["/bin/true &"] * n) + " wait"], tmp, args.repeats)
-        ours = run("ddpctl", [args.ddpctl, "launch", "-q", "--master-port", "0", f"job-{n}-auto.yaml"], tmp,
-                   args.repeats, env)
-        ours_off = run("ddpctl", [args.ddpctl, "launch", "-q", "--master-port", "0", f"job-{n}-off.yaml"], tmp,
-                       args.repeats, env)
-        theirs = run("torchrun", [args.python, "-m", "torch.distributed.run", "--standalone",
-                                  "--nproc_per_node", str(n), "--no_python", "--redirects", "1", "--tee", "1",
-                                  "--monitor_interval", "0.1", "--log_dir", str(tmp / "tr"), "/bin/true"],
-                     tmp, args.torchrun_repeats)
-        fmt = lambda r: f"{r['wall_ms']:.1f} ms, {r['rss_mib']:.1f} MiB"
-        print(f"| {n} | {fmt(floor)} | {fmt(ours)} | {fmt(ours_off)} | {fmt(theirs)} | "
-              f"1/{theirs['wall_ms'] / ours['wall_ms']:.0f} | 1/{theirs['rss_mib'] / ours['rss_mib']:.0f} |")
+        cases = [Case("floor", ["/bin/sh", "-c", " ".join(["/bin/true &"] * n) + " wait"])]
+        for name, path in builds:
+            for nccl in ("auto", "off"):
+                cases.append(Case(name, [path, "launch", "-q", "--master-port", "0", f"job-{n}-{nccl}.yaml"], env))
+        run_alternately(cases, tmp, args.repeats)
+        row = [str(n)] + [c.cell() for c in cases]
+        ours = cases[1]
+        if not args.no_torchrun:
+            theirs = Case("torchrun", [args.python, "-m", "torch.distributed.run", "--standalone",
+                                       "--nproc_per_node", str(n), "--no_python", "--redirects", "1", "--tee", "1",
+                                       "--monitor_interval", "0.1", "--log_dir", str(tmp / "tr"), "/bin/true"])
+            run_alternately([theirs], tmp, args.torchrun_repeats)
+            row += [theirs.cell(), f"{ours.wall() / cases[0].wall():.2f}×", f"1/{theirs.wall() / ours.wall():.0f}"]
+        else:
+            row += [f"{ours.wall() / cases[0].wall():.2f}×"]
+        print("| " + " | ".join(row) + " |")
         sys.stdout.flush()
+
+    print()
+    print("| `--version` alone | " + " | ".join(name for name, _ in builds) + " |")
+    print("|---|" + "---|" * len(builds))
+    versions = [Case(name, [path, "--version"], env) for name, path in builds]
+    run_alternately(versions, tmp, args.repeats)
+    print("| wall, RSS, faults | " + " | ".join(c.cell() for c in versions) + " |")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 
 #include "common/journal.hpp"
 #include "common/strings.hpp"
+#include "common/systemd.hpp"
 
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <systemd/sd-journal.h>
 
 #include <cctype>
 #include <cstdlib>
@@ -24,7 +24,8 @@ namespace {
 // journal refuses goes to stderr as before.
 class JournalSink : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  explicit JournalSink(std::shared_ptr<spdlog::sinks::sink> fallback) : fallback_(std::move(fallback)) {}
+  JournalSink(const systemd::Api& sd, std::shared_ptr<spdlog::sinks::sink> fallback)
+      : sd_(sd), fallback_(std::move(fallback)) {}
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
@@ -35,7 +36,7 @@ class JournalSink : public spdlog::sinks::base_sink<std::mutex> {
     for (auto& [k, v] : journal_fields(text)) fields.push_back(fmt::format("{}={}", k, v));
     std::vector<iovec> iov;
     for (auto& f : fields) iov.push_back({f.data(), f.size()});
-    if (sd_journal_sendv(iov.data(), static_cast<int>(iov.size())) < 0) fallback_->log(msg);
+    if (sd_.journal_sendv(iov.data(), static_cast<int>(iov.size())) < 0) fallback_->log(msg);
   }
   void flush_() override {}
 
@@ -55,6 +56,7 @@ class JournalSink : public spdlog::sinks::base_sink<std::mutex> {
         return 2;
     }
   }
+  const systemd::Api& sd_;
   std::shared_ptr<spdlog::sinks::sink> fallback_;
 };
 
@@ -64,7 +66,8 @@ std::shared_ptr<spdlog::sinks::sink> make_sink() {
   if (::fstat(2, &st) == 0 &&
       is_journal_stream(std::getenv("JOURNAL_STREAM"), static_cast<unsigned long long>(st.st_dev),
                         static_cast<unsigned long long>(st.st_ino))) {
-    return std::make_shared<JournalSink>(stderr_sink);
+    // Without libsystemd the lines stay on stderr, which the journal records too.
+    if (const auto* sd = systemd::api()) return std::make_shared<JournalSink>(*sd, stderr_sink);
   }
   return stderr_sink;
 }

@@ -9,6 +9,10 @@
 
 namespace ddp::contract {
 
+namespace {
+constexpr const char* kNcclUniqueIdVar = "DDP_NCCL_UNIQUE_ID";
+}  // namespace
+
 const std::vector<std::string>& scrubbed_variables() {
   // Why each: a worker reading these would take another launcher's or another job's identity.
   static const std::vector<std::string> v{
@@ -192,8 +196,12 @@ Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env&
   env["DDP_NODE"] = node.node_name;
   env["DDP_NODE_RANK"] = std::to_string(node.node_rank);
   env["DDP_ATTEMPT"] = std::to_string(node.restart_count);
-  if (node.nccl_unique_id_hex) env["DDP_NCCL_UNIQUE_ID"] = *node.nccl_unique_id_hex;
+  if (node.nccl_unique_id_hex) env[kNcclUniqueIdVar] = *node.nccl_unique_id_hex;
   return env;
+}
+
+void set_nccl_unique_id(Plan& plan, const std::string& hex) {
+  for (auto& r : plan.ranks) r.env[kNcclUniqueIdVar] = hex;
 }
 
 std::vector<std::string> worker_argv(const jobspec::JobSpec& spec) {

@@ -130,6 +130,10 @@ struct Plan {
 std::vector<std::string> worker_argv(const jobspec::JobSpec& spec);
 
 Plan make_plan(const jobspec::JobSpec& spec, const NodeContext& node, const Env& inherited);
+// What make_plan gives every rank when node.nccl_unique_id_hex is set, for a plan made before
+// the id was known (the local launcher plans while its id holder starts). Not for container
+// ranks, whose environment is the runtime client's: they get no id.
+void set_nccl_unique_id(Plan& plan, const std::string& hex);
 nlohmann::json to_json(const Plan& plan);
 
 }  // namespace ddp::contract

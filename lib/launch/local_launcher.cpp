@@ -384,24 +384,29 @@ class LocalLauncher {
     if (ec) throw LaunchError(fmt::format("cannot create the log directory {}: {}", node.attempt_dir, ec.message()));
 
     // A new NCCL unique id for every attempt, from a holder started with rank 0's environment,
-    // waited for on the loop (signals and `ddpctl stop` still answer meanwhile).
+    // waited for on the loop (signals and `ddpctl stop` still answer meanwhile). The attempt's
+    // plan (the binding reads the node's topology) is made while the holder starts, in parallel:
+    // the id is the one thing the plan waits for, and it goes into each rank's environment after.
     holder_.reset();
     auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
-    holder_wait_ = NcclHolder::start(io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id,
-                                     opts_.spec.container.has_value(), std::nullopt,
-                                     [this, node, attempt](std::optional<NcclHolder> h, std::string error) mutable {
-                                       holder_wait_.reset();
-                                       if (!error.empty()) throw LaunchError(error);
-                                       if (h) {
-                                         holder_.emplace(std::move(*h));
-                                         node.nccl_unique_id_hex = holder_->hex();
-                                       }
-                                       start_workers(std::move(node), attempt);
-                                     });
+    auto plan = std::make_shared<std::optional<contract::Plan>>();
+    holder_wait_ = NcclHolder::start(
+        io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id, opts_.spec.container.has_value(),
+        std::nullopt, [this, node, attempt, plan](std::optional<NcclHolder> h, std::string error) mutable {
+          holder_wait_.reset();
+          if (!error.empty()) throw LaunchError(error);
+          if (h) {
+            holder_.emplace(std::move(*h));
+            node.nccl_unique_id_hex = holder_->hex();
+            contract::set_nccl_unique_id(**plan, holder_->hex());
+          }
+          start_workers(std::move(node), std::move(**plan), attempt);
+        });
+    // start() never calls back from inside itself: the plan is here before the callback runs.
+    *plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
   }
 
-  void start_workers(contract::NodeContext node, int attempt) {
-    auto plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
+  void start_workers(contract::NodeContext node, contract::Plan plan, int attempt) {
     GroupOptions go{attempt, *opts_.spec.workdir, opts_.spec.stop_grace, opts_.spec.log_max_bytes, {}};
     if (opts_.spec.hang) go.hang_timeout = opts_.spec.hang->timeout;
     if (opts_.spec.container) {

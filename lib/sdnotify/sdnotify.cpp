@@ -1,8 +1,7 @@
 #include "sdnotify/sdnotify.hpp"
 
 #include "common/log.hpp"
-
-#include <systemd/sd-daemon.h>
+#include "common/systemd.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -25,9 +24,17 @@ std::string status_line(std::string_view text) {
 Notifier::Notifier() {
   const char* socket = std::getenv("NOTIFY_SOCKET");
   active_ = socket != nullptr && *socket != '\0';
+  if (!active_) return;  // not under a service manager: libsystemd stays unloaded
+  sd_ = systemd::api();
+  if (!sd_) {
+    log::get("sdnotify")
+        ->warn("$NOTIFY_SOCKET is set but {}: no readiness or watchdog notifications", systemd::load_error());
+    active_ = false;
+    return;
+  }
   std::uint64_t usec = 0;
   // > 0 only when WATCHDOG_USEC is set and WATCHDOG_PID (if set) is this process.
-  if (active_ && sd_watchdog_enabled(0, &usec) > 0) watchdog_ = ping_interval(usec);
+  if (sd_->watchdog_enabled(0, &usec) > 0) watchdog_ = ping_interval(usec);
 }
 
 void Notifier::ready(std::string_view status) {
@@ -46,7 +53,7 @@ void Notifier::watchdog() {
 void Notifier::send(const std::string& state) {
   if (!active_) return;
   // A lost notification must not take the daemon down: systemd's own timeouts report it.
-  if (int r = sd_notify(0, state.c_str()); r < 0) {
+  if (int r = sd_->notify(0, state.c_str()); r < 0) {
     log::get("sdnotify")->warn("sd_notify to $NOTIFY_SOCKET failed: {}", std::strerror(-r));
   }
 }

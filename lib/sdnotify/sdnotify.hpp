@@ -8,6 +8,8 @@
 // systemd then restarts the service.
 #pragma once
 
+#include "common/systemd.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -39,6 +41,7 @@ class Notifier {
   void send(const std::string& state);
 
   bool active_ = false;
+  const systemd::Api* sd_ = nullptr;  // loaded only when NOTIFY_SOCKET is set
   std::optional<std::chrono::microseconds> watchdog_;
 };
 

@@ -2,6 +2,7 @@
 #include "ssh/dialer.hpp"
 
 #include "common/log.hpp"
+#include "ssh/libssh.hpp"
 #include "ssh/policy.hpp"
 #include "ssh/session.hpp"
 
@@ -81,7 +82,7 @@ class ChannelSink {
     cb_.userdata = this;
     cb_.channel_data_function = &ChannelSink::on_data;
     ssh_callbacks_init(&cb_);
-    ssh_set_channel_callbacks(ch_, &cb_);
+    libssh().ssh_set_channel_callbacks(ch_, &cb_);
   }
   ChannelSink(const ChannelSink&) = delete;
   ChannelSink& operator=(const ChannelSink&) = delete;
@@ -92,7 +93,7 @@ class ChannelSink {
   bool drain() {
     for (int is_err = 0; is_err < 2; ++is_err) {
       int n = 0;
-      while ((n = ssh_channel_read_nonblocking(ch_, buf_.data(), buf_.size(), is_err)) > 0) {
+      while ((n = libssh().ssh_channel_read_nonblocking(ch_, buf_.data(), buf_.size(), is_err)) > 0) {
         take(buf_.data(), static_cast<std::size_t>(n), is_err != 0);
       }
       if (n == SSH_ERROR) return false;
@@ -103,7 +104,7 @@ class ChannelSink {
   // Before the channel is closed: the callbacks go, the last partial stderr line is logged.
   void detach() {
     if (!ch_) return;
-    ssh_remove_channel_callbacks(ch_, &cb_);
+    libssh().ssh_remove_channel_callbacks(ch_, &cb_);
     ch_ = nullptr;
     if (auto l = err_lines_.flush()) relay(node_, *l);
   }
@@ -274,7 +275,8 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
     ch = s->start(command);
     // The secret, then (connect-back) the tag the agent introduces itself with: stdin only.
     const auto line = opts_.secret + "\n" + (tag.empty() ? "" : tag + "\n");
-    if (ssh_channel_write(ch, line.data(), static_cast<uint32_t>(line.size())) != static_cast<int>(line.size())) {
+    if (libssh().ssh_channel_write(ch, line.data(), static_cast<uint32_t>(line.size())) !=
+        static_cast<int>(line.size())) {
       throw std::runtime_error(s->error());
     }
   } catch (const std::exception& e) {
@@ -307,11 +309,12 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
     std::string why;
     bool first = true;  // libssh may hold the agent's first bytes already: read before any wait
     while (!cancel_) {
-      pollfd p[2] = {{ssh_get_fd(s->raw()), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      pollfd p[2] = {{libssh().ssh_get_fd(s->raw()), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
       ::poll(p, 2, first ? 0 : delivered->load() ? -1 : ms_until(deadline));
       first = false;
       if (!sink.drain()) why = "SSH connection lost: " + s->error();
-      if (why.empty() && (ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch))) why = "the agent ended";
+      if (why.empty() && (libssh().ssh_channel_is_eof(ch) || libssh().ssh_channel_is_closed(ch)))
+        why = "the agent ended";
       if (!why.empty()) break;
       if (!delivered->load() && std::chrono::steady_clock::now() > deadline && listener_->forget(tag)) {
         sink.detach();
@@ -354,7 +357,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
   std::string why = "the launcher is stopping";
   bool first = true;  // libssh may hold the agent's first bytes already: read before any wait
   while (!cancel_) {
-    pollfd p[3] = {{ssh_get_fd(s->raw()), POLLIN, 0}, {mine.fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd p[3] = {{libssh().ssh_get_fd(s->raw()), POLLIN, 0}, {mine.fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     ::poll(p, 3, first ? 0 : -1);
     first = false;
     if (p[1].revents) {
@@ -363,7 +366,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
         why = "the coordinator closed the link";
         break;
       }
-      if (n > 0 && ssh_channel_write(ch, buf.data(), static_cast<uint32_t>(n)) != n) {
+      if (n > 0 && libssh().ssh_channel_write(ch, buf.data(), static_cast<uint32_t>(n)) != n) {
         why = "SSH connection lost: " + s->error();
         break;
       }
@@ -376,7 +379,7 @@ void Dialer::run_node(const net::NodeEntry& node, const std::function<void(net::
       why = "the coordinator closed the link";
       break;
     }
-    if (ssh_channel_is_eof(ch) || ssh_channel_is_closed(ch)) {
+    if (libssh().ssh_channel_is_eof(ch) || libssh().ssh_channel_is_closed(ch)) {
       why = "the agent ended";
       break;
     }

@@ -56,13 +56,15 @@ struct Connection;
 // One thread's share of the connections: the caller's io_context (threads == 0) or one of the
 // server's own. Its read buffer and decoded request are used only on its thread.
 struct Loop {
-  explicit Loop(asio::io_context& caller) : io(caller), read_buf(kReadChunk) {}
-  Loop() : own(std::make_unique<asio::io_context>(1)), io(*own), read_buf(kReadChunk) {}
+  explicit Loop(asio::io_context& caller) : io(caller) {}
+  Loop() : own(std::make_unique<asio::io_context>(1)), io(*own) {}
   bool here() const { return io.get_executor().running_in_this_thread(); }
 
   std::unique_ptr<asio::io_context> own;
   asio::io_context& io;
-  std::vector<uint8_t> read_buf;
+  // Not zeroed: a fresh 256 KiB is its own mapping, whose pages the kernel supplies only as
+  // reads fill them (zeroing it cost every launch 64 page faults, bench/launch).
+  std::unique_ptr<uint8_t[]> read_buf{new uint8_t[kReadChunk]};
   Request req;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::thread thread;
@@ -226,7 +228,7 @@ void Connection::on_readable() {
   auto& buf = loop.read_buf;
   for (int i = 0; i < kMaxReadsPerWakeup; ++i) {
     error_code ec;
-    std::size_t n = sock.read_some(asio::buffer(buf), ec);
+    std::size_t n = sock.read_some(asio::buffer(buf.get(), kReadChunk), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) break;
     if (ec) {
       if (ec == asio::error::eof || ec == asio::error::connection_reset) {
@@ -236,9 +238,9 @@ void Connection::on_readable() {
       }
       return;
     }
-    feed(std::span<const uint8_t>(buf.data(), n));
+    feed(std::span<const uint8_t>(buf.get(), n));
     if (closed) return;
-    if (n < buf.size()) break;
+    if (n < kReadChunk) break;
   }
   flush();
   if (closed) return;

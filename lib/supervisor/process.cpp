@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <unordered_map>
 #include <utility>
 
@@ -59,6 +59,94 @@ void write_all(int fd, const void* buf, size_t n) {
     p += w;
     n -= static_cast<size_t>(w);
   }
+}
+
+// What the child needs, all of it built before the clone: it shares our memory and may not allocate.
+struct ChildArgs {
+  pid_t parent;
+  bool own_process_group;
+  bool die_with_parent;
+  int parent_death_signal;
+  int cgroup_procs_fd;
+  const cpu_set_t* cpu_mask;      // null: inherit
+  const unsigned long* mem_mask;  // null: inherit
+  unsigned long mem_mask_bits;
+  const RunAs* run_as;  // null: our own user
+  int stdin_src;
+  int out_w, err_w;  // -1: inherit
+  int status_w;
+  const char* workdir;
+  const char* path;
+  char* const* argv;
+  char* const* envp;
+};
+
+// The child, between clone and exec. It runs on a stack of its own in our memory while the
+// thread that cloned it waits (CLONE_VFORK), so it only makes system calls: no allocation, no
+// lock, nothing a handler of ours could see half done. Credentials change through raw system
+// calls: glibc's setuid() believes this process multi-threaded and would walk our thread list
+// under its lock (which another of our threads may hold) to have each of them follow.
+// The exec-failure report: [stage byte][errno int], then exit.
+[[noreturn]] void child_fail(int status_w, char stage) {
+  int e = errno;
+  char buf[1 + sizeof(int)];
+  buf[0] = stage;
+  std::memcpy(buf + 1, &e, sizeof e);
+  write_all(status_w, buf, sizeof buf);
+  ::_exit(127);
+}
+
+[[noreturn]] void child_exec(const ChildArgs& a) {
+  const auto fail = [&](char stage) { child_fail(a.status_w, stage); };
+  if (a.own_process_group) ::setpgid(0, 0);
+  if (a.die_with_parent) {
+    ::prctl(PR_SET_PDEATHSIG, a.parent_death_signal);
+    if (::getppid() != a.parent) ::_exit(127);  // the launcher died before the line above
+  }
+  for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);  // handlers first, then unblock
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (a.cgroup_procs_fd >= 0 && ::write(a.cgroup_procs_fd, "0", 1) != 1) fail('c');
+  // Placement after joining the cgroup (whose cpuset bounds it); errors leave the worker unbound.
+  if (a.cpu_mask) (void)::sched_setaffinity(0, sizeof *a.cpu_mask, a.cpu_mask);
+  if (a.mem_mask) {
+    constexpr long kMpolPreferred = 1;  // <linux/mempolicy.h>; raw syscall, no libnuma
+    (void)::syscall(SYS_set_mempolicy, kMpolPreferred, a.mem_mask, a.mem_mask_bits);
+  }
+  // After the cgroup move (its cgroup.procs is root's) and before chdir and exec, which must
+  // succeed with the user's rights alone. Groups first: setgid/setuid drop the right to.
+  if (a.run_as) {
+    const auto& u = *a.run_as;
+    if (::syscall(SYS_setgroups, u.groups.size(), u.groups.data()) != 0 || ::syscall(SYS_setgid, u.gid) != 0 ||
+        ::syscall(SYS_setuid, u.uid) != 0) {
+      fail('u');
+    }
+    // A change of credentials clears the parent-death signal: set it again.
+    if (a.die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, a.parent_death_signal);
+      if (::getppid() != a.parent) ::_exit(127);
+    }
+  }
+  if (::dup2(a.stdin_src, 0) < 0) fail('d');
+  if (a.out_w >= 0 && (::dup2(a.out_w, 1) < 0 || ::dup2(a.err_w, 2) < 0)) fail('d');
+  if (::chdir(a.workdir) != 0) fail('w');
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  ::execve(a.path, a.argv, a.envp);
+  child_fail(a.status_w, 'e');
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kShareMemory = false;  // sanitizers keep per-thread state that a clone would share
+#else
+constexpr bool kShareMemory = true;
+#endif
+
+// The child's stack when it shares our memory: what child_exec needs, with room to spare.
+constexpr std::size_t kChildStack = 32 * 1024;
+
+[[maybe_unused]] int child_entry(void* arg) {
+  child_exec(*static_cast<const ChildArgs*>(arg));
 }
 
 }  // namespace
@@ -137,7 +225,7 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
         explain_not_runnable(spec.argv[0], path_it == spec.env.end() ? "" : path_it->second, spec.workdir)));
   }
 
-  // Everything the child touches is built here, before fork.
+  // Everything the child touches is built here, before the clone.
   std::vector<std::string> env_strings;
   env_strings.reserve(spec.env.size());
   for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
@@ -155,12 +243,9 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
     err.emplace();
   }
   Pipe status;  // exec-failure report: [stage byte][errno int]
-  // Opened last: nothing after it can throw before fork, so it cannot leak.
+  // Opened last: nothing after it can throw before the clone, so it cannot leak.
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) throw SpawnError(fmt::format("/dev/null: {}", std::strerror(errno)));
-  const pid_t parent = ::getpid();
-  const char* workdir = spec.workdir.c_str();
-  const char* path = exe->c_str();
   // The CPU mask and memory node mask, built here: the child may not allocate.
   std::optional<cpu_set_t> cpu_mask;
   if (!spec.cpus.empty()) {
@@ -178,62 +263,55 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
     mem_mask[static_cast<std::size_t>(*spec.mem_node) / bits] |= 1ul
                                                                  << (static_cast<std::size_t>(*spec.mem_node) % bits);
   }
+  const ChildArgs args{
+      .parent = ::getpid(),
+      .own_process_group = spec.own_process_group,
+      .die_with_parent = spec.die_with_parent,
+      .parent_death_signal = spec.parent_death_signal,
+      .cgroup_procs_fd = spec.cgroup_procs_fd,
+      .cpu_mask = cpu_mask ? &*cpu_mask : nullptr,
+      .mem_mask = set_mem ? mem_mask.data() : nullptr,
+      .mem_mask_bits = static_cast<unsigned long>(kMaxMemNode),
+      .run_as = spec.run_as ? &*spec.run_as : nullptr,
+      .stdin_src = in                   ? in->r
+                   : spec.stdin_fd >= 0 ? spec.stdin_fd
+                                        : devnull,
+      .out_w = out ? out->w : -1,
+      .err_w = err ? err->w : -1,
+      .status_w = status.w,
+      .workdir = spec.workdir.c_str(),
+      .path = exe->c_str(),
+      .argv = argv.data(),
+      .envp = envp.data(),
+  };
 
-  // Block every signal across fork(): until the child has reset the handlers it inherited
+  // Block every signal across the clone: until the child has reset the handlers it inherited
   // (Asio's, which write to a self-pipe shared with us), a signal it receives must not be
   // taken for one sent to ddpctl.
+  //
+  // The child shares our memory and this thread waits until it has exec'd (CLONE_VFORK, as
+  // posix_spawn does): a fork would copy the page tables of this whole process for a child that
+  // drops them at once, then take a copy-on-write fault for each page either side touches, and
+  // exec would tear the copy down again (on a paravirtualised VM, where a fault costs about
+  // 15 us, half of a local launch's time; bench/launch). The ranks' execs still overlap: this
+  // thread resumes when the kernel has the new program, before its loader runs.
   sigset_t all, saved;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-  pid_t pid = ::fork();
-  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  pid_t pid;
+  if constexpr (kShareMemory) {
+    alignas(16) std::array<char, kChildStack> stack;  // ours is idle until the child has exec'd
+    pid = ::clone(child_entry, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD,
+                  const_cast<ChildArgs*>(&args));
+  } else {
+    pid = ::fork();
+    if (pid == 0) child_exec(args);
+  }
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
     int e = errno;
     ::close(devnull);
     throw SpawnError(fmt::format("fork: {}", std::strerror(e)));
-  }
-  if (pid == 0) {
-    auto fail = [&](char stage) {
-      int e = errno;
-      char buf[1 + sizeof(int)];
-      buf[0] = stage;
-      std::memcpy(buf + 1, &e, sizeof e);
-      write_all(status.w, buf, sizeof buf);
-      ::_exit(127);
-    };
-    if (spec.own_process_group) ::setpgid(0, 0);
-    if (spec.die_with_parent) {
-      ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
-      if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
-    }
-    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);  // handlers first, then unblock
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (spec.cgroup_procs_fd >= 0 && ::write(spec.cgroup_procs_fd, "0", 1) != 1) fail('c');
-    // Placement after joining the cgroup (whose cpuset bounds it); errors leave the worker unbound.
-    if (cpu_mask) (void)::sched_setaffinity(0, sizeof *cpu_mask, &*cpu_mask);
-    if (set_mem) {
-      constexpr long kMpolPreferred = 1;  // <linux/mempolicy.h>; raw syscall, no libnuma
-      (void)::syscall(SYS_set_mempolicy, kMpolPreferred, mem_mask.data(), static_cast<unsigned long>(kMaxMemNode));
-    }
-    // After the cgroup move (its cgroup.procs is root's) and before chdir and exec, which must
-    // succeed with the user's rights alone. Groups first: setgid/setuid drop the right to.
-    if (spec.run_as) {
-      const auto& u = *spec.run_as;
-      if (::setgroups(u.groups.size(), u.groups.data()) != 0 || ::setgid(u.gid) != 0 || ::setuid(u.uid) != 0) fail('u');
-      // A change of credentials clears the parent-death signal: set it again.
-      if (spec.die_with_parent) {
-        ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
-        if (::getppid() != parent) ::_exit(127);
-      }
-    }
-    if (::dup2(in ? in->r : spec.stdin_fd >= 0 ? spec.stdin_fd : devnull, 0) < 0) fail('d');
-    if (out && (::dup2(out->w, 1) < 0 || ::dup2(err->w, 2) < 0)) fail('d');
-    if (::chdir(workdir) != 0) fail('w');
-    ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
-    ::execve(path, argv.data(), envp.data());
-    fail('e');
   }
 
   ::close(devnull);
@@ -320,18 +398,29 @@ std::vector<pid_t> descendants_of(pid_t root) {
   std::unordered_multimap<pid_t, pid_t> children;
   DIR* d = ::opendir("/proc");
   if (!d) return {};
+  // Every process of the machine, each time (a launch's end, each store client's rank): one
+  // openat and one read each, into a buffer on the stack, nothing allocated per process.
+  const int proc = ::dirfd(d);
   while (auto* e = ::readdir(d)) {
     auto pid = parse_int(e->d_name);
     if (!pid) continue;
-    std::ifstream f(fmt::format("/proc/{}/stat", *pid));
-    std::string line;
-    if (!std::getline(f, line)) continue;
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; parse from the last ')'.
+    char path[32];
+    std::snprintf(path, sizeof path, "%s/stat", e->d_name);
+    const int fd = ::openat(proc, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[1024];  // "pid (comm) state ppid ...": comm is at most 64 bytes
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    ::close(fd);
+    if (n <= 0) continue;
+    const std::string_view line(buf, static_cast<std::size_t>(n));
+    // comm may hold spaces and parentheses; parse from the last ')'.
     auto close = line.rfind(')');
-    if (close == std::string::npos || close + 4 > line.size()) continue;
-    auto fields = split(std::string_view(line).substr(close + 2), ' ');
-    if (fields.size() < 2) continue;
-    if (auto ppid = parse_int(fields[1])) children.emplace(static_cast<pid_t>(*ppid), static_cast<pid_t>(*pid));
+    if (close == std::string_view::npos || close + 4 > line.size()) continue;
+    const auto rest = line.substr(close + 2);  // "state ppid ..."
+    const auto sp = rest.find(' ');
+    if (sp == std::string_view::npos) continue;
+    const auto field = rest.substr(sp + 1, rest.find(' ', sp + 1) - (sp + 1));
+    if (auto ppid = parse_int(field)) children.emplace(static_cast<pid_t>(*ppid), static_cast<pid_t>(*pid));
   }
   ::closedir(d);
   std::vector<pid_t> out, frontier{root};

@@ -152,6 +152,18 @@ TEST(Contract, NcclIdWhenGiven) {
   EXPECT_EQ(env["DDP_NCCL_UNIQUE_ID"], std::string(256, 'a'));
 }
 
+// The local launcher plans while its id holder starts, then sets the id: the same plan as one
+// made with the id known.
+TEST(Contract, NcclIdSetAfterPlanningIsTheSamePlan) {
+  const auto spec = spec_of("command: [x]\n");
+  auto with = node4();
+  with.nccl_unique_id_hex = std::string(256, 'b');
+  auto later = make_plan(spec, node4(), {{"PATH", "/bin"}});
+  EXPECT_FALSE(later.ranks[0].env.contains("DDP_NCCL_UNIQUE_ID"));
+  set_nccl_unique_id(later, std::string(256, 'b'));
+  EXPECT_EQ(to_json(later), to_json(make_plan(spec, with, {{"PATH", "/bin"}})));
+}
+
 TEST(Contract, PlanHasEveryRank) {
   auto plan = make_plan(spec_of("command: [python3, t.py, --x]\n"), node4(), {});
   ASSERT_EQ(plan.ranks.size(), 4u);

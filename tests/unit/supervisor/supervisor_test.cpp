@@ -11,10 +11,13 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 using namespace ddp::supervisor;
 
@@ -343,4 +346,40 @@ TEST(RunBounded, TheDeadlineEndsTheWholeGroup) {
   } else {
     EXPECT_EQ(errno, ESRCH);
   }
+}
+
+// The child switches user while it still shares our memory (spawn_start clones with CLONE_VM):
+// only it may change, never this process or its other threads.
+TEST(Process, RunAsChangesOnlyTheChild) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  std::mutex mu;
+  std::condition_variable cv;
+  bool spawned = false;
+  uid_t thread_euid = 12345;
+  std::thread other([&] {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return spawned; });
+    thread_euid = ::geteuid();
+  });
+  SpawnSpec s;
+  s.argv = {"/usr/bin/id", "-u"};
+  s.env = {{"PATH", "/bin:/usr/bin"}};
+  s.workdir = "/";
+  s.run_as = RunAs{65534, 65534, {65534}};
+  auto sp = spawn(s);
+  const auto out = read_all(sp.stdout_fd);
+  {
+    std::lock_guard lk(mu);
+    spawned = true;
+  }
+  cv.notify_one();
+  other.join();
+  int status = 0;
+  ASSERT_EQ(::waitpid(sp.pid, &status, 0), sp.pid);
+  EXPECT_EQ(out, "65534\n");
+  EXPECT_EQ(::geteuid(), 0u);
+  EXPECT_EQ(::getegid(), 0u);
+  EXPECT_EQ(thread_euid, 0u);
+  ::close(sp.stdout_fd);
+  ::close(sp.stderr_fd);
 }
