@@ -57,6 +57,9 @@ set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_EXTRA
     ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/postinst ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/prerm
     ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/postrm)
 set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+# Loaded with dlopen when first used (lib/ssh/libssh.cpp, lib/common/systemd.cpp), so
+# dpkg-shlibdeps cannot see them: named here; what the binaries link is appended by shlibdeps.
+set(CPACK_DEBIAN_DDPCTL_PACKAGE_DEPENDS "libssh-4 | libssh-gcrypt-4, libsystemd0")
 set(CPACK_DEBIAN_AGENTD_PACKAGE_NAME ddp-agentd)
 set(CPACK_COMPONENT_AGENTD_DESCRIPTION "ddpctl node agent (systemd service)
 ddp-agentd runs on every GPU node and runs a job's workers there for an authenticated
@@ -66,5 +69,6 @@ set(CPACK_DEBIAN_AGENTD_PACKAGE_CONTROL_EXTRA
     ${CMAKE_SOURCE_DIR}/packaging/deb/agentd/conffiles ${CMAKE_SOURCE_DIR}/packaging/deb/agentd/postinst
     ${CMAKE_SOURCE_DIR}/packaging/deb/agentd/prerm ${CMAKE_SOURCE_DIR}/packaging/deb/agentd/postrm)
 set(CPACK_DEBIAN_AGENTD_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+set(CPACK_DEBIAN_AGENTD_PACKAGE_DEPENDS "libsystemd0")  # dlopen'd when first used, as above
 
 include(CPack)

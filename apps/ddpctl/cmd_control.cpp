@@ -149,8 +149,13 @@ std::optional<Target> find_job(const ControlArgs& a, const char* cmd, int& rc, b
       return -1;
     }
     const int fd = dial(path);
-    // A launcher that was SIGKILLed left its socket; nobody listens there any more.
-    if (fd < 0 && errno == ECONNREFUSED) ::unlink(path.c_str());
+    // A launcher that was SIGKILLed left its socket; nobody listens there any more (unless it
+    // is a launcher between bind() and listen(): remove_if_stale tells them apart).
+    if (fd < 0 && errno == ECONNREFUSED) {
+      const int e = errno;
+      control::remove_if_stale(path);
+      errno = e;
+    }
     return fd;
   };
   // The running jobs the name may mean (ids it begins): only their sockets are dialled.

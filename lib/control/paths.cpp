@@ -93,17 +93,54 @@ std::vector<std::string> sweep_stale_sockets(const std::string& dir) {
     } catch (const ControlError&) {
       continue;
     }
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) break;
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-    // Non-blocking: a live launcher with a full backlog answers EAGAIN, not ECONNREFUSED.
-    const bool refused = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 && errno == ECONNREFUSED;
-    ::close(fd);
-    if (refused && ::unlink(path.c_str()) == 0) removed.push_back(job);
+    if (remove_if_stale(path)) removed.push_back(job);
   }
   return removed;
+}
+
+namespace {
+
+// Whether a socket of this network namespace is bound to `path` (/proc/net/unix, whose last
+// column is the bound path). Read in bounded pieces; a line too long to be ours is skipped.
+bool bound_in_proc_net_unix(const std::string& path) {
+  const int fd = ::open("/proc/net/unix", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  constexpr std::size_t kMaxBytes = 64u << 20;
+  const std::string tail = " " + path;
+  std::string line;
+  bool found = false;
+  char buf[16 * 1024];
+  std::size_t total = 0;
+  for (ssize_t n; !found && total < kMaxBytes && (n = ::read(fd, buf, sizeof buf)) > 0;) {
+    total += static_cast<std::size_t>(n);
+    for (ssize_t i = 0; i < n && !found; ++i) {
+      if (buf[i] != '\n') {
+        if (line.size() <= 4096) line.push_back(buf[i]);
+        continue;
+      }
+      found = line.ends_with(tail);
+      line.clear();
+    }
+  }
+  ::close(fd);
+  return found;
+}
+
+}  // namespace
+
+bool remove_if_stale(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return false;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  // Non-blocking: a live launcher with a full backlog answers EAGAIN, not ECONNREFUSED.
+  const bool refused = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 && errno == ECONNREFUSED;
+  ::close(fd);
+  // Refused: a dead launcher's file, or a live one's between bind() and listen().
+  if (!refused || bound_in_proc_net_unix(path)) return false;
+  return ::unlink(path.c_str()) == 0;
 }
 
 std::string records_dir() {

@@ -35,6 +35,12 @@ std::vector<std::string> socket_jobs(const std::string& dir);
 // stays. Returns the job ids removed. Every launcher sweeps its folder when it opens its own.
 std::vector<std::string> sweep_stale_sockets(const std::string& dir);
 
+// Removes the socket file at `path` when it is a dead launcher's: a connect is refused and no
+// socket of this network namespace is bound to the path (/proc/net/unix). A launcher that has
+// bound its socket but not yet called listen() refuses connections too, and keeps its socket.
+// True when it removed the file.
+bool remove_if_stale(const std::string& path);
+
 // A job's last word, left when it ends (`<job-id>.ended`, 0600, in records_dir()): how it ended
 // and where its logs and result are, so that `ddpctl status|logs JOB` still answer once the job
 // and its launcher (a detached one, say) are gone. Not beside the socket: the runtime folder

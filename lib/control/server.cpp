@@ -11,11 +11,8 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
-#include <cerrno>
 
-#include <atomic>
 #include <deque>
 #include <filesystem>
 
@@ -120,36 +117,14 @@ Server::Server(asio::io_context& io, std::string path, Provider provider)
     forget_ended(records_dir(), job_id_);
   } catch (const ControlError&) {
   }
-  // Bound and listening under a temporary name first, then linked into place: a socket that is
-  // bound but not yet listening refuses connections, and `ddpctl status` (like the sweep above)
-  // removes a refusing socket as a dead launcher's. link() also never replaces a socket a second
-  // launcher of the same id put there since the check above.
-  // (A folder so long that the temporary name does not fit in sun_path: bound in place.)
-  static std::atomic<unsigned> serial{0};
-  auto tmp =
-      fmt::format("{}/.{:x}-{:x}.t", slash == std::string::npos ? "." : path_.substr(0, slash), ::getpid(), serial++);
-  if (tmp.size() >= sizeof(sockaddr_un{}.sun_path)) tmp = path_;
-  const bool linked = tmp != path_;
-  if (linked) ::unlink(tmp.c_str());
   acceptor_.open(stream_protocol(), ec);
   if (!ec) {
     const mode_t old = ::umask(077);  // the socket is born 0700 (then 0600), never briefly open
-    acceptor_.bind(stream_protocol::endpoint(tmp), ec);
+    acceptor_.bind(stream_protocol::endpoint(path_), ec);
     ::umask(old);
   }
-  if (!ec && ::chmod(tmp.c_str(), 0600) != 0) ec.assign(errno, boost::system::system_category());
+  if (!ec && ::chmod(path_.c_str(), 0600) != 0) ec.assign(errno, boost::system::system_category());
   if (!ec) acceptor_.listen(16, ec);
-  if (linked) {
-    if (!ec && ::link(tmp.c_str(), path_.c_str()) != 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      if (e == EEXIST) {
-        throw ControlError(fmt::format("another ddpctl already runs job {} (control socket {})", job_id_, path_));
-      }
-      ec.assign(e, boost::system::system_category());
-    }
-    ::unlink(tmp.c_str());
-  }
   if (ec) throw ControlError(fmt::format("cannot listen on {}: {}", path_, ec.message()));
   if (::lstat(path_.c_str(), &st) == 0) inode_ = st.st_ino;
   accept();

@@ -252,12 +252,14 @@ TEST(ControlPaths, SweepRemovesOnlySocketsNobodyListensOn) {
   const int dead = bound("dead-job", false);
   ::close(dead);  // the file stays, as after a SIGKILL
   const int live = bound("live-job", true);
+  const int starting = bound("starting-job", false);  // bound, not yet listening: refuses, and stays
   std::ofstream(d.p / "notes.sock") << "not a socket\n";
-  EXPECT_EQ(socket_jobs(d.p.string()), (std::vector<std::string>{"dead-job", "live-job"}));
+  EXPECT_EQ(socket_jobs(d.p.string()), (std::vector<std::string>{"dead-job", "live-job", "starting-job"}));
   EXPECT_EQ(sweep_stale_sockets(d.p.string()), std::vector<std::string>{"dead-job"});
-  EXPECT_EQ(socket_jobs(d.p.string()), std::vector<std::string>{"live-job"});
+  EXPECT_EQ(socket_jobs(d.p.string()), (std::vector<std::string>{"live-job", "starting-job"}));
   EXPECT_TRUE(std::filesystem::exists(d.p / "notes.sock"));
   ::close(live);
+  ::close(starting);
 }
 
 // end(): with no client connected, the server leaves nothing for the loop to wait on (the
@@ -314,7 +316,8 @@ TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
 // `ddpctl status` (and a starting launcher's sweep) removes a socket that refuses connections as
 // a dead launcher's. A socket bound but not yet listening refuses too: a status at the moment a
 // job starts must not take its control socket away. Found as a flake of test_stacks_nodes, whose
-// polling `ddpctl stacks` removed the coordinator's socket between bind and listen.
+// polling `ddpctl stacks` removed the coordinator's socket between bind and listen. The thread
+// below does what apps/ddpctl/cmd_control.cpp does with every socket it finds.
 namespace {
 // A non-blocking dial, as the ddpctl client's: -1 with errno set when it is refused or gone; a
 // full backlog (nobody accepts in this test) answers EAGAIN and is counted as there.
@@ -335,14 +338,12 @@ TEST(ControlServer, AStatusWhileAJobStartsLeavesItsSocketInPlace) {
   TempDir d;
   ::setenv("XDG_STATE_HOME", (d.p / "state").c_str(), 1);
   std::atomic<bool> done{false};
-  std::thread status([&] {  // what apps/ddpctl/cmd_control.cpp does for every socket it finds
+  std::thread status([&] {
     while (!done) {
       for (const auto& id : socket_jobs(d.p.string())) {
         const auto path = socket_path(d.p.string(), id);
         const int fd = dial(path);
-        if (fd < 0 && errno == ECONNREFUSED) {
-          ::unlink(path.c_str());
-        }
+        if (fd < 0 && errno == ECONNREFUSED) remove_if_stale(path);
         if (fd >= 0) ::close(fd);
       }
     }
@@ -366,9 +367,6 @@ TEST(ControlServer, AStatusWhileAJobStartsLeavesItsSocketInPlace) {
   status.join();
   EXPECT_EQ(lost, 0) << "launchers whose control socket was removed while they started";
   EXPECT_EQ(refused, 0) << "launchers that could not listen";
-  for (const auto& e : std::filesystem::directory_iterator(d.p)) {
-    EXPECT_FALSE(e.path().filename().string().ends_with(".t")) << "a temporary socket name left: " << e.path();
-  }
   ::unsetenv("XDG_STATE_HOME");
 }
 
