@@ -409,7 +409,11 @@ class Coordinator {
       // the same wakeup, the reply carrying the TCP ACK of its beat, instead of a beat of our own
       // and a bare ACK at another moment (bench/rendezvous/loopback_floor --reply: a quarter less
       // CPU for the coordinator at 4096 nodes). heartbeat() still beats to any node not answered.
-      beat(n, std::chrono::steady_clock::now());
+      // At most one answer per half interval: an agent that beats faster (or floods) gets no
+      // more of our sends than a normal one.
+      if (const auto at = std::chrono::steady_clock::now(); at - n.beat_at >= opts_.heartbeat_interval / 2) {
+        beat(n, at);
+      }
       if (n.joined) handle(rdzv::Heartbeat{n.entry.name});
       return;
     }

@@ -394,6 +394,7 @@ class LocalLauncher {
         io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id, opts_.spec.container.has_value(),
         std::nullopt, [this, node, attempt, plan](std::optional<NcclHolder> h, std::string error) mutable {
           holder_wait_.reset();
+          if (!*plan) return;  // the plan failed (and said so) after the holder was started
           if (!error.empty()) throw LaunchError(error);
           if (h) {
             holder_.emplace(std::move(*h));
@@ -403,7 +404,13 @@ class LocalLauncher {
           start_workers(std::move(node), std::move(**plan), attempt);
         });
     // start() never calls back from inside itself: the plan is here before the callback runs.
-    *plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
+    // A plan that cannot be made ends the wait first: its callback may not run without one.
+    try {
+      *plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
+    } catch (...) {
+      holder_wait_.reset();
+      throw;
+    }
   }
 
   void start_workers(contract::NodeContext node, contract::Plan plan, int attempt) {

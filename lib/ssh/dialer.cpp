@@ -157,9 +157,12 @@ Dialer::Dialer(asio::io_context& io, DialerOptions options)
   utsname u{};
   ::uname(&u);
   our_arch_ = u.machine;
-  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) throw std::runtime_error(fmt::format("eventfd: {}", std::strerror(errno)));
+  // libssh is loaded here, in the caller's context: a node's thread that found it missing could
+  // only end the process.
+  libssh();
   if (opts_.connect_back) listener_ = std::make_unique<net::CallbackListener>(io_, opts_.connect_back->port);
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  // last: nothing after it throws
+  if (wake_fd_ < 0) throw std::runtime_error(fmt::format("eventfd: {}", std::strerror(errno)));
 }
 
 Dialer::~Dialer() {

@@ -80,10 +80,15 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
         log(ddp::log::get("store")),
         state(opts.limits, opts.totals) {}
 
+  // Waits for a new connection. epoll wakes the wait on an arrival, not for a backlog already
+  // queued: it is entered only once accept_now() has seen the queue empty.
   void do_accept();
-  // Empties the accept queue (up to kAcceptBatch); false when accepting failed for a reason
-  // other than an empty queue (out of descriptors: the caller waits before trying again).
-  bool drain_accept_queue();
+  // Drains the queue now; then waits (queue empty), drains again (a full batch: more may be
+  // queued), or retries after a pause (out of descriptors).
+  void accept_now();
+  enum class Drained { empty, more, failed };
+  // Takes up to kAcceptBatch connections off the accept queue.
+  Drained drain_accept_queue();
   void on_accept(Loop& target, tcp::socket sock, const tcp::endpoint& peer);
   // Drops every connection: they leave the map and the state now; their sockets close on
   // their own threads. Under no lock.
@@ -504,26 +509,48 @@ void Server::Impl::do_accept() {
   // kernel's queue before any is looked at (kAcceptBatch).
   acceptor.async_wait(tcp::acceptor::wait_read, [self = shared_from_this()](const error_code& ec) {
     if (!self->running || ec == asio::error::operation_aborted) return;
-    if (!ec && self->drain_accept_queue()) return self->do_accept();
-    // Out of descriptors: the connections stay in the backlog; try again shortly rather than
-    // spin on a listener that stays readable.
-    std::size_t open;
-    {
-      std::lock_guard lk(self->mu);
-      open = self->conns.size();
+    if (ec) {
+      self->log->warn("store accept wait failed: {}", ec.message());
+      self->accept_retry.expires_after(std::chrono::milliseconds(100));
+      self->accept_retry.async_wait([self](const error_code& e) {
+        if (!e && self->running) self->accept_now();
+      });
+      return;
     }
-    self->log->warn("store accept failed: {} ({} connections open)",
-                    ec ? ec.message() : std::string(std::strerror(errno)), open);
-    self->accept_retry.expires_after(std::chrono::milliseconds(100));
-    self->accept_retry.async_wait([self](const error_code& e) {
-      if (!e && self->running) self->do_accept();
-    });
+    self->accept_now();
   });
 }
 
-bool Server::Impl::drain_accept_queue() {
+void Server::Impl::accept_now() {
+  switch (drain_accept_queue()) {
+    case Drained::empty:
+      return do_accept();
+    case Drained::more:  // a whole batch: others may wait in the queue, and no arrival wakes us
+      asio::post(acceptor.get_executor(), [self = shared_from_this()] {
+        if (self->running) self->accept_now();
+      });
+      return;
+    case Drained::failed:
+      break;
+  }
+  // Out of descriptors: the connections stay in the backlog; try again shortly (accepting,
+  // not waiting: the backlog is already there) rather than spin on a listener that stays
+  // readable.
+  std::size_t open;
+  {
+    std::lock_guard lk(mu);
+    open = conns.size();
+  }
+  log->warn("store accept failed: {} ({} connections open)", std::strerror(errno), open);
+  accept_retry.expires_after(std::chrono::milliseconds(100));
+  accept_retry.async_wait([self = shared_from_this()](const error_code& e) {
+    if (!e && self->running) self->accept_now();
+  });
+}
+
+Server::Impl::Drained Server::Impl::drain_accept_queue() {
   accepted.clear();
-  bool ok = true;
+  Drained result = Drained::more;
   while (accepted.size() < static_cast<std::size_t>(kAcceptBatch)) {
     sockaddr_storage sa{};
     socklen_t len = sizeof sa;
@@ -531,7 +558,7 @@ bool Server::Impl::drain_accept_queue() {
         ::accept4(acceptor.native_handle(), reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;  // a client that gave up while queued
-      ok = errno == EAGAIN || errno == EWOULDBLOCK;
+      result = errno == EAGAIN || errno == EWOULDBLOCK ? Drained::empty : Drained::failed;
       break;
     }
     tcp::endpoint peer;
@@ -554,7 +581,7 @@ bool Server::Impl::drain_accept_queue() {
     on_accept(target, std::move(sock), peer);
   }
   errno = saved;
-  return ok;
+  return result;
 }
 
 // On the caller's thread; the socket has no operation pending yet, so its loop's thread does
