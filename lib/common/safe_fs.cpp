@@ -187,6 +187,39 @@ void remove_in(const Dir& dir, const std::string& name) noexcept {
   ::unlinkat(dir.fd(), name.c_str(), 0);
 }
 
+namespace {
+
+// `name` under `dirfd`, opened to read without following a link or blocking on a FIFO, if it is
+// a regular file with one name that belongs to `owner_uid` (`owner` names that uid in the
+// refusal). Not open: `missing`, or `reason` says why. What both readers below share.
+struct Checked {
+  Fd fd;
+  bool missing = false;
+  std::string reason;
+  struct stat st {};
+};
+Checked open_checked(int dirfd, const std::string& name, uid_t owner_uid, std::string_view owner) {
+  Checked c;
+  Fd fd(::openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!fd) {
+    c.missing = errno == ENOENT;
+    c.reason = why_not_opened(errno);
+  } else if (::fstat(fd.get(), &c.st) != 0) {
+    c.reason = std::strerror(errno);
+  } else if (!S_ISREG(c.st.st_mode)) {
+    c.reason = "it is not a regular file";
+  } else if (c.st.st_nlink != 1) {
+    c.reason = fmt::format("it has {} names (a hard link)", c.st.st_nlink);
+  } else if (c.st.st_uid != owner_uid) {
+    c.reason = fmt::format("it belongs to uid {}, not to {}", c.st.st_uid, owner);
+  } else {
+    c.fd = std::move(fd);
+  }
+  return c;
+}
+
+}  // namespace
+
 OpenResult open_in_folder_to_read(const std::string& path) noexcept {
   OpenResult r;
   try {
@@ -205,24 +238,10 @@ OpenResult open_in_folder_to_read(const std::string& path) noexcept {
       r.reason = std::strerror(errno);
       return r;
     }
-    Fd fd(::openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-    if (!fd) {
-      r.missing = errno == ENOENT;
-      r.reason = why_not_opened(errno);
-      return r;
-    }
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) {
-      r.reason = std::strerror(errno);
-    } else if (!S_ISREG(st.st_mode)) {
-      r.reason = "it is not a regular file";
-    } else if (st.st_nlink != 1) {
-      r.reason = fmt::format("it has {} names (a hard link)", st.st_nlink);
-    } else if (st.st_uid != dst.st_uid) {
-      r.reason = fmt::format("it belongs to uid {}, not to its folder's owner (uid {})", st.st_uid, dst.st_uid);
-    } else {
-      r.fd = std::move(fd);
-    }
+    auto c = open_checked(dir.get(), name, dst.st_uid, fmt::format("its folder's owner (uid {})", dst.st_uid));
+    r.fd = std::move(c.fd);
+    r.missing = c.missing;
+    r.reason = std::move(c.reason);
   } catch (const std::exception& e) {  // a bad name (FsError), or no memory for a message
     r.reason = e.what();
   }
@@ -238,33 +257,23 @@ ReadResult read_owned(const Dir& dir, const std::string& name, uid_t owner_uid, 
     r.reason = e.what();
     return r;
   }
-  const int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return r;
+  Checked c;
+  try {
+    c = open_checked(dir.fd(), name, owner_uid, fmt::format("uid {}", owner_uid));
+  } catch (const std::exception& e) {  // no memory for a message
     r.kind = ReadResult::Kind::refused;
-    r.reason = why_not_opened(errno);
+    r.reason = e.what();
     return r;
   }
-  Fd f(fd);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
+  if (c.missing) return r;
+  if (!c.fd) {
     r.kind = ReadResult::Kind::refused;
-    r.reason = std::strerror(errno);
+    r.reason = std::move(c.reason);
     return r;
   }
+  const int fd = c.fd.get();
+  const struct stat& st = c.st;
   r.kind = ReadResult::Kind::refused;
-  if (!S_ISREG(st.st_mode)) {
-    r.reason = "it is not a regular file";
-    return r;
-  }
-  if (st.st_nlink != 1) {
-    r.reason = fmt::format("it has {} names (a hard link)", st.st_nlink);
-    return r;
-  }
-  if (st.st_uid != owner_uid) {
-    r.reason = fmt::format("it belongs to uid {}, not to uid {}", st.st_uid, owner_uid);
-    return r;
-  }
   r.size = static_cast<std::uint64_t>(st.st_size);
   if (r.size > max_bytes) {
     r.kind = ReadResult::Kind::too_big;

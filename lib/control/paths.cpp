@@ -130,6 +130,8 @@ bool bound_in_proc_net_unix(const std::string& path) {
 
 bool remove_if_stale(const std::string& path) {
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return false;
+  struct stat before {};
+  if (::lstat(path.c_str(), &before) != 0) return false;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return false;
   sockaddr_un sa{};
@@ -140,6 +142,9 @@ bool remove_if_stale(const std::string& path) {
   ::close(fd);
   // Refused: a dead launcher's file, or a live one's between bind() and listen().
   if (!refused || bound_in_proc_net_unix(path)) return false;
+  // Still the file that refused: not one a new launcher of the same job id bound meanwhile.
+  struct stat now {};
+  if (::lstat(path.c_str(), &now) != 0 || now.st_ino != before.st_ino || now.st_dev != before.st_dev) return false;
   return ::unlink(path.c_str()) == 0;
 }
 
