@@ -356,12 +356,20 @@ def test_the_agents_lines_in_the_journal_carry_the_job_and_rank(box):
     box.ok(f"cat > /root/journal.yaml <<'EOF'\n{job}EOF")
     r = box.sh("cd /root && timeout 120 ddpctl launch --nodes 127.0.0.1 --token-file /etc/ddpctl/token journal.yaml",
                timeout=150)
-    assert r.returncode not in (0, 124), r.stdout + r.stderr
-    # journald takes datagrams asynchronously: --sync waits until it wrote what it was sent.
-    out = box.ok("journalctl --sync && journalctl -o json --no-pager _SYSTEMD_UNIT=ddp-agentd.service DDP_RANK=1")
-    entries = [json.loads(line) for line in out.splitlines()]
-    failed = [e for e in entries if e.get("DDP_JOB_ID", "").startswith("journal-")]
-    assert len(failed) == 1, out
+    launched = r.stdout + r.stderr
+    assert r.returncode not in (0, 124), launched
+    assert re.search(r"first failure: rank 1 \(.*\) exited with code 3", launched), launched
+    # journald reads its socket asynchronously, and `journalctl --sync` on systemd 252 can return
+    # before a datagram still queued there is written: look again until the line is there.
+    deadline = time.monotonic() + 20
+    while True:
+        out = box.ok("journalctl --sync && journalctl -o json --no-pager _SYSTEMD_UNIT=ddp-agentd.service DDP_RANK=1")
+        entries = [json.loads(line) for line in out.splitlines()]
+        failed = [e for e in entries if e.get("DDP_JOB_ID", "").startswith("journal-")]
+        if failed or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(failed) == 1, (out, launched, box.sh("journalctl -o short --no-pager -u ddp-agentd -n 40").stdout)
     e = failed[0]
     assert e["DDP_ROUND"] == "1" and e["PRIORITY"] == "4" and e["DDP_SUBSYSTEM"] == "agent", e
     assert "rank 1 exited with code 3" in e["MESSAGE"], e
