@@ -59,6 +59,10 @@ static bool matches(const std::string& name, const std::string& pattern) {
 }
 
 bool is_scrubbed(const std::string& name) {
+  // MCA parameters are settings, not a launcher's identity: images set them for MPI inside
+  // containers (OMPI_MCA_btl_vader_single_copy_mechanism=none, PMIX_MCA_gds=hash), and torchrun
+  // passes them on.
+  if (starts_with(name, "OMPI_MCA_") || starts_with(name, "PMIX_MCA_")) return false;
   for (const auto& p : scrubbed_variables()) {
     if (matches(name, p)) return true;
   }
@@ -192,6 +196,7 @@ Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env&
   env["TORCHELASTIC_RUN_ID"] = node.job_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = node.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = rank_error_file(node.attempt_dir, rank);
+  env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = kSignalsToHandle;
   env["DDP_JOB_ID"] = node.job_id;
   env["DDP_NODE"] = node.node_name;
   env["DDP_NODE_RANK"] = std::to_string(node.node_rank);

@@ -47,6 +47,11 @@ struct NodeContext {
   std::optional<std::string> torch_version;
 };
 
+// TORCHELASTIC_SIGNALS_TO_HANDLE: the signals on which the launcher stops the job. torchrun
+// (2.x's `--signals-to-handle`) sets it in its own environment, so every worker inherits it; its
+// default is these four, and ddpctl stops on the same four (SIGUSR1/SIGUSR2 it passes on).
+inline constexpr const char* kSignalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+
 // PyTorch's release as {major, minor} from a version string ("2.2.0a0+git", "1.13.1"); nullopt
 // when it does not start with two dotted numbers.
 struct TorchRelease {

@@ -125,6 +125,7 @@ class Coordinator {
       signals_.add(SIGINT);
       signals_.add(SIGTERM);
       signals_.add(SIGHUP);
+      signals_.add(SIGQUIT);
       wait_signals();
       user_signals_.add(SIGUSR1);
       user_signals_.add(SIGUSR2);

@@ -451,7 +451,7 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
     note(d, NoteKind::ignored,
          d == "log_line_prefix_template" ? "each line starts with [RANK]"
          : d == "local_addr"             ? "one node: the store is on 127.0.0.1"
-         : d == "signals_to_handle" ? "ddpctl passes SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on to the workers"
+         : d == "signals_to_handle" ? "ddpctl stops the job on SIGTERM, SIGINT, SIGHUP and SIGQUIT, as TORCHELASTIC_SIGNALS_TO_HANDLE says, and passes SIGUSR1 and SIGUSR2 on"
                                     : "ddpctl writes its own logs");
   }
   if (has("numa_binding")) {

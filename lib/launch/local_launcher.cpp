@@ -226,7 +226,9 @@ class LocalLauncher {
         user_signals_(io_, SIGUSR1, SIGUSR2),
         sigchld_(io_, SIGCHLD),
         backoff_timer_(io_),
-        log_(log::get("launch")) {}
+        log_(log::get("launch")) {
+    signals_.add(SIGQUIT);
+  }
 
   int run() {
     // Resolve everything that can be wrong before a single worker starts.
@@ -601,7 +603,7 @@ class LocalLauncher {
     });
   }
 
-  // Ctrl-C, SIGTERM, SIGHUP, or `ddpctl stop` (as SIGTERM) from another terminal.
+  // Ctrl-C, SIGTERM, SIGHUP, SIGQUIT (torchrun's four: contract::kSignalsToHandle), or `ddpctl stop` (as SIGTERM) from another terminal.
   void stop_job(int sig, const std::string& what) {
     if (done_) return;
     if (stop_signal_) {

@@ -125,7 +125,10 @@ def test_restarts_run_out(tmp_path):
     assert "failed after 2 restarts" in r.stderr
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# The four torchrun stops on (its TORCHELASTIC_SIGNALS_TO_HANDLE); SIGQUIT's default would dump
+# ddpctl's core and leave the workers to their death signal.
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129),
+                                      (signal.SIGQUIT, 131)])
 def test_stop_signal_stops_job_without_spending_a_restart(tmp_path, sig, code):
     job = py_job(tmp_path, """
 import os, time

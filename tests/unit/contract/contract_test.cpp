@@ -42,6 +42,8 @@ TEST(Contract, TorchrunVariables) {
   EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job-1");
   EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
   EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], "/logs/job-1/attempt-2/rank-3.error.json");
+  // torchrun 2.x's default, which every worker it starts inherits (found on the H200 against 2.11).
+  EXPECT_EQ(env["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   EXPECT_EQ(env["DDP_JOB_ID"], "job-1");
   EXPECT_EQ(env["DDP_NODE"], "vm");
   EXPECT_EQ(env["PATH"], "/usr/bin");
@@ -135,6 +137,11 @@ TEST(Contract, ScrubListIsNotEmptyAndMatchesPrefixes) {
   EXPECT_FALSE(is_scrubbed("RANKING"));
   EXPECT_FALSE(is_scrubbed("PATH"));
   EXPECT_FALSE(is_scrubbed("CUDA_VISIBLE_DEVICES"));
+  // An MPI launcher's identity goes; the image's MPI settings stay, as under torchrun.
+  EXPECT_TRUE(is_scrubbed("OMPI_COMM_WORLD_RANK"));
+  EXPECT_TRUE(is_scrubbed("PMIX_RANK"));
+  EXPECT_FALSE(is_scrubbed("OMPI_MCA_btl_vader_single_copy_mechanism"));
+  EXPECT_FALSE(is_scrubbed("PMIX_MCA_gds"));
 }
 
 TEST(Contract, ForwardPatterns) {
