@@ -57,9 +57,10 @@ set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_EXTRA
     ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/postinst ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/prerm
     ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/postrm)
 set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_STRICT_PERMISSION ON)
-# Loaded with dlopen when first used (lib/ssh/libssh.cpp, lib/common/systemd.cpp), so
-# dpkg-shlibdeps cannot see them: named here; what the binaries link is appended by shlibdeps.
-set(CPACK_DEBIAN_DDPCTL_PACKAGE_DEPENDS "libssh-4 | libssh-gcrypt-4, libsystemd0")
+# Loaded with dlopen when first used (lib/ssh/libssh.cpp, lib/common/systemd.cpp,
+# lib/stacks/libdw_dlopen.cpp), so dpkg-shlibdeps cannot see them: named here; what the binaries
+# link is appended by shlibdeps.
+set(CPACK_DEBIAN_DDPCTL_PACKAGE_DEPENDS "libssh-4 | libssh-gcrypt-4, libsystemd0, libdw1")
 set(CPACK_DEBIAN_AGENTD_PACKAGE_NAME ddp-agentd)
 set(CPACK_COMPONENT_AGENTD_DESCRIPTION "ddpctl node agent (systemd service)
 ddp-agentd runs on every GPU node and runs a job's workers there for an authenticated

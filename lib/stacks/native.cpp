@@ -3,9 +3,9 @@
 
 #ifdef DDP_HAVE_LIBDW
 #include "stacks/elf.hpp"
+#include "stacks/libdw.hpp"
 
 #include <cxxabi.h>
-#include <elfutils/libdwfl.h>
 #include <fcntl.h>
 #include <sys/ptrace.h>
 #include <sys/uio.h>
@@ -52,18 +52,26 @@ NativeRead unwind_native(pid_t pid, NativeCapture, const NativeLimits& limits) {
 
 namespace {
 
+// libdw's table, loaded by then: every entry point below checks libdw() first.
+const Libdw& dw() {
+  return *libdw();
+}
+
 char* debuginfo_path = nullptr;
 // dwfl_standard_find_debuginfo looks in the module itself, then /usr/lib/debug by build id; it
 // asks a debuginfod server only when DEBUGINFOD_URLS is set (ddpctl clears it: no network).
-const Dwfl_Callbacks callbacks = {
-    .find_elf = dwfl_linux_proc_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
-    .section_address = nullptr,
-    .debuginfo_path = &debuginfo_path,
-};
+const Dwfl_Callbacks* callbacks() {
+  static const Dwfl_Callbacks c = {
+      .find_elf = dw().dwfl_linux_proc_find_elf,
+      .find_debuginfo = dw().dwfl_standard_find_debuginfo,
+      .section_address = nullptr,
+      .debuginfo_path = &debuginfo_path,
+  };
+  return &c;
+}
 
 struct DwflDeleter {
-  void operator()(Dwfl* d) const { dwfl_end(d); }
+  void operator()(Dwfl* d) const { dw().dwfl_end(d); }
 };
 
 #if !defined(__x86_64__)
@@ -80,7 +88,7 @@ int on_frame(Dwfl_Frame* frame, void* arg) {
   auto* c = static_cast<Ctx*>(arg);
   Dwarf_Addr pc = 0;
   bool activation = false;
-  if (!dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
+  if (!dw().dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
   // A return address points after the call: look up the call itself.
   c->current->push_back(activation ? pc : pc - 1);
   if (int(c->current->size()) >= c->limits->max_depth) {
@@ -92,21 +100,21 @@ int on_frame(Dwfl_Frame* frame, void* arg) {
 
 int on_thread(Dwfl_Thread* thread, void* arg) {
   auto* c = static_cast<Ctx*>(arg);
-  const int tid = int(dwfl_thread_tid(thread));
+  const int tid = int(dw().dwfl_thread_tid(thread));
   if (int(c->pcs.size()) >= c->limits->max_threads) return DWARF_CB_ABORT;
   c->current = &c->pcs[tid];
   c->current_truncated = false;
   // dwfl_thread_getframes attaches the thread (PTRACE_ATTACH + wait), unwinds and detaches it:
   // the time around it bounds how long this thread was stopped.
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = dwfl_thread_getframes(thread, on_frame, c);
+  const int rc = dw().dwfl_thread_getframes(thread, on_frame, c);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   c->out->stop_ms[tid] = ms;
   c->out->stop_max_ms = std::max(c->out->stop_max_ms, ms);
   c->out->stop_total_ms += ms;
   c->out->truncated[tid] = c->current_truncated;
   if (rc != 0 && c->current->empty())
-    c->out->errors.push_back("thread " + std::to_string(tid) + ": " + dwfl_errmsg(-1));
+    c->out->errors.push_back("thread " + std::to_string(tid) + ": " + dw().dwfl_errmsg(-1));
   return DWARF_CB_OK;
 }
 
@@ -120,15 +128,15 @@ std::string demangle(const char* name) {
 
 int preload(Dwfl_Module* m, void**, const char*, Dwarf_Addr, void*) {
   Dwarf_Addr bias = 0;
-  dwfl_module_getelf(m, &bias);
-  dwfl_module_eh_cfi(m, &bias);
+  dw().dwfl_module_getelf(m, &bias);
+  dw().dwfl_module_eh_cfi(m, &bias);
   return DWARF_CB_OK;
 }
 
 }  // namespace
 
 bool native_available() {
-  return true;
+  return libdw() != nullptr;
 }
 
 namespace {
@@ -161,15 +169,15 @@ std::vector<Frame> symbolise(Dwfl* dwfl, const std::vector<std::uint64_t>& pcs) 
     Frame f;
     f.kind = Frame::Kind::native;
     f.function = "??";
-    if (Dwfl_Module* m = dwfl_addrmodule(dwfl, pc)) {
+    if (Dwfl_Module* m = dw().dwfl_addrmodule(dwfl, pc)) {
       const char* mainfile = nullptr;
-      const char* modname = dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, &mainfile, nullptr);
+      const char* modname = dw().dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, &mainfile, nullptr);
       std::string file = mainfile ? mainfile : (modname ? modname : "");
       if (auto slash = file.rfind('/'); slash != std::string::npos) file = file.substr(slash + 1);
       f.file = file;
       GElf_Off off = 0;
       GElf_Sym sym;
-      if (const char* name = dwfl_module_addrinfo(m, pc, &off, &sym, nullptr, nullptr, nullptr)) {
+      if (const char* name = dw().dwfl_module_addrinfo(m, pc, &off, &sym, nullptr, nullptr, nullptr)) {
         f.function = demangle(name);
         f.offset = off;
       }
@@ -286,7 +294,7 @@ bool snap_set_initial_registers(Dwfl_Thread* thread, void* thread_arg) {
   // DWARF register numbers of x86-64 (System V psABI): rax rdx rcx rbx rsi rdi rbp rsp r8..r15, rip.
   const Dwarf_Word regs[17] = {r.rax, r.rdx, r.rcx, r.rbx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8,
                                r.r9,  r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.rip};
-  return dwfl_thread_state_registers(thread, 0, 17, regs);
+  return dw().dwfl_thread_state_registers(thread, 0, 17, regs);
 }
 
 const Dwfl_Thread_Callbacks snapshot_callbacks = {
@@ -311,10 +319,10 @@ int snap_on_frame(Dwfl_Frame* frame, void* arg) {
   auto* c = static_cast<SnapCtx*>(arg);
   Dwarf_Addr pc = 0;
   bool activation = false;
-  if (!dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
+  if (!dw().dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
   c->current->push_back(activation ? pc : pc - 1);
   if (int(c->current->size()) >= c->limits->max_depth) {
-    c->truncated[int(dwfl_thread_tid(dwfl_frame_thread(frame)))] = true;
+    c->truncated[int(dw().dwfl_thread_tid(dw().dwfl_frame_thread(frame)))] = true;
     return DWARF_CB_ABORT;
   }
   return DWARF_CB_OK;
@@ -322,12 +330,12 @@ int snap_on_frame(Dwfl_Frame* frame, void* arg) {
 
 int snap_on_thread(Dwfl_Thread* thread, void* arg) {
   auto* c = static_cast<SnapCtx*>(arg);
-  const int tid = int(dwfl_thread_tid(thread));
+  const int tid = int(dw().dwfl_thread_tid(thread));
   for (const auto& s : *c->state->snaps)
     if (s.tid == tid) c->state->current = &s;
   c->current = &c->pcs[tid];
-  if (dwfl_thread_getframes(thread, snap_on_frame, c) != 0 && c->current->empty())
-    c->errors.push_back("thread " + std::to_string(tid) + ": " + dwfl_errmsg(-1));
+  if (dw().dwfl_thread_getframes(thread, snap_on_frame, c) != 0 && c->current->empty())
+    c->errors.push_back("thread " + std::to_string(tid) + ": " + dw().dwfl_errmsg(-1));
   return DWARF_CB_OK;
 }
 
@@ -369,12 +377,12 @@ void unwind_from_snapshots(Dwfl* dwfl, pid_t pid, const NativeLimits& limits, Na
                            NativeRead& out) {
   auto& snaps = cap.snaps;
   SnapshotState state{pid, &snaps, 0, nullptr};
-  if (!dwfl_attach_state(dwfl, nullptr, pid, &snapshot_callbacks, &state)) {
-    out.errors.push_back(std::string("native stacks: dwfl_attach_state: ") + dwfl_errmsg(-1));
+  if (!dw().dwfl_attach_state(dwfl, nullptr, pid, &snapshot_callbacks, &state)) {
+    out.errors.push_back(std::string("native stacks: dwfl_attach_state: ") + dw().dwfl_errmsg(-1));
     return;
   }
   SnapCtx ctx{&state, &limits, {}, {}, {}};
-  dwfl_getthreads(dwfl, snap_on_thread, &ctx);
+  dw().dwfl_getthreads(dwfl, snap_on_thread, &ctx);
   for (auto& e : ctx.errors) out.errors.push_back("native stacks: " + e);
   for (auto& [tid, pcs] : ctx.pcs) {
     out.threads[tid] = symbolise(dwfl, pcs);
@@ -394,6 +402,7 @@ namespace {
 
 NativeCapture capture_native(pid_t pid, const NativeLimits& limits) {
   NativeCapture c;
+  if (!libdw()) return c;  // nothing could unwind what stopping the threads would capture
 #if defined(__x86_64__)
   take_snapshots(pid, limits, *c.impl);
 #else
@@ -405,31 +414,35 @@ NativeCapture capture_native(pid_t pid, const NativeLimits& limits) {
 
 NativeRead unwind_native(pid_t pid, NativeCapture capture, const NativeLimits& limits) {
   NativeRead out = std::move(capture.impl->partial);
-  std::unique_ptr<Dwfl, DwflDeleter> dwfl(dwfl_begin(&callbacks));
-  if (!dwfl) {
-    out.errors.push_back(std::string("native stacks: dwfl_begin: ") + dwfl_errmsg(-1));
+  if (!libdw()) {
+    out.errors.push_back(libdw_error());
     return out;
   }
-  dwfl_report_begin(dwfl.get());
-  if (int e = dwfl_linux_proc_report(dwfl.get(), pid); e != 0) {
+  std::unique_ptr<Dwfl, DwflDeleter> dwfl(dw().dwfl_begin(callbacks()));
+  if (!dwfl) {
+    out.errors.push_back(std::string("native stacks: dwfl_begin: ") + dw().dwfl_errmsg(-1));
+    return out;
+  }
+  dw().dwfl_report_begin(dwfl.get());
+  if (int e = dw().dwfl_linux_proc_report(dwfl.get(), pid); e != 0) {
     out.errors.push_back("native stacks: cannot read /proc/" + std::to_string(pid) +
                          "/maps: " + std::strerror(e > 0 ? e : EINVAL));
     return out;
   }
-  dwfl_report_end(dwfl.get(), nullptr, nullptr);
-  dwfl_getmodules(dwfl.get(), preload, nullptr, 0);
+  dw().dwfl_report_end(dwfl.get(), nullptr, nullptr);
+  dw().dwfl_getmodules(dwfl.get(), preload, nullptr, 0);
 #if defined(__x86_64__)
   unwind_from_snapshots(dwfl.get(), pid, limits, *capture.impl, out);
 #else
   // Elsewhere libdw attaches each thread itself and holds it for the whole unwind.
-  if (int e = dwfl_linux_proc_attach(dwfl.get(), pid, false); e != 0) {
+  if (int e = dw().dwfl_linux_proc_attach(dwfl.get(), pid, false); e != 0) {
     out.errors.push_back("native stacks: cannot attach to pid " + std::to_string(pid) + ": " +
-                         (e > 0 ? std::strerror(e) : dwfl_errmsg(-1)) + ptrace_hint(e > 0 ? e : EPERM));
+                         (e > 0 ? std::strerror(e) : dw().dwfl_errmsg(-1)) + ptrace_hint(e > 0 ? e : EPERM));
     return out;
   }
   Ctx ctx{dwfl.get(), &limits, &out, {}};
-  if (dwfl_getthreads(dwfl.get(), on_thread, &ctx) < 0 && ctx.pcs.empty())
-    out.errors.push_back(std::string("native stacks: ") + dwfl_errmsg(-1) + ptrace_hint(EPERM));
+  if (dw().dwfl_getthreads(dwfl.get(), on_thread, &ctx) < 0 && ctx.pcs.empty())
+    out.errors.push_back(std::string("native stacks: ") + dw().dwfl_errmsg(-1) + ptrace_hint(EPERM));
   for (auto& [tid, pcs] : ctx.pcs) out.threads[tid] = symbolise(dwfl.get(), pcs);
 #endif
   return out;
