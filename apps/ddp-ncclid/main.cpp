@@ -8,14 +8,14 @@
 //     stdout: exactly one line: the 256-lowercase-hex id + "\n", or "error: <message>\n" and
 //             exit 3. Nothing else is ever written to stdout.
 //     stderr: diagnostics only.
-//     After the id line: alive until EOF on stdin, SIGTERM, SIGINT, or the parent's death
+//     After the id line: alive until EOF on stdin, SIGTERM, SIGINT, SIGHUP, SIGQUIT, or the parent's death
 //     (PR_SET_PDEATHSIG SIGTERM), then exit 0.
 //   ddp-ncclid --decode HEX
 //     a debugging aid: prints the id's bootstrap root as one JSON object
 //     {"family":"ipv4","ip":"127.0.0.1","port":N,"magic":"0x...","endpoint":"127.0.0.1:N"}
 //     and exits 0, or "error: ..." and exit 3. Needs no NCCL.
 //
-// Policy: SIGTERM/SIGINT are blocked before NCCL starts any thread (threads inherit the mask), and
+// Policy: SIGTERM/SIGINT/SIGHUP/SIGQUIT are blocked before NCCL starts any thread (threads inherit the mask), and
 // taken through a signalfd, so they always end in a clean exit 0. The exit is _exit: NCCL's root
 // thread is still running and static destructors must not pull its state from under it.
 #include "common/log.hpp"
@@ -79,12 +79,16 @@ int decode_mode(const std::string& hex) {
   return 0;
 }
 
-// Returns the signalfd for SIGTERM/SIGINT, with both blocked in this (still only) thread.
+// Returns the signalfd for SIGTERM/SIGINT/SIGHUP/SIGQUIT, all blocked in this (still only) thread.
+// The holder is in the launcher's process group: a terminal's Ctrl-C, Ctrl-\ or hangup reaches
+// it too, and must end it cleanly (SIGQUIT's default would dump a core).
 int block_stop_signals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGQUIT);
   if (sigprocmask(SIG_BLOCK, &set, nullptr) != 0) fail(std::string("sigprocmask: ") + std::strerror(errno));
   int fd = signalfd(-1, &set, SFD_CLOEXEC);
   if (fd < 0) fail(std::string("signalfd: ") + std::strerror(errno));

@@ -350,7 +350,7 @@ std::optional<Watchdog> Watchdog::start(const std::vector<std::string>& remove, 
   }
   if (pid == 0) {
     ::setsid();  // out of the launcher's process group: a terminal's Ctrl-C is the launcher's to handle
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_DFL);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -61,8 +61,12 @@ static bool matches(const std::string& name, const std::string& pattern) {
 bool is_scrubbed(const std::string& name) {
   // MCA parameters are settings, not a launcher's identity: images set them for MPI inside
   // containers (OMPI_MCA_btl_vader_single_copy_mechanism=none, PMIX_MCA_gds=hash), and torchrun
-  // passes them on.
-  if (starts_with(name, "OMPI_MCA_") || starts_with(name, "PMIX_MCA_")) return false;
+  // passes them on. Except the ones through which Open MPI's launcher hands each process its
+  // place in its job (ess: vpid, jobid, number of processes; orte/prte: the launcher's address).
+  if (starts_with(name, "OMPI_MCA_") && !starts_with(name, "OMPI_MCA_ess_") && !starts_with(name, "OMPI_MCA_orte_") &&
+      !starts_with(name, "OMPI_MCA_prte_") && !starts_with(name, "OMPI_MCA_pmix_"))
+    return false;
+  if (starts_with(name, "PMIX_MCA_")) return false;
   for (const auto& p : scrubbed_variables()) {
     if (matches(name, p)) return true;
   }

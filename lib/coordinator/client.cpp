@@ -51,11 +51,9 @@ class Submitter {
  public:
   explicit Submitter(SubmitOptions o)
       : opts_(std::move(o)),
-        signals_(io_, SIGINT, SIGTERM, SIGHUP),
+        signals_(io_, SIGINT, SIGTERM, SIGQUIT),
         user_signals_(io_, SIGUSR1, SIGUSR2),
-        log_(log::get("coord")) {
-    signals_.add(SIGQUIT);
-  }
+        log_(log::get("coord")) {}
 
   int run() {
     wait_signals();
@@ -164,9 +162,6 @@ class Submitter {
       // A process status is 0..255; a coordinator's number outside it is no status (2, as any bad answer).
       const auto remote = b.contains("exit_code") ? b["exit_code"].get<std::int64_t>() : 1;
       int code = remote >= 0 && remote <= 255 ? static_cast<int>(remote) : 2;
-      // The stop this submitter asked for reached the ranks as SIGINT or SIGTERM; its own status
-      // says which signal it got (129 for SIGHUP, 131 for SIGQUIT), as a local launch's does.
-      if (stop_sig_ && (code == 128 + SIGINT || code == 128 + SIGTERM)) code = 128 + stop_sig_;
       if (report_lost && code == 0) code = 2;  // the job ran, its report is lost: not a success
       return end(code, code == 2 && !b.contains("report") ? b["message"].get<std::string>() : "");
     }
@@ -201,7 +196,6 @@ class Submitter {
         json stop{{"job_id", opts_.job_id}, {"reason", supervisor::signal_name(sig)}};
         // Version 6: a Ctrl-C reaches the ranks as SIGINT first, as a local launch's does.
         if (conn_->session().version() >= 6) stop["signal"] = sig == SIGINT ? "SIGINT" : "SIGTERM";
-        if (!stop_sig_) stop_sig_ = sig;
         conn_->send(conn_->session().message("stop_job", std::move(stop)));
       } else {
         return end(128 + sig, fmt::format("{} before the job was accepted", supervisor::signal_name(sig)));
@@ -243,7 +237,6 @@ class Submitter {
   SubmitOptions opts_;
   asio::io_context io_;
   asio::signal_set signals_, user_signals_;
-  int stop_sig_ = 0;  // the first signal that made this submitter stop the job
   std::shared_ptr<spdlog::logger> log_;
   supervisor::TerminalSink terminal_;
   std::shared_ptr<Connection> conn_;

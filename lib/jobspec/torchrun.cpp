@@ -451,8 +451,9 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
     note(d, NoteKind::ignored,
          d == "log_line_prefix_template" ? "each line starts with [RANK]"
          : d == "local_addr"             ? "one node: the store is on 127.0.0.1"
-         : d == "signals_to_handle" ? "ddpctl stops the job on SIGTERM, SIGINT, SIGHUP and SIGQUIT, as TORCHELASTIC_SIGNALS_TO_HANDLE says, and passes SIGUSR1 and SIGUSR2 on"
-                                    : "ddpctl writes its own logs");
+         : d == "signals_to_handle"      ? "ddpctl stops the job on SIGTERM, SIGINT, SIGHUP and SIGQUIT, as "
+                                           "TORCHELASTIC_SIGNALS_TO_HANDLE says, and passes SIGUSR1 and SIGUSR2 on"
+                                         : "ddpctl writes its own logs");
   }
   if (has("numa_binding")) {
     const auto& g = given.at("numa_binding");

@@ -127,11 +127,20 @@ Manager::~Manager() {
 std::string Manager::start(const UnitRequest& r) {
   // systemd's socket closes when PID 1 re-executes (an upgrade of systemd): connect again once.
   if (bus_ && sd_bus_is_open(bus_) <= 0) connect();
-  try {
-    return call(r);
-  } catch (const Disconnected&) {
-    connect();
-    return call(r);
+  // PID 1 can answer System.Error.EINTR when a signal interrupted its own work on the call (seen
+  // once in the suite, systemd 252 under systemd-nspawn): the unit did not start, so ask again,
+  // twice. (Should the failed call have left the unit loaded, the next says so in its own error.)
+  for (int tries = 1;; ++tries) {
+    try {
+      try {
+        return call(r);
+      } catch (const Disconnected&) {
+        connect();
+        return call(r);
+      }
+    } catch (const Interrupted& e) {
+      if (tries == 3) throw UnitError(e.what());
+    }
   }
 }
 
@@ -150,9 +159,11 @@ std::string Manager::call(const UnitRequest& r) {
   const int rc = sd_bus_call(bus_, call.m, kTimeoutUsec, &err.e, &reply.m);
   if (rc == -ENOTCONN || rc == -ECONNRESET) throw Disconnected(std::strerror(-rc));
   if (rc < 0) {
-    throw UnitError(fmt::format("systemd refused the job's unit {}: {}{}", r.name,
-                                err.e.name ? fmt::format("{}: ", err.e.name) : "",
-                                err.e.message ? err.e.message : std::strerror(-rc)));
+    auto why = fmt::format("systemd refused the job's unit {}: {}{}", r.name,
+                           err.e.name ? fmt::format("{}: ", err.e.name) : "",
+                           err.e.message ? err.e.message : std::strerror(-rc));
+    if (rc == -EINTR) throw Interrupted(std::move(why));
+    throw UnitError(std::move(why));
   }
   const char* job = nullptr;
   if (sd_bus_message_read(reply.m, "o", &job) < 0 || !job) {

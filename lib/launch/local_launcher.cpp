@@ -603,7 +603,8 @@ class LocalLauncher {
     });
   }
 
-  // Ctrl-C, SIGTERM, SIGHUP, SIGQUIT (torchrun's four: contract::kSignalsToHandle), or `ddpctl stop` (as SIGTERM) from another terminal.
+  // Ctrl-C, SIGTERM, SIGHUP, SIGQUIT (torchrun's four: contract::kSignalsToHandle), or `ddpctl stop` (as SIGTERM) from
+  // another terminal.
   void stop_job(int sig, const std::string& what) {
     if (done_) return;
     if (stop_signal_) {

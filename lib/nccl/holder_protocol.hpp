@@ -20,7 +20,7 @@
 //             failure: "error: <message>\n", then exit status 3 at once.
 //   stderr: human diagnostics (log lines: NCCL version and file, the root's address). Not parsed.
 //   after the id line it stays alive, serving NCCL's bootstrap root, until the first of:
-//           EOF on stdin, SIGTERM, SIGINT, or the death of its parent (PR_SET_PDEATHSIG SIGTERM);
+//           EOF on stdin, SIGTERM, SIGINT, SIGHUP, SIGQUIT, or the death of its parent (PR_SET_PDEATHSIG SIGTERM);
 //           then it exits 0 without tearing down NCCL (the root thread ends with the process).
 //   exit:   0  stopped as asked after serving an id;
 //           3  failure, after the "error: " line (bad flags included) when stdout still works;

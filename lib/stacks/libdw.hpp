@@ -12,28 +12,28 @@
 #include <string>
 
 // Every libdw function native.cpp calls or hands to libdw as a callback.
-#define DDP_LIBDW_FUNCTIONS(X)         \
-  X(dwfl_addrmodule)                   \
-  X(dwfl_attach_state)                 \
-  X(dwfl_begin)                        \
-  X(dwfl_end)                          \
-  X(dwfl_errmsg)                       \
-  X(dwfl_frame_pc)                     \
-  X(dwfl_frame_thread)                 \
-  X(dwfl_getmodules)                   \
-  X(dwfl_getthreads)                   \
-  X(dwfl_linux_proc_attach)            \
-  X(dwfl_linux_proc_find_elf)          \
-  X(dwfl_linux_proc_report)            \
-  X(dwfl_module_addrinfo)              \
-  X(dwfl_module_eh_cfi)                \
-  X(dwfl_module_getelf)                \
-  X(dwfl_module_info)                  \
-  X(dwfl_report_begin)                 \
-  X(dwfl_report_end)                   \
-  X(dwfl_standard_find_debuginfo)      \
-  X(dwfl_thread_getframes)             \
-  X(dwfl_thread_state_registers)       \
+#define DDP_LIBDW_FUNCTIONS(X)    \
+  X(dwfl_addrmodule)              \
+  X(dwfl_attach_state)            \
+  X(dwfl_begin)                   \
+  X(dwfl_end)                     \
+  X(dwfl_errmsg)                  \
+  X(dwfl_frame_pc)                \
+  X(dwfl_frame_thread)            \
+  X(dwfl_getmodules)              \
+  X(dwfl_getthreads)              \
+  X(dwfl_linux_proc_attach)       \
+  X(dwfl_linux_proc_find_elf)     \
+  X(dwfl_linux_proc_report)       \
+  X(dwfl_module_addrinfo)         \
+  X(dwfl_module_eh_cfi)           \
+  X(dwfl_module_getelf)           \
+  X(dwfl_module_info)             \
+  X(dwfl_report_begin)            \
+  X(dwfl_report_end)              \
+  X(dwfl_standard_find_debuginfo) \
+  X(dwfl_thread_getframes)        \
+  X(dwfl_thread_state_registers)  \
   X(dwfl_thread_tid)
 
 namespace ddp::stacks {

@@ -67,9 +67,9 @@ class Env:
         assert address.startswith("unix:path="), address
         return address
 
-    def start_fake_systemd(self, address):
+    def start_fake_systemd(self, address, interrupted_calls=0):
         self.record = self.tmp / "units.jsonl"
-        p = self.popen([FAKE_SYSTEMD, str(self.record)], stdout=subprocess.PIPE, text=True,
+        p = self.popen([FAKE_SYSTEMD, str(self.record), str(interrupted_calls)], stdout=subprocess.PIPE, text=True,
                        env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=address))
         assert p.stdout.readline().strip() == "ready"
         return p
@@ -196,6 +196,27 @@ def test_a_shepherd_in_a_unit_kills_the_job_when_the_agent_is_killed(env):
     assert not alive, f"workers {alive} outlived the agent"
     launcher.wait(timeout=120)
     assert launcher.returncode != 0
+
+
+# PID 1 can answer StartTransientUnit with System.Error.EINTR (seen once under systemd-nspawn):
+# the agent asks again, up to three times in all, and says so only when every try was interrupted.
+@pytest.mark.parametrize("interrupted,starts", [(2, True), (3, False)])
+def test_an_interrupted_unit_start_is_asked_again(env, interrupted, starts):
+    needs_bus()
+    address = env.start_bus()
+    env.start_fake_systemd(address, interrupted_calls=interrupted)
+    env.start_agent("job_units: systemd\n", env={"DBUS_SYSTEM_BUS_ADDRESS": address, "INVOCATION_ID": "0" * 32})
+    env.wait_listening()
+    r = env.launch(env.job("eintr", f"[/usr/bin/python3, {env.tmp}/report.py]"))
+    units = [json.loads(line) for line in env.record.read_text().splitlines()] if env.record.exists() else []
+    if starts:
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{env.agent_log.read_text()}"
+        assert len(units) == 1 and units[0]["name"].startswith("ddp-job-eintr-"), units
+        assert len(env.reports(r.stdout)) == 2, r.stdout
+    else:
+        assert r.returncode != 0 and units == [], (r.stdout, units)
+        assert "systemd refused the job's unit ddp-job-eintr-" in r.stderr, r.stderr
+        assert "System.Error.EINTR" in r.stderr, r.stderr
 
 
 def test_job_units_systemd_without_a_bus_does_not_start(env):

@@ -142,6 +142,10 @@ TEST(Contract, ScrubListIsNotEmptyAndMatchesPrefixes) {
   EXPECT_TRUE(is_scrubbed("PMIX_RANK"));
   EXPECT_FALSE(is_scrubbed("OMPI_MCA_btl_vader_single_copy_mechanism"));
   EXPECT_FALSE(is_scrubbed("PMIX_MCA_gds"));
+  // mpirun hands each process its rank and job through MCA variables too: those go.
+  for (const char* identity : {"OMPI_MCA_ess_base_vpid", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_hnp_uri",
+                               "OMPI_MCA_orte_ess_num_procs", "OMPI_MCA_prte_local_rank", "OMPI_MCA_pmix_server_uri"})
+    EXPECT_TRUE(is_scrubbed(identity)) << identity;
 }
 
 TEST(Contract, ForwardPatterns) {
