@@ -113,7 +113,8 @@ def test_id_holder_serves_on_loopback_and_goes_away_on_eof():
 
 
 @needs_nccl
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+# The holder is in the launcher's process group: a terminal's Ctrl-\ and hangup reach it too.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP])
 def test_id_holder_exits_zero_on_stop_signals(sig):
     proc = start()
     try:
