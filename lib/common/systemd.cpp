@@ -1,7 +1,7 @@
 // libsystemd loaded on first use (policy in systemd.hpp).
 #include "common/systemd.hpp"
 
-#include <dlfcn.h>
+#include "common/dynlib.hpp"
 
 namespace ddp::systemd {
 namespace {
@@ -14,27 +14,20 @@ struct Loaded {
   std::string error;
 
   Loaded() {
-    // Never closed: the journal and notify functions keep state (sockets) inside the library.
-    void* h = ::dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
+    void* h = dynlib::open(kSoname, error);
     if (!h) {
-      const char* e = ::dlerror();
-      error = std::string("cannot load ") + kSoname + ": " + (e ? e : "unknown error") +
-              " (Debian's package libsystemd0 provides it)";
+      error = std::string("cannot load ") + kSoname + ": " + error + " (Debian's package libsystemd0 provides it)";
       return;
     }
-    ok = resolve(h, "sd_journal_sendv", api.journal_sendv) && resolve(h, "sd_notify", api.notify) &&
-         resolve(h, "sd_watchdog_enabled", api.watchdog_enabled);
-  }
-
-  template <class Fn>
-  bool resolve(void* h, const char* name, Fn& out) {
-    void* sym = ::dlsym(h, name);
-    if (!sym) {
-      error = std::string(kSoname) + " has no " + name;
-      return false;
+    std::string missing;
+    dynlib::resolve(h, "sd_journal_sendv", api.journal_sendv, missing);
+    dynlib::resolve(h, "sd_notify", api.notify, missing);
+    dynlib::resolve(h, "sd_watchdog_enabled", api.watchdog_enabled, missing);
+    if (!missing.empty()) {
+      error = std::string(kSoname) + " has no " + missing;
+      return;
     }
-    out = reinterpret_cast<Fn>(sym);
-    return true;
+    ok = true;
   }
 };
 

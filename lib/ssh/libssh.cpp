@@ -1,7 +1,7 @@
 // libssh loaded on first use (policy in libssh.hpp).
 #include "ssh/libssh.hpp"
 
-#include <dlfcn.h>
+#include "common/dynlib.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -17,20 +17,14 @@ struct Loaded {
 
   Loaded() {
     // Never closed: sessions, channels and libssh's own threads' state live inside it.
-    void* h = ::dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
+    void* h = dynlib::open(kSoname, error);
     if (!h) {
-      const char* e = ::dlerror();
-      error = std::string("SSH mode needs ") + kSoname + ", which cannot be loaded: " + (e ? e : "unknown error") +
+      error = std::string("SSH mode needs ") + kSoname + ", which cannot be loaded: " + error +
               " (install Debian's libssh-4)";
       return;
     }
     std::string missing;
-#define DDP_LIBSSH_RESOLVE(name)                                    \
-  if (void* sym = ::dlsym(h, #name)) {                              \
-    api.name = reinterpret_cast<decltype(api.name)>(sym);           \
-  } else {                                                          \
-    missing += missing.empty() ? #name : std::string(", ") + #name; \
-  }
+#define DDP_LIBSSH_RESOLVE(name) dynlib::resolve(h, #name, api.name, missing);
     DDP_LIBSSH_FUNCTIONS(DDP_LIBSSH_RESOLVE)
 #undef DDP_LIBSSH_RESOLVE
     if (!missing.empty()) error = std::string(kSoname) + " lacks " + missing + " (libssh 0.10 or later is needed)";

@@ -1,7 +1,7 @@
 // libdw loaded on first use (policy in libdw.hpp).
 #include "stacks/libdw.hpp"
 
-#include <dlfcn.h>
+#include "common/dynlib.hpp"
 
 namespace ddp::stacks {
 namespace {
@@ -15,20 +15,14 @@ struct Loaded {
 
   Loaded() {
     // Never closed: a Dwfl and the ELF files it opened live inside it.
-    void* h = ::dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
+    void* h = dynlib::open(kSoname, error);
     if (!h) {
-      const char* e = ::dlerror();
-      error = std::string("native stacks need ") + kSoname + ", which cannot be loaded: " + (e ? e : "unknown error") +
+      error = std::string("native stacks need ") + kSoname + ", which cannot be loaded: " + error +
               " (install Debian's libdw1)";
       return;
     }
     std::string missing;
-#define DDP_LIBDW_RESOLVE(name)                                     \
-  if (void* sym = ::dlsym(h, #name)) {                              \
-    api.name = reinterpret_cast<decltype(api.name)>(sym);           \
-  } else {                                                          \
-    missing += missing.empty() ? #name : std::string(", ") + #name; \
-  }
+#define DDP_LIBDW_RESOLVE(name) dynlib::resolve(h, #name, api.name, missing);
     DDP_LIBDW_FUNCTIONS(DDP_LIBDW_RESOLVE)
 #undef DDP_LIBDW_RESOLVE
     if (!missing.empty()) {
