@@ -5,6 +5,8 @@
 #include <systemd/sd-bus.h>
 #include <systemd/sd-daemon.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -127,20 +129,11 @@ Manager::~Manager() {
 std::string Manager::start(const UnitRequest& r) {
   // systemd's socket closes when PID 1 re-executes (an upgrade of systemd): connect again once.
   if (bus_ && sd_bus_is_open(bus_) <= 0) connect();
-  // PID 1 can answer System.Error.EINTR when a signal interrupted its own work on the call (seen
-  // once in the suite, systemd 252 under systemd-nspawn): the unit did not start, so ask again,
-  // twice. (Should the failed call have left the unit loaded, the next says so in its own error.)
-  for (int tries = 1;; ++tries) {
-    try {
-      try {
-        return call(r);
-      } catch (const Disconnected&) {
-        connect();
-        return call(r);
-      }
-    } catch (const Interrupted& e) {
-      if (tries == 3) throw UnitError(e.what());
-    }
+  try {
+    return call(r);
+  } catch (const Disconnected&) {
+    connect();
+    return call(r);
   }
 }
 
@@ -156,14 +149,22 @@ std::string Manager::call(const UnitRequest& r) {
   check(sd_bus_message_close_container(call.m), "properties");
   check(sd_bus_message_append(call.m, "a(sa(sv))", 0), "auxiliary units");
   constexpr std::uint64_t kTimeoutUsec = 30'000'000;  // systemd answers at once unless it is stuck
-  const int rc = sd_bus_call(bus_, call.m, kTimeoutUsec, &err.e, &reply.m);
+  // sd_bus_call sends, then waits in poll(), which any signal to this process interrupts (a
+  // worker's SIGCHLD, say): the call then fails with EINTR although PID 1 goes on to create the
+  // unit. Signals are held for the wait and delivered right after it.
+  const int rc = [&] {
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, &old);
+    const int r = sd_bus_call(bus_, call.m, kTimeoutUsec, &err.e, &reply.m);
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return r;
+  }();
   if (rc == -ENOTCONN || rc == -ECONNRESET) throw Disconnected(std::strerror(-rc));
   if (rc < 0) {
-    auto why = fmt::format("systemd refused the job's unit {}: {}{}", r.name,
-                           err.e.name ? fmt::format("{}: ", err.e.name) : "",
-                           err.e.message ? err.e.message : std::strerror(-rc));
-    if (rc == -EINTR) throw Interrupted(std::move(why));
-    throw UnitError(std::move(why));
+    throw UnitError(fmt::format("systemd refused the job's unit {}: {}{}", r.name,
+                                err.e.name ? fmt::format("{}: ", err.e.name) : "",
+                                err.e.message ? err.e.message : std::strerror(-rc)));
   }
   const char* job = nullptr;
   if (sd_bus_message_read(reply.m, "o", &job) < 0 || !job) {

@@ -38,15 +38,11 @@ class Manager {
 
   // StartTransientUnit(name, "fail", properties, []); returns systemd's job object path.
   // Throws UnitError with the bus's error name and message.
-  // Connects again once if the connection was lost (PID 1 re-executed); asks up to 3 times while
-  // PID 1 answers EINTR.
+  // Connects again once if the connection was lost (PID 1 re-executed).
   std::string start(const UnitRequest& r);
 
  private:
   struct Disconnected : std::runtime_error {
-    using std::runtime_error::runtime_error;
-  };
-  struct Interrupted : std::runtime_error {  // System.Error.EINTR: nothing started, ask again
     using std::runtime_error::runtime_error;
   };
   void connect();

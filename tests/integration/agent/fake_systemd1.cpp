@@ -14,7 +14,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,17 +25,13 @@ namespace {
 
 std::string g_record;
 unsigned g_jobs = 0;
-int g_interrupts = 0;  // the first this many StartTransientUnit calls answer System.Error.EINTR
+int g_reply_delay_ms = 0;  // how long each StartTransientUnit waits, its unit started, before it answers
 
 int fail(sd_bus_error* e, const char* what, int rc) {
   return sd_bus_error_setf(e, SD_BUS_ERROR_INVALID_ARGS, "fake systemd: %s: %s", what, std::strerror(-rc));
 }
 
 int start_transient_unit(sd_bus_message* m, void*, sd_bus_error* e) {
-  if (g_interrupts > 0) {
-    --g_interrupts;
-    return sd_bus_error_set_errno(e, EINTR);
-  }
   const char *name = nullptr, *mode = nullptr;
   int rc = sd_bus_message_read(m, "ss", &name, &mode);
   if (rc < 0) return fail(e, "name and mode", rc);
@@ -140,6 +135,7 @@ int start_transient_unit(sd_bus_message* m, void*, sd_bus_error* e) {
     std::ofstream out(g_record, std::ios::app);
     out << nlohmann::json{{"name", name}, {"mode", mode}, {"pid", pid}, {"properties", props}}.dump() << "\n";
   }
+  if (g_reply_delay_ms > 0) ::usleep(static_cast<useconds_t>(g_reply_delay_ms) * 1000);
   const std::string job = "/org/freedesktop/systemd1/job/" + std::to_string(++g_jobs);
   return sd_bus_reply_method_return(m, "o", job.c_str());
 }
@@ -153,11 +149,11 @@ const sd_bus_vtable kManager[] = {
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: fake_systemd1 RECORD_FILE [INTERRUPTED_CALLS]\n");
+    std::fprintf(stderr, "usage: fake_systemd1 RECORD_FILE [REPLY_DELAY_MS]\n");
     return 2;
   }
   g_record = argv[1];
-  if (argc == 3) g_interrupts = std::atoi(argv[2]);
+  if (argc == 3) g_reply_delay_ms = std::atoi(argv[2]);
   ::signal(SIGCHLD, SIG_IGN);  // our "units" are reaped by the kernel
   sd_bus* bus = nullptr;
   int rc = sd_bus_open_system(&bus);
