@@ -1,0 +1,43 @@
+"""How the Release ddpctl is linked, for its start (docs/performance.md, launch start-up): the C++
+runtime and yaml-cpp inside it, and the functions of its everyday commands side by side
+(apps/ddpctl/startup.order through lld). Both are link options a build change could drop without
+any other test noticing; the benchmark (bench/launch/run.py) measures what they buy."""
+import re
+import subprocess
+
+from ddptest import BINARY_DIR, SOURCE_DIR
+
+DDPCTL = BINARY_DIR / "bin" / "ddpctl"
+ORDER = SOURCE_DIR / "apps" / "ddpctl" / "startup.order"
+
+
+def run(*argv):
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def test_ddpctl_loads_no_shared_cxx_library():
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", run("readelf", "-d", str(DDPCTL))))
+    assert "libc.so.6" in needed, needed
+    assert not {n for n in needed if n.startswith(("libstdc++", "libgcc_s", "libyaml-cpp"))}, needed
+    # And it still runs: the static runtime's own start-up works.
+    assert run(str(DDPCTL), "--version").startswith("ddpctl ")
+
+
+def test_the_start_up_functions_lie_together():
+    listed = [line.strip() for line in ORDER.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert len(listed) > 500, f"{ORDER} lists only {len(listed)} functions"
+    where = {}
+    for line in run("nm", "-S", "--defined-only", str(DDPCTL)).splitlines():
+        p = line.split()
+        if len(p) == 4 and p[2] in "tTwW":
+            where.setdefault(p[3], []).append((int(p[0], 16), int(p[1], 16)))
+    found = [where[n][0] for n in listed if len(where.get(n, [])) == 1]
+    assert len(found) >= len(listed) // 2, (
+        f"only {len(found)} of the {len(listed)} functions in {ORDER} are still ddpctl's: "
+        "run scripts/startup-order to make it anew")
+    size = sum(s for _, s in set(found))
+    span = max(a + s for a, s in found) - min(a for a, _ in found)
+    text = int(run("size", "-A", str(DDPCTL)).split("\n.text ")[1].split()[0])
+    # Laid out together, they span little more than their own size (1.2x when made); scattered,
+    # as a link without the order gives, they span most of the text (4.6x).
+    assert span < 1.5 * size, f"the listed functions ({size} bytes) span {span} of {text} bytes of text"
