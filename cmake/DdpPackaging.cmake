@@ -58,9 +58,9 @@ set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_EXTRA
     ${CMAKE_SOURCE_DIR}/packaging/deb/ddpctl/postrm)
 set(CPACK_DEBIAN_DDPCTL_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 # Loaded with dlopen when first used (lib/ssh/libssh.cpp, lib/common/systemd.cpp,
-# lib/stacks/libdw_dlopen.cpp), so dpkg-shlibdeps cannot see them: named here; what the binaries
-# link is appended by shlibdeps.
-set(CPACK_DEBIAN_DDPCTL_PACKAGE_DEPENDS "libssh-4 | libssh-gcrypt-4, libsystemd0, libdw1")
+# lib/stacks/libdw_dlopen.cpp, lib/common/openssl_lazy.cpp), so dpkg-shlibdeps cannot see them
+# in ddpctl: named here; what the binaries link is appended by shlibdeps.
+set(CPACK_DEBIAN_DDPCTL_PACKAGE_DEPENDS "libssh-4 | libssh-gcrypt-4, libsystemd0, libdw1, libssl3")
 set(CPACK_DEBIAN_AGENTD_PACKAGE_NAME ddp-agentd)
 set(CPACK_COMPONENT_AGENTD_DESCRIPTION "ddpctl node agent (systemd service)
 ddp-agentd runs on every GPU node and runs a job's workers there for an authenticated

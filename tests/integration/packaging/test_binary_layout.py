@@ -1,11 +1,13 @@
 """How the Release ddpctl is linked, for its start (docs/performance.md, launch start-up): the C++
-runtime and yaml-cpp inside it, and the functions of its everyday commands side by side
-(apps/ddpctl/startup.order through lld). Both are link options a build change could drop without
-any other test noticing; the benchmark (bench/launch/run.py) measures what they buy."""
+runtime and yaml-cpp inside it, OpenSSL loaded only when called (common/openssl_lazy.hpp), and
+the functions of its everyday commands side by side (apps/ddpctl/startup.order through lld).
+These are link options a build change could drop without any other test noticing; the
+benchmark (bench/launch/run.py) measures what they buy, and the multi-node tests (TLS, HMAC)
+run through the lazily loaded OpenSSL."""
 import re
 import subprocess
 
-from ddptest import BINARY_DIR, SOURCE_DIR
+from ddptest import BINARY_DIR, SOURCE_DIR, launch, write_job
 
 DDPCTL = BINARY_DIR / "bin" / "ddpctl"
 ORDER = SOURCE_DIR / "apps" / "ddpctl" / "startup.order"
@@ -18,9 +20,20 @@ def run(*argv):
 def test_ddpctl_loads_no_shared_cxx_library():
     needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", run("readelf", "-d", str(DDPCTL))))
     assert "libc.so.6" in needed, needed
-    assert not {n for n in needed if n.startswith(("libstdc++", "libgcc_s", "libyaml-cpp"))}, needed
+    assert not {n for n in needed if n.startswith(("libstdc++", "libgcc_s", "libyaml-cpp", "libssl", "libcrypto"))}, needed
     # And it still runs: the static runtime's own start-up works.
     assert run(str(DDPCTL), "--version").startswith("ddpctl ")
+
+
+def test_a_local_launch_loads_no_openssl(tmp_path):
+    # The rank reads its launcher's mappings (its parent is ddpctl) while the launch runs.
+    job = write_job(tmp_path, "nproc_per_node: 1\ncommand: [/bin/sh, -c, 'cat /proc/$PPID/maps > maps.txt']\n"
+                    f"workdir: {tmp_path}\nlogs: {{dir: {tmp_path}/logs}}\n")
+    r = launch(job, "-q")
+    assert r.returncode == 0, r.stderr
+    maps = (tmp_path / "maps.txt").read_text()
+    assert "/ddpctl" in maps and "libc.so.6" in maps, maps
+    assert "libssl" not in maps and "libcrypto" not in maps, maps
 
 
 def test_the_start_up_functions_lie_together():
