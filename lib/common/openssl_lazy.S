@@ -12,6 +12,7 @@
   .macro LAZY name
   .pushsection .text.ddp_openssl_lazy,"ax",@progbits
   .globl \name
+  .hidden \name  // ddpctl's own calls only: never exported, so no library loaded later binds to it
   .type \name, @function
 \name:
   jmp *ddp_openssl_slots+8*ddp_openssl_n(%rip)

@@ -20,15 +20,15 @@ if mode == "stubborn":
     signal.signal(signal.SIGINT, note("INT"))
     signal.signal(signal.SIGTERM, note("TERM"))
 if mode == "usr1-on-1" and r == "1":
-    signal.signal(signal.SIGUSR1, note("USR1"))
-    # The launcher's SIGTERM (it stops this rank once another died of the forwarded SIGUSR1) may
-    # come before Python has run the SIGUSR1 handler; with a Python handler of its own it waits
-    # for it (pending handlers run in signal number order: USR1 first), then dies of it as before.
-    def term(*_):
-        note("TERM")()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-    signal.signal(signal.SIGTERM, term)
+    # The launcher stops this rank with SIGTERM once another died of the forwarded SIGUSR1,
+    # which can come before Python has run the SIGUSR1 handler, or while it runs (Python's
+    # handlers nest). So SIGTERM waits, blocked, until the handler has written its line; then
+    # it ends the rank as it would have.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    def usr1(*_):
+        note("USR1")()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGUSR1, usr1)
 if mode == "slow-term":
     def slow_checkpoint(*_):
         time.sleep(1.0)
