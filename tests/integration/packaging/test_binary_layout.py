@@ -67,5 +67,5 @@ def test_the_start_up_functions_lie_together():
     span = max(a + s for a, s in found) - min(a for a, _ in found)
     text = int(run("size", "-A", str(DDPCTL)).split("\n.text ")[1].split()[0])
     # Laid out together, they span little more than their own size (1.2x when made); scattered,
-    # as a link without the order gives, they span most of the text (4.6x).
+    # as a link without the order gives, they span most of the text (4.5x).
     assert span < 1.5 * size, f"the listed functions ({size} bytes) span {span} of {text} bytes of text"

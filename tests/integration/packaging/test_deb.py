@@ -68,8 +68,8 @@ def test_packages_have_their_files_and_shlibdeps_depends(packages):
         # fmt and spdlog are header-only everywhere.
         assert "libspdlog" not in field(deb, "Depends") and "libfmt" not in field(deb, "Depends")
     # dpkg-shlibdeps names the runtime packages of what the binaries link: the ddpctl package's
-    # shared libraries (ddpctl has libstdc++ and yaml-cpp inside it, ddp-coordinator and
-    # ddp-ncclid link them shared); the agent (the binary SSH mode uploads) links OpenSSL, yaml-cpp and libstdc++
+    # shared libraries (ddpctl has libstdc++ and yaml-cpp inside it; ddp-coordinator links both
+    # shared, ddp-ncclid libstdc++); the agent (the binary SSH mode uploads) links OpenSSL, yaml-cpp and libstdc++
     # statically, so glibc and libsystemd0 are all it needs.
     for lib in ("libc6 (>=", "libstdc++6", "libssl3", "libyaml-cpp0.7", "libssh-4"):
         assert lib in field(ctl, "Depends"), field(ctl, "Depends")
