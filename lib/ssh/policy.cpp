@@ -108,7 +108,9 @@ std::string connect_hint(ConnectFailure failure, const std::string& host, std::u
 
 std::optional<Millis> retry_after(ConnectFailure failure, int attempt, double jitter, const RetryPolicy& p) {
   if (failure != ConnectFailure::dropped || attempt >= p.max_attempts) return std::nullopt;
-  const double base = static_cast<double>(p.initial.count()) * std::pow(2.0, attempt - 1);
+  // 2^(attempt - 1) as a shift: attempt counts from 1, and ddpctl links no libm for one pow().
+  const double base =
+      static_cast<double>(p.initial.count()) * static_cast<double>(1ull << std::clamp(attempt - 1, 0, 62));
   const double capped = std::min(base, static_cast<double>(p.max.count()));
   // Between half and all of the capped delay, so a batch dropped together comes back spread out.
   const double j = std::clamp(jitter, 0.0, 1.0);

@@ -282,6 +282,12 @@ TEST(Torchrun, BindingAndShutdown) {
   auto p = tr({"--numa-binding", "node", "--shutdown-timeout", "2.5", "t.py"});
   EXPECT_EQ(p.spec.binding.numa, NumaBinding::node);
   EXPECT_EQ(p.spec.stop_grace, 2500ms);
+  // Rounded to the nearest millisecond; negative and absurd values refused.
+  EXPECT_EQ(tr({"--shutdown-timeout", "0.0015", "t.py"}).spec.stop_grace, 2ms);
+  EXPECT_EQ(tr({"--shutdown-timeout", "0.0014", "t.py"}).spec.stop_grace, 1ms);
+  EXPECT_EQ(tr({"--shutdown-timeout", "0", "t.py"}).spec.stop_grace, 0ms);
+  EXPECT_THROW(tr({"--shutdown-timeout", "-1", "t.py"}), TorchrunError);
+  EXPECT_THROW(tr({"--shutdown-timeout", "1e300", "t.py"}), TorchrunError);
   EXPECT_THROW(tr({"--numa_binding", "socket", "t.py"}), TorchrunError);
   EXPECT_NE(refusal({"--virtual-local-rank", "t.py"}).find("gpu: isolate"), std::string::npos);
 }
