@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -36,9 +35,6 @@ using boost::system::error_code;
 namespace {
 
 constexpr std::size_t kReadChunk = 256 * 1024;
-// A connection's own buffer, for the read that waits: a whole request of the usual size (a key,
-// a small value, the header). A request that fills it is read on from the loop's big buffer.
-constexpr std::size_t kFirstRead = 512;
 constexpr std::size_t kPauseReadingAt = 4 * 1024 * 1024;  // queued output that stops our reads
 constexpr int kBacklog = std::max(SOMAXCONN, 4096);
 constexpr int kMaxReadsPerWakeup = 16;  // fairness between busy connections
@@ -150,7 +146,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::string name_locked() const;  // under srv->mu
   void arm_read();
   void arm_write();
-  void on_readable(std::size_t first);
+  void on_readable();
   void feed(std::span<const uint8_t> in);
   void handle(Server::Impl& s);
   bool append_locked(std::string_view bytes);  // under srv->mu
@@ -170,10 +166,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::atomic<Protocol> protocol{Protocol::unknown};
   std::atomic<bool> closed{false};  // set under srv->mu
   std::atomic<bool> flush_posted{false};
-  bool reading = false;                       // loop's thread only
-  std::array<uint8_t, kFirstRead> first_buf;  // loop's thread only: what the waiting read fills
-  std::atomic<uint64_t> requests{0};          // written on loop's thread only
-  std::optional<int> proc_pid;                // under srv->mu: found through /proc (loopback 1.13 clients)
+  bool reading = false;               // loop's thread only
+  std::atomic<uint64_t> requests{0};  // written on loop's thread only
+  std::optional<int> proc_pid;        // under srv->mu: found through /proc (loopback 1.13 clients)
 
   std::mutex out_mu;  // guards what follows
   std::string out;
@@ -219,53 +214,38 @@ std::string Connection::name_locked() const {
   return s + ")";
 }
 
-// The read that waits for the client is a real read into the connection's own small buffer,
-// not a wait for readability followed by a read: Asio re-registers the socket with epoll for
-// every wait (one epoll_ctl per request, a third of the store's system calls), while a read
-// stays registered (edge-triggered) and costs nothing until the next request comes.
 void Connection::arm_read() {
   if (closed || reading) return;
   reading = true;
-  sock.async_read_some(asio::buffer(first_buf), [self = shared_from_this()](const error_code& ec, std::size_t n) {
+  sock.async_wait(tcp::socket::wait_read, [self = shared_from_this()](const error_code& ec) {
     self->reading = false;
     if (self->closed) return;
     if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-        self->close("disconnected", false);
-      } else {
-        self->close("read failed: " + ec.message(), false);
-      }
+      if (ec != asio::error::operation_aborted) self->close("read wait failed: " + ec.message(), false);
       return;
     }
-    self->on_readable(n);
+    self->on_readable();
   });
 }
 
-// `first` bytes are in first_buf. A request that filled it may have more behind it: that is
-// read on into the loop's buffer, a bounded number of times for fairness.
-void Connection::on_readable(std::size_t first) {
+void Connection::on_readable() {
   auto keep = shared_from_this();
-  feed(std::span<const uint8_t>(first_buf.data(), first));
-  if (closed) return;
-  if (first == first_buf.size()) {
-    auto& buf = loop.read_buf;
-    for (int i = 0; i < kMaxReadsPerWakeup; ++i) {
-      error_code ec;
-      std::size_t n = sock.read_some(asio::buffer(buf.get(), kReadChunk), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) break;
-      if (ec) {
-        if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-          close("disconnected", false);
-        } else {
-          close("read failed: " + ec.message(), false);
-        }
-        return;
+  auto& buf = loop.read_buf;
+  for (int i = 0; i < kMaxReadsPerWakeup; ++i) {
+    error_code ec;
+    std::size_t n = sock.read_some(asio::buffer(buf.get(), kReadChunk), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) break;
+    if (ec) {
+      if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+        close("disconnected", false);
+      } else {
+        close("read failed: " + ec.message(), false);
       }
-      feed(std::span<const uint8_t>(buf.get(), n));
-      if (closed) return;
-      if (n < kReadChunk) break;
+      return;
     }
+    feed(std::span<const uint8_t>(buf.get(), n));
+    if (closed) return;
+    if (n < kReadChunk) break;
   }
   flush();
   if (closed) return;
