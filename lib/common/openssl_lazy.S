@@ -9,15 +9,26 @@
 // The list is exactly what ddpctl imports: a name it calls that is missing here fails its link
 // (undefined reference); `nm -D --undefined-only` on a build linked the usual way gives it.
 
+// With -fcf-protection (not Debian's default) the entries reached by an indirect jump or call
+// (a trampoline whose address ddpctl takes, as a deleter; every stub) begin with endbr64, and the
+// object says it is IBT and shadow-stack clean, as it is: every call here returns normally.
+#if defined(__CET__)
+#define DDP_ENDBR endbr64
+#else
+#define DDP_ENDBR
+#endif
+
   .macro LAZY name
   .pushsection .text.ddp_openssl_lazy,"ax",@progbits
   .globl \name
   .hidden \name  // ddpctl's own calls only: never exported, so no library loaded later binds to it
   .type \name, @function
 \name:
+  DDP_ENDBR
   jmp *ddp_openssl_slots+8*ddp_openssl_n(%rip)
   .size \name, .-\name
 .Lstub_\name:
+  DDP_ENDBR
   mov $ddp_openssl_n, %r11d
   jmp ddp_openssl_lazy_enter
   .popsection
@@ -161,3 +172,17 @@ ddp_openssl_lazy_enter:
   .popsection
 
   .section .note.GNU-stack,"",@progbits
+
+#if defined(__CET__)
+  .pushsection .note.gnu.property,"a"
+  .p2align 3
+  .long 4           // the name's size
+  .long 16          // the description's size
+  .long 5           // NT_GNU_PROPERTY_TYPE_0
+  .asciz "GNU"
+  .long 0xc0000002  // GNU_PROPERTY_X86_FEATURE_1_AND
+  .long 4
+  .long (__CET__) & 3  // 1: IBT, 2: SHSTK, as the compiler was asked
+  .p2align 3
+  .popsection
+#endif

@@ -467,7 +467,9 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
   if (has("shutdown_timeout")) {
     const auto& g = given.at("shutdown_timeout");
     auto d = parse_number(g.value);
-    if (!d || *d < 0 || *d > 1e12) throw TorchrunError(fmt::format("{} {}: expected seconds", g.as, g.value));
+    // (a stop grace is at most 10^9 ms: the job file's duration limit)
+    if (!d || *d < 0 || *d > 1e6)
+      throw TorchrunError(fmt::format("{} {}: expected seconds, at most 1000000", g.as, g.value));
     // Rounded to the nearest millisecond (d >= 0, so half away from zero is + 0.5), without libm.
     jf.stop_grace = fmt::format("{}ms", static_cast<long long>(*d * 1000 + 0.5));
     note("shutdown_timeout", NoteKind::honoured, fmt::format("SIGKILL {} s after SIGTERM", g.value));

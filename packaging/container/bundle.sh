@@ -30,4 +30,13 @@ exec /opt/ddpctl/lib/ld-linux-x86-64.so.2 --library-path /opt/ddpctl/lib /opt/dd
 WRAP
   chmod 755 "$out/opt/ddpctl/bin/$prog"
 done
+# Loaded when first called, so ldd above does not list them: OpenSSL, which ddpctl's multi-node
+# modes, TLS and image digests need (lib/common/openssl_lazy.hpp). The loader's --library-path
+# covers dlopen too. (libssh, libsystemd and libdw are not bundled: SSH mode, the journal and
+# native stacks are not for inside an image, and each says what is missing when asked.)
+for soname in libssl.so.3 libcrypto.so.3; do
+  path=$(ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ {print $NF; exit}')
+  [[ -n $path ]] || { echo "bundle.sh: $soname not found (apt-get install libssl3)" >&2; exit 1; }
+  cp -L "$path" "$out/opt/ddpctl/lib/$soname"
+done
 echo "$out"

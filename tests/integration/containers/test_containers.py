@@ -304,6 +304,9 @@ def test_packaging_image_builds_on_a_local_base_and_its_ddpctl_launches(tmp_path
     context = tmp_path / "context"
     subprocess.run([str(SOURCE_DIR / "packaging" / "container" / "bundle.sh"), str(Path(DDPCTL).parents[1]), str(context)],
                    check=True, capture_output=True, timeout=120)
+    # ddpctl loads OpenSSL when first called (ldd does not list it): the bundle carries it anyway.
+    for lib in ("libssl.so.3", "libcrypto.so.3", "libc.so.6"):
+        assert (context / "opt" / "ddpctl" / "lib" / lib).exists(), lib
     tag = "localhost/ddptest-ddpctl:1"
     b = subprocess.run([PODMAN, "build", "--build-arg", f"BASE={IMAGE}", "-t", tag, str(context)], env=podman_env,
                        capture_output=True, text=True, timeout=300)

@@ -287,6 +287,8 @@ TEST(Torchrun, BindingAndShutdown) {
   EXPECT_EQ(tr({"--shutdown-timeout", "0.0014", "t.py"}).spec.stop_grace, 1ms);
   EXPECT_EQ(tr({"--shutdown-timeout", "0", "t.py"}).spec.stop_grace, 0ms);
   EXPECT_THROW(tr({"--shutdown-timeout", "-1", "t.py"}), TorchrunError);
+  EXPECT_EQ(tr({"--shutdown-timeout", "1000000", "t.py"}).spec.stop_grace, 1000000000ms);
+  EXPECT_THROW(tr({"--shutdown-timeout", "2000000", "t.py"}), TorchrunError);
   EXPECT_THROW(tr({"--shutdown-timeout", "1e300", "t.py"}), TorchrunError);
   EXPECT_THROW(tr({"--numa_binding", "socket", "t.py"}), TorchrunError);
   EXPECT_NE(refusal({"--virtual-local-rank", "t.py"}).find("gpu: isolate"), std::string::npos);
