@@ -356,7 +356,7 @@ def test_multi_node_container_job_through_agents(tmp_path, podman_env):
     try:
         job = container_job(tmp_path, """[/bin/sh, -c, 'env > env-$RANK.txt']""", nproc=1)
         nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
-        r = subprocess.run([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--job-id", "ctr-multi",
+        r = subprocess.run([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--master-port", str(free_port()), "--job-id", "ctr-multi",
                             str(job)], env=podman_env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
         assert r.returncode == 0, r.stderr + "".join((tmp_path / f"agent-{i}.log").read_text() for i in range(2))
         for rank in range(2):
@@ -380,7 +380,7 @@ def test_killed_agent_leaves_no_container(tmp_path, podman_env):
     agents, ports, token = start_agents(tmp_path, podman_env)
     job = container_job(tmp_path, """[/bin/sh, -c, 'exec sleep 300']""", nproc=1)
     nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
-    p = subprocess.Popen([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--job-id", "ctr-agentkill",
+    p = subprocess.Popen([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--master-port", str(free_port()), "--job-id", "ctr-agentkill",
                           str(job)], env=podman_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         wait_for(lambda: len(containers_of(podman_env, "ctr-agentkill")) == 2, timeout=120, what="both containers")
@@ -411,7 +411,7 @@ def stop_agents(agents):
 
 def launch_nodes(tmp_path, env, ports, token, job, job_id, timeout=180):
     nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return subprocess.run([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--job-id", job_id, str(job)],
+    return subprocess.run([DDPCTL, "launch", "--nodes", nodes, "--token-file", str(token), "--master-port", str(free_port()), "--job-id", job_id, str(job)],
                           env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 

@@ -108,8 +108,10 @@ container:
 def launch_as_user(s, job):
     pw = s["pw"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(s["home"]), "USER": s["user"], "LOGNAME": s["user"]}
+    # A store port of its own: the default 29500 may be another test's at the same moment.
     return subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", DDPCTL, "launch",
-                           "--nodes", f"127.0.0.1:{s['port']}", "--token-file", str(s["home"] / "token"), str(job)],
+                           "--nodes", f"127.0.0.1:{s['port']}", "--token-file", str(s["home"] / "token"),
+                           "--master-port", str(free_port()), str(job)],
                           cwd=job.parent, env=env, capture_output=True, text=True, timeout=300)
 
 
