@@ -190,6 +190,10 @@ def test_several_jobs_are_listed_and_each_is_reached_by_id(tmp_path, rt):
     try:
         for n in ("ctl-a", "ctl-b"):
             wait_for(lambda: status_json(rt, n) is not None, timeout=30, what=f"job {n}")
+            # Its ranks have begun (ctl-a's rank 1 lines are read back after its stop below):
+            # the control socket is there before the workers' Python has printed anything.
+            wait_for(lambda: "tick 0 rank 1" in ctl(rt, "logs", "--ranks", "1", n).stdout, timeout=30,
+                     what=f"job {n}'s rank 1 to print")
         r = ctl(rt, "status")
         assert r.returncode == 2 and "2 jobs are running; name one" in r.stderr, r.stderr
         assert "ctl-a" in r.stderr and "ctl-b" in r.stderr
