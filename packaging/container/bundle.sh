@@ -35,7 +35,8 @@ done
 # covers dlopen too. (libssh, libsystemd and libdw are not bundled: SSH mode, the journal and
 # native stacks are not for inside an image, and each says what is missing when asked.)
 for soname in libssl.so.3 libcrypto.so.3; do
-  path=$(ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ {print $NF; exit}')
+  # awk reads to the end: an early exit would kill ldconfig with SIGPIPE, which pipefail reports.
+  path=$(/sbin/ldconfig -p | awk -v s="$soname" '$1 == s && /x86-64/ && p == "" {p = $NF} END {print p}')
   [[ -n $path ]] || { echo "bundle.sh: $soname not found (apt-get install libssl3)" >&2; exit 1; }
   cp -L "$path" "$out/opt/ddpctl/lib/$soname"
 done
