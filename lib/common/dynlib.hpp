@@ -1,7 +1,7 @@
 // A library loaded with dlopen when first needed, not linked: libsystemd (common/systemd.cpp),
 // libssh (ssh/libssh.cpp) and libdw (stacks/libdw_dlopen.cpp), each behind a table of function
-// pointers whose types are its headers' declarations. What their loaders share; each says in its
-// own words what to install.
+// pointers whose types are its headers' declarations, and OpenSSL (common/openssl_lazy.cpp),
+// behind trampolines. What their loaders share; each says in its own words what to install.
 #pragma once
 
 #include <dlfcn.h>

@@ -116,13 +116,6 @@ LAZY TLS_client_method
   .pushsection .rodata.ddp_openssl_names,"a",@progbits
   .byte 0  // the end: an empty name
   .popsection
-  .pushsection .rodata.ddp_openssl_count,"a",@progbits
-  .balign 4
-  .globl ddp_openssl_count
-  .hidden ddp_openssl_count
-ddp_openssl_count:
-  .long ddp_openssl_n
-  .popsection
 
 // Entered by a stub with the slot's index in r11 and the stack as the caller left it at its
 // call (rsp = 8 mod 16). Saves what a C call may clobber and the caller's arguments (rdi, rsi,

@@ -9,11 +9,10 @@
 #include <string>
 
 extern "C" {
-// openssl_lazy.S: one slot per function, the names one after another (each ending in NUL, an
-// empty name after the last), and their count.
+// openssl_lazy.S: one slot per function, and their names one after another in the same order
+// (each ending in NUL, an empty name after the last).
 extern void* ddp_openssl_slots[];
 extern const char ddp_openssl_names[];
-extern const unsigned ddp_openssl_count;
 }
 
 namespace {
@@ -36,16 +35,12 @@ void ddp_openssl_lazy_resolve() {
     std::string error;
     void* lib = ddp::dynlib::open(kSoname, error);
     if (!lib) cannot(std::string("cannot load ") + kSoname + ": " + error);
+    // dlsym through libssl's handle also finds libcrypto's functions: it is loaded as its
+    // dependency, and a handle's lookups cover its dependencies.
     std::string missing;
-    const char* name = ddp_openssl_names;
-    for (unsigned i = 0; i < ddp_openssl_count && *name; ++i, name += std::strlen(name) + 1) {
-      // dlsym through libssl's handle also finds libcrypto's functions: it is loaded as its
-      // dependency, and a handle's lookups cover its dependencies.
-      if (void* fn = ::dlsym(lib, name)) {
-        ddp_openssl_slots[i] = fn;
-      } else {
-        missing += missing.empty() ? name : std::string(", ") + name;
-      }
+    std::size_t i = 0;
+    for (const char* name = ddp_openssl_names; *name; name += std::strlen(name) + 1) {
+      ddp::dynlib::resolve(lib, name, ddp_openssl_slots[i++], missing);
     }
     if (!missing.empty()) cannot(std::string(kSoname) + " lacks " + missing);
   });
