@@ -1,6 +1,7 @@
 """Shared helpers for integration tests: where the binaries are, writing job files, running
 ddpctl, and checking that processes are really gone."""
 import os
+import re
 import socket
 import subprocess
 import time
@@ -28,11 +29,17 @@ if "XDG_CACHE_HOME" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 
+def cmake_cache(name: str) -> str:
+    """The value the build's CMakeCache.txt holds for `name`, or "" (no cache, or no such entry)."""
+    cache = BINARY_DIR / "CMakeCache.txt"
+    m = re.search(rf"^{re.escape(name)}:[A-Z]+=(.*)$", cache.read_text(), re.M) if cache.exists() else None
+    return m.group(1) if m else ""
+
+
 def torch_examples_built() -> bool:
     """Whether the build was configured to make the libtorch examples (DDP_WITH_TORCH, on by default):
     then a missing example binary is a failure, not a reason to skip."""
-    cache = BINARY_DIR / "CMakeCache.txt"
-    return cache.exists() and "DDP_WITH_TORCH:BOOL=ON" in cache.read_text()
+    return cmake_cache("DDP_WITH_TORCH") == "ON"
 
 
 def write_job(tmp: Path, text: str, name="job.yaml") -> Path:

@@ -10,26 +10,20 @@ import subprocess
 
 import pytest
 
-from ddptest import BINARY_DIR, SOURCE_DIR, launch, write_job
+from ddptest import BINARY_DIR, SOURCE_DIR, cmake_cache, launch, write_job
 
 DDPCTL = BINARY_DIR / "bin" / "ddpctl"
 ORDER = SOURCE_DIR / "apps" / "ddpctl" / "startup.order"
 
 
-def _cache(name):
-    cache = BINARY_DIR / "CMakeCache.txt"
-    m = re.search(rf"^{name}:[A-Z]+=(.*)$", cache.read_text(), re.M) if cache.exists() else None
-    return m.group(1) if m else ""
-
-
 # Only Release builds without sanitizers link ddpctl so (apps/ddpctl/CMakeLists.txt); scripts/test
 # runs these tests on one. The OpenSSL trampolines are x86-64 code, and the order needs ld.lld.
-SANITIZED = _cache("DDP_SANITIZE").upper() not in ("", "OFF", "NO", "FALSE", "N", "0")
-if _cache("CMAKE_BUILD_TYPE") != "Release" or SANITIZED:
+SANITIZED = cmake_cache("DDP_SANITIZE").upper() not in ("", "OFF", "NO", "FALSE", "N", "0")
+if cmake_cache("CMAKE_BUILD_TYPE") != "Release" or SANITIZED:
     pytest.skip(f"ddpctl is linked this way only in Release builds without sanitizers, not "
-                f"{_cache('CMAKE_BUILD_TYPE') or 'this'} build", allow_module_level=True)
+                f"{cmake_cache('CMAKE_BUILD_TYPE') or 'this'} build", allow_module_level=True)
 X86_64 = platform.machine() == "x86_64"
-LLD = bool(_cache("DDP_LLD")) and not _cache("DDP_LLD").endswith("NOTFOUND")
+LLD = bool(cmake_cache("DDP_LLD")) and not cmake_cache("DDP_LLD").endswith("NOTFOUND")
 
 
 def run(*argv):
