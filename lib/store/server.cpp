@@ -1,19 +1,24 @@
-// The store's Asio edge: accept, allow-list, read -> decode -> apply -> write, close bad clients.
-// See server.hpp for the policy.
+// The store's I/O edge: accept (Asio, on the caller's io_context), allow-list, then read ->
+// decode -> apply -> write on the loops' reactors (reactor.hpp), close bad clients. See
+// server.hpp for the policy.
 #include "store/server.hpp"
 
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "store/access.hpp"
+#include "store/reactor.hpp"
 #include "store/state.hpp"
 
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,6 +28,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -53,21 +59,24 @@ unsigned auto_threads() {
 
 struct Connection;
 
-// One thread's share of the connections: the caller's io_context (threads == 0) or one of the
-// server's own. Its read buffer and decoded request are used only on its thread.
+// One thread's share of the connections: a reactor run by a thread of the server's own, or
+// (threads == 0) one nested in the caller's io_context, polled when its descriptor is readable.
+// Its read buffer and decoded request are used only on its thread.
 struct Loop {
-  explicit Loop(asio::io_context& caller) : io(caller) {}
-  Loop() : own(std::make_unique<asio::io_context>(1)), io(*own) {}
-  bool here() const { return io.get_executor().running_in_this_thread(); }
+  // Whether the calling thread may touch this loop's connections: its own thread, or any once
+  // that thread has been joined; a nested loop is the caller's, whose thread makes every call.
+  bool here() const { return !owned || joined || std::this_thread::get_id() == thread_id; }
 
-  std::unique_ptr<asio::io_context> own;
-  asio::io_context& io;
+  Reactor reactor;
+  std::thread thread;  // none when nested
+  bool owned = false;  // has a thread; set with thread_id before any connection enters
+  std::thread::id thread_id;
+  std::atomic<bool> joined{false};
+  std::optional<asio::posix::stream_descriptor> nest;  // the reactor's epoll fd, on the caller's io_context
   // Not zeroed: a fresh 256 KiB is its own mapping, whose pages the kernel supplies only as
   // reads fill them (zeroing it cost every launch 64 page faults, bench/launch).
   std::unique_ptr<uint8_t[]> read_buf{new uint8_t[kReadChunk]};
   Request req;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  std::thread thread;
 };
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
@@ -89,11 +98,13 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   enum class Drained { empty, more, failed };
   // Takes up to kAcceptBatch connections off the accept queue.
   Drained drain_accept_queue();
-  void on_accept(Loop& target, tcp::socket sock, const tcp::endpoint& peer);
+  void on_accept(Loop& target, int fd, const tcp::endpoint& peer);
   // Drops every connection: they leave the map and the state now; their sockets close on
   // their own threads. Under no lock.
   void drop_all();
   void start_threads();
+  // Polls a nested loop (threads == 0) whenever its reactor has something.
+  void watch_nested(Loop& loop);
   void join_threads();
   // Under mu: while the in-flight total is over its bound, closes the connection that holds the
   // most. Rare (an attack or a store far past what a job needs), so it may scan every connection.
@@ -129,13 +140,12 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   std::atomic<std::size_t> inflight{0};
 };
 
-struct Connection : std::enable_shared_from_this<Connection> {
-  Connection(std::shared_ptr<Server::Impl> srv, Loop& loop, tcp::socket s, ClientId id)
-      : srv(std::move(srv)),
-        loop(loop),
-        sock(std::move(s)),
-        id(id),
-        dec(this->srv->opts.limits, this->srv->opts.legacy) {}
+struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connection> {
+  Connection(std::shared_ptr<Server::Impl> srv, Loop& loop, int fd, ClientId id)
+      : srv(std::move(srv)), loop(loop), fd(fd), id(id), dec(this->srv->opts.limits, this->srv->opts.legacy) {}
+  ~Connection() {
+    if (fd >= 0) ::close(fd);  // never registered (closing removes it from any epoll set)
+  }
 
   std::size_t queued() const { return out.size() - out_off; }  // under out_mu
   // Under out_mu: brings this connection's share of the store's in-flight total to held_in +
@@ -144,9 +154,13 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // Under out_mu, once closed: gives back its share and frees its queued replies.
   void release_locked();
   std::string name_locked() const;  // under srv->mu
-  void arm_read();
-  void arm_write();
-  void on_readable();
+  // On loop's thread: joins its reactor (the first events come at once: writable, and readable
+  // when the client has already sent).
+  void enter_loop();
+  void on_events(uint32_t events) override;
+  // Reads while the kernel has bytes (up to kMaxReadsPerWakeup reads, then it comes back by a
+  // post), serves what they complete, writes the replies.
+  void read_now();
   void feed(std::span<const uint8_t> in);
   void handle(Server::Impl& s);
   bool append_locked(std::string_view bytes);  // under srv->mu
@@ -158,7 +172,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   std::shared_ptr<Server::Impl> srv;
   Loop& loop;
-  tcp::socket sock;  // used on loop's thread only
+  int fd;  // non-blocking; read, written and closed on loop's thread only
   ClientId id;
   tcp::endpoint peer, local;
   std::string peer_text;
@@ -166,14 +180,17 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::atomic<Protocol> protocol{Protocol::unknown};
   std::atomic<bool> closed{false};  // set under srv->mu
   std::atomic<bool> flush_posted{false};
-  bool reading = false;               // loop's thread only
+  // loop's thread only:
+  bool registered = false;            // in loop.reactor
+  bool readable = false;              // an edge came and recv() has not yet come up short or empty
   std::atomic<uint64_t> requests{0};  // written on loop's thread only
   std::optional<int> proc_pid;        // under srv->mu: found through /proc (loopback 1.13 clients)
 
   std::mutex out_mu;  // guards what follows
   std::string out;
   std::size_t out_off = 0;
-  bool writing = false, paused = false;
+  bool writing = false;                 // a send() came up short: EPOLLOUT resumes it
+  bool paused = false;                  // reads stopped until the queued replies drain
   std::size_t held_in = 0;              // dec.pending_bytes() as last seen on loop's thread
   bool released = false;                // closed and no longer counted
   std::atomic<std::size_t> counted{0};  // this connection's share of srv->inflight (written under out_mu)
@@ -214,47 +231,78 @@ std::string Connection::name_locked() const {
   return s + ")";
 }
 
-void Connection::arm_read() {
-  if (closed || reading) return;
-  reading = true;
-  sock.async_wait(tcp::socket::wait_read, [self = shared_from_this()](const error_code& ec) {
-    self->reading = false;
-    if (self->closed) return;
-    if (ec) {
-      if (ec != asio::error::operation_aborted) self->close("read wait failed: " + ec.message(), false);
-      return;
-    }
-    self->on_readable();
-  });
+void Connection::enter_loop() {
+  if (closed || registered) return;
+  try {
+    loop.reactor.add(fd, *this);
+    registered = true;
+  } catch (const std::system_error& e) {  // ENOMEM, or the user's epoll watch limit
+    close(fmt::format("cannot serve it: {}", e.what()), false);
+  }
 }
 
-void Connection::on_readable() {
+void Connection::on_events(uint32_t events) {
   auto keep = shared_from_this();
+  if (closed) return;
+  try {
+    if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) {
+      bool resume;
+      {
+        std::lock_guard lk(out_mu);
+        resume = std::exchange(writing, false);
+      }
+      if (resume) flush();
+      if (closed) return;
+    }
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP)) {
+      readable = true;
+      read_now();
+    }
+  } catch (const std::exception& e) {  // std::bad_alloc: this connection only
+    close(fmt::format("failed while serving it: {}", e.what()), true);
+  }
+}
+
+void Connection::read_now() {
+  auto keep = shared_from_this();
+  {
+    std::lock_guard lk(out_mu);
+    if (closed || paused) return;  // flush() resumes
+  }
   auto& buf = loop.read_buf;
-  for (int i = 0; i < kMaxReadsPerWakeup; ++i) {
-    error_code ec;
-    std::size_t n = sock.read_some(asio::buffer(buf.get(), kReadChunk), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) break;
-    if (ec) {
-      if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+  for (int i = 0; i < kMaxReadsPerWakeup && readable; ++i) {
+    const ssize_t n = ::recv(fd, buf.get(), kReadChunk, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        readable = false;
+        break;
+      }
+      if (errno == ECONNRESET) {
         close("disconnected", false);
       } else {
-        close("read failed: " + ec.message(), false);
+        close(fmt::format("read failed: {}", std::strerror(errno)), false);
       }
       return;
     }
-    feed(std::span<const uint8_t>(buf.get(), n));
+    if (n == 0) {
+      close("disconnected", false);
+      return;
+    }
+    // Short: the kernel had no more, and what arrives from now on raises a new edge.
+    if (static_cast<std::size_t>(n) < kReadChunk) readable = false;
+    feed(std::span<const uint8_t>(buf.get(), static_cast<std::size_t>(n)));
     if (closed) return;
-    if (n < kReadChunk) break;
   }
   flush();
   if (closed) return;
-  bool pause = false;
   {
     std::lock_guard lk(out_mu);
-    if (queued() > kPauseReadingAt) pause = paused = true;  // resumed by flush() once drained
+    if (queued() > kPauseReadingAt) paused = true;  // resumed by flush() once drained
+    if (paused) return;
   }
-  if (!pause) arm_read();
+  // Still readable after a fair share: the rest after the other connections' events.
+  if (readable) loop.reactor.post([self = shared_from_this()] { self->read_now(); });
 }
 
 void Connection::feed(std::span<const uint8_t> in) {
@@ -373,7 +421,7 @@ bool Connection::append_locked(std::string_view bytes) {
 void Connection::flush_from(const Loop& from) {
   if (&from == &loop) return flush();
   if (flush_posted.exchange(true)) return;
-  asio::post(loop.io, [self = shared_from_this()] {
+  loop.reactor.post([self = shared_from_this()] {
     self->flush_posted = false;
     self->flush();
   });
@@ -381,29 +429,29 @@ void Connection::flush_from(const Loop& from) {
 
 void Connection::flush() {
   if (closed) return;
-  bool arm = false, resume = false;
+  bool wait = false, resume = false;
   std::string failed;
   {
     std::lock_guard lk(out_mu);
-    if (writing) return;  // a wait for room is armed; its handler flushes
+    if (writing) return;  // waiting for room: EPOLLOUT flushes
     while (out_off < out.size()) {
-      error_code ec;
-      std::size_t n = sock.write_some(asio::buffer(out.data() + out_off, out.size() - out_off), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        if (out_off > out.size() / 2) {
-          out.erase(0, out_off);
-          out_off = 0;
+      const ssize_t n = ::send(fd, out.data() + out_off, out.size() - out_off, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (out_off > out.size() / 2) {
+            out.erase(0, out_off);
+            out_off = 0;
+          }
+          wait = writing = true;
+          break;
         }
-        arm = writing = true;
+        failed = std::strerror(errno);
         break;
       }
-      if (ec) {
-        failed = ec.message();
-        break;
-      }
-      out_off += n;
+      out_off += static_cast<std::size_t>(n);
     }
-    if (!arm && failed.empty()) {
+    if (!wait && failed.empty()) {
       out.clear();
       out_off = 0;
       if (out.capacity() > kReadChunk) out.shrink_to_fit();
@@ -412,35 +460,25 @@ void Connection::flush() {
     recount_locked();  // only ever lower here
   }
   if (!failed.empty()) return close("write failed: " + failed, false);
-  if (arm) arm_write();
-  if (resume) arm_read();
-}
-
-void Connection::arm_write() {
-  sock.async_wait(tcp::socket::wait_write, [self = shared_from_this()](const error_code& ec) {
-    {
-      std::lock_guard lk(self->out_mu);
-      self->writing = false;
-    }
-    if (self->closed) return;
-    if (ec) {
-      if (ec != asio::error::operation_aborted) self->close("write wait failed: " + ec.message(), false);
-      return;
-    }
-    self->flush();
-  });
+  if (resume && readable) read_now();  // what came while paused raised its edge then
 }
 
 void Connection::close_socket() {
   auto shut = [self = shared_from_this()] {
-    error_code ec;
-    self->sock.close(ec);
+    if (self->fd < 0) return;
+    if (self->registered) {
+      self->loop.reactor.remove(self->fd);
+      self->registered = false;
+      // Events of this batch may still name it: alive until the batch ends.
+      self->loop.reactor.retire(self);
+    }
+    ::close(self->fd);
+    self->fd = -1;
   };
-  // On the caller's io_context everything is one thread's (or the loop has stopped).
-  if (!loop.own || loop.here()) {
+  if (loop.here()) {
     shut();
   } else {
-    asio::post(loop.io, std::move(shut));
+    loop.reactor.post(std::move(shut));
   }
 }
 
@@ -569,28 +607,26 @@ Server::Impl::Drained Server::Impl::drain_accept_queue() {
     accepted.emplace_back(fd, peer);
   }
   const int saved = errno;
-  for (auto& [fd, peer] : accepted) {
-    Loop& target = *loops[next_loop];
-    error_code ec;
-    tcp::socket sock(target.io);
-    sock.assign(peer.protocol(), fd, ec);
-    if (ec) {
-      ::close(fd);
-      continue;
-    }
-    on_accept(target, std::move(sock), peer);
-  }
+  for (auto& [fd, peer] : accepted) on_accept(*loops[next_loop], fd, peer);
   errno = saved;
   return result;
 }
 
-// On the caller's thread; the socket has no operation pending yet, so its loop's thread does
-// not touch it until the read is armed there.
-void Server::Impl::on_accept(Loop& target, tcp::socket sock, const tcp::endpoint& peer) {
-  error_code ec;
+// On the caller's thread; the socket is in no reactor yet, so its loop's thread does not touch
+// it until it enters one there. Owns fd (closes it when refused).
+void Server::Impl::on_accept(Loop& target, int fd, const tcp::endpoint& peer) {
   // The listener's own address when it has one (no getsockname() per connection).
-  tcp::endpoint local = listen_local ? *listen_local : sock.local_endpoint(ec);
-  if (ec) return;  // already gone
+  tcp::endpoint local;
+  if (listen_local) {
+    local = *listen_local;
+  } else {
+    socklen_t len = static_cast<socklen_t>(local.capacity());
+    if (::getsockname(fd, local.data(), &len) != 0 || len > local.capacity()) {
+      ::close(fd);  // already gone
+      return;
+    }
+    local.resize(len);
+  }
   // Who it is, once per connection: this host's addresses (not for loopback) and the kernel's
   // owner of the client socket (found only when the client is on this host).
   const auto peer_addr = normalize(peer.address());
@@ -608,26 +644,26 @@ void Server::Impl::on_accept(Loop& target, tcp::socket sock, const tcp::endpoint
     for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a.to_string();
     log->warn("refused a store connection from {}: {} (this host: the job's user, uid {}, and root; other hosts: {})",
               format_endpoint(peer), access.why, job_uid, list.empty() ? "none" : list);
-    sock.close(ec);
+    ::close(fd);
     return;
   }
   if (open >= opts.totals.max_connections) {
     log->warn("refused a store connection from {}: the job's store has {} connections open, its limit",
               format_endpoint(peer), open);
-    sock.close(ec);
+    ::close(fd);
     return;
   }
-  sock.set_option(tcp::no_delay(true), ec);
-  sock.non_blocking(true, ec);  // accept4 made it so; this tells Asio
-  if (ec) {
-    log->warn("cannot serve {}: {}", format_endpoint(peer), ec.message());
+  const int one = 1;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+    log->warn("cannot serve {}: {}", format_endpoint(peer), std::strerror(errno));
+    ::close(fd);
     return;
   }
   std::shared_ptr<Connection> conn;
   {
     std::lock_guard lk(mu);
     ClientId id = next_id++;
-    conn = std::make_shared<Connection>(shared_from_this(), target, std::move(sock), id);
+    conn = std::make_shared<Connection>(shared_from_this(), target, fd, id);
     conn->peer = peer;
     conn->local = local;
     conn->peer_text = format_endpoint(peer);
@@ -636,10 +672,10 @@ void Server::Impl::on_accept(Loop& target, tcp::socket sock, const tcp::endpoint
   }
   log->debug("client {} connected from {} ({})", conn->id, conn->peer_text, access.why);
   next_loop = (next_loop + 1) % loops.size();
-  if (!target.own) {
-    conn->arm_read();
+  if (target.here()) {
+    conn->enter_loop();
   } else {
-    asio::post(target.io, [conn] { conn->arm_read(); });
+    target.reactor.post([conn] { conn->enter_loop(); });
   }
 }
 
@@ -662,33 +698,47 @@ void Server::Impl::drop_all() {
 void Server::Impl::start_threads() {
   loops.clear();
   if (opts.threads == 0) {
-    loops.push_back(std::make_unique<Loop>(io));
+    auto loop = std::make_unique<Loop>();
+    loop->nest.emplace(io, loop->reactor.fd());
+    watch_nested(*loop);
+    loops.push_back(std::move(loop));
     return;
   }
   for (unsigned i = 0; i < opts.threads; ++i) {
     auto loop = std::make_unique<Loop>();
-    loop->work.emplace(loop->io.get_executor());
     Loop* raw = loop.get();
-    loop->thread = std::thread([raw] { raw->io.run(); });
+    loop->thread = std::thread([raw] { raw->reactor.run(); });
+    loop->owned = true;
+    loop->thread_id = loop->thread.get_id();
     loops.push_back(std::move(loop));
   }
 }
 
-// After drop_all(): each loop runs the socket closes posted to it, then has nothing left to do.
+void Server::Impl::watch_nested(Loop& loop) {
+  loop.nest->async_wait(asio::posix::descriptor_base::wait_read,
+                        [self = shared_from_this(), l = &loop](const error_code& ec) {
+                          if (ec) return;  // stop() released it
+                          l->reactor.poll();
+                          self->watch_nested(*l);
+                        });
+}
+
+// After drop_all(): each loop runs the socket closes posted to it, then stops.
 void Server::Impl::join_threads() {
-  for (auto& l : loops) l->work.reset();
+  for (auto& l : loops) {
+    if (l->thread.joinable()) l->reactor.stop();
+  }
   for (auto& l : loops) {
     if (l->thread.joinable()) l->thread.join();
+    l->joined = true;
+    // The reactor keeps its epoll fd; the pending wait ends with operation_aborted.
+    if (l->nest) l->nest->release();
   }
-  // A handler posted to a loop after its thread left run() (a flush another thread queued just
-  // before the drop) would hold its connection, and so this Impl, forever: run what is left
-  // here (every connection is closed by now, so it only lets go).
-  for (auto& l : loops) {
-    if (l->own) {
-      l->own->restart();
-      l->own->poll();
-    }
-  }
+  // Work posted to a loop after its thread left run() (a flush another thread queued just
+  // before the drop), a nested loop's closes, and the connections retired last would hold
+  // their connections, and so this Impl, forever: run it here (every connection is closed by
+  // now, so it only lets go).
+  for (auto& l : loops) l->reactor.poll();
 }
 
 // ---------------------------------------------------------------------------------------------

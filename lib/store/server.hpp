@@ -1,5 +1,6 @@
-// The c10d TCPStore-compatible server: Boost.Asio edge over the pure decoder (protocol.hpp) and
-// store semantics (state.hpp). Unmodified PyTorch workers of every release from 1.13 on are its clients
+// The c10d TCPStore-compatible server: an I/O edge (Asio's acceptor, then an epoll loop of its
+// own per thread, reactor.hpp) over the pure decoder (protocol.hpp) and store semantics
+// (state.hpp). Unmodified PyTorch workers of every release from 1.13 on are its clients
 // (docs/store-protocol.md).
 //
 // Use (all calls on the io_context's thread; the server never blocks it):
@@ -17,14 +18,15 @@
 //  - Every operation is atomic with respect to the others, as in PyTorch's servers: the store's
 //    state is applied under one lock. Waits are event-driven: a client's WAIT is answered from
 //    inside the SET that completes it; nothing polls.
-//  - Threads: with `threads` 0 the connections are served on the caller's io_context (the
-//    launcher's loop). With N >= 1 the server runs N I/O threads of its own and deals each
-//    accepted connection to one of them (round robin); accepting stays on the caller's
-//    io_context. Only the state's update is serialised: reading, decoding and writing run in
-//    parallel, so throughput grows with cores where PyTorch's server (one thread) stops. A
-//    reply to another client (a WAIT released by a SET) is queued under the lock, in the order
+//  - Threads: with `threads` 0 the connections are served on the caller's thread (the
+//    launcher's loop: the reactor's epoll descriptor is watched by its io_context). With N >= 1
+//    the server runs N I/O threads of its own, each a reactor, and deals each accepted
+//    connection to one of them (round robin); accepting stays on the caller's io_context. Only the state's update is
+//    serialised: reading, decoding and writing run in parallel, so throughput grows with cores where PyTorch's server
+//    (one thread) stops. A reply to another client (a WAIT released by a SET) is queued under the lock, in the order
 //    the state produced it, and written by that client's own thread.
-//  - Sockets are non-blocking; reads go into one buffer per thread when the socket is readable,
+//  - Sockets are non-blocking and registered once, edge-triggered: a request costs one recv and
+//    one send, no epoll_ctl. Reads go into one buffer per thread when the socket is readable,
 //    so an idle connection (every 1.13 client keeps one) costs no buffer. Replies are written at
 //    once when the kernel takes them, else queued. A connection whose queued replies pass 4 MiB
 //    is not read from until they drain (TCP pushes back on that client only); one whose request
