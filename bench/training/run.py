@@ -22,8 +22,12 @@ TORCHELASTIC_USE_AGENT_STORE (removed: started by hand, rank 0 hosts the TCPStor
 own process, which is what `python3 train.py` with env:// does; through ddpctl it is a client
 of ddpctl's store). One hand run is also made first and not counted (page cache, GPU clocks).
 
-Targets (issue 27): steady step within 1% (ratio <= 1.01; the noise band is printed beside it)
-and the first step within 0.3 s (median ddpctl - median hand <= 0.3 s). Output: a table on
+Targets (issue 27): steady step within 1% and the first step within 0.3 s (median ddpctl -
+median hand <= 0.3 s). The steady step is judged pair by pair: each pair's ratio ddpctl/hand
+(the two runs back to back, so a drift of the GPU's clocks over the sitting cancels), their
+median against 1.01, and a 95% bootstrap interval of that median says whether the sitting
+resolves 1% at all (its upper end within 1.01: resolved). The ratio of the medians and the noise
+band (the hand runs' spread over their median) are printed beside it. Output: a table on
 stdout and one JSON (--json). Exit 0 when both targets are met, 1 when not, 2 on an error.
 
   bench/training/run.py --ddpctl build/bin/ddpctl --python /opt/torch/.venv/bin/python   # the H200
@@ -32,6 +36,7 @@ stdout and one JSON (--json). Exit 0 when both targets are met, 1 when not, 2 on
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -85,6 +90,15 @@ def one_run(side, argv, env, work, idx, timeout, out_json):
 
 def spread(xs):
     return (max(xs) - min(xs)) if xs else 0.0
+
+
+def bootstrap_median_ci(xs, resamples=10000, seed=27):
+    """95% percentile-bootstrap interval of the median of xs (a fixed seed: the same runs give the
+    same interval)."""
+    rng = random.Random(seed)
+    k = len(xs)
+    meds = sorted(statistics.median(rng.choices(xs, k=k)) for _ in range(resamples))
+    return meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
 
 
 def main():
@@ -179,8 +193,13 @@ def main():
     st = summary["steady_step_s"]
     ratio = st["ddpctl_median"] / st["hand_median"]
     band = st["hand_spread"] / st["hand_median"]
+    # runs alternate hand, ddpctl: pair i is runs[2i], runs[2i+1]
+    pair_ratios = [runs[2 * i + 1]["steady_step_s"] / runs[2 * i]["steady_step_s"] for i in range(pairs)]
+    pair_median = statistics.median(pair_ratios)
+    ci_lo, ci_hi = bootstrap_median_ci(pair_ratios)
+    resolved = ci_hi <= 1.01
     fs = summary["first_step_s"]
-    steady_ok = ratio <= 1.01
+    steady_ok = pair_median <= 1.01
     first_ok = fs["delta"] <= 0.3
     rank = runs[0]["rank"]
     result = {
@@ -193,6 +212,8 @@ def main():
         "copied_env": sorted(k for k in launcher_set if k not in MUST_DIFFER), "must_differ": list(MUST_DIFFER),
         "summary": summary,
         "steady_ratio": ratio, "steady_noise_band": band, "first_step_delta_s": fs["delta"],
+        "steady_pair_ratios": pair_ratios, "steady_pair_median": pair_median,
+        "steady_pair_median_ci95": [ci_lo, ci_hi], "steady_resolved_to_1pct": resolved,
         "targets": {"steady_ratio_max": 1.01, "first_step_delta_max_s": 0.3},
         "pass": {"steady": steady_ok, "first_step": first_ok},
         "runs": [{k: v for k, v in r.items() if k not in ("env", "rank")} for r in runs],
@@ -215,9 +236,12 @@ def main():
     print(f"| steady step | {st['hand_median'] * 1000:.3f} ms | {st['ddpctl_median'] * 1000:.3f} ms | "
           f"{(st['ddpctl_median'] - st['hand_median']) * 1000:+.3f} ms | {st['hand_spread'] * 1000:.3f} ms |")
     print()
-    print(f"TRAINING steady step: ratio ddpctl/hand {ratio:.4f} (target <= 1.01), noise band of the hand runs "
+    print("steady step per pair, ddpctl/hand: " + " ".join(f"{r:.4f}" for r in pair_ratios))
+    print(f"TRAINING steady step: median of {pairs} pair ratios ddpctl/hand {pair_median:.4f} (target <= 1.01), "
+          f"95% interval [{ci_lo:.4f}, {ci_hi:.4f}]; ratio of the medians {ratio:.4f}; noise band of the hand runs "
           f"{band * 100:.2f}%: {'PASS' if steady_ok else 'FAIL'}"
-          + ("" if band <= 0.01 else " (the band is wider than 1%: the ratio is not resolved to 1%)"))
+          + (", resolved (the interval ends within 1%)" if resolved
+             else f", not resolved to 1% (the interval reaches {ci_hi:.4f})"))
     print(f"TRAINING first step: ddpctl - hand {fs['delta']:+.3f} s (target <= 0.3 s), hand spread "
           f"{fs['hand_spread']:.3f} s: {'PASS' if first_ok else 'FAIL'}")
     if not a.keep:
