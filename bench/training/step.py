@@ -10,7 +10,10 @@ every process of the machine, so the harness can subtract the instant it asked f
   t_step1         the end of step 1: forward, backward, optimizer step, then the device synchronised
   steady          the steady window: --steps steps after --warmup, timed as a whole between two
                   device synchronisations (no synchronisation inside, as a real loop runs), and in
-                  --chunks equal parts for the spread within the run
+                  --chunks equal parts for the spread within the run; and each step of it on
+                  its own (CUDA events recorded between steps, read after the window: the GPU's
+                  time from one step's end to the next's, with no synchronisation added), whose
+                  median is the run's typical step, untouched by a few disturbed ones
 and what ran: model, parameters, batch, dtype, backend, device name, torch version, CPU affinity.
 
 Model: ResNet-50 (torchvision) when importable and --model auto/resnet50; otherwise a stack of
@@ -167,19 +170,40 @@ def main():
     sync()
     per_chunk = max(1, a.steps // a.chunks)
     chunks = []
+    cuda = a.device == "cuda"
+    marks = []  # CUDA events (on the GPU's clock) or, on the CPU, time.monotonic() readings
+
+    def mark():
+        if cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            marks.append(e)
+        else:
+            marks.append(time.monotonic())
+
     t0 = time.monotonic()
+    mark()
     for _ in range(a.chunks):
         c0 = time.monotonic()
         for _ in range(per_chunk):
             loss = step()
+            mark()
         sync()
         chunks.append((time.monotonic() - c0) / per_chunk)
     steady = (time.monotonic() - t0) / (per_chunk * a.chunks)
+    if cuda:
+        step_times = [marks[i].elapsed_time(marks[i + 1]) / 1000 for i in range(len(marks) - 1)]
+    else:
+        step_times = [marks[i + 1] - marks[i] for i in range(len(marks) - 1)]
+    step_times.sort()
+    median_step = step_times[len(step_times) // 2] if len(step_times) % 2 else \
+        (step_times[len(step_times) // 2 - 1] + step_times[len(step_times) // 2]) / 2
     final_loss = float(loss)
     dist.destroy_process_group()
     result = {
         "t_main": T_MAIN, "t_imported": T_IMPORTED, "t_init": t_init, "t_ready": t_ready, "t_step1": t_step1,
-        "steady_step_s": steady, "chunk_step_s": chunks, "steps": per_chunk * a.chunks, "warmup": a.warmup,
+        "steady_step_s": steady, "chunk_step_s": chunks, "median_step_s": median_step,
+        "step_s_quartiles": [step_times[len(step_times) // 4], step_times[(3 * len(step_times)) // 4]], "steps": per_chunk * a.chunks, "warmup": a.warmup,
         "loss": final_loss, "model": desc, "params": sum(p.numel() for p in model.parameters()),
         "dtype": a.dtype, "backend": backend, "torch": torch.__version__, "pid": os.getpid(),
         "device": torch.cuda.get_device_name(device) if a.device == "cuda" else "cpu",
