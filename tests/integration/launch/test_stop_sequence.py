@@ -108,7 +108,14 @@ def test_a_rank_killed_by_a_forwarded_sigusr1_is_named_and_never_the_first_failu
 import os, signal, sys, time
 r = os.environ["RANK"]
 if r == "1":
-    signal.signal(signal.SIGUSR1, lambda *_: open("usr1-1", "w").write("got it"))
+    # ddpctl stops this rank with SIGTERM once rank 0 died of the forwarded SIGUSR1, which can be
+    # before this handler has run or finished: SIGTERM waits, blocked, until it has written.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    def usr1(*_):
+        with open("usr1-1", "w") as f:
+            f.write("got it")
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGUSR1, usr1)
 open(f"worker-{r}.pid", "w").write(str(os.getpid()))
 while True:
     time.sleep(1)
