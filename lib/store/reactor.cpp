@@ -52,7 +52,7 @@ Reactor::~Reactor() {
 
 void Reactor::add(int fd, Handler& handler) {
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI | EPOLLET;
   ev.data.ptr = &handler;
   if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) fail("store: epoll_ctl(ADD)");
 }
@@ -88,7 +88,23 @@ void Reactor::run_posted() {
     now.swap(posted_);
     signalled_ = false;  // a post from here on writes the eventfd again
   }
-  for (auto& fn : now) fn();
+  // The tasks catch what they throw (the store's do); one that did not would end the loop's
+  // thread, and the tasks after it must not be lost meanwhile: they are put back first.
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    try {
+      now[i]();
+    } catch (...) {
+      {
+        std::lock_guard lk(mu_);
+        posted_.insert(posted_.begin(), std::make_move_iterator(now.begin() + static_cast<std::ptrdiff_t>(i) + 1),
+                       std::make_move_iterator(now.end()));
+        signalled_ = true;
+      }
+      const uint64_t one = 1;
+      [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+      throw;
+    }
+  }
 }
 
 int Reactor::run_once(int timeout_ms) {
@@ -121,9 +137,14 @@ void Reactor::stop() {
 }
 
 void Reactor::poll() {
-  // Until a call takes less than a full batch: with edge-triggered registrations, what is left
-  // in the kernel's ready list raises no new readiness of fd() for a loop nesting this one.
-  while (run_once(0) == kMaxEvents) {
+  // One batch, so that the loop nesting this one serves its own work between batches. What is
+  // left in the ready list keeps fd() readable: Asio's next async_wait on it re-registers it
+  // (EPOLL_CTL_MOD), which reports readiness that is already there.
+  run_once(0);
+}
+
+void Reactor::drain() {
+  while (run_once(0) > 0) {
   }
 }
 

@@ -4,17 +4,22 @@
 // Why not Asio here: Asio's async_wait re-registers the descriptor (epoll_ctl) for every wait,
 // so a store request cost recv + send + epoll_ctl; and Asio 1.81 tries every async_read_some at
 // once, which turns the saved epoll_ctl into a recv that finds nothing (docs/performance.md).
-// Registered once for EPOLLIN | EPOLLOUT | EPOLLRDHUP with EPOLLET, a request costs its recv and
+// Registered once for EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLPRI with EPOLLET, a request costs its recv and
 // its send, and one epoll_wait is shared by every connection ready at the time.
 //
 // The edge-triggered contract, for a Handler:
 //  - An event says that something changed since the last one; it is not repeated. Read until
 //    recv() returns EAGAIN or fewer bytes than asked: a stream socket then holds nothing that
-//    will not raise a new edge (Linux signals every arrival, not only empty-to-nonempty).
+//    will not raise a new edge (Linux signals every arrival, not only empty-to-nonempty). Not
+//    so once an event has carried EPOLLRDHUP, EPOLLHUP or EPOLLERR: the end of input (or the
+//    error) is already queued behind the data and raises nothing more, so read until recv()
+//    returns 0, an error or EAGAIN.
 //    A handler that stops reading early (fairness, back-pressure) must come back on its own,
 //    by a post().
 //  - EPOLLOUT comes after a send() has returned EAGAIN and room has been made; the first one, at
 //    registration, says only that the socket is writable.
+//  - EPOLLPRI: TCP urgent data, at whose mark recv() stops short with more queued behind it (the
+//    one exception to the rule above); the store closes such a client.
 //
 // Threads: run() on the loop's own thread, or poll() from a thread that owns the loop through
 // another loop's readiness of fd() (the store on the launcher's Asio io_context). post() from any
@@ -47,7 +52,7 @@ class Reactor {
 
   // Registers fd for reading and writing, edge-triggered; the handler must stay alive while fd
   // is registered and through the batch that removes it (retire()).
-  void add(int fd, Handler& handler);
+  void add(int fd, Handler& handler);  // throws std::system_error
   // Stops fd's events. Events already taken from the kernel in this batch are still delivered:
   // keep the handler alive until the batch ends (retire()).
   void remove(int fd);
@@ -60,8 +65,12 @@ class Reactor {
   // posted before stop() runs first.
   void run();
   void stop();
-  // Delivers what is ready now and what has been posted, without blocking.
+  // Delivers one batch of what is ready now and what has been posted, without blocking; fd()
+  // stays readable while more is ready.
   void poll();
+  // Delivers batches until nothing is ready and nothing is posted (at the end, with no thread
+  // left running the loop).
+  void drain();
   // Readable while poll() has something to deliver (for nesting in another loop).
   int fd() const { return epoll_fd_; }
 

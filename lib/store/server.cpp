@@ -161,6 +161,12 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   // Reads while the kernel has bytes (up to kMaxReadsPerWakeup reads, then it comes back by a
   // post), serves what they complete, writes the replies.
   void read_now();
+  // Runs fn, one of this connection's steps on its loop; an exception (std::bad_alloc) closes
+  // this connection only: nothing escapes into the loop, which serves the others.
+  template <class F>
+  void guarded(F&& fn) noexcept;
+  // Posts read_now() to loop, once until it has run.
+  void post_read();
   void feed(std::span<const uint8_t> in);
   void handle(Server::Impl& s);
   bool append_locked(std::string_view bytes);  // under srv->mu
@@ -183,6 +189,8 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   // loop's thread only:
   bool registered = false;            // in loop.reactor
   bool readable = false;              // an edge came and recv() has not yet come up short or empty
+  bool read_posted = false;           // a read_now() is posted
+  bool peer_done = false;             // its end of input or an error is queued: read to it, short reads too
   std::atomic<uint64_t> requests{0};  // written on loop's thread only
   std::optional<int> proc_pid;        // under srv->mu: found through /proc (loopback 1.13 clients)
 
@@ -231,20 +239,47 @@ std::string Connection::name_locked() const {
   return s + ")";
 }
 
-void Connection::enter_loop() {
-  if (closed || registered) return;
-  try {
-    loop.reactor.add(fd, *this);
-    registered = true;
-  } catch (const std::system_error& e) {  // ENOMEM, or the user's epoll watch limit
-    close(fmt::format("cannot serve it: {}", e.what()), false);
-  }
-}
-
-void Connection::on_events(uint32_t events) {
+template <class F>
+void Connection::guarded(F&& fn) noexcept {
   auto keep = shared_from_this();
   if (closed) return;
   try {
+    fn();
+  } catch (const std::exception& e) {  // std::bad_alloc
+    try {
+      close(fmt::format("failed while serving it: {}", e.what()), true);
+    } catch (...) {  // out of memory for the message too: close it all the same
+      std::lock_guard lk(srv->mu);
+      close_locked("failed while serving it", true);
+    }
+  }
+}
+
+void Connection::post_read() {
+  if (std::exchange(read_posted, true)) return;
+  loop.reactor.post([self = shared_from_this()] {
+    self->read_posted = false;
+    self->guarded([&] { self->read_now(); });
+  });
+}
+
+void Connection::enter_loop() {
+  guarded([&] {
+    if (registered) return;
+    try {
+      loop.reactor.add(fd, *this);
+      registered = true;
+    } catch (const std::system_error& e) {  // ENOMEM, or the user's epoll watch limit
+      close(fmt::format("cannot serve it: {}", e.what()), false);
+    }
+  });
+}
+
+void Connection::on_events(uint32_t events) {
+  guarded([&] {
+    // Urgent data (MSG_OOB): no PyTorch client sends it, and recv() stops short at its mark with
+    // more queued behind it, which an edge-triggered reader would never be woken for.
+    if (events & EPOLLPRI) return close("it sent TCP urgent (out-of-band) data", true);
     if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) {
       bool resume;
       {
@@ -255,12 +290,13 @@ void Connection::on_events(uint32_t events) {
       if (closed) return;
     }
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP)) {
+      // A FIN queued behind the data raises no edge of its own after it: this event is its edge,
+      // and a read that comes up short before it does not mean there is nothing left.
+      if (events & (EPOLLRDHUP | EPOLLERR | EPOLLHUP)) peer_done = true;
       readable = true;
       read_now();
     }
-  } catch (const std::exception& e) {  // std::bad_alloc: this connection only
-    close(fmt::format("failed while serving it: {}", e.what()), true);
-  }
+  });
 }
 
 void Connection::read_now() {
@@ -286,11 +322,13 @@ void Connection::read_now() {
       return;
     }
     if (n == 0) {
+      flush();  // the replies to what it sent before it shut down its side
       close("disconnected", false);
       return;
     }
-    // Short: the kernel had no more, and what arrives from now on raises a new edge.
-    if (static_cast<std::size_t>(n) < kReadChunk) readable = false;
+    // Short: the kernel had no more, and what arrives from now on raises a new edge (but for an
+    // end of input already queued: read on until recv() says 0).
+    if (static_cast<std::size_t>(n) < kReadChunk && !peer_done) readable = false;
     feed(std::span<const uint8_t>(buf.get(), static_cast<std::size_t>(n)));
     if (closed) return;
   }
@@ -302,7 +340,7 @@ void Connection::read_now() {
     if (paused) return;
   }
   // Still readable after a fair share: the rest after the other connections' events.
-  if (readable) loop.reactor.post([self = shared_from_this()] { self->read_now(); });
+  if (readable) post_read();
 }
 
 void Connection::feed(std::span<const uint8_t> in) {
@@ -350,7 +388,7 @@ void Connection::handle(Server::Impl& s) {
   struct FlushWoken {
     Loop& from;
     ~FlushWoken() {
-      for (auto& other : woken) other->flush_from(from);
+      for (auto& other : woken) other->guarded([&] { other->flush_from(from); });
       woken.clear();
     }
   } flush_woken{loop};
@@ -423,7 +461,7 @@ void Connection::flush_from(const Loop& from) {
   if (flush_posted.exchange(true)) return;
   loop.reactor.post([self = shared_from_this()] {
     self->flush_posted = false;
-    self->flush();
+    self->guarded([&] { self->flush(); });
   });
 }
 
@@ -460,7 +498,9 @@ void Connection::flush() {
     recount_locked();  // only ever lower here
   }
   if (!failed.empty()) return close("write failed: " + failed, false);
-  if (resume && readable) read_now();  // what came while paused raised its edge then
+  // What came while paused raised its edge then. Posted, not read here: flush() may run inside
+  // another connection's request (a push to this one), whose bytes are in the loop's buffer.
+  if (resume && readable) post_read();
 }
 
 void Connection::close_socket() {
@@ -738,7 +778,7 @@ void Server::Impl::join_threads() {
   // before the drop), a nested loop's closes, and the connections retired last would hold
   // their connections, and so this Impl, forever: run it here (every connection is closed by
   // now, so it only lets go).
-  for (auto& l : loops) l->reactor.poll();
+  for (auto& l : loops) l->reactor.drain();
 }
 
 // ---------------------------------------------------------------------------------------------
