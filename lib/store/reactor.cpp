@@ -88,8 +88,8 @@ void Reactor::run_posted() {
     now.swap(posted_);
     signalled_ = false;  // a post from here on writes the eventfd again
   }
-  // The tasks catch what they throw (the store's do); one that did not would end the loop's
-  // thread, and the tasks after it must not be lost meanwhile: they are put back first.
+  // The tasks catch what they throw (the store's do); one that did not reaches run()'s or
+  // poll()'s caller, and the tasks after it must not be lost meanwhile: they are put back first.
   for (std::size_t i = 0; i < now.size(); ++i) {
     try {
       now[i]();

@@ -39,7 +39,9 @@ class Reactor {
  public:
   class Handler {
    public:
-    virtual void on_events(uint32_t events) = 0;  // EPOLLIN, EPOLLOUT, EPOLLRDHUP, EPOLLERR, EPOLLHUP
+    // EPOLLIN, EPOLLOUT, EPOLLRDHUP, EPOLLPRI, EPOLLERR, EPOLLHUP. Catches what it throws: an
+    // exception would lose the rest of the batch, whose edges do not come again.
+    virtual void on_events(uint32_t events) noexcept = 0;
 
    protected:
     ~Handler() = default;

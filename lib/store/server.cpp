@@ -157,7 +157,7 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   // On loop's thread: joins its reactor (the first events come at once: writable, and readable
   // when the client has already sent).
   void enter_loop();
-  void on_events(uint32_t events) override;
+  void on_events(uint32_t events) noexcept override;
   // Reads while the kernel has bytes (up to kMaxReadsPerWakeup reads, then it comes back by a
   // post), serves what they complete, writes the replies.
   void read_now();
@@ -191,6 +191,7 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   bool readable = false;              // an edge came and recv() has not yet come up short or empty
   bool read_posted = false;           // a read_now() is posted
   bool peer_done = false;             // its end of input or an error is queued: read to it, short reads too
+  bool ended = false;                 // its input ended: closed once its replies are written
   std::atomic<uint64_t> requests{0};  // written on loop's thread only
   std::optional<int> proc_pid;        // under srv->mu: found through /proc (loopback 1.13 clients)
 
@@ -275,7 +276,7 @@ void Connection::enter_loop() {
   });
 }
 
-void Connection::on_events(uint32_t events) {
+void Connection::on_events(uint32_t events) noexcept {
   guarded([&] {
     // Urgent data (MSG_OOB): no PyTorch client sends it, and recv() stops short at its mark with
     // more queued behind it, which an edge-triggered reader would never be woken for.
@@ -322,8 +323,11 @@ void Connection::read_now() {
       return;
     }
     if (n == 0) {
-      flush();  // the replies to what it sent before it shut down its side
-      close("disconnected", false);
+      // The replies to what it sent before it shut down its side are written first; what the
+      // kernel does not take now, flush() writes on EPOLLOUT and then closes.
+      ended = true;
+      readable = false;
+      flush();
       return;
     }
     // Short: the kernel had no more, and what arrives from now on raises a new edge (but for an
@@ -418,7 +422,12 @@ void Connection::handle(Server::Impl& s) {
         self_ok = self_ok && append_locked(*push.bytes);
         continue;
       }
-      if (other->append_locked(*push.bytes)) woken.push_back(std::move(other));
+      // Out of memory for one recipient's reply closes that recipient; the others' go on.
+      try {
+        if (other->append_locked(*push.bytes)) woken.push_back(other);
+      } catch (const std::bad_alloc&) {
+        other->close_locked("out of memory for a reply to it", true);
+      }
     }
     self_ok = self_ok && !closed;  // shed meanwhile for the store's in-flight bound
     if (self_ok && !s.fx.close_reason.empty()) close_locked(s.fx.close_reason, true);
@@ -498,6 +507,7 @@ void Connection::flush() {
     recount_locked();  // only ever lower here
   }
   if (!failed.empty()) return close("write failed: " + failed, false);
+  if (ended && !wait) return close("disconnected", false);
   // What came while paused raised its edge then. Posted, not read here: flush() may run inside
   // another connection's request (a push to this one), whose bytes are in the loop's buffer.
   if (resume && readable) post_read();
@@ -747,7 +757,15 @@ void Server::Impl::start_threads() {
   for (unsigned i = 0; i < opts.threads; ++i) {
     auto loop = std::make_unique<Loop>();
     Loop* raw = loop.get();
-    loop->thread = std::thread([raw] { raw->reactor.run(); });
+    loop->thread = std::thread([raw, log = log] {
+      for (;;) {
+        try {
+          return raw->reactor.run();
+        } catch (const std::exception& e) {  // a connection's own are caught in it: logged, served on
+          log->error("store I/O thread: {}", e.what());
+        }
+      }
+    });
     loop->owned = true;
     loop->thread_id = loop->thread.get_id();
     loops.push_back(std::move(loop));
@@ -758,7 +776,11 @@ void Server::Impl::watch_nested(Loop& loop) {
   loop.nest->async_wait(asio::posix::descriptor_base::wait_read,
                         [self = shared_from_this(), l = &loop](const error_code& ec) {
                           if (ec) return;  // stop() released it
-                          l->reactor.poll();
+                          try {
+                            l->reactor.poll();
+                          } catch (const std::exception& e) {  // not the store's own: logged, served on
+                            self->log->error("store loop: {}", e.what());
+                          }
                           self->watch_nested(*l);
                         });
 }

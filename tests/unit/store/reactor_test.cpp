@@ -42,7 +42,7 @@ struct Pair {
 struct Recorder final : Reactor::Handler {
   std::vector<uint32_t> events;
   std::function<void(uint32_t)> also;
-  void on_events(uint32_t e) override {
+  void on_events(uint32_t e) noexcept override {
     events.push_back(e);
     if (also) also(e);
   }
@@ -186,7 +186,7 @@ TEST(StoreReactor, ARetiredHandlerLivesUntilItsBatchEnds) {
     bool* destroyed;
     explicit Owned(bool* d) : destroyed(d) {}
     ~Owned() { *destroyed = true; }
-    void on_events(uint32_t) override { fn(); }
+    void on_events(uint32_t) noexcept override { fn(); }
   };
   Reactor r;
   Pair a, b;

@@ -252,6 +252,17 @@ TEST_P(StoreServer, RepliesToRequestsBeforeAHalfCloseAreSent) {
     EXPECT_EQ(c.recv(8), i64(1)) << "round " << i;
     EXPECT_TRUE(c.closed_by_peer());
   }
+  // Replies larger than the kernel takes at once: the rest goes out as the client reads, then
+  // the connection closes.
+  const std::string big(16 << 20, 'b');
+  RawClient c(st.port());
+  c.send(enc(Protocol::v1, req(Op::set, "/big", big)) + enc(Protocol::v1, req(Op::get, "/big")));
+  ASSERT_EQ(::shutdown(c.fd(), SHUT_WR), 0);
+  const std::string got = c.recv(8 + big.size(), 20s);
+  ASSERT_EQ(got.size(), 8 + big.size());
+  EXPECT_EQ(got.substr(0, 8), i64(static_cast<int64_t>(big.size())));
+  EXPECT_TRUE(got.compare(8, std::string::npos, big) == 0);
+  EXPECT_TRUE(c.closed_by_peer());
 }
 
 TEST_P(StoreServer, ManyWaitersReleasedByOneSet) {
