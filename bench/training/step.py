@@ -30,6 +30,7 @@ ENV0 = dict(os.environ)  # as the launcher gave it, before torch's import can ad
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import statistics  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -196,8 +197,7 @@ def main():
     else:
         step_times = [marks[i + 1] - marks[i] for i in range(len(marks) - 1)]
     step_times.sort()
-    median_step = step_times[len(step_times) // 2] if len(step_times) % 2 else \
-        (step_times[len(step_times) // 2 - 1] + step_times[len(step_times) // 2]) / 2
+    median_step = statistics.median(step_times)
     final_loss = float(loss)
     dist.destroy_process_group()
     result = {

@@ -21,10 +21,11 @@
 //  - Threads: with `threads` 0 the connections are served on the caller's thread (the
 //    launcher's loop: the reactor's epoll descriptor is watched by its io_context). With N >= 1
 //    the server runs N I/O threads of its own, each a reactor, and deals each accepted
-//    connection to one of them (round robin); accepting stays on the caller's io_context. Only the state's update is
-//    serialised: reading, decoding and writing run in parallel, so throughput grows with cores where PyTorch's server
-//    (one thread) stops. A reply to another client (a WAIT released by a SET) is queued under the lock, in the order
-//    the state produced it, and written by that client's own thread.
+//    connection to one of them (round robin); accepting stays on the caller's io_context. Only
+//    the state's update is serialised: reading, decoding and writing run in parallel, so
+//    throughput grows with cores where PyTorch's server (one thread) stops. A reply to another
+//    client (a WAIT released by a SET) is queued under the lock, in the order the state
+//    produced it, and written by that client's own thread.
 //  - Sockets are non-blocking and registered once, edge-triggered: a request costs one recv and
 //    one send, no epoll_ctl. Reads go into one buffer per thread when the socket is readable,
 //    so an idle connection (every 1.13 client keeps one) costs no buffer. Replies are written at

@@ -62,14 +62,22 @@ bool readable(int fd) {
   return ::poll(&p, 1, 0) == 1;
 }
 
-}  // namespace
-
-TEST(StoreReactor, AnEventComesOncePerChangeNotWhileTheStateLasts) {
+// A reactor with one socket pair's end registered and the registration's event delivered.
+struct Registered {
   Reactor r;
   Pair p;
   Recorder h;
-  r.add(p.ours, h);
-  r.poll();
+  Registered() {
+    r.add(p.ours, h);
+    r.poll();
+  }
+};
+
+}  // namespace
+
+TEST(StoreReactor, AnEventComesOncePerChangeNotWhileTheStateLasts) {
+  Registered t;
+  auto& [r, p, h] = t;
   // Registration: writable, nothing to read.
   ASSERT_EQ(h.events.size(), 1u);
   EXPECT_TRUE(h.events[0] & EPOLLOUT);
@@ -86,11 +94,8 @@ TEST(StoreReactor, AnEventComesOncePerChangeNotWhileTheStateLasts) {
 // The store stops reading when recv() comes up short; that is safe only because every arrival
 // raises an edge, also while earlier bytes are still unread.
 TEST(StoreReactor, EveryArrivalRaisesAnEdgeEvenWithBytesUnread) {
-  Reactor r;
-  Pair p;
-  Recorder h;
-  r.add(p.ours, h);
-  r.poll();
+  Registered t;
+  auto& [r, p, h] = t;
   for (int i = 1; i <= 3; ++i) {
     send_byte(p.theirs);
     r.poll();
@@ -104,11 +109,8 @@ TEST(StoreReactor, EveryArrivalRaisesAnEdgeEvenWithBytesUnread) {
 // same event (EPOLLRDHUP) and raises no edge of its own after a short read, so the store reads on
 // until recv() says 0 once an event carried it.
 TEST(StoreReactor, AnEndOfInputQueuedBehindDataRaisesNoEdgeOfItsOwn) {
-  Reactor r;
-  Pair p;
-  Recorder h;
-  r.add(p.ours, h);
-  r.poll();
+  Registered t;
+  auto& [r, p, h] = t;
   send_byte(p.theirs);
   ASSERT_EQ(::shutdown(p.theirs, SHUT_WR), 0);
   r.poll();
@@ -123,11 +125,8 @@ TEST(StoreReactor, AnEndOfInputQueuedBehindDataRaisesNoEdgeOfItsOwn) {
 }
 
 TEST(StoreReactor, WritableAgainOnlyAfterASendCameUpShortAndRoomWasMade) {
-  Reactor r;
-  Pair p;
-  Recorder h;
-  r.add(p.ours, h);
-  r.poll();
+  Registered t;
+  auto& [r, p, h] = t;
   ASSERT_EQ(h.count(EPOLLOUT), 1);
   const std::string chunk(4096, 'y');
   std::size_t sent = 0;
@@ -153,11 +152,8 @@ TEST(StoreReactor, WritableAgainOnlyAfterASendCameUpShortAndRoomWasMade) {
 }
 
 TEST(StoreReactor, ThePeerClosingIsAnEvent) {
-  Reactor r;
-  Pair p;
-  Recorder h;
-  r.add(p.ours, h);
-  r.poll();
+  Registered t;
+  auto& [r, p, h] = t;
   ::close(p.theirs);
   p.theirs = -1;
   r.poll();
@@ -166,11 +162,8 @@ TEST(StoreReactor, ThePeerClosingIsAnEvent) {
 }
 
 TEST(StoreReactor, RemovedDescriptorsRaiseNothing) {
-  Reactor r;
-  Pair p;
-  Recorder h;
-  r.add(p.ours, h);
-  r.poll();
+  Registered t;
+  auto& [r, p, h] = t;
   r.remove(p.ours);
   send_byte(p.theirs);
   r.poll();
