@@ -10,7 +10,10 @@
 // plus one shared counter, like init-time traffic (SET + WAIT + GET of ids, ADD barriers).
 // Reported per run: ops/s (one op = one request; SET has no reply), round-trip latency p50/p99
 // of the replied ops, and the server's CPU time per op from /proc/PID/stat (utime+stime over
-// the measured window). At the end: each server's resident memory (VmRSS before, VmHWM after).
+// the measured window), and how often its threads went to sleep per op (voluntary context
+// switches of all its threads, /proc/PID/task/*/status): a busy server finds requests waiting
+// and sleeps less than once per op. At the end: each server's resident memory (VmRSS before,
+// VmHWM after).
 // Ratios are ours/theirs for the first target over the second.
 #include "store/protocol.hpp"
 
@@ -27,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -49,7 +53,7 @@ struct Target {
 };
 
 struct RunResult {
-  double ops_per_s = 0, cpu_us_per_op = 0, p50_us = 0, p99_us = 0;
+  double ops_per_s = 0, cpu_us_per_op = 0, p50_us = 0, p99_us = 0, sleeps_per_op = 0;
   uint64_t ops = 0;
 };
 
@@ -67,6 +71,21 @@ long cpu_ticks(pid_t pid) {
     if (i == 15) stime = std::stol(field);
   }
   return utime + stime;
+}
+
+// Voluntary context switches of every thread of pid (each time one of them blocked: in epoll_wait,
+// poll, on a lock). Threads that ended within the window are not counted.
+long sleeps(pid_t pid) {
+  long sum = 0;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(dir)) {
+    std::ifstream f(task.path() / "status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) sum += std::stol(line.substr(24));
+    }
+  }
+  return sum;
 }
 
 long status_kib(pid_t pid, const char* key) {
@@ -251,12 +270,14 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // warm-up
   const uint64_t ops0 = ops.load();
   const long ticks0 = cpu_ticks(t.pid);
+  const long sleeps0 = sleeps(t.pid);
   const auto t0 = Clk::now();
   measuring = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   measuring = false;
   const auto t1 = Clk::now();
   const long ticks1 = cpu_ticks(t.pid);
+  const long sleeps1 = sleeps(t.pid);
   stop = true;
   for (auto& th : threads) th.join();
   if (failures > 0)
@@ -268,6 +289,7 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
   const double secs = std::chrono::duration<double>(t1 - t0).count();
   r.ops_per_s = n / secs;
   r.cpu_us_per_op = n ? (ticks1 - ticks0) * 1e6 / sysconf(_SC_CLK_TCK) / n : 0;
+  r.sleeps_per_op = n ? double(sleeps1 - sleeps0) / n : 0;
   std::vector<float> all;
   for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
   if (!all.empty()) {
@@ -335,14 +357,15 @@ int main(int argc, char** argv) try {
       "store_load: PyTorch %s protocol; per client a loop of SET, WAIT(existing), GET, ADD(shared);\n"
       "  one request outstanding per client; clients spread over up to %d epoll threads; %.1f s per run\n",
       g_protocol == Protocol::v1 ? "1.13" : "2.x", threads, seconds);
-  std::printf("%8s  %-8s %12s %10s %10s %12s\n", "clients", "server", "ops/s", "p50 us", "p99 us", "cpu us/op");
+  std::printf("%8s  %-8s %12s %10s %10s %12s %12s\n", "clients", "server", "ops/s", "p50 us", "p99 us", "cpu us/op",
+              "sleeps/op");
   for (int n : clients) {
     std::vector<RunResult> rs;
     for (auto& t : targets) {
       rs.push_back(run(t, n, seconds, threads));
       const auto& r = rs.back();
-      std::printf("%8d  %-8s %12.0f %10.1f %10.1f %12.2f\n", n, t.name.c_str(), r.ops_per_s, r.p50_us, r.p99_us,
-                  r.cpu_us_per_op);
+      std::printf("%8d  %-8s %12.0f %10.1f %10.1f %12.2f %12.3f\n", n, t.name.c_str(), r.ops_per_s, r.p50_us, r.p99_us,
+                  r.cpu_us_per_op, r.sleeps_per_op);
       std::fflush(stdout);
     }
     if (rs.size() >= 2 && rs[1].ops_per_s > 0 && rs[1].cpu_us_per_op > 0) {
