@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """ddpctl's own overhead on a training job: the same script (bench/training/step.py, DDP, one
-rank) started by hand and through ddpctl, alternately in one invocation (hand, ddpctl, hand,
-ddpctl, ...), reported as medians, their ratio and the noise band of the hand runs.
+rank) started by hand and through ddpctl, alternately in one invocation, in pairs whose order
+alternates (hand then ddpctl, ddpctl then hand, ...: a run slowed by the one before it, or by the
+GPU's clocks as they settle, weighs on both sides alike), reported as medians, their ratio and
+the noise band of the hand runs; the order effect (second run of a pair over the first) is
+printed beside it.
 
 Two numbers per run, both from step.py's CLOCK_MONOTONIC timestamps (one clock for every process
 of the machine):
@@ -177,11 +180,17 @@ def main():
         if a.budget and i >= 2 and (pair_start - begun) + last_pair > a.budget:
             print(f"  stopping after {i} pairs: another would overrun --budget {a.budget:.0f} s", flush=True)
             break
-        for r in (hand_run(hand_env), ddpctl_run()):
-            runs.append(r)
+        # Even pairs hand first, odd pairs ddpctl first; runs keeps (hand, ddpctl) per pair.
+        order = ("hand", "ddpctl") if i % 2 == 0 else ("ddpctl", "hand")
+        done = {}
+        for side in order:
+            r = hand_run(hand_env) if side == "hand" else ddpctl_run()
+            r["first_in_pair"] = side == order[0]
+            done[side] = r
             print(f"  {r['side']:6s} first step {r['first_step_s']:7.3f} s (python up {r['python_start_s']:.3f}, "
                   f"init {r['init_s']:.3f})  steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s",
                   flush=True)
+        runs += [done["hand"], done["ddpctl"]]
         last_pair = time.monotonic() - pair_start
     pairs = len(runs) // 2
 
@@ -198,8 +207,11 @@ def main():
     st = summary["steady_step_s"]
     ratio = st["ddpctl_median"] / st["hand_median"]
     band = st["hand_spread"] / st["hand_median"]
-    # runs alternate hand, ddpctl: pair i is runs[2i], runs[2i+1]
+    # pair i is runs[2i] (hand), runs[2i+1] (ddpctl), whichever ran first
     pair_ratios = [runs[2 * i + 1]["steady_step_s"] / runs[2 * i]["steady_step_s"] for i in range(pairs)]
+    # The order effect: each pair's second run over its first, whichever launcher it was.
+    order_ratios = [(runs[2 * i]["steady_step_s"] / runs[2 * i + 1]["steady_step_s"])
+                    ** (1 if runs[2 * i + 1]["first_in_pair"] else -1) for i in range(pairs)]
     pair_median = statistics.median(pair_ratios)
     ci_lo, ci_hi = bootstrap_median_ci(pair_ratios)
     resolved = ci_hi <= 1.01
@@ -223,6 +235,7 @@ def main():
         "steady_ratio": ratio, "steady_noise_band": band, "first_step_delta_s": fs["delta"],
         "steady_pair_ratios": pair_ratios, "steady_pair_median": pair_median,
         "steady_pair_median_ci95": [ci_lo, ci_hi], "steady_resolved_to_1pct": resolved,
+        "steady_order_ratios_second_over_first": order_ratios,
         "mean_step_pair_ratios": mean_ratios, "mean_step_pair_median": statistics.median(mean_ratios),
         "mean_step_pair_median_ci95": list(mean_ci), "mean_step_noise_band": mean_band,
         "targets": {"steady_ratio_max": 1.01, "first_step_delta_max_s": 0.3},
@@ -250,6 +263,10 @@ def main():
     print()
     print("median step per pair, ddpctl/hand: " + " ".join(f"{r:.4f}" for r in pair_ratios))
     print("mean step per pair, ddpctl/hand:   " + " ".join(f"{r:.4f}" for r in mean_ratios))
+    print("pairs' order: " + " ".join("hand first" if runs[2 * i]["first_in_pair"] else "ddpctl first"
+                                      for i in range(pairs)))
+    print(f"order effect (median step, second run of a pair over its first): median "
+          f"{statistics.median(order_ratios):.4f}; " + " ".join(f"{r:.4f}" for r in order_ratios))
     print(f"mean step: median of the pair ratios {statistics.median(mean_ratios):.4f}, 95% interval "
           f"[{mean_ci[0]:.4f}, {mean_ci[1]:.4f}], noise band of the hand runs {mean_band * 100:.2f}%")
     print(f"TRAINING steady step: median of {pairs} pair ratios ddpctl/hand {pair_median:.4f} (target <= 1.01), "
