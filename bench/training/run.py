@@ -4,7 +4,9 @@ rank) started by hand and through ddpctl, alternately in one invocation, in pair
 alternates (hand then ddpctl, ddpctl then hand, ...: a run slowed by the one before it, or by the
 GPU's clocks as they settle, weighs on both sides alike), reported as medians, their ratio and
 the noise band of the hand runs; the order effect (second run of a pair over the first) is
-printed beside it.
+printed beside it. On a GPU each run also records the GPU's SM clock, temperature and power over
+its steady window (nvidia-smi in the background), so a run that stepped slower than the others
+shows whether the GPU ran slower in it.
 
 Two numbers per run, both from step.py's CLOCK_MONOTONIC timestamps (one clock for every process
 of the machine):
@@ -44,11 +46,13 @@ import argparse
 import json
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,18 +67,78 @@ def free_port():
         return s.getsockname()[1]
 
 
-def one_run(side, argv, env, work, idx, timeout, out_json):
+class GpuSampler:
+    """The GPU's SM clock, temperature and power while a run goes on: `nvidia-smi -lms` in the
+    background (the rank is not touched), each line stamped with time.monotonic() as it arrives,
+    so that the samples inside the run's steady window can be told apart. Whole runs that step
+    slower than the others show whether the GPU was clocked lower in them. Nothing (None) where
+    nvidia-smi is missing or says nothing parseable."""
+
+    def __init__(self, gpu, interval_ms=200):
+        self.samples = []  # (monotonic, sm_mhz, temperature_c, power_w)
+        self.proc = None
+        exe = shutil.which("nvidia-smi")
+        if not exe:
+            return
+        self.proc = subprocess.Popen(
+            [exe, "-i", gpu, "--query-gpu=clocks.sm,temperature.gpu,power.draw", "--format=csv,noheader,nounits",
+             "-lms", str(interval_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            now = time.monotonic()
+            try:
+                sm, temp, power = (float(v) for v in line.split(","))
+            except ValueError:
+                continue  # "[N/A]" or a message
+            self.samples.append((now, sm, temp, power))
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.reader.join(timeout=5)
+
+    def window(self, t0, t1):
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not inside:
+            return None
+        sm = [s[1] for s in inside]
+        return {"samples": len(inside), "sm_mhz_median": statistics.median(sm), "sm_mhz_min": min(sm),
+                "temperature_c_max": max(s[2] for s in inside),
+                "power_w_median": statistics.median(s[3] for s in inside)}
+
+
+def gpu_of(env):
+    """The GPU a one-rank run uses: the first entry of CUDA_VISIBLE_DEVICES (an index or a UUID,
+    both of which nvidia-smi -i takes), else 0."""
+    first = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return first or "0"
+
+
+def one_run(side, argv, env, work, idx, timeout, out_json, sample_gpu=False):
     log = work / f"{idx:02d}-{side}.log"
-    with open(log, "w") as f:
-        t_req = time.monotonic()
-        p = subprocess.Popen(argv, env=env, cwd=work, stdout=f, stderr=subprocess.STDOUT)
-        try:
-            rc = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            raise SystemExit(f"run.py: {side} run {idx} took more than {timeout} s; its output: {log}")
-        t_exit = time.monotonic()
+    sampler = GpuSampler(gpu_of(env)) if sample_gpu else None
+    try:
+        with open(log, "w") as f:
+            t_req = time.monotonic()
+            p = subprocess.Popen(argv, env=env, cwd=work, stdout=f, stderr=subprocess.STDOUT)
+            try:
+                rc = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                raise SystemExit(f"run.py: {side} run {idx} took more than {timeout} s; its output: {log}")
+            t_exit = time.monotonic()
+    finally:
+        if sampler:
+            sampler.stop()
     if rc != 0 or not Path(out_json).exists():
         tail = log.read_text()[-3000:]
         raise SystemExit(f"run.py: {side} run {idx} failed (exit {rc}): {' '.join(argv)}\n--- {log}:\n{tail}")
@@ -93,6 +157,7 @@ def one_run(side, argv, env, work, idx, timeout, out_json):
         "rank": {k: r[k] for k in ("model", "params", "dtype", "backend", "torch", "device", "affinity", "loss",
                                     "steps", "warmup")},
         "env": r["env"],
+        "gpu": sampler.window(*r["t_steady"]) if sampler and "t_steady" in r else None,
     }
 
 
@@ -149,7 +214,7 @@ def main():
         else:
             argv = [a.ddpctl, "launch", "-n", "1", "--log-dir", str(work / "logs"), "--", a.python, "-u", str(STEP),
                     "--out", out, *script_args]
-        return one_run("ddpctl", argv, {**base, "PYTHON_EXEC": a.python}, work, idx, a.timeout, out)
+        return one_run("ddpctl", argv, {**base, "PYTHON_EXEC": a.python}, work, idx, a.timeout, out, a.device == "cuda")
 
     def hand_run(env):
         nonlocal idx
@@ -163,7 +228,8 @@ def main():
             if str(own) in v:
                 Path(v).parent.mkdir(parents=True, exist_ok=True)
         env["MASTER_PORT"] = str(free_port())
-        return one_run("hand", [a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out)
+        return one_run("hand", [a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out,
+                       a.device == "cuda")
 
     print(f"training overhead: {a.pairs} pairs (hand, ddpctl), {a.device}, model {a.model}, {a.dtype}; work {work}",
           flush=True)
@@ -188,7 +254,9 @@ def main():
             r["first_in_pair"] = side == order[0]
             done[side] = r
             print(f"  {r['side']:6s} first step {r['first_step_s']:7.3f} s (python up {r['python_start_s']:.3f}, "
-                  f"init {r['init_s']:.3f})  steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s",
+                  f"init {r['init_s']:.3f})  steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s"
+                  + (f"  GPU {r['gpu']['sm_mhz_median']:.0f} MHz (min {r['gpu']['sm_mhz_min']:.0f}), "
+                     f"{r['gpu']['temperature_c_max']:.0f} C, {r['gpu']['power_w_median']:.0f} W" if r["gpu"] else ""),
                   flush=True)
         runs += [done["hand"], done["ddpctl"]]
         last_pair = time.monotonic() - pair_start

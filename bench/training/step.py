@@ -14,6 +14,7 @@ every process of the machine, so the harness can subtract the instant it asked f
                   its own (CUDA events recorded between steps, read after the window: the GPU's
                   time from one step's end to the next's, with no synchronisation added), whose
                   median is the run's typical step, untouched by a few disturbed ones
+  t_steady        the steady window's start and end
 and what ran: model, parameters, batch, dtype, backend, device name, torch version, CPU affinity.
 
 Model: ResNet-50 (torchvision) when importable and --model auto/resnet50; otherwise a stack of
@@ -191,7 +192,8 @@ def main():
             mark()
         sync()
         chunks.append((time.monotonic() - c0) / per_chunk)
-    steady = (time.monotonic() - t0) / (per_chunk * a.chunks)
+    t1 = time.monotonic()
+    steady = (t1 - t0) / (per_chunk * a.chunks)
     if cuda:
         step_times = [marks[i].elapsed_time(marks[i + 1]) / 1000 for i in range(len(marks) - 1)]
     else:
@@ -202,6 +204,7 @@ def main():
     dist.destroy_process_group()
     result = {
         "t_main": T_MAIN, "t_imported": T_IMPORTED, "t_init": t_init, "t_ready": t_ready, "t_step1": t_step1,
+        "t_steady": [t0, t1],
         "steady_step_s": steady, "chunk_step_s": chunks, "median_step_s": median_step,
         "step_s_quartiles": [step_times[len(step_times) // 4], step_times[(3 * len(step_times)) // 4]], "steps": per_chunk * a.chunks, "warmup": a.warmup,
         "loss": final_loss, "model": desc, "params": sum(p.numel() for p in model.parameters()),
