@@ -74,6 +74,11 @@ nlohmann::json dry_run_plan(const jobspec::JobSpec& spec, const std::vector<net:
       "log and error files are shown under the agents' default --log-dir, /var/log/ddpctl"};
   if (spec.store_port == 0)
     run.notes.push_back("store.port 0: node rank 0's agent picks MASTER_PORT when the job starts");
+  else if (!spec.store_port_explicit)
+    run.notes.push_back(fmt::format(
+        "MASTER_PORT is {} unless that port is taken on node rank 0's node; then its "
+        "agent picks a free one for every rank (a port named in store.port or --master-port is used or the job fails)",
+        spec.store_port));
   if (spec.nccl_unique_id != jobspec::NcclUniqueId::off) {
     run.notes.push_back(
         "DDP_NCCL_UNIQUE_ID is made for every attempt by node rank 0's agent when it starts (where "

@@ -72,6 +72,7 @@ json to_json(const JobPayload& p) {
          {"log_dir", s.log_dir},
          {"log_max_bytes", s.log_max_bytes},
          {"store_port", s.store_port},
+         {"store_port_explicit", s.store_port_explicit},
          {"store_threads", s.store_threads},
          {"store_max_bytes", s.store_max_bytes},
          {"store_max_keys", s.store_max_keys},
@@ -163,6 +164,8 @@ JobPayload payload_from_json(const json& j) {
   s.log_dir = get<std::string>(j, "log_dir");
   s.log_max_bytes = get<std::uint64_t>(j, "log_max_bytes");
   s.store_port = get<std::uint16_t>(j, "store_port");
+  // Absent from a launcher that predates it: that port or a failure, as node rank 0 did then.
+  s.store_port_explicit = j.contains("store_port_explicit") ? get<bool>(j, "store_port_explicit") : true;
   // Absent from a launcher that predates it: the agent's loop, as then.
   const auto threads = j.contains("store_threads") ? get<long long>(j, "store_threads") : 0;
   if (threads < jobspec::kAutoThreads || threads > jobspec::kMaxStoreThreads)

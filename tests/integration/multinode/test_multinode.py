@@ -127,6 +127,47 @@ def test_contract_across_two_nodes(cluster):
     assert sorted(e["rank"] for e in result["attempts"][0]["exits"]) == [0, 1, 2, 3]
 
 
+HOLD_PORT = r'''
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 29500))
+s.listen()
+print("held", flush=True)
+time.sleep(300)
+'''
+
+
+def test_a_taken_default_store_port_on_node_rank_0_gives_way_to_a_free_one(cluster):
+    """Another job's store (here: any listener) holds 29500 on node rank 0. Left out of the job
+    file, the store takes a free port there and every rank on both nodes gets it; named, the job
+    fails and says which port."""
+    c = cluster
+    for h in c.hosts:
+        c.start_agent(h)
+    n1 = c.hosts[0]
+    holder = n1.popen([PY, "-c", HOLD_PORT, n1.addr], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    worker = c.write("contract.py", CONTRACT_WORKER)
+    free = job(c, "free-port", [PY, worker], store="{threads: 1}")
+    r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "launch", "--dry-run", "--token-file", c.token, "--nodes",
+                   c.nodes_arg(), free], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert any(n.startswith("MASTER_PORT is 29500 unless that port is taken") for n in json.loads(r.stdout)["notes"])
+    rc, out, err = finish(c.launch(free))
+    assert rc == 0, out + err
+    by_rank = contracts(out)
+    assert sorted(by_rank) == [0, 1, 2, 3], out + err
+    ports = {env["MASTER_PORT"] for _, env in by_rank.values()}
+    assert len(ports) == 1 and ports != {"29500"}, by_rank
+    assert all(env["MASTER_ADDR"] == n1.addr for _, env in by_rank.values())
+    assert "store port 29500 is taken on this node; using a free port" in c.agent_log(n1)
+
+    rc, out, err = finish(c.launch(job(c, "named-port", [PY, worker])))  # store: {port: 29500}
+    assert rc != 0, out + err
+    assert re.search(r"cannot serve the job's store: .*29500", out + err), out + err
+    assert not contracts(out), "no rank may start without its store"
+
+
 def test_gloo_ddp_across_two_nodes_through_the_agent_store(cluster):
     c = cluster
     for h in c.hosts:

@@ -51,6 +51,24 @@ TEST(Wire, StoreThreadsAutoTravelsAndAnOlderLauncherMeansTheAgentsLoop) {
   EXPECT_THROW(payload_from_json(j), WireError);
 }
 
+// Whether store.port was named travels: node rank 0's agent takes a free port for a default one
+// that is taken, never for a named one; a launcher that predates the flag meant "that port".
+TEST(Wire, WhetherTheStorePortWasNamedTravelsAndAnOlderLauncherMeantNamed) {
+  JobPayload p;
+  p.spec = ddp::jobspec::parse_job_yaml("command: [x]\n", "t.yaml");
+  ASSERT_FALSE(p.spec.store_port_explicit);
+  auto j = to_json(p);
+  EXPECT_FALSE(payload_from_json(j).spec.store_port_explicit);
+  p.spec = ddp::jobspec::parse_job_yaml("command: [x]\nstore: {port: 29500}\n", "t.yaml");
+  ASSERT_TRUE(p.spec.store_port_explicit);
+  j = to_json(p);
+  EXPECT_TRUE(payload_from_json(j).spec.store_port_explicit);
+  j.erase("store_port_explicit");
+  EXPECT_TRUE(payload_from_json(j).spec.store_port_explicit);
+  j["store_port_explicit"] = "yes";
+  EXPECT_THROW(payload_from_json(j), WireError);
+}
+
 TEST(Wire, ContainerRoundTrips) {
   JobPayload p;
   p.spec = ddp::jobspec::parse_job_yaml(
