@@ -4,7 +4,7 @@ rank) started by hand and through ddpctl, alternately in one invocation, in pair
 alternates (hand then ddpctl, ddpctl then hand, ...: a run slowed by the one before it, or by the
 GPU's clocks as they settle, weighs on both sides alike), reported as medians, their ratio and
 the noise band of the hand runs; the order effect (second run of a pair over the first) is
-printed beside it. On a GPU each run also records the GPU's SM clock, temperature and power over
+printed beside it (an even number of pairs, so the two orders weigh alike). On a GPU each run also records the GPU's SM clock, temperature and power over
 its steady window (nvidia-smi in the background), so a run that stepped slower than the others
 shows whether the GPU ran slower in it.
 
@@ -180,7 +180,8 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="the interpreter with torch (both sides)")
     ap.add_argument("--launcher", default="torchrun", choices=["torchrun", "launch"],
                     help="ddpctl torchrun --standalone --nproc-per-node 1 SCRIPT, or ddpctl launch -n 1 -- PY -u SCRIPT")
-    ap.add_argument("--pairs", type=int, default=5, help="counted (hand, ddpctl) pairs")
+    ap.add_argument("--pairs", type=int, default=6,
+                    help="counted (hand, ddpctl) pairs; an odd number is rounded up (half of them run hand first)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--model", default="auto", choices=["auto", "resnet50", "transformer", "tiny"])
     ap.add_argument("--batch", type=int, default=0)
@@ -189,11 +190,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=180, help="seconds for one run")
     ap.add_argument("--budget", type=float, default=0,
-                    help="seconds: start no new pair when the last pair's time would overrun this (at least 2 pairs)")
+                    help="seconds: start no two more pairs when twice the last pair's time would overrun this "
+                         "(at least 2 pairs)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     ap.add_argument("--report-only", action="store_true", help="exit 0 whatever the verdict (a smoke test)")
     a = ap.parse_args()
+    a.pairs += a.pairs % 2
     if not os.access(a.ddpctl, os.X_OK):
         raise SystemExit(f"run.py: {a.ddpctl} is not an executable ddpctl (build it, or give --ddpctl)")
 
@@ -243,8 +246,10 @@ def main():
     runs, last_pair = [], 0.0
     for i in range(a.pairs):
         pair_start = time.monotonic()
-        if a.budget and i >= 2 and (pair_start - begun) + last_pair > a.budget:
-            print(f"  stopping after {i} pairs: another would overrun --budget {a.budget:.0f} s", flush=True)
+        # Stops only after an even number of pairs: as many hand-first as ddpctl-first, so that
+        # an order effect cancels in the median instead of deciding it.
+        if a.budget and i >= 2 and i % 2 == 0 and (pair_start - begun) + 2 * last_pair > a.budget:
+            print(f"  stopping after {i} pairs: two more would overrun --budget {a.budget:.0f} s", flush=True)
             break
         # Even pairs hand first, odd pairs ddpctl first; runs keeps (hand, ddpctl) per pair.
         order = ("hand", "ddpctl") if i % 2 == 0 else ("ddpctl", "hand")

@@ -64,7 +64,14 @@ class Submitter {
                                "coordinator " + at(), "coord", std::chrono::seconds(10));
       if (opts_.tls) conn_->use_tls({net::tls_client_context(*opts_.keys.first())});
       conn_->start({[this](const proto::PeerInfo& p) {
-                      auto spec = net::to_json(opts_.payload);
+                      // Through a standing coordinator a taken default store port still fails
+                      // the job: a spec saying "not named" would not survive a coordinator older
+                      // than that flag (it rewrites the spec it passes on, dropping what it does
+                      // not know) and the agents would refuse the delegation's digest. Named,
+                      // the spec is what every build writes alike.
+                      auto payload = opts_.payload;
+                      payload.spec.store_port_explicit = true;
+                      auto spec = net::to_json(payload);
                       json submit{{"job_id", opts_.job_id}, {"user", opts_.user}, {"nodes", opts_.nodes}};
                       if (opts_.tls) submit["tls"] = true;  // only here with version 6: TLS needs it
                       // Version 6: our key's permission for the coordinator's key to run this

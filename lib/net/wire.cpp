@@ -72,7 +72,6 @@ json to_json(const JobPayload& p) {
          {"log_dir", s.log_dir},
          {"log_max_bytes", s.log_max_bytes},
          {"store_port", s.store_port},
-         {"store_port_explicit", s.store_port_explicit},
          {"store_threads", s.store_threads},
          {"store_max_bytes", s.store_max_bytes},
          {"store_max_keys", s.store_max_keys},
@@ -89,6 +88,11 @@ json to_json(const JobPayload& p) {
   if (!s.python.empty()) j["python"] = s.python;
   // store.protocol (version 6; absent: auto): how node 0's store reads 1.13–2.1 clients.
   if (s.store_protocol != "auto") j["store_protocol"] = s.store_protocol;
+  // Written only when false (store.port not named: node rank 0 may take a free port when it is
+  // taken): a spec without it reads as named, which is what a launcher that predates it meant,
+  // and stays byte for byte what older builds wrote, which a standing coordinator's delegation
+  // digest (proto/delegation.hpp) relies on.
+  if (!s.store_port_explicit) j["store_port_explicit"] = false;
   // The hang watchdog (version 6): the agents sample with its timeout; the coordinator acts.
   if (s.hang)
     j["hang"] = {{"timeout_ms", s.hang->timeout.count()}, {"action", jobspec::hang_action_name(s.hang->action)}};

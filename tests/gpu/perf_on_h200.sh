@@ -12,7 +12,7 @@
 #   bash tests/gpu/perf_on_h200.sh
 # Knobs (each a longer sitting of one step, for a call of its own):
 #   STEPS="2 3"            the steps to run (default all: 1 2 3 4 5)
-#   TRAIN_PAIRS=5 TRAIN_STEPS=50 TRAIN_BUDGET=200   training pairs, steady steps, seconds
+#   TRAIN_PAIRS=6 TRAIN_STEPS=50 TRAIN_BUDGET=200   training pairs (even: half hand first), steady steps, seconds
 #   STORE_THREADS="4 8"    our server's --threads, one throughput run each (default auto)
 #   COMPARE_BUILD=.gpu/old a second ddpctl (its bin/ddpctl) served beside ours in steps 3 and 4
 # Everything lands in $OUT (or ./gpu-out); $OUT/perf_summary.txt holds the verdict lines:
@@ -63,7 +63,7 @@ if want 2; then
   section "2. training overhead: hand start against ddpctl torchrun (1 GPU, NCCL, bf16)"
   budget=${TRAIN_BUDGET:-200}
   timeout $((budget + 40)) "$PY" "$root/bench/training/run.py" --ddpctl "$B/ddpctl" --python "$PY" \
-    --pairs "${TRAIN_PAIRS:-5}" --steps "${TRAIN_STEPS:-50}" --warmup 10 --budget "$budget" --timeout 60 ${TRAIN_ARGS:-} \
+    --pairs "${TRAIN_PAIRS:-6}" --steps "${TRAIN_STEPS:-50}" --warmup 10 --budget "$budget" --timeout 60 ${TRAIN_ARGS:-} \
     --json "$out/training.json" 2>&1 | tee "$out/training.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("training overhead")
 fi

@@ -71,6 +71,13 @@ elif mode == "family" or (mode == "family-then-exit" and env["WORLD_SIZE"] == "3
     daemon = int(os.read(r, 32))
     print("FAMILY " + json.dumps({"worker": os.getpid(), "grandchild": g.pid, "daemon": daemon}), flush=True)
     time.sleep(120)
+elif mode == "reach-store":
+    # MASTER_ADDR:MASTER_PORT answers (a TCP connect: the store listens there); rank 3 fails the
+    # first attempt when asked to, so a restart shows the port the next attempt gets.
+    socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=20).close()
+    print("STORE_REACHED", flush=True)
+    if sys.argv[2:] == ["fail-first"] and env["RANK"] == "3" and env["TORCHELASTIC_RESTART_COUNT"] == "0":
+        sys.exit(7)
 elif mode == "family-then-exit":
     pass  # a re-formed (smaller) round: done
 elif mode == "fail-first-attempt":
@@ -148,18 +155,26 @@ def test_a_taken_default_store_port_on_node_rank_0_gives_way_to_a_free_one(clust
     holder = n1.popen([PY, "-c", HOLD_PORT, n1.addr], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     worker = c.write("contract.py", CONTRACT_WORKER)
-    free = job(c, "free-port", [PY, worker], store="{threads: 1}")
+    free = job(c, "free-port", [PY, worker, "reach-store", "fail-first"], store="{threads: 1}",
+               extra="restart: {max_restarts: 1, backoff: 200ms}\n")
     r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "launch", "--dry-run", "--token-file", c.token, "--nodes",
                    c.nodes_arg(), free], timeout=60)
     assert r.returncode == 0, r.stderr
     assert any(n.startswith("MASTER_PORT is 29500 unless that port is taken") for n in json.loads(r.stdout)["notes"])
-    rc, out, err = finish(c.launch(free))
+    rc, out, err = finish(c.launch(free), timeout=120)
     assert rc == 0, out + err
-    by_rank = contracts(out)
-    assert sorted(by_rank) == [0, 1, 2, 3], out + err
-    ports = {env["MASTER_PORT"] for _, env in by_rank.values()}
-    assert len(ports) == 1 and ports != {"29500"}, by_rank
-    assert all(env["MASTER_ADDR"] == n1.addr for _, env in by_rank.values())
+    # Rank 3 (on n2) reached the store and failed the first attempt (the others may not have
+    # started their script before the stop); in the second every rank, on both nodes, reached it.
+    # One port for all, not 29500: the restart kept it.
+    seen = [(env["TORCHELASTIC_RESTART_COUNT"], rank, env) for line in out.splitlines()
+            for rank, (_, env) in contracts(line).items()]
+    assert ("0", 3) in [(a, r) for a, r, _ in seen], out + err
+    assert sorted(r for a, r, _ in seen if a == "1") == [0, 1, 2, 3], out + err
+    ports = {env["MASTER_PORT"] for _, _, env in seen}
+    assert len(ports) == 1 and ports != {"29500"}, seen
+    assert all(env["MASTER_ADDR"] == n1.addr for _, _, env in seen)
+    reached = [int(LINE.match(l)["rank"]) for l in out.splitlines() if l.endswith("] STORE_REACHED")]
+    assert reached.count(3) == 2 and sorted(set(reached)) == [0, 1, 2, 3], out
     assert "store port 29500 is taken on this node; using a free port" in c.agent_log(n1)
 
     rc, out, err = finish(c.launch(job(c, "named-port", [PY, worker])))  # store: {port: 29500}

@@ -59,12 +59,15 @@ TEST(Wire, WhetherTheStorePortWasNamedTravelsAndAnOlderLauncherMeantNamed) {
   ASSERT_FALSE(p.spec.store_port_explicit);
   auto j = to_json(p);
   EXPECT_FALSE(payload_from_json(j).spec.store_port_explicit);
+  EXPECT_EQ(j["store_port_explicit"], false);
   p.spec = ddp::jobspec::parse_job_yaml("command: [x]\nstore: {port: 29500}\n", "t.yaml");
   ASSERT_TRUE(p.spec.store_port_explicit);
   j = to_json(p);
+  EXPECT_FALSE(j.contains("store_port_explicit"));  // what every older build wrote
   EXPECT_TRUE(payload_from_json(j).spec.store_port_explicit);
-  j.erase("store_port_explicit");
-  EXPECT_TRUE(payload_from_json(j).spec.store_port_explicit);
+  // A spec from an older launcher passes through this build unchanged, byte for byte: a standing
+  // coordinator re-writes the spec it forwards, and the agents check the submitter's digest of it.
+  EXPECT_EQ(to_json(payload_from_json(j)).dump(), j.dump());
   j["store_port_explicit"] = "yes";
   EXPECT_THROW(payload_from_json(j), WireError);
 }
