@@ -87,13 +87,17 @@ class GpuSampler:
         self.reader.start()
 
     def _read(self):
+        def num(v):
+            try:
+                return float(v)
+            except ValueError:
+                return None  # "[N/A]": a GPU that does not report it
+
         for line in self.proc.stdout:
             now = time.monotonic()
-            try:
-                sm, temp, power = (float(v) for v in line.split(","))
-            except ValueError:
-                continue  # "[N/A]" or a message
-            self.samples.append((now, sm, temp, power))
+            fields = [num(v) for v in line.split(",")]
+            if len(fields) == 3 and fields[0] is not None:  # else a message, or no clock
+                self.samples.append((now, *fields))
 
     def stop(self):
         if self.proc:
@@ -110,9 +114,11 @@ class GpuSampler:
         if not inside:
             return None
         sm = [s[1] for s in inside]
+        temps = [s[2] for s in inside if s[2] is not None]
+        powers = [s[3] for s in inside if s[3] is not None]
         return {"samples": len(inside), "sm_mhz_median": statistics.median(sm), "sm_mhz_min": min(sm),
-                "temperature_c_max": max(s[2] for s in inside),
-                "power_w_median": statistics.median(s[3] for s in inside)}
+                "temperature_c_max": max(temps) if temps else None,
+                "power_w_median": statistics.median(powers) if powers else None}
 
 
 def gpu_of(env):
@@ -261,7 +267,7 @@ def main():
             print(f"  {r['side']:6s} first step {r['first_step_s']:7.3f} s (python up {r['python_start_s']:.3f}, "
                   f"init {r['init_s']:.3f})  steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s"
                   + (f"  GPU {r['gpu']['sm_mhz_median']:.0f} MHz (min {r['gpu']['sm_mhz_min']:.0f}), "
-                     f"{r['gpu']['temperature_c_max']:.0f} C, {r['gpu']['power_w_median']:.0f} W" if r["gpu"] else ""),
+                     f"{r['gpu']['temperature_c_max']} C, {r['gpu']['power_w_median']} W" if r["gpu"] else ""),
                   flush=True)
         runs += [done["hand"], done["ddpctl"]]
         last_pair = time.monotonic() - pair_start
