@@ -965,21 +965,16 @@ class Agent {
         so.threads = store::threads_for(job.payload.spec.store_threads);
         so.legacy = store::legacy_hint(job.payload.spec.store_protocol,
                                        job.python ? job.python->torch : std::optional<std::string>{});
+        // The default port (store.port not named: 29500) taken here, by another job's store or
+        // anything else: a free one, as a local launch takes; ready tells the coordinator, which
+        // gives it to the other nodes. A port the job named is that one or a failure.
+        so.any_port_if_taken = !job.payload.spec.store_port_explicit;
         store_.emplace(io_, so);
         store_host_ = host;
         store_port_ = port;  // the port asked for: a later round asking for it again keeps this store
-        try {
-          store_->start();
-        } catch (const store::PortInUse&) {
-          // The default port (store.port not named: 29500) is taken here, by another job's store
-          // or anything else: a free one, as a local launch takes; ready tells the coordinator,
-          // which gives it to the other nodes. A port the job named is that one or a failure.
-          if (job.payload.spec.store_port_explicit) throw;
+        store_->start();
+        if (port != 0 && store_->port() != port)
           log_->info("job {}: store port {} is taken on this node; using a free port", job.job_id, port);
-          so.port = 0;
-          store_.emplace(io_, so);
-          store_->start();
-        }
         store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
         log_->info("job {}: store on {} ({}) for {}", job.job_id, store_->address(),
                    so.threads == 0 ? std::string("the agent's loop")

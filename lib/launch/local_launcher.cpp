@@ -333,39 +333,33 @@ class LocalLauncher {
   // 29500: another job on this machine has it): a free port, as torchrun --standalone takes.
   // Asked for by name (store.port, --master-port): that port or a failure naming who holds it.
   void start_store(store::ServerOptions so) {
-    store_.emplace(io_, so);
-    try {
-      store_->start();
-      return;
-    } catch (const store::PortInUse&) {
+    // Who holds the port, for the message (a holder this user may not look at, or no control
+    // folder: unnamed).
+    const auto held_by = [&] {
       std::optional<PortHolder> holder;
       try {
         holder = find_port_holder(so.port, control::runtime_dir());
       } catch (const std::exception&) {
-        // no control folder: the holder goes unnamed
       }
-      const auto by = holder ? fmt::format(" by {}", describe(*holder)) : std::string();
-      // (a holder this user may not look at goes unnamed)
-      if (opts_.spec.store_port_explicit) {
-        const bool from_file = !opts_.spec.file.starts_with("ddpctl ");
-        throw LaunchError(
-            fmt::format("store port {} is taken{}; it was asked for by {}: choose another, or leave it out "
-                        "and ddpctl picks a free one",
-                        so.port, by,
-                        from_file ? fmt::format("store.port in {} (or --master-port)", opts_.spec.file)
-                                  : std::string("--master-port")));
-      }
-      log_->info("store port {} is taken{}; using a free port", so.port, by);
-    } catch (const store::StoreError& e) {
-      throw LaunchError(e.what());
-    }
-    so.port = 0;
+      return holder ? fmt::format(" by {}", describe(*holder)) : std::string();
+    };
+    so.any_port_if_taken = !opts_.spec.store_port_explicit;
     store_.emplace(io_, so);
     try {
       store_->start();
+    } catch (const store::PortInUse&) {  // named, and taken
+      const bool from_file = !opts_.spec.file.starts_with("ddpctl ");
+      throw LaunchError(
+          fmt::format("store port {} is taken{}; it was asked for by {}: choose another, or leave it out "
+                      "and ddpctl picks a free one",
+                      so.port, held_by(),
+                      from_file ? fmt::format("store.port in {} (or --master-port)", opts_.spec.file)
+                                : std::string("--master-port")));
     } catch (const store::StoreError& e) {
       throw LaunchError(e.what());
     }
+    if (so.port != 0 && store_->port() != so.port)
+      log_->info("store port {} is taken{}; using a free port", so.port, held_by());
   }
 
   // The attempt's containers by name, removed now (teardown); the watchdog stays until the

@@ -861,6 +861,10 @@ void Server::start() {
     s.acceptor.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 clients too
   }
   s.acceptor.bind(ep, ec);
+  if (ec == asio::error::address_in_use && s.opts.any_port_if_taken && ep.port() != 0) {
+    ep.port(0);
+    s.acceptor.bind(ep, ec);
+  }
   if (ec) fail("bind");
   s.acceptor.listen(kBacklog, ec);
   if (ec) fail("listen on");

@@ -77,15 +77,18 @@ class StoreError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-// start(): the port asked for is taken (EADDRINUSE), so a caller free to choose may take another.
+// start(): the port asked for is taken (EADDRINUSE) and ServerOptions::any_port_if_taken is off.
 class PortInUse : public StoreError {
  public:
   using StoreError::StoreError;
 };
 
 struct ServerOptions {
-  std::string host = "127.0.0.1";          // an address or name; "::" = all, dual-stack
-  uint16_t port = 29500;                   // 0: any free port (see port())
+  std::string host = "127.0.0.1";  // an address or name; "::" = all, dual-stack
+  uint16_t port = 29500;           // 0: any free port (see port())
+  // port taken (EADDRINUSE): a free one instead of PortInUse, for a port the job preferred but
+  // did not name (the default 29500 with another job on it); port() says which.
+  bool any_port_if_taken = false;
   std::vector<std::string> allowed_peers;  // other hosts' addresses that may connect (the job's nodes)
   std::optional<uid_t> job_uid;            // the job's user; nullopt: this process's effective uid
   Limits limits;

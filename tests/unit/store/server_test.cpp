@@ -411,6 +411,17 @@ TEST_P(StoreServer, PortInUseSaysWhatToDo) {
   }
 }
 
+// A port preferred but not named (the default 29500 that another job holds): a free one, served.
+TEST_P(StoreServer, APreferredPortThatIsTakenGivesWayToAFreeOne) {
+  ServerThread first(opts());
+  ServerThread second({.host = "127.0.0.1", .port = first.port(), .any_port_if_taken = true, .threads = GetParam()});
+  ASSERT_NE(second.port(), first.port());
+  ASSERT_NE(second.port(), 0);
+  RawClient c(second.port());
+  c.send(enc(Protocol::v1, req(Op::set, "/k", "v")) + enc(Protocol::v1, req(Op::get, "/k")));
+  EXPECT_EQ(c.recv(9), std::string("\x01\0\0\0\0\0\0\0v", 9));
+}
+
 TEST_P(StoreServer, DualStackWhenListeningOnAny) {
   boost::asio::io_context probe;
   boost::asio::ip::tcp::acceptor a(probe);
