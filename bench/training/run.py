@@ -4,9 +4,10 @@ rank) started by hand and through ddpctl, alternately in one invocation, in pair
 alternates (hand then ddpctl, ddpctl then hand, ...: a run slowed by the one before it, or by the
 GPU's clocks as they settle, weighs on both sides alike), reported as medians, their ratio and
 the noise band of the hand runs; the order effect (second run of a pair over the first) is
-printed beside it (an even number of pairs, so the two orders weigh alike). On a GPU each run also records the GPU's SM clock, temperature and power over
-its steady window (nvidia-smi in the background), so a run that stepped slower than the others
-shows whether the GPU ran slower in it.
+printed beside it. The number of pairs is even, so that both orders weigh alike. On a GPU each
+run also records the GPU's SM clock, temperature and power over its steady window (nvidia-smi
+in the background), so a run that stepped slower than the others shows whether the GPU ran
+slower in it.
 
 Two numbers per run, both from step.py's CLOCK_MONOTONIC timestamps (one clock for every process
 of the machine):
