@@ -195,6 +195,9 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="step.py lets cuDNN time its algorithms in each run (default: its heuristics, the same "
+                         "choice every run; timed, the choice and the step time can differ between runs)")
     ap.add_argument("--timeout", type=float, default=180, help="seconds for one run")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds: start no two more pairs when twice the last pair's time would overrun this "
@@ -209,7 +212,7 @@ def main():
 
     work = Path(tempfile.mkdtemp(prefix="ddp-train-bench-"))
     script_args = ["--device", a.device, "--model", a.model, "--batch", str(a.batch), "--dtype", a.dtype,
-                   "--steps", str(a.steps), "--warmup", str(a.warmup)]
+                   "--steps", str(a.steps), "--warmup", str(a.warmup)] + (["--cudnn-benchmark"] * a.cudnn_benchmark)
     base = dict(os.environ)
     base.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     idx = 0
@@ -306,7 +309,8 @@ def main():
     result = {
         "benchmark": "training-overhead", "pairs": pairs, "launcher": a.launcher,
         "ddpctl": a.ddpctl, "python": a.python, "host": socket.gethostname(), "cores": os.cpu_count(),
-        "model": rank["model"], "params": rank["params"], "dtype": rank["dtype"], "backend": rank["backend"],
+        "model": rank["model"], "params": rank["params"], "dtype": rank["dtype"],
+        "cudnn_benchmark": rank.get("cudnn_benchmark"), "backend": rank["backend"],
         "torch": rank["torch"], "device": rank["device"], "steps": rank["steps"], "warmup": rank["warmup"],
         "affinity_hand": runs[0]["rank"]["affinity"] == runs[1]["rank"]["affinity"] and "same as ddpctl's" or
         {"hand": runs[0]["rank"]["affinity"], "ddpctl": runs[1]["rank"]["affinity"]},
@@ -326,7 +330,8 @@ def main():
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
 
     print()
-    print(f"{rank['model']}; {rank['params'] / 1e6:.1f} M parameters; {rank['dtype']}, {rank['backend']}, "
+    print(f"{rank['model']}; {rank['params'] / 1e6:.1f} M parameters; {rank['dtype']}"
+          f"{', cuDNN timed' if rank.get('cudnn_benchmark') else ''}, {rank['backend']}, "
           f"torch {rank['torch']}, {rank['device']}; {rank['steps']} steady steps after {rank['warmup']} + 1")
     print(f"| measure (median of {pairs}) | by hand | ddpctl {a.launcher} | ddpctl - hand | hand spread |")
     print("|---|---|---|---|---|")

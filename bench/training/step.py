@@ -20,6 +20,9 @@ and what ran: model, parameters, batch, dtype, backend, device name, torch versi
 Model: ResNet-50 (torchvision) when importable and --model auto/resnet50; otherwise a stack of
 transformer blocks written here in plain torch (pre-norm attention + GELU MLP). Synthetic data,
 made once on the device. bf16 through autocast, fp32 weights (the usual mixed precision).
+cuDNN chooses its convolution algorithms by its heuristics unless --cudnn-benchmark: timed in each
+process, the choice can differ from one run to the next, and with it the step time, by more than
+the launcher could ever change it.
 """
 import time
 
@@ -125,6 +128,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="steps after step 1 before the steady window")
     ap.add_argument("--steps", type=int, default=50, help="steps in the steady window")
     ap.add_argument("--chunks", type=int, default=5)
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="let cuDNN time its algorithms in each process (off: its heuristics choose, the same each run)")
     a = ap.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -132,7 +137,7 @@ def main():
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         backend = "nccl"
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = a.cudnn_benchmark
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
@@ -208,7 +213,7 @@ def main():
         "steady_step_s": steady, "chunk_step_s": chunks, "median_step_s": median_step,
         "step_s_quartiles": [step_times[len(step_times) // 4], step_times[(3 * len(step_times)) // 4]], "steps": per_chunk * a.chunks, "warmup": a.warmup,
         "loss": final_loss, "model": desc, "params": sum(p.numel() for p in model.parameters()),
-        "dtype": a.dtype, "backend": backend, "torch": torch.__version__, "pid": os.getpid(),
+        "dtype": a.dtype, "cudnn_benchmark": a.cudnn_benchmark, "backend": backend, "torch": torch.__version__, "pid": os.getpid(),
         "device": torch.cuda.get_device_name(device) if a.device == "cuda" else "cpu",
         "affinity": sorted(os.sched_getaffinity(0)), "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "env": ENV0,
