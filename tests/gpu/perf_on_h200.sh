@@ -13,7 +13,7 @@
 # Knobs (each a longer sitting of one step, for a call of its own):
 #   STEPS="2 3"            the steps to run (default all: 1 2 3 4 5)
 #   TRAIN_PAIRS=6 TRAIN_STEPS=50 TRAIN_BUDGET=200   training pairs (even: half hand first), steady steps, seconds
-#   STORE_THREADS="4 8"    our server's --threads, one throughput run each (default auto)
+#   STORE_THREADS="4 8"    our server's --threads, one throughput run each, in order (default auto)
 #   COMPARE_BUILD=.gpu/old a second ddpctl (its bin/ddpctl) served beside ours in steps 3 and 4
 # Everything lands in $OUT (or ./gpu-out); $OUT/perf_summary.txt holds the verdict lines:
 #   TORCHRUN_CONTRACT PASS, TRAINING steady step ... PASS, TRAINING first step ... PASS, and the
@@ -70,10 +70,12 @@ fi
 
 if want 3; then
   section "3. store throughput against PyTorch 2.11's libuv server"
+  n=0
   for t in ${STORE_THREADS:-auto}; do
+    n=$((n + 1))  # a count may repeat ("auto 4 auto 4"): each run its own file
     echo "--- our server --threads $t"
     SERVER_THREADS=$t BUILD_DIR=$root/.gpu PYTHON=$PY RUN_SECONDS=${STORE_SECONDS:-3} LOAD_THREADS=8 timeout 120 \
-      bash "$root/bench/store/run.sh" 2>&1 | tee "$out/store_throughput_t$t.txt"
+      bash "$root/bench/store/run.sh" 2>&1 | tee "$out/store_throughput_${n}_t$t.txt"
     [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("store throughput, --threads $t")
   done
 fi
@@ -101,9 +103,11 @@ section "summary"
   ! want 1 || grep -h "TORCHRUN_CONTRACT" "$out/torchrun.log"
   ! want 2 || grep -h "^TRAINING" "$out/training.txt"
   if want 3; then
+    n=0
     for t in ${STORE_THREADS:-auto}; do
-      echo "store throughput, --threads $t (ops/s ratio ours/theirs, then CPU per op ratio):"
-      grep -h " ratio " "$out/store_throughput_t$t.txt"
+      n=$((n + 1))
+      echo "store throughput, run $n, --threads $t (ops/s ratio ours/theirs, then CPU per op ratio):"
+      grep -h " ratio " "$out/store_throughput_${n}_t$t.txt"
     done
   fi
   if want 4; then
