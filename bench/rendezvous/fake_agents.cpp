@@ -8,7 +8,11 @@
 // simulated agents' own exit reports for the first nodes delay their handling of the last
 // nodes' assigns, which real agents on machines of their own would not.
 //
-// Each agent also sends a heartbeat every --heartbeat-ms (default 1000, as a real agent; 0: none)
+// Each agent also beats as a real agent with its default heartbeat_timeout (6 s) does: every
+// second once established, then, once a coordinator of protocol version 7 offers its job, at the
+// offer's interval or a third of --agent-timeout-ms (6 s), whichever is shorter
+// (proto/heartbeat.hpp), said in its join;
+// --heartbeat-ms fixes the interval instead (0: no beats). Beats are sent
 // once established, echoing the coordinator's last one (t0_us, rx_us) as a real agent does; the
 // agents' beats are spread evenly over the interval, as independent machines' would be. --out
 // also counts the beats each way, and the coordinator's that came within 100 ms of the agent's
@@ -23,6 +27,7 @@
 // coordinator then sends each node a start of its own); tests/integration/coordinator uses it.
 #include "net/connection.hpp"
 #include "net/token_file.hpp"
+#include "proto/heartbeat.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -69,9 +74,11 @@ struct Bench {
   std::int64_t cpu_first_accept_us = 0, cpu_last_assign_us = 0;
   int assigned = 0, finished = 0, closed = 0, started = 0;
   int starts_in_assign = 0, separate_starts = 0;
-  std::uint32_t version = 0;  // 0: every version this build speaks
-  int work_ms = 0;            // how long each worker "runs"
-  int heartbeat_ms = 1000;    // 0: no heartbeats
+  std::uint32_t version = 0;    // 0: every version this build speaks
+  int work_ms = 0;              // how long each worker "runs"
+  int heartbeat_ms = -1;        // -1: as a real agent (above); 0: no heartbeats; else fixed
+  std::vector<int> beat_ms;     // each agent's interval now
+  int agent_timeout_ms = 6000;  // the agents' own heartbeat_timeout (a real agent's default)
   // The coordinator's last heartbeat per agent (now_us, and ours when it arrived), echoed.
   std::vector<std::int64_t> echo_t0, echo_rx;
   // When each agent last beat; how many beats we sent, how many the coordinator sent us, and how
@@ -106,10 +113,10 @@ struct Bench {
     Connection* raw = conn.get();
     conn->start({[this, i, raw](const ddp::proto::PeerInfo&) {
                    last_established_us = now_us();
-                   if (heartbeat_ms > 0) {
+                   if (beat_ms[i] > 0) {
                      // Spread: agent i's first beat at its share of the interval.
                      beat(raw->shared_from_this(), i,
-                          std::chrono::microseconds(std::int64_t(heartbeat_ms) * 1000 * i / count));
+                          std::chrono::microseconds(std::int64_t(beat_ms[i]) * 1000 * i / count));
                    }
                  },
                  [this, raw, i](ddp::proto::Message m) { on_message(*raw, i, m); },
@@ -128,7 +135,7 @@ struct Bench {
         send(*conn, "heartbeat", {{"now_us", now_us()}});
       beat_sent_us[i] = now_us();
       ++agent_beats;
-      beat(conn, i, std::chrono::milliseconds(heartbeat_ms));
+      beat(conn, i, std::chrono::milliseconds(beat_ms[i]));
     });
   }
 
@@ -149,13 +156,18 @@ struct Bench {
     }
     if (m.type == "job_offer") {
       last_offer_us = now_us();
-      send(c, "join",
-           {{"t0_us", b["t0_us"]},
-            {"rx_us", last_offer_us},
-            {"tx_us", now_us()},
-            {"job_id", b["job_id"]},
-            {"node", fmt::format("fake{}", i)},
-            {"nproc", 1}});
+      json join{{"t0_us", b["t0_us"]},   {"rx_us", last_offer_us},           {"tx_us", now_us()},
+                {"job_id", b["job_id"]}, {"node", fmt::format("fake{}", i)}, {"nproc", 1}};
+      if (c.session().version() >= 7) {
+        if (heartbeat_ms < 0 && b.contains("heartbeat_ms")) {
+          beat_ms[i] =
+              static_cast<int>(ddp::proto::agent_beat_interval(ddp::Millis(b["heartbeat_ms"].get<std::int64_t>()),
+                                                               ddp::Millis(agent_timeout_ms))
+                                   .count());
+        }
+        if (beat_ms[i] > 0) join["heartbeat_ms"] = beat_ms[i];
+      }
+      send(c, "join", std::move(join));
     } else if (m.type == "assign") {
       last_assign_us = now_us();
       if (b["node_rank"] == 0)
@@ -210,9 +222,13 @@ int main(int argc, char** argv) {
   app.add_option("--out", out)->required();
   app.add_option("--work-ms", bench.work_ms, "how long each worker runs before it exits 0")
       ->check(CLI::Range(0, 600000));
-  app.add_option("--heartbeat-ms", bench.heartbeat_ms, "each agent's heartbeat interval (0: none)")
+  app.add_option("--heartbeat-ms", bench.heartbeat_ms,
+                 "each agent's heartbeat interval, fixed (0: none; default: as a real agent, from the offer)")
       ->check(CLI::Range(0, 60000));
-  app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 6));
+  app.add_option("--agent-timeout-ms", bench.agent_timeout_ms,
+                 "the agents' own heartbeat_timeout, which bounds their interval (default 6000, an agent's default)")
+      ->check(CLI::Range(2000, 3600000));
+  app.add_option("--version", bench.version, "speak only this protocol version")->check(CLI::Range(3, 7));
   CLI11_PARSE(app, argc, argv);
 
   // Two descriptors per agent (listener, connection): raise the soft limit as far as allowed.
@@ -229,6 +245,7 @@ int main(int argc, char** argv) {
   bench.echo_t0.assign(bench.count, 0);
   bench.echo_rx.assign(bench.count, 0);
   bench.beat_sent_us.assign(bench.count, 0);
+  bench.beat_ms.assign(bench.count, bench.heartbeat_ms < 0 ? 1000 : bench.heartbeat_ms);
   for (int i = 0; i < bench.count; ++i) {
     auto a = std::make_unique<tcp::acceptor>(bench.io);
     tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), static_cast<std::uint16_t>(base_port + i));
@@ -254,6 +271,7 @@ int main(int argc, char** argv) {
                              {"setup_cpu_us", setup_cpu_us},
                              {"assigned", bench.assigned},
                              {"agent_beats", bench.agent_beats},
+                             {"beat_ms", bench.beat_ms},
                              {"coordinator_beats", bench.coordinator_beats},
                              {"coordinator_answers", bench.coordinator_answers},
                              {"finished", bench.finished},

@@ -9,13 +9,17 @@ benchmark both share the machine's cores, so what one side saves the other can u
 
     python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
                                     [--work-ms 250] [--agents FAKE_AGENTS] [--steady SECONDS]
+                                    [--heartbeat-timeout 6] [--agent-timeout 6] [--heartbeat-ms MS]
 
 Also reported: each side's CPU split into user and system time (the system time is mostly the
 kernel's loopback TCP: both ends' stacks run in the sending process), and the TCP segments the
 machine sent during the launch per node (/proc/net/snmp OutSegs, machine-wide: other traffic on
 the machine counts too). With --steady S, the workers run S + 2 s and, from 1 s after the last
-node started, ddpctl's and fake_agents' CPU over S seconds is measured: the heartbeats' cost
-(every agent beats every second, as real agents do, and ddpctl beats to each of them).
+node started, ddpctl's and fake_agents' CPU over S seconds is measured: the heartbeats' cost.
+The agents beat as real ones do: every second to a coordinator of protocol version 6 or older;
+to one of version 7, at its offer (a third of the job's --heartbeat-timeout, default 6 s) or a
+third of their own --agent-timeout (default 6 s), whichever is shorter; ddpctl answers each beat.
+--heartbeat-ms fixes the agents' interval instead.
 
 Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 after --work-ms (see
 fake_agents.cpp for why not at once); the whole launch includes that time. With --compare both
@@ -78,12 +82,12 @@ def proc_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one(build, agents_bin, work_ms, n, tmp, steady=0, heartbeat_ms=1000):
+def one(build, agents_bin, work_ms, n, tmp, steady=0, beats=()):
     token = os.path.join(tmp, "token")
     base = free_base(n)
     out = os.path.join(tmp, f"agents-{n}.json")
     agents = subprocess.Popen([agents_bin, "--count", str(n), "--base-port", str(base), "--token-file", token, "--out", out,
-                               "--work-ms", str(work_ms), "--heartbeat-ms", str(heartbeat_ms)], stdout=subprocess.PIPE, text=True,
+                               "--work-ms", str(work_ms), *beats], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "DDP_LOG_LEVEL": "warn"})
     try:
         if agents.stdout.readline().strip() != "ready":
@@ -140,7 +144,12 @@ def main():
     ap.add_argument("--agents", help="the fake_agents binary (default: the --build's)")
     ap.add_argument("--steady", type=float, default=0,
                     help="measure the heartbeats' CPU over this many seconds once every node runs")
-    ap.add_argument("--heartbeat-ms", type=int, default=1000, help="the fake agents' heartbeat interval (0: none)")
+    ap.add_argument("--heartbeat-ms", type=int,
+                    help="fix the fake agents' heartbeat interval (0: none; default: as real agents, from the offer)")
+    ap.add_argument("--heartbeat-timeout", type=float, default=6,
+                    help="the job's rendezvous.heartbeat_timeout in seconds (version 7 agents beat at a third of it)")
+    ap.add_argument("--agent-timeout", type=float, default=6,
+                    help="the fake agents' own heartbeat_timeout in seconds (they beat at a third of it at most)")
     args = ap.parse_args()
     agents_bin = args.agents or os.path.join(args.build, "bin", "fake_agents")
     builds = [args.build] + ([args.compare] if args.compare else [])
@@ -150,7 +159,11 @@ def main():
         os.write(fd, (os.urandom(32).hex() + "\n").encode())
         os.close(fd)
         with open(os.path.join(tmp, "job.yaml"), "w") as f:
-            f.write("name: rdzv-bench\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {port: 29500}\n")
+            f.write("name: rdzv-bench\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {port: 29500}\n"
+                    f"rendezvous: {{heartbeat_timeout: {int(args.heartbeat_timeout * 1000)}ms}}\n")
+        beats = ["--agent-timeout-ms", str(int(args.agent_timeout * 1000))]
+        if args.heartbeat_ms is not None:
+            beats += ["--heartbeat-ms", str(args.heartbeat_ms)]
         print(f"{'build':<24} {'nodes':>6} {'rendezvous (median)':>20} {'last start (median)':>20} "
               f"{'whole launch (median)':>22} {'CPU: ddpctl / agents':>21}   runs (rendezvous/whole, ms)")
         for n in (int(x) for x in args.sizes.split(",")):
@@ -159,7 +172,7 @@ def main():
             for _ in range(args.repeats):
                 for b in builds:
                     work_ms = int((args.steady + 2) * 1000) if args.steady else args.work_ms
-                    runs[b].append(one(b, agents_bin, work_ms, n, tmp, args.steady, args.heartbeat_ms))
+                    runs[b].append(one(b, agents_bin, work_ms, n, tmp, args.steady, beats))
             for b in builds:
                 rdzv = statistics.median(r[0] for r in runs[b])
                 starts = [r[1] for r in runs[b] if r[1] is not None]

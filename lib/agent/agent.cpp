@@ -26,6 +26,7 @@
 #include "net/advertise.hpp"
 #include "net/connection.hpp"
 #include "net/wire.hpp"
+#include "proto/heartbeat.hpp"
 #include "pyenv/probe.hpp"
 #include "sdnotify/sdnotify.hpp"
 #include "shepherd/client.hpp"
@@ -281,6 +282,10 @@ class Agent {
     // The peer's last heartbeat: its now_us and our clock when it arrived, echoed in ours so
     // that the coordinator gets a clock-offset sample every interval (proto/clock_sync.hpp).
     std::optional<std::int64_t> echo_t0_us, echo_rx_us;
+    // How often we beat to it: every second, or, once a coordinator of version 7 offers its job,
+    // at that offer or a third of our own heartbeat_timeout (proto/heartbeat.hpp); and when we last did.
+    proto::Millis beat_every = proto::kBeatFloor;
+    std::chrono::steady_clock::time_point beat_sent{};
     std::shared_ptr<PreflightRun> doctor;  // a facts_request's image lookup, killed if the peer goes
     job::LinkId id = 0;                    // the job machine's name for this link
   };
@@ -756,7 +761,13 @@ class Agent {
     }
     auto job = std::make_unique<Job>();
     if (decision.user) job->run_as = *decision.user;
-    job->owner = peers_.at(c).conn;
+    auto& peer = peers_.at(c);
+    peer.beat_every =
+        proto::agent_beat_interval(c->session().version() >= 7 && b.contains("heartbeat_ms")
+                                       ? std::optional(proto::Millis(b["heartbeat_ms"].get<std::int64_t>()))
+                                       : std::nullopt,
+                                   opts_.heartbeat_timeout);
+    job->owner = peer.conn;
     job->job_id = job_id;
     job->node = b["node"].get<std::string>();
     job->user = b["user"].get<std::string>();
@@ -908,15 +919,13 @@ class Agent {
     }
     // The offer's time, when it arrived and when the join leaves: a clock-offset sample with
     // this node's preflight taken out of the round trip (proto/clock_sync.hpp).
-    send(job.owner.get(), "join",
-         {{"t0_us", job.offer_t0_us},
-          {"rx_us", job.offer_rx_us},
-          {"tx_us", now_us()},
-          {"job_id", job.job_id},
-          {"node", opts_.name},
-          {"nproc", job.nproc},
-          {"facts", facts_summary},
-          {"preflight", std::move(preflight)}});
+    json join{{"t0_us", job.offer_t0_us}, {"rx_us", job.offer_rx_us},
+              {"tx_us", now_us()},        {"job_id", job.job_id},
+              {"node", opts_.name},       {"nproc", job.nproc},
+              {"facts", facts_summary},   {"preflight", std::move(preflight)}};
+    if (auto p = peers_.find(job.owner.get()); p != peers_.end() && job.owner->session().version() >= 7)
+      join["heartbeat_ms"] = p->second.beat_every.count();  // how often we beat: the coordinator's due time
+    send(job.owner.get(), "join", std::move(join));
     feed(job::Joined{});
   }
 
@@ -1371,6 +1380,8 @@ class Agent {
     return rank < addrs.size() ? addrs[rank] : std::string();
   }
 
+  // Every second: each peer's silence checked, and a beat to each peer due one (its beat_every,
+  // to within half a tick: every other tick at 2 s).
   void heartbeat() {
     heartbeat_timer_.expires_after(opts_.heartbeat_interval);
     heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
@@ -1379,9 +1390,13 @@ class Agent {
       std::vector<std::shared_ptr<Connection>> silent;
       for (auto& [raw, p] : peers_) {
         if (!p.conn->established()) continue;
-        if (now - p.last_heard > opts_.heartbeat_timeout)
+        if (now - p.last_heard > opts_.heartbeat_timeout) {
           silent.push_back(p.conn);
-        else if (p.echo_t0_us)
+          continue;
+        }
+        if (now - p.beat_sent < p.beat_every - opts_.heartbeat_interval / 2) continue;
+        p.beat_sent = now;
+        if (p.echo_t0_us)
           send(raw, "heartbeat", {{"now_us", now_us()}, {"t0_us", *p.echo_t0_us}, {"rx_us", *p.echo_rx_us}});
         else
           send(raw, "heartbeat", {{"now_us", now_us()}});

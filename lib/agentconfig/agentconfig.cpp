@@ -140,8 +140,8 @@ class Parser {
     } else if (key == "heartbeat_timeout") {
       std::optional<Millis> d;
       if (v.IsScalar()) d = parse_duration(v.Scalar());
-      // Coordinators send a heartbeat every second: less than two intervals stops workers over
-      // one late beat.
+      // Coordinators beat every second at the most (proto/heartbeat.hpp): less than two
+      // intervals stops workers over one late beat.
       if (!d || *d < Millis(2000) || *d > Millis(3'600'000)) {
         error(v.Mark(),
               fmt::format("heartbeat_timeout: expected a duration from 2s to 1h such as 6s, got {}", describe(v)));

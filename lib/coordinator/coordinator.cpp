@@ -22,6 +22,7 @@
 #include "net/connection.hpp"
 #include "net/wire.hpp"
 #include "proto/clock_sync.hpp"
+#include "proto/heartbeat.hpp"
 #include "rendezvous/rendezvous.hpp"
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
@@ -182,6 +183,9 @@ class Coordinator {
     // When we last sent this node a heartbeat (steady clock): heartbeat() beats only to nodes not
     // answered since (see on_message's heartbeat).
     std::chrono::steady_clock::time_point beat_at{};
+    // How often its agent beats (its join's heartbeat_ms, version 7; else every second), and so
+    // how often at least we beat to it (proto/heartbeat.hpp).
+    proto::Millis beat_every = proto::kBeatFloor;
   };
 
   struct ExitInfo {
@@ -332,6 +336,10 @@ class Coordinator {
                "job_offer",
                {{"t0_us", now().count()}, {"job_id", opts_.job_id}, {"user", opts_.user}, {"node", n.entry.name}});
            if (opts_.delegation && n.conn->session().version() >= 6) offer["delegation"] = *opts_.delegation;
+           // Version 7: how often to beat, from the job's heartbeat_timeout (until its join says
+           // otherwise, the node is beaten every second, as an older agent is).
+           n.beat_every = proto::kBeatFloor;
+           if (n.conn->session().version() >= 7) offer["heartbeat_ms"] = beat_offer_.count();
            n.conn->send_with(std::move(offer), "spec", offer_spec_);
          },
          [this, &n](proto::Message m) { on_message(n, std::move(m)); },
@@ -406,12 +414,12 @@ class Coordinator {
       if (b.contains("t0_us") && b.contains("rx_us") && b.contains("now_us")) {
         clock_sample(n, b["t0_us"], b["rx_us"], b["now_us"]);
       }
-      // Our beat answers the agent's (every agent beats every second, whatever its version): in
-      // the same wakeup, the reply carrying the TCP ACK of its beat, instead of a beat of our own
-      // and a bare ACK at another moment (bench/rendezvous/loopback_floor --reply: a quarter less
-      // CPU for the coordinator at 4096 nodes). heartbeat() still beats to any node not answered.
-      // At most one answer per half interval: an agent that beats faster (or floods) gets no
-      // more of our sends than a normal one.
+      // Our beat answers the agent's (every second before version 7, at its join's interval
+      // since): in the same wakeup, the reply carrying the TCP ACK of its beat, instead of a beat
+      // of our own and a bare ACK at another moment (bench/rendezvous/loopback_floor --reply: a
+      // quarter less CPU for the coordinator at 4096 nodes). heartbeat() still beats to any node
+      // not answered. At most one answer per half second: an agent that beats faster (or
+      // floods) gets no more of our sends than one beating every second.
       if (const auto at = std::chrono::steady_clock::now(); at - n.beat_at >= opts_.heartbeat_interval / 2) {
         beat(n, at);
       }
@@ -504,6 +512,9 @@ class Coordinator {
         }
       }
     }
+    n.beat_every = proto::joined_beat_interval(
+        b.contains("heartbeat_ms") ? std::optional(proto::Millis(b["heartbeat_ms"].get<std::int64_t>())) : std::nullopt,
+        beat_offer_);
     const auto nproc = b["nproc"].get<std::uint32_t>();
     const auto agent_name = b["node"].get<std::string>();
     n.ib_hcas.clear();
@@ -1143,17 +1154,16 @@ class Coordinator {
     n.beat_at = at;
   }
 
-  // Every quarter interval, a beat to each node not sent one for an interval and a quarter (its
-  // agent's beats, which we answer, did not come): an agent hears from us at least every 1.5
-  // intervals (its timeout is at least two), and one that beats gets no second beat.
+  // Every quarter second, a beat to each node not sent one for 1.25 of its interval (its agent's
+  // beats, which we answer, did not come): an agent hears from us at least every 1.5 of its
+  // intervals (a third of its timeout or less), and one that beats gets no second beat.
   void heartbeat() {
     heartbeat_timer_.expires_after(opts_.heartbeat_interval / 4);
     heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || done_) return;
       const auto at = std::chrono::steady_clock::now();
-      const auto due = opts_.heartbeat_interval + opts_.heartbeat_interval / 4;
       for (auto& [name, n] : nodes_) {
-        if (at - n->beat_at >= due) beat(*n, at);
+        if (at - n->beat_at >= proto::coordinator_beat_due(n->beat_every)) beat(*n, at);
       }
       heartbeat();
     });
@@ -1346,6 +1356,8 @@ class Coordinator {
   rdzv::Rendezvous rdzv_;
   net::JobPayload payload_;
   std::string offer_spec_;  // payload_ as job_offer carries it, encoded once
+  // The beat interval offered to agents of version 7 (proto/heartbeat.hpp), from the job's timeout.
+  proto::Millis beat_offer_ = proto::offered_beat_interval(opts_.spec.heartbeat_timeout);
   std::chrono::steady_clock::time_point last_progress_{};
   std::map<std::string, std::unique_ptr<Node>> nodes_;
   std::unique_ptr<net::Dialer> dialer_;             // SSH mode; destroyed before io_

@@ -70,7 +70,7 @@ struct CoordinatorOptions {
   bool quiet = false;
   std::optional<std::string> result_json;
   std::map<std::string, std::string> launcher_env;
-  Millis heartbeat_interval{1000};
+  Millis heartbeat_interval{1000};  // the heartbeat timer's period is a quarter of it
   Millis dial_timeout{5000};
   // Set: nodes are reached through this dialer (SSH mode, SLURM's srun step) instead of TCP to
   // their agents' port; a node it cannot start before the job started fails the launch (exit 2), naming it.

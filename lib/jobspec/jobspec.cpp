@@ -223,11 +223,12 @@ class Parser {
                 [&](const std::string& rk, const YAML::Node&, const YAML::Node& rv) {
                   auto d = duration(rv, "rendezvous." + rk);
                   if (!d) return;
-                  // Heartbeats come every second: a timeout of one interval loses nodes to ordinary
-                  // jitter; two is the least that tolerates one late beat.
+                  // Heartbeats come every second at the most (a third of this timeout since
+                  // protocol version 7, proto/heartbeat.hpp): a timeout of one interval loses
+                  // nodes to ordinary jitter; two is the least that tolerates one late beat.
                   if (rk == "heartbeat_timeout" && *d < Millis(2000)) {
                     error(rv,
-                          "rendezvous.heartbeat_timeout: expected at least 2s (agents send a heartbeat every second; "
+                          "rendezvous.heartbeat_timeout: expected at least 2s (agents beat every second at the most; "
                           "one late heartbeat must not lose a node)");
                     return;
                   }

@@ -12,7 +12,7 @@ FAKE_AGENTS = str(BINARY_DIR / "bin" / "fake_agents")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
 
 
-def launch_against_fake_agents(tmp_path, nodes, name, agent_args=()):
+def launch_against_fake_agents(tmp_path, nodes, name, agent_args=(), job_extra=""):
     assert os.path.exists(FAKE_AGENTS), f"{FAKE_AGENTS} is not built (scripts/build builds it)"
     token = write_token(tmp_path / "token")
     out = tmp_path / "agents.json"
@@ -23,7 +23,7 @@ def launch_against_fake_agents(tmp_path, nodes, name, agent_args=()):
         assert select.select([agents.stdout], [], [], 30)[0], "fake_agents did not get ready in 30 s"
         assert agents.stdout.readline().strip() == "ready"
         job = tmp_path / "job.yaml"
-        job.write_text(f"name: {name}\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {{port: 29500}}\n")
+        job.write_text(f"name: {name}\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {{port: 29500}}\n{job_extra}")
         node_list = ",".join(f"127.0.0.1:{base + i}" for i in range(nodes))
         r = subprocess.run([DDPCTL, "launch", "--nodes", node_list, "--token-file", str(token), "--log-dir",
                             str(tmp_path / "logs"), str(job)], capture_output=True, text=True, timeout=60)

@@ -16,3 +16,41 @@ def test_the_coordinator_answers_each_agents_beat(tmp_path):
     # within 100 ms of an agent's beat about one time in ten (the old one: 0 of 14).
     assert got["coordinator_answers"] >= 0.6 * got["agent_beats"], got
     assert got["coordinator_answers"] >= 0.6 * got["coordinator_beats"], got
+
+
+# Protocol version 7: the coordinator offers a third of the job's heartbeat_timeout (1 to 10 s),
+# an agent beats at that or a third of its own timeout, whichever is shorter, and says so in its
+# join; the coordinator answers each beat and beats on its own only to a node silent for 1.25 of
+# its interval. Workers run 11 s.
+WORK = ["--work-ms", "11000"]
+
+
+def test_agents_beat_at_a_third_of_the_jobs_timeout(tmp_path):
+    got = launch_against_fake_agents(tmp_path, NODES, "slow-beats", WORK + ["--agent-timeout-ms", "15000"],
+                                     job_extra="rendezvous: {heartbeat_timeout: 15s}\n")
+    assert got["beat_ms"] == [5000] * NODES, got
+    # About 11 s of job at one beat per 5 s (plus the first, at once): at most 4 each, where
+    # beats every second would be 11 or more; the job lost no node meanwhile (it succeeded).
+    assert NODES <= got["agent_beats"] <= 4 * NODES, got
+    # The coordinator answers them and adds none of its own (its own would come only after
+    # 6.25 s without an answer).
+    assert got["coordinator_beats"] <= got["agent_beats"] + NODES, got
+    assert got["coordinator_answers"] >= 0.6 * got["agent_beats"], got
+
+
+def test_an_agents_own_timeout_bounds_its_interval(tmp_path):
+    # The same job, agents with the default heartbeat_timeout (6 s): every 2 s, so that the
+    # coordinator, answering, beats them often enough for their own timeout.
+    got = launch_against_fake_agents(tmp_path, NODES, "agent-bound", WORK,
+                                     job_extra="rendezvous: {heartbeat_timeout: 15s}\n")
+    assert got["beat_ms"] == [2000] * NODES, got
+    assert 4 * NODES <= got["agent_beats"] <= 8 * NODES, got
+    assert got["coordinator_answers"] >= 0.6 * got["agent_beats"], got
+
+
+def test_agents_of_version_6_still_beat_every_second(tmp_path):
+    got = launch_against_fake_agents(tmp_path, NODES, "old-beats", WORK + ["--version", "6", "--agent-timeout-ms", "15000"],
+                                     job_extra="rendezvous: {heartbeat_timeout: 15s}\n")
+    assert got["beat_ms"] == [1000] * NODES, got
+    assert got["agent_beats"] >= 9 * NODES, got
+    assert got["coordinator_answers"] >= 0.6 * got["agent_beats"], got

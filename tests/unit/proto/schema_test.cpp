@@ -59,7 +59,7 @@ TEST(Schema, LoadsWithDocumentedLimits) {
   EXPECT_EQ(limits().max_frame_bytes, 1048576u);
   EXPECT_EQ(limits().max_handshake_frame_bytes, 4096u);
   EXPECT_EQ(limits().min_version, 3u);
-  EXPECT_EQ(limits().max_version, 6u);
+  EXPECT_EQ(limits().max_version, 7u);
   EXPECT_GE(limits().max_json_depth, 8u);
   EXPECT_EQ(message_types().size(), doc()["messages"].size());
   EXPECT_EQ(phase_of("hello"), Phase::handshake);

@@ -102,11 +102,11 @@ TEST(Session, HandshakeEstablishesBothSides) {
   EXPECT_EQ(p.s.established->role, Role::agent);
   EXPECT_EQ(p.s.established->key_id, "default");
   EXPECT_EQ(p.s.established->name, "n1");
-  EXPECT_EQ(p.s.established->version, 6u);
+  EXPECT_EQ(p.s.established->version, 7u);
   ASSERT_TRUE(p.c.established);
   EXPECT_EQ(p.c.established->role, Role::coordinator);
   EXPECT_EQ(p.c.established->name, "coord");
-  EXPECT_EQ(p.client.version(), 6u);
+  EXPECT_EQ(p.client.version(), 7u);
   EXPECT_EQ(p.c.established->delegate_key, "");  // a server without one says nothing
 }
 
@@ -286,20 +286,20 @@ TEST(Session, VersionMismatchGivesAHint) {
   {
     Pair p;
     auto cfg = client_config();
-    cfg.versions = {7, 8};
+    cfg.versions = {8, 9};
     p.client = Session::client(cfg);
     p.connect();
     ASSERT_TRUE(p.s.dropped);
     EXPECT_EQ(
         *p.s.dropped,
-        "version: no common protocol version: the client speaks 7, 8, 'coord' speaks 3, 4, 5, 6 (upgrade ddpctl on "
+        "version: no common protocol version: the client speaks 8, 9, 'coord' speaks 3, 4, 5, 6, 7 (upgrade ddpctl on "
         "'coord' (it is older than the client))");
     EXPECT_NE(p.c.dropped->find("peer refused: version"), std::string::npos);
   }
   {
     Pair p;
     auto scfg = server_config();
-    scfg.versions = {7};
+    scfg.versions = {8};
     p.server = Session::server(scfg);
     p.connect();
     EXPECT_NE(p.s.dropped->find("upgrade the client's ddpctl"), std::string::npos);
@@ -338,10 +338,10 @@ TEST(Session, AVersion3PeerStillConnects) {
 TEST(Session, ClientRefusesAVersionItDidNotOffer) {
   Session client = Session::client(client_config());
   absorb(client.start());
-  auto ack = make_message("hello_ack", 7, {{"version", 7}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
+  auto ack = make_message("hello_ack", 8, {{"version", 8}, {"nonce", std::string(64, 'b')}, {"role", "coordinator"}});
   auto o = absorb(client.on_bytes(encode_frame(dump(ack))));
   ASSERT_TRUE(o.dropped);
-  EXPECT_NE(o.dropped->find("chose protocol version 7, which this client did not offer (3, 4, 5, 6)"),
+  EXPECT_NE(o.dropped->find("chose protocol version 8, which this client did not offer (3, 4, 5, 6, 7)"),
             std::string::npos);
   auto sent = json::parse(body_of(o.sent));
   EXPECT_EQ(sent["type"], "error");
@@ -507,8 +507,8 @@ TEST(SessionFrames, InvalidAuthenticatedMessageGetsAnErrorThenDrop) {
            {R"({"type":"join","v":1,"job_id":"j","node":"n1","nproc":"8"})",
             "wrong_type: 'join.nproc' must be an unsigned integer, got a string"},
            {R"({"type":"assign","v":1})", "wrong_sender"},
-           {R"({"type":"heartbeat","v":1})", "version: 'heartbeat' is framed as version 1, negotiated 6"},
-           {R"({"type":"hello","v":6,"versions":[6],"key_id":"k","nonce":")" + std::string(64, 'a') +
+           {R"({"type":"heartbeat","v":1})", "version: 'heartbeat' is framed as version 1, negotiated 7"},
+           {R"({"type":"hello","v":7,"versions":[7],"key_id":"k","nonce":")" + std::string(64, 'a') +
                 R"(","role":"agent","user":"u"})",
             "unexpected: 'hello' after the handshake finished"},
            {R"(not json)", "bad_json"},
