@@ -110,8 +110,10 @@ int main(int argc, char** argv) {
   auto* log_dir = app.add_option("--log-dir", opts.log_dir,
                                  "where workers' per-rank logs go on this node (default /var/log/ddpctl; with --stdio "
                                  "$XDG_STATE_HOME/ddpctl/logs or ~/.local/state/ddpctl/logs)");
-  app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
-                 "seconds of coordinator silence that stop the workers (at least 2: coordinators beat every second)")
+  app.add_option(
+         "--heartbeat-timeout", heartbeat_timeout_s,
+         "seconds of coordinator silence that stop the workers (at least 2; this agent beats at a third of it at most, "
+         "and coordinators answer each beat)")
       ->check(CLI::Range(2.0, 3600.0));
   std::string tls = "allowed";
   app.add_option("--tls", tls,

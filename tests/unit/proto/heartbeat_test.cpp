@@ -18,12 +18,16 @@ TEST(BeatInterval, TheOfferIsAThirdOfTheJobsTimeoutFromOneToTenSeconds) {
 
 TEST(BeatInterval, TheAgentTakesTheOfferOrAThirdOfItsOwnTimeoutWhicheverIsShorter) {
   EXPECT_EQ(agent_beat_interval(std::nullopt, 60000ms), 1000ms);  // an older coordinator: every second
-  EXPECT_EQ(agent_beat_interval(2000ms, 6000ms), 2000ms);          // both defaults
-  EXPECT_EQ(agent_beat_interval(5000ms, 6000ms), 2000ms);  // a long job timeout, the agent's default: its own
+  EXPECT_EQ(agent_beat_interval(2000ms, 6000ms), 2000ms);         // both defaults
+  EXPECT_EQ(agent_beat_interval(5000ms, 6000ms), 2000ms);         // a long job timeout, the agent's default: its own
   EXPECT_EQ(agent_beat_interval(5000ms, 15000ms), 5000ms);
   EXPECT_EQ(agent_beat_interval(5000ms, 2000ms), 1000ms);  // never faster than every second
   EXPECT_EQ(agent_beat_interval(10000ms, 3600000ms), 10000ms);
   EXPECT_EQ(agent_beat_interval(0ms, 6000ms), 1000ms);  // a hostile offer: the floor
+  // Whole seconds, rounded down: the agent's timer ticks every second.
+  EXPECT_EQ(agent_beat_interval(1666ms, 6000ms), 1000ms);
+  EXPECT_EQ(agent_beat_interval(5000ms, 8000ms), 2000ms);
+  EXPECT_EQ(agent_beat_interval(3300ms, 60000ms), 3000ms);
 }
 
 TEST(BeatInterval, TheCoordinatorTakesTheJoinsWithinTheFloorAndItsOffer) {
@@ -45,7 +49,8 @@ TEST(BeatInterval, EachSideHearsTheOtherWellWithinItsTimeout) {
       const auto offer = offered_beat_interval(job);
       const auto beats = agent_beat_interval(offer, agent);
       const auto node = joined_beat_interval(beats, offer);
-      EXPECT_EQ(node, beats) << t << " " << l;
+      EXPECT_EQ(node, beats) << t << " " << l;  // the coordinator believes an honest join
+      EXPECT_EQ(beats % 1000ms, 0ms) << t << " " << l;
       EXPECT_LE(beats * 2, job) << t << " " << l;
       EXPECT_TRUE(beats * 3 <= job || beats == kBeatFloor) << t << " " << l;
       EXPECT_LE(coordinator_beat_due(node) * 2, std::max(agent, Millis(2500))) << t << " " << l;
