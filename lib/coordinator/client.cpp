@@ -64,13 +64,13 @@ class Submitter {
                                "coordinator " + at(), "coord", std::chrono::seconds(10));
       if (opts_.tls) conn_->use_tls({net::tls_client_context(*opts_.keys.first())});
       conn_->start({[this](const proto::PeerInfo& p) {
-                      // Through a standing coordinator a taken default store port still fails
-                      // the job: a spec saying "not named" would not survive a coordinator older
-                      // than that flag (it rewrites the spec it passes on, dropping what it does
-                      // not know) and the agents would refuse the delegation's digest. Named,
-                      // the spec is what every build writes alike.
+                      // A spec saying "port not named" (node rank 0 may take a free one) goes
+                      // only to a coordinator of protocol version 7: an older one rewrites the
+                      // spec it passes on, dropping what it does not know, and the agents would
+                      // refuse the delegation's digest. To it the port is named, as every build
+                      // writes it alike (a taken 29500 fails the job, as it did).
                       auto payload = opts_.payload;
-                      payload.spec.store_port_explicit = true;
+                      if (p.version < 7) payload.spec.store_port_explicit = true;
                       auto spec = net::to_json(payload);
                       json submit{{"job_id", opts_.job_id}, {"user", opts_.user}, {"nodes", opts_.nodes}};
                       if (opts_.tls) submit["tls"] = true;  // only here with version 6: TLS needs it

@@ -271,3 +271,40 @@ def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
     assert result["status"] == "failed" and "/no/such/program" in result["message"], result
     rc, _, err = status(c, "gone-1")
     assert rc == 1 and "job gone-1 ended" in err and "(failed, exit code 2)" in err, err
+
+
+HOLD_PORT = r'''
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 29500))
+s.listen()
+print("held", flush=True)
+time.sleep(300)
+'''
+
+REACH_STORE = r'''
+import os, socket
+port = int(os.environ["MASTER_PORT"])
+socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=10).close()
+print(f"rank {os.environ['RANK']} reached the store at port {port}", flush=True)
+'''
+
+
+def test_a_taken_default_store_port_gives_way_through_a_standing_coordinator_too(cluster):
+    """Another job holds 29500 on node rank 0's node. Submitted through a standing coordinator
+    (protocol version 7), a job that names no port gets a free one there, as it does launched
+    straight to the agents; every rank on both nodes reaches the store at that port."""
+    c = cluster
+    start_coordinator(c)
+    n1 = c.nodes[0]
+    holder = n1.popen([PY, "-c", HOLD_PORT, n1.addr], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    worker = c.write("reach.py", REACH_STORE)
+    spec = c.write("free.yaml", f"name: free\nnproc_per_node: 2\ncommand: {json.dumps([PY, worker])}\n")
+    rc, out, err = finish(submit(c, spec, "--job-id", "free-1"), timeout=120)
+    assert rc == 0, out + err + coordinator_log(c)
+    reached = re.findall(r"rank (\d) reached the store at port (\d+)", out)
+    assert sorted(int(r) for r, _ in reached) == [0, 1, 2, 3], out
+    ports = {p for _, p in reached}
+    assert len(ports) == 1 and ports != {"29500"}, reached
+    assert "store port 29500 is taken on this node; using a free port" in c.agent_log(n1)
