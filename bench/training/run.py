@@ -198,8 +198,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--model", default="transformer", choices=["auto", "resnet50", "transformer", "tiny"],
                     help="transformer (default): GPU-bound, so its step time is the GPU's; resnet50 (auto with "
-                         "torchvision): at batch 128 on one GPU its step waits on the host's kernel launches, and "
-                         "on a shared VM the host's speed moves it between runs by 10-20%%")
+                         "torchvision): at batch 128 on one GPU its step waits on the host (most likely its "
+                         "kernel launches), and on a shared VM the host's speed moves it between runs by 10-20%%")
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--steps", type=int, default=50)

@@ -119,6 +119,16 @@ def wait_for_contracts(p, n, timeout=60):
     return wait_for_tagged(p, n, "CONTRACT ", timeout)
 
 
+_HOLD_PORT = r'''
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen()
+print("held", flush=True)
+time.sleep(300)
+'''
+
+
 class Host:
     def __init__(self, cluster, index, name):
         self.cluster = cluster
@@ -150,6 +160,13 @@ class Host:
 
     def run(self, argv, timeout=30, **kw):
         return subprocess.run(self.wrap(argv), capture_output=True, text=True, timeout=timeout, **kw)
+
+    def hold_port(self, port):
+        """A listener on this host's address and `port` (another job's store, say), until the
+        cluster ends; returns once it listens."""
+        p = self.popen(["/usr/bin/python3", "-c", _HOLD_PORT, self.addr, str(port)], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "held", f"could not hold port {port} on {self.name}"
+        return p
 
     def ns_pids(self):
         r = _run("ip", "netns", "pids", self.ns, check=False)

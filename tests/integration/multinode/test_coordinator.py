@@ -273,15 +273,6 @@ def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
     assert rc == 1 and "job gone-1 ended" in err and "(failed, exit code 2)" in err, err
 
 
-HOLD_PORT = r'''
-import socket, sys, time
-s = socket.socket()
-s.bind((sys.argv[1], 29500))
-s.listen()
-print("held", flush=True)
-time.sleep(300)
-'''
-
 REACH_STORE = r'''
 import os, socket
 port = int(os.environ["MASTER_PORT"])
@@ -297,8 +288,7 @@ def test_a_taken_default_store_port_gives_way_through_a_standing_coordinator_too
     c = cluster
     start_coordinator(c)
     n1 = c.nodes[0]
-    holder = n1.popen([PY, "-c", HOLD_PORT, n1.addr], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+    n1.hold_port(29500)
     worker = c.write("reach.py", REACH_STORE)
     spec = c.write("free.yaml", f"name: free\nnproc_per_node: 2\ncommand: {json.dumps([PY, worker])}\n")
     rc, out, err = finish(submit(c, spec, "--job-id", "free-1"), timeout=120)

@@ -134,16 +134,6 @@ def test_contract_across_two_nodes(cluster):
     assert sorted(e["rank"] for e in result["attempts"][0]["exits"]) == [0, 1, 2, 3]
 
 
-HOLD_PORT = r'''
-import socket, sys, time
-s = socket.socket()
-s.bind((sys.argv[1], 29500))
-s.listen()
-print("held", flush=True)
-time.sleep(300)
-'''
-
-
 def test_a_taken_default_store_port_on_node_rank_0_gives_way_to_a_free_one(cluster):
     """Another job's store (here: any listener) holds 29500 on node rank 0. Left out of the job
     file, the store takes a free port there and every rank on both nodes gets it; named, the job
@@ -152,8 +142,7 @@ def test_a_taken_default_store_port_on_node_rank_0_gives_way_to_a_free_one(clust
     for h in c.hosts:
         c.start_agent(h)
     n1 = c.hosts[0]
-    holder = n1.popen([PY, "-c", HOLD_PORT, n1.addr], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+    n1.hold_port(29500)
     worker = c.write("contract.py", CONTRACT_WORKER)
     free = job(c, "free-port", [PY, worker, "reach-store", "fail-first"], store="{threads: 1}",
                extra="restart: {max_restarts: 1, backoff: 200ms}\n")
