@@ -168,7 +168,8 @@ struct Bench {
         }
         // Within the schema's bound: a fixed --heartbeat-ms above 10 s says 10 s (the coordinator
         // then beats to it on its own every 12.5 s).
-        if (beat_ms[i] > 0) join["heartbeat_ms"] = std::min(beat_ms[i], 10000);
+        if (beat_ms[i] > 0)
+          join["heartbeat_ms"] = std::min(beat_ms[i], static_cast<int>(ddp::proto::kBeatCeiling.count()));
       }
       send(c, "join", std::move(join));
     } else if (m.type == "assign") {
