@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,4 +142,47 @@ TEST(StoreThreads, ResetWhileClientsAreBusyOnIoThreads) {
   RawClient fresh(st.port());
   fresh.send(encode_request(Protocol::v1, req(Op::get_num_keys)));
   EXPECT_EQ(i64_of(fresh.recv(8)), 0);
+}
+
+// Waiters on several I/O threads, half of which hang up while another client's SET releases
+// them all: the SET's replies are pushed to connections that other threads are closing at that
+// moment. The waiters still there get their answer, the ones gone get nothing and are not counted
+// as bad, and no connection is left behind.
+TEST(StoreThreads, WaitersThatHangUpWhileTheirWaitIsReleased) {
+  ServerThread st({.host = "127.0.0.1", .port = 0, .threads = 4});
+  constexpr int kRounds = 25, kWaiters = 12;
+  RawClient setter(st.port());
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string key = "/round" + std::to_string(round);
+    std::vector<std::unique_ptr<RawClient>> waiters;
+    for (int i = 0; i < kWaiters; ++i) {
+      waiters.push_back(std::make_unique<RawClient>(st.port()));
+      Request wait;
+      wait.op = Op::wait;
+      wait.keys = {key};
+      waiters.back()->send(encode_request(Protocol::v1, wait));
+    }
+    ASSERT_TRUE(st.eventually([&] {
+      const auto report = st.server().waiters();
+      return report.waited.size() == 1 && report.waited[0].waiters.size() == static_cast<std::size_t>(kWaiters);
+    })) << "round "
+        << round;
+    // The odd ones hang up from another thread while the SET goes out.
+    std::thread hangup([&] {
+      for (int i = 1; i < kWaiters; i += 2) waiters[i]->close();
+    });
+    setter.send(encode_request(Protocol::v1, req(Op::set, key, "go")));
+    hangup.join();
+    for (int i = 0; i < kWaiters; i += 2) {
+      EXPECT_EQ(hex(waiters[i]->recv(1)), hex(std::string(1, '\0'))) << "round " << round << ", waiter " << i;
+    }
+    waiters.clear();
+    ASSERT_TRUE(st.eventually([&] { return st.server().stats().connections == 1; }))
+        << "round " << round << ": connections left behind";
+  }
+  const auto stats = st.call([&] { return st.server().stats(); });
+  EXPECT_EQ(stats.closed_bad, 0u);
+  EXPECT_EQ(stats.accepted, static_cast<uint64_t>(1 + kRounds * kWaiters));
+  setter.send(encode_request(Protocol::v1, req(Op::get_num_keys)));
+  EXPECT_EQ(i64_of(setter.recv(8)), kRounds);
 }
