@@ -254,7 +254,18 @@ void Connection::uncork() {
 }
 
 void Connection::queue(std::string frame) {
-  if (closed_) return;
+  if (closed_ || overflowed_) return;
+  if (queued_bytes_ + frame.size() > max_queued_bytes_) {
+    // Not from here: queue() runs inside an owner's send(), which may be walking its own
+    // connections; the close (and the owner's on_closed) comes from the loop, after it.
+    overflowed_ = closing_ = warn_close_ = true;
+    close_reason_ = fmt::format("it does not read what we send: {} bytes queued for it, and the limit is {}",
+                                queued_bytes_, max_queued_bytes_);
+    asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      if (!self->closed_) self->closed(self->close_reason_);
+    });
+    return;
+  }
   queued_bytes_ += frame.size();
   out_.push_back(std::move(frame));
   // At once when the socket is idle: a peer on another core starts on it while we build the
@@ -315,9 +326,10 @@ void Connection::closed(const std::string& reason) {
   // a ctl client) stops and says so in its own words: the same reason twice helps nobody.
   const bool owner_reports =
       session_.is_client() && (reason.starts_with("auth: ") || reason.starts_with("peer refused: auth: "));
-  const auto level = owner_reports || routine_close_ ? spdlog::level::debug
-                     : !was_established_             ? spdlog::level::warn
-                                                     : spdlog::level::info;
+  const auto level = warn_close_                       ? spdlog::level::warn
+                     : owner_reports || routine_close_ ? spdlog::level::debug
+                     : !was_established_               ? spdlog::level::warn
+                                                       : spdlog::level::info;
   log::get(log_subsystem_)->log(level, "{}: connection closed: {}", label_, reason);
   if (auto cb = std::move(handlers_.on_closed)) {
     handlers_ = {};

@@ -102,6 +102,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void set_label(std::string label) { label_ = std::move(label); }
   // Bytes queued for the peer and not yet written (output backpressure for the agent).
   std::size_t queued_bytes() const { return queued_bytes_; }
+  // A peer that does not read is dropped once what is queued for it would pass this
+  // (kMaxQueuedBytes unless set): authenticated or not, no peer grows our memory without bound.
+  // The owners' own soft limits (an agent drops output lines past 64 MiB, a standing
+  // coordinator's relays pause) keep a slow but reading peer under it.
+  static constexpr std::size_t kMaxQueuedBytes = std::size_t{128} << 20;
+  void set_max_queued_bytes(std::size_t bytes) { max_queued_bytes_ = bytes; }
   // The TCP endpoints; nullopt over a socketpair.
   std::optional<tcp::endpoint> remote_endpoint() const { return remote_; }
   std::optional<tcp::endpoint> local_endpoint() const { return local_; }
@@ -137,6 +143,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   static constexpr std::size_t kMaxGather = 64;
   std::vector<boost::asio::const_buffer> gather_;
   std::size_t queued_bytes_ = 0;
+  std::size_t max_queued_bytes_ = kMaxQueuedBytes;
+  bool overflowed_ = false;  // past max_queued_bytes_: frames are no longer queued, the close is posted
   bool writing_ = false;
   // While this connection's bytes are being handled, or between cork() and uncork(): frames
   // wait, and whatever the handling sends this peer (auth and the first session frame, a
@@ -146,7 +154,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed_ = false;
   bool was_established_ = false;
   bool routine_close_ = false;
-  bool started_ = false;  // the protocol's handshake (after TLS's, if any)
+  bool warn_close_ = false;  // dropped for misbehaving (overflowed_): logged as a warning
+  bool started_ = false;     // the protocol's handshake (after TLS's, if any)
   std::string close_reason_;
   std::shared_ptr<void> pending_slot_;
   // The read buffer: 1 KiB while the peer sends small frames (most connections, all their

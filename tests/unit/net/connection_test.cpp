@@ -192,3 +192,39 @@ TEST(Connection, CorkedFramesWaitForUncorkThenArriveInOrder) {
   EXPECT_EQ(got, (std::vector<std::int64_t>{1, 2}));
   EXPECT_EQ(coord->queued_bytes(), 0u);
 }
+
+// A peer that does not read what we send (here: the writes never complete, the loop is not run)
+// is dropped once what is queued for it would pass the limit: nothing past the limit is queued,
+// the owner sees the link go out of service at once and closed from the loop afterwards, and
+// the log and the reason say why.
+TEST(Connection, APeerThatDoesNotReadIsDroppedAtTheQueueLimit) {
+  asio::io_context io;
+  auto [agent, coord] = socketpair_connections(io, "agent", "coordinator");
+  std::string agent_closed, coord_closed;
+  agent->start({nullptr, nullptr, [&](const std::string& r) { agent_closed = r; }});
+  coord->start({nullptr, nullptr, [&](const std::string& r) { coord_closed = r; }});
+  for (int i = 0; i < 200 && !(coord->established() && agent->established()); ++i)
+    io.run_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(agent->established());
+  constexpr std::size_t kLimit = 1 << 20;
+  agent->set_max_queued_bytes(kLimit);
+  const std::string chunk(32 * 1024, 'x');
+  int sent = 0;
+  for (int i = 0; i < 64; ++i) {
+    const bool ok = agent->send(agent->session().message(
+        "output", {{"job_id", "j"}, {"round", 0}, {"local_rank", 0}, {"stream", "stdout"}, {"data", chunk}}));
+    if (!ok) break;
+    ++sent;
+    EXPECT_LE(agent->queued_bytes(), kLimit);
+  }
+  EXPECT_GT(sent, 16);  // what fits under the limit was queued
+  EXPECT_LT(sent, 64);  // and then the link went out of service
+  EXPECT_FALSE(agent->established());
+  EXPECT_LE(agent->queued_bytes(), kLimit);
+  EXPECT_TRUE(agent_closed.empty()) << "closed from inside send(): " << agent_closed;
+  for (int i = 0; i < 200 && (agent_closed.empty() || coord_closed.empty()); ++i)
+    io.run_for(std::chrono::milliseconds(10));
+  EXPECT_NE(agent_closed.find("does not read what we send"), std::string::npos) << agent_closed;
+  EXPECT_NE(agent_closed.find("the limit is 1048576"), std::string::npos) << agent_closed;
+  EXPECT_FALSE(coord_closed.empty());  // the peer sees the link end
+}
