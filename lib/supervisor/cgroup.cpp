@@ -103,15 +103,20 @@ std::optional<unsigned long long> start_time_of(long long pid) {
 }
 }  // namespace
 
-std::optional<Cgroup> Cgroup::create(const std::string& tag) {
+std::optional<Cgroup> Cgroup::create(const std::string& tag, Use use) {
   auto log = log::get("supervisor");
+  const bool helper = use == Use::helper;
+  const char* instead = helper ? "a helper's process group is killed at its end instead (a grandchild that called "
+                                 "setsid() then outlives it)"
+                               : "workers are tracked by the subreaper walk instead (a worker that leaves the process "
+                                 "tree by double-forking is then not killed with the attempt)";
   if (const char* off = std::getenv("DDP_NO_CGROUP"); off && *off && std::string_view(off) != "0") {
-    log->debug("DDP_NO_CGROUP is set: using the subreaper walk to find workers' processes");
+    log->debug("DDP_NO_CGROUP is set: {}", instead);
     return std::nullopt;
   }
   auto base = base_dir();
   if (!base) {
-    log->debug("no cgroup v2 found; using the subreaper walk to find workers' processes");
+    log->debug("no cgroup v2 found: {}", instead);
     return std::nullopt;
   }
   std::string path = fmt::format("{}/ddpctl-{}-{}-{}", *base, ::getpid(), start_time_of(::getpid()).value_or(0), tag);
@@ -120,20 +125,16 @@ std::optional<Cgroup> Cgroup::create(const std::string& tag) {
   // parent, and the subreaper walk is the documented way there: debug.
   const auto level = ::geteuid() == 0 ? spdlog::level::warn : spdlog::level::debug;
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-    log->log(level,
-             "cannot create cgroup {}: {}; workers are tracked by the subreaper walk instead (a worker "
-             "that leaves the process tree by double-forking is then not killed with the attempt)",
-             path, std::strerror(errno));
+    log->log(level, "cannot create cgroup {}: {}; {}", path, std::strerror(errno), instead);
     return std::nullopt;
   }
   int fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
-    log->log(level, "cannot open {}/cgroup.procs: {}; workers are tracked by the subreaper walk instead", path,
-             std::strerror(errno));
+    log->log(level, "cannot open {}/cgroup.procs: {}; {}", path, std::strerror(errno), instead);
     ::rmdir(path.c_str());
     return std::nullopt;
   }
-  log->debug("workers of this attempt run in cgroup {}", path);
+  log->debug("{} run in cgroup {}", helper ? "a helper program and its children" : "workers of this attempt", path);
   return Cgroup(path, fd);
 }
 

@@ -27,8 +27,11 @@ std::optional<unsigned long long> start_time_from_stat(std::string_view stat_lin
 
 class Cgroup {
  public:
-  // Creates the attempt's cgroup, or returns nullopt with a log line saying why (warning as root).
-  static std::optional<Cgroup> create(const std::string& tag);
+  // What a cgroup holds, for its log lines: an attempt's workers (the fallback is the subreaper
+  // walk), or a helper program run_bounded() runs (the fallback is its process group).
+  enum class Use { workers, helper };
+  // Creates the cgroup, or returns nullopt with a log line saying why (warning as root).
+  static std::optional<Cgroup> create(const std::string& tag, Use use = Use::workers);
 
   Cgroup(Cgroup&& other) noexcept;
   Cgroup& operator=(Cgroup&&) = delete;

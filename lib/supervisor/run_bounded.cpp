@@ -1,11 +1,16 @@
 #include "supervisor/run_bounded.hpp"
 
+#include "supervisor/cgroup.hpp"
+
+#include <fmt/format.h>
+
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 
@@ -16,6 +21,10 @@ Bounded run_bounded(const SpawnSpec& spec, std::chrono::milliseconds timeout, st
   auto s = spec;
   s.capture_output = true;
   s.own_process_group = true;  // the SIGKILL below is for its group
+  // A cgroup of its own where one can be made: then nothing it started outlives the call.
+  static std::atomic<unsigned> runs{0};
+  auto cg = Cgroup::create(fmt::format("h{}", runs.fetch_add(1) + 1), Cgroup::Use::helper);
+  if (cg) s.cgroup_procs_fd = cg->procs_fd();
   const auto sp = spawn(s);
   Bounded r;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -51,12 +60,13 @@ Bounded run_bounded(const SpawnSpec& spec, std::chrono::milliseconds timeout, st
   }
   for (auto& p : fds)
     if (p.fd >= 0) ::close(p.fd);
+  if (cg) cg->kill_all();
   ::kill(-sp.pid, SIGKILL);
   int st = 0;
   while (::waitpid(sp.pid, &st, 0) < 0 && errno == EINTR) {
   }
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return r;  // cg's destructor waits for the cgroup to empty and removes it
 }
 
 }  // namespace ddp::supervisor

@@ -2,11 +2,13 @@
 // (supervisor/run_bounded.cpp): the job's Python probed as the user (lib/pyenv), the flight
 // recorder's converter (lib/hang). Blocking: for a thread of its own or a short synchronous step.
 //
-// Policy: the child runs in a process group of its own (spawn()). Its stdout and stderr are read
+// Policy: the child runs in a process group of its own (spawn()), and in a cgroup of its own
+// where one can be made (supervisor/cgroup.hpp: root, cgroup v2). Its stdout and stderr are read
 // until both close or the deadline passes, whichever is first, keeping at most the caps (the rest
-// is read and dropped, so the child never blocks on a full pipe). Then its whole group gets
-// SIGKILL (a wrapper's children too; a grandchild that called setsid() escapes, docs/security.md)
-// and the child is reaped: nothing of it outlives the call but such an escapee.
+// is read and dropped, so the child never blocks on a full pipe). Then everything in its cgroup
+// and its whole group gets SIGKILL (a wrapper's children too, and with the cgroup a grandchild
+// that called setsid() and left the group), the child is reaped and the cgroup removed: nothing
+// of it outlives the call. Without a cgroup such a grandchild escapes (docs/security.md).
 #pragma once
 
 #include "supervisor/process.hpp"

@@ -348,6 +348,37 @@ TEST(RunBounded, TheDeadlineEndsTheWholeGroup) {
   }
 }
 
+// A grandchild that called setsid() has left the helper's process group, and its stdio: the
+// helper ends at once, and the grandchild is killed with it through the helper's cgroup (the
+// Python probe and the flight recorder's converter run this way, as the job's user).
+TEST(RunBounded, AGrandchildThatLeftItsGroupEndsWithTheHelper) {
+  using namespace std::chrono_literals;
+  using ddp::supervisor::Cgroup;
+  if (!Cgroup::create("h-check", Cgroup::Use::helper)) {
+    GTEST_SKIP() << "no writable cgroup v2 here: a helper's grandchild that calls setsid() outlives it "
+                    "(docs/security.md)";
+  }
+  // The helper waits until the grandchild leads its own session (field 6 of its stat), so
+  // that it has left the group before the helper ends.
+  auto r = ddp::supervisor::run_bounded(
+      shell("setsid sleep 300 </dev/null >/dev/null 2>&1 & p=$!; "
+            "while [ \"$(cut -d' ' -f6 /proc/$p/stat)\" != \"$p\" ]; do sleep 0.01; done; echo $p"),
+      10s, 100, 100);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status, 0);
+  const pid_t grandchild = std::stoi(r.out);
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, grandchild, 0));
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    const bool gone = ::poll(&p, 1, 10000) == 1;
+    EXPECT_TRUE(gone) << "the setsid() grandchild outlived its helper";
+    if (!gone) ::kill(grandchild, SIGKILL);  // ours: started by this test
+    ::close(pidfd);
+  } else {
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
 // The child switches user while it still shares our memory (spawn_start clones with CLONE_VM):
 // only it may change, never this process or its other threads.
 TEST(Process, RunAsChangesOnlyTheChild) {
