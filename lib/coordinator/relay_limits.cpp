@@ -12,6 +12,10 @@ RelayLimits relay_limits(std::uint64_t nofile_soft) {
   l.relays_per_user = std::min(l.relays_per_user, l.relays);
   l.files = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 4, 4, l.files));
   l.files_per_user = std::max<std::size_t>(l.files / 4, 1);
+  l.jobs = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 16, 2, l.jobs));
+  l.jobs_per_user = std::clamp<std::size_t>(l.jobs / 4, 1, l.jobs_per_user);
+  l.clients = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 4, 16, l.clients));
+  l.clients_per_user = std::min(l.clients, l.relays_per_user + l.jobs_per_user + 16);
   return l;
 }
 
@@ -43,6 +47,34 @@ std::optional<std::string> refuse_backlog(const RelayLimits& limits, RelayUse al
         "this coordinator has {} log files open for other requests, and reads at most {} at once: try again shortly, "
         "or name fewer ranks with --ranks",
         all.files, limits.files);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> refuse_job(const RelayLimits& limits, std::size_t all, std::size_t mine,
+                                      std::string_view user) {
+  if (mine >= limits.jobs_per_user) {
+    return fmt::format(
+        "user {} has {} job{} running on this coordinator, its limit per user: wait for one to end, or "
+        "stop one (`ddpctl stop --coordinator ... JOB`)",
+        user, mine, mine == 1 ? "" : "s");
+  }
+  if (all >= limits.jobs) {
+    return fmt::format("this coordinator runs {} jobs, its limit: try again once one has ended", all);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> refuse_client(const RelayLimits& limits, std::size_t all, std::size_t mine,
+                                         std::string_view user) {
+  if (mine >= limits.clients_per_user) {
+    return fmt::format(
+        "user {} has {} connections open to this coordinator, its limit per user: end some (`ddpctl logs -f` left "
+        "running, jobs submitted without --detach?) and try again",
+        user, mine);
+  }
+  if (all >= limits.clients) {
+    return fmt::format("this coordinator has {} client connections open, its limit: try again shortly", all);
   }
   return std::nullopt;
 }

@@ -1,5 +1,6 @@
-// The standing coordinator's bounds on `ddpctl status|logs|stop|stacks --coordinator`: the
-// decisions, pure (standing.cpp counts, these decide).
+// The standing coordinator's bounds on what its clients hold: `ddpctl status|logs|stop|stacks
+// --coordinator` requests (relays), jobs, and connections. The decisions, pure (standing.cpp
+// counts, these decide).
 //
 // Each such request is a relay: the client's connection, one connection to the job's control
 // socket (whose server queues up to 8 MiB for it) and, while a `logs` backlog is sent, one open
@@ -13,6 +14,13 @@
 // unit's LimitNOFILE: a 4096-rank job's logs in one request); a larger job's logs are read with
 // --ranks. A request past a bound is refused with the bound and how to get under it, and only
 // its connection is dropped.
+//
+// Jobs: each holds a thread, a connection to each of its nodes and its log files, so at most 1024
+// run at once and never more than a sixteenth of the descriptors; one user at most a quarter of
+// that, and never more than 64 (a sweep of one-node jobs, with room). Connections (authenticated;
+// net/acceptor.hpp caps the others): at most 4096 and a quarter of the descriptors; one user as
+// many as its relays and jobs need, and 16 more. A submit or a connection past a bound is refused
+// the same way.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +36,10 @@ struct RelayLimits {
   std::size_t relays_per_user = 16;
   std::size_t files = 16384;
   std::size_t files_per_user = 4096;
+  std::size_t jobs = 1024;
+  std::size_t jobs_per_user = 64;
+  std::size_t clients = 4096;
+  std::size_t clients_per_user = 96;
 };
 // The bounds for a process allowed `nofile_soft` descriptors (net::nofile_soft_limit()).
 RelayLimits relay_limits(std::uint64_t nofile_soft);
@@ -43,5 +55,12 @@ std::optional<std::string> refuse_relay(const RelayLimits& limits, RelayUse all,
 // Why a `logs` backlog of `files` files of job `job_id` may not be opened now; nullopt: it may.
 std::optional<std::string> refuse_backlog(const RelayLimits& limits, RelayUse all, RelayUse mine, std::string_view user,
                                           std::string_view job_id, std::size_t files);
+// Why `user` may not submit another job, with `all` jobs running and `mine` of them its own.
+std::optional<std::string> refuse_job(const RelayLimits& limits, std::size_t all, std::size_t mine,
+                                      std::string_view user);
+// Why a newly authenticated connection of `user` may not stay, with `all` others open and `mine`
+// of them its user's.
+std::optional<std::string> refuse_client(const RelayLimits& limits, std::size_t all, std::size_t mine,
+                                         std::string_view user);
 
 }  // namespace ddp::coordinator

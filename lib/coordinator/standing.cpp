@@ -166,6 +166,12 @@ class Standing {
                      log_->warn("ddpctl {}: {}; refused", raw->label(), id.refusal);
                      return raw->refuse(proto::ErrorCode::auth, id.refusal, id.hint);
                    }
+                   std::size_t mine = 0;
+                   for (const auto& [other, u] : users_) mine += u == id.user ? 1 : 0;
+                   if (auto why = refuse_client(relay_limits_, users_.size(), mine, id.user)) {
+                     log_->warn("ddpctl {}: {}; refused", raw->label(), *why);
+                     return raw->refuse(proto::ErrorCode::bad_value, *why);
+                   }
                    users_[raw] = id.user;
                    raw->set_label(fmt::format("ddpctl {} (user {})", raw->label(), id.user));
                    log_->debug("{}: authenticated with key '{}'{}", raw->label(), p.key_id,
@@ -229,6 +235,12 @@ class Standing {
     if (jobs_.count(job_id)) {
       return c->refuse(proto::ErrorCode::bad_value,
                        fmt::format("a job named {} already runs on this coordinator", job_id));
+    }
+    std::size_t mine = 0;
+    for (const auto& [id, j] : jobs_) mine += j->user == user ? 1 : 0;
+    if (auto why = refuse_job(relay_limits_, jobs_.size(), mine, user)) {
+      log_->warn("{}: {}; refused", c->label(), *why);
+      return c->refuse(proto::ErrorCode::bad_value, *why);
     }
     net::JobPayload payload;
     try {
@@ -629,9 +641,9 @@ class Standing {
   std::shared_ptr<spdlog::logger> log_;
   std::map<Connection*, std::shared_ptr<Connection>> clients_;
   std::map<Connection*, std::shared_ptr<Relay>> relays_;  // bounded by relay_limits_
-  std::map<Connection*, std::string> users_;              // each established client's user (identity.hpp)
-  std::shared_ptr<boost::asio::ssl::context> tls_;        // made at the first client
-  std::map<std::string, std::shared_ptr<Job>> jobs_;
+  std::map<Connection*, std::string> users_;  // each established client's user (identity.hpp); bounded by relay_limits_
+  std::shared_ptr<boost::asio::ssl::context> tls_;    // made at the first client
+  std::map<std::string, std::shared_ptr<Job>> jobs_;  // bounded by relay_limits_
   bool stopping_ = false;
   RelayLimits relay_limits_;
   std::optional<net::Acceptor<tcp>> accept_loop_;  // last: it uses acceptor_ and log_

@@ -20,9 +20,9 @@
 // map themselves; without key_users a client is the user it declares (one shared token cannot
 // tell users apart). A job is stopped or inspected only by its submitter or root. A submitter that
 // reads slowly loses output lines (counted, and told), never slows the job. The control requests
-// a client may hold open, and the log files their backlogs hold open, are bounded per user and in
-// all (relay_limits.hpp): past a bound the request is refused with the bound, only its
-// connection dropped. SIGTERM stops every
+// a client may hold open, the log files their backlogs hold open, the jobs and the connections
+// are bounded per user and in all (relay_limits.hpp): past a bound the request is refused with
+// the bound, only its connection dropped. SIGTERM stops every
 // job (their workers on every node), then the daemon exits.
 #pragma once
 

@@ -1,8 +1,9 @@
-"""The standing coordinator bounds what `ddpctl status|logs|stop|stacks --coordinator` may hold
-(lib/coordinator/relay_limits.hpp): requests per user, and log files open for `logs` backlogs.
-Started with a soft limit of 64 descriptors the daemon allows 8 requests per user and 4 backlog
-files per user (an eighth and a sixteenth of them; a job raises the soft limit to the hard one,
-128, which the bounds do not follow). A client past a bound is refused with the bound, only its
+"""The standing coordinator bounds what its clients may hold (lib/coordinator/relay_limits.hpp):
+`ddpctl status|logs|stop|stacks --coordinator` requests per user, log files open for `logs`
+backlogs, jobs and connections. Started with a soft limit of 64 descriptors the daemon allows 8
+requests per user, 4 backlog files per user, 1 job per user and 16 connections (an eighth, a
+sixteenth, a quarter of a sixteenth, a quarter of them; a job raises the soft limit to the hard
+one, 128, which the bounds do not follow). A client past a bound is refused with the bound, only its
 connection is dropped, and the others are served to the end. tests/integration/protoclient.py
 plays the client that holds what ddpctl never would (connections kept open, replies unread)."""
 import json
@@ -150,4 +151,66 @@ def test_backlog_files_per_user_are_bounded_and_the_reader_is_served_to_the_end(
     assert "[2] bulk done rank 2" in r.stdout and "[1] " not in r.stdout
     r = site.ddpctl("stop", "big")
     assert r.returncode == 0, r.stderr
+    assert site.coordinator.poll() is None
+
+
+def test_jobs_per_user_are_bounded_and_the_running_one_goes_on(site):
+    # 64 descriptors: 4 jobs at once, 1 per user (a sixteenth, and a quarter of that).
+    site.start_agent()
+    site.start_coordinator(nofile=NOFILE)
+    start_job(site)
+    second = site.job("second", ["/bin/true"])
+    r = site.submit(second, "--detach", "--job-id", "second", stdout=-1, stderr=-1, text=True)
+    out, err = r.communicate(timeout=120)
+    assert r.returncode != 0, out
+    assert ("user root has 1 job running on this coordinator, its limit per user: wait for one to end, or stop one "
+            "(`ddpctl stop --coordinator ... JOB`)") in err, err
+    assert "its limit per user" in site.log("coordinator.log")
+    r = site.ddpctl("status", "--json", "big")
+    assert r.returncode == 0 and json.loads(r.stdout)["job_id"] == "big", r.stderr
+    # Once it has ended, the user may submit again.
+    r = site.ddpctl("stop", "big")
+    assert r.returncode == 0, r.stderr
+
+    def submitted():
+        r = site.submit(second, "--detach", "--job-id", "second", stdout=-1, stderr=-1, text=True)
+        out, err = r.communicate(timeout=120)
+        return r.returncode == 0 or (pytest.fail(err) if "its limit per user" not in err else False)
+
+    wait_for(submitted, 60, "a job accepted once the first ended")
+    assert site.coordinator.poll() is None
+
+
+def test_connections_per_user_are_bounded_and_the_others_stay(site):
+    # 64 descriptors: 16 authenticated connections (a quarter), all of them one user's at most.
+    site.start_agent()
+    site.start_coordinator(nofile=NOFILE)
+    held = [client(site) for _ in range(16)]
+    try:
+        extra = client(site)
+        answer = extra.receive()
+        assert answer["type"] == "error" and answer["code"] == "bad_value", answer
+        assert answer["message"].startswith(
+            "user root has 16 connections open to this coordinator, its limit per user"), answer
+        with pytest.raises(EOFError):
+            extra.receive()
+        # The 16 are still served: each gets an answer to a request.
+        for c in held[:2]:
+            c.send("control", line=json.dumps({"op": "status"}) + "\n")
+            m = c.receive()
+            assert m["type"] == "control" and "no job of yours runs on this coordinator" in m["line"], m
+        held.pop().close()
+        held.pop().close()
+
+        def admitted():
+            c = client(site)
+            c.send("control", line=json.dumps({"op": "status"}) + "\n")
+            m = c.receive()
+            c.close()
+            return m["type"] == "control"
+
+        wait_for(admitted, 30, "a connection admitted once others closed")
+    finally:
+        for c in held:
+            c.close()
     assert site.coordinator.poll() is None

@@ -12,7 +12,13 @@ TEST(RelayLimits, ThePackagedUnitGetsTheDefaults) {
   EXPECT_EQ(l.relays_per_user, 16u);
   EXPECT_EQ(l.files, 16384u);
   EXPECT_EQ(l.files_per_user, 4096u);
+  EXPECT_EQ(l.jobs, 1024u);
+  EXPECT_EQ(l.jobs_per_user, 64u);
+  EXPECT_EQ(l.clients, 4096u);
+  EXPECT_EQ(l.clients_per_user, 96u);                 // 16 relays, 64 attached submitters, 16 more
   EXPECT_EQ(relay_limits(UINT64_MAX).files, 16384u);  // unlimited
+  EXPECT_EQ(relay_limits(UINT64_MAX).jobs, 1024u);
+  EXPECT_EQ(relay_limits(UINT64_MAX).clients, 4096u);
 }
 
 TEST(RelayLimits, FewDescriptorsScaleThemDown) {
@@ -26,6 +32,21 @@ TEST(RelayLimits, FewDescriptorsScaleThemDown) {
   EXPECT_EQ(tiny.relays_per_user, 4u);
   EXPECT_EQ(tiny.files, 4u);
   EXPECT_EQ(tiny.files_per_user, 1u);
+  // Jobs: a sixteenth of the descriptors, a quarter of that per user; connections: a quarter, and
+  // per user what its relays and jobs need, never more than all.
+  EXPECT_EQ(l.jobs, 8u);
+  EXPECT_EQ(l.jobs_per_user, 2u);
+  EXPECT_EQ(l.clients, 32u);
+  EXPECT_EQ(l.clients_per_user, 32u);
+  EXPECT_EQ(tiny.jobs, 2u);
+  EXPECT_EQ(tiny.jobs_per_user, 1u);
+  EXPECT_EQ(tiny.clients, 16u);
+  EXPECT_EQ(tiny.clients_per_user, 16u);
+  const auto some = relay_limits(4096);
+  EXPECT_EQ(some.jobs, 256u);
+  EXPECT_EQ(some.jobs_per_user, 64u);
+  EXPECT_EQ(some.clients, 1024u);
+  EXPECT_EQ(some.clients_per_user, 96u);
 }
 
 TEST(RelayLimits, RelaysPerUserThenInAll) {
@@ -61,4 +82,40 @@ TEST(RelayLimits, BacklogFilesPerUserThenInAll) {
   EXPECT_NE(why->find("has 16 log files open for other requests, and reads at most 20 at once"), std::string::npos)
       << *why;
   EXPECT_FALSE(refuse_backlog(l, {3, 15}, {0, 0}, "bob", "k", 5));
+}
+
+TEST(RelayLimits, JobsPerUserThenInAll) {
+  RelayLimits l;
+  l.jobs = 4;
+  l.jobs_per_user = 2;
+  EXPECT_FALSE(refuse_job(l, 1, 1, "alice"));
+  auto why = refuse_job(l, 2, 2, "alice");
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why,
+            "user alice has 2 jobs running on this coordinator, its limit per user: wait for one to end, or stop one "
+            "(`ddpctl stop --coordinator ... JOB`)");
+  l.jobs_per_user = 1;
+  why = refuse_job(l, 1, 1, "carol");
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("user carol has 1 job running on this coordinator"), std::string::npos) << *why;
+  l.jobs_per_user = 2;
+  EXPECT_FALSE(refuse_job(l, 3, 0, "bob"));
+  why = refuse_job(l, 4, 0, "bob");  // bob has none, but the daemon is full
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why, "this coordinator runs 4 jobs, its limit: try again once one has ended");
+}
+
+TEST(RelayLimits, ConnectionsPerUserThenInAll) {
+  RelayLimits l;
+  l.clients = 10;
+  l.clients_per_user = 3;
+  EXPECT_FALSE(refuse_client(l, 2, 2, "alice"));
+  auto why = refuse_client(l, 3, 3, "alice");
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("user alice has 3 connections open to this coordinator, its limit per user"), std::string::npos)
+      << *why;
+  EXPECT_FALSE(refuse_client(l, 9, 0, "bob"));
+  why = refuse_client(l, 10, 0, "bob");
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why, "this coordinator has 10 client connections open, its limit: try again shortly");
 }
