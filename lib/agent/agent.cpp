@@ -1456,6 +1456,7 @@ class Agent {
         const pid_t pid = ::waitpid(-1, &status, WNOHANG);
         if (pid <= 0) break;
         if (job_ && job_->shepherd) job_->shepherd->on_reaped(pid, status);
+        if (PreflightRun::was_cancelled(pid)) supervisor::Cgroup::sweep_stale();  // its helper's cgroup
       }
       wait_sigchld();
     });

@@ -16,10 +16,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <iostream>
 #include <iterator>
+#include <vector>
 
 namespace ddp::agent {
 
@@ -206,11 +208,23 @@ std::shared_ptr<PreflightRun> PreflightRun::start(asio::io_context& io, const st
   return std::shared_ptr<PreflightRun>(new PreflightRun(s));
 }
 
+namespace {
+std::vector<pid_t> cancelled_pids;  // the agent's loop thread only
+}  // namespace
+
+bool PreflightRun::was_cancelled(pid_t pid) {
+  auto it = std::find(cancelled_pids.begin(), cancelled_pids.end(), pid);
+  if (it == cancelled_pids.end()) return false;
+  cancelled_pids.erase(it);
+  return true;
+}
+
 void PreflightRun::cancel() {
   if (!state_ || state_->finished) return;
   state_->finished = true;
   state_->done = nullptr;
   ::kill(-state_->pid, SIGKILL);  // the helper and the runtime commands it started
+  cancelled_pids.push_back(state_->pid);
   boost::system::error_code ignored;
   state_->out.close(ignored);
   state_->err.close(ignored);

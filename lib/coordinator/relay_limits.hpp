@@ -59,8 +59,10 @@ std::optional<std::string> refuse_backlog(const RelayLimits& limits, RelayUse al
 std::optional<std::string> refuse_job(const RelayLimits& limits, std::size_t all, std::size_t mine,
                                       std::string_view user);
 // Why a newly authenticated connection of `user` may not stay, with `all` others open and `mine`
-// of them its user's.
+// of them its user's. `keyed`: the user is what the client's key maps to (key_users); then root
+// is never refused, so that an admin can always stop or inspect jobs (without key_users anyone
+// may claim to be root).
 std::optional<std::string> refuse_client(const RelayLimits& limits, std::size_t all, std::size_t mine,
-                                         std::string_view user);
+                                         std::string_view user, bool keyed);
 
 }  // namespace ddp::coordinator

@@ -168,7 +168,8 @@ class Standing {
                    }
                    std::size_t mine = 0;
                    for (const auto& [other, u] : users_) mine += u == id.user ? 1 : 0;
-                   if (auto why = refuse_client(relay_limits_, users_.size(), mine, id.user)) {
+                   if (auto why =
+                           refuse_client(relay_limits_, users_.size(), mine, id.user, !opts_.key_users.empty())) {
                      log_->warn("ddpctl {}: {}; refused", raw->label(), *why);
                      return raw->refuse(proto::ErrorCode::bad_value, *why);
                    }

@@ -258,11 +258,16 @@ void Connection::queue(std::string frame) {
   if (queued_bytes_ + frame.size() > max_queued_bytes_) {
     // Not from here: queue() runs inside an owner's send(), which may be walking its own
     // connections; the close (and the owner's on_closed) comes from the loop, after it.
-    overflowed_ = closing_ = warn_close_ = true;
-    close_reason_ = fmt::format("it does not read what we send: {} bytes queued for it, and the limit is {}",
-                                queued_bytes_, max_queued_bytes_);
+    // A drop already under way (its error frame is what did not fit) keeps its own reason.
+    if (!closing_) {
+      close_reason_ = fmt::format("it does not read what we send: {} bytes queued for it, and the limit is {}",
+                                  queued_bytes_, max_queued_bytes_);
+    }
+    overflowed_ = closing_ = true;
     asio::post(socket_.get_executor(), [self = shared_from_this()] {
-      if (!self->closed_) self->closed(self->close_reason_);
+      if (self->closed_) return;
+      self->warn_close_ = true;
+      self->closed(self->close_reason_);
     });
     return;
   }

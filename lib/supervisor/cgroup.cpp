@@ -123,7 +123,9 @@ std::optional<Cgroup> Cgroup::create(const std::string& tag, Use use) {
   // Root (the agent, its shepherd, a root launch) is expected to contain its workers: losing
   // the cgroup is said at warning. A user's launch usually may not write its own cgroup's
   // parent, and the subreaper walk is the documented way there: debug.
-  const auto level = ::geteuid() == 0 ? spdlog::level::warn : spdlog::level::debug;
+  // A helper's cgroup is a refinement (its process group is killed either way): debug, or every
+  // probe would warn where cgroups are read-only.
+  const auto level = ::geteuid() == 0 && !helper ? spdlog::level::warn : spdlog::level::debug;
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
     log->log(level, "cannot create cgroup {}: {}; {}", path, std::strerror(errno), instead);
     return std::nullopt;

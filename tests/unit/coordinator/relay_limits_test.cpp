@@ -109,13 +109,25 @@ TEST(RelayLimits, ConnectionsPerUserThenInAll) {
   RelayLimits l;
   l.clients = 10;
   l.clients_per_user = 3;
-  EXPECT_FALSE(refuse_client(l, 2, 2, "alice"));
-  auto why = refuse_client(l, 3, 3, "alice");
+  EXPECT_FALSE(refuse_client(l, 2, 2, "alice", false));
+  auto why = refuse_client(l, 3, 3, "alice", true);
   ASSERT_TRUE(why);
   EXPECT_NE(why->find("user alice has 3 connections open to this coordinator, its limit per user"), std::string::npos)
       << *why;
-  EXPECT_FALSE(refuse_client(l, 9, 0, "bob"));
-  why = refuse_client(l, 10, 0, "bob");
+  EXPECT_FALSE(refuse_client(l, 9, 0, "bob", false));
+  why = refuse_client(l, 10, 0, "bob", false);
   ASSERT_TRUE(why);
   EXPECT_EQ(*why, "this coordinator has 10 client connections open, its limit: try again shortly");
+}
+
+// With key_users root is the admin's key: never refused a connection, so that a full daemon can
+// still be stopped; without key_users anyone may claim root, and root is bounded as anyone.
+TEST(RelayLimits, AKeyedRootAlwaysGetsAConnection) {
+  RelayLimits l;
+  l.clients = 10;
+  l.clients_per_user = 3;
+  EXPECT_FALSE(refuse_client(l, 10, 3, "root", /*keyed=*/true));
+  EXPECT_TRUE(refuse_client(l, 10, 3, "root", /*keyed=*/false));
+  EXPECT_TRUE(refuse_client(l, 5, 3, "root", /*keyed=*/false));
+  EXPECT_TRUE(refuse_client(l, 10, 0, "alice", /*keyed=*/true));
 }
