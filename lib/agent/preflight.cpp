@@ -223,8 +223,9 @@ void PreflightRun::cancel() {
   if (!state_ || state_->finished) return;
   state_->finished = true;
   state_->done = nullptr;
+  // Remembered only while not yet reaped (alive, or a zombie): the reap then forgets it.
+  if (::kill(state_->pid, 0) == 0) cancelled_pids.push_back(state_->pid);
   ::kill(-state_->pid, SIGKILL);  // the helper and the runtime commands it started
-  cancelled_pids.push_back(state_->pid);
   boost::system::error_code ignored;
   state_->out.close(ignored);
   state_->err.close(ignored);

@@ -308,6 +308,17 @@ ddp::supervisor::SpawnSpec shell(const std::string& script) {
   s.workdir = "/";
   return s;
 }
+// Whether `pid` (a grandchild a helper started) exits within 10 s: its pidfd says so, or it is
+// gone already (a pid gone cannot be opened). Killed here if not: ours, started by the test.
+bool exits_soon(pid_t pid) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return errno == ESRCH;
+  pollfd p{pidfd, POLLIN, 0};
+  const bool gone = ::poll(&p, 1, 10000) == 1;
+  if (!gone) ::kill(pid, SIGKILL);
+  ::close(pidfd);
+  return gone;
+}
 }  // namespace
 
 TEST(RunBounded, OutputStatusAndCaps) {
@@ -336,16 +347,7 @@ TEST(RunBounded, TheDeadlineEndsTheWholeGroup) {
   EXPECT_TRUE(r.timed_out);
   EXPECT_EQ(r.status, -1);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
-  const pid_t grandchild = std::stoi(r.out);
-  // Killed with its group: its pidfd says it exited (a pid gone already cannot be opened).
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, grandchild, 0));
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    EXPECT_EQ(::poll(&p, 1, 10000), 1) << "the grandchild outlived the deadline";
-    ::close(pidfd);
-  } else {
-    EXPECT_EQ(errno, ESRCH);
-  }
+  EXPECT_TRUE(exits_soon(std::stoi(r.out))) << "the grandchild outlived the deadline";  // killed with its group
 }
 
 // A grandchild that called setsid() has left the helper's process group, and its stdio: the
@@ -366,17 +368,7 @@ TEST(RunBounded, AGrandchildThatLeftItsGroupEndsWithTheHelper) {
       10s, 100, 100);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.status, 0);
-  const pid_t grandchild = std::stoi(r.out);
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, grandchild, 0));
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    const bool gone = ::poll(&p, 1, 10000) == 1;
-    EXPECT_TRUE(gone) << "the setsid() grandchild outlived its helper";
-    if (!gone) ::kill(grandchild, SIGKILL);  // ours: started by this test
-    ::close(pidfd);
-  } else {
-    EXPECT_EQ(errno, ESRCH);
-  }
+  EXPECT_TRUE(exits_soon(std::stoi(r.out))) << "the setsid() grandchild outlived its helper";
 }
 
 // The child switches user while it still shares our memory (spawn_start clones with CLONE_VM):
