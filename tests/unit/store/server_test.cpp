@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -281,6 +282,55 @@ TEST_P(StoreServer, ManyWaitersReleasedByOneSet) {
   RawClient setter(st.port());
   setter.send(validate() + enc(Protocol::v2, req(Op::set, "/go", "1")));
   for (auto& w : waiters) EXPECT_EQ(w->recv(1), std::string(1, '\0'));
+}
+
+// A client that streams requests without pause must not hold the thread serving it: a waiter its
+// SET released is answered while the stream goes on, not after it ends. The stream stops when the
+// waiter hears, or at 64 MiB (many times what one turn of a connection reads); the waiter must
+// hear first. Every streamed ADD is answered too.
+TEST_P(StoreServer, AWaiterReleasedByAStreamingClientIsAnsweredWhileTheStreamGoesOn) {
+  ServerThread st(opts());
+  RawClient waiter(st.port());
+  waiter.send(enc(Protocol::v1, wait_req({"/go"})));
+  ASSERT_TRUE(st.eventually([&] { return st.server().waiters().waited.size() == 1; }));
+  Request add = req(Op::add, "/n");
+  add.number = 1;
+  const std::string one = enc(Protocol::v1, add);
+  std::string chunk;
+  while (chunk.size() < (64u << 10)) chunk += one;
+  const std::size_t adds_per_chunk = chunk.size() / one.size();
+  constexpr std::size_t kCap = 64u << 20;
+
+  RawClient streamer(st.port());
+  std::atomic<std::size_t> replied{0};
+  std::thread reader([&] {  // drains the ADDs' replies, so that the streamer is never paused
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::recv(streamer.fd(), buf, sizeof buf, 0);
+      if (n <= 0) return;
+      replied += static_cast<std::size_t>(n);
+    }
+  });
+  std::atomic<bool> heard{false};
+  std::string got;
+  std::thread listen([&] {
+    got = waiter.recv(1, 120s);
+    heard = true;
+  });
+  streamer.send(enc(Protocol::v1, req(Op::set, "/go", "1")));
+  std::size_t sent = 0, adds = 0;
+  while (!heard && sent < kCap) {
+    streamer.send(chunk);
+    sent += chunk.size();
+    adds += adds_per_chunk;
+  }
+  const std::size_t sent_when_heard = sent;
+  listen.join();
+  ASSERT_EQ(::shutdown(streamer.fd(), SHUT_WR), 0);
+  reader.join();
+  EXPECT_EQ(got, std::string(1, '\0'));
+  EXPECT_LT(sent_when_heard, kCap) << "the waiter was answered only once the stream stopped";
+  EXPECT_EQ(replied.load(), adds * 8) << "every ADD streamed is answered before the server closes";
 }
 
 TEST_P(StoreServer, WaiterThatVanishesIsForgotten) {
