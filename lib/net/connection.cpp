@@ -221,7 +221,7 @@ bool Connection::send(const nlohmann::json& message) {
     log::get(log_subsystem_)->error("{}: not sent: {}", label_, e.what());
     return false;
   }
-  return true;
+  return !overflowed_;  // the frame that did not fit was not queued
 }
 
 bool Connection::send_with(nlohmann::json message, std::string_view key, std::string_view object_json) {
@@ -232,7 +232,7 @@ bool Connection::send_with(nlohmann::json message, std::string_view key, std::st
     log::get(log_subsystem_)->error("{}: not sent: {}", label_, e.what());
     return false;
   }
-  return true;
+  return !overflowed_;
 }
 
 void Connection::refuse(proto::ErrorCode code, const std::string& message, const std::string& hint) {

@@ -211,10 +211,12 @@ TEST(Connection, APeerThatDoesNotReadIsDroppedAtTheQueueLimit) {
   const std::string chunk(32 * 1024, 'x');
   int sent = 0;
   for (int i = 0; i < 64; ++i) {
+    const std::size_t before = agent->queued_bytes();
     const bool ok = agent->send(agent->session().message(
         "output", {{"job_id", "j"}, {"round", 0}, {"local_rank", 0}, {"stream", "stdout"}, {"data", chunk}}));
     if (!ok) break;
     ++sent;
+    EXPECT_GT(agent->queued_bytes(), before) << "send() said the frame was queued, and it was not";
     EXPECT_LE(agent->queued_bytes(), kLimit);
   }
   EXPECT_GT(sent, 16);  // what fits under the limit was queued
