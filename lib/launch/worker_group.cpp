@@ -427,6 +427,23 @@ void WorkerGroup::signal_everything(int sig) {
 }
 
 std::vector<pid_t> WorkerGroup::strays() const {
+  // Most often there are none: ask the few processes whose children they would be (this
+  // subreaper, every orphan's parent, and the helpers it keeps) before walking all of /proc.
+  bool maybe = false;
+  std::vector<pid_t> asked{::getpid()};
+  asked.insert(asked.end(), keep_.begin(), keep_.end());
+  for (pid_t p : asked) {
+    const auto children = supervisor::children_of(p);
+    if (!children) {
+      maybe = true;  // the kernel cannot say: walk
+      break;
+    }
+    for (pid_t c : *children) {
+      if (std::find(keep_.begin(), keep_.end(), c) == keep_.end()) maybe = true;
+    }
+    if (maybe) break;
+  }
+  if (!maybe) return {};
   std::vector<pid_t> out;
   for (pid_t p : supervisor::descendants_of(::getpid())) {
     if (std::find(keep_.begin(), keep_.end(), p) == keep_.end()) out.push_back(p);

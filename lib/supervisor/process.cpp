@@ -436,6 +436,53 @@ std::vector<pid_t> descendants_of(pid_t root) {
   return out;
 }
 
+std::optional<std::vector<pid_t>> children_of(pid_t pid) {
+  char path[48];
+  std::snprintf(path, sizeof path, "/proc/%d/task", static_cast<int>(pid));
+  DIR* d = ::opendir(path);
+  if (!d) return std::vector<pid_t>{};  // gone
+  const int task = ::dirfd(d);
+  std::vector<pid_t> out;
+  bool offered = false;
+  while (auto* e = ::readdir(d)) {
+    if (!parse_int(e->d_name)) continue;
+    char name[48];
+    std::snprintf(name, sizeof name, "%s/children", e->d_name);
+    const int fd = ::openat(task, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT && !offered && ::faccessat(task, e->d_name, F_OK, 0) == 0) {
+        // The thread is there and its children file is not: the kernel has none.
+        ::closedir(d);
+        return std::nullopt;
+      }
+      continue;  // the thread ended meanwhile
+    }
+    offered = true;
+    std::string text;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      text.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    for (char& c : text) {
+      if (c == '\n') c = ' ';
+    }
+    std::size_t at = 0;
+    while (at < text.size()) {
+      const auto end = text.find(' ', at);
+      const auto word = std::string_view(text).substr(at, end == std::string::npos ? std::string::npos : end - at);
+      if (auto child = parse_int(word)) out.push_back(static_cast<pid_t>(*child));
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
 void become_subreaper() {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
 }

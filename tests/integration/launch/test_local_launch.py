@@ -99,6 +99,36 @@ while True: time.sleep(1)
     assert "rank 1 gives up" in ff["last_lines"]
 
 
+def test_a_daemon_left_by_a_successful_job_is_stopped(tmp_path):
+    # Every rank succeeds, one after starting a daemon (double fork, setsid(), SIGTERM ignored)
+    # that would run on: the launch ends only once it is gone, and says so.
+    job = py_job(tmp_path, """
+import os, signal, sys, time
+if int(os.environ["RANK"]) == 0:
+    if os.fork() == 0:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if os.fork() == 0:
+            open("daemon.pid.tmp", "w").write(str(os.getpid()))
+            os.rename("daemon.pid.tmp", "daemon.pid")
+            while True: time.sleep(1)
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while not os.path.exists("daemon.pid") and time.monotonic() < deadline: time.sleep(0.02)
+""", nproc=2)
+    r = launch(job, timeout=60)
+    pids = read_pids(tmp_path)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert len(pids) == 1, pids
+        assert "stopping processes the workers left behind" in r.stderr, r.stderr
+        assert not alive(pids[0]), f"the daemon (pid {pids[0]}) outlived the job"
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_restart_counts_and_succeeds(tmp_path):
     job = py_job(tmp_path, """
 import os, sys

@@ -4,6 +4,7 @@
 #include "supervisor/run_bounded.hpp"
 
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <poll.h>
 #include <signal.h>
@@ -242,6 +243,47 @@ TEST(Process, DescendantsSeeGrandchildren) {
   while (::waitpid(-1, &st, 0) > 0) {
   }
   EXPECT_TRUE(descendants_of(::getpid()).empty());
+}
+
+// A child belongs to the thread that forked it: children_of reads every thread's list.
+TEST(Process, ChildrenOfListsEveryThreadsChildren) {
+  const auto before = children_of(::getpid());  // another test's children, if any, stay out of it
+  if (!before) GTEST_SKIP() << "this kernel offers no /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN)";
+  auto new_ones = [&] {
+    std::vector<pid_t> out;
+    for (pid_t c : children_of(::getpid()).value_or(std::vector<pid_t>{})) {
+      if (std::find(before->begin(), before->end(), c) == before->end()) out.push_back(c);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const pid_t mine = ::fork();
+  if (mine == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  pid_t theirs = -1;
+  std::thread t([&] {
+    theirs = ::fork();
+    if (theirs == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+  });
+  t.join();
+  ASSERT_GT(mine, 0);
+  ASSERT_GT(theirs, 0);
+  std::vector<pid_t> want{mine, theirs};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(new_ones(), want);
+  EXPECT_TRUE(children_of(mine).value_or(std::vector<pid_t>{1}).empty());
+  ::kill(mine, SIGKILL);
+  ::kill(theirs, SIGKILL);
+  int st;
+  ::waitpid(mine, &st, 0);
+  ::waitpid(theirs, &st, 0);
+  EXPECT_TRUE(new_ones().empty());
+  EXPECT_TRUE(children_of(mine).value_or(std::vector<pid_t>{1}).empty()) << "a process that is gone has none";
 }
 
 TEST(Process, SignalNames) {
