@@ -440,7 +440,10 @@ std::optional<std::vector<pid_t>> children_of(pid_t pid) {
   char path[48];
   std::snprintf(path, sizeof path, "/proc/%d/task", static_cast<int>(pid));
   DIR* d = ::opendir(path);
-  if (!d) return std::vector<pid_t>{};  // gone
+  if (!d) {
+    if (errno == ENOENT || errno == ESRCH) return std::vector<pid_t>{};  // gone
+    return std::nullopt;  // not allowed to look, or out of descriptors: cannot say
+  }
   const int task = ::dirfd(d);
   std::vector<pid_t> out;
   bool offered = false;
@@ -450,8 +453,10 @@ std::optional<std::vector<pid_t>> children_of(pid_t pid) {
     std::snprintf(name, sizeof name, "%s/children", e->d_name);
     const int fd = ::openat(task, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      if (errno == ENOENT && !offered && ::faccessat(task, e->d_name, F_OK, 0) == 0) {
-        // The thread is there and its children file is not: the kernel has none.
+      const bool absent = errno == ENOENT || errno == ESRCH;
+      if (!absent || (!offered && ::faccessat(task, e->d_name, F_OK, 0) == 0)) {
+        // Not allowed to read it (a security policy, hidepid), or the thread is there and its
+        // children file is not (a kernel without one): cannot say.
         ::closedir(d);
         return std::nullopt;
       }
@@ -460,13 +465,19 @@ std::optional<std::vector<pid_t>> children_of(pid_t pid) {
     offered = true;
     std::string text;
     char buf[4096];
+    bool failed = false;
     for (;;) {
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno != ESRCH) failed = true;  // ESRCH: the thread ended while read
       if (n <= 0) break;
       text.append(buf, static_cast<std::size_t>(n));
     }
     ::close(fd);
+    if (failed) {
+      ::closedir(d);
+      return std::nullopt;
+    }
     for (char& c : text) {
       if (c == '\n') c = ' ';
     }

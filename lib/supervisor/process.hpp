@@ -112,7 +112,8 @@ std::vector<pid_t> descendants_of(pid_t root);
 // The children of `pid`, every thread's (a child belongs to the thread that forked it, and an
 // orphan to the subreaper thread it was given to), from /proc/PID/task/TID/children: one small
 // read per thread of `pid`, not one per process of the machine. Empty when `pid` is gone;
-// nullopt when the kernel offers no such file (built without CONFIG_PROC_CHILDREN).
+// nullopt when it cannot say: the kernel offers no such file (built without
+// CONFIG_PROC_CHILDREN), or reading one failed (a security policy, hidepid, no descriptors).
 std::optional<std::vector<pid_t>> children_of(pid_t pid);
 
 // Makes this process a child subreaper: orphaned descendants re-parent to it, not to init.
