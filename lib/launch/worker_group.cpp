@@ -5,6 +5,7 @@
 #include "supervisor/process.hpp"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 
@@ -427,26 +428,18 @@ void WorkerGroup::signal_everything(int sig) {
 }
 
 std::vector<pid_t> WorkerGroup::strays() const {
+  const auto kept = [this](pid_t p) { return std::find(keep_.begin(), keep_.end(), p) != keep_.end(); };
   // Most often there are none: ask the few processes whose children they would be (this
-  // subreaper, every orphan's parent, and the helpers it keeps) before walking all of /proc.
-  bool maybe = false;
-  std::vector<pid_t> asked{::getpid()};
-  asked.insert(asked.end(), keep_.begin(), keep_.end());
-  for (pid_t p : asked) {
+  // subreaper, every orphan's parent, and the helpers it keeps) before walking all of /proc;
+  // one that cannot say (children_of's nullopt) means walking.
+  const auto only_kept_below = [&](pid_t p) {
     const auto children = supervisor::children_of(p);
-    if (!children) {
-      maybe = true;  // the kernel cannot say: walk
-      break;
-    }
-    for (pid_t c : *children) {
-      if (std::find(keep_.begin(), keep_.end(), c) == keep_.end()) maybe = true;
-    }
-    if (maybe) break;
-  }
-  if (!maybe) return {};
+    return children && std::all_of(children->begin(), children->end(), kept);
+  };
+  if (only_kept_below(::getpid()) && std::all_of(keep_.begin(), keep_.end(), only_kept_below)) return {};
   std::vector<pid_t> out;
   for (pid_t p : supervisor::descendants_of(::getpid())) {
-    if (std::find(keep_.begin(), keep_.end(), p) == keep_.end()) out.push_back(p);
+    if (!kept(p)) out.push_back(p);
   }
   return out;
 }

@@ -478,16 +478,8 @@ std::optional<std::vector<pid_t>> children_of(pid_t pid) {
       ::closedir(d);
       return std::nullopt;
     }
-    for (char& c : text) {
-      if (c == '\n') c = ' ';
-    }
-    std::size_t at = 0;
-    while (at < text.size()) {
-      const auto end = text.find(' ', at);
-      const auto word = std::string_view(text).substr(at, end == std::string::npos ? std::string::npos : end - at);
-      if (auto child = parse_int(word)) out.push_back(static_cast<pid_t>(*child));
-      if (end == std::string::npos) break;
-      at = end + 1;
+    for (auto word : split(text, ' ')) {  // "pid pid ... " (a newline at the end on some kernels)
+      if (auto child = parse_int(trim(word))) out.push_back(static_cast<pid_t>(*child));
     }
   }
   ::closedir(d);

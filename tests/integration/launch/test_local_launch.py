@@ -116,15 +116,15 @@ if int(os.environ["RANK"]) == 0:
     deadline = time.monotonic() + 30
     while not os.path.exists("daemon.pid") and time.monotonic() < deadline: time.sleep(0.02)
 """, nproc=2)
-    r = launch(job, timeout=60)
-    pids = read_pids(tmp_path)
     try:
+        r = launch(job, timeout=60)
+        pids = read_pids(tmp_path)
         assert r.returncode == 0, r.stderr
         assert len(pids) == 1, pids
         assert "stopping processes the workers left behind" in r.stderr, r.stderr
         assert not alive(pids[0]), f"the daemon (pid {pids[0]}) outlived the job"
     finally:
-        for pid in pids:
+        for pid in read_pids(tmp_path):  # the test's own daemon, also when the launch timed out
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
