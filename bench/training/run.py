@@ -135,8 +135,31 @@ def gpu_of(env):
     return first or "0"
 
 
+def machine_load():
+    """What else the machine was doing: the 1-minute load average and the kernel's pressure
+    figures (the share of the last 10 s some task waited for a CPU, for I/O, for memory). A
+    freshly started machine may still be busy with its own start; a run slowed by that shows it
+    here. None for what this kernel does not report."""
+    def read(path):
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
+    out = {"loadavg_1m": None}
+    la = read("/proc/loadavg")
+    if la:
+        out["loadavg_1m"] = float(la.split()[0])
+    for res in ("cpu", "io", "memory"):
+        text = read(f"/proc/pressure/{res}")
+        some = text.splitlines()[0].split() if text else []
+        out[f"{res}_some_avg10"] = float(some[1].split("=")[1]) if len(some) > 1 and "=" in some[1] else None
+    return out
+
+
 def one_run(side, argv, env, work, idx, timeout, out_json, sample_gpu=False):
     log = work / f"{idx:02d}-{side}.log"
+    load_before = machine_load()
     sampler = GpuSampler(gpu_of(env)) if sample_gpu else None
     try:
         with open(log, "w") as f:
@@ -161,9 +184,12 @@ def one_run(side, argv, env, work, idx, timeout, out_json, sample_gpu=False):
         "first_step_s": r["t_step1"] - t_req,
         "python_start_s": r["t_main"] - t_req,   # the request to the script's first line
         "import_s": r["t_imported"] - r["t_main"],
-        "init_s": r["t_init"] - r["t_imported"],  # init_process_group
-        "ready_s": r["t_ready"] - r["t_init"],    # model, DDP wrapper, data on the device
+        "device_s": r["t_device"] - r["t_imported"],  # set_device: on a GPU, the CUDA context
+        "init_s": r["t_init"] - r["t_device"],        # init_process_group
+        "model_s": r["t_model"] - r["t_init"],        # model and data built on the device
+        "ddp_s": r["t_ready"] - r["t_model"],         # the DDP wrapper (NCCL's communicator), optimizer
         "step1_s": r["t_step1"] - r["t_ready"],
+        "load": {"before": load_before, "after": machine_load()},
         "steady_step_s": r["median_step_s"], "mean_step_s": r["steady_step_s"], "chunk_step_s": r["chunk_step_s"],
         "step_s_quartiles": r["step_s_quartiles"],
         "total_s": t_exit - t_req,
@@ -277,8 +303,12 @@ def main():
             r = hand_run(hand_env) if side == "hand" else ddpctl_run()
             r["first_in_pair"] = side == order[0]
             done[side] = r
+            ld = r["load"]["before"]
             print(f"  {r['side']:6s} first step {r['first_step_s']:7.3f} s (python up {r['python_start_s']:.3f}, "
-                  f"init {r['init_s']:.3f})  steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s"
+                  f"import {r['import_s']:.3f}, device {r['device_s']:.3f}, init {r['init_s']:.3f}, "
+                  f"model {r['model_s']:.3f}, ddp {r['ddp_s']:.3f}, step 1 {r['step1_s']:.3f})  "
+                  f"steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s  "
+                  f"load {ld['loadavg_1m']}, cpu/io pressure {ld['cpu_some_avg10']}/{ld['io_some_avg10']}%"
                   + (f"  GPU {r['gpu']['sm_mhz_median']:.0f} MHz (min {r['gpu']['sm_mhz_min']:.0f}), "
                      f"{r['gpu']['temperature_c_max']} C, {r['gpu']['power_w_median']} W" if r["gpu"] else ""),
                   flush=True)
@@ -290,8 +320,8 @@ def main():
         return [r[key] for r in runs if r["side"] == side]
 
     summary = {}
-    for key in ("first_step_s", "python_start_s", "import_s", "init_s", "ready_s", "step1_s", "steady_step_s",
-                "mean_step_s", "total_s"):
+    for key in ("first_step_s", "python_start_s", "import_s", "device_s", "init_s", "model_s", "ddp_s", "step1_s",
+                "steady_step_s", "mean_step_s", "total_s"):
         h, d = col("hand", key), col("ddpctl", key)
         summary[key] = {"hand_median": statistics.median(h), "ddpctl_median": statistics.median(d),
                         "hand_spread": spread(h), "ddpctl_spread": spread(d),
@@ -345,8 +375,9 @@ def main():
     print(f"| measure (median of {pairs}) | by hand | ddpctl {a.launcher} | ddpctl - hand | hand spread |")
     print("|---|---|---|---|---|")
     for key, label in (("first_step_s", "request to end of step 1"), ("python_start_s", "request to script's line 1"),
-                       ("import_s", "import torch"),
-                       ("init_s", "init_process_group"), ("ready_s", "model ready"), ("step1_s", "step 1 itself"),
+                       ("import_s", "import torch"), ("device_s", "set_device (CUDA context)"),
+                       ("init_s", "init_process_group"), ("model_s", "model built"),
+                       ("ddp_s", "DDP wrapper (NCCL communicator)"), ("step1_s", "step 1 itself"),
                        ("total_s", "request to process exit")):
         s = summary[key]
         print(f"| {label} | {s['hand_median']:.3f} s | {s['ddpctl_median']:.3f} s | {s['delta']:+.3f} s | "

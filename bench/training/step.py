@@ -5,8 +5,11 @@ It writes one JSON file (--out) of CLOCK_MONOTONIC timestamps (time.monotonic(),
 every process of the machine, so the harness can subtract the instant it asked for the process):
   t_main          the script's first line (interpreter up, nothing imported)
   t_imported      torch imported
+  t_device        the device set (on a GPU: torch.cuda.set_device, which makes the CUDA context)
   t_init          init_process_group returned
-  t_ready         model, optimizer and synthetic batch on the device
+  t_model         model and synthetic batch built on the device
+  t_ready         the DDP wrapper (its first collectives: NCCL's communicator) and the optimizer
+                  made, the device synchronised
   t_step1         the end of step 1: forward, backward, optimizer step, then the device synchronised
   steady          the steady window: --steps steps after --warmup, timed as a whole between two
                   device synchronisations (no synchronisation inside, as a real loop runs), and in
@@ -150,10 +153,13 @@ def main():
         def sync():
             pass
 
+    t_device = time.monotonic()
     dist.init_process_group(backend)  # env://, as torchrun's scripts do
     t_init = time.monotonic()
 
     model, x, y, loss_fn, desc = build(a.model, device, a.batch)
+    sync()
+    t_model = time.monotonic()
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if a.device == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     sync()
@@ -208,7 +214,7 @@ def main():
     final_loss = float(loss)
     dist.destroy_process_group()
     result = {
-        "t_main": T_MAIN, "t_imported": T_IMPORTED, "t_init": t_init, "t_ready": t_ready, "t_step1": t_step1,
+        "t_main": T_MAIN, "t_imported": T_IMPORTED, "t_device": t_device, "t_init": t_init, "t_model": t_model, "t_ready": t_ready, "t_step1": t_step1,
         "t_steady": [t0, t1],
         "steady_step_s": steady, "chunk_step_s": chunks, "median_step_s": median_step,
         "step_s_quartiles": [step_times[len(step_times) // 4], step_times[(3 * len(step_times)) // 4]], "steps": per_chunk * a.chunks, "warmup": a.warmup,
