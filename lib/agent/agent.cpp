@@ -288,6 +288,7 @@ class Agent {
     std::chrono::steady_clock::time_point beat_sent{};
     std::shared_ptr<PreflightRun> doctor;  // a facts_request's image lookup, killed if the peer goes
     job::LinkId id = 0;                    // the job machine's name for this link
+    std::string key_id;                    // the key it proved (empty until it has)
   };
 
   // The data of the one job this agent runs (its lifecycle is machine_'s), owned by one
@@ -435,6 +436,17 @@ class Agent {
     conn->start({[this, raw](const proto::PeerInfo& p) {
                    raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(),
                                               p.name.empty() ? "?" : p.name, p.user));
+                   std::size_t same_key = 0;
+                   for (const auto& [other, peer] : peers_) same_key += other != raw && peer.key_id == p.key_id;
+                   if (same_key >= links_per_key_) {
+                     const auto why = fmt::format(
+                         "too many links with key '{}' to this agent: {} are open, at most {}; close some "
+                         "(another ddpctl or coordinator with this key holds them)",
+                         p.key_id, same_key, links_per_key_);
+                     log_->warn("{}: {}; refused", raw->label(), why);
+                     return raw->refuse(proto::ErrorCode::unexpected, why);
+                   }
+                   peers_.at(raw).key_id = p.key_id;
                    log_->info("{}: authenticated with key '{}'{}", raw->label(), p.key_id,
                               raw->encrypted() ? ", inside TLS 1.3" : "");
                  },
@@ -678,6 +690,15 @@ class Agent {
       // those runtimes run no user's job here (container.hpp's confinement), so nobody's key
       // gets root to read a path of its choosing.
       ci.error = fmt::format("not checked: this agent runs {} images for no key_users user", ci.runtime);
+      auto f = facts_;
+      f.container_image = ci;
+      send(c, "facts", {{"facts", facts::to_json(f)}});
+      return;
+    }
+    std::size_t lookups = 0;
+    for (const auto& [other, peer] : peers_) lookups += peer.doctor != nullptr;
+    if (lookups >= kMaxImageLookups) {
+      ci.error = fmt::format("not checked: {} image lookups are already running on this node; ask again", lookups);
       auto f = facts_;
       f.container_image = ci;
       send(c, "facts", {{"facts", facts::to_json(f)}});
@@ -1504,6 +1525,8 @@ class Agent {
   facts::NodeFacts facts_;                         // narrowed to the GPUs this agent manages
   std::vector<int> cpus_;                          // the CPUs it manages: its affinity, narrowed by --cpus
   std::map<Connection*, Peer> peers_;
+  // Links one key may hold at once (links_per_key_cap), from the descriptors we started with.
+  const std::size_t links_per_key_ = links_per_key_cap(net::nofile_soft_limit());
   std::unique_ptr<Job> job_;  // the job's data; its lifecycle is machine_'s
   job::JobMachine machine_;
   std::deque<job::Event> events_;  // fed, not yet handled (feed())
@@ -1528,6 +1551,10 @@ class Agent {
 };
 
 }  // namespace
+
+std::size_t links_per_key_cap(std::uint64_t nofile_soft) {
+  return static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 8, 4, 64));
+}
 
 int run_agent(AgentOptions options) {
   Agent agent(std::move(options));

@@ -94,6 +94,16 @@ struct AgentOptions {
   std::string connect_tag;
 };
 
+// How many links one key may hold to an agent at once: many times what a standing coordinator
+// needs (a link per job it runs here, plus `doctor` and `stacks` queries), and never more than
+// an eighth of the agent's descriptors (`nofile_soft`, net::nofile_soft_limit()). Past it the
+// newest link is refused with the bound, so one key cannot take the agent's descriptors, nor
+// 128 MiB of queued output per link many times over.
+std::size_t links_per_key_cap(std::uint64_t nofile_soft);
+// Container image lookups (`ddpctl doctor --nodes` with an image: a root helper asking the
+// runtime) running at once over all links; a request past it is answered "not checked".
+inline constexpr std::size_t kMaxImageLookups = 4;
+
 class AgentError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

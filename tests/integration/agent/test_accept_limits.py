@@ -42,7 +42,7 @@ def few_descriptors():
 
 
 class Daemon:
-    def __init__(self, tmp_path, argv, log_name):
+    def __init__(self, tmp_path, argv, log_name, env=None):
         self.secret = os.urandom(32).hex()
         token = tmp_path / "token"
         fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -52,7 +52,7 @@ class Daemon:
         self.log = tmp_path / log_name
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen([*argv(self.port, token, tmp_path)], stdout=out, stderr=subprocess.STDOUT,
-                                         preexec_fn=few_descriptors)
+                                         preexec_fn=few_descriptors, env=env)
 
     def wait_listening(self):
         def listening():
@@ -117,3 +117,85 @@ def test_idle_connections_neither_spin_nor_lock_out_a_real_peer(tmp_path, kind):
     text = d.log.read_text()
     # One warning for the whole episode, not one per connection.
     assert text.count("have not authenticated yet") == 1, text
+
+
+def test_one_key_holds_a_bounded_number_of_links(tmp_path):
+    """An authenticated key cannot take the agent's descriptors: with 64 of them, one key may hold
+    8 links (an eighth); the ninth is refused with the bound while the eight go on, and once one
+    of them closes a new link is taken again."""
+    d = Daemon(tmp_path, agent_argv, "agent.log")
+    links = []
+    try:
+        d.wait_listening()
+        for _ in range(8):
+            links.append(Client("127.0.0.1", d.port, "k1", d.secret, timeout=10))
+        for c in links:
+            assert c.receive()["type"] == "heartbeat"  # each is served: the agent beats to it
+        extra = Client("127.0.0.1", d.port, "k1", d.secret, timeout=10)  # the handshake itself completes
+        refusal = extra.receive()
+        assert refusal["type"] == "error", refusal
+        assert "too many links with key 'k1'" in refusal["message"] and "at most 8" in refusal["message"], refusal
+        with pytest.raises((EOFError, ConnectionResetError)):
+            extra.receive()
+        extra.close()
+        assert links[0].receive()["type"] == "heartbeat"  # the others did not notice
+        links.pop(0).close()
+        again = None
+
+        def taken():
+            nonlocal again
+            c = Client("127.0.0.1", d.port, "k1", d.secret, timeout=10)
+            m = c.receive()
+            if m["type"] == "heartbeat":
+                again = c
+                return True
+            c.close()  # refused: the agent had not yet seen the closed link go
+            return False
+
+        wait_for(taken, 10, "a new link once one of the eight closed")
+        links.append(again)
+        assert d.proc.poll() is None
+    finally:
+        for c in links:
+            c.close()
+        d.stop()
+    assert "too many links with key 'k1'" in d.log.read_text()
+
+
+def test_image_lookups_at_once_are_bounded(tmp_path):
+    """`doctor --nodes --image` makes the root agent run the container runtime: at most 4 such
+    lookups run at once, over all links; a fifth request is answered at once, "not checked",
+    instead of starting a fifth process. The runtime here is a stand-in `podman` that records
+    its start and sleeps."""
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    started = tmp_path / "started"
+    started.mkdir()
+    podman = fakebin / "podman"
+    podman.write_text(f"#!/bin/sh\ntouch {started}/$$\nexec sleep 60\n")
+    podman.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
+    d = Daemon(tmp_path, agent_argv, "agent.log", env=env)
+    links = []
+    try:
+        d.wait_listening()
+        image = {"runtime": "podman", "image": "localhost/anything:1"}
+        for _ in range(4):
+            c = Client("127.0.0.1", d.port, "k1", d.secret, timeout=10)
+            links.append(c)
+            c.send("facts_request", image=image)
+        wait_for(lambda: len(list(started.iterdir())) == 4, 20, "four lookups to be running")
+        fifth = Client("127.0.0.1", d.port, "k1", d.secret, timeout=10)
+        links.append(fifth)
+        fifth.send("facts_request", image=image)
+        while (m := fifth.receive())["type"] == "heartbeat":
+            pass
+        assert m["type"] == "facts", m
+        err = m["facts"]["container_image"].get("error", "")
+        assert "not checked: 4 image lookups are already running" in err, m
+        time.sleep(0.5)  # a measuring window: a fifth runtime would have started by now
+        assert len(list(started.iterdir())) == 4
+    finally:
+        for c in links:
+            c.close()
+        d.stop()
