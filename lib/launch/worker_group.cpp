@@ -202,6 +202,7 @@ supervisor::SpawnSpec WorkerGroup::spawn_spec(const Worker& w) const {
   s.env = w.plan.env;
   s.workdir = opts_.workdir;
   s.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
+  s.cgroup_dir_fd = cgroup_ ? cgroup_->dir_fd() : -1;
   s.cpus = w.plan.cpus;
   s.mem_node = w.plan.mem_node;
   // A container rank's process is the client of root's docker or podman, which runs the

@@ -136,16 +136,22 @@ std::optional<Cgroup> Cgroup::create(const std::string& tag, Use use) {
     ::rmdir(path.c_str());
     return std::nullopt;
   }
+  // Only for clone3's CLONE_INTO_CGROUP: without it, children migrate through cgroup.procs.
+  const int dir = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   log->debug("{} run in cgroup {}", helper ? "a helper program and its children" : "workers of this attempt", path);
-  return Cgroup(path, fd);
+  return Cgroup(path, fd, dir);
 }
 
-Cgroup::Cgroup(Cgroup&& other) noexcept : path_(std::move(other.path_)), procs_fd_(std::exchange(other.procs_fd_, -1)) {
+Cgroup::Cgroup(Cgroup&& other) noexcept
+    : path_(std::move(other.path_)),
+      procs_fd_(std::exchange(other.procs_fd_, -1)),
+      dir_fd_(std::exchange(other.dir_fd_, -1)) {
   other.path_.clear();
 }
 
 Cgroup::~Cgroup() {
   if (procs_fd_ >= 0) ::close(procs_fd_);
+  if (dir_fd_ >= 0) ::close(dir_fd_);
   if (path_.empty()) return;
   if (!empty()) kill_all();
   // rmdir fails with EBUSY until the killed processes are gone; they are (SIGKILL is final) by
@@ -228,7 +234,7 @@ void Cgroup::sweep_stale() {
   ::closedir(d);
   for (const auto& path : stale) {
     log::get("supervisor")->warn("killing processes left in {} by a launcher that no longer runs", path);
-    Cgroup stale_group(path, -1);  // its destructor kills what is left and removes it
+    Cgroup stale_group(path, -1, -1);  // its destructor kills what is left and removes it
   }
 }
 

@@ -40,6 +40,7 @@ class Cgroup {
 
   const std::string& path() const { return path_; }
   int procs_fd() const { return procs_fd_; }  // a child writes "0" here to join
+  int dir_fd() const { return dir_fd_; }      // or is started inside it (SpawnSpec::cgroup_dir_fd)
   std::vector<pid_t> pids() const;
   void signal_all(int sig) const;
   void kill_all() const;  // cgroup.kill where the kernel has it, else SIGKILL to each pid
@@ -51,9 +52,10 @@ class Cgroup {
   static void sweep_stale();
 
  private:
-  explicit Cgroup(std::string path, int procs_fd) : path_(std::move(path)), procs_fd_(procs_fd) {}
+  Cgroup(std::string path, int procs_fd, int dir_fd) : path_(std::move(path)), procs_fd_(procs_fd), dir_fd_(dir_fd) {}
   std::string path_;
   int procs_fd_ = -1;
+  int dir_fd_ = -1;
 };
 
 }  // namespace ddp::supervisor

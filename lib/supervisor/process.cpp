@@ -13,9 +13,12 @@
 
 #include <fmt/format.h>
 #include <array>
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <unordered_map>
 #include <utility>
 
@@ -147,6 +150,46 @@ constexpr std::size_t kChildStack = 32 * 1024;
 
 [[maybe_unused]] int child_entry(void* arg) {
   child_exec(*static_cast<const ChildArgs*>(arg));
+}
+
+// The kernel's struct clone_args as far as its cgroup field (CLONE_ARGS_SIZE_VER2), spelled here:
+// <linux/sched.h> redefines <sched.h>'s CLONE_* macros.
+struct CloneArgs {
+  std::uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+};
+static_assert(sizeof(CloneArgs) == 88);
+constexpr std::uint64_t kCloneIntoCgroup = 0x200000000ULL;
+
+#ifdef DDP_HAVE_CLONE3_TRAMPOLINE
+extern "C" long ddp_clone3(CloneArgs* args, std::size_t size, int (*fn)(void*), void* arg);  // clone3_x86_64.S
+#else
+long ddp_clone3(CloneArgs*, std::size_t, int (*)(void*), void*) {
+  return -ENOSYS;
+}
+#endif
+// Cleared when the kernel (or a seccomp filter: container runtimes answer clone3 with ENOSYS so
+// that glibc falls back) has no clone3 or no CLONE_INTO_CGROUP: later spawns go straight to clone.
+std::atomic<bool> clone_into_cgroup{true};
+
+// A child sharing our memory on `stack`, started inside the cgroup `cgroup_dir_fd`: its pid, or
+// -1 when the kernel would not (the caller then clones it the old way, and the child migrates).
+[[maybe_unused]] pid_t clone_into(int cgroup_dir_fd, std::span<char> stack, const ChildArgs& args) {
+  if (cgroup_dir_fd < 0 || !clone_into_cgroup.load(std::memory_order_relaxed)) return -1;
+  ChildArgs inside = args;
+  inside.cgroup_procs_fd = -1;  // it is there already
+  CloneArgs ca{};
+  ca.flags = CLONE_VM | CLONE_VFORK | kCloneIntoCgroup;
+  ca.exit_signal = SIGCHLD;
+  ca.stack = reinterpret_cast<std::uintptr_t>(stack.data());
+  ca.stack_size = stack.size();
+  ca.cgroup = static_cast<std::uint64_t>(cgroup_dir_fd);
+  // `inside` lives on this stack, which waits unused until the child has exec'd (CLONE_VFORK).
+  const long r = ddp_clone3(&ca, sizeof ca, child_entry, &inside);
+  if (r > 0) return static_cast<pid_t>(r);
+  // ENOSYS: no clone3; EINVAL, E2BIG: no CLONE_INTO_CGROUP. Anything else (the cgroup refuses
+  // the child, EAGAIN, ENOMEM) is for the old way to meet and report.
+  if (r == -ENOSYS || r == -EINVAL || r == -E2BIG) clone_into_cgroup.store(false, std::memory_order_relaxed);
+  return -1;
 }
 
 }  // namespace
@@ -301,8 +344,11 @@ PendingSpawn spawn_start(const SpawnSpec& spec) {
   pid_t pid;
   if constexpr (kShareMemory) {
     alignas(16) std::array<char, kChildStack> stack;  // ours is idle until the child has exec'd
-    pid = ::clone(child_entry, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD,
-                  const_cast<ChildArgs*>(&args));
+    pid = clone_into(spec.cgroup_dir_fd, stack, args);
+    if (pid < 0) {
+      pid = ::clone(child_entry, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD,
+                    const_cast<ChildArgs*>(&args));
+    }
   } else {
     pid = ::fork();
     if (pid == 0) child_exec(args);

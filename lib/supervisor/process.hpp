@@ -40,9 +40,13 @@ struct SpawnSpec {
   std::map<std::string, std::string> env;  // the complete environment
   std::string workdir;                     // chdir before exec
   int cgroup_procs_fd = -1;                // if >= 0, the child moves itself into this cgroup
-  bool capture_output = true;              // false: inherit ddpctl's stdout/stderr
-  bool stdin_pipe = false;                 // true: stdin is a pipe (write end returned), else /dev/null
-  int stdin_fd = -1;                       // if >= 0 (and no stdin_pipe): the child's stdin, e.g. a socket
+  // The same cgroup's directory: where the kernel can (clone3's CLONE_INTO_CGROUP, Linux 5.7),
+  // the child is started inside it instead of moving there (cheaper: no migration), and
+  // cgroup_procs_fd is the fallback.
+  int cgroup_dir_fd = -1;
+  bool capture_output = true;  // false: inherit ddpctl's stdout/stderr
+  bool stdin_pipe = false;     // true: stdin is a pipe (write end returned), else /dev/null
+  int stdin_fd = -1;           // if >= 0 (and no stdin_pipe): the child's stdin, e.g. a socket
   // PR_SET_PDEATHSIG(SIGKILL). Off only for a child that must outlive us long enough to clean up
   // after itself (the shepherd, which watches its parent through a pidfd instead).
   bool die_with_parent = true;

@@ -24,7 +24,10 @@ Bounded run_bounded(const SpawnSpec& spec, std::chrono::milliseconds timeout, st
   // A cgroup of its own where one can be made: then nothing it started outlives the call.
   static std::atomic<unsigned> runs{0};
   auto cg = Cgroup::create(fmt::format("h{}", runs.fetch_add(1) + 1), Cgroup::Use::helper);
-  if (cg) s.cgroup_procs_fd = cg->procs_fd();
+  if (cg) {
+    s.cgroup_procs_fd = cg->procs_fd();
+    s.cgroup_dir_fd = cg->dir_fd();
+  }
   const auto sp = spawn(s);
   Bounded r;
   const auto deadline = std::chrono::steady_clock::now() + timeout;

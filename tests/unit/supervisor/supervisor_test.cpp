@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <algorithm>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -243,6 +244,42 @@ TEST(Process, DescendantsSeeGrandchildren) {
   while (::waitpid(-1, &st, 0) > 0) {
   }
   EXPECT_TRUE(descendants_of(::getpid()).empty());
+}
+
+// A worker joins its attempt's cgroup before it execs: started inside it (clone3's
+// CLONE_INTO_CGROUP, given the directory), by moving itself there (given only cgroup.procs), and
+// by moving itself when the kernel refuses the directory (here one that is no cgroup at all).
+TEST(Process, AChildStartsInItsCgroupEveryWay) {
+  auto cg = Cgroup::create("cg-start");
+  if (!cg) GTEST_SKIP() << "no writable cgroup v2 here: workers are found by the subreaper walk instead";
+  const auto name = std::filesystem::path(cg->path()).filename().string();
+  const int not_a_cgroup = ::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(not_a_cgroup, 0);
+  struct Way {
+    const char* what;
+    int dir_fd;
+  };
+  for (const auto& way :
+       {Way{"started inside", cg->dir_fd()}, Way{"moved", -1}, Way{"moved after a refusal", not_a_cgroup}}) {
+    SpawnSpec s;
+    s.argv = {"/bin/cat", "/proc/self/cgroup"};
+    s.env = {{"PATH", "/bin:/usr/bin"}};
+    s.workdir = "/";
+    s.cgroup_procs_fd = cg->procs_fd();
+    s.cgroup_dir_fd = way.dir_fd;
+    auto sp = spawn(s);
+    std::string out;
+    char buf[512];
+    for (ssize_t n; (n = ::read(sp.stdout_fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    int status = 0;
+    ASSERT_EQ(::waitpid(sp.pid, &status, 0), sp.pid);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << way.what;
+    EXPECT_NE(out.find("/" + name + "\n"), std::string::npos) << way.what << ": " << out;
+    ::close(sp.stdout_fd);
+    ::close(sp.stderr_fd);
+  }
+  ::close(not_a_cgroup);
+  EXPECT_TRUE(cg->empty());
 }
 
 // A child belongs to the thread that forked it: children_of reads every thread's list.
