@@ -437,7 +437,8 @@ class Agent {
                    raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(),
                                               p.name.empty() ? "?" : p.name, p.user));
                    std::size_t same_key = 0;
-                   for (const auto& [other, peer] : peers_) same_key += other != raw && peer.key_id == p.key_id;
+                   for (const auto& [other, peer] : peers_)
+                     same_key += other != raw && !peer.key_id.empty() && peer.key_id == p.key_id;
                    if (same_key >= links_per_key_) {
                      const auto why = fmt::format(
                          "too many links with key '{}' to this agent: {} are open, at most {}; close some "
@@ -689,7 +690,7 @@ class Agent {
       // An apptainer or enroot image is a file that root would open and hash: with key_users
       // those runtimes run no user's job here (container.hpp's confinement), so nobody's key
       // gets root to read a path of its choosing.
-      ci.error = fmt::format("not checked: this agent runs {} images for no key_users user", ci.runtime);
+      ci.error = fmt::format("{}this agent runs {} images for no key_users user", facts::kImageNotChecked, ci.runtime);
       auto f = facts_;
       f.container_image = ci;
       send(c, "facts", {{"facts", facts::to_json(f)}});
@@ -698,7 +699,8 @@ class Agent {
     std::size_t lookups = 0;
     for (const auto& [other, peer] : peers_) lookups += peer.doctor != nullptr;
     if (lookups >= kMaxImageLookups) {
-      ci.error = fmt::format("not checked: {} image lookups are already running on this node; ask again", lookups);
+      ci.error = fmt::format("{}{} image lookups are already running on this node; ask again", facts::kImageNotChecked,
+                             lookups);
       auto f = facts_;
       f.container_image = ci;
       send(c, "facts", {{"facts", facts::to_json(f)}});

@@ -195,6 +195,9 @@ class Checker {
       all.push_back(labels_[i]);
       if (ci->digest) {
         digests.emplace_back(labels_[i], *ci->digest);
+      } else if (ci->error && ci->error->starts_with(kImageNotChecked)) {
+        add(Severity::warning, "image-unchecked", labels_[i] + ": image " + ci->image + ": " + *ci->error,
+            {labels_[i]});
       } else {
         add(Severity::error, "image-missing",
             labels_[i] + ": image " + ci->image + ": " + ci->error.value_or("not resolved"), {labels_[i]});

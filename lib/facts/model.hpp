@@ -91,6 +91,9 @@ struct ContainerImage {
   std::optional<std::string> repo_digest;  // the registry's manifest digest, for information
   std::optional<std::string> error;        // why there is no digest ("not present on this node")
 };
+// How an agent's `error` begins when it did not look (its policy, or its lookups all busy):
+// `doctor` then warns that the node went unchecked instead of calling the image missing.
+inline constexpr const char* kImageNotChecked = "not checked: ";
 
 // The Python a job runs on this node and its PyTorch, as lib/pyenv's probe found them: the
 // interpreter run as the job's user, with the job's environment, in its workdir (or image).

@@ -31,6 +31,7 @@ ddp_clone3:
   ret              // the parent: a pid or -errno
 1:
   xor %ebp, %ebp   // the child: the outermost frame of its stack
+  and $-16, %rsp   // aligned for the call whatever the stack given
   mov %r9, %rdi
   call *%r8
   mov %eax, %edi

@@ -186,9 +186,13 @@ std::atomic<bool> clone_into_cgroup{true};
   // `inside` lives on this stack, which waits unused until the child has exec'd (CLONE_VFORK).
   const long r = ddp_clone3(&ca, sizeof ca, child_entry, &inside);
   if (r > 0) return static_cast<pid_t>(r);
-  // ENOSYS: no clone3; EINVAL, E2BIG: no CLONE_INTO_CGROUP. Anything else (the cgroup refuses
-  // the child, EAGAIN, ENOMEM) is for the old way to meet and report.
-  if (r == -ENOSYS || r == -EINVAL || r == -E2BIG) clone_into_cgroup.store(false, std::memory_order_relaxed);
+  // ENOSYS: no clone3 (or a seccomp filter's answer, EPERM in older container profiles); E2BIG,
+  // EINVAL: no CLONE_INTO_CGROUP (5.3-5.6). A cgroup that refuses the child says so otherwise
+  // (EBADF, ENOENT, EACCES, EBUSY, EOPNOTSUPP, EAGAIN, ENOSPC): that, ENOMEM and the like are for
+  // the old way to meet and report, and the next spawn tries again.
+  if (r == -ENOSYS || r == -EPERM || r == -E2BIG || r == -EINVAL) {
+    clone_into_cgroup.store(false, std::memory_order_relaxed);
+  }
   return -1;
 }
 

@@ -42,7 +42,8 @@ struct SpawnSpec {
   int cgroup_procs_fd = -1;                // if >= 0, the child moves itself into this cgroup
   // The same cgroup's directory: where the kernel can (clone3's CLONE_INTO_CGROUP, Linux 5.7),
   // the child is started inside it instead of moving there (cheaper: no migration), and
-  // cgroup_procs_fd is the fallback.
+  // cgroup_procs_fd is the fallback: set both (with this alone, a child the kernel would not
+  // start inside stays where we are).
   int cgroup_dir_fd = -1;
   bool capture_output = true;  // false: inherit ddpctl's stdout/stderr
   bool stdin_pipe = false;     // true: stdin is a pipe (write end returned), else /dev/null

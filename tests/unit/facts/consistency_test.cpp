@@ -212,6 +212,14 @@ TEST(Consistency, ImageMissingOrDifferentIsAnError) {
   EXPECT_THAT(m->message, HasSubstr("is not present on this node"));
   EXPECT_EQ(m->nodes, std::vector<std::string>{nodes[1].hostname});
   EXPECT_FALSE(find(missing, "image-mismatch"));
+  // A node that did not look (its policy, or its lookups all busy) is unchecked, not missing.
+  nodes[1].container_image->error = std::string(ddp::facts::kImageNotChecked) + "4 image lookups are already running";
+  const auto unchecked = check(nodes);
+  const auto* u = find(unchecked, "image-unchecked");
+  ASSERT_TRUE(u) << codes(unchecked);
+  EXPECT_EQ(u->severity, Severity::warning);
+  EXPECT_FALSE(find(unchecked, "image-missing")) << codes(unchecked);
+  EXPECT_FALSE(has_errors(unchecked)) << codes(unchecked);
 }
 
 // The job's PyTorch and Python (lib/pyenv's probe): another release or Python minor is an error.
