@@ -9,14 +9,10 @@
 // The list is exactly what ddpctl imports: a name it calls that is missing here fails its link
 // (undefined reference); `nm -D --undefined-only` on a build linked the usual way gives it.
 
-// With -fcf-protection (not Debian's default) the entries reached by an indirect jump or call
-// (a trampoline whose address ddpctl takes, as a deleter; every stub) begin with endbr64, and the
-// object says it is IBT and shadow-stack clean, as it is: every call here returns normally.
-#if defined(__CET__)
-#define DDP_ENDBR endbr64
-#else
-#define DDP_ENDBR
-#endif
+// With -fcf-protection the entries reached by an indirect jump or call (a trampoline whose
+// address ddpctl takes, as a deleter; every stub) begin with DDP_ENDBR, and every call here
+// returns normally (asm_x86_64.h).
+#include "common/asm_x86_64.h"
 
   .macro LAZY name
   .pushsection .text.ddp_openssl_lazy,"ax",@progbits
@@ -163,19 +159,3 @@ ddp_openssl_lazy_enter:
   jmp *(%r10,%r11,8)
   .size ddp_openssl_lazy_enter, .-ddp_openssl_lazy_enter
   .popsection
-
-  .section .note.GNU-stack,"",@progbits
-
-#if defined(__CET__)
-  .pushsection .note.gnu.property,"a"
-  .p2align 3
-  .long 4           // the name's size
-  .long 16          // the description's size
-  .long 5           // NT_GNU_PROPERTY_TYPE_0
-  .asciz "GNU"
-  .long 0xc0000002  // GNU_PROPERTY_X86_FEATURE_1_AND
-  .long 4
-  .long (__CET__) & 3  // 1: IBT, 2: SHSTK, as the compiler was asked
-  .p2align 3
-  .popsection
-#endif

@@ -10,11 +10,7 @@
 // The parent gets what the system call returns: the child's pid, or -errno. The child (on the
 // stack that args names: the kernel points %rsp at its top) calls fn(arg) and exits with its
 // result; fn is expected to exec or _exit first.
-#if defined(__CET__)
-#define DDP_ENDBR endbr64
-#else
-#define DDP_ENDBR
-#endif
+#include "common/asm_x86_64.h"  // DDP_ENDBR; the child never returns from its call
 
   .text
   .globl ddp_clone3
@@ -39,19 +35,3 @@ ddp_clone3:
   syscall
   hlt
   .size ddp_clone3, .-ddp_clone3
-
-  .section .note.GNU-stack,"",@progbits
-
-#if defined(__CET__)
-  .pushsection .note.gnu.property,"a"
-  .p2align 3
-  .long 4           // the name's size
-  .long 16          // the description's size
-  .long 5           // NT_GNU_PROPERTY_TYPE_0
-  .asciz "GNU"
-  .long 0xc0000002  // GNU_PROPERTY_X86_FEATURE_1_AND
-  .long 4
-  .long (__CET__) & 3  // as the compiler was asked: the child never returns from its call
-  .p2align 3
-  .popsection
-#endif

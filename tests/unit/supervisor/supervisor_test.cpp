@@ -249,6 +249,14 @@ TEST(Process, DescendantsSeeGrandchildren) {
 }
 
 namespace {
+std::string read_all(int fd) {
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+
 // Whether spawn_start can start a child inside a cgroup here (clone3's CLONE_INTO_CGROUP): its
 // x86-64 trampoline, a build that shares memory with the child (not under a sanitizer), a
 // kernel of 5.7 or later, and no seccomp filter refusing clone3.
@@ -270,16 +278,14 @@ std::string why_no_clone_into_cgroup() {
 #endif
 }
 
-// The cgroup `pid`'s /proc/PID/cgroup names, as /bin/cat prints it from inside the child.
+// /proc/self/cgroup as a child spawned with `base`'s cgroup settings prints it (/bin/cat).
 std::string cgroup_seen_by_child(const SpawnSpec& base) {
   SpawnSpec s = base;
   s.argv = {"/bin/cat", "/proc/self/cgroup"};
   s.env = {{"PATH", "/bin:/usr/bin"}};
   s.workdir = "/";
   auto sp = spawn(s);
-  std::string out;
-  char buf[512];
-  for (ssize_t n; (n = ::read(sp.stdout_fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  const auto out = read_all(sp.stdout_fd);
   ::close(sp.stdout_fd);
   ::close(sp.stderr_fd);
   int status = 0;
@@ -367,16 +373,6 @@ TEST(Process, SignalNames) {
   EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
   EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
 }
-
-namespace {
-std::string read_all(int fd) {
-  std::string out;
-  char buf[512];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
-  return out;
-}
-}  // namespace
 
 // ddp-agentd's per-user tokens: the child has the user's ids and only its groups, and enters
 // the working directory with the user's rights.
