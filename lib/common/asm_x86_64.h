@@ -6,6 +6,8 @@
 //   shadow-stack clean as the compiler was asked: each including file keeps to that (every call
 //   in it returns normally, or never returns).
 #pragma once
+// Assembler directives below, not C: clang-format would break them.
+// clang-format off
 
 #if defined(__CET__)
 #define DDP_ENDBR endbr64
