@@ -23,20 +23,39 @@ int main(int argc, char** argv) {
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging (same as DDP_LOG_LEVEL=debug)");
 
-  std::vector<ddpctl::Command> commands{
-      ddpctl::add_launch_command(app),   ddpctl::add_doctor_command(app),   ddpctl::add_store_command(app),
-      ddpctl::add_render_command(app),   ddpctl::add_generate_command(app), ddpctl::add_stacks_command(app),
-      ddpctl::add_torchrun_command(app),
+  // Each command's options, in --help's order. CLI11 makes every option when it is added, which
+  // was two thirds of `ddpctl --version`'s instructions: only the command on the command line is
+  // made, every one only for --help (no command given) and for `generate` (the man page).
+  using Commands = std::vector<ddpctl::Command>;
+  const struct {
+    std::vector<std::string> names;
+    Commands (*add)(CLI::App&);
+  } kinds[] = {
+      {{"launch"}, [](CLI::App& a) { return Commands{ddpctl::add_launch_command(a)}; }},
+      {{"doctor"}, [](CLI::App& a) { return Commands{ddpctl::add_doctor_command(a)}; }},
+      {{"store"}, [](CLI::App& a) { return Commands{ddpctl::add_store_command(a)}; }},
+      {{"render"}, [](CLI::App& a) { return Commands{ddpctl::add_render_command(a)}; }},
+      {{"generate"}, [](CLI::App& a) { return Commands{ddpctl::add_generate_command(a)}; }},
+      {{"stacks"}, [](CLI::App& a) { return Commands{ddpctl::add_stacks_command(a)}; }},
+      {{"torchrun"}, [](CLI::App& a) { return Commands{ddpctl::add_torchrun_command(a)}; }},
+      {{"status", "logs", "stop"}, [](CLI::App& a) { return ddpctl::add_control_commands(a); }},
   };
-  for (auto& c : ddpctl::add_control_commands(app)) commands.push_back(std::move(c));
-
   std::vector<std::string> words(argv + 1, argv + argc);
+  std::vector<std::string> names;
+  for (const auto& k : kinds) names.insert(names.end(), k.names.begin(), k.names.end());
+  const auto asked =
+      std::find_if(words.begin(), words.end(), [](const std::string& w) { return w.empty() || w[0] != '-'; });
+  const bool all = asked == words.end() || *asked == "generate";
+  Commands commands;
+  for (const auto& k : kinds) {
+    if (!all && std::find(k.names.begin(), k.names.end(), *asked) == k.names.end()) continue;
+    for (auto& c : k.add(app)) commands.push_back(std::move(c));
+  }
+
   // A misspelt command: CLI11 would say "a subcommand is required" to someone who gave one.
   for (std::size_t i = 0; i < words.size(); ++i) {
     const std::string word = words[i];
     if (word.empty() || word[0] == '-') continue;  // flags before the command (-v)
-    std::vector<std::string> names;
-    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
     if (std::find(names.begin(), names.end(), word) == names.end()) {
       std::cerr << "ddpctl: unknown command '" << word << "'";
       if (auto near = ddp::nearest(word, names)) std::cerr << " (did you mean '" << *near << "'?)";

@@ -25,6 +25,8 @@ namespace {
 constexpr std::string_view kSuffix = ".sock";
 constexpr std::string_view kEndedSuffix = ".ended";
 constexpr auto kEndedKeep = std::chrono::hours(24 * 30);
+constexpr auto kPruneEvery = std::chrono::hours(1);
+constexpr std::string_view kPruneMarker = ".pruned";
 
 // Creates `dir` 0700 if missing; an error text when it is not a private folder of ours.
 std::string private_dir(const std::string& dir) {
@@ -191,7 +193,21 @@ nlohmann::json to_json(const Ended& e) {
           {"files", files}};
 }
 
-void record_ended(const std::string& dir, const Ended& e) {
+// Records older than kEndedKeep go, in a walk over the folder that runs at most once per
+// kPruneEvery (the marker's mtime says when it last ran): a user of many short jobs keeps
+// thousands of records, and every launch's end looked at each of them.
+static void prune_ended(const std::string& dir) {
+  const auto marker = dir + "/" + std::string(kPruneMarker);
+  struct stat st {};
+  if (::lstat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) < kPruneEvery) {
+    return;
+  }
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0) {
+    ::futimens(fd, nullptr);
+    ::close(fd);
+  }
   std::error_code ec;
   const auto now = fs::file_time_type::clock::now();
   for (const auto& f : fs::directory_iterator(dir, ec)) {
@@ -200,6 +216,10 @@ void record_ended(const std::string& dir, const Ended& e) {
     const auto t = fs::last_write_time(f.path(), ec);
     if (!ec && now - t > kEndedKeep) fs::remove(f.path(), ec);
   }
+}
+
+void record_ended(const std::string& dir, const Ended& e) {
+  prune_ended(dir);
   const auto path = fmt::format("{}/{}{}", dir, e.job_id, kEndedSuffix);
   const auto tmp = path + ".tmp";
   const auto text = to_json(e).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

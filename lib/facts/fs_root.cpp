@@ -2,8 +2,11 @@
 
 #include "common/strings.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
 
 namespace ddp::facts {
 
@@ -22,16 +25,29 @@ fs::path FsRoot::host_path(std::string_view path) const {
   return root_ / p;
 }
 
+// POSIX reads into a string that grows with what came: a sysfs attribute is a few bytes, and a
+// buffer of max_bytes made (and zeroed) for each of the hundreds a launch reads was a sixth of
+// its instructions.
 std::optional<std::string> FsRoot::read(std::string_view path, std::size_t max_bytes) const {
-  auto real = resolve(path);
-  if (!real) return std::nullopt;
-  std::ifstream in(host_path(*real), std::ios::binary);
-  if (!in) return std::nullopt;
-  std::string out(max_bytes, '\0');
-  in.read(out.data(), static_cast<std::streamsize>(max_bytes));
-  if (in.bad()) return std::nullopt;  // e.g. EINVAL from a down link's "speed"
-  out.resize(static_cast<std::size_t>(in.gcount()));
-  if (out.empty() && in.fail() && !in.eof()) return std::nullopt;
+  const auto at = where(path);
+  if (!at) return std::nullopt;
+  const int fd = ::open(at->c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  bool failed = false;
+  while (out.size() < max_bytes) {
+    const ssize_t n = ::read(fd, buf, std::min(sizeof buf, max_bytes - out.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      failed = true;  // e.g. EINVAL from a down link's "speed", EISDIR
+      break;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  if (failed) return std::nullopt;
   return out;
 }
 
@@ -46,10 +62,10 @@ std::optional<std::string> FsRoot::read_line(std::string_view path) const {
 
 std::vector<std::string> FsRoot::list(std::string_view dir) const {
   std::vector<std::string> out;
-  auto real = resolve(dir);
-  if (!real) return out;
+  const auto at = where(dir);
+  if (!at) return out;
   std::error_code ec;
-  fs::directory_iterator it(host_path(*real), ec), end;
+  fs::directory_iterator it(*at, ec), end;
   // Bounded: a directory of more than 64k entries is not a sysfs class we understand.
   for (std::size_t n = 0; !ec && it != end && n < 65536; it.increment(ec), ++n)
     out.push_back(it->path().filename().string());
@@ -58,7 +74,19 @@ std::vector<std::string> FsRoot::list(std::string_view dir) const {
 }
 
 bool FsRoot::exists(std::string_view path) const {
-  return resolve(path).has_value();
+  const auto at = where(path);
+  std::error_code ec;
+  return at && (!live_ || fs::exists(*at, ec));
+}
+
+// On the live root the kernel resolves the links as resolve() would (nothing is outside "/"),
+// and a walk of its own costs a lstat per component of each of the hundreds of paths a launch
+// reads; a fixture's links need resolve() to stay inside it.
+std::optional<fs::path> FsRoot::where(std::string_view path) const {
+  if (live_) return host_path(path);
+  auto real = resolve(path);
+  if (!real) return std::nullopt;
+  return host_path(*real);
 }
 
 std::optional<std::string> FsRoot::resolve(std::string_view path) const {

@@ -36,6 +36,8 @@ class FsRoot {
 
  private:
   std::filesystem::path host_path(std::string_view path) const;
+  // Where to open `path` on this machine: nullopt when it leads nowhere inside the root.
+  std::optional<std::filesystem::path> where(std::string_view path) const;
 
   std::filesystem::path root_;
   bool live_ = true;

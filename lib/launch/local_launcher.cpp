@@ -233,16 +233,24 @@ class LocalLauncher {
   int run() {
     // Resolve everything that can be wrong before a single worker starts.
     contract::NodeContext node = resolve_node_context(opts_, 0);
-    auto first = contract::make_plan(opts_.spec, node, inherited_);
-    const auto& r0 = first.ranks.at(0);
-    auto path = r0.env.count("PATH") ? r0.env.at("PATH") : "";
+    const auto argv = contract::worker_argv(opts_.spec);
+    auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
+    const int ranks = node.local_world_size;
+    auto path = env0.count("PATH") ? env0.at("PATH") : "";
     if (opts_.spec.container) {
       prepare_containers();
-    } else if (!supervisor::resolve_executable(r0.argv.at(0), path, *opts_.spec.workdir)) {
+    } else if (!supervisor::resolve_executable(argv.at(0), path, *opts_.spec.workdir)) {
       throw LaunchError(supervisor::explain_not_runnable(
-          r0.argv.at(0), path, *opts_.spec.workdir,
+          argv.at(0), path, *opts_.spec.workdir,
           [this](const std::vector<std::string>& argv) { return how_to_write(argv); }));
     }
+    // The first attempt's NCCL id holder starts now: loading libnccl and opening its bootstrap
+    // root take longer than the store, the control socket and the plan together, which are
+    // made meanwhile. Its environment is rank 0's but for MASTER_PORT (the store's port is not
+    // known yet), a variable NCCL does not read.
+    make_attempt_dir(node);
+    start_holder(node, std::move(env0));
+    early_holder_ = true;
     // The job's store: served here, for the whole job, so it outlives any worker.
     store::ServerOptions so;
     so.host = node.master_addr;
@@ -265,10 +273,9 @@ class LocalLauncher {
     wait_signals();
     wait_user_signals();
     wait_sigchld();
-    log_->info("job {}: {} worker{} of '{}', store on {}, logs in {}/{}", opts_.job_id, first.ranks.size(),
-               first.ranks.size() == 1 ? "" : "s", join(r0.argv, " "), store_->address(), opts_.spec.log_dir,
-               opts_.job_id);
-    if (auto outside = control::ranks_outside(opts_.show_ranks, static_cast<int>(first.ranks.size()))) {
+    log_->info("job {}: {} worker{} of '{}', store on {}, logs in {}/{}", opts_.job_id, ranks, ranks == 1 ? "" : "s",
+               join(argv, " "), store_->address(), opts_.spec.log_dir, opts_.job_id);
+    if (auto outside = control::ranks_outside(opts_.show_ranks, ranks)) {
       log_->warn("--ranks: {}", *outside);
     }
     start_attempt(0);
@@ -375,38 +382,57 @@ class LocalLauncher {
     auto node = resolve_node_context(opts_, attempt);
     node.master_port = opts_.spec.store_port;
     node.use_agent_store = true;
+    make_attempt_dir(node);
+
+    // A new NCCL unique id for every attempt (the first one's holder is already starting, see
+    // run()), waited for on the loop (signals and `ddpctl stop` still answer meanwhile). The
+    // attempt's plan (the binding reads the node's topology) is made while the holder starts:
+    // the id is the one thing the plan waits for, and it goes into each rank's environment after.
+    if (!std::exchange(early_holder_, false)) start_holder(node, contract::worker_env(opts_.spec, node, inherited_, 0));
+    try {
+      pending_.emplace(node, make_attempt_plan(opts_, node, inherited_, host_, attempt));
+    } catch (...) {
+      holder_wait_.reset();  // a plan that cannot be made ends the wait: no workers, no id
+      holder_result_.reset();
+      throw;
+    }
+    start_when_ready();
+  }
+
+  static void make_attempt_dir(const contract::NodeContext& node) {
     std::error_code ec;
     fs::create_directories(node.attempt_dir, ec);
     if (ec) throw LaunchError(fmt::format("cannot create the log directory {}: {}", node.attempt_dir, ec.message()));
+  }
 
-    // A new NCCL unique id for every attempt, from a holder started with rank 0's environment,
-    // waited for on the loop (signals and `ddpctl stop` still answer meanwhile). The attempt's
-    // plan (the binding reads the node's topology) is made while the holder starts, in parallel:
-    // the id is the one thing the plan waits for, and it goes into each rank's environment after.
+  // The attempt's NCCL id holder, from rank 0's environment. Its answer is kept until the plan is
+  // there too (start_when_ready): either may come first.
+  void start_holder(const contract::NodeContext& node, contract::Env env0) {
     holder_.reset();
-    auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
-    auto plan = std::make_shared<std::optional<contract::Plan>>();
-    holder_wait_ = NcclHolder::start(
-        io_, env0, *opts_.spec.workdir, node.attempt_dir, opts_.spec.nccl_unique_id, opts_.spec.container.has_value(),
-        std::nullopt, [this, node, attempt, plan](std::optional<NcclHolder> h, std::string error) mutable {
-          holder_wait_.reset();
-          if (!*plan) return;  // the plan failed (and said so) after the holder was started
-          if (!error.empty()) throw LaunchError(error);
-          if (h) {
-            holder_.emplace(std::move(*h));
-            node.nccl_unique_id_hex = holder_->hex();
-            contract::set_nccl_unique_id(**plan, holder_->hex());
-          }
-          start_workers(std::move(node), std::move(**plan), attempt);
-        });
-    // start() never calls back from inside itself: the plan is here before the callback runs.
-    // A plan that cannot be made ends the wait first: its callback may not run without one.
-    try {
-      *plan = make_attempt_plan(opts_, node, inherited_, host_, attempt);
-    } catch (...) {
-      holder_wait_.reset();
-      throw;
+    holder_result_.reset();
+    holder_wait_ = NcclHolder::start(io_, std::move(env0), *opts_.spec.workdir, node.attempt_dir,
+                                     opts_.spec.nccl_unique_id, opts_.spec.container.has_value(), std::nullopt,
+                                     [this](std::optional<NcclHolder> h, std::string error) {
+                                       holder_wait_.reset();
+                                       holder_result_.emplace(HolderResult{std::move(h), std::move(error)});
+                                       start_when_ready();
+                                     });
+  }
+
+  // The workers start once the attempt has both its plan and its holder's answer.
+  void start_when_ready() {
+    if (!pending_ || !holder_result_) return;
+    auto [node, plan] = std::move(*pending_);
+    pending_.reset();
+    auto result = std::move(*holder_result_);
+    holder_result_.reset();
+    if (!result.error.empty()) throw LaunchError(result.error);
+    if (result.holder) {
+      holder_.emplace(std::move(*result.holder));
+      node.nccl_unique_id_hex = holder_->hex();
+      contract::set_nccl_unique_id(plan, holder_->hex());
     }
+    start_workers(std::move(node), std::move(plan), attempt_);
   }
 
   void start_workers(contract::NodeContext node, contract::Plan plan, int attempt) {
@@ -578,6 +604,8 @@ class LocalLauncher {
     sigchld_.cancel(ignored);
     backoff_timer_.cancel();
     holder_wait_.reset();
+    holder_result_.reset();
+    pending_.reset();
     if (store_) store_->stop();
   }
 
@@ -745,6 +773,13 @@ class LocalLauncher {
   std::optional<store::Server> store_;
   std::optional<NcclHolder> holder_;
   std::unique_ptr<NcclHolderWait> holder_wait_;  // the attempt's id on its way
+  struct HolderResult {
+    std::optional<NcclHolder> holder;  // none: the job makes no id
+    std::string error;
+  };
+  std::optional<HolderResult> holder_result_;                                // the id, come before the plan
+  std::optional<std::pair<contract::NodeContext, contract::Plan>> pending_;  // the plan, waiting for the id
+  bool early_holder_ = false;                                                // attempt 0's holder started in run()
   container::HostLayout host_;
   std::optional<contract::Plan> env_files_;  // the attempt's plan, for its env files
   std::vector<std::string> container_names_;

@@ -26,6 +26,7 @@ constexpr std::size_t kMaxStdout = 64 << 10;
 constexpr std::size_t kMaxStderr = 4 << 10;
 constexpr std::size_t kMaxEntries = 64;  // of the file cache: one per interpreter and env
 constexpr std::uintmax_t kMaxCacheFile = 1 << 20;
+constexpr const char* kCacheHeader = R"({"version":2})";
 
 std::optional<std::int64_t> mtime_ns(const std::string& path) {
   struct stat st {};
@@ -74,73 +75,87 @@ std::string cache_key(const ProbeRequest& req, const std::string& resolved) {
   return k.dump();
 }
 
+// The file: JSON Lines, `{"version":2}` then one `[KEY, ENTRY]` per line, oldest first. A launch
+// looks up one key: it finds that line by its prefix and parses only it (a whole file of 64
+// entries, each with its environment, took more instructions to parse than the rest of a launch).
 ProbeCache::ProbeCache(std::optional<fs::path> file) : file_(std::move(file)) {
   if (!file_) return;
   std::error_code ec;
   const auto size = fs::file_size(*file_, ec);
   if (ec || size > kMaxCacheFile) return;  // none yet, or not ours to trust: start afresh
   std::ifstream in(*file_);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    const auto j = json::parse(ss.str());
-    if (j.value("version", 0) != 1) return;
-    for (const auto& [key, e] : j.at("entries").items()) {
-      Entry entry{python_from_json(e.at("facts")), {}};
-      for (const auto& s : e.at("stamps"))
-        entry.stamps.emplace_back(s.at(0).get<std::string>(), s.at(1).get<std::int64_t>());
-      entries_.emplace(key, std::move(entry));
-    }
-  } catch (const json::exception&) {
-    entries_.clear();  // a damaged cache costs one probe, nothing more
+  std::string line;
+  if (!std::getline(in, line) || line != kCacheHeader) return;  // another version's: start afresh
+  while (std::getline(in, line) && lines_.size() < kMaxEntries) {
+    if (line.size() < 2 || line.front() != '[') continue;
+    lines_.push_back(std::move(line));
   }
+}
+
+std::string ProbeCache::line_prefix(const std::string& key) {
+  return "[" + json(key).dump() + ",";
+}
+
+std::optional<ProbeCache::Entry> ProbeCache::entry(const std::string& key) const {
+  const auto prefix = line_prefix(key);
+  for (auto it = lines_.rbegin(); it != lines_.rend(); ++it) {
+    if (it->compare(0, prefix.size(), prefix) != 0) continue;
+    try {
+      const auto j = json::parse(*it);
+      Entry e{python_from_json(j.at(1).at("facts")), {}};
+      for (const auto& s : j.at(1).at("stamps"))
+        e.stamps.emplace_back(s.at(0).get<std::string>(), s.at(1).get<std::int64_t>());
+      return e;
+    } catch (const json::exception&) {
+      return std::nullopt;  // a damaged line costs one probe, nothing more
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<facts::PythonFacts> ProbeCache::find(const std::string& key) const {
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return std::nullopt;
-  for (const auto& [path, ns] : it->second.stamps)
+  const auto e = entry(key);
+  if (!e) return std::nullopt;
+  for (const auto& [path, ns] : e->stamps)
     if (mtime_ns(path) != ns) return std::nullopt;
-  return it->second.facts;
+  return e->facts;
 }
 
 void ProbeCache::put(const std::string& key, const facts::PythonFacts& f, const std::vector<std::string>& stamp_paths) {
-  Entry e{f, {}};
+  json stamps = json::array();
   for (const auto& p : stamp_paths) {
     auto ns = mtime_ns(p);
     if (!ns) return;  // a folder that vanished meanwhile: do not cache what cannot be validated
-    e.stamps.emplace_back(p, *ns);
+    stamps.push_back({p, *ns});
   }
-  if (entries_.size() >= kMaxEntries && !entries_.count(key)) entries_.erase(entries_.begin());
-  entries_[key] = std::move(e);
+  const auto prefix = line_prefix(key);
+  std::erase_if(lines_, [&](const std::string& l) { return l.compare(0, prefix.size(), prefix) == 0; });
+  if (lines_.size() >= kMaxEntries) lines_.erase(lines_.begin());  // the oldest
+  lines_.push_back(json::array({key, {{"facts", to_json(f)}, {"stamps", stamps}}}).dump());
   save();
 }
 
 void ProbeCache::save() const {
   if (!file_) return;
-  json entries = json::object();
-  for (const auto& [key, e] : entries_) {
-    json stamps = json::array();
-    for (const auto& [p, ns] : e.stamps) stamps.push_back({p, ns});
-    entries[key] = {{"facts", to_json(e.facts)}, {"stamps", stamps}};
-  }
   std::error_code ec;
   fs::create_directories(file_->parent_path(), ec);
   const auto tmp = file_->string() + fmt::format(".{}.tmp", ::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) return;  // a cache we cannot write is only slower
-    out << json{{"version", 1}, {"entries", entries}}.dump() << "\n";
+    out << kCacheHeader << "\n";
+    for (const auto& l : lines_) out << l << "\n";
     if (!out) return;
   }
   fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write, ec);
   fs::rename(tmp, *file_, ec);
   if (ec) fs::remove(tmp, ec);
+  if (file_->filename() == "python.jsonl") fs::remove(file_->parent_path() / "python.json", ec);  // version 1's
 }
 
 std::optional<fs::path> default_cache_file() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') return fs::path(x) / "ddpctl" / "python.json";
-  if (const char* h = std::getenv("HOME"); h && *h == '/') return fs::path(h) / ".cache" / "ddpctl" / "python.json";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') return fs::path(x) / "ddpctl" / "python.jsonl";
+  if (const char* h = std::getenv("HOME"); h && *h == '/') return fs::path(h) / ".cache" / "ddpctl" / "python.jsonl";
   return std::nullopt;
 }
 

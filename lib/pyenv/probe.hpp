@@ -11,7 +11,7 @@
 // and its wrappers read): an entry holds the mtimes of the real interpreter and of every sys.path
 // folder it reported, and is used only while they are unchanged, so a pip install or a new
 // interpreter is seen on the next launch. One cache per process; ddpctl keeps a copy in
-// $XDG_CACHE_HOME/ddpctl/python.json (else ~/.cache/...), so one launch pays for it once.
+// $XDG_CACHE_HOME/ddpctl/python.jsonl (else ~/.cache/...), so one launch pays for it once.
 // Blocking, with the deadline above: call it before an event loop runs, or from a helper
 // process (the agent, a subreaper that reaps every child on SIGCHLD, uses `ddp-agentd preflight`).
 #pragma once
@@ -53,11 +53,13 @@ class ProbeCache {
     std::vector<std::pair<std::string, std::int64_t>> stamps;  // path, mtime in ns
   };
   std::optional<std::filesystem::path> file_;
-  std::map<std::string, Entry> entries_;
+  std::vector<std::string> lines_;  // the file's entries as written, `[KEY, ENTRY]`, oldest first
+  static std::string line_prefix(const std::string& key);
+  std::optional<Entry> entry(const std::string& key) const;
   void save() const;
 };
 
-// $XDG_CACHE_HOME/ddpctl/python.json, else ~/.cache/ddpctl/python.json; nullopt without a home.
+// $XDG_CACHE_HOME/ddpctl/python.jsonl, else ~/.cache/ddpctl/python.jsonl; nullopt without a home.
 std::optional<std::filesystem::path> default_cache_file();
 
 // The process's own cache (memory only, or `file` on its first use).

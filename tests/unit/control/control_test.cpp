@@ -207,15 +207,22 @@ TEST(ControlPaths, EndRecordsRoundTripAndOldOnesAreSwept) {
   EXPECT_EQ(read_ended(dir, "job-2"), std::nullopt);
   std::ofstream(d.p / "job-3.ended") << "{\"job_id\": \"job-3\"";
   EXPECT_EQ(read_ended(dir, "job-3"), std::nullopt);
-  // Writing a record removes those (and leftover temporary files) older than 30 days, and only those.
+  // Writing a record removes those (and leftover temporary files) older than 30 days, and only
+  // those, in a walk that runs at most once an hour: right after one, nothing is looked at.
   const auto old = std::filesystem::file_time_type::clock::now() - std::chrono::hours(24 * 31);
   std::ofstream(d.p / "job-9.ended.tmp") << "{";
   std::filesystem::last_write_time(d.p / "job-9.ended.tmp", old);
   std::filesystem::last_write_time(d.p / "job-2.ended", old);
   e.job_id = "job-4";
   record_ended(dir, e);
+  EXPECT_TRUE(std::filesystem::exists(d.p / "job-2.ended"));  // the walk ran with job-1's record
+  std::filesystem::last_write_time(d.p / ".pruned",
+                                   std::filesystem::file_time_type::clock::now() - std::chrono::minutes(61));
+  e.job_id = "job-5";
+  record_ended(dir, e);
   EXPECT_TRUE(read_ended(dir, "job-1"));
   EXPECT_TRUE(read_ended(dir, "job-4"));
+  EXPECT_TRUE(read_ended(dir, "job-5"));
   EXPECT_FALSE(std::filesystem::exists(d.p / "job-2.ended"));
   EXPECT_FALSE(std::filesystem::exists(d.p / "job-9.ended.tmp"));
   forget_ended(dir, "job-1");

@@ -127,7 +127,7 @@ TEST(PyenvProbe, FindsTheInterpreterOnTheJobsPathAndCachesUntilSitePackagesChang
   fs::create_directories(d.path / "site");
   const auto counter = d.path / "runs";
   write_interpreter(d.path / "bin/python3", answering(d.path / "site", counter, "2.11.0+cu128"));
-  ProbeCache cache(d.path / "cache/python.json");
+  ProbeCache cache(d.path / "cache/python.jsonl");
   auto f = probe_python(request_in(d), &cache);
   ASSERT_FALSE(f.error) << *f.error;
   EXPECT_EQ(f.interpreter, (d.path / "bin/python3").string());
@@ -136,7 +136,7 @@ TEST(PyenvProbe, FindsTheInterpreterOnTheJobsPathAndCachesUntilSitePackagesChang
 
   // The same request: answered from the cache, also by a new process's cache (the file).
   EXPECT_EQ(probe_python(request_in(d), &cache).torch, "2.11.0+cu128");
-  ProbeCache reloaded(d.path / "cache/python.json");
+  ProbeCache reloaded(d.path / "cache/python.jsonl");
   EXPECT_EQ(probe_python(request_in(d), &reloaded).torch, "2.11.0+cu128");
   EXPECT_EQ(runs(counter), 1);
 
@@ -152,6 +152,55 @@ TEST(PyenvProbe, FindsTheInterpreterOnTheJobsPathAndCachesUntilSitePackagesChang
   write_interpreter(d.path / "bin/python3", answering(d.path / "site", counter, "2.12.0"));
   EXPECT_EQ(probe_python(request_in(d), &cache).torch, "2.12.0");
   EXPECT_EQ(runs(counter), 3);
+}
+
+// The file keeps the 64 newest entries, one per line; a launch parses only the line it looks up,
+// so a damaged line costs that key one probe and no other key anything.
+TEST(PyenvProbe, TheCacheFileKeepsTheNewestEntriesAndSurvivesADamagedLine) {
+  TempDir d;
+  const auto file = d.path / "cache/python.jsonl";
+  auto facts_for = [](int i) {
+    facts::PythonFacts f;
+    f.interpreter = "/opt/py" + std::to_string(i) + "/bin/python3";
+    f.version = "3.11." + std::to_string(i);
+    return f;
+  };
+  {
+    ProbeCache cache(file);
+    for (int i = 0; i < 70; ++i) cache.put("key-" + std::to_string(i), facts_for(i), {d.path.string()});
+  }
+  ProbeCache reloaded(file);
+  for (int i = 0; i < 6; ++i) EXPECT_FALSE(reloaded.find("key-" + std::to_string(i))) << i;  // the oldest went
+  for (int i = 6; i < 70; ++i) {
+    const auto f = reloaded.find("key-" + std::to_string(i));
+    ASSERT_TRUE(f) << i;
+    EXPECT_EQ(f->interpreter, facts_for(i).interpreter);
+    EXPECT_EQ(f->version, facts_for(i).version);
+  }
+  // A key that is a prefix of another's is not that other's.
+  EXPECT_FALSE(reloaded.find("key-6\\"));
+  EXPECT_FALSE(reloaded.find("key-"));
+
+  // key-10's line cut short; every other line still answers.
+  std::string text;
+  {
+    std::ifstream in(file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  const auto at = text.find("[\"key-10\",");
+  ASSERT_NE(at, std::string::npos);
+  text.erase(at + 20, text.find('\n', at) - at - 20);
+  std::ofstream(file, std::ios::trunc) << text;
+  ProbeCache damaged(file);
+  EXPECT_FALSE(damaged.find("key-10"));
+  EXPECT_TRUE(damaged.find("key-11"));
+  EXPECT_TRUE(damaged.find("key-69"));
+
+  // Another version's file is not read at all.
+  std::ofstream(file, std::ios::trunc) << "{\"version\":1,\"entries\":{}}\n" << text.substr(text.find('\n') + 1);
+  EXPECT_FALSE(ProbeCache(file).find("key-69"));
 }
 
 TEST(PyenvProbe, MissingSilentOrHangingInterpretersAreErrors) {
