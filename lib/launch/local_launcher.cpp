@@ -234,23 +234,16 @@ class LocalLauncher {
     // Resolve everything that can be wrong before a single worker starts.
     contract::NodeContext node = resolve_node_context(opts_, 0);
     const auto argv = contract::worker_argv(opts_.spec);
-    auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
+    const auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
     const int ranks = node.local_world_size;
-    auto path = env0.count("PATH") ? env0.at("PATH") : "";
+    const auto path = env0.count("PATH") ? env0.at("PATH") : "";
     if (opts_.spec.container) {
       prepare_containers();
     } else if (!supervisor::resolve_executable(argv.at(0), path, *opts_.spec.workdir)) {
-      throw LaunchError(supervisor::explain_not_runnable(
-          argv.at(0), path, *opts_.spec.workdir,
-          [this](const std::vector<std::string>& argv) { return how_to_write(argv); }));
+      throw LaunchError(
+          supervisor::explain_not_runnable(argv.at(0), path, *opts_.spec.workdir,
+                                           [this](const std::vector<std::string>& cmd) { return how_to_write(cmd); }));
     }
-    // The first attempt's NCCL id holder starts now: loading libnccl and opening its bootstrap
-    // root take longer than the store, the control socket and the plan together, which are
-    // made meanwhile. Its environment is rank 0's but for MASTER_PORT (the store's port is not
-    // known yet), a variable NCCL does not read.
-    make_attempt_dir(node);
-    start_holder(node, std::move(env0));
-    early_holder_ = true;
     // The job's store: served here, for the whole job, so it outlives any worker.
     store::ServerOptions so;
     so.host = node.master_addr;
@@ -263,6 +256,13 @@ class LocalLauncher {
     start_store(so);
     opts_.spec.store_port = store_->port();
     store_->set_rank_resolver({[] { return supervisor::descendants_of(::getpid()); }, store::rank_from_environ});
+    // The first attempt's NCCL id holder starts as soon as rank 0's environment is known (the
+    // store's port is in it): loading libnccl and opening its bootstrap root take longer than
+    // the control socket and the plan together, which are made meanwhile.
+    node.master_port = opts_.spec.store_port;
+    make_attempt_dir(node);
+    start_holder(node, contract::worker_env(opts_.spec, node, inherited_, 0));
+    early_holder_ = true;
 
     report_.job_id = opts_.job_id;
     started_ = std::chrono::system_clock::now();
