@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
 
   // Each command's options, in --help's order. CLI11 makes every option when it is added, which
   // was two thirds of `ddpctl --version`'s instructions: only the command on the command line is
-  // made, every one only for --help (no command given) and for `generate` (the man page).
+  // made; none for --version alone; every one without a command (--help, errors) and for
+  // `generate` (the man page).
   using Commands = std::vector<ddpctl::Command>;
   const struct {
     std::vector<std::string> names;
@@ -44,11 +45,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> names;
   for (const auto& k : kinds) names.insert(names.end(), k.names.begin(), k.names.end());
   const auto asked =
-      std::find_if(words.begin(), words.end(), [](const std::string& w) { return w.empty() || w[0] != '-'; });
+      std::find_if(words.begin(), words.end(), [](const std::string& w) { return !w.empty() && w[0] != '-'; });
+  const auto has = [&](const char* flag) { return std::find(words.begin(), words.end(), flag) != words.end(); };
   const bool all = asked == words.end() || *asked == "generate";
+  const bool none = asked == words.end() && has("--version") && !has("--help") && !has("-h");
   Commands commands;
   for (const auto& k : kinds) {
-    if (!all && std::find(k.names.begin(), k.names.end(), *asked) == k.names.end()) continue;
+    if (none || (!all && std::find(k.names.begin(), k.names.end(), *asked) == k.names.end())) continue;
     for (auto& c : k.add(app)) commands.push_back(std::move(c));
   }
 

@@ -199,13 +199,16 @@ nlohmann::json to_json(const Ended& e) {
 static void prune_ended(const std::string& dir) {
   const auto marker = dir + "/" + std::string(kPruneMarker);
   struct stat st {};
-  if (::lstat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-      std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) < kPruneEvery) {
-    return;
+  if (::lstat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    // A marker from the future (a clock that ran ahead, a restored snapshot) is no reason to wait.
+    const auto age = std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime);
+    if (age >= decltype(age)::zero() && age < kPruneEvery) return;
   }
-  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  // Not a link (O_NOFOLLOW), and a FIFO in its place does not block us (O_NONBLOCK).
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd >= 0) {
-    ::futimens(fd, nullptr);
+    struct stat fst {};
+    if (::fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode)) ::futimens(fd, nullptr);
     ::close(fd);
   }
   std::error_code ec;

@@ -2,7 +2,9 @@
 // discovery runs unchanged on the live machine ("/") and on fixture trees (tests, --sysfs-root,
 // DDP_SYSFS_ROOT). Symlinks are resolved inside the root: an absolute link target is taken
 // relative to the root and ".." stops at it, so a fixture (or a copied /sys) can never make us
-// read the host's files.
+// read the host's files. On the live root the kernel resolves links (the same places, nothing
+// is outside "/"), including /proc's magic links into other namespaces: not for another
+// process's /proc/PID paths.
 #pragma once
 
 #include <cstddef>

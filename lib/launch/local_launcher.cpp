@@ -405,8 +405,9 @@ class LocalLauncher {
     if (ec) throw LaunchError(fmt::format("cannot create the log directory {}: {}", node.attempt_dir, ec.message()));
   }
 
-  // The attempt's NCCL id holder, from rank 0's environment. Its answer is kept until the plan is
-  // there too (start_when_ready): either may come first.
+  // The attempt's NCCL id holder, from rank 0's environment. Its answer comes through the loop,
+  // so after the plan (made at once, below start_holder's callers); start_when_ready takes the two
+  // in either order all the same.
   void start_holder(const contract::NodeContext& node, contract::Env env0) {
     holder_.reset();
     holder_result_.reset();

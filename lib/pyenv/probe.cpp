@@ -86,14 +86,18 @@ ProbeCache::ProbeCache(std::optional<fs::path> file) : file_(std::move(file)) {
   std::ifstream in(*file_);
   std::string line;
   if (!std::getline(in, line) || line != kCacheHeader) return;  // another version's: start afresh
-  while (std::getline(in, line) && lines_.size() < kMaxEntries) {
+  while (std::getline(in, line)) {
     if (line.size() < 2 || line.front() != '[') continue;
     lines_.push_back(std::move(line));
   }
+  if (lines_.size() > kMaxEntries) lines_.erase(lines_.begin(), lines_.end() - kMaxEntries);  // the newest
 }
 
 std::string ProbeCache::line_prefix(const std::string& key) {
-  return "[" + json(key).dump() + ",";
+  std::string prefix = "[";  // appended, not `"[" + ...`: GCC 12 warns (-Wrestrict) about that
+  prefix += json(key).dump();
+  prefix += ',';
+  return prefix;
 }
 
 std::optional<ProbeCache::Entry> ProbeCache::entry(const std::string& key) const {

@@ -225,6 +225,14 @@ TEST(ControlPaths, EndRecordsRoundTripAndOldOnesAreSwept) {
   EXPECT_TRUE(read_ended(dir, "job-5"));
   EXPECT_FALSE(std::filesystem::exists(d.p / "job-2.ended"));
   EXPECT_FALSE(std::filesystem::exists(d.p / "job-9.ended.tmp"));
+  // A marker dated in the future (a clock that ran ahead) does not stop the walk.
+  std::filesystem::last_write_time(d.p / "job-4.ended", old);
+  std::filesystem::last_write_time(d.p / ".pruned",
+                                   std::filesystem::file_time_type::clock::now() + std::chrono::hours(24));
+  e.job_id = "job-6";
+  record_ended(dir, e);
+  EXPECT_FALSE(std::filesystem::exists(d.p / "job-4.ended"));
+  EXPECT_TRUE(read_ended(dir, "job-6"));
   forget_ended(dir, "job-1");
   EXPECT_EQ(read_ended(dir, "job-1"), std::nullopt);
 }

@@ -169,9 +169,15 @@ TEST(PyenvProbe, TheCacheFileKeepsTheNewestEntriesAndSurvivesADamagedLine) {
     ProbeCache cache(file);
     for (int i = 0; i < 70; ++i) cache.put("key-" + std::to_string(i), facts_for(i), {d.path.string()});
   }
+  {
+    // Put again, a key keeps one line, with the newest answer (and it counts as the newest).
+    ProbeCache cache(file);
+    cache.put("key-6", facts_for(106), {d.path.string()});
+  }
   ProbeCache reloaded(file);
+  EXPECT_EQ(reloaded.find("key-6")->interpreter, facts_for(106).interpreter);
   for (int i = 0; i < 6; ++i) EXPECT_FALSE(reloaded.find("key-" + std::to_string(i))) << i;  // the oldest went
-  for (int i = 6; i < 70; ++i) {
+  for (int i = 7; i < 70; ++i) {
     const auto f = reloaded.find("key-" + std::to_string(i));
     ASSERT_TRUE(f) << i;
     EXPECT_EQ(f->interpreter, facts_for(i).interpreter);
