@@ -9,7 +9,10 @@
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -176,8 +179,16 @@ std::unique_ptr<NcclHolderWait> NcclHolder::start(asio::io_context& io, contract
   return wait;
 }
 
+// The pidfd is opened at once, on the loop that spawned the holder and that alone reaps it
+// (reap_children, waitpid(-1)): the holder is still our child then, reaped or not, and a signal
+// sent through the pidfd later never reaches another process that got its pid meanwhile.
+// Without pidfds (Linux before 5.3), by pid as before.
+NcclHolder::NcclHolder(pid_t pid, int in)
+    : pid_(pid), pidfd_(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))), in_(in) {}
+
 NcclHolder::NcclHolder(NcclHolder&& o) noexcept
     : pid_(std::exchange(o.pid_, -1)),
+      pidfd_(std::exchange(o.pidfd_, -1)),
       in_(std::exchange(o.in_, -1)),
       hex_(std::move(o.hex_)),
       drains_(std::move(o.drains_)) {}
@@ -189,7 +200,23 @@ void NcclHolder::stop() {
   }
   drains_.clear();
   if (in_ >= 0) ::close(in_), in_ = -1;
-  if (pid_ > 0) ::kill(pid_, SIGTERM), pid_ = -1;
+  if (pidfd_ >= 0) {
+    // Gone before we go on: an attempt's end, and a launcher's exit, leave no holder behind and
+    // its bootstrap port closed. It ends at once on SIGTERM or its stdin's EOF; one stuck inside
+    // NCCL gets SIGKILL after a second. Reaped here unless the owner's loop has done it.
+    ::syscall(SYS_pidfd_send_signal, pidfd_, SIGTERM, nullptr, 0);  // ESRCH once it has exited
+    pollfd p{pidfd_, POLLIN, 0};
+    if (::poll(&p, 1, 1000) == 0) {
+      ::syscall(SYS_pidfd_send_signal, pidfd_, SIGKILL, nullptr, 0);
+      ::poll(&p, 1, 1000);
+    }
+    siginfo_t info{};
+    ::waitid(idtype_t(3) /* P_PIDFD */, id_t(pidfd_), &info, WEXITED | WNOHANG);
+    ::close(pidfd_), pidfd_ = -1;
+  } else if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+  }
+  pid_ = -1;
 }
 
 // Beside the running program (ddpctl or ddp-agentd), else on PATH.

@@ -74,7 +74,9 @@ class NcclHolder {
   pid_t pid() const { return pid_; }
   const std::string& hex() const { return hex_; }
 
-  // Closing stdin is the holder's stop; SIGTERM as well, in case it is stuck.
+  // Closing stdin is the holder's stop; SIGTERM as well, in case it is stuck (through a pidfd:
+  // the owner's loop may have reaped the holder already, and its pid be another's now). Returns
+  // once the holder has exited (SIGKILL after a second); it is reaped here if still a zombie.
   void stop();
 
  private:
@@ -85,11 +87,12 @@ class NcclHolder {
   };
 
   friend struct NcclHolderWait::State;
-  NcclHolder(pid_t pid, int in) : pid_(pid), in_(in) {}
+  NcclHolder(pid_t pid, int in);
   static std::optional<std::string> holder_binary();
   static void discard(const std::shared_ptr<Drain>& d);
 
   pid_t pid_ = -1;
+  int pidfd_ = -1;  // what stop() signals: never another process that got the pid after it
   int in_ = -1;
   std::string hex_;
   // stdout and stderr, read (and, once the id is in, discarded) on the owner's loop: the holder

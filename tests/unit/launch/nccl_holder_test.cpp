@@ -8,11 +8,16 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <fcntl.h>
+#include <linux/sched.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -165,4 +170,41 @@ TEST(NcclHolder, OffAndContainersGetNoHolderLater) {
   EXPECT_TRUE(off.called);
   EXPECT_FALSE(off.holder);
   EXPECT_EQ(off.error, "");
+}
+
+// stop() signals the holder through a pidfd. Once the owner's loop has reaped it (reap_children
+// does, for every child), a process that got its pid is not signalled: here the pid is given to
+// a new process on purpose (clone3's set_tid, root only), then the holder is stopped.
+TEST(NcclHolder, StoppingAReapedHolderSignalsNoOtherProcess) {
+  StandIn s("echo " + kHex);  // prints its id and ends
+  boost::asio::io_context io;
+  Outcome out;
+  auto wait = start(io, s, jobspec::NcclUniqueId::on, out);
+  io.run_for(20s);
+  ASSERT_TRUE(out.called);
+  ASSERT_TRUE(out.holder) << out.error;
+  const pid_t pid = out.holder->pid();
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);  // as the owner's SIGCHLD handler would
+
+  pid_t want = pid;
+  clone_args args{};
+  args.exit_signal = SIGCHLD;
+  args.set_tid = reinterpret_cast<std::uint64_t>(&want);
+  args.set_tid_size = 1;
+  const long other = ::syscall(SYS_clone3, &args, sizeof args);
+  if (other == 0) {
+    for (;;) ::pause();  // until a signal ends it
+  }
+  if (other < 0) {
+    GTEST_SKIP() << "cannot give a process a chosen pid here (clone3 with set_tid: " << std::strerror(errno)
+                 << "; it needs root and Linux 5.5)";
+  }
+  ASSERT_EQ(other, pid);
+  out.holder->stop();
+  ::usleep(200 * 1000);
+  const pid_t ended = ::waitpid(pid, &status, WNOHANG);
+  ::kill(pid, SIGKILL);
+  if (ended == 0) ::waitpid(pid, &status, 0);
+  EXPECT_EQ(ended, 0) << "the process that got the holder's pid was signalled";
 }
