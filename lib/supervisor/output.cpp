@@ -138,9 +138,9 @@ void RankLogFile::note(std::string_view text) {
   written_ += ts.size() + text.size() + 6;
 }
 
-TerminalSink::TerminalSink(std::size_t max_queued_bytes) : max_queued_bytes_(max_queued_bytes) {
-  thread_ = std::thread([this] { run(); });
-}
+// The writing thread starts with the first line: a quiet launch (-q, or workers that print
+// nothing) never makes it.
+TerminalSink::TerminalSink(std::size_t max_queued_bytes) : max_queued_bytes_(max_queued_bytes) {}
 
 TerminalSink::~TerminalSink() {
   {
@@ -148,12 +148,13 @@ TerminalSink::~TerminalSink() {
     stop_ = true;
   }
   cv_.notify_one();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void TerminalSink::write(Stream s, std::string line) {
   {
     std::lock_guard lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });  // it waits for the lock
     if (queued_bytes_ + line.size() > max_queued_bytes_) {
       ++dropped_;
       return;
