@@ -148,7 +148,8 @@ def test_a_node_whose_task_fails_stops_the_launch_and_leaves_nothing(cluster):
     m = re.search(r"srun ended \(exit status \d+\) before the agents? on (\S+) announced", err)
     early = re.search(r"error \[coord\] (n[13]) \(srun task \d\): the agent ended before joining", err)
     # or srun ended an agent while the coordinator was dialling it
-    dialled = re.search(r"error \[coord\] (n[13]): cannot reach its agent on port \d+: Connection reset by peer", err)
+    dialled = re.search(
+        r"error \[coord\] (n[13]): cannot reach its agent on port \d+: Connection (reset by peer|refused)", err)
     assert (m and m[1] in ("n2", "n[2-3]", "n[1-2]", "n[1-3]")) or early or dialled, err
     assert_nothing_left(c)
 
