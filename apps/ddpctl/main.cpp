@@ -56,9 +56,9 @@ int main(int argc, char** argv) {
   }
 
   // A misspelt command: CLI11 would say "a subcommand is required" to someone who gave one.
-  for (std::size_t i = 0; i < words.size(); ++i) {
-    const std::string word = words[i];
-    if (word.empty() || word[0] == '-') continue;  // flags before the command (-v)
+  if (asked != words.end()) {
+    const auto i = static_cast<std::size_t>(asked - words.begin());  // words may be resized below
+    const std::string word = *asked;
     if (std::find(names.begin(), names.end(), word) == names.end()) {
       std::cerr << "ddpctl: unknown command '" << word << "'";
       if (auto near = ddp::nearest(word, names)) std::cerr << " (did you mean '" << *near << "'?)";
@@ -86,7 +86,6 @@ int main(int argc, char** argv) {
         words.insert(words.end(), kept.begin(), kept.end());
       }
     }
-    break;
   }
   try {
     // CLI11 takes the words last first.

@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 
 namespace ddp::pyenv {
 
