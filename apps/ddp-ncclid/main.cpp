@@ -165,6 +165,8 @@ int main(int argc, char** argv) {
       log->warn("NCCL_COMM_ID is set: NCCL will use that fixed address and magic instead of a fresh root");
     }
     id = lib.get_unique_id();
+    // The id first: the workers wait for it, the log line can wait for them.
+    if (!write_line(ddp::nccl::to_hex(id))) fail("cannot write the id to stdout (launcher gone?)");
     const char* ifname = std::getenv("NCCL_SOCKET_IFNAME");
     auto addr = ddp::nccl::decode_bootstrap_address(id);
     log->info("NCCL {} ({}): bootstrap root listening on {} (NCCL_SOCKET_IFNAME={})", lib.version(), lib.path(),
@@ -173,7 +175,6 @@ int main(int argc, char** argv) {
     fail(e.what());
   }
 
-  if (!write_line(ddp::nccl::to_hex(id))) fail("cannot write the id to stdout (launcher gone?)");
   std::string why = wait_for_stop(sigfd);
   log->debug("stopping: {}", why);
   log->flush();

@@ -3,6 +3,9 @@
 
 N trivial workers (/bin/true, N = 1, 4, 16) started by
   - the floor: a shell forking them all at once, `sh -c '/bin/true & ... wait'`,
+  - the floor with an NCCL id (libnccl being present): the same shell, once `nccl_id_floor` (a
+    small C program: load libnccl, ncclGetUniqueId, print the id) has made the id its workers
+    would need; what NCCL itself costs before any launcher can start a worker,
   - ddpctl launch (store served, NCCL id made when libnccl is present: `nccl.unique_id: auto`),
   - ddpctl launch with nccl.unique_id: off,
   - with --compare, another ddpctl (an older build) the same two ways, run alternately with the
@@ -20,7 +23,7 @@ launcher, the NCCL id holder and the workers: each /bin/true takes about 60-70).
 paravirtualised VM a page fault costs about 15 us, so faults are most of a start's time.
 
 Usage: bench/launch/run.py [--repeats R] [--ddpctl build/bin/ddpctl] [--compare OTHER/ddpctl]
-                           [--sizes 1,4,16] [--no-torchrun]
+                           [--id-floor build/bin/nccl_id_floor] [--sizes 1,4,16] [--no-torchrun]
 """
 import argparse
 import os
@@ -93,7 +96,12 @@ def main():
     ap.add_argument("--sizes", default="1,4,16")
     ap.add_argument("--no-torchrun", action="store_true")
     ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter whose torchrun is measured")
+    ap.add_argument("--id-floor", help="nccl_id_floor (default: beside --ddpctl)")
     args = ap.parse_args()
+    id_floor = Path(args.id_floor) if args.id_floor else Path(args.ddpctl).parent / "nccl_id_floor"
+    # The floor with an id only where libnccl loads (as ddpctl's `unique_id: auto` makes one only there).
+    has_nccl = id_floor.exists() and subprocess.call([str(id_floor)], stdout=subprocess.DEVNULL,
+                                                     stderr=subprocess.DEVNULL) == 0
 
     tmp = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
     # XDG_STATE_HOME: the ended jobs' records stay with the run's files, not in the user's state folder.
@@ -105,34 +113,44 @@ def main():
     for name, path in builds:
         print(f"# {name}: {path}")
     print()
-    head = ["N", "floor (sh fork+exec)"]
+    head = ["N", "floor (sh fork+exec)"] + (["floor with an NCCL id"] if has_nccl else [])
     for name, _ in builds:
         head += [name, f"{name}, no NCCL id"]
     if not args.no_torchrun:
-        head += ["torchrun", "ddpctl / floor", "ddpctl / torchrun (wall)"]
-    else:
-        head += ["ddpctl / floor"]
+        head += ["torchrun"]
+    head += ["ddpctl / floor"] + (["ddpctl / floor with id"] if has_nccl else [])
+    if not args.no_torchrun:
+        head += ["ddpctl / torchrun (wall)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for n in (int(s) for s in args.sizes.split(",")):
         for nccl in ("auto", "off"):
             (tmp / f"job-{n}-{nccl}.yaml").write_text(
                 f"nproc_per_node: {n}\ncommand: [/bin/true]\nlogs: {{dir: {tmp}/logs}}\nnccl: {{unique_id: {nccl}}}\n")
-        cases = [Case("floor", ["/bin/sh", "-c", " ".join(["/bin/true &"] * n) + " wait"])]
+        forks = " ".join(["/bin/true &"] * n) + " wait"
+        cases = [Case("floor", ["/bin/sh", "-c", forks])]
+        if has_nccl:
+            # The id in the workers' environment, as ddpctl puts it there (DDP_NCCL_UNIQUE_ID).
+            cases.append(Case("floor with id", ["/bin/sh", "-c", f"DDP_NCCL_UNIQUE_ID=$({id_floor}) || exit 3; "
+                                                               f"export DDP_NCCL_UNIQUE_ID; {forks}"]))
+        floors = len(cases)
         for name, path in builds:
             for nccl in ("auto", "off"):
                 cases.append(Case(name, [path, "launch", "-q", "--master-port", "0", f"job-{n}-{nccl}.yaml"], env))
         run_alternately(cases, tmp, args.repeats)
         row = [str(n)] + [c.cell() for c in cases]
-        ours = cases[1]
+        ours = cases[floors]
+        ratios = [f"{ours.wall() / cases[0].wall():.2f}×"]
+        if has_nccl:
+            ratios.append(f"{ours.wall() / cases[1].wall():.2f}×")
         if not args.no_torchrun:
             theirs = Case("torchrun", [args.python, "-m", "torch.distributed.run", "--standalone",
                                        "--nproc_per_node", str(n), "--no_python", "--redirects", "1", "--tee", "1",
                                        "--monitor_interval", "0.1", "--log_dir", str(tmp / "tr"), "/bin/true"])
             run_alternately([theirs], tmp, args.torchrun_repeats)
-            row += [theirs.cell(), f"{ours.wall() / cases[0].wall():.2f}×", f"1/{theirs.wall() / ours.wall():.0f}"]
+            row += [theirs.cell()] + ratios + [f"1/{theirs.wall() / ours.wall():.0f}"]
         else:
-            row += [f"{ours.wall() / cases[0].wall():.2f}×"]
+            row += ratios
         print("| " + " | ".join(row) + " |")
         sys.stdout.flush()
 
