@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,14 +144,29 @@ void ProbeCache::save() const {
   std::error_code ec;
   fs::create_directories(file_->parent_path(), ec);
   const auto tmp = file_->string() + fmt::format(".{}.tmp", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return;  // a cache we cannot write is only slower
-    out << kCacheHeader << "\n";
-    for (const auto& l : lines_) out << l << "\n";
-    if (!out) return;
+  std::string text = kCacheHeader;
+  text += '\n';
+  for (const auto& l : lines_) {
+    text += l;
+    text += '\n';
   }
-  fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write, ec);
+  // A new file of our own (never through a link or into one left there: the folder may be
+  // another user's when ddpctl runs with their HOME), readable by us alone.
+  ::unlink(tmp.c_str());  // one a crashed run of this pid left
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return;  // a cache we cannot write is only slower
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  if (done < text.size()) {
+    fs::remove(tmp, ec);
+    return;
+  }
   fs::rename(tmp, *file_, ec);
   if (ec) fs::remove(tmp, ec);
   if (file_->filename() == "python.jsonl") fs::remove(file_->parent_path() / "python.json", ec);  // version 1's

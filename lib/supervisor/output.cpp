@@ -7,6 +7,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <system_error>
 #include <utility>
 
 namespace ddp::supervisor {
@@ -151,16 +152,36 @@ TerminalSink::~TerminalSink() {
   if (thread_.joinable()) thread_.join();
 }
 
+static void write_fd(int fd, const std::string& s);
+
 void TerminalSink::write(Stream s, std::string line) {
+  bool here = false;
   {
     std::lock_guard lock(mu_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });  // it waits for the lock
-    if (queued_bytes_ + line.size() > max_queued_bytes_) {
-      ++dropped_;
-      return;
+    if (!thread_.joinable() && !inline_) {
+      try {
+        thread_ = std::thread([this] { run(); });  // it waits for the lock
+      } catch (const std::system_error&) {
+        // No thread to be had (the job's own threads used up the user's process limit, say): the
+        // lines are written here as they come, which a paused terminal can hold up; a job is
+        // never ended for its output.
+        inline_ = true;
+      }
     }
-    queued_bytes_ += line.size();
-    queue_.emplace_back(s, std::move(line));
+    here = inline_;
+    if (!here) {
+      if (queued_bytes_ + line.size() > max_queued_bytes_) {
+        ++dropped_;
+        return;
+      }
+      queued_bytes_ += line.size();
+      queue_.emplace_back(s, std::move(line));
+    }
+  }
+  if (here) {
+    line += '\n';
+    write_fd(s == Stream::out ? 1 : 2, line);
+    return;
   }
   cv_.notify_one();
 }

@@ -119,6 +119,7 @@ class TerminalSink {
   std::uint64_t dropped_ = 0;
   bool busy_ = false;
   bool stop_ = false;
+  bool inline_ = false;  // the thread could not be made: write() writes
   std::thread thread_;
 };
 

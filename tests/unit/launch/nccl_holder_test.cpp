@@ -9,11 +9,14 @@
 
 #include <fcntl.h>
 #include <linux/sched.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -21,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 using namespace ddp;
 using namespace std::chrono_literals;
@@ -207,4 +211,49 @@ TEST(NcclHolder, StoppingAReapedHolderSignalsNoOtherProcess) {
   ::kill(pid, SIGKILL);
   if (ended == 0) ::waitpid(pid, &status, 0);
   EXPECT_EQ(ended, 0) << "the process that got the holder's pid was signalled";
+}
+
+// A holder stuck inside NCCL does not end on SIGTERM (it blocks it until its id is made): stop()
+// kills it after a second. The owner's loop catches signals (SIGCHLD, SIGINT, SIGUSR1, ...), and
+// a signal that lands during that second interrupts the wait; the holder must be gone all the
+// same when stop() returns. Here the stand-in ignores SIGTERM and its stdin, and this thread is
+// signalled every 20 ms while it stops it.
+namespace {
+void on_usr1(int) {}
+}  // namespace
+
+TEST(NcclHolder, SignalsDuringTheStopDoNotLeaveAStuckHolderRunning) {
+  StandIn s("trap '' TERM; echo " + kHex + "; exec sleep 30");  // sleep inherits the ignored TERM
+  boost::asio::io_context io;
+  Outcome out;
+  auto wait = start(io, s, jobspec::NcclUniqueId::on, out);
+  while (!out.called && io.run_one_for(20s)) {
+  }
+  ASSERT_TRUE(out.called);
+  ASSERT_TRUE(out.holder) << out.error;
+  const pid_t pid = out.holder->pid();
+
+  struct sigaction act {
+  }, old{};
+  act.sa_handler = on_usr1;
+  sigemptyset(&act.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &act, &old), 0);
+  std::atomic<bool> stopped{false};
+  const pthread_t self = ::pthread_self();
+  std::thread pester([&] {
+    while (!stopped) {
+      ::pthread_kill(self, SIGUSR1);
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  out.holder->stop();
+  const bool gone = ::kill(pid, 0) != 0 && errno == ESRCH;
+  stopped = true;
+  pester.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  if (!gone) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  EXPECT_TRUE(gone) << "the holder (pid " << pid << ") still ran after stop() returned";
 }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 using namespace ddp;
 using namespace ddp::pyenv;
@@ -207,6 +208,31 @@ TEST(PyenvProbe, TheCacheFileKeepsTheNewestEntriesAndSurvivesADamagedLine) {
   // Another version's file is not read at all.
   std::ofstream(file, std::ios::trunc) << "{\"version\":1,\"entries\":{}}\n" << text.substr(text.find('\n') + 1);
   EXPECT_FALSE(ProbeCache(file).find("key-69"));
+}
+
+// The cache's folder may be another user's (ddpctl run by root with that user's HOME): a link
+// left at the name of the file being written, or at the file's own name, is never written
+// through; the cache is written all the same, as a file of its own, readable by its owner alone.
+TEST(PyenvProbe, TheCacheIsNeverWrittenThroughALinkLeftInItsFolder) {
+  TempDir d;
+  fs::create_directories(d.path / "cache");
+  const auto file = d.path / "cache/python.jsonl";
+  const auto victim = d.path / "victim";
+  std::ofstream(victim) << "keep me\n";
+  fs::create_symlink(victim, d.path / ("cache/python.jsonl." + std::to_string(::getpid()) + ".tmp"));
+  fs::create_symlink(victim, file);
+  facts::PythonFacts f;
+  f.interpreter = "/opt/py/bin/python3";
+  {
+    ProbeCache cache(file);
+    cache.put("key", f, {d.path.string()});
+  }
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "keep me\n");
+  ASSERT_FALSE(fs::is_symlink(file));
+  EXPECT_EQ(fs::status(file).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(ProbeCache(file).find("key")->interpreter, f.interpreter);
 }
 
 TEST(PyenvProbe, MissingSilentOrHangingInterpretersAreErrors) {

@@ -241,6 +241,7 @@ TEST(Process, DescendantsSeeGrandchildren) {
     d = descendants_of(::getpid());
   }
   EXPECT_GE(d.size(), 3u);  // sh and two sleeps
+  EXPECT_NE(std::find(d.begin(), d.end(), sp.pid), d.end()) << "the shell itself is among them";
   for (pid_t p : d) ::kill(p, SIGKILL);
   int st;
   while (::waitpid(-1, &st, 0) > 0) {

@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <map>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -87,7 +89,11 @@ TEST(TerminalThreads, LinesFromManyThreadsArriveOnceAndInEachThreadsOrder) {
       for (int w = 0; w < kWriters; ++w) {
         writers.emplace_back([&sink, w] {
           for (int i = 0; i < kLines; ++i) {
-            sink.write(i % 2 ? Stream::err : Stream::out, "w" + std::to_string(w) + " " + std::to_string(i));
+            std::string line = "w";  // appended, not `"w" + ...`: GCC 12 warns (-Wrestrict) about that
+            line += std::to_string(w);
+            line += ' ';
+            line += std::to_string(i);
+            sink.write(i % 2 ? Stream::err : Stream::out, std::move(line));
             if (i % 50 == 0) sink.flush(std::chrono::milliseconds(2000));
           }
         });
@@ -107,4 +113,42 @@ TEST(TerminalThreads, LinesFromManyThreadsArriveOnceAndInEachThreadsOrder) {
     EXPECT_EQ(outs.at(w), want_out) << "writer " << w << " on stdout";
     EXPECT_EQ(errs.at(w), want_err) << "writer " << w << " on stderr";
   }
+}
+
+// A sink that cannot make its thread (the user's process limit used up by the job's own threads,
+// say) writes its lines where they come instead of failing the caller: a job is never ended for
+// its output. Threads are made to fail here by a default stack no mmap can give.
+TEST(TerminalThreads, ASinkWithoutAThreadWritesItsLinesItself) {
+  std::string out, err;
+  {
+    Captured cap_out(1), cap_err(2);  // their reader threads first, with the usual stacks
+    pthread_attr_t saved, huge;
+    ASSERT_EQ(pthread_getattr_default_np(&saved), 0);
+    ASSERT_EQ(pthread_attr_init(&huge), 0);
+    ASSERT_EQ(pthread_attr_setstacksize(&huge, std::size_t{1} << 46), 0);  // 64 TiB
+    ASSERT_EQ(pthread_setattr_default_np(&huge), 0);
+    bool thread_failed = false;
+    try {
+      std::thread([] {}).join();
+    } catch (const std::system_error&) {
+      thread_failed = true;
+    }
+    {
+      TerminalSink sink;
+      if (thread_failed) {
+        EXPECT_NO_THROW(sink.write(Stream::out, "first"));
+        EXPECT_NO_THROW(sink.write(Stream::err, "second"));
+        EXPECT_NO_THROW(sink.write(Stream::out, "third"));
+        EXPECT_TRUE(sink.flush(std::chrono::milliseconds(1000)));
+      }
+    }
+    ASSERT_EQ(pthread_setattr_default_np(&saved), 0);
+    pthread_attr_destroy(&huge);
+    pthread_attr_destroy(&saved);
+    ASSERT_TRUE(thread_failed) << "a thread with a 64 TiB stack was made: this test proves nothing here";
+    out = cap_out.take();
+    err = cap_err.take();
+  }
+  EXPECT_EQ(out, "first\nthird\n");
+  EXPECT_EQ(err, "second\n");
 }
