@@ -433,6 +433,8 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
           if (n == 0) {
             ok = after_field();
           } else {
+            // All at once, as counted: grown as it comes, a string can take twice what it holds.
+            bytes_target()->reserve(n);
             stage_ = Stage::bytes;
           }
         }

@@ -7,6 +7,19 @@
 
 namespace ddp::store {
 
+std::string printable_key(std::string_view key) {
+  std::string out;
+  for (std::size_t i = 0; i < key.size() && i < 80; ++i) {
+    const auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7F && c != '\\')
+      out.push_back(static_cast<char>(c));
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  if (key.size() > 80) out += fmt::format("... ({} bytes)", key.size());
+  return out;
+}
+
 std::string format_rank_list(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
@@ -43,13 +56,13 @@ std::string format_wait_report(const WaitReport& report, int world_size, Clock::
         ++unknown;
       }
     }
-    const std::size_t n = wk.waiters.size();
+    const std::size_t n = std::max(wk.total, wk.waiters.size());
     std::string who =
         world_size > 0 ? fmt::format("{}/{} ranks", n, world_size) : fmt::format("{} client{}", n, n == 1 ? "" : "s");
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(now - oldest).count();
     if (secs < 0) secs = 0;
-    std::string text =
-        fmt::format("{} {} on `{}` for {} s", who, wk.barrier ? "in a barrier" : "waiting", wk.key, secs);
+    std::string text = fmt::format("{} {} on `{}` for {} s", who, wk.barrier ? "in a barrier" : "waiting",
+                                   printable_key(wk.key), secs);
     std::vector<std::string> named;
     if (!ranks.empty())
       named.push_back(fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", format_rank_list(ranks)));
@@ -63,6 +76,7 @@ std::string format_wait_report(const WaitReport& report, int world_size, Clock::
       named.push_back(fmt::format("{} {}", pids.size() == 1 ? "pid" : "pids", list));
     }
     if (unknown > 0 && !named.empty()) named.push_back(fmt::format("{} unidentified", unknown));
+    if (n > wk.waiters.size()) named.push_back(fmt::format("{} more not listed", n - wk.waiters.size()));
     if (!named.empty()) {
       text += " (";
       for (std::size_t i = 0; i < named.size(); ++i) {
@@ -82,9 +96,13 @@ std::string format_wait_report(const WaitReport& report, int world_size, Clock::
   }
   std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) { return a.oldest < b.oldest; });
   std::string out;
-  for (const auto& l : lines) {
+  for (std::size_t i = 0; i < lines.size() && i < kMaxReportLines; ++i) {
     if (!out.empty()) out += '\n';
-    out += l.text;
+    out += lines[i].text;
+  }
+  if (lines.size() > kMaxReportLines) {
+    const auto more = lines.size() - kMaxReportLines;
+    out += fmt::format("\n... and {} more key{} waited for", more, more == 1 ? "" : "s");
   }
   return out;
 }

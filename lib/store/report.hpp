@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddp::store {
@@ -26,9 +27,10 @@ struct WaitingClient {
 };
 
 struct WaitedKey {
-  std::string key;       // as on the wire, PrefixStore prefixes included
-  bool barrier = false;  // BARRIER waiters (counter at `key` below world size)
-  bool deleted = false;  // the key existed earlier in this attempt, then was deleted
+  std::string key;        // as on the wire, PrefixStore prefixes included
+  bool barrier = false;   // BARRIER waiters (counter at `key` below world size)
+  bool deleted = false;   // the key existed earlier in this attempt, then was deleted
+  std::size_t total = 0;  // how many wait; `waiters` lists the first of them (0: as many as listed)
   std::vector<WaitingClient> waiters;
 };
 
@@ -40,7 +42,14 @@ struct WaitReport {
 
 // One line per waited key, '\n'-separated, no trailing newline; "" when nobody waits.
 // world_size <= 0: the counts are given without a total ("3 clients waiting on ...").
+// Keys are shown as printable_key() shows them; at most kMaxReportLines keys, the oldest waits
+// first, then a line that counts the rest.
 std::string format_wait_report(const WaitReport& report, int world_size, Clock::time_point now);
+constexpr std::size_t kMaxReportLines = 20;
+
+// A client's key as a log line or a report may show it: at most 80 characters, anything but
+// printable ASCII (a terminal's escape sequences, newlines) and backslashes as \xNN.
+std::string printable_key(std::string_view key);
 
 // "0-3,5,7-8": sorted, de-duplicated, runs collapsed.
 std::string format_rank_list(std::vector<int> ranks);

@@ -16,9 +16,11 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <fmt/format.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,6 +33,7 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace ddp::store {
 
@@ -87,7 +90,22 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
         acceptor(io),
         accept_retry(io),
         log(ddp::log::get("store")),
-        state(opts.limits, opts.totals) {}
+        state(opts.limits, opts.totals),
+        max_connections(connection_cap(opts.totals.max_connections)) {}
+
+  // Totals::max_connections, within half of this process's descriptors: the rest are the
+  // workers' pipes and log files (an agent started over SSH keeps the login's soft limit).
+  static std::size_t connection_cap(std::size_t configured) {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return configured;
+    return std::min<std::size_t>(configured, std::max<std::size_t>(16, rl.rlim_cur / 2));
+  }
+  // This host's addresses, read at most once a second (getifaddrs is a netlink dump: not one
+  // per connection of a storm, or of a refused host's flood). The accepting thread's.
+  const std::vector<asio::ip::address>& host_addrs_now();
+  // A refused connection's warning: at most one a second per source address, the others
+  // counted into the next one from that address.
+  void warn_refused(const asio::ip::address& from, const std::string& text);
 
   // Waits for a new connection. epoll wakes the wait on an arrival, not for a backlog already
   // queued: it is entered only once accept_now() has seen the queue empty.
@@ -116,8 +134,15 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   std::vector<asio::ip::address> allowed;  // caller's thread only
   tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
-  std::optional<tcp::endpoint> listen_local;            // the listener's address when not a wildcard
-  SockDiag diag;                                        // the accepting thread's, for every lookup
+  std::optional<tcp::endpoint> listen_local;  // the listener's address when not a wildcard
+  SockDiag diag;                              // the accepting thread's, for every lookup
+  std::vector<asio::ip::address> host_addrs;  // the accepting thread's (host_addrs_now)
+  std::chrono::steady_clock::time_point host_addrs_read{};
+  struct Refusals {
+    std::chrono::steady_clock::time_point warned{};
+    std::size_t unwarned = 0;
+  };
+  std::unordered_map<std::string, Refusals> refused;    // the accepting thread's (warn_refused); bounded
   std::vector<std::pair<int, tcp::endpoint>> accepted;  // one drain's, reused
   std::vector<std::unique_ptr<Loop>> loops;
   std::size_t next_loop = 0;
@@ -131,6 +156,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   mutable std::mutex mu;
   State state;
   Effects fx;
+  std::size_t max_connections;
   std::unordered_map<ClientId, std::shared_ptr<Connection>> conns;
   ClientId next_id = 1;
   ServerStats stats;
@@ -662,6 +688,32 @@ Server::Impl::Drained Server::Impl::drain_accept_queue() {
   return result;
 }
 
+const std::vector<asio::ip::address>& Server::Impl::host_addrs_now() {
+  const auto now = std::chrono::steady_clock::now();
+  if (host_addrs_read == std::chrono::steady_clock::time_point{} || now - host_addrs_read >= std::chrono::seconds(1)) {
+    host_addrs = host_addresses();
+    host_addrs_read = now;
+  }
+  return host_addrs;
+}
+
+void Server::Impl::warn_refused(const asio::ip::address& from, const std::string& text) {
+  const auto now = std::chrono::steady_clock::now();
+  if (refused.size() >= 4096 && !refused.contains(from.to_string())) refused.clear();  // a flood of sources
+  auto& r = refused[from.to_string()];
+  if (r.warned != std::chrono::steady_clock::time_point{} && now - r.warned < std::chrono::seconds(1)) {
+    ++r.unwarned;
+    return;
+  }
+  if (r.unwarned > 0) {
+    log->warn("{} (and {} more from there refused in the second before)", text, r.unwarned);
+  } else {
+    log->warn("{}", text);
+  }
+  r.warned = now;
+  r.unwarned = 0;
+}
+
 // On the caller's thread; the socket is in no reactor yet, so its loop's thread does not touch
 // it until it enters one there. Owns fd (closes it when refused).
 void Server::Impl::on_accept(Loop& target, int fd, const tcp::endpoint& peer) {
@@ -680,26 +732,31 @@ void Server::Impl::on_accept(Loop& target, int fd, const tcp::endpoint& peer) {
   // Who it is, once per connection: this host's addresses (not for loopback) and the kernel's
   // owner of the client socket (found only when the client is on this host).
   const auto peer_addr = normalize(peer.address());
-  const auto host_addrs = peer_addr.is_loopback() ? std::vector<asio::ip::address>{} : host_addresses();
+  static const std::vector<asio::ip::address> none;
+  const auto& addrs = peer_addr.is_loopback() ? none : host_addrs_now();
   const auto owner = client_socket_owner(diag, peer, local);
-  const AccessDecision access = decide_access(peer_addr, host_addrs, owner, job_uid, allowed);
+  const AccessDecision access = decide_access(peer_addr, addrs, owner, job_uid, allowed);
   std::size_t open;
   {
     std::lock_guard lk(mu);
     open = conns.size();
-    if (!access.allowed || open >= opts.totals.max_connections) ++stats.refused;
+    if (!access.allowed || open >= max_connections) ++stats.refused;
   }
   if (!access.allowed) {
     std::string list;
     for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a.to_string();
-    log->warn("refused a store connection from {}: {} (this host: the job's user, uid {}, and root; other hosts: {})",
-              format_endpoint(peer), access.why, job_uid, list.empty() ? "none" : list);
+    warn_refused(
+        peer_addr,
+        fmt::format(
+            "refused a store connection from {}: {} (this host: the job's user, uid {}, and root; other hosts: {})",
+            format_endpoint(peer), access.why, job_uid, list.empty() ? "none" : list));
     ::close(fd);
     return;
   }
-  if (open >= opts.totals.max_connections) {
-    log->warn("refused a store connection from {}: the job's store has {} connections open, its limit",
-              format_endpoint(peer), open);
+  if (open >= max_connections) {
+    warn_refused(peer_addr,
+                 fmt::format("refused a store connection from {}: the job's store has {} connections open, its limit",
+                             format_endpoint(peer), open));
     ::close(fd);
     return;
   }
@@ -832,6 +889,14 @@ void Server::set_rank_resolver(RankResolver resolver) {
 void Server::start() {
   Impl& s = *impl_;
   if (s.running) throw StoreError("store server already started");
+  // Large values, requests being read and replies queued (1 MiB and up) get pages of their own
+  // (glibc: mmap), given back when freed. glibc's default raises that threshold each time such
+  // a block is freed, after which they come from the heap, whose high-water mark stays: a store
+  // bounded to 64 MiB in flight then peaked 16 MiB higher (tests/integration/store/
+  // test_store_inflight.py). The process's other allocations are far smaller; tcmalloc (the
+  // daemons') ignores this.
+  static std::once_flag malloc_tuned;
+  std::call_once(malloc_tuned, [] { ::mallopt(M_MMAP_THRESHOLD, 1 << 20); });
   const std::string& host = s.opts.host;
   error_code ec;
   asio::ip::address addr = asio::ip::make_address(host, ec);
@@ -940,6 +1005,7 @@ WaitReport Server::waiters() const {
     report.keys = s.state.num_keys();
     waited = s.state.waiters();
     if (waited.empty()) return report;
+    std::unordered_set<const Connection*> seen;
     for (const auto& kw : waited) {
       for (const auto& [id, since] : kw.clients) {
         auto it = s.conns.find(id);
@@ -947,8 +1013,7 @@ WaitReport Server::waiters() const {
         auto& c = it->second;
         const bool same_host =
             is_loopback(c->peer.address()) || normalize(c->peer.address()) == normalize(c->local.address());
-        if (!s.state.client_pid(id) && !c->proc_pid && same_host &&
-            std::find(unknown.begin(), unknown.end(), c) == unknown.end()) {
+        if (!s.state.client_pid(id) && !c->proc_pid && same_host && seen.insert(c.get()).second) {
           unknown.push_back(c);
         }
       }
@@ -985,6 +1050,7 @@ WaitReport Server::waiters() const {
       wk.key = std::move(kw.key);
       wk.barrier = kw.barrier;
       wk.deleted = kw.deleted;
+      wk.total = kw.total;
       for (const auto& [id, since] : kw.clients) {
         WaitingClient w;
         w.connection = id;

@@ -4,25 +4,20 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_set>
 
 namespace ddp::store {
 namespace {
 
 // Enough to tell "deleted" from "never set" for every key of a realistic job's waits.
 constexpr std::size_t kMaxDeletedRemembered = 64 * 1024;
+constexpr std::size_t kMaxDeletedBytes = 16u << 20;
+// How far down a queue's waiters a QUEUE_PUSH looks for one it completes (then the first).
+constexpr std::size_t kWakeOneLooks = 64;
 
-// A client's key as a log line may show it: at most 80 characters, non-printables escaped.
 std::string shown(std::string_view key) {
-  std::string out;
-  for (std::size_t i = 0; i < key.size() && i < 80; ++i) {
-    const auto c = static_cast<unsigned char>(key[i]);
-    if (c >= 0x20 && c < 0x7F && c != '\\')
-      out.push_back(static_cast<char>(c));
-    else
-      out += fmt::format("\\x{:02x}", c);
-  }
-  if (key.size() > 80) out += fmt::format("... ({} bytes)", key.size());
-  return out;
+  return printable_key(key);
 }
 
 std::string bytes_reply(std::string_view value) {
@@ -98,33 +93,64 @@ bool State::exists(const std::string& key) const {
 }
 
 std::vector<KeyWaiters> State::waiters() const {
+  // A key's first waiter is its oldest: the kMaxReportedKeys keys waited for longest, found
+  // without looking further down any list.
+  struct Oldest {
+    Clock::time_point since;
+    const std::string* key;
+    const WaiterList* list;
+  };
+  std::vector<Oldest> keys;
+  keys.reserve(waiting_.size());
+  for (const auto& [key, list] : waiting_) {
+    auto c = clients_.find(list.front().id);
+    keys.push_back({c == clients_.end() ? Clock::time_point{} : c->second.wait.since, &key, &list});
+  }
+  const auto n = std::min(keys.size(), kMaxReportedKeys);
+  std::partial_sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n), keys.end(),
+                    [](const Oldest& a, const Oldest& b) { return a.since < b.since; });
   std::vector<KeyWaiters> out;
-  for (const auto& [key, ids] : waiting_) {
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
     KeyWaiters kw;
-    kw.key = key;
-    kw.deleted = deleted_.contains(key);
-    for (ClientId id : ids) {
-      auto it = clients_.find(id);
+    kw.key = *keys[i].key;
+    kw.deleted = deleted_.contains(kw.key);
+    kw.total = keys[i].list->size();
+    for (const Waiter& w : *keys[i].list) {
+      if (kw.clients.size() == kMaxListedWaiters) break;
+      auto it = clients_.find(w.id);
       if (it == clients_.end() || !it->second.wait.active) continue;
       kw.barrier = kw.barrier || it->second.wait.barrier;
-      kw.clients.emplace_back(id, it->second.wait.since);
+      kw.clients.emplace_back(w.id, it->second.wait.since);
     }
-    if (!kw.clients.empty()) out.push_back(std::move(kw));
+    out.push_back(std::move(kw));
   }
   std::sort(out.begin(), out.end(), [](const KeyWaiters& a, const KeyWaiters& b) { return a.key < b.key; });
   return out;
 }
 
-void State::drop_wait(ClientId id, Client& c) {
-  if (!c.wait.active) return;
-  registrations_ -= c.wait.keys.size();
-  for (const auto& key : c.wait.keys) {
-    auto it = waiting_.find(key);
-    if (it == waiting_.end()) continue;
-    auto& ids = it->second;
-    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-    if (ids.empty()) waiting_.erase(it);
+void State::register_wait(ClientId from, Client& me, std::string key) {
+  auto [it, created] = waiting_.try_emplace(std::move(key));
+  if (created) registered_bytes_ += it->first.size();
+  it->second.push_back({from, static_cast<std::uint32_t>(me.wait.regs.size())});
+  me.wait.regs.push_back({&it->first, &it->second, std::prev(it->second.end())});
+}
+
+void State::unregister(Reg& r) {
+  if (!r.list) return;
+  r.list->erase(r.it);
+  if (r.list->empty()) {
+    const std::string key = *r.key;  // a copy: erase() must not read the key it is freeing
+    registered_bytes_ -= key.size();
+    waiting_.erase(key);
   }
+  r.list = nullptr;
+}
+
+void State::drop_wait(ClientId, Client& c) {
+  if (!c.wait.active) return;
+  registrations_ -= c.wait.regs.size();
+  for (auto& r : c.wait.regs) unregister(r);
   c.wait = Wait{};
 }
 
@@ -133,12 +159,14 @@ void State::disconnect(ClientId id) {
   if (it == clients_.end()) return;
   drop_wait(id, it->second);
   registrations_ -= it->second.watched.size();
-  for (const auto& key : it->second.watched) {
-    auto w = watchers_.find(key);
+  for (auto& [key, pos] : it->second.watched) {
+    auto w = watchers_.find(*key);
     if (w == watchers_.end()) continue;
-    auto& ids = w->second;
-    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-    if (ids.empty()) watchers_.erase(w);
+    w->second.erase(pos);
+    if (w->second.empty()) {
+      registered_bytes_ -= w->first.size();
+      watchers_.erase(w);
+    }
   }
   clients_.erase(it);
 }
@@ -153,6 +181,8 @@ void State::reset() {
   bytes_ = 0;
   queue_items_ = 0;
   registrations_ = 0;
+  registered_bytes_ = 0;
+  deleted_bytes_ = 0;
 }
 
 bool State::admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes,
@@ -165,40 +195,50 @@ bool State::admit(Op op, const std::string& key, bool inserted, std::size_t old_
     return false;
   }
   const std::size_t after = bytes_ - old_bytes + new_bytes;
-  if (new_bytes > old_bytes && after > totals_.max_bytes) {
+  if (new_bytes > old_bytes && after + registered_bytes_ > totals_.max_bytes) {
     out.close_reason = fmt::format(
-        "store full: {} of key `{}` would make the store hold {} bytes of keys, values and queue items, over "
-        "this job's limit of {} (store.max_size in the job file)",
-        to_string(op), shown(key), after, totals_.max_bytes);
+        "store full: {} of key `{}` would make the store hold {} bytes of keys, values, queue items and "
+        "waited-for keys, over this job's limit of {} (store.max_size in the job file)",
+        to_string(op), shown(key), after + registered_bytes_, totals_.max_bytes);
     return false;
   }
   bytes_ = after;
   return true;
 }
 
-bool State::room_for_registrations(Op op, std::size_t n, Effects& out) const {
-  if (registrations_ + n <= totals_.max_waiters) return true;
-  out.close_reason = fmt::format(
-      "store full: {} would make {} waiting or watching registrations (one per client and key), over this "
-      "job's limit of {}",
-      to_string(op), registrations_ + n, totals_.max_waiters);
-  return false;
+bool State::room_for_registrations(Op op, std::size_t n, std::size_t key_bytes, Effects& out) const {
+  if (registrations_ + n > totals_.max_waiters) {
+    out.close_reason = fmt::format(
+        "store full: {} would make {} waiting or watching registrations (one per client and key), over this "
+        "job's limit of {}",
+        to_string(op), registrations_ + n, totals_.max_waiters);
+    return false;
+  }
+  if (bytes_ + registered_bytes_ + key_bytes > totals_.max_bytes) {
+    out.close_reason = fmt::format(
+        "store full: {} would make the store hold {} bytes of keys, values, queue items and waited-for keys, "
+        "over this job's limit of {} (store.max_size in the job file)",
+        to_string(op), bytes_ + registered_bytes_ + key_bytes, totals_.max_bytes);
+    return false;
+  }
+  return true;
 }
 
 void State::wake_all(const std::string& key, Effects& out) {
   auto it = waiting_.find(key);
   if (it == waiting_.end()) return;
-  std::vector<ClientId> ids = std::move(it->second);
+  WaiterList list = std::move(it->second);
+  registered_bytes_ -= it->first.size();
   waiting_.erase(it);
-  for (ClientId id : ids) {
-    auto c = clients_.find(id);
+  for (const Waiter& w : list) {
+    auto c = clients_.find(w.id);
     if (c == clients_.end() || !c->second.wait.active) continue;
     auto& wait = c->second.wait;
+    wait.regs[w.slot].list = nullptr;  // this key no longer holds it
     if (wait.remaining > 0) --wait.remaining;
     if (wait.remaining == 0) {
-      // Its other keys' lists no longer name it (they were all woken before this one).
-      drop_wait(id, c->second);
-      out.pushes.push_back({id, stop_waiting_push()});
+      drop_wait(w.id, c->second);
+      out.pushes.push_back({w.id, stop_waiting_push()});
     }
   }
 }
@@ -206,26 +246,31 @@ void State::wake_all(const std::string& key, Effects& out) {
 void State::wake_one(const std::string& key, Effects& out) {
   auto it = waiting_.find(key);
   if (it == waiting_.end()) return;
-  auto& ids = it->second;
-  // Prefer a waiter that this push completes; else the first in line.
-  auto chosen = ids.begin();
-  for (auto i = ids.begin(); i != ids.end(); ++i) {
-    auto c = clients_.find(*i);
+  auto& list = it->second;
+  // Prefer a waiter that this push completes, among the first few; else the first in line.
+  auto chosen = list.begin();
+  std::size_t looked = 0;
+  for (auto i = list.begin(); i != list.end() && looked < kWakeOneLooks; ++i, ++looked) {
+    auto c = clients_.find(i->id);
     if (c != clients_.end() && c->second.wait.remaining == 1) {
       chosen = i;
       break;
     }
   }
-  ClientId id = *chosen;
-  ids.erase(chosen);
-  if (ids.empty()) waiting_.erase(it);
-  auto c = clients_.find(id);
+  const Waiter w = *chosen;
+  auto c = clients_.find(w.id);
+  if (c != clients_.end()) c->second.wait.regs[w.slot].list = nullptr;
+  list.erase(chosen);
+  if (list.empty()) {
+    registered_bytes_ -= it->first.size();
+    waiting_.erase(it);
+  }
   if (c == clients_.end() || !c->second.wait.active) return;
   auto& wait = c->second.wait;
   if (wait.remaining > 0) --wait.remaining;
   if (wait.remaining == 0) {
-    drop_wait(id, c->second);
-    out.pushes.push_back({id, stop_waiting_push()});
+    drop_wait(w.id, c->second);
+    out.pushes.push_back({w.id, stop_waiting_push()});
   }
 }
 
@@ -404,18 +449,23 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         put_u8(out.reply, kStopWaiting);
         return;
       }
-      if (!room_for_registrations(Op::wait, missing, out)) return;
+      std::size_t key_bytes = 0;  // held anew: keys nobody waits for yet, each once
+      {
+        std::unordered_set<std::string_view> fresh;
+        for (const auto& k : req.keys)
+          if (!exists(k) && !waiting_.contains(k) && fresh.insert(k).second) key_bytes += k.size();
+      }
+      if (!room_for_registrations(Op::wait, missing, key_bytes, out)) return;
       registrations_ += missing;
       me.wait.active = true;
       me.wait.barrier = false;
       me.wait.since = now;
       me.wait.remaining = missing;
-      me.wait.keys.clear();
-      me.wait.keys.reserve(missing);
+      me.wait.regs.clear();
+      me.wait.regs.reserve(missing);
       for (auto& k : req.keys) {
         if (exists(k)) continue;
-        waiting_[k].push_back(from);
-        me.wait.keys.push_back(std::move(k));
+        register_wait(from, me, std::move(k));
       }
       return;
     }
@@ -438,18 +488,24 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       notify_watchers(it->first, kWatchKeyDeleted, it->second, std::string_view(), out);
       bytes_ -= it->first.size() + it->second.size();
       kv_.erase(it);
-      if (deleted_.size() < kMaxDeletedRemembered) deleted_.insert(req.key);
+      if (deleted_.size() < kMaxDeletedRemembered && deleted_bytes_ + req.key.size() <= kMaxDeletedBytes &&
+          deleted_.insert(req.key).second) {
+        deleted_bytes_ += req.key.size();
+      }
       put_i64(out.reply, 1);
       return;
     }
 
-    case Op::watch_key:
-      if (!room_for_registrations(Op::watch_key, 1, out)) return;
+    case Op::watch_key: {
+      if (!room_for_registrations(Op::watch_key, 1, req.key.size(), out)) return;
       ++registrations_;
-      watchers_[req.key].push_back(from);
-      me.watched.push_back(std::move(req.key));
+      auto [w, created] = watchers_.try_emplace(std::move(req.key));
+      if (created) registered_bytes_ += w->first.size();
+      w->second.push_back(from);
+      me.watched.emplace_back(&w->first, std::prev(w->second.end()));
       put_u8(out.reply, kWatchCallbackRegistered);
       return;
+    }
 
     case Op::queue_push: {
       if (queue_items_ >= totals_.max_queue_items) {
@@ -525,7 +581,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       }
       std::string text = std::to_string(count);
       const bool parks = count < req.number;
-      if ((parks && !room_for_registrations(Op::barrier, 1, out)) ||
+      if ((parks && !room_for_registrations(Op::barrier, 1, req.key.size(), out)) ||
           !admit(Op::barrier, it->first, inserted, inserted ? 0 : it->first.size() + it->second.size(),
                  it->first.size() + text.size(), out)) {
         if (inserted) kv_.erase(it);
@@ -542,8 +598,8 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       me.wait.barrier = true;
       me.wait.since = now;
       me.wait.remaining = 1;
-      me.wait.keys.assign(1, req.key);
-      waiting_[req.key].push_back(from);
+      me.wait.regs.clear();
+      register_wait(from, me, req.key);
       return;
     }
   }

@@ -35,6 +35,12 @@
 //    Limits::max_value_bytes) changes nothing and closes its client with a close_reason that
 //    names the limit: PyTorch's protocol has no error reply, so the client sees its connection
 //    closed, and the server's log says which limit and which peer.
+//  - What waits and watches hold counts too: a waited or watched key is kept once however many
+//    clients name it, and its bytes count against Totals::max_bytes with the keys, values and
+//    queue items. Every registration is dropped in constant time (a disconnect costs what the
+//    client registered, not what everyone else did), so no client can make another's request,
+//    or the server's wait report, wait on a long scan. Keys deleted are remembered for the
+//    report up to kMaxDeletedBytes.
 //  - Replies are bounded like requests: a MULTI_GET or LIST_KEYS whose reply would pass
 //    Limits::max_connection_bytes closes its client before any of it is built. A WATCH_KEY
 //    message is built once and shared by every watcher's Push.
@@ -49,6 +55,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,8 +72,8 @@ using ClientId = uint64_t;
 // what initialisation stores (docs/jobfile.md, "The job's store": a few keys of at most a few hundred bytes
 // per rank and process group): they stop a runaway or hostile client, not a job.
 struct Totals {
-  std::size_t max_bytes = std::size_t{1} << 30;        // keys + values + queue items (store.max_size)
-  std::size_t max_keys = std::size_t{1} << 20;         // keys in the map (store.max_keys)
+  std::size_t max_bytes = std::size_t{1} << 30;  // keys + values + queue items + waited/watched keys (store.max_size)
+  std::size_t max_keys = std::size_t{1} << 20;   // keys in the map (store.max_keys)
   std::size_t max_queue_items = std::size_t{1} << 20;  // items in all queues
   std::size_t max_waiters = std::size_t{1} << 20;      // (client, key) registrations: WAIT, BARRIER, WATCH_KEY
   std::size_t max_connections = 65536;                 // open connections (the server's)
@@ -93,13 +100,20 @@ struct Effects {
   void clear();
 };
 
-// One waited key, with the clients still waiting for it (in the order they arrived).
+// One waited key, with the clients still waiting for it (in the order they arrived): `total`
+// of them, the first kMaxListedWaiters listed.
 struct KeyWaiters {
   std::string key;
   bool barrier = false;
   bool deleted = false;
+  std::size_t total = 0;
   std::vector<std::pair<ClientId, Clock::time_point>> clients;
 };
+
+// What State::waiters() gathers at most, so that a report costs the same whatever the clients
+// registered: the keys waited for longest, and the first waiters of each.
+constexpr std::size_t kMaxReportedKeys = 64;
+constexpr std::size_t kMaxListedWaiters = 4096;
 
 class State {
  public:
@@ -116,27 +130,48 @@ class State {
   std::size_t bytes() const { return bytes_; }  // keys + values + queue items, as counted
   std::size_t queue_items() const { return queue_items_; }
   std::size_t registrations() const { return registrations_; }
+  std::size_t registered_bytes() const { return registered_bytes_; }  // the waited and watched keys' bytes
   const std::string* find(const std::string& key) const;
   std::size_t queue_length(const std::string& key) const;
   std::optional<uint32_t> client_pid(ClientId id) const;  // from its PING
   bool is_waiting(ClientId id) const;
+  // The kMaxReportedKeys keys waited for longest, by key.
   std::vector<KeyWaiters> waiters() const;
 
  private:
+  // A client on a key's list of waiters; `slot` is its registration's index in Wait::regs.
+  struct Waiter {
+    ClientId id = 0;
+    std::uint32_t slot = 0;
+  };
+  using WaiterList = std::list<Waiter>;  // one key's waiters, in the order they arrived
+  // One key a wait was registered on: where it stands in that key's list (list null once the
+  // key has released it).
+  struct Reg {
+    const std::string* key = nullptr;  // the key in waiting_ (a node's: it stays put)
+    WaiterList* list = nullptr;
+    WaiterList::iterator it;
+  };
   struct Wait {
     bool active = false;
     bool barrier = false;
     std::size_t remaining = 0;
-    std::vector<std::string> keys;  // the keys it was registered on
+    std::vector<Reg> regs;  // one per key it was registered on (a key named twice: twice)
     Clock::time_point since{};
   };
+  using WatcherList = std::list<ClientId>;
   struct Client {
     std::optional<uint32_t> pid;
     Wait wait;
-    std::vector<std::string> watched;
+    // One per WATCH_KEY it sent (a key watched twice is called back twice, as in PyTorch).
+    std::vector<std::pair<const std::string*, WatcherList::iterator>> watched;
   };
 
   bool exists(const std::string& key) const;
+  // Puts `from` on `key`'s list of waiters as its registration number me.wait.regs.size().
+  void register_wait(ClientId from, Client& me, std::string key);
+  // Takes a registration off its key's list (the key goes once nobody waits for it).
+  void unregister(Reg& r);
   void drop_wait(ClientId id, Client& c);
   // Wakes every waiter registered on `key`.
   void wake_all(const std::string& key, Effects& out);
@@ -148,19 +183,22 @@ class State {
   // Whether the map may go from `old_bytes` to `new_bytes` for entry `key` (a key just inserted
   // when `inserted`); accounts it if so, else sets out.close_reason.
   bool admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes, Effects& out);
-  // Whether n more wait/watch registrations fit (the caller adds them); else sets out.close_reason.
-  bool room_for_registrations(Op op, std::size_t n, Effects& out) const;
+  // Whether n more wait/watch registrations, holding at most `key_bytes` more bytes of keys,
+  // fit (the caller adds them); else sets out.close_reason.
+  bool room_for_registrations(Op op, std::size_t n, std::size_t key_bytes, Effects& out) const;
 
   Limits limits_;
   Totals totals_;
   std::size_t bytes_ = 0;
   std::size_t queue_items_ = 0;
-  std::size_t registrations_ = 0;  // WAIT keys of active waits (all they were registered on) + watches
+  std::size_t registrations_ = 0;     // WAIT keys of active waits (all they were registered on) + watches
+  std::size_t registered_bytes_ = 0;  // the keys of waiting_ and watchers_ (each held once)
+  std::size_t deleted_bytes_ = 0;
 
   std::unordered_map<std::string, std::string> kv_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;  // non-empty queues only
-  std::unordered_map<std::string, std::vector<ClientId>> waiting_;   // key -> clients, in order
-  std::unordered_map<std::string, std::vector<ClientId>> watchers_;  // key -> callback connections
+  std::unordered_map<std::string, WaiterList> waiting_;              // key -> waiters; none empty
+  std::unordered_map<std::string, WatcherList> watchers_;            // key -> callback connections; none empty
   std::unordered_map<ClientId, Client> clients_;
   // Keys deleted in this attempt (bounded), so a report can tell "deleted" from "never set".
   std::unordered_set<std::string> deleted_;

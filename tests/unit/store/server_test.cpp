@@ -163,7 +163,9 @@ TEST_P(StoreReleaseFixtures, DecodeAsTheirRelease) {
         EXPECT_EQ(to_string(dec.protocol()), layout);
       }
     }
-    if (layout != "2.1") EXPECT_TRUE(refused);
+    if (layout != "2.1") {
+      EXPECT_TRUE(refused);
+    }
   }
 }
 

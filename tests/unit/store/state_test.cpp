@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 
@@ -671,4 +672,182 @@ TEST(StoreTotals, RandomOperationsKeepTheCountExact) {
     ASSERT_LE(h.st.num_keys(), 12u);
     ASSERT_EQ(h.st.bytes(), recount(h.st, keys, queues) + item_bytes) << "step " << step;
   }
+}
+
+// What waits and watches hold counts with what is stored: a waited-for key is held once however
+// many clients name it, and a wait whose new keys would pass the total is refused like a SET.
+TEST(StoreTotals, WaitedAndWatchedKeysCountAgainstTheByteTotal) {
+  Harness h(Limits{}, Totals{.max_bytes = 100});
+  h.set(1, "/a", std::string(10, 'v'));  // 12 bytes
+  const std::string big(80, 'k');
+  EXPECT_TRUE(h.wait(2, {big}).close_reason.empty());
+  EXPECT_TRUE(h.wait(3, {big, big}).close_reason.empty());  // held once: nothing more
+  EXPECT_EQ(h.st.registered_bytes(), 80u);
+  const auto why = h.wait(4, {std::string(20, 'x')}).close_reason;
+  EXPECT_NE(why.find("waited-for keys"), std::string::npos) << why;
+  EXPECT_FALSE(h.st.is_waiting(4));
+  EXPECT_NE(h.set(5, "/b", std::string(10, 'v')).close_reason, "");  // 12 + 80 + 12 > 100
+  EXPECT_FALSE(h.simple(6, Op::watch_key, std::string(20, 'w')).close_reason.empty());
+  // Released, the room comes back.
+  h.simple(2, Op::cancel_wait);
+  h.st.disconnect(3);
+  EXPECT_EQ(h.st.registered_bytes(), 0u);
+  EXPECT_EQ(h.st.registrations(), 0u);
+  EXPECT_TRUE(h.set(5, "/b", std::string(10, 'v')).close_reason.empty());
+  EXPECT_TRUE(h.simple(6, Op::watch_key, std::string(20, 'w')).close_reason.empty());
+  EXPECT_EQ(h.st.registered_bytes(), 20u);
+  h.st.disconnect(6);
+  EXPECT_EQ(h.st.registered_bytes(), 0u);
+}
+
+// A key named twice in one WAIT counts twice, as in PyTorch's servers: one SET of it releases
+// both, and the wait ends when every key it named exists.
+TEST(StoreState, AKeyNamedTwiceInOneWaitIsReleasedTogether) {
+  Harness h;
+  EXPECT_TRUE(h.wait(1, {"/k", "/k", "/j"}).reply.empty());
+  EXPECT_EQ(h.st.registrations(), 3u);
+  EXPECT_TRUE(flat(h.set(9, "/k", "1")).empty());
+  EXPECT_TRUE(h.st.is_waiting(1));
+  EXPECT_EQ(flat(h.set(9, "/j", "1")), (Pushes{{1, u8(kStopWaiting)}}));
+  EXPECT_EQ(h.st.registrations(), 0u);
+  EXPECT_EQ(h.st.registered_bytes(), 0u);
+  EXPECT_TRUE(h.st.waiters().empty());
+}
+
+// Clients come and go on shared keys in every way a wait ends (released, cancelled, given up by
+// another request, disconnected, a queue push taking one); after each step the store's own
+// bookkeeping matches what the test expects, and at the end nothing is left registered.
+TEST(StoreState, WaitsOnSharedKeysEndInAnyOrderAndLeaveNothingBehind) {
+  Harness h;
+  const std::vector<std::string> keys{"/a", "/b", "/q"};
+  std::map<ClientId, std::vector<std::string>> waiting;  // client -> the keys it still misses
+  uint64_t seed = 7;
+  auto rnd = [&](uint64_t n) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (seed >> 33) % n;
+  };
+  auto end_wait = [&](ClientId c) { waiting.erase(c); };
+  for (int step = 0; step < 20000; ++step) {
+    const ClientId c = 1 + rnd(200);
+    switch (rnd(6)) {
+      case 0:
+      case 1: {  // a wait on one to four of the keys, some named twice
+        std::vector<std::string> ks;
+        for (uint64_t i = 0, n = 1 + rnd(4); i < n; ++i) ks.push_back(keys[rnd(keys.size())]);
+        end_wait(c);  // any earlier wait of c is given up
+        h.wait(c, ks);
+        std::vector<std::string> missing;
+        for (const auto& k : ks)
+          if (!h.st.find(k) && !h.st.queue_length(k)) missing.push_back(k);
+        if (!missing.empty()) waiting[c] = missing;
+        break;
+      }
+      case 2:
+        h.simple(c, Op::cancel_wait);
+        end_wait(c);
+        break;
+      case 3:
+        h.st.disconnect(c);
+        end_wait(c);
+        break;
+      case 4: {  // a key set for a moment: every wait on it hears, then it goes again
+        const auto& k = keys[rnd(2)];
+        for (const auto& [id, bytes] : flat(h.set(999, k, "1"))) {
+          EXPECT_EQ(bytes, u8(kStopWaiting));
+          ASSERT_TRUE(waiting.count(id));
+          auto& ks = waiting[id];
+          ks.erase(std::remove(ks.begin(), ks.end(), k), ks.end());
+          EXPECT_TRUE(ks.empty()) << "client " << id << " released with keys still missing";
+          waiting.erase(id);
+        }
+        for (auto& [id, ks] : waiting) ks.erase(std::remove(ks.begin(), ks.end(), k), ks.end());
+        h.simple(999, Op::delete_key, k);
+        break;
+      }
+      case 5: {  // a queue item for one waiter on /q, popped again at once
+        const auto pushes = flat(h.push(998, "/q", "x"));
+        for (auto& [id, ks] : waiting) {
+          auto at = std::find(ks.begin(), ks.end(), "/q");
+          // Which waiter it went to the model cannot tell: /q counts as there for every one (so a
+          // client released later must have had nothing else missing).
+          if (at != ks.end() && pushes.empty()) ks.erase(at);
+        }
+        for (const auto& [id, bytes] : pushes) waiting.erase(id);
+        h.simple(998, Op::queue_pop, "/q");
+        // Which waiter the push took when it released none: recount from the store itself.
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          if (!h.st.is_waiting(it->first)) {
+            it = waiting.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        break;
+      }
+    }
+    for (const auto& [id, ks] : waiting) ASSERT_TRUE(h.st.is_waiting(id)) << "step " << step;
+    std::size_t total = 0;
+    for (const auto& kw : h.st.waiters()) total += kw.total;
+    std::size_t expected = 0;
+    for (ClientId id = 1; id <= 200; ++id) expected += h.st.is_waiting(id) ? 1 : 0;
+    ASSERT_EQ(h.st.registered_bytes() == 0, h.st.waiters().empty()) << "step " << step;
+    ASSERT_GE(total, expected) << "step " << step;
+  }
+  for (ClientId id = 1; id <= 200; ++id) h.st.disconnect(id);
+  EXPECT_EQ(h.st.registrations(), 0u);
+  EXPECT_EQ(h.st.registered_bytes(), 0u);
+  EXPECT_TRUE(h.st.waiters().empty());
+}
+
+// The report costs the same whatever the clients registered: the longest-waited keys, and the
+// first waiters of each with the count of all of them.
+TEST(StoreState, WaitersGathersTheOldestKeysAndCountsThoseNotListed) {
+  Harness h;
+  for (int i = 0; i < 100; ++i) {
+    h.now = Clock::time_point(1000s) + std::chrono::seconds(i);
+    h.wait(static_cast<ClientId>(1 + i), {fmt::format("/k{:03}", i)});
+  }
+  h.now = Clock::time_point(900s);  // the oldest of all, on one key
+  for (ClientId c = 1000; c < 1000 + kMaxListedWaiters + 10; ++c) h.wait(c, {"/crowd"});
+  const auto w = h.st.waiters();
+  ASSERT_EQ(w.size(), kMaxReportedKeys);
+  EXPECT_EQ(w.front().key, "/crowd");  // by key: "/c" before "/k"
+  EXPECT_EQ(w.front().total, kMaxListedWaiters + 10);
+  EXPECT_EQ(w.front().clients.size(), kMaxListedWaiters);
+  EXPECT_EQ(w.back().key, fmt::format("/k{:03}", kMaxReportedKeys - 2));  // the 63 oldest /k keys
+}
+
+// Deleted keys are remembered (so a report can say "set, then deleted") up to a size.
+TEST(StoreState, DeletedKeysAreRememberedUpToABound) {
+  Harness h;
+  const auto key = [](int i) { return fmt::format("/{:03}/", i) + std::string(64 * 1024, 'd'); };
+  for (int i = 0; i < 300; ++i) {  // about 19 MiB of keys
+    h.set(1, key(i), "1");
+    h.simple(1, Op::delete_key, key(i));
+  }
+  h.wait(2, {key(0)});
+  h.wait(3, {key(299)});
+  const auto w = h.st.waiters();
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_TRUE(w[0].deleted);
+  EXPECT_FALSE(w[1].deleted);  // past the bound: not remembered
+}
+
+TEST(StoreReport, KeysArePrintableAndTheReportIsBounded) {
+  WaitReport r;
+  const auto now = Clock::time_point(1000s);
+  for (int i = 0; i < 30; ++i) {
+    WaitedKey k;
+    k.key = i == 0 ? std::string("/evil\x1b[2J\n") : fmt::format("/k{:02}", i);
+    k.waiters.push_back(WaitingClient{.connection = 1, .rank = i, .since = now - std::chrono::seconds(100 - i)});
+    if (i == 1) k.total = 5;
+    r.waited.push_back(k);
+  }
+  const auto text = format_wait_report(r, 8, now);
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_NE(text.find("/evil\\x1b[2J\\x0a"), std::string::npos) << text;
+  EXPECT_NE(text.find("5/8 ranks waiting on `/k01` for 99 s (rank 1; 4 more not listed)"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), static_cast<long>(kMaxReportLines));
+  EXPECT_NE(text.find("... and 10 more keys waited for"), std::string::npos) << text;
+  EXPECT_EQ(text.find("/k29"), std::string::npos);  // the newest are the ones left out
 }

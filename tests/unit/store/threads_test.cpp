@@ -29,11 +29,20 @@ Request req(Op op, std::string key = {}, std::string value = {}) {
   return r;
 }
 
+// Appended, not `"/c" + ...`: GCC 12 warns (-Wrestrict) about that.
 std::string key_of(int client, int step) {
-  return "/c" + std::to_string(client) + "/" + std::to_string(step);
+  std::string k = "/c";
+  k += std::to_string(client);
+  k += '/';
+  k += std::to_string(step);
+  return k;
 }
 std::string value_of(int client, int step) {
-  return "v" + std::to_string(client) + "." + std::to_string(step);
+  std::string v = "v";
+  v += std::to_string(client);
+  v += '.';
+  v += std::to_string(step);
+  return v;
 }
 
 int64_t i64_of(const std::string& r) {
