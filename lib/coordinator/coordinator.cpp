@@ -541,6 +541,31 @@ class Coordinator {
 
   // ---- the live stream and per-rank files ----
 
+  // The launcher's copy of an attempt's logs, <log folder>/<job>/attempt-N: each folder made
+  // below the log folder through its descriptor, never through a link, a folder of ours, 0700
+  // (a standing coordinator runs as root and keeps every user's jobs here; the job's folders are
+  // its submitter's business only, its rank files 0600). Null, with a warning, when that cannot
+  // be done: the job runs, the launcher keeps no copy.
+  std::shared_ptr<const safefs::Dir> open_attempt_folder(std::uint64_t attempt) {
+    try {
+      std::shared_ptr<const safefs::Dir> root = opts_.log_folder;
+      if (!root && opts_.log_folder_only) return nullptr;  // warned when the folder was refused
+      if (!root) {
+        std::error_code ec;
+        fs::create_directories(opts_.spec.log_dir, ec);  // a folder of the user who runs ddpctl
+        root = std::make_shared<const safefs::Dir>(safefs::Dir::open(opts_.spec.log_dir));
+      }
+      const auto job = safefs::make_dir(*root, opts_.job_id, 0700, std::nullopt, false);
+      ::fchmod(job.fd(), 0700);
+      auto dir = safefs::make_dir(job, fmt::format("attempt-{}", attempt), 0700, std::nullopt, false);
+      ::fchmod(dir.fd(), 0700);
+      return std::make_shared<const safefs::Dir>(std::move(dir));
+    } catch (const safefs::FsError& e) {
+      log_->warn("cannot keep the launcher's copy of the logs in {}: {}", attempt_dir_, e.what());
+      return nullptr;
+    }
+  }
+
   std::optional<int> global_rank(const std::string& node, std::uint32_t round, std::uint32_t local_rank) const {
     return rounds_.global_rank(node, rdzv::Round{round}, local_rank);
   }
@@ -548,7 +573,8 @@ class Coordinator {
   RankFiles& files_of(int rank) {
     auto& f = rank_files_[rank];
     if (!f.file) {
-      f.file = std::make_unique<supervisor::RankLogFile>(contract_log(rank), opts_.spec.log_max_bytes);
+      f.file = std::make_unique<supervisor::RankLogFile>(attempt_folder_, fmt::format("rank-{}.log", rank),
+                                                         opts_.spec.log_max_bytes);
     }
     return f;
   }
@@ -707,14 +733,7 @@ class Coordinator {
     last_output_.clear();
     store_waiters_.clear();
     attempt_dir_ = fmt::format("{}/{}/attempt-{}", opts_.spec.log_dir, opts_.job_id, a.restart_count);
-    std::error_code ec;
-    fs::create_directories(attempt_dir_, ec);
-    if (ec) log_->warn("cannot create {} for the launcher's copy of the logs: {}", attempt_dir_, ec.message());
-    // The job's folders are its submitter's business only (a standing coordinator keeps every
-    // user's here): 0700, and the rank files 0600 (supervisor::RankLogFile).
-    for (const auto& d : {fs::path(attempt_dir_).parent_path(), fs::path(attempt_dir_)}) {
-      if (!ec) fs::permissions(d, fs::perms::owner_all, fs::perm_options::replace, ec);
-    }
+    attempt_folder_ = open_attempt_folder(a.restart_count);
     cur_ = launch::AttemptReport{};
     cur_.attempt = static_cast<int>(a.restart_count);
     cur_.started = clock_.wall_now();
@@ -930,9 +949,15 @@ class Coordinator {
       say(spdlog::level::err, "job {}: {} on any node (hang.action: {}); where every rank is:\n{}", opts_.job_id, cause,
           jobspec::hang_action_name(action), stacks);
       const auto file = fs::path(attempt_dir_) / "hang-stacks.txt";
-      std::ofstream(file, std::ios::app) << cause << " at " << launch::format_time(std::chrono::system_clock::now())
-                                         << "\n"
-                                         << stacks << "\n";
+      if (attempt_folder_) {
+        try {
+          const auto fd = safefs::open_append(*attempt_folder_, "hang-stacks.txt", std::nullopt);
+          safefs::write_all(fd.get(), fmt::format("{} at {}\n{}\n", cause,
+                                                  launch::format_time(std::chrono::system_clock::now()), stacks));
+        } catch (const safefs::FsError& e) {
+          log_->warn("the hang's stacks were not kept: {}", e.what());
+        }
+      }
       notes_.push_back(fmt::format("{} (stacks in {})", cause, file.string()));
       if (action == jobspec::HangAction::report) return;
       handle(rdzv::HangDetected{cause, action == jobspec::HangAction::restart});
@@ -1109,8 +1134,9 @@ class Coordinator {
     node_stacks_.clear();
     std::sort(all.ranks.begin(), all.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
     try {
-      const auto w = launch::write_stacks_files(safefs::Dir::open(attempt_dir_), std::nullopt, all,
-                                                static_cast<int>(stacks_world_size_));
+      if (!attempt_folder_) throw safefs::FsError(ENOENT, "the attempt's folder could not be made");
+      const auto w =
+          launch::write_stacks_files(*attempt_folder_, std::nullopt, all, static_cast<int>(stacks_world_size_));
       if (!w.error.empty()) log_->warn("the stacks were not kept: {}", w.error);
       all.file = w.path;
     } catch (const safefs::FsError& e) {
@@ -1385,6 +1411,7 @@ class Coordinator {
   StacksGather stacks_{io_};
   std::chrono::system_clock::time_point started_;
   std::string attempt_dir_;
+  std::shared_ptr<const safefs::Dir> attempt_folder_;  // attempt_dir_, opened (null: not kept)
   launch::AttemptReport cur_;
   launch::JobReport report_;
   int stop_signal_ = 0;

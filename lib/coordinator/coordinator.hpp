@@ -21,6 +21,7 @@
 #include "attempt/report.hpp"
 #include "common/duration.hpp"
 #include "common/log.hpp"
+#include "common/safe_fs.hpp"
 #include "jobspec/jobspec.hpp"
 #include "net/dialer.hpp"
 #include "proto/keyring.hpp"
@@ -69,6 +70,11 @@ struct CoordinatorOptions {
   std::set<int> show_ranks;  // terminal filter; empty: all
   bool quiet = false;
   std::optional<std::string> result_json;
+  // Set: the opened folder the launcher's copy of the logs goes in (a standing coordinator's
+  // <log_dir>/<user>, made through its own descriptors); unset: spec.log_dir, made and opened by
+  // its path (ddpctl's, a folder of the user who runs it).
+  std::shared_ptr<const safefs::Dir> log_folder;
+  bool log_folder_only = false;  // a standing coordinator's: without log_folder, no copy (never by path)
   std::map<std::string, std::string> launcher_env;
   Millis heartbeat_interval{1000};  // the heartbeat timer's period is a quarter of it
   Millis dial_timeout{5000};

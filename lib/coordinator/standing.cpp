@@ -297,6 +297,17 @@ class Standing {
     CoordinatorOptions o;
     o.spec = std::move(payload.spec);
     o.spec.log_dir = (std::filesystem::path(opts_.log_dir) / user).string();  // the launcher's copy of the logs
+    // <log_dir>/<user>, made and held through descriptors (we are root; whoever can write near
+    // it must not steer us through a link): a folder of ours, or no copy of the logs.
+    o.log_folder_only = true;
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(opts_.log_dir, ec);  // the admin's
+      o.log_folder = std::make_shared<const safefs::Dir>(
+          safefs::make_dir(safefs::Dir::open(opts_.log_dir), user, 0755, std::nullopt, false));
+    } catch (const safefs::FsError& e) {
+      log_->warn("job {}: no copy of its logs is kept: {}", job_id, e.what());
+    }
     o.nodes = std::move(nodes);
     o.keys = opts_.keys;
     o.job_id = job_id;
