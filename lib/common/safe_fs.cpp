@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 namespace ddp::safefs {
 
@@ -310,6 +311,34 @@ bool write_all(int fd, std::string_view data) noexcept {
     data.remove_prefix(static_cast<std::size_t>(n));
   }
   return true;
+}
+
+bool env_dir_usable(const std::string& path, uid_t euid) {
+  if (euid != 0) return true;
+  if (path.empty() || path.front() != '/') return false;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p(path);
+  while (!fs::exists(p, ec)) {
+    if (p == p.parent_path()) return false;
+    p = p.parent_path();
+  }
+  const auto real = fs::canonical(p, ec);
+  if (ec) return false;
+  auto steady = [](const fs::path& d) {
+    struct stat st {};
+    if (::lstat(d.c_str(), &st) != 0 || st.st_uid != 0) return false;
+    return (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 || (st.st_mode & S_ISVTX) != 0;
+  };
+  fs::path walk = "/";
+  if (!steady(walk)) return false;
+  for (const auto& part : real.relative_path()) {
+    walk /= part;
+    if (!steady(walk)) return false;
+  }
+  // What is still to be made, root makes; in a sticky folder others may make it first.
+  struct stat st {};
+  return p == fs::path(path) || (::lstat(real.c_str(), &st) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0);
 }
 
 }  // namespace ddp::safefs

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -127,5 +128,13 @@ OpenResult open_in_folder_to_read(const std::string& path) noexcept;
 
 // Writes all of `data` to `fd` (retrying short writes and EINTR); false on an error.
 bool write_all(int fd, std::string_view data) noexcept;
+
+// Whether a folder the environment names (XDG_RUNTIME_DIR, XDG_STATE_HOME, XDG_CACHE_HOME,
+// HOME) may be used: any, by a user; by root, one whose every folder from / (links resolved)
+// belongs to root and can be renamed or replaced by nobody else (not writable by group or
+// others, unless sticky like /tmp). `su` keeps the user's XDG_RUNTIME_DIR and `sudo -E` all of
+// them: root must not put its sockets, records or caches where a user can swap a folder for a
+// link. A path not there yet is judged by the folders above it that are. `euid`: for tests.
+bool env_dir_usable(const std::string& path, uid_t euid = ::geteuid());
 
 }  // namespace ddp::safefs

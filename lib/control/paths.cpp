@@ -1,5 +1,7 @@
 #include "control/paths.hpp"
 
+#include "common/safe_fs.hpp"
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
@@ -50,7 +52,7 @@ bool is_dir(const std::string& p) {
 
 std::string runtime_dir() {
   std::vector<std::string> candidates;
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x == '/' && is_dir(x)) {
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x == '/' && is_dir(x) && safefs::env_dir_usable(x)) {
     candidates.push_back(fmt::format("{}/ddpctl", x));
   }
   if (const auto run = fmt::format("/run/user/{}", ::getuid()); is_dir(run)) candidates.push_back(run + "/ddpctl");
@@ -151,11 +153,12 @@ bool remove_if_stale(const std::string& path) {
 }
 
 std::string records_dir() {
-  std::string base;
+  std::string base;  // root: not in a folder another user could swap (safefs::env_dir_usable)
   if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/')
     base = x;
   else if (const char* h = std::getenv("HOME"); h && *h == '/')
     base = fmt::format("{}/.local/state", h);
+  if (!base.empty() && !safefs::env_dir_usable(base)) base.clear();
   if (!base.empty()) {
     std::error_code ec;
     fs::create_directories(base, ec);

@@ -1,6 +1,7 @@
 #include "pyenv/probe.hpp"
 
 #include "common/log.hpp"
+#include "common/safe_fs.hpp"
 #include "common/strings.hpp"
 #include "supervisor/run_bounded.hpp"
 
@@ -172,10 +173,16 @@ void ProbeCache::save() const {
   if (file_->filename() == "python.jsonl") fs::remove(file_->parent_path() / "python.json", ec);  // version 1's
 }
 
+// Root's only in a folder no other user can swap (safefs::env_dir_usable); else none.
 std::optional<fs::path> default_cache_file() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') return fs::path(x) / "ddpctl" / "python.jsonl";
-  if (const char* h = std::getenv("HOME"); h && *h == '/') return fs::path(h) / ".cache" / "ddpctl" / "python.jsonl";
-  return std::nullopt;
+  std::optional<fs::path> dir;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') {
+    dir = fs::path(x) / "ddpctl";
+  } else if (const char* h = std::getenv("HOME"); h && *h == '/') {
+    dir = fs::path(h) / ".cache" / "ddpctl";
+  }
+  if (!dir || !safefs::env_dir_usable(dir->string())) return std::nullopt;
+  return *dir / "python.jsonl";
 }
 
 ProbeCache& process_cache(std::optional<fs::path> file) {

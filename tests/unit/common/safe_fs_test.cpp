@@ -246,3 +246,36 @@ TEST(SafeFs, OpenInFolderToReadTakesOnlyARegularFileOfTheFoldersOwner) {
     EXPECT_EQ(r.reason, "it belongs to uid 65534, not to its folder's owner (uid 0)");
   }
 }
+
+// Root uses a folder the environment names only where no other user can swap one of the folders
+// on its way for a link (`su` keeps a user's XDG_RUNTIME_DIR, `sudo -E` their HOME).
+TEST(SafeFs, RootUsesAnEnvironmentFolderOnlyWhereNoUserCanSwapIt) {
+  ASSERT_EQ(::geteuid(), 0u) << "this test makes folders of another user: it runs as root (as the suite does)";
+  TempDir t;  // root's, 0700, in /tmp (root's, sticky)
+  const auto p = t.path;
+  EXPECT_TRUE(env_dir_usable(p.string()));
+  EXPECT_TRUE(env_dir_usable((p / "not/yet").string()));     // root makes the rest, in a folder of its own
+  EXPECT_TRUE(env_dir_usable((p / "x").string(), kNobody));  // a user's own environment is theirs
+
+  fs::create_directories(p / "users/alice/run");
+  ::chown((p / "users/alice").c_str(), kNobody, kNobody);
+  EXPECT_FALSE(env_dir_usable((p / "users/alice").string()));      // another user's
+  EXPECT_FALSE(env_dir_usable((p / "users/alice/run").string()));  // root's, inside another user's
+  EXPECT_FALSE(env_dir_usable((p / "users/alice/run/later").string()));
+
+  fs::create_symlink(p / "users/alice/run", p / "link");  // root's link, into another user's folder
+  EXPECT_FALSE(env_dir_usable((p / "link").string()));
+
+  fs::create_directories(p / "group");
+  ::chmod((p / "group").c_str(), 0775);  // anyone in the group can rename what is inside
+  EXPECT_FALSE(env_dir_usable((p / "group").string()));
+  fs::create_directories(p / "group/sub");
+  EXPECT_FALSE(env_dir_usable((p / "group/sub").string()));
+
+  fs::create_directories(p / "sticky");
+  ::chmod((p / "sticky").c_str(), 01777);  // like /tmp: what root made there stays root's ...
+  fs::create_directories(p / "sticky/mine");
+  EXPECT_TRUE(env_dir_usable((p / "sticky/mine").string()));
+  EXPECT_FALSE(env_dir_usable((p / "sticky/not-yet").string()));  // ... what is still to make, others may make first
+  EXPECT_FALSE(env_dir_usable("relative/path"));
+}
