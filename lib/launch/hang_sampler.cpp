@@ -93,21 +93,34 @@ hang::Sample HangSampler::sample(State& s, hang::TimePoint now, stacks::ProcessS
   out.rank = s.rank.local_rank;
   out.when = now;
   out.output = std::exchange(s.output, false);
+  // A descendant is read only while it is the process found (its start time before and after
+  // the read): one that ended and whose pid went to another process, maybe another user's, is
+  // not read (the sampler may run as root, and what it reads goes into this job's report).
+  auto read_same = [](pid_t pid, const std::optional<unsigned long long>& started) {
+    stacks::ProcessStacks r = read_rank_stacks(pid);
+    if (!started || process_start_time(pid) != started) r = stacks::ProcessStacks{};
+    return r;
+  };
   if (s.python_pid > 0) {
-    read = read_rank_stacks(s.python_pid);
+    read = s.python_pid == s.rank.pid || process_start_time(s.python_pid) == s.python_started
+               ? read_same(s.python_pid, s.python_started)
+               : stacks::ProcessStacks{};
     if (!read.python_ok) s.python_pid = -1;  // gone, or it exec'd something else: look again
   }
   if (s.python_pid <= 0) {
-    read = read_rank_stacks(s.rank.pid);
+    read = read_rank_stacks(s.rank.pid);  // our child: its pid is its own until we reap it
     if (read.python_ok) {
       s.python_pid = s.rank.pid;
+      s.python_started = process_start_time(s.rank.pid);
     } else {
       std::size_t tried = 0;
       for (pid_t d : supervisor::descendants_of(s.rank.pid)) {
         if (tried++ == kMaxDescendantsTried) break;
-        auto r = read_rank_stacks(d);
+        const auto started = process_start_time(d);
+        auto r = read_same(d, started);
         if (!r.python_ok) continue;
         s.python_pid = d;
+        s.python_started = started;
         read = std::move(r);
         break;
       }

@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,7 @@ class HangSampler {
   struct State {
     Rank rank;
     pid_t python_pid = -1;  // the rank's Python process: itself, or a descendant (uv run, sh -c)
+    std::optional<unsigned long long> python_started;  // its start time when found: the same process
     bool output = false, exited = false;
   };
   void round();
