@@ -15,11 +15,12 @@ N trivial workers (/bin/true, N = 1, 4, 16) started by
     the default 5 s poll would make it look far worse).
 Then `ddpctl --version` alone (the cost of starting the binary: loader, libraries, allocator).
 
-Per case: wall time, median of R runs and its spread (the middle half, 25th to 75th percentile;
-each run includes GNU time's own start, the same for all); peak RSS, the largest resident set in
-the launcher's process tree as GNU time reports it (%M; for /bin/true workers the launcher
-itself); minor page faults (%R), the median over the runs, summed over the whole tree (the
-launcher, the NCCL id holder and the workers: each /bin/true takes about 60-70). On a
+Per case: wall time, median of R runs and its spread (the middle half, 25th to 75th percentile),
+from the fork of the launcher to its reaping (`timed_run`, a small C program beside ddpctl);
+peak RSS, the largest resident set in the launcher's process tree as wait4 reports it (as GNU
+time's %M; for /bin/true workers the launcher itself); minor page faults, the median over the
+runs, summed over the whole tree (the launcher, the NCCL id holder and the workers: each
+/bin/true takes about 60-70). On a
 paravirtualised VM a page fault costs about 15 us, so faults are most of a start's time.
 
 Usage: bench/launch/run.py [--repeats R] [--ddpctl build/bin/ddpctl] [--compare OTHER/ddpctl]
@@ -37,18 +38,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+TIMED_RUN = None  # bench/launch/timed_run, set in main()
+
+
 def measure(argv, cwd, env=None):
-    # GNU time (a small C program) forks the launcher, so its peak RSS is the launcher's own; a
-    # fork from this Python process would carry Python's RSS into the child's high-water mark.
+    # timed_run (a small C program) forks the launcher and reaps it, timing just that: so a
+    # run's wall time holds neither its own start nor Python's fork (a constant that made each
+    # ratio to the floor look smaller), and its peak RSS is the launcher's own; a fork from this
+    # Python process would carry Python's RSS into the child's high-water mark.
     out = Path(cwd) / "time.out"
-    t0 = time.perf_counter()
-    rc = subprocess.call(["/usr/bin/time", "-f", "%M %R", "-o", str(out), *argv], cwd=cwd, env=env,
+    rc = subprocess.call([str(TIMED_RUN), str(out), *argv], cwd=cwd, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"{argv[0]} failed with {rc}: {' '.join(argv)}")
-    rss_kib, faults = out.read_text().split()[-2:]
-    return wall, int(rss_kib) / 1024.0, int(faults)
+    wall_ns, rss_kib, faults = out.read_text().split()
+    return int(wall_ns) / 1e9, int(rss_kib) / 1024.0, int(faults)
 
 
 class Case:
@@ -97,7 +101,12 @@ def main():
     ap.add_argument("--no-torchrun", action="store_true")
     ap.add_argument("--python", default="/usr/bin/python3", help="the interpreter whose torchrun is measured")
     ap.add_argument("--id-floor", help="nccl_id_floor (default: beside --ddpctl)")
+    ap.add_argument("--timed-run", help="timed_run, the stopwatch (default: beside --ddpctl)")
     args = ap.parse_args()
+    global TIMED_RUN
+    TIMED_RUN = Path(args.timed_run) if args.timed_run else Path(args.ddpctl).parent / "timed_run"
+    if not TIMED_RUN.exists():
+        raise SystemExit(f"{TIMED_RUN} not found: build it (./scripts/build), or name it with --timed-run")
     id_floor = Path(args.id_floor) if args.id_floor else Path(args.ddpctl).parent / "nccl_id_floor"
     # The floor with an id only where libnccl loads (as ddpctl's `unique_id: auto` makes one only there).
     has_nccl = id_floor.exists() and subprocess.call([str(id_floor)], stdout=subprocess.DEVNULL,
