@@ -5,6 +5,7 @@
 #include "agentconfig/users.hpp"
 #include "cliexport/cliexport.hpp"
 #include "common/log.hpp"
+#include "common/safe_fs.hpp"
 #include "common/strings.hpp"
 #include "common/version.hpp"
 #include "facts/model.hpp"
@@ -16,6 +17,8 @@
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -43,10 +46,17 @@ std::optional<std::string> read_secret_line() {
   return std::nullopt;
 }
 
+// A per-run agent's: in its user's state folder; root's only where no other user can swap a
+// folder on the way (ddp::safefs::usable_env_dir), else the service's own /var/log/ddpctl.
 std::string default_stdio_log_dir() {
-  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) return fmt::format("{}/ddpctl/logs", state);
-  const char* home = std::getenv("HOME");
-  return fmt::format("{}/.local/state/ddpctl/logs", home && *home ? home : "/tmp");
+  std::string dir;
+  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) {
+    dir = fmt::format("{}/ddpctl/logs", state);
+  } else {
+    const char* home = std::getenv("HOME");
+    dir = fmt::format("{}/.local/state/ddpctl/logs", home && *home ? home : "/tmp");
+  }
+  return ddp::safefs::usable_env_dir(dir).value_or("/var/log/ddpctl");
 }
 
 // `ddp-agentd shepherd ...`: the per-job process the agent starts (lib/shepherd), not for users.
@@ -247,6 +257,15 @@ int main(int argc, char** argv) {
       }
     }
     if (announce) opts.announce = [](std::uint16_t port) { return ddp::slurm::announce_line(port); };
+    // The job's store on node rank 0 serves every rank of the job (two connections each from
+    // PyTorch 1.13) and takes at most half the open-files limit: as high as the hard limit
+    // allows, which the service unit sets (LimitNOFILE), also for an agent started otherwise
+    // (over SSH or srun: the login's soft limit, often 1024). Its workers inherit it, as under
+    // the unit.
+    if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &rl);
+    }
     return ddp::agent::run_agent(std::move(opts));
   } catch (const ddp::agentconfig::ConfigError& e) {
     std::cerr << e.what() << "\n";

@@ -313,32 +313,38 @@ bool write_all(int fd, std::string_view data) noexcept {
   return true;
 }
 
-bool env_dir_usable(const std::string& path, uid_t euid) {
-  if (euid != 0) return true;
-  if (path.empty() || path.front() != '/') return false;
+std::optional<std::string> usable_env_dir(const std::string& path, uid_t euid) {
+  if (euid != 0) return path;
+  if (path.empty() || path.front() != '/') return std::nullopt;
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path p(path);
   while (!fs::exists(p, ec)) {
-    if (p == p.parent_path()) return false;
+    if (p == p.parent_path()) return std::nullopt;
     p = p.parent_path();
   }
-  const auto real = fs::canonical(p, ec);
-  if (ec) return false;
+  const auto real = fs::canonical(p, ec);  // no link left in it: root uses this, not `path`
+  if (ec) return std::nullopt;
   auto steady = [](const fs::path& d) {
     struct stat st {};
     if (::lstat(d.c_str(), &st) != 0 || st.st_uid != 0) return false;
     return (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 || (st.st_mode & S_ISVTX) != 0;
   };
   fs::path walk = "/";
-  if (!steady(walk)) return false;
+  if (!steady(walk)) return std::nullopt;
   for (const auto& part : real.relative_path()) {
     walk /= part;
-    if (!steady(walk)) return false;
+    if (!steady(walk)) return std::nullopt;
   }
-  // What is still to be made, root makes; in a sticky folder others may make it first.
+  const auto tail = fs::path(path).lexically_relative(p);
+  if (tail.empty() || tail == ".") return real.string();
+  // What is still to be made, root makes; in a sticky folder others may make it first. A tail
+  // that climbs (`..`) is refused: it would leave the folders just checked.
   struct stat st {};
-  return p == fs::path(path) || (::lstat(real.c_str(), &st) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0);
+  if (::lstat(real.c_str(), &st) != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return std::nullopt;
+  for (const auto& part : tail)
+    if (part == "..") return std::nullopt;
+  return (real / tail).string();
 }
 
 }  // namespace ddp::safefs

@@ -129,12 +129,14 @@ OpenResult open_in_folder_to_read(const std::string& path) noexcept;
 // Writes all of `data` to `fd` (retrying short writes and EINTR); false on an error.
 bool write_all(int fd, std::string_view data) noexcept;
 
-// Whether a folder the environment names (XDG_RUNTIME_DIR, XDG_STATE_HOME, XDG_CACHE_HOME,
-// HOME) may be used: any, by a user; by root, one whose every folder from / (links resolved)
-// belongs to root and can be renamed or replaced by nobody else (not writable by group or
-// others, unless sticky like /tmp). `su` keeps the user's XDG_RUNTIME_DIR and `sudo -E` all of
-// them: root must not put its sockets, records or caches where a user can swap a folder for a
-// link. A path not there yet is judged by the folders above it that are. `euid`: for tests.
-bool env_dir_usable(const std::string& path, uid_t euid = ::geteuid());
+// A folder the environment names (XDG_RUNTIME_DIR, XDG_STATE_HOME, XDG_CACHE_HOME, HOME), as
+// this process may use it: a user's, as it is; root's, only where no other user can swap one of
+// the folders on its way, and then with every link resolved (the path to use instead of the
+// one given, which a user's link may be part of): every folder from / belongs to root and is
+// writable by nobody else (group or others) unless sticky like /tmp, and a part still to be
+// made is not in a folder others can write. nullopt: not to be used. `su` keeps the user's
+// XDG_RUNTIME_DIR and `sudo -E` all of them: root must not put its sockets, records or caches
+// where a user can swap a folder for a link. `euid`: for tests.
+std::optional<std::string> usable_env_dir(const std::string& path, uid_t euid = ::geteuid());
 
 }  // namespace ddp::safefs

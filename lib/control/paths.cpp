@@ -52,8 +52,8 @@ bool is_dir(const std::string& p) {
 
 std::string runtime_dir() {
   std::vector<std::string> candidates;
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x == '/' && is_dir(x) && safefs::env_dir_usable(x)) {
-    candidates.push_back(fmt::format("{}/ddpctl", x));
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x == '/' && is_dir(x)) {
+    if (const auto usable = safefs::usable_env_dir(x)) candidates.push_back(fmt::format("{}/ddpctl", *usable));
   }
   if (const auto run = fmt::format("/run/user/{}", ::getuid()); is_dir(run)) candidates.push_back(run + "/ddpctl");
   candidates.push_back(fmt::format("/tmp/ddpctl-{}", ::getuid()));
@@ -153,12 +153,12 @@ bool remove_if_stale(const std::string& path) {
 }
 
 std::string records_dir() {
-  std::string base;  // root: not in a folder another user could swap (safefs::env_dir_usable)
+  std::string base;  // root: not in a folder another user could swap (safefs::usable_env_dir)
   if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/')
     base = x;
   else if (const char* h = std::getenv("HOME"); h && *h == '/')
     base = fmt::format("{}/.local/state", h);
-  if (!base.empty() && !safefs::env_dir_usable(base)) base.clear();
+  if (!base.empty()) base = safefs::usable_env_dir(base).value_or("");
   if (!base.empty()) {
     std::error_code ec;
     fs::create_directories(base, ec);

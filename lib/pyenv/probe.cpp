@@ -173,7 +173,7 @@ void ProbeCache::save() const {
   if (file_->filename() == "python.jsonl") fs::remove(file_->parent_path() / "python.json", ec);  // version 1's
 }
 
-// Root's only in a folder no other user can swap (safefs::env_dir_usable); else none.
+// Root's only in a folder no other user can swap (safefs::usable_env_dir); else none.
 std::optional<fs::path> default_cache_file() {
   std::optional<fs::path> dir;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') {
@@ -181,8 +181,10 @@ std::optional<fs::path> default_cache_file() {
   } else if (const char* h = std::getenv("HOME"); h && *h == '/') {
     dir = fs::path(h) / ".cache" / "ddpctl";
   }
-  if (!dir || !safefs::env_dir_usable(dir->string())) return std::nullopt;
-  return *dir / "python.jsonl";
+  if (!dir) return std::nullopt;
+  const auto usable = safefs::usable_env_dir(dir->string());
+  if (!usable) return std::nullopt;
+  return fs::path(*usable) / "python.jsonl";
 }
 
 ProbeCache& process_cache(std::optional<fs::path> file) {

@@ -100,8 +100,10 @@ std::string format_wait_report(const WaitReport& report, int world_size, Clock::
     if (!out.empty()) out += '\n';
     out += lines[i].text;
   }
-  if (lines.size() > kMaxReportLines) {
-    const auto more = lines.size() - kMaxReportLines;
+  const std::size_t total = std::max(report.waited_keys, lines.size());
+  const std::size_t shown = std::min(lines.size(), kMaxReportLines);
+  if (total > shown) {
+    const auto more = total - shown;
     out += fmt::format("\n... and {} more key{} waited for", more, more == 1 ? "" : "s");
   }
   return out;

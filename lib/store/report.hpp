@@ -37,7 +37,8 @@ struct WaitedKey {
 struct WaitReport {
   std::size_t connections = 0;    // open client connections
   std::size_t keys = 0;           // keys in the store
-  std::vector<WaitedKey> waited;  // one entry per key that somebody still waits for
+  std::vector<WaitedKey> waited;  // one entry per key that somebody still waits for (the longest-waited ones)
+  std::size_t waited_keys = 0;    // how many keys somebody waits for (0: as many as `waited` has)
 };
 
 // One line per waited key, '\n'-separated, no trailing newline; "" when nobody waits.

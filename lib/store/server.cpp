@@ -1003,6 +1003,7 @@ WaitReport Server::waiters() const {
     std::lock_guard lk(s.mu);
     report.connections = s.conns.size();
     report.keys = s.state.num_keys();
+    report.waited_keys = s.state.waited_keys();
     waited = s.state.waiters();
     if (waited.empty()) return report;
     std::unordered_set<const Connection*> seen;

@@ -130,9 +130,17 @@ std::vector<KeyWaiters> State::waiters() const {
 }
 
 void State::register_wait(ClientId from, Client& me, std::string key) {
+  // All or nothing if an allocation fails (the client is then closed): no empty list left in
+  // waiting_, no registration counted that is not there. me.wait.regs has room (reserved).
   auto [it, created] = waiting_.try_emplace(std::move(key));
+  try {
+    it->second.push_back({from, static_cast<std::uint32_t>(me.wait.regs.size())});
+  } catch (...) {
+    if (created) waiting_.erase(it);
+    throw;
+  }
   if (created) registered_bytes_ += it->first.size();
-  it->second.push_back({from, static_cast<std::uint32_t>(me.wait.regs.size())});
+  ++registrations_;
   me.wait.regs.push_back({&it->first, &it->second, std::prev(it->second.end())});
 }
 
@@ -456,7 +464,6 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
           if (!exists(k) && !waiting_.contains(k) && fresh.insert(k).second) key_bytes += k.size();
       }
       if (!room_for_registrations(Op::wait, missing, key_bytes, out)) return;
-      registrations_ += missing;
       me.wait.active = true;
       me.wait.barrier = false;
       me.wait.since = now;
@@ -498,10 +505,16 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
 
     case Op::watch_key: {
       if (!room_for_registrations(Op::watch_key, 1, req.key.size(), out)) return;
-      ++registrations_;
+      me.watched.reserve(me.watched.size() + 1);
       auto [w, created] = watchers_.try_emplace(std::move(req.key));
+      try {  // all or nothing, as register_wait
+        w->second.push_back(from);
+      } catch (...) {
+        if (created) watchers_.erase(w);
+        throw;
+      }
       if (created) registered_bytes_ += w->first.size();
-      w->second.push_back(from);
+      ++registrations_;
       me.watched.emplace_back(&w->first, std::prev(w->second.end()));
       put_u8(out.reply, kWatchCallbackRegistered);
       return;
@@ -516,11 +529,11 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       }
       auto [q, created] = queues_.try_emplace(req.key);
       const std::size_t add = req.value.size() + (created ? q->first.size() : 0);
-      if (bytes_ + add > totals_.max_bytes) {
+      if (bytes_ + registered_bytes_ + add > totals_.max_bytes) {
         out.close_reason = fmt::format(
-            "store full: QUEUE_PUSH to `{}` would make the store hold {} bytes of keys, values and queue items, "
-            "over this job's limit of {} (store.max_size in the job file)",
-            shown(req.key), bytes_ + add, totals_.max_bytes);
+            "store full: QUEUE_PUSH to `{}` would make the store hold {} bytes of keys, values, queue items and "
+            "waited-for keys, over this job's limit of {} (store.max_size in the job file)",
+            shown(req.key), bytes_ + registered_bytes_ + add, totals_.max_bytes);
         if (created) queues_.erase(q);
         return;
       }
@@ -587,7 +600,6 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         if (inserted) kv_.erase(it);
         return;
       }
-      if (parks) ++registrations_;
       it->second = std::move(text);
       if (!parks) {
         wake_all(it->first, out);
@@ -599,6 +611,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       me.wait.since = now;
       me.wait.remaining = 1;
       me.wait.regs.clear();
+      me.wait.regs.reserve(1);
       register_wait(from, me, req.key);
       return;
     }

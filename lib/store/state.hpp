@@ -131,6 +131,7 @@ class State {
   std::size_t queue_items() const { return queue_items_; }
   std::size_t registrations() const { return registrations_; }
   std::size_t registered_bytes() const { return registered_bytes_; }  // the waited and watched keys' bytes
+  std::size_t waited_keys() const { return waiting_.size(); }         // keys somebody waits for
   const std::string* find(const std::string& key) const;
   std::size_t queue_length(const std::string& key) const;
   std::optional<uint32_t> client_pid(ClientId id) const;  // from its PING

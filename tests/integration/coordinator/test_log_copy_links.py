@@ -41,7 +41,8 @@ def test_a_link_where_a_log_folder_goes_is_not_followed(site):
     logs = site.dir / "coord-logs"
     logs.mkdir(exist_ok=True)
     elsewhere = site.dir / "elsewhere"
-    elsewhere.mkdir(mode=0o755)
+    elsewhere.mkdir()
+    os.chmod(elsewhere, 0o755)  # whatever the umask
 
     # The user's folder is a link.
     (logs / user).symlink_to(elsewhere)

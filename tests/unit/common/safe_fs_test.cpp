@@ -248,34 +248,43 @@ TEST(SafeFs, OpenInFolderToReadTakesOnlyARegularFileOfTheFoldersOwner) {
 }
 
 // Root uses a folder the environment names only where no other user can swap one of the folders
-// on its way for a link (`su` keeps a user's XDG_RUNTIME_DIR, `sudo -E` their HOME).
+// on its way for a link (`su` keeps a user's XDG_RUNTIME_DIR, `sudo -E` their HOME), and then
+// by the path with every link resolved, not by one a user's link is part of.
 TEST(SafeFs, RootUsesAnEnvironmentFolderOnlyWhereNoUserCanSwapIt) {
   ASSERT_EQ(::geteuid(), 0u) << "this test makes folders of another user: it runs as root (as the suite does)";
   TempDir t;  // root's, 0700, in /tmp (root's, sticky)
-  const auto p = t.path;
-  EXPECT_TRUE(env_dir_usable(p.string()));
-  EXPECT_TRUE(env_dir_usable((p / "not/yet").string()));     // root makes the rest, in a folder of its own
-  EXPECT_TRUE(env_dir_usable((p / "x").string(), kNobody));  // a user's own environment is theirs
+  const auto p = fs::canonical(t.path);
+  EXPECT_EQ(usable_env_dir(p.string()), p.string());
+  EXPECT_EQ(usable_env_dir((p / "not/yet").string()), (p / "not/yet").string());  // root makes the rest
+  EXPECT_EQ(usable_env_dir("relative/x", kNobody), "relative/x");                 // a user's own environment is theirs
 
   fs::create_directories(p / "users/alice/run");
   ::chown((p / "users/alice").c_str(), kNobody, kNobody);
-  EXPECT_FALSE(env_dir_usable((p / "users/alice").string()));      // another user's
-  EXPECT_FALSE(env_dir_usable((p / "users/alice/run").string()));  // root's, inside another user's
-  EXPECT_FALSE(env_dir_usable((p / "users/alice/run/later").string()));
+  EXPECT_EQ(usable_env_dir((p / "users/alice").string()), std::nullopt);      // another user's
+  EXPECT_EQ(usable_env_dir((p / "users/alice/run").string()), std::nullopt);  // root's, inside another user's
+  EXPECT_EQ(usable_env_dir((p / "users/alice/run/later").string()), std::nullopt);
 
   fs::create_symlink(p / "users/alice/run", p / "link");  // root's link, into another user's folder
-  EXPECT_FALSE(env_dir_usable((p / "link").string()));
+  EXPECT_EQ(usable_env_dir((p / "link").string()), std::nullopt);
+
+  // alice's link to a folder of root's: root may use that folder, by its own path only (alice
+  // can point her link elsewhere at any time).
+  fs::create_directories(p / "roots");
+  fs::create_symlink(p / "roots", p / "users/alice/rt");
+  EXPECT_EQ(usable_env_dir((p / "users/alice/rt").string()), (p / "roots").string());
+  EXPECT_EQ(usable_env_dir((p / "users/alice/rt/state").string()), (p / "roots/state").string());
+  EXPECT_EQ(usable_env_dir((p / "roots/x/../../users").string()), std::nullopt);  // a tail that climbs
 
   fs::create_directories(p / "group");
   ::chmod((p / "group").c_str(), 0775);  // anyone in the group can rename what is inside
-  EXPECT_FALSE(env_dir_usable((p / "group").string()));
+  EXPECT_EQ(usable_env_dir((p / "group").string()), std::nullopt);
   fs::create_directories(p / "group/sub");
-  EXPECT_FALSE(env_dir_usable((p / "group/sub").string()));
+  EXPECT_EQ(usable_env_dir((p / "group/sub").string()), std::nullopt);
 
   fs::create_directories(p / "sticky");
   ::chmod((p / "sticky").c_str(), 01777);  // like /tmp: what root made there stays root's ...
   fs::create_directories(p / "sticky/mine");
-  EXPECT_TRUE(env_dir_usable((p / "sticky/mine").string()));
-  EXPECT_FALSE(env_dir_usable((p / "sticky/not-yet").string()));  // ... what is still to make, others may make first
-  EXPECT_FALSE(env_dir_usable("relative/path"));
+  EXPECT_EQ(usable_env_dir((p / "sticky/mine").string()), (p / "sticky/mine").string());
+  EXPECT_EQ(usable_env_dir((p / "sticky/not-yet").string()), std::nullopt);  // ... what is to make, others may first
+  EXPECT_EQ(usable_env_dir("relative/path"), std::nullopt);
 }

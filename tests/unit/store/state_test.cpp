@@ -688,6 +688,7 @@ TEST(StoreTotals, WaitedAndWatchedKeysCountAgainstTheByteTotal) {
   EXPECT_FALSE(h.st.is_waiting(4));
   EXPECT_NE(h.set(5, "/b", std::string(10, 'v')).close_reason, "");  // 12 + 80 + 12 > 100
   EXPECT_FALSE(h.simple(6, Op::watch_key, std::string(20, 'w')).close_reason.empty());
+  EXPECT_NE(h.push(7, "/q", std::string(10, 'i')).close_reason.find("waited-for keys"), std::string::npos);
   // Released, the room comes back.
   h.simple(2, Op::cancel_wait);
   h.st.disconnect(3);
@@ -843,11 +844,12 @@ TEST(StoreReport, KeysArePrintableAndTheReportIsBounded) {
     if (i == 1) k.total = 5;
     r.waited.push_back(k);
   }
+  r.waited_keys = 1000;  // the store gathered 30 of the 1000 keys waited for
   const auto text = format_wait_report(r, 8, now);
   EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
   EXPECT_NE(text.find("/evil\\x1b[2J\\x0a"), std::string::npos) << text;
   EXPECT_NE(text.find("5/8 ranks waiting on `/k01` for 99 s (rank 1; 4 more not listed)"), std::string::npos) << text;
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), static_cast<long>(kMaxReportLines));
-  EXPECT_NE(text.find("... and 10 more keys waited for"), std::string::npos) << text;
+  EXPECT_NE(text.find("... and 980 more keys waited for"), std::string::npos) << text;
   EXPECT_EQ(text.find("/k29"), std::string::npos);  // the newest are the ones left out
 }
