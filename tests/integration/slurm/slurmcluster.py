@@ -71,8 +71,10 @@ class SlurmCluster:
     def wrap(self, host, argv):
         """argv on host: its network namespace (nsenter, so /sys and its cgroups stay), its hostname,
         its /etc/hosts and a private /tmp."""
+        # The state folder (env() below) is made at once, root's and 0700: one still to be made
+        # in /tmp, where anyone may make it first, root does not use (safefs::usable_env_dir).
         inner = (f"hostname {host.name} && mount --bind /etc/netns/{host.ns}/hosts /etc/hosts && "
-                 "mount -t tmpfs tmpfs /tmp && exec \"$@\"")
+                 "mount -t tmpfs tmpfs /tmp && mkdir -m 0700 /tmp/ddp-state && exec \"$@\"")
         return ["nsenter", f"--net=/run/netns/{host.ns}", "unshare", "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", inner, "sh", *argv]
 
