@@ -217,3 +217,39 @@ def test_image_lookups_at_once_are_bounded(tmp_path):
         for c in links:
             c.close()
         d.stop()
+
+
+def test_the_agent_raises_its_open_files_limit_to_the_hard_one(tmp_path):
+    """The job's store on node rank 0 takes at most half the agent's open-files limit, and an
+    agent started over SSH or srun keeps the login's soft limit (often 1024): it raises its own
+    to the hard limit, as the service unit's LimitNOFILE gives it, so a large job's ranks are
+    not refused."""
+    def low_soft():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    secret = os.urandom(32).hex()
+    token = tmp_path / "token"
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"k1: {secret}\n")
+    port = free_port()
+    log = tmp_path / "agent.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(agent_argv(port, token, tmp_path), stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=low_soft)
+    try:
+        def listening():
+            assert proc.poll() is None, log.read_text()
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        wait_for(listening, 30, "the agent to listen")
+        with open(f"/proc/{proc.pid}/limits") as f:
+            line = next(l for l in f if l.startswith("Max open files"))
+        assert line.split()[3:5] == ["4096", "4096"], line
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
