@@ -232,14 +232,7 @@ void record_ended(const std::string& dir, const Ended& e) {
   // 0600 from the start, without the process's umask (other threads' files would get ours).
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return;
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  const bool written = done == text.size();
+  const bool written = safefs::write_all(fd, text);
   const bool closed = ::close(fd) == 0;
   if (!written || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }

@@ -97,14 +97,13 @@ hang::Sample HangSampler::sample(State& s, hang::TimePoint now, stacks::ProcessS
   // the read): one that ended and whose pid went to another process, maybe another user's, is
   // not read (the sampler may run as root, and what it reads goes into this job's report).
   auto read_same = [](pid_t pid, const std::optional<unsigned long long>& started) {
+    if (!started || process_start_time(pid) != started) return stacks::ProcessStacks{};
     stacks::ProcessStacks r = read_rank_stacks(pid);
-    if (!started || process_start_time(pid) != started) r = stacks::ProcessStacks{};
+    if (process_start_time(pid) != started) r = stacks::ProcessStacks{};
     return r;
   };
   if (s.python_pid > 0) {
-    read = s.python_pid == s.rank.pid || process_start_time(s.python_pid) == s.python_started
-               ? read_same(s.python_pid, s.python_started)
-               : stacks::ProcessStacks{};
+    read = read_same(s.python_pid, s.python_started);
     if (!read.python_ok) s.python_pid = -1;  // gone, or it exec'd something else: look again
   }
   if (s.python_pid <= 0) {

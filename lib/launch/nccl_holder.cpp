@@ -2,6 +2,7 @@
 
 #include "common/duration.hpp"
 #include "common/log.hpp"
+#include "common/pidfd.hpp"
 #include "common/strings.hpp"
 #include "nccl/holder_protocol.hpp"
 #include "supervisor/process.hpp"
@@ -9,15 +10,12 @@
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
 
-#include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 
@@ -196,20 +194,6 @@ NcclHolder::NcclHolder(NcclHolder&& o) noexcept
       hex_(std::move(o.hex_)),
       drains_(std::move(o.drains_)) {}
 
-// Whether the process behind `pidfd` ended within `limit`. The owner's loop catches signals
-// (SIGCHLD, SIGINT, SIGUSR1, ...) and poll is not restarted after one: it waits again for what
-// is left of the limit.
-static bool exited_within(int pidfd, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-    pollfd p{pidfd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
-    if (r > 0) return true;
-    if (r == 0 || errno != EINTR) return false;
-  }
-}
-
 void NcclHolder::stop() {
   for (auto& d : drains_) {
     boost::system::error_code ignored;
@@ -222,9 +206,9 @@ void NcclHolder::stop() {
     // its bootstrap port closed. It ends at once on SIGTERM or its stdin's EOF; one stuck inside
     // NCCL gets SIGKILL after a second. Reaped here unless the owner's loop has done it.
     ::syscall(SYS_pidfd_send_signal, pidfd_, SIGTERM, nullptr, 0);  // ESRCH once it has exited
-    if (!exited_within(pidfd_, std::chrono::seconds(1))) {
+    if (!pidfd_exited_within(pidfd_, std::chrono::seconds(1))) {
       ::syscall(SYS_pidfd_send_signal, pidfd_, SIGKILL, nullptr, 0);
-      exited_within(pidfd_, std::chrono::seconds(1));
+      pidfd_exited_within(pidfd_, std::chrono::seconds(1));
     }
     siginfo_t info{};
     ::waitid(idtype_t(3) /* P_PIDFD */, id_t(pidfd_), &info, WEXITED | WNOHANG);

@@ -156,15 +156,9 @@ void ProbeCache::save() const {
   ::unlink(tmp.c_str());  // one a crashed run of this pid left
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return;  // a cache we cannot write is only slower
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
+  const bool written = safefs::write_all(fd, text);
   ::close(fd);
-  if (done < text.size()) {
+  if (!written) {
     fs::remove(tmp, ec);
     return;
   }

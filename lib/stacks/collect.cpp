@@ -2,6 +2,7 @@
 #include "stacks/collect.hpp"
 
 #include "common/json_depth.hpp"
+#include "common/pidfd.hpp"
 #include "stacks/merge.hpp"
 #include "stacks/native.hpp"
 #include "stacks/reader.hpp"
@@ -160,16 +161,7 @@ struct Reader {
   }
   // Waits for the reader's exit (bounded); returns its wait status, or -1.
   int reap(std::chrono::milliseconds limit) {
-    // A signal to this process (the launcher's loop catches several) ends poll early: the wait
-    // goes on for what is left of the limit.
-    const auto end = std::chrono::steady_clock::now() + limit;
-    for (;;) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-      pollfd p{pidfd, POLLIN, 0};
-      const int n = ::poll(&p, 1, int(std::max<long long>(left.count(), 0)));
-      if (n > 0) break;
-      if (n == 0 || errno != EINTR) return -1;
-    }
+    if (!pidfd_exited_within(pidfd, limit)) return -1;
     siginfo_t info{};
     if (::waitid(idtype_t(3) /* P_PIDFD */, id_t(pidfd), &info, WEXITED) != 0) return -1;  // reaped by the owner
     return info.si_code == CLD_EXITED ? info.si_status : 128 + info.si_status;

@@ -104,7 +104,8 @@ std::string format_wait_report(const WaitReport& report, int world_size, Clock::
   const std::size_t shown = std::min(lines.size(), kMaxReportLines);
   if (total > shown) {
     const auto more = total - shown;
-    out += fmt::format("\n... and {} more key{} waited for", more, more == 1 ? "" : "s");
+    if (!out.empty()) out += '\n';
+    out += fmt::format("... and {} more key{} waited for", more, more == 1 ? "" : "s");
   }
   return out;
 }

@@ -16,10 +16,6 @@ constexpr std::size_t kMaxDeletedBytes = 16u << 20;
 // How far down a queue's waiters a QUEUE_PUSH looks for one it completes (then the first).
 constexpr std::size_t kWakeOneLooks = 64;
 
-std::string shown(std::string_view key) {
-  return printable_key(key);
-}
-
 std::string bytes_reply(std::string_view value) {
   std::string out;
   out.reserve(8 + value.size());
@@ -199,7 +195,7 @@ bool State::admit(Op op, const std::string& key, bool inserted, std::size_t old_
     out.close_reason = fmt::format(
         "store full: {} of the new key `{}` would make {} keys, over this job's limit of {} (store.max_keys in "
         "the job file)",
-        to_string(op), shown(key), kv_.size(), totals_.max_keys);
+        to_string(op), printable_key(key), kv_.size(), totals_.max_keys);
     return false;
   }
   const std::size_t after = bytes_ - old_bytes + new_bytes;
@@ -207,7 +203,7 @@ bool State::admit(Op op, const std::string& key, bool inserted, std::size_t old_
     out.close_reason = fmt::format(
         "store full: {} of key `{}` would make the store hold {} bytes of keys, values, queue items and "
         "waited-for keys, over this job's limit of {} (store.max_size in the job file)",
-        to_string(op), shown(key), after + registered_bytes_, totals_.max_bytes);
+        to_string(op), printable_key(key), after + registered_bytes_, totals_.max_bytes);
     return false;
   }
   bytes_ = after;
@@ -345,7 +341,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       if (it->second.size() + req.value.size() > limits_.max_value_bytes) {
         out.close_reason =
             fmt::format("APPEND to key `{}` would make its value {} bytes, over the limit of {} per value",
-                        shown(it->first), it->second.size() + req.value.size(), limits_.max_value_bytes);
+                        printable_key(it->first), it->second.size() + req.value.size(), limits_.max_value_bytes);
         if (inserted) kv_.erase(it);
         return;
       }
@@ -524,7 +520,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       if (queue_items_ >= totals_.max_queue_items) {
         out.close_reason =
             fmt::format("store full: QUEUE_PUSH to `{}` would make {} queue items, over this job's limit of {}",
-                        shown(req.key), queue_items_ + 1, totals_.max_queue_items);
+                        printable_key(req.key), queue_items_ + 1, totals_.max_queue_items);
         return;
       }
       auto [q, created] = queues_.try_emplace(req.key);
@@ -533,7 +529,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         out.close_reason = fmt::format(
             "store full: QUEUE_PUSH to `{}` would make the store hold {} bytes of keys, values, queue items and "
             "waited-for keys, over this job's limit of {} (store.max_size in the job file)",
-            shown(req.key), bytes_ + registered_bytes_ + add, totals_.max_bytes);
+            printable_key(req.key), bytes_ + registered_bytes_ + add, totals_.max_bytes);
         if (created) queues_.erase(q);
         return;
       }

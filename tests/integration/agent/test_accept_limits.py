@@ -37,12 +37,9 @@ def open_fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def few_descriptors():
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
-
-
 class Daemon:
-    def __init__(self, tmp_path, argv, log_name, env=None):
+    def __init__(self, tmp_path, argv, log_name, env=None, nofile=(NOFILE, NOFILE)):
+        """`nofile`: its RLIMIT_NOFILE (soft, hard); few descriptors by default."""
         self.secret = os.urandom(32).hex()
         token = tmp_path / "token"
         fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -52,7 +49,8 @@ class Daemon:
         self.log = tmp_path / log_name
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen([*argv(self.port, token, tmp_path)], stdout=out, stderr=subprocess.STDOUT,
-                                         preexec_fn=few_descriptors, env=env)
+                                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile),
+                                         env=env)
 
     def wait_listening(self):
         def listening():
@@ -224,32 +222,11 @@ def test_the_agent_raises_its_open_files_limit_to_the_hard_one(tmp_path):
     agent started over SSH or srun keeps the login's soft limit (often 1024): it raises its own
     to the hard limit, as the service unit's LimitNOFILE gives it, so a large job's ranks are
     not refused."""
-    def low_soft():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
-
-    secret = os.urandom(32).hex()
-    token = tmp_path / "token"
-    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"k1: {secret}\n")
-    port = free_port()
-    log = tmp_path / "agent.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(agent_argv(port, token, tmp_path), stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=low_soft)
+    agent = Daemon(tmp_path, agent_argv, "agent.log", nofile=(256, 4096))
     try:
-        def listening():
-            assert proc.poll() is None, log.read_text()
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        wait_for(listening, 30, "the agent to listen")
-        with open(f"/proc/{proc.pid}/limits") as f:
+        agent.wait_listening()
+        with open(f"/proc/{agent.proc.pid}/limits") as f:
             line = next(l for l in f if l.startswith("Max open files"))
         assert line.split()[3:5] == ["4096", "4096"], line
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        agent.stop()

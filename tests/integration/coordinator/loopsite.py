@@ -2,6 +2,7 @@
 (no key_users: the single-tenant setup), and ddpctl run against them. For the coordinator's own
 behaviour (relay bounds, the stop and signal relay); jobs across hosts are tested on simulated
 hosts (multinode/test_coordinator.py)."""
+import contextlib
 import json
 import os
 import resource
@@ -86,3 +87,15 @@ class LoopSite:
                     p.kill()
                     p.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_site():
+    """A LoopSite with its agent and coordinator started (a test's fixture), closed after."""
+    s = LoopSite()
+    try:
+        s.start_agent()
+        s.start_coordinator()
+        yield s
+    finally:
+        s.close()

@@ -12,19 +12,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
-from loopsite import LoopSite  # noqa: E402
+from loopsite import running_site  # noqa: E402
 from simcluster import finish  # noqa: E402
 
 
 @pytest.fixture
 def site():
-    s = LoopSite()
-    try:
-        s.start_agent()
-        s.start_coordinator()
+    with running_site() as s:
         yield s
-    finally:
-        s.close()
 
 
 def run_job(site, name):

@@ -15,20 +15,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
-from loopsite import LoopSite  # noqa: E402
+from loopsite import running_site  # noqa: E402
 from simcluster import finish, wait_for_tagged  # noqa: E402
 from stop_worker import WORKER  # noqa: E402
 
 
 @pytest.fixture
 def site():
-    s = LoopSite()
-    try:
-        s.start_agent()
-        s.start_coordinator()
+    with running_site() as s:
         yield s
-    finally:
-        s.close()
 
 
 def start(site, name, mode, ranks=2):
