@@ -15,6 +15,14 @@
 #                        STORM_TIMEOUT (30) seconds for one storm until it counts as failed
 #   COMPARE_BUILD=DIR    also serve with DIR/bin/ddpctl (e.g. an older commit's build) as a third
 #                        target, "before", in the same run
+#   ROUNDS=1             throughput: rounds per client count, the targets in turn (reversed in
+#                        every other round); each ratio is then the median of the rounds' ratios
+#   FLOOR_THREADS=N      throughput: also serve with store_floor --threads N ("floor": the same
+#                        epoll shape with no keyspace and no lock, the least a server can do)
+#   FLOOR_SHARED=N       throughput: also serve with store_floor --threads N --shared ("floorsh": N
+#                        threads on one epoll set, FLOOR_BATCH events per epoll_wait, default 16)
+#   FLOOR_BLOCKING=1     throughput: also serve with store_floor --blocking ("floorblk": a thread
+#                        per connection blocking in recv, the shortest path without busy-polling)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -75,6 +83,22 @@ if [[ -n ${COMPARE_BUILD:-} ]]; then
   echo "before: $COMPARE_BUILD/bin/ddpctl store serve (pid $started_pid, port $started_port)"
 fi
 
+if [[ $mode == throughput && -n ${FLOOR_THREADS:-} ]]; then
+  start "$build/bin/store_floor" --threads "$FLOOR_THREADS"
+  extra+=(--target "floor=127.0.0.1:$started_port:$started_pid")
+  echo "floor: store_floor --threads $FLOOR_THREADS (pid $started_pid, port $started_port)"
+fi
+if [[ $mode == throughput && -n ${FLOOR_SHARED:-} ]]; then
+  start "$build/bin/store_floor" --threads "$FLOOR_SHARED" --shared --batch "${FLOOR_BATCH:-16}"
+  extra+=(--target "floorsh=127.0.0.1:$started_port:$started_pid")
+  echo "floorsh: store_floor --threads $FLOOR_SHARED --shared --batch ${FLOOR_BATCH:-16} (pid $started_pid, port $started_port)"
+fi
+if [[ $mode == throughput && -n ${FLOOR_BLOCKING:-} ]]; then
+  start "$build/bin/store_floor" --blocking
+  extra+=(--target "floorblk=127.0.0.1:$started_port:$started_pid")
+  echo "floorblk: store_floor --blocking (pid $started_pid, port $started_port)"
+fi
+
 echo "ours:  ddpctl store serve --threads $server_threads (pid $ours_pid, port $ours_port)"
 echo "torch: PyTorch $("$python" -c 'import torch; print(torch.__version__)') TCPStore(is_master=True) (pid $torch_pid, port $torch_port)"
 echo "machine: $(nproc) cores; load generator ($load_threads threads) and both servers share them"
@@ -87,4 +111,4 @@ if [[ $mode == storm ]]; then
   exit
 fi
 "$load" --protocol "$protocol" --target "ours=127.0.0.1:$ours_port:$ours_pid" --target "torch=127.0.0.1:$torch_port:$torch_pid" "${extra[@]}" \
-  --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}" --threads "$load_threads"
+  --clients "${CLIENTS:-1,16,256}" --seconds "${RUN_SECONDS:-3}" --threads "$load_threads" --rounds "${ROUNDS:-1}"

@@ -2,7 +2,7 @@
 // (what Debian's PyTorch server speaks), run against several servers side by side.
 //
 //   store_load --target ours=127.0.0.1:29500:PID --target torch=127.0.0.1:29501:PID
-//              --clients 1,16,256 --seconds 3
+//              --clients 1,16,256 --seconds 3 [--rounds 5]
 //
 // For each client count, each target in turn (same load, same machine, one after the other):
 // that many client connections (spread over --threads epoll threads, default 2), each with one
@@ -14,7 +14,10 @@
 // switches of all its threads, /proc/PID/task/*/status): a busy server finds requests waiting
 // and sleeps less than once per op. At the end: each server's resident memory (VmRSS before,
 // VmHWM after).
-// Ratios are ours/theirs for the first target over the second.
+// Ratios: every other target over the second (the peer), ops/s and CPU per op. With --rounds R
+// each client count runs R rounds, the targets in turn (reversed in every other round), and
+// each ratio is the median of the rounds' ratios with their range: the machine's speed drifts
+// between runs, a round's two runs are seconds apart.
 #include "store/protocol.hpp"
 
 #include <arpa/inet.h>
@@ -283,6 +286,7 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
   if (failures > 0)
     throw std::runtime_error(t.name + ": " + std::to_string(failures.load()) + " client threads failed");
   const uint64_t n = ops.load() - ops0;
+  if (n == 0) throw std::runtime_error(t.name + " answered no request in " + std::to_string(seconds) + " s");
 
   RunResult r;
   r.ops = n;
@@ -298,6 +302,12 @@ RunResult run(const Target& t, int clients, double seconds, int max_threads) {
     r.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
   }
   return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 Target parse_target(const std::string& s) {
@@ -324,6 +334,7 @@ int main(int argc, char** argv) try {
   std::vector<int> clients{1, 16, 256};
   double seconds = 3;
   int threads = 2;
+  int rounds = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -343,6 +354,8 @@ int main(int argc, char** argv) try {
       auto v = next();
       if (v != "1" && v != "2") throw std::runtime_error("--protocol: 1 (PyTorch 1.13) or 2 (2.x)");
       g_protocol = v == "1" ? Protocol::v1 : Protocol::v2;
+    } else if (a == "--rounds") {
+      rounds = std::max(1, std::stoi(next()));
     } else if (a == "--seconds") {
       seconds = std::stod(next());
     } else {
@@ -360,17 +373,42 @@ int main(int argc, char** argv) try {
   std::printf("%8s  %-8s %12s %10s %10s %12s %12s\n", "clients", "server", "ops/s", "p50 us", "p99 us", "cpu us/op",
               "sleeps/op");
   for (int n : clients) {
-    std::vector<RunResult> rs;
-    for (auto& t : targets) {
-      rs.push_back(run(t, n, seconds, threads));
-      const auto& r = rs.back();
-      std::printf("%8d  %-8s %12.0f %10.1f %10.1f %12.2f %12.3f\n", n, t.name.c_str(), r.ops_per_s, r.p50_us, r.p99_us,
-                  r.cpu_us_per_op, r.sleeps_per_op);
-      std::fflush(stdout);
+    // by_target[i][r]: target i in round r. Odd rounds take the targets in reverse order, so that
+    // neither side always runs on a machine the other has just warmed (or disturbed).
+    std::vector<std::vector<RunResult>> by_target(targets.size());
+    for (int r = 0; r < rounds; ++r) {
+      for (std::size_t k = 0; k < targets.size(); ++k) {
+        const std::size_t i = r % 2 == 0 ? k : targets.size() - 1 - k;
+        const auto& t = targets[i];
+        by_target[i].push_back(run(t, n, seconds, threads));
+        const auto& res = by_target[i].back();
+        std::printf("%8d  %-8s %12.0f %10.1f %10.1f %12.2f %12.3f%s\n", n, t.name.c_str(), res.ops_per_s, res.p50_us,
+                    res.p99_us, res.cpu_us_per_op, res.sleeps_per_op,
+                    rounds > 1 ? (" (round " + std::to_string(r + 1) + ")").c_str() : "");
+        std::fflush(stdout);
+      }
     }
-    if (rs.size() >= 2 && rs[1].ops_per_s > 0 && rs[1].cpu_us_per_op > 0) {
-      std::printf("%8d  %-8s %11.2fx %21s %11.2fx\n", n, "ratio", rs[0].ops_per_s / rs[1].ops_per_s, "",
-                  rs[0].cpu_us_per_op / rs[1].cpu_us_per_op);
+    // Each target against the second (the peer), round by round: the median of the rounds'
+    // ratios, and their range.
+    if (targets.size() < 2) continue;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      if (i == 1) continue;
+      std::vector<double> ops_r, cpu_r;
+      for (int r = 0; r < rounds; ++r) {
+        const auto &a = by_target[i][r], &b = by_target[1][r];
+        if (b.ops_per_s > 0) ops_r.push_back(a.ops_per_s / b.ops_per_s);
+        if (b.cpu_us_per_op > 0) cpu_r.push_back(a.cpu_us_per_op / b.cpu_us_per_op);
+      }
+      if (ops_r.empty() || cpu_r.empty()) continue;
+      const std::string who = targets[i].name + "/" + targets[1].name;
+      if (rounds == 1) {
+        std::printf("%8d  ratio %-16s %8.2fx %21s cpu %.2fx\n", n, who.c_str(), ops_r[0], "", cpu_r[0]);
+      } else {
+        const auto [olo, ohi] = std::minmax_element(ops_r.begin(), ops_r.end());
+        const auto [clo, chi] = std::minmax_element(cpu_r.begin(), cpu_r.end());
+        std::printf("%8d  ratio %-16s %8.2fx (%.2f-%.2f, %d rounds)  cpu %.2fx (%.2f-%.2f)\n", n, who.c_str(),
+                    median(ops_r), *olo, *ohi, rounds, median(cpu_r), *clo, *chi);
+      }
     }
   }
   std::printf("\nserver memory (KiB): VmRSS before -> VmHWM (peak) after\n");

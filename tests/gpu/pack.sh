@@ -7,7 +7,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$root/.gpu/bin" "$root/.gpu/lib"
 exclude=$(git -C "$root" rev-parse --git-path info/exclude)  # a worktree keeps it elsewhere
 mkdir -p "$(dirname "$exclude")"; grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
-for b in ddpctl ddp-ncclid ddp-agentd nccl_allreduce nccl_id_floor timed_run store_load store_storm fake_agents; do cp "$root/build/bin/$b" "$root/.gpu/bin/"; done
+for b in ddpctl ddp-ncclid ddp-agentd nccl_allreduce nccl_id_floor timed_run store_load store_storm store_floor fake_agents; do cp "$root/build/bin/$b" "$root/.gpu/bin/"; done
 # libdw/libelf: ddpctl's native stack reader (lib/stacks); the image may have other versions or none.
 for lib in libspdlog.so.1.10 libfmt.so.9 libyaml-cpp.so.0.7 libdw.so.1 libelf.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" "$root/.gpu/lib/"

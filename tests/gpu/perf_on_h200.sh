@@ -14,6 +14,8 @@
 #   STEPS="2 3"            the steps to run (default all: 1 2 3 4 5)
 #   TRAIN_PAIRS=6 TRAIN_STEPS=50 TRAIN_BUDGET=200   training pairs (even: half hand first), steady steps, seconds
 #   STORE_THREADS="4 8"    our server's --threads, one throughput run each, in order (default auto)
+#   ROUNDS=5 FLOOR_THREADS=3 FLOOR_SHARED=3 FLOOR_BLOCKING=1   bench/store/run.sh's rounds and
+#                          floor servers (store_floor), for step 3; STORE_TIMEOUT=120 its seconds
 #   COMPARE_BUILD=.gpu/old a second ddpctl (its bin/ddpctl) served beside ours in steps 3 and 4
 # Everything lands in $OUT (or ./gpu-out); $OUT/perf_summary.txt holds the verdict lines:
 #   TORCHRUN_CONTRACT PASS, TRAINING steady step ... PASS, TRAINING first step ... PASS, and the
@@ -74,7 +76,7 @@ if want 3; then
   for t in ${STORE_THREADS:-auto}; do
     n=$((n + 1))  # a count may repeat ("auto 4 auto 4"): each run its own file
     echo "--- our server --threads $t"
-    SERVER_THREADS=$t BUILD_DIR=$root/.gpu PYTHON=$PY RUN_SECONDS=${STORE_SECONDS:-3} LOAD_THREADS=8 timeout 120 \
+    SERVER_THREADS=$t BUILD_DIR=$root/.gpu PYTHON=$PY RUN_SECONDS=${STORE_SECONDS:-3} LOAD_THREADS=8 timeout "${STORE_TIMEOUT:-120}" \
       bash "$root/bench/store/run.sh" 2>&1 | tee "$out/store_throughput_${n}_t$t.txt"
     [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("store throughput, --threads $t")
   done
