@@ -2,6 +2,7 @@
 // launch to lib/multinode (its policy) and the coordinator.
 #include "attempt/files.hpp"
 #include "commands.hpp"
+#include "common/safe_fs.hpp"
 #include "common/strings.hpp"
 #include "coordinator/client.hpp"
 #include "coordinator/coordinator.hpp"
@@ -62,9 +63,8 @@ void on_detach_signal(int sig) {
   detach_interrupted = sig;
 }
 
-// Copies to our stderr what `path` has gained past `offset`.
-void relay_log(const std::string& path, off_t& offset) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Copies to our stderr what the log (read through `fd`) has gained past `offset`.
+void relay_log(int fd, off_t& offset) {
   if (fd < 0) return;
   char buf[8192];
   ssize_t n = 0;
@@ -72,20 +72,29 @@ void relay_log(const std::string& path, off_t& offset) {
     offset += n;
     std::cerr.write(buf, n);
   }
-  ::close(fd);
   std::cerr.flush();
 }
 
 int run_detached(ddp::coordinator::CoordinatorOptions opts) {
   namespace fs = std::filesystem;
   const auto dir = fmt::format("{}/{}", opts.spec.log_dir, opts.job_id);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    std::cerr << fmt::format("ddpctl launch: --detach: cannot create {}: {}\n", dir, ec.message());
+  // The job's folder is ours (made, or one of ours already there: not a link, not someone
+  // else's; 0700) and the log is opened through it without following a link: a log_dir in a
+  // folder others can write (/tmp) must not let them point root's log at a file of their choice.
+  ddp::safefs::Fd log_w, log_r;
+  try {
+    std::error_code ec;
+    fs::create_directories(opts.spec.log_dir, ec);  // a folder of the user who runs ddpctl
+    const auto root = ddp::safefs::Dir::open(opts.spec.log_dir);
+    const auto job = ddp::safefs::make_dir(root, opts.job_id, 0700, std::nullopt, false);
+    ::fchmod(job.fd(), 0700);
+    log_w = ddp::safefs::open_append(job, "coordinator.log", std::nullopt);
+    log_r = ddp::safefs::Fd(::openat(job.fd(), "coordinator.log", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  } catch (const ddp::safefs::FsError& e) {
+    std::cerr << fmt::format("ddpctl launch: --detach: cannot keep the job's log in {}: {}\n", dir, e.what());
     return 2;
   }
-  const auto log_path = dir + "/coordinator.log";
+  const auto log_path = dir + "/coordinator.log";  // for messages
   if (!opts.result_json) opts.result_json = dir + "/result.json";
   // The background ddpctl says 'L' once its control socket listens (its stderr is the log from
   // then on) and 'R' once the ranks run; its end closes the link. A socket, not a pipe: a send
@@ -96,7 +105,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
     return 2;
   }
   struct stat st {};
-  off_t relayed = ::stat(log_path.c_str(), &st) == 0 ? st.st_size : 0;  // a reused job id's old lines stay unsaid
+  off_t relayed = ::fstat(log_w.get(), &st) == 0 ? st.st_size : 0;  // a reused job id's old lines stay unsaid
   std::cout.flush();
   std::cerr.flush();
   const pid_t pid = ::fork();
@@ -135,7 +144,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
         while (::read(changes, events, sizeof events) > 0) {
         }
       }
-      if (listening) relay_log(log_path, relayed);
+      if (listening) relay_log(log_r.get(), relayed);
       if (detach_interrupted) {
         std::cout << opts.job_id << std::endl;
         std::cerr << fmt::format(
@@ -162,22 +171,21 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
       int status = 0;
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
-      if (listening) relay_log(log_path, relayed);
+      if (listening) relay_log(log_r.get(), relayed);
       return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 2;
     }
   }
   ::close(link[0]);
+  log_r = ddp::safefs::Fd();
   ::setsid();
   opts.quiet = true;
-  opts.on_listening = [fd = link[1], log_path] {
+  opts.on_listening = [fd = link[1], log = log_w.release()] {
     // From here on nothing of ours holds the caller's terminal or pipes.
     const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    const int out = log >= 0 ? log : null;
     ::dup2(null, STDIN_FILENO);
-    ::dup2(out, STDOUT_FILENO);
-    ::dup2(out, STDERR_FILENO);
-    if (log >= 0) ::close(log);
+    ::dup2(log, STDOUT_FILENO);
+    ::dup2(log, STDERR_FILENO);
+    ::close(log);
     if (null >= 0) ::close(null);
     [[maybe_unused]] auto w = ::send(fd, "L", 1, MSG_NOSIGNAL);
   };

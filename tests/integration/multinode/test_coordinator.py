@@ -273,6 +273,34 @@ def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
     assert rc == 1 and "job gone-1 ended" in err and "(failed, exit code 2)" in err, err
 
 
+def test_a_detached_launch_refuses_a_job_folder_someone_else_made(cluster):
+    """--detach keeps the background ddpctl's log in <log_dir>/<job id>. Another user who made
+    that folder first (a log_dir in a folder everyone can write) and put a link in it where the
+    log goes must not get root's log appended to a file of their choice: the launch refuses the
+    folder, says so, and starts nothing."""
+    c = cluster
+    logs = os.path.join(c.dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    victim = os.path.join(c.dir, "victim.txt")
+    with open(victim, "w") as f:
+        f.write("untouched\n")
+    planted = os.path.join(logs, "planted-1")
+    os.mkdir(planted)
+    os.symlink(victim, os.path.join(planted, "coordinator.log"))
+    os.chown(planted, 65534, 65534)
+    p = c.ctl.popen([*runtime_env(c), os.path.join(c.bin, "ddpctl"), "launch", "--nodes", c.nodes_arg(c.nodes),
+                     "--token-file", c.token, "--detach", "--job-id", "planted-1", job(c, "planted", "tick")],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
+    rc, out, err = finish(p, timeout=30)
+    assert rc == 2, err
+    assert "cannot keep the job's log in" in err and "planted-1" in err, err
+    assert out.strip() == "", out
+    assert open(victim).read() == "untouched\n"
+    assert not os.path.exists(os.path.join(planted, "result.json"))
+    rc, _, err = status(c, "planted-1")
+    assert rc != 0, err  # nothing ran
+
+
 REACH_STORE = r'''
 import os, socket
 port = int(os.environ["MASTER_PORT"])

@@ -82,7 +82,10 @@ def test_stacks_across_three_nodes_name_ranks_and_nodes():
         except AssertionError:
             p.kill()
             _, err = p.communicate(timeout=30)
-            raise AssertionError(f"last answer: {json.dumps(last.get('j'))[:4000]}\nlauncher:\n{err}")
+            # The agents' logs too: a rank killed early (seen once under the suite's load, not
+            # explained) says there who stopped it.
+            agents = "".join(f"\nagent {h.name}:\n{c.agent_log(h)[-6000:]}" for h in c.hosts)
+            raise AssertionError(f"last answer: {json.dumps(last.get('j'))[:4000]}\nlauncher:\n{err}{agents}")
         j = last["j"]
         n1, n2, n3 = c.hosts
         assert j["world_size"] == 3
