@@ -421,7 +421,8 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       if (!inserted) {
         auto current = parse_like_stoll(it->second);
         if (!current) {
-          out.close_reason = "ADD on key `" + it->first + "` whose value is not a decimal number";
+          out.close_reason =
+              fmt::format("ADD on key `{}` whose value is not a decimal number", printable_key(it->first));
           return;
         }
         sum = static_cast<int64_t>(static_cast<uint64_t>(*current) + static_cast<uint64_t>(req.number));
@@ -583,7 +584,8 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       if (!inserted) {
         auto current = parse_like_stoll(it->second);
         if (!current) {
-          out.close_reason = "BARRIER on key `" + it->first + "` whose value is not a decimal number";
+          out.close_reason =
+              fmt::format("BARRIER on key `{}` whose value is not a decimal number", printable_key(it->first));
           return;
         }
         count = static_cast<int64_t>(static_cast<uint64_t>(*current) + 1);

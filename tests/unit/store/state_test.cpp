@@ -5,6 +5,7 @@
 #include "store/report.hpp"
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 using namespace ddp::store;
 using namespace std::chrono_literals;
+using ::testing::HasSubstr;
 
 namespace {
 
@@ -225,6 +227,22 @@ TEST(StoreState, AddOnANonNumberClosesThatClient) {
   EXPECT_EQ(*h.st.find("/s"), "abc");
   h.set(1, "/o", "99999999999999999999");  // out of range for stoll
   EXPECT_FALSE(h.add(2, "/o", 1).close_reason.empty());
+}
+
+// The reason goes to the store's log: a key is the client's bytes, shown escaped (no line of
+// its own, no terminal escape), as every other key in the store's messages.
+TEST(StoreState, AReasonShowsTheKeyEscaped) {
+  Harness h;
+  const std::string key = "/k\n\x1b[31mfake log line";
+  h.set(1, key, "abc");
+  const std::string add_why = h.add(2, key, 1).close_reason;
+  EXPECT_THAT(add_why, HasSubstr("ADD on key `/k\\x0a\\x1b[31mfake log line`")) << add_why;
+  const std::string barrier_why = h.barrier(3, key, 2).close_reason;
+  EXPECT_THAT(barrier_why, HasSubstr("BARRIER on key `/k\\x0a\\x1b[31mfake log line`")) << barrier_why;
+  for (const auto& why : {add_why, barrier_why}) {
+    EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+    EXPECT_EQ(why.find('\x1b'), std::string::npos) << why;
+  }
 }
 
 TEST(StoreState, ParseLikeStoll) {
