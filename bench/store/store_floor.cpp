@@ -49,9 +49,9 @@ constexpr std::size_t kChunk = 64 * 1024;
 
 struct Conn {
   int fd = -1;
-  // --shared: kBusy while a thread serves it, kAgain when an event came meanwhile.
+  // --shared: kBusy while a thread serves it (for good once closed), kAgain when an event came
+  // meanwhile.
   std::atomic<uint32_t> state{0};
-  std::atomic<bool> closed{false};
   Decoder dec;
   Request req;
   std::string last_value;  // GET answers the value this client set last
@@ -179,16 +179,17 @@ struct Loop {
           }
         }
         if (!claimed) continue;
-        bool ok = !c->closed.load();
-        while (ok) {
-          ok = drain(*c, buf) && !hup;
+        for (;;) {
+          if (!drain(*c, buf) || hup) {
+            // Closed while still claimed, and never let go: a late event for it (taken by
+            // another thread before the close) finds it busy and leaves it alone, so no thread
+            // touches the descriptor, whose number a new connection may already have.
+            ::close(c->fd);
+            break;
+          }
           uint32_t busy = kBusy;
           if (c->state.compare_exchange_strong(busy, 0)) break;
           c->state.store(kBusy);  // an event came meanwhile: read again
-        }
-        if (!ok && !c->closed.exchange(true)) {
-          ::close(c->fd);
-          c->state.store(0);
         }
       }
     }

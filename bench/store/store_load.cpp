@@ -399,15 +399,16 @@ int main(int argc, char** argv) try {
         if (b.ops_per_s > 0) ops_r.push_back(a.ops_per_s / b.ops_per_s);
         if (b.cpu_us_per_op > 0) cpu_r.push_back(a.cpu_us_per_op / b.cpu_us_per_op);
       }
-      if (ops_r.empty() || cpu_r.empty()) continue;
+      if (ops_r.empty()) continue;
+      if (cpu_r.empty()) cpu_r.push_back(0);  // the peer's CPU did not move a tick in any round
       const std::string who = targets[i].name + "/" + targets[1].name;
-      if (rounds == 1) {
+      if (ops_r.size() == 1) {
         std::printf("%8d  ratio %-16s %8.2fx %21s cpu %.2fx\n", n, who.c_str(), ops_r[0], "", cpu_r[0]);
       } else {
         const auto [olo, ohi] = std::minmax_element(ops_r.begin(), ops_r.end());
         const auto [clo, chi] = std::minmax_element(cpu_r.begin(), cpu_r.end());
-        std::printf("%8d  ratio %-16s %8.2fx (%.2f-%.2f, %d rounds)  cpu %.2fx (%.2f-%.2f)\n", n, who.c_str(),
-                    median(ops_r), *olo, *ohi, rounds, median(cpu_r), *clo, *chi);
+        std::printf("%8d  ratio %-16s %8.2fx (%.2f-%.2f, %zu rounds)  cpu %.2fx (%.2f-%.2f)\n", n, who.c_str(),
+                    median(ops_r), *olo, *ohi, ops_r.size(), median(cpu_r), *clo, *chi);
       }
     }
   }

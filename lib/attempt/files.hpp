@@ -29,6 +29,10 @@ std::optional<ErrorFile> read_error_file(const std::string& path);
 std::optional<std::string> result_file_problem(const std::string& path);
 // Writes `report` (indented JSON) to `path`; the reason when it could not.
 std::optional<std::string> write_result_file(const std::string& path, const nlohmann::json& report);
+// The same as `name` in `dir`, through its descriptor: written new under a temporary name (never
+// through a link), 0600, then renamed into place.
+std::optional<std::string> write_result_file(const safefs::Dir& dir, const std::string& name,
+                                             const nlohmann::json& report);
 
 // THE read of one rank for a failure report: Python frames only (no ptrace, nothing opened in
 // the target's name), bounded. Never throws.

@@ -152,7 +152,12 @@ class Coordinator {
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
     terminal_.flush();
     if (opts_.result_json) {
-      if (auto err = launch::write_result_file(*opts_.result_json, launch::to_json(report_))) {
+      const auto report = launch::to_json(report_);
+      auto err = opts_.result_folder
+                     ? launch::write_result_file(*opts_.result_folder, fs::path(*opts_.result_json).filename().string(),
+                                                 report)
+                     : launch::write_result_file(*opts_.result_json, report);
+      if (err) {
         log_->error("{}", *err);
         if (report_.exit_code == 0) report_.exit_code = 2;  // the job ran, its report is lost: not a success
         opts_.result_json.reset();

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
-from ddptest import alive  # noqa: E402
+from ddptest import alive, wait_for  # noqa: E402
 from simcluster import finish  # noqa: E402
 
 SKIP = simcluster.netns_unavailable()
@@ -273,32 +273,74 @@ def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
     assert rc == 1 and "job gone-1 ended" in err and "(failed, exit code 2)" in err, err
 
 
-def test_a_detached_launch_refuses_a_job_folder_someone_else_made(cluster):
-    """--detach keeps the background ddpctl's log in <log_dir>/<job id>. Another user who made
-    that folder first (a log_dir in a folder everyone can write) and put a link in it where the
-    log goes must not get root's log appended to a file of their choice: the launch refuses the
-    folder, says so, and starts nothing."""
-    c = cluster
-    logs = os.path.join(c.dir, "logs")
-    os.makedirs(logs, exist_ok=True)
+def detach(c, job_id, spec):
+    return finish(c.ctl.popen([*runtime_env(c), os.path.join(c.bin, "ddpctl"), "launch", "--nodes",
+                               c.nodes_arg(c.nodes), "--token-file", c.token, "--detach", "--job-id", job_id, spec],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir), timeout=60)
+
+
+def victim_file(c):
     victim = os.path.join(c.dir, "victim.txt")
     with open(victim, "w") as f:
         f.write("untouched\n")
+    return victim
+
+
+def test_a_detached_launch_refuses_a_job_folder_someone_else_made(cluster):
+    """--detach keeps the background ddpctl's log and result in <log_dir>/<job id>. Another user
+    who made that folder first (a log_dir in a folder everyone can write) and put a link in it
+    where the log goes must not get root's log appended to a file of their choice: the launch
+    refuses the folder, says whose it is, and starts nothing. A link where the log goes in a
+    folder of the launcher's own is refused too (never followed)."""
+    c = cluster
+    logs = os.path.join(c.dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    victim = victim_file(c)
     planted = os.path.join(logs, "planted-1")
     os.mkdir(planted)
     os.symlink(victim, os.path.join(planted, "coordinator.log"))
     os.chown(planted, 65534, 65534)
-    p = c.ctl.popen([*runtime_env(c), os.path.join(c.bin, "ddpctl"), "launch", "--nodes", c.nodes_arg(c.nodes),
-                     "--token-file", c.token, "--detach", "--job-id", "planted-1", job(c, "planted", "tick")],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
-    rc, out, err = finish(p, timeout=30)
+    rc, out, err = detach(c, "planted-1", job(c, "planted", "tick"))
     assert rc == 2, err
-    assert "cannot keep the job's log in" in err and "planted-1" in err, err
+    assert "cannot keep the job's log in" in err and "belongs to uid 65534" in err, err
     assert out.strip() == "", out
-    assert open(victim).read() == "untouched\n"
-    assert not os.path.exists(os.path.join(planted, "result.json"))
     rc, _, err = status(c, "planted-1")
     assert rc != 0, err  # nothing ran
+
+    own = os.path.join(logs, "linked-1")
+    os.mkdir(own, 0o700)
+    os.symlink(victim, os.path.join(own, "coordinator.log"))
+    rc, out, err = detach(c, "linked-1", job(c, "linked", "tick"))
+    assert rc == 2, err
+    assert "cannot keep the job's log in" in err and "symbolic link" in err, err
+    assert open(victim).read() == "untouched\n"
+
+
+def test_a_detached_launch_writes_its_result_into_its_own_folder_when_moved(cluster):
+    """The result goes below the job folder's descriptor, opened at the launch: whoever owns
+    log_dir may move the job's folder away while the job runs and put a folder of their own with
+    a link named result.json in its place; the result still lands in the job's own folder
+    (wherever it moved), and the linked file is untouched."""
+    c = cluster
+    logs = os.path.join(c.dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    os.chown(logs, 65534, 65534)  # a log_dir of another user's (e.g. /tmp/logs, made first)
+    os.chmod(logs, 0o755)
+    os.chmod(c.dir, 0o755)  # they can reach it
+    victim = victim_file(c)
+    rc, out, err = detach(c, "swap-1", job(c, "swap", "tick"))
+    assert rc == 0, err
+    r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "sh", "-c",
+                        f"cd {logs} && mv swap-1 swap-1.moved && mkdir swap-1 && ln -s {victim} swap-1/result.json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = ddpctl(c, "stop", "swap-1")
+    assert r.returncode == 0, r.stderr
+    moved = os.path.join(logs, "swap-1.moved", "result.json")
+    wait_for(lambda: os.path.exists(moved), timeout=30, what="result.json in the job's moved folder")
+    assert json.load(open(moved))["status"] == "stopped"
+    assert open(victim).read() == "untouched\n"
+    assert os.path.islink(os.path.join(logs, "swap-1", "result.json"))
 
 
 REACH_STORE = r'''
