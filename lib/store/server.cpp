@@ -3,6 +3,7 @@
 // server.hpp for the policy.
 #include "store/server.hpp"
 
+#include "common/adaptive_mutex.hpp"
 #include "common/host.hpp"
 #include "common/log.hpp"
 #include "store/access.hpp"
@@ -152,8 +153,10 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   std::string bound_host;
   std::shared_ptr<spdlog::logger> log;
 
-  // Guards what follows, and each Connection's `closed` transitions and `proc_pid`.
-  mutable std::mutex mu;
+  // Guards what follows, and each Connection's `closed` transitions and `proc_pid`. Taken once
+  // per request by every I/O thread, held briefly: a thread that finds it taken spins a little
+  // before it sleeps (common/adaptive_mutex.hpp).
+  mutable AdaptiveMutex mu;
   State state;
   Effects fx;
   std::size_t max_connections;
