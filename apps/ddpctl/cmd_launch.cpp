@@ -81,17 +81,16 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
   // The job's folder is ours (made, or one of ours already there: not a link, not someone
   // else's; 0700) and the log is opened through it without following a link: a log_dir in a
   // folder others can write (/tmp) must not let them point root's log at a file of their choice.
-  // The folders stay open for the job's life: its result and every attempt's copy of the logs
-  // are written below these descriptors, never again by path (whoever can write log_dir could
-  // move the job's folder away and put one of their own in its place).
+  // The job's folder stays open for the job's life: its result and every attempt's copy of the
+  // logs are written below its descriptor, never again by path (whoever can write log_dir could
+  // move the job's folder away and put one of their own, or another of ours, in its place).
   ddp::safefs::Fd log_w, log_r;
   std::shared_ptr<const ddp::safefs::Dir> job;
   try {
     std::error_code ec;
     fs::create_directories(opts.spec.log_dir, ec);  // a folder of the user who runs ddpctl
-    auto root = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::Dir::open(opts.spec.log_dir));
-    job =
-        std::make_shared<const ddp::safefs::Dir>(ddp::safefs::make_dir(*root, opts.job_id, 0700, std::nullopt, false));
+    const auto root = ddp::safefs::Dir::open(opts.spec.log_dir);
+    job = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::make_dir(root, opts.job_id, 0700, std::nullopt, false));
     ::fchmod(job->fd(), 0700);
     log_w = ddp::safefs::open_append(*job, "coordinator.log", std::nullopt);
     log_r = ddp::safefs::Fd(::openat(job->fd(), "coordinator.log", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
@@ -101,7 +100,7 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
                   w.st_ino != r.st_ino)) {
       log_r = ddp::safefs::Fd();  // not the file just opened: nothing is relayed
     }
-    if (!opts.log_folder) opts.log_folder = std::move(root);
+    opts.job_folder = job;
   } catch (const ddp::safefs::FsError& e) {
     std::cerr << fmt::format("ddpctl launch: --detach: cannot keep the job's log in {}: {}\n", dir, e.what());
     return 2;
@@ -145,10 +144,14 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
     ::sigprocmask(SIG_BLOCK, &stop_signals, &waiting_mask);
     sigdelset(&waiting_mask, SIGINT);
     sigdelset(&waiting_mask, SIGTERM);
-    const int changes = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    // The folder opened above, whatever its path leads to now.
-    if (changes >= 0)
-      ::inotify_add_watch(changes, fmt::format("/proc/self/fd/{}", job->fd()).c_str(), IN_MODIFY | IN_CREATE);
+    int changes = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    // The folder opened above, whatever its path leads to now; without a watch (no /proc, the
+    // user's watch limit reached) the log is relayed on a timer instead.
+    if (changes >= 0 &&
+        ::inotify_add_watch(changes, fmt::format("/proc/self/fd/{}", job->fd()).c_str(), IN_MODIFY | IN_CREATE) < 0) {
+      ::close(changes);
+      changes = -1;
+    }
     const auto see_it = fmt::format("see it with ddpctl status|logs -f|stop {}", opts.job_id);
     bool listening = false;
     for (;;) {

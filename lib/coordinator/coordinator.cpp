@@ -553,6 +553,11 @@ class Coordinator {
   // be done: the job runs, the launcher keeps no copy.
   std::shared_ptr<const safefs::Dir> open_attempt_folder(std::uint64_t attempt) {
     try {
+      if (opts_.job_folder) {
+        auto dir = safefs::make_dir(*opts_.job_folder, fmt::format("attempt-{}", attempt), 0700, std::nullopt, false);
+        ::fchmod(dir.fd(), 0700);
+        return std::make_shared<const safefs::Dir>(std::move(dir));
+      }
       std::shared_ptr<const safefs::Dir> root = opts_.log_folder;
       if (!root && opts_.log_folder_only) return nullptr;  // warned when the folder was refused
       if (!root) {

@@ -35,7 +35,12 @@ if mode == "fail" and rank == 3:
     time.sleep(0.5)
     print("rank 3 gives up", file=sys.stderr, flush=True)
     sys.exit(7)
-if mode in ("tick", "fail"):
+if mode == "fail-on-flag" and rank == 3 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    while not os.path.exists(os.environ["FLAG"]):
+        time.sleep(0.1)
+    print("rank 3 gives up on the flag", file=sys.stderr, flush=True)
+    sys.exit(7)
+if mode in ("tick", "fail", "fail-on-flag"):
     for i in range(600):
         print(f"tick {i} rank {rank}", flush=True)
         time.sleep(0.5)
@@ -317,10 +322,11 @@ def test_a_detached_launch_refuses_a_job_folder_someone_else_made(cluster):
 
 
 def test_a_detached_launch_writes_its_result_into_its_own_folder_when_moved(cluster):
-    """The result goes below the job folder's descriptor, opened at the launch: whoever owns
-    log_dir may move the job's folder away while the job runs and put a folder of their own with
-    a link named result.json in its place; the result still lands in the job's own folder
-    (wherever it moved), and the linked file is untouched."""
+    """The result and each attempt's folder go below the job folder's descriptor, opened at the
+    launch: whoever owns log_dir may move the job's folder away while the job runs and put a
+    folder of their own with a link named result.json in its place; the next attempt's folder
+    (a rank fails after the move; one restart) and the result still land in the job's own folder,
+    wherever it moved, and the linked file is untouched."""
     c = cluster
     logs = os.path.join(c.dir, "logs")
     os.makedirs(logs, exist_ok=True)
@@ -328,18 +334,27 @@ def test_a_detached_launch_writes_its_result_into_its_own_folder_when_moved(clus
     os.chmod(logs, 0o755)
     os.chmod(c.dir, 0o755)  # they can reach it
     victim = victim_file(c)
-    rc, out, err = detach(c, "swap-1", job(c, "swap", "tick"))
+    flag = os.path.join(c.dir, "fail-now")
+    spec = job(c, "swap", "fail-on-flag")
+    with open(spec, "a") as f:
+        f.write(f"restart: {{max_restarts: 1, backoff: 1s}}\nenv: {{FLAG: {flag}}}\n")
+    rc, out, err = detach(c, "swap-1", spec)
     assert rc == 0, err
     r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "sh", "-c",
                         f"cd {logs} && mv swap-1 swap-1.moved && mkdir swap-1 && ln -s {victim} swap-1/result.json"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    open(flag, "w").close()  # rank 3 fails: attempt 1 starts
+    attempt1 = os.path.join(logs, "swap-1.moved", "attempt-1")
+    wait_for(lambda: os.path.isdir(attempt1) and os.listdir(attempt1), timeout=60,
+             what="attempt 1's logs in the job's moved folder")
     r = ddpctl(c, "stop", "swap-1")
     assert r.returncode == 0, r.stderr
     moved = os.path.join(logs, "swap-1.moved", "result.json")
     wait_for(lambda: os.path.exists(moved), timeout=30, what="result.json in the job's moved folder")
     assert json.load(open(moved))["status"] == "stopped"
     assert open(victim).read() == "untouched\n"
+    assert sorted(os.listdir(os.path.join(logs, "swap-1"))) == ["result.json"]  # theirs: the link alone
     assert os.path.islink(os.path.join(logs, "swap-1", "result.json"))
 
 
