@@ -553,21 +553,23 @@ class Coordinator {
   // be done: the job runs, the launcher keeps no copy.
   std::shared_ptr<const safefs::Dir> open_attempt_folder(std::uint64_t attempt) {
     try {
-      if (opts_.job_folder) {
-        auto dir = safefs::make_dir(*opts_.job_folder, fmt::format("attempt-{}", attempt), 0700, std::nullopt, false);
-        ::fchmod(dir.fd(), 0700);
-        return std::make_shared<const safefs::Dir>(std::move(dir));
+      // The job's folder is found by its name once, then kept open (or given, opened, by a
+      // detached launch): a later attempt's folder goes below the same folder, wherever it has
+      // been moved meanwhile, never into whatever now has its name.
+      if (!job_folder_) job_folder_ = opts_.job_folder;
+      if (!job_folder_) {
+        std::shared_ptr<const safefs::Dir> root = opts_.log_folder;
+        if (!root && opts_.log_folder_only) return nullptr;  // warned when the folder was refused
+        if (!root) {
+          std::error_code ec;
+          fs::create_directories(opts_.spec.log_dir, ec);  // a folder of the user who runs ddpctl
+          root = std::make_shared<const safefs::Dir>(safefs::Dir::open(opts_.spec.log_dir));
+        }
+        auto job = safefs::make_dir(*root, opts_.job_id, 0700, std::nullopt, false);
+        ::fchmod(job.fd(), 0700);
+        job_folder_ = std::make_shared<const safefs::Dir>(std::move(job));
       }
-      std::shared_ptr<const safefs::Dir> root = opts_.log_folder;
-      if (!root && opts_.log_folder_only) return nullptr;  // warned when the folder was refused
-      if (!root) {
-        std::error_code ec;
-        fs::create_directories(opts_.spec.log_dir, ec);  // a folder of the user who runs ddpctl
-        root = std::make_shared<const safefs::Dir>(safefs::Dir::open(opts_.spec.log_dir));
-      }
-      const auto job = safefs::make_dir(*root, opts_.job_id, 0700, std::nullopt, false);
-      ::fchmod(job.fd(), 0700);
-      auto dir = safefs::make_dir(job, fmt::format("attempt-{}", attempt), 0700, std::nullopt, false);
+      auto dir = safefs::make_dir(*job_folder_, fmt::format("attempt-{}", attempt), 0700, std::nullopt, false);
       ::fchmod(dir.fd(), 0700);
       return std::make_shared<const safefs::Dir>(std::move(dir));
     } catch (const safefs::FsError& e) {
@@ -1422,6 +1424,7 @@ class Coordinator {
   std::chrono::system_clock::time_point started_;
   std::string attempt_dir_;
   std::shared_ptr<const safefs::Dir> attempt_folder_;  // attempt_dir_, opened (null: not kept)
+  std::shared_ptr<const safefs::Dir> job_folder_;      // the job's folder, opened at the first attempt
   launch::AttemptReport cur_;
   launch::JobReport report_;
   int stop_signal_ = 0;

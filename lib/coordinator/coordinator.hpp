@@ -74,7 +74,8 @@ struct CoordinatorOptions {
   // descriptor (a detached launch's <log_dir>/<job id>/result.json); unset: by its path.
   std::shared_ptr<const safefs::Dir> result_folder;
   // Set: the job's own folder, opened (a detached launch's <log_dir>/<job id>): each attempt's
-  // folder is made directly below it, never by the job's name again; unset: below log_folder.
+  // folder is made directly below it; unset: the job's folder is made (or found) below
+  // log_folder at the first attempt and kept open for the later ones.
   std::shared_ptr<const safefs::Dir> job_folder;
   // Set: the opened folder the launcher's copy of the logs goes in (a standing coordinator's
   // <log_dir>/<user>, made through its own descriptors); unset: spec.log_dir, made and opened by
