@@ -78,12 +78,10 @@ void relay_log(int fd, off_t& offset) {
 int run_detached(ddp::coordinator::CoordinatorOptions opts) {
   namespace fs = std::filesystem;
   const auto dir = fmt::format("{}/{}", opts.spec.log_dir, opts.job_id);
-  // The job's folder is ours (made, or one of ours already there: not a link, not someone
-  // else's; 0700) and the log is opened through it without following a link: a log_dir in a
-  // folder others can write (/tmp) must not let them point root's log at a file of their choice.
-  // The job's folder stays open for the job's life: its result and every attempt's copy of the
-  // logs are written below its descriptor, never again by path (whoever can write log_dir could
-  // move the job's folder away and put one of their own, or another of ours, in its place).
+  // The job's folder must be ours (made, or one of ours already there: not a link, not someone
+  // else's; 0700) and stays open for the job's life: the log, the result and every attempt's
+  // copy of the logs go below its descriptor, never by path (a log_dir others can write, /tmp,
+  // must not let them point root's files at one of their choice, nor swap the folder later).
   ddp::safefs::Fd log_w, log_r;
   std::shared_ptr<const ddp::safefs::Dir> job;
   try {
@@ -93,13 +91,8 @@ int run_detached(ddp::coordinator::CoordinatorOptions opts) {
     job = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::make_dir(root, opts.job_id, 0700, std::nullopt, false));
     ::fchmod(job->fd(), 0700);
     log_w = ddp::safefs::open_append(*job, "coordinator.log", std::nullopt);
-    log_r = ddp::safefs::Fd(::openat(job->fd(), "coordinator.log", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    struct stat w {
-    }, r{};
-    if (log_r && (::fstat(log_w.get(), &w) != 0 || ::fstat(log_r.get(), &r) != 0 || w.st_dev != r.st_dev ||
-                  w.st_ino != r.st_ino)) {
-      log_r = ddp::safefs::Fd();  // not the file just opened: nothing is relayed
-    }
+    // The same file again, to read (the relay): through our descriptor, not its name.
+    log_r = ddp::safefs::Fd(::open(fmt::format("/proc/self/fd/{}", log_w.get()).c_str(), O_RDONLY | O_CLOEXEC));
     opts.job_folder = job;
   } catch (const ddp::safefs::FsError& e) {
     std::cerr << fmt::format("ddpctl launch: --detach: cannot keep the job's log in {}: {}\n", dir, e.what());

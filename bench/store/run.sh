@@ -83,20 +83,18 @@ if [[ -n ${COMPARE_BUILD:-} ]]; then
   echo "before: $COMPARE_BUILD/bin/ddpctl store serve (pid $started_pid, port $started_port)"
 fi
 
-if [[ $mode == throughput && -n ${FLOOR_THREADS:-} ]]; then
-  start "$build/bin/store_floor" --threads "$FLOOR_THREADS"
-  extra+=(--target "floor=127.0.0.1:$started_port:$started_pid")
-  echo "floor: store_floor --threads $FLOOR_THREADS (pid $started_pid, port $started_port)"
-fi
-if [[ $mode == throughput && -n ${FLOOR_SHARED:-} ]]; then
-  start "$build/bin/store_floor" --threads "$FLOOR_SHARED" --shared --batch "${FLOOR_BATCH:-16}"
-  extra+=(--target "floorsh=127.0.0.1:$started_port:$started_pid")
-  echo "floorsh: store_floor --threads $FLOOR_SHARED --shared --batch ${FLOOR_BATCH:-16} (pid $started_pid, port $started_port)"
-fi
-if [[ $mode == throughput && -n ${FLOOR_BLOCKING:-} ]]; then
-  start "$build/bin/store_floor" --blocking
-  extra+=(--target "floorblk=127.0.0.1:$started_port:$started_pid")
-  echo "floorblk: store_floor --blocking (pid $started_pid, port $started_port)"
+# A floor server (store_floor ARGS...) as target NAME.
+floor() {
+  local name=$1
+  shift
+  start "$build/bin/store_floor" "$@"
+  extra+=(--target "$name=127.0.0.1:$started_port:$started_pid")
+  echo "$name: store_floor $* (pid $started_pid, port $started_port)"
+}
+if [[ $mode == throughput ]]; then
+  [[ -z ${FLOOR_THREADS:-} ]] || floor floor --threads "$FLOOR_THREADS"
+  [[ -z ${FLOOR_SHARED:-} ]] || floor floorsh --threads "$FLOOR_SHARED" --shared --batch "${FLOOR_BATCH:-16}"
+  [[ -z ${FLOOR_BLOCKING:-} ]] || floor floorblk --blocking
 fi
 
 echo "ours:  ddpctl store serve --threads $server_threads (pid $ours_pid, port $ours_port)"

@@ -75,20 +75,10 @@ std::optional<std::string> write_result_file(const std::string& path, const nloh
 
 std::optional<std::string> write_result_file(const safefs::Dir& dir, const std::string& name,
                                              const nlohmann::json& report) {
-  std::string tmp = ".";  // appended: GCC 12's -Wrestrict misfires on "." + name
-  tmp += name;
-  tmp += ".tmp";
   try {
-    safefs::remove_in(dir, tmp);  // left by a launcher that died mid-write
-    const auto fd = safefs::create_new(dir, tmp, std::nullopt);
-    if (!safefs::write_all(fd.get(), report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n")) {
-      const int e = errno;
-      safefs::remove_in(dir, tmp);
-      return fmt::format("cannot write the result file {}: {}", dir.path_of(name), std::strerror(e));
-    }
-    safefs::rename_in(dir, tmp, name);
+    safefs::replace_file(dir, name, report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                         std::nullopt);
   } catch (const safefs::FsError& e) {
-    safefs::remove_in(dir, tmp);
     return fmt::format("cannot write the result file {}: {}", dir.path_of(name), e.what());
   }
   return std::nullopt;
@@ -115,20 +105,10 @@ Written write_stacks_files(const safefs::Dir& dir, const std::optional<safefs::O
   // Each file is made new under a temporary name and renamed into place: a link or FIFO the job
   // put under either name is replaced, never followed or written through.
   auto put = [&](const std::string& name, const std::string& text) -> std::string {
-    std::string tmp = ".";  // appended: GCC 12's -Wrestrict misfires on "." + name
-    tmp += name;
-    tmp += ".tmp";
     try {
-      safefs::remove_in(dir, tmp);
-      auto fd = safefs::create_new(dir, tmp, owner);
-      if (!safefs::write_all(fd.get(), text)) {
-        safefs::remove_in(dir, tmp);
-        return fmt::format("cannot write {}", dir.path_of(tmp));
-      }
-      safefs::rename_in(dir, tmp, name);
+      safefs::replace_file(dir, name, text, owner);
       return "";
     } catch (const safefs::FsError& e) {
-      safefs::remove_in(dir, tmp);
       return e.what();
     }
   };

@@ -183,6 +183,24 @@ void rename_in(const Dir& dir, const std::string& from, const std::string& to) {
   }
 }
 
+void replace_file(const Dir& dir, const std::string& name, std::string_view text, const std::optional<Owner>& owner) {
+  std::string tmp = ".";  // appended: GCC 12's -Wrestrict misfires on "." + name
+  tmp += name;
+  tmp += ".tmp";
+  try {
+    remove_in(dir, tmp);  // left by a process that died mid-write
+    const auto fd = create_new(dir, tmp, owner);
+    if (!write_all(fd.get(), text)) {
+      const int e = errno;
+      throw FsError(e, fmt::format("cannot write {}: {}", dir.path_of(tmp), std::strerror(e)));
+    }
+    rename_in(dir, tmp, name);
+  } catch (const FsError&) {
+    remove_in(dir, tmp);
+    throw;
+  }
+}
+
 void remove_in(const Dir& dir, const std::string& name) noexcept {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return;
   ::unlinkat(dir.fd(), name.c_str(), 0);

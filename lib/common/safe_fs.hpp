@@ -100,6 +100,11 @@ Fd create_new(const Dir& dir, const std::string& name, const std::optional<Owner
 // Renames `from` to `to` within `dir` (replacing `to`, as rename(2); links are moved, not followed).
 void rename_in(const Dir& dir, const std::string& from, const std::string& to);
 
+// Writes `text` as `name` in `dir`: made new under a temporary name (O_EXCL, never through a
+// link), 0600, given to `owner`, then renamed over `name` (a link or FIFO there is replaced,
+// never followed or written through). Throws FsError; leaves no temporary file behind.
+void replace_file(const Dir& dir, const std::string& name, std::string_view text, const std::optional<Owner>& owner);
+
 // Removes `name` from `dir` if it is there (a link is removed, not its target); never throws.
 void remove_in(const Dir& dir, const std::string& name) noexcept;
 

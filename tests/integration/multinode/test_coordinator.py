@@ -265,10 +265,7 @@ def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
     # foreground launch would, and leaves no background ddpctl behind.
     c = cluster
     spec = c.write("missing.yaml", "name: missing\nnproc_per_node: 2\ncommand: [/no/such/program]\nstore: {port: 29500}\n")
-    p = c.ctl.popen([*runtime_env(c), os.path.join(c.bin, "ddpctl"), "launch", "--nodes", c.nodes_arg(c.nodes),
-                     "--token-file", c.token, "--detach", "--job-id", "gone-1", spec],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
-    rc, out, err = finish(p, timeout=60)
+    rc, out, err = detach(c, "gone-1", spec)
     assert rc == 2, err
     assert out.strip() == "", out
     assert "preflight failed" in err and "/no/such/program" in err, err

@@ -154,6 +154,24 @@ TEST(SafeFs, CreateNewNeverReplacesOrFollows) {
   EXPECT_EQ(read(t.path / "victim"), "secret\n");
 }
 
+TEST(SafeFs, ReplaceFileReplacesALinkAndAStaleTemporaryNeverFollowingThem) {
+  TempDir t;
+  write(t.path / "victim", "secret\n");
+  fs::create_directory(t.path / "d");
+  const auto dir = Dir::open((t.path / "d").string());
+  fs::create_symlink(t.path / "victim", t.path / "d" / "result.json");
+  fs::create_symlink(t.path / "victim", t.path / "d" / ".result.json.tmp");  // a stale temporary, a link
+  replace_file(dir, "result.json", "{}\n", std::nullopt);
+  EXPECT_FALSE(fs::is_symlink(t.path / "d" / "result.json"));
+  EXPECT_EQ(read(t.path / "d" / "result.json"), "{}\n");
+  EXPECT_EQ(stat_of(t.path / "d" / "result.json").st_mode & 0777, 0600u);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(t.path / "d" / ".result.json.tmp")));
+  EXPECT_EQ(read(t.path / "victim"), "secret\n");
+  // A name that is not one: refused, nothing made.
+  EXPECT_EQ(error_of([&] { replace_file(dir, "../x", "", std::nullopt); }), EINVAL);
+  EXPECT_FALSE(fs::exists(t.path / "x"));
+}
+
 TEST(SafeFs, ReadOwnedReadsOnlyARegularFileOfItsOwnerWithinTheBound) {
   TempDir t;
   write(t.path / "victim", "secret\n");
