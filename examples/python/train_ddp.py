@@ -10,13 +10,15 @@ without spending a restart (as torchrun's does), and the count stays where it wa
 holds the job's run id, so a new job never finds an old job's checkpoint.
 
 Test hooks (off by default):
-  --crash RANK:EPOCH   on the first attempt only, that rank dies (exit 3) at the start of EPOCH
+  --crash RANK:EPOCH   on the first attempt only, that rank dies (exit 3) at the start of EPOCH,
+                       at once, as a crash would: sys.exit would first tear the interpreter down,
+                       closing its gloo sockets while it is still alive, and a peer that saw
+                       them close could exit before it and be the first failure
   --dump-params FILE   each rank writes its final parameters as JSON to FILE with {rank} filled
 """
 import argparse
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -85,7 +87,7 @@ def main():
     for epoch in range(start_epoch, args.epochs):
         if restart_count == 0 and rank == crash_rank and epoch == crash_epoch:
             print(f"rank {rank}: crashing at epoch {epoch} as asked", flush=True)
-            sys.exit(3)
+            os._exit(3)
         sampler.set_epoch(epoch)
         total, batches = 0.0, 0
         for x, y in loader:
