@@ -53,7 +53,6 @@ struct Conn {
   // meanwhile.
   std::atomic<uint32_t> state{0};
   Decoder dec;
-  Request req;
   std::string last_value;  // GET answers the value this client set last
   std::string out;
 };
@@ -61,7 +60,7 @@ struct Conn {
 // Decodes what arrived and appends the replies to c.out. False: close the connection.
 bool serve(Conn& c, std::span<const uint8_t> in) {
   while (true) {
-    switch (c.dec.next(in, c.req)) {
+    switch (c.dec.next(in)) {
       case Decoder::Status::need_more:
         return true;
       case Decoder::Status::error:
@@ -69,22 +68,23 @@ bool serve(Conn& c, std::span<const uint8_t> in) {
       case Decoder::Status::request:
         break;
     }
-    switch (c.req.op) {
+    const Request& req = c.dec.request();
+    switch (req.op) {
       case Op::validate:
       case Op::set:
-        if (c.req.op == Op::set) c.last_value = c.req.value;
+        if (req.op == Op::set) c.last_value = req.value;
         break;
       case Op::get:
         put_bytes(c.out, c.last_value);
         break;
       case Op::add:
-        put_i64(c.out, g_counter.fetch_add(c.req.number, std::memory_order_relaxed) + c.req.number);
+        put_i64(c.out, g_counter.fetch_add(req.number, std::memory_order_relaxed) + req.number);
         break;
       case Op::wait:
         put_u8(c.out, kStopWaiting);
         break;
       default:
-        std::fprintf(stderr, "store_floor: %s is not served here\n", std::string(to_string(c.req.op)).c_str());
+        std::fprintf(stderr, "store_floor: %s is not served here\n", std::string(to_string(req.op)).c_str());
         return false;
     }
   }

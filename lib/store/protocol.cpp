@@ -2,8 +2,11 @@
 #include "store/protocol.hpp"
 
 #include <array>
+#include <bit>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ddp::store {
 namespace {
@@ -146,13 +149,36 @@ std::string_view to_string(Op op) {
   return i < names.size() ? names[i] : "?";
 }
 
+namespace {
+// What a cleared Request keeps for the next one: small buffers, so that a connection's next
+// request is decoded without allocating; a large one (a 64 MiB value, a million keys) is let go.
+constexpr std::size_t kKeepBytes = 256;
+constexpr std::size_t kKeepItems = 16;
+
+void clear_keeping_small(std::string& s) {
+  if (s.capacity() > kKeepBytes) {
+    std::string().swap(s);
+  } else {
+    s.clear();
+  }
+}
+
+void clear_keeping_small(std::vector<std::string>& v) {
+  if (v.capacity() > kKeepItems) {
+    std::vector<std::string>().swap(v);
+  } else {
+    v.clear();
+  }
+}
+}  // namespace
+
 void Request::clear() {
   op = Op::set;
-  key.clear();
-  value.clear();
-  value2.clear();
-  keys.clear();
-  values.clear();
+  clear_keeping_small(key);
+  clear_keeping_small(value);
+  clear_keeping_small(value2);
+  clear_keeping_small(keys);
+  clear_keeping_small(values);
   number = 0;
   word = 0;
 }
@@ -228,8 +254,7 @@ bool Decoder::resolve_legacy(uint8_t opcode) {
 }
 
 bool Decoder::begin_request(uint8_t opcode) {
-  cur_.clear();
-  held_ = 0;
+  held_ = 0;  // cur_ is clear: since construction, the last request, or the detect stage
   step_ = 0;
   items_left_ = 0;
   field_ = Field::none;
@@ -326,12 +351,18 @@ bool Decoder::after_field() {
 }
 
 Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
+  const Status s = next(in);
+  if (s == Status::request) out = std::move(cur_);
+  return s;
+}
+
+Decoder::Status Decoder::next(std::span<const uint8_t>& in) {
   if (!error_.empty()) return Status::error;
+  if (std::exchange(handed_out_, false)) cur_.clear();
   for (;;) {
     if (done_) {
       done_ = false;
-      out = std::move(cur_);
-      cur_.clear();
+      handed_out_ = true;
       held_ = 0;
       return Status::request;
     }
@@ -351,7 +382,6 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
           scratch_[have_++] = b;
           if (have_ == 5) {  // 00 CE F7 85 3C: a 2.x VALIDATE
             protocol_ = Protocol::v2;
-            cur_.clear();
             cur_.op = Op::validate;
             cur_.word = kValidateMagic;
             done_ = true;
@@ -371,8 +401,7 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
         ok = begin_request(0x00);
         if (ok) {
           std::span<const uint8_t> replay(held, n);
-          Request unused;
-          ok = next(replay, unused) != Status::error;
+          ok = next(replay) != Status::error;
         }
         break;
       }
@@ -387,19 +416,26 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
       case Stage::len:
       case Stage::count: {
         const uint8_t width = stage_ == Stage::u32 ? 4 : 8;
-        std::size_t take = std::min<std::size_t>(width - have_, in.size());
-        for (std::size_t i = 0; i < take; ++i) scratch_[have_++] = in[i];
-        in = in.subspan(take);
-        if (have_ < width) break;
-        have_ = 0;
+        const uint8_t* p;
+        if (have_ == 0 && in.size() >= width) {  // whole in the input: read in place
+          p = in.data();
+          in = in.subspan(width);
+        } else {
+          std::size_t take = std::min<std::size_t>(width - have_, in.size());
+          for (std::size_t i = 0; i < take; ++i) scratch_[have_++] = in[i];
+          in = in.subspan(take);
+          if (have_ < width) break;
+          have_ = 0;
+          p = scratch_;
+        }
         if (stage_ == Stage::u32) {
-          cur_.word = get_u32(scratch_);
+          cur_.word = get_u32(p);
           ok = after_field();
         } else if (stage_ == Stage::i64) {
-          cur_.number = static_cast<int64_t>(get_u64(scratch_));
+          cur_.number = static_cast<int64_t>(get_u64(p));
           ok = after_field();
         } else if (stage_ == Stage::count) {
-          uint64_t n = get_u64(scratch_);
+          uint64_t n = get_u64(p);
           if (n > limits_.max_batch_keys) {
             ok = fail(std::string(to_string(cur_.op)) + " of " + std::to_string(n) + " keys exceeds the limit of " +
                       std::to_string(limits_.max_batch_keys));
@@ -415,7 +451,7 @@ Decoder::Status Decoder::next(std::span<const uint8_t>& in, Request& out) {
           items_left_ = n;
           ok = after_field();
         } else {  // len
-          uint64_t n = get_u64(scratch_);
+          uint64_t n = get_u64(p);
           const std::size_t max = max_len_for(field_);
           const bool is_key = field_ == Field::key || field_ == Field::keys_item;
           if (n > max) {
@@ -461,11 +497,17 @@ void put_u8(std::string& out, uint8_t v) {
 }
 
 void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  if constexpr (std::endian::native != std::endian::little) v = __builtin_bswap32(v);
+  char b[sizeof v];
+  std::memcpy(b, &v, sizeof v);
+  out.append(b, sizeof b);
 }
 
 void put_u64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  if constexpr (std::endian::native != std::endian::little) v = __builtin_bswap64(v);
+  char b[sizeof v];
+  std::memcpy(b, &v, sizeof v);
+  out.append(b, sizeof b);
 }
 
 void put_i64(std::string& out, int64_t v) {
@@ -478,14 +520,15 @@ void put_bytes(std::string& out, std::string_view bytes) {
 }
 
 uint32_t get_u32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
-         static_cast<uint32_t>(p[3]) << 24;
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return std::endian::native == std::endian::little ? v : __builtin_bswap32(v);
 }
 
 uint64_t get_u64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return std::endian::native == std::endian::little ? v : __builtin_bswap64(v);
 }
 
 std::string encode_request(Protocol p, const Request& r) {

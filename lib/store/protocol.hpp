@@ -144,8 +144,13 @@ class Decoder {
   explicit Decoder(Limits limits = {}, LegacyHint hint = {});
 
   // Consumes bytes from the front of `in` until one request is complete (Status::request: it is
-  // in `out`, and `in` holds what follows it), the input runs out (need_more: all consumed), or
-  // the bytes are invalid (error: see error()). `out` is overwritten on Status::request only.
+  // request(), and `in` holds what follows it), the input runs out (need_more: all consumed), or
+  // the bytes are invalid (error: see error()).
+  Status next(std::span<const uint8_t>& in);
+  // The request next() completed, until next() is called again; the caller may move from it.
+  // The decoder reuses its small buffers for the next request (Request::clear).
+  Request& request() { return cur_; }
+  // next(), the request moved into `out` (overwritten on Status::request only).
   Status next(std::span<const uint8_t>& in, Request& out);
 
   Protocol protocol() const { return protocol_; }
@@ -184,6 +189,7 @@ class Decoder {
   uint8_t step_ = 0;         // which field of the current op comes next
   std::size_t held_ = 0;
   bool done_ = false;
+  bool handed_out_ = false;  // cur_ is a completed request the caller has seen
   Request cur_;
   std::string error_;
 };

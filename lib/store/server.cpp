@@ -48,6 +48,10 @@ constexpr std::size_t kReadChunk = 256 * 1024;
 constexpr std::size_t kPauseReadingAt = 4 * 1024 * 1024;  // queued output that stops our reads
 constexpr int kBacklog = std::max(SOMAXCONN, 4096);
 constexpr int kMaxReadsPerWakeup = 16;  // fairness between busy connections
+// A requester's own replies queued and not yet counted in the store's in-flight total (see
+// Connection::handle): small enough not to matter to the bound, large enough for any reply to a
+// key or a number.
+constexpr std::size_t kUncountedReplies = 64 * 1024;
 // Connections taken off the kernel's accept queue in one wakeup before any is looked at: as
 // large as the queue (somaxconn, 4096 by default), so a storm's queue is emptied at the speed of
 // accept4() alone and the per-connection work (the owner lookup, registration) runs after it;
@@ -80,7 +84,6 @@ struct Loop {
   // Not zeroed: a fresh 256 KiB is its own mapping, whose pages the kernel supplies only as
   // reads fill them (zeroing it cost every launch 64 page faults, bench/launch).
   std::unique_ptr<uint8_t[]> read_buf{new uint8_t[kReadChunk]};
-  Request req;
 };
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
@@ -177,6 +180,8 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   }
 
   std::size_t queued() const { return out.size() - out_off; }  // under out_mu
+  // Under out_mu, after `out` or `out_off` changed: publishes queued() for reading anywhere.
+  void queued_changed_locked() { queued_now.store(queued(), std::memory_order_relaxed); }
   // Under out_mu: brings this connection's share of the store's in-flight total to held_in +
   // queued(). True when it grew and the total is now over Totals::max_inflight_bytes.
   bool recount_locked();
@@ -198,7 +203,10 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   void post_read();
   void feed(std::span<const uint8_t> in);
   void handle(Server::Impl& s);
-  bool append_locked(std::string_view bytes);  // under srv->mu
+  // Under srv->mu: queues a reply. `count` false (the requester's own, see handle()): counted in
+  // the store's in-flight total only once more than kUncountedReplies of them are queued, or
+  // when flush() cannot send them all.
+  bool append_locked(std::string_view bytes, bool count = true);
   void flush();
   void flush_from(const Loop& from);
   void close(const std::string& reason, bool bad);
@@ -221,17 +229,18 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   bool read_posted = false;           // a read_now() is posted
   bool peer_done = false;             // its end of input or an error is queued: read to it, short reads too
   bool ended = false;                 // its input ended: closed once its replies are written
+  bool writing = false;               // a send() came up short: EPOLLOUT resumes it
+  bool paused = false;                // reads stopped until the queued replies drain
   std::atomic<uint64_t> requests{0};  // written on loop's thread only
   std::optional<int> proc_pid;        // under srv->mu: found through /proc (loopback 1.13 clients)
 
-  std::mutex out_mu;  // guards what follows
+  std::mutex out_mu;  // guards what follows (other threads queue replies to this client)
   std::string out;
   std::size_t out_off = 0;
-  bool writing = false;                 // a send() came up short: EPOLLOUT resumes it
-  bool paused = false;                  // reads stopped until the queued replies drain
-  std::size_t held_in = 0;              // dec.pending_bytes() as last seen on loop's thread
-  bool released = false;                // closed and no longer counted
-  std::atomic<std::size_t> counted{0};  // this connection's share of srv->inflight (written under out_mu)
+  std::size_t held_in = 0;  // dec.pending_bytes() as last seen on loop's thread (which reads it unlocked)
+  std::atomic<std::size_t> queued_now{0};  // queued(), written under out_mu, read anywhere
+  bool released = false;                   // closed and no longer counted
+  std::atomic<std::size_t> counted{0};     // this connection's share of srv->inflight (written under out_mu)
 };
 
 bool Connection::recount_locked() {
@@ -254,6 +263,7 @@ void Connection::release_locked() {
   srv->inflight.fetch_sub(counted.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
   std::string().swap(out);  // its thread writes no more: `closed` is set
   out_off = 0;
+  queued_changed_locked();
 }
 
 std::string Connection::name_locked() const {
@@ -311,12 +321,7 @@ void Connection::on_events(uint32_t events) noexcept {
     // more queued behind it, which an edge-triggered reader would never be woken for.
     if (events & EPOLLPRI) return close("it sent TCP urgent (out-of-band) data", true);
     if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) {
-      bool resume;
-      {
-        std::lock_guard lk(out_mu);
-        resume = std::exchange(writing, false);
-      }
-      if (resume) flush();
+      if (std::exchange(writing, false)) flush();
       if (closed) return;
     }
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP)) {
@@ -331,10 +336,7 @@ void Connection::on_events(uint32_t events) noexcept {
 
 void Connection::read_now() {
   auto keep = shared_from_this();
-  {
-    std::lock_guard lk(out_mu);
-    if (closed || paused) return;  // flush() resumes
-  }
+  if (closed || paused) return;  // flush() resumes
   auto& buf = loop.read_buf;
   for (int i = 0; i < kMaxReadsPerWakeup && readable; ++i) {
     const ssize_t n = ::recv(fd, buf.get(), kReadChunk, 0);
@@ -367,35 +369,32 @@ void Connection::read_now() {
   }
   flush();
   if (closed) return;
-  {
-    std::lock_guard lk(out_mu);
-    if (queued() > kPauseReadingAt) paused = true;  // resumed by flush() once drained
-    if (paused) return;
-  }
+  if (queued_now.load(std::memory_order_relaxed) > kPauseReadingAt) paused = true;  // resumed by flush() once drained
+  if (paused) return;
   // Still readable after a fair share: the rest after the other connections' events.
   if (readable) post_read();
 }
 
+// Locks only what changed: a whole request in one read takes the keyspace's lock to be served
+// and out_mu to queue its reply (in handle()), and out_mu once more to write it (flush()).
 void Connection::feed(std::span<const uint8_t> in) {
   Server::Impl& s = *srv;
   const std::size_t cap = s.opts.limits.max_connection_bytes;
   while (!closed) {
-    std::size_t q;
-    {
-      std::lock_guard lk(out_mu);
-      q = queued();
-    }
+    const std::size_t q = queued_now.load(std::memory_order_relaxed);
     dec.set_budget(q < cap ? cap - q : 0);
-    const auto status = dec.next(in, loop.req);
-    bool over;
-    {
-      std::lock_guard lk(out_mu);
-      held_in = dec.pending_bytes();
-      over = recount_locked();
-    }
-    if (over) {
-      std::lock_guard lk(s.mu);
-      s.shed_locked();
+    const auto status = dec.next(in);
+    if (const std::size_t pending = dec.pending_bytes(); pending != held_in) {
+      bool over;
+      {
+        std::lock_guard lk(out_mu);
+        held_in = pending;
+        over = recount_locked();
+      }
+      if (over) {
+        std::lock_guard lk(s.mu);
+        s.shed_locked();
+      }
     }
     if (closed) return;
     if (protocol.load(std::memory_order_relaxed) != dec.protocol()) protocol.store(dec.protocol());
@@ -432,23 +431,26 @@ void Connection::handle(Server::Impl& s) {
     s.fx.clear();
     const bool was_waiting = s.state.is_waiting(id);
     try {
-      s.state.apply(id, loop.req, Clock::now(), s.fx);
+      s.state.apply(id, dec.request(), Clock::now(), s.fx);
     } catch (const std::exception& e) {
-      close_locked(fmt::format("failed to serve its {}: {}", to_string(loop.req.op), e.what()), true);
+      close_locked(fmt::format("failed to serve its {}: {}", to_string(dec.request().op), e.what()), true);
       return;
     }
     if (s.fx.gave_up_wait && was_waiting) {
-      s.log->debug("{} gave up its wait (client-side timeout) and sent {}", name_locked(), to_string(loop.req.op));
+      s.log->debug("{} gave up its wait (client-side timeout) and sent {}", name_locked(), to_string(dec.request().op));
     }
     // A requester over its output cap is closed, but the others' pushes still go: the state
-    // has released their waits.
-    bool self_ok = s.fx.reply.empty() || append_locked(s.fx.reply);
+    // has released their waits. The requester's own replies join the store's in-flight total
+    // (one atomic shared by every thread) once they pass kUncountedReplies or flush(), at the
+    // end of this read, cannot send them all; most often it sends them, and the total is not
+    // touched at all. Memory past the bound: at most kUncountedReplies per I/O thread.
+    bool self_ok = s.fx.reply.empty() || append_locked(s.fx.reply, false);
     for (auto& push : s.fx.pushes) {
       auto it = s.conns.find(push.to);
       if (it == s.conns.end()) continue;
       std::shared_ptr<Connection> other = it->second;
       if (other.get() == this) {
-        self_ok = self_ok && append_locked(*push.bytes);
+        self_ok = self_ok && append_locked(*push.bytes, false);
         continue;
       }
       // Out of memory for one recipient's reply closes that recipient; the others' go on.
@@ -466,7 +468,7 @@ void Connection::handle(Server::Impl& s) {
   }
 }
 
-bool Connection::append_locked(std::string_view bytes) {
+bool Connection::append_locked(std::string_view bytes, bool count) {
   if (closed) return false;
   const Limits& lim = srv->opts.limits;
   std::string refused;
@@ -481,7 +483,10 @@ bool Connection::append_locked(std::string_view bytes) {
                             total, lim.max_unread_bytes);
     } else {
       out.append(bytes);
-      over = recount_locked();
+      queued_changed_locked();
+      if (count || held_in + queued() > counted.load(std::memory_order_relaxed) + kUncountedReplies) {
+        over = recount_locked();
+      }
     }
   }
   if (!refused.empty()) {
@@ -504,12 +509,13 @@ void Connection::flush_from(const Loop& from) {
 }
 
 void Connection::flush() {
-  if (closed) return;
-  bool wait = false, resume = false;
+  if (closed || writing) return;  // writing: waiting for room, EPOLLOUT flushes
+  bool wait = false, resume = false, raise = false;
   std::string failed;
-  {
+  // Nothing queued: nothing to write or count (a reply another thread queues after this look
+  // comes with a flush of its own, flush_from()).
+  if (paused || queued_now.load(std::memory_order_relaxed) != 0) {
     std::lock_guard lk(out_mu);
-    if (writing) return;  // waiting for room: EPOLLOUT flushes
     while (out_off < out.size()) {
       const ssize_t n = ::send(fd, out.data() + out_off, out.size() - out_off, MSG_NOSIGNAL);
       if (n < 0) {
@@ -533,8 +539,26 @@ void Connection::flush() {
       if (out.capacity() > kReadChunk) out.shrink_to_fit();
       resume = std::exchange(paused, false);
     }
-    recount_locked();  // only ever lower here
+    queued_changed_locked();
+    // Sent: the count can only go down. Not all sent: the requester's own replies, not yet
+    // counted (append_locked), are counted below under the store's lock, as replies to others
+    // are, so that no one sees the total over its bound before the shedding.
+    if (wait && held_in + queued() > counted.load(std::memory_order_relaxed)) {
+      raise = true;
+    } else {
+      recount_locked();
+    }
   }
+  if (raise) {
+    std::lock_guard lk(srv->mu);
+    bool over;
+    {
+      std::lock_guard olk(out_mu);
+      over = recount_locked();
+    }
+    if (over) srv->shed_locked();
+  }
+  if (closed) return;
   if (!failed.empty()) return close("write failed: " + failed, false);
   if (ended && !wait) return close("disconnected", false);
   // What came while paused raised its edge then. Posted, not read here: flush() may run inside

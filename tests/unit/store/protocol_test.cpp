@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -346,6 +347,75 @@ TEST(StoreProtocol, ManyRequestsInOneRead) {
     EXPECT_EQ(got.number, i);
   }
   EXPECT_EQ(dec.next(in, got), Decoder::Status::need_more);
+}
+
+// The server decodes in place (next(in), then request()) and moves fields out of each request
+// as the state stores them: nothing of one request may show in the next, whichever op follows
+// which, whole or a byte at a time.
+TEST(StoreProtocol, InPlaceRequestsCarryNothingFromTheOneBefore) {
+  for (Protocol p : {Protocol::v1, Protocol::v21, Protocol::v2}) {
+    const LegacyHint hint{p == Protocol::v2 ? Protocol::unknown : p, "the test"};
+    std::vector<Request> sent;
+    for (int round = 0; round < 2; ++round) {
+      for (const Request& r : examples()) {
+        if (r.op != Op::validate && opcode_of(p, r.op) >= 0) sent.push_back(r);
+      }
+      std::reverse(sent.end() - static_cast<std::ptrdiff_t>(sent.size() / (round + 1)), sent.end());
+    }
+    std::string wire = preamble(p);
+    for (const Request& r : sent) wire += encode_request(p, r);
+    for (std::size_t piece_size : {wire.size(), std::size_t{1}, std::size_t{7}}) {
+      Decoder dec({}, hint);
+      std::vector<Request> got;
+      for (std::size_t at = 0; at < wire.size(); at += piece_size) {
+        auto piece = bytes(wire).subspan(at, std::min(piece_size, wire.size() - at));
+        while (dec.next(piece) == Decoder::Status::request) {
+          Request& r = dec.request();
+          got.push_back(r);
+          std::string taken = std::move(r.key);  // as the state takes a key it stores
+          taken = std::move(r.value);
+        }
+        ASSERT_TRUE(dec.error().empty()) << dec.error();
+      }
+      if (p == Protocol::v2) {
+        ASSERT_FALSE(got.empty());
+        EXPECT_EQ(got.front().op, Op::validate);
+        got.erase(got.begin());
+      }
+      ASSERT_EQ(got.size(), sent.size()) << to_string(p) << " pieces of " << piece_size;
+      for (std::size_t i = 0; i < sent.size(); ++i) {
+        EXPECT_EQ(got[i], sent[i]) << to_string(p) << " request " << i << " (" << to_string(sent[i].op)
+                                   << "), pieces of " << piece_size;
+      }
+    }
+  }
+}
+
+// A connection's decoder keeps small buffers for its next request, never a large request's.
+TEST(StoreProtocol, ALargeRequestLeavesNoLargeBufferBehind) {
+  Request big;
+  big.op = Op::compare_set;  // not moved out by the state: its buffers stay with the request
+  big.key = std::string(60000, 'k');
+  big.value = std::string(1 << 20, 'e');
+  big.value2 = std::string(1 << 20, 'd');
+  Request many;
+  many.op = Op::multi_get;
+  many.keys.assign(10000, "/a-key-longer-than-sso");
+  Request small;
+  small.op = Op::get;
+  small.key = "/k";
+  const std::string wire =
+      encode_request(Protocol::v21, big) + encode_request(Protocol::v21, many) + encode_request(Protocol::v21, small);
+  Decoder dec({}, LegacyHint{Protocol::v21, "the test"});
+  auto in = bytes(wire);
+  for (const Request* want : {&big, &many, &small}) {
+    ASSERT_EQ(dec.next(in), Decoder::Status::request) << dec.error();
+    EXPECT_EQ(dec.request(), *want);
+  }
+  const Request& r = dec.request();
+  const std::size_t kept = r.key.capacity() + r.value.capacity() + r.value2.capacity() +
+                           r.keys.capacity() * sizeof(std::string) + r.values.capacity() * sizeof(std::string);
+  EXPECT_LT(kept, 4096u);
 }
 
 TEST(StoreProtocol, EncodeRefusesOpsTheProtocolLacks) {
