@@ -84,6 +84,7 @@ struct Loop {
   // Not zeroed: a fresh 256 KiB is its own mapping, whose pages the kernel supplies only as
   // reads fill them (zeroing it cost every launch 64 page faults, bench/launch).
   std::unique_ptr<uint8_t[]> read_buf{new uint8_t[kReadChunk]};
+  Effects fx;  // what the request being served produced (filled under the keyspace's lock)
 };
 
 struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
@@ -161,7 +162,6 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   // before it sleeps (common/adaptive_mutex.hpp).
   mutable AdaptiveMutex mu;
   State state;
-  Effects fx;
   std::size_t max_connections;
   std::unordered_map<ClientId, std::shared_ptr<Connection>> conns;
   ClientId next_id = 1;
@@ -412,7 +412,10 @@ void Connection::feed(std::span<const uint8_t> in) {
 }
 
 void Connection::handle(Server::Impl& s) {
-  ++requests;
+  requests.store(requests.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // no locked add
+  Effects& fx = loop.fx;
+  fx.clear();
+  const Clock::time_point now = Clock::now();  // before the lock: less time under it
   // Other clients whose replies this request produced, to be written after the lock: always,
   // however the request ends (their waits are already released in the state), and then let go.
   thread_local std::vector<std::shared_ptr<Connection>> woken;
@@ -428,15 +431,14 @@ void Connection::handle(Server::Impl& s) {
     std::lock_guard lk(s.mu);
     if (closed) return;  // dropped by reset() or another thread meanwhile
     ++s.stats.requests;
-    s.fx.clear();
     const bool was_waiting = s.state.is_waiting(id);
     try {
-      s.state.apply(id, dec.request(), Clock::now(), s.fx);
+      s.state.apply(id, dec.request(), now, fx);
     } catch (const std::exception& e) {
       close_locked(fmt::format("failed to serve its {}: {}", to_string(dec.request().op), e.what()), true);
       return;
     }
-    if (s.fx.gave_up_wait && was_waiting) {
+    if (fx.gave_up_wait && was_waiting) {
       s.log->debug("{} gave up its wait (client-side timeout) and sent {}", name_locked(), to_string(dec.request().op));
     }
     // A requester over its output cap is closed, but the others' pushes still go: the state
@@ -444,8 +446,8 @@ void Connection::handle(Server::Impl& s) {
     // (one atomic shared by every thread) once they pass kUncountedReplies or flush(), at the
     // end of this read, cannot send them all; most often it sends them, and the total is not
     // touched at all. Memory past the bound: at most kUncountedReplies per I/O thread.
-    bool self_ok = s.fx.reply.empty() || append_locked(s.fx.reply, false);
-    for (auto& push : s.fx.pushes) {
+    bool self_ok = fx.reply.empty() || append_locked(fx.reply, false);
+    for (auto& push : fx.pushes) {
       auto it = s.conns.find(push.to);
       if (it == s.conns.end()) continue;
       std::shared_ptr<Connection> other = it->second;
@@ -461,11 +463,13 @@ void Connection::handle(Server::Impl& s) {
       }
     }
     self_ok = self_ok && !closed;  // shed meanwhile for the store's in-flight bound
-    if (self_ok && !s.fx.close_reason.empty()) close_locked(s.fx.close_reason, true);
-    // A large reply (GET of a big value, MULTI_GET) is in the connection's queue now, counted;
-    // the store's one Effects does not keep its capacity.
-    if (s.fx.reply.capacity() > kReadChunk) std::string().swap(s.fx.reply);
+    if (self_ok && !fx.close_reason.empty()) close_locked(fx.close_reason, true);
   }
+  // A large reply (GET of a big value, MULTI_GET) is in the connection's queue now, counted;
+  // the loop's Effects does not keep its capacity, nor the pushed replies (freed here, not under
+  // the lock, when this was their last holder).
+  if (fx.reply.capacity() > kReadChunk) std::string().swap(fx.reply);
+  fx.pushes.clear();
 }
 
 bool Connection::append_locked(std::string_view bytes, bool count) {
