@@ -152,8 +152,8 @@ std::string_view to_string(Op op) {
 namespace {
 // What a cleared Request keeps for the next one: small buffers, so that a connection's next
 // request is decoded without allocating; a large one (a 64 MiB value, a million keys) is let go.
-constexpr std::size_t kKeepBytes = 256;
-constexpr std::size_t kKeepItems = 16;
+constexpr std::size_t kKeepBytes = 128;  // PyTorch's keys and small values
+constexpr std::size_t kKeepItems = 4;    // a WAIT's keys, most often one
 
 void clear_keeping_small(std::string& s) {
   if (s.capacity() > kKeepBytes) {

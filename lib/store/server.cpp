@@ -48,9 +48,9 @@ constexpr std::size_t kReadChunk = 256 * 1024;
 constexpr std::size_t kPauseReadingAt = 4 * 1024 * 1024;  // queued output that stops our reads
 constexpr int kBacklog = std::max(SOMAXCONN, 4096);
 constexpr int kMaxReadsPerWakeup = 16;  // fairness between busy connections
-// A requester's own replies queued and not yet counted in the store's in-flight total (see
-// Connection::handle): small enough not to matter to the bound, large enough for any reply to a
-// key or a number.
+// A requester's own replies queued and not yet counted in the store's in-flight total while its
+// thread reads it (see Connection::handle): small enough not to matter to the bound, large
+// enough for any reply to a key or a number.
 constexpr std::size_t kUncountedReplies = 64 * 1024;
 // Connections taken off the kernel's accept queue in one wakeup before any is looked at: as
 // large as the queue (somaxconn, 4096 by default), so a storm's queue is emptied at the speed of
@@ -207,7 +207,9 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   // the store's in-flight total only once more than kUncountedReplies of them are queued, or
   // when flush() cannot send them all.
   bool append_locked(std::string_view bytes, bool count = true);
-  void flush();
+  // Writes what is queued, on loop's thread. `locked_look`: look at the queue under out_mu even
+  // when queued_now says it is empty (a flush posted by another thread, see flush_from()).
+  void flush(bool locked_look = false);
   void flush_from(const Loop& from);
   void close(const std::string& reason, bool bad);
   void close_locked(const std::string& reason, bool bad);  // under srv->mu
@@ -427,6 +429,16 @@ void Connection::handle(Server::Impl& s) {
       woken.clear();
     }
   } flush_woken{loop};
+  // However the request ends, after the lock: a large reply (GET of a big value, MULTI_GET) is in
+  // the connection's queue by then, counted, and the loop's Effects does not keep its capacity,
+  // nor the pushed replies (freed here, not under the lock, when this was their last holder).
+  struct TrimEffects {
+    Effects& fx;
+    ~TrimEffects() {
+      if (fx.reply.capacity() > kReadChunk) std::string().swap(fx.reply);
+      fx.pushes.clear();
+    }
+  } trim_effects{fx};
   {
     std::lock_guard lk(s.mu);
     if (closed) return;  // dropped by reset() or another thread meanwhile
@@ -445,14 +457,17 @@ void Connection::handle(Server::Impl& s) {
     // has released their waits. The requester's own replies join the store's in-flight total
     // (one atomic shared by every thread) once they pass kUncountedReplies or flush(), at the
     // end of this read, cannot send them all; most often it sends them, and the total is not
-    // touched at all. Memory past the bound: at most kUncountedReplies per I/O thread.
-    bool self_ok = fx.reply.empty() || append_locked(fx.reply, false);
+    // touched at all. A requester whose writes already wait for room has its replies counted at
+    // once: they stay queued past this read. Memory past the bound: at most kUncountedReplies
+    // per I/O thread (the connection it is reading).
+    const bool count_own = writing;
+    bool self_ok = fx.reply.empty() || append_locked(fx.reply, count_own);
     for (auto& push : fx.pushes) {
       auto it = s.conns.find(push.to);
       if (it == s.conns.end()) continue;
       std::shared_ptr<Connection> other = it->second;
       if (other.get() == this) {
-        self_ok = self_ok && append_locked(*push.bytes, false);
+        self_ok = self_ok && append_locked(*push.bytes, count_own);
         continue;
       }
       // Out of memory for one recipient's reply closes that recipient; the others' go on.
@@ -465,11 +480,6 @@ void Connection::handle(Server::Impl& s) {
     self_ok = self_ok && !closed;  // shed meanwhile for the store's in-flight bound
     if (self_ok && !fx.close_reason.empty()) close_locked(fx.close_reason, true);
   }
-  // A large reply (GET of a big value, MULTI_GET) is in the connection's queue now, counted;
-  // the loop's Effects does not keep its capacity, nor the pushed replies (freed here, not under
-  // the lock, when this was their last holder).
-  if (fx.reply.capacity() > kReadChunk) std::string().swap(fx.reply);
-  fx.pushes.clear();
 }
 
 bool Connection::append_locked(std::string_view bytes, bool count) {
@@ -508,17 +518,19 @@ void Connection::flush_from(const Loop& from) {
   if (flush_posted.exchange(true)) return;
   loop.reactor.post([self = shared_from_this()] {
     self->flush_posted = false;
-    self->guarded([&] { self->flush(); });
+    // Under the lock: queued_now, read unsynchronised, might not yet show what the poster queued
+    // (its exchange above may have seen the flag before this store cleared it).
+    self->guarded([&] { self->flush(true); });
   });
 }
 
-void Connection::flush() {
+void Connection::flush(bool locked_look) {
   if (closed || writing) return;  // writing: waiting for room, EPOLLOUT flushes
   bool wait = false, resume = false, raise = false;
   std::string failed;
   // Nothing queued: nothing to write or count (a reply another thread queues after this look
   // comes with a flush of its own, flush_from()).
-  if (paused || queued_now.load(std::memory_order_relaxed) != 0) {
+  if (locked_look || paused || queued_now.load(std::memory_order_relaxed) != 0) {
     std::lock_guard lk(out_mu);
     while (out_off < out.size()) {
       const ssize_t n = ::send(fd, out.data() + out_off, out.size() - out_off, MSG_NOSIGNAL);

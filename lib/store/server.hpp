@@ -38,7 +38,8 @@
 //    Totals::max_inflight_bytes. Each connection keeps its share under its own output mutex and
 //    adds the change to one atomic total, so the accounting takes no store-wide lock; a
 //    requester's own small replies are counted only if they are not written at once (up to
-//    64 KiB per I/O thread may be queued uncounted), so most requests never touch it. When the
+//    64 KiB per I/O thread, for the connection it is reading, may be queued uncounted), so most
+//    requests never touch it. When the
 //    total passes the bound, the connection holding the most is closed (logged with its peer,
 //    pid, PyTorch version and the limit); the others are served as before.
 //  - A bad client (undecodable bytes, a limit exceeded, ADD on a non-number, a wrong VALIDATE)

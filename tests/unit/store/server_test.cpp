@@ -668,6 +668,39 @@ TEST_P(StoreServer, NonReadingGettersOfALargeValueAreBoundedOverAllConnections) 
   expect_served(st.port(), "/honest");
 }
 
+TEST_P(StoreServer, SmallRepliesToAClientThatDoesNotReadAreCountedInFlight) {
+  // A requester's own small replies are counted in the store's in-flight total only once they
+  // cannot be written at once; a client whose writes already wait for room (it does not read)
+  // has every later reply counted as it is queued, however small: 48 KiB each here, under the
+  // 64 KiB the store lets a thread hold uncounted while it reads a connection.
+  ServerThread st(opts());
+  const std::string value(48 * 1024, 'v');
+  {
+    RawClient setter(st.port());
+    setter.send(enc(Protocol::v1, req(Op::set, "/v", value)) + enc(Protocol::v1, req(Op::get_num_keys)));
+    ASSERT_EQ(setter.recv(8), i64(1));
+  }
+  RawClient c(st.port());
+  const std::string get = enc(Protocol::v1, req(Op::get, "/v"));
+  // One GET at a time until the kernel's buffers are full and a reply stays queued (counted).
+  uint64_t served = stats_of(st).requests;
+  for (int i = 0; i < 2000 && stats_of(st).inflight_bytes == 0; ++i) {
+    c.send(get);
+    ASSERT_TRUE(st.eventually([&] { return st.server().stats().requests > served; }));
+    served = stats_of(st).requests;
+  }
+  const std::size_t before = stats_of(st).inflight_bytes;
+  ASSERT_GT(before, 0u) << "the kernel took 2000 replies of 48 KiB from a client that does not read";
+  ASSERT_LT(before, 4u * kMiB);  // its reads are not paused yet
+  for (int i = 1; i <= 3; ++i) {
+    c.send(get);
+    ASSERT_TRUE(st.eventually([&] { return st.server().stats().requests > served; }));
+    served = stats_of(st).requests;
+    EXPECT_EQ(stats_of(st).inflight_bytes, before + i * (8 + value.size())) << "after GET " << i;
+  }
+  expect_served(st.port(), "/honest");
+}
+
 TEST_P(StoreServer, UnreadRepliesPastTheirCapCloseTheClient) {
   // One client that does not read: 20 GETs of 8 MiB (160 MiB) stay under the per-connection cap
   // of 256 MiB, but pass the 80 MiB that unread replies may reach.
