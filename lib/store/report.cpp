@@ -11,7 +11,7 @@ std::string printable_key(std::string_view key) {
   std::string out;
   for (std::size_t i = 0; i < key.size() && i < 80; ++i) {
     const auto c = static_cast<unsigned char>(key[i]);
-    if (c >= 0x20 && c < 0x7F && c != '\\')
+    if (c >= 0x20 && c < 0x7F && c != '\\' && c != '`')  // a backtick would end the quote around it
       out.push_back(static_cast<char>(c));
     else
       out += fmt::format("\\x{:02x}", c);

@@ -49,7 +49,8 @@ std::string format_wait_report(const WaitReport& report, int world_size, Clock::
 constexpr std::size_t kMaxReportLines = 20;
 
 // A client's key as a log line or a report may show it: at most 80 characters, anything but
-// printable ASCII (a terminal's escape sequences, newlines) and backslashes as \xNN.
+// printable ASCII (a terminal's escape sequences, newlines), backslashes and backticks (which
+// quote keys in messages) as \xNN.
 std::string printable_key(std::string_view key);
 
 // "0-3,5,7-8": sorted, de-duplicated, runs collapsed.

@@ -245,6 +245,14 @@ TEST(StoreState, AReasonShowsTheKeyEscaped) {
   }
 }
 
+TEST(StoreState, AKeyWithABacktickCannotEndItsQuote) {
+  Harness h;
+  const std::string key = "/k` is fine; key `/other";
+  h.set(1, key, "abc");
+  const std::string why = h.add(2, key, 1).close_reason;
+  EXPECT_THAT(why, HasSubstr("ADD on key `/k\\x60 is fine; key \\x60/other` whose value")) << why;
+}
+
 TEST(StoreState, ParseLikeStoll) {
   EXPECT_EQ(parse_like_stoll("12"), 12);
   EXPECT_EQ(parse_like_stoll("\t\n -3abc"), -3);
