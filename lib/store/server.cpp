@@ -69,7 +69,7 @@ struct Connection;
 
 // One thread's share of the connections: a reactor run by a thread of the server's own, or
 // (threads == 0) one nested in the caller's io_context, polled when its descriptor is readable.
-// Its read buffer and decoded request are used only on its thread.
+// Its read buffer and the effects of the request being served are used only on its thread.
 struct Loop {
   // Whether the calling thread may touch this loop's connections: its own thread, or any once
   // that thread has been joined; a nested loop is the caller's, whose thread makes every call.
