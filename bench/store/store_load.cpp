@@ -310,6 +310,14 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+// One printf-formatted piece of a line.
+template <class... A>
+std::string fmt_ratio(const char* format, A... args) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, format, args...);
+  return buf;
+}
+
 Target parse_target(const std::string& s) {
   // NAME=HOST:PORT:PID
   Target t;
@@ -400,15 +408,20 @@ int main(int argc, char** argv) try {
         if (b.cpu_us_per_op > 0) cpu_r.push_back(a.cpu_us_per_op / b.cpu_us_per_op);
       }
       if (ops_r.empty()) continue;
-      if (cpu_r.empty()) cpu_r.push_back(0);  // the peer's CPU did not move a tick in any round
       const std::string who = targets[i].name + "/" + targets[1].name;
+      // No CPU ratio when the peer's CPU did not move a tick in any round.
+      std::string cpu = "cpu -";
+      if (!cpu_r.empty()) {
+        const auto [clo, chi] = std::minmax_element(cpu_r.begin(), cpu_r.end());
+        cpu = cpu_r.size() == 1 ? fmt_ratio("cpu %.2fx", cpu_r[0])
+                                : fmt_ratio("cpu %.2fx (%.2f-%.2f)", median(cpu_r), *clo, *chi);
+      }
       if (ops_r.size() == 1) {
-        std::printf("%8d  ratio %-16s %8.2fx %21s cpu %.2fx\n", n, who.c_str(), ops_r[0], "", cpu_r[0]);
+        std::printf("%8d  ratio %-16s %8.2fx %21s %s\n", n, who.c_str(), ops_r[0], "", cpu.c_str());
       } else {
         const auto [olo, ohi] = std::minmax_element(ops_r.begin(), ops_r.end());
-        const auto [clo, chi] = std::minmax_element(cpu_r.begin(), cpu_r.end());
-        std::printf("%8d  ratio %-16s %8.2fx (%.2f-%.2f, %zu rounds)  cpu %.2fx (%.2f-%.2f)\n", n, who.c_str(),
-                    median(ops_r), *olo, *ohi, ops_r.size(), median(cpu_r), *clo, *chi);
+        std::printf("%8d  ratio %-16s %8.2fx (%.2f-%.2f, %zu rounds)  %s\n", n, who.c_str(), median(ops_r), *olo, *ohi,
+                    ops_r.size(), cpu.c_str());
       }
     }
   }
