@@ -164,7 +164,7 @@ Command add_store_command(CLI::App& root) {
   serve_cmd->add_option("--world-size", args->world_size, "expected number of ranks (for the wait report)");
   serve_cmd
       ->add_option("--threads", args->threads,
-                   "I/O threads serving the connections: auto (a fifth of the usable CPUs, 1..8), 1..64, or 0 (the "
+                   "I/O threads serving the connections: auto (a quarter of the usable CPUs, 1..8), 1..64, or 0 (the "
                    "main thread)")
       ->capture_default_str();
   return {sub, [args] { return serve(*args); }};

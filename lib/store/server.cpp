@@ -62,7 +62,7 @@ constexpr int kAcceptBatch = 4096;
 
 // The CPUs this process may use (a container's cpuset, taskset), not the machine's.
 unsigned auto_threads() {
-  return std::clamp(static_cast<unsigned>(std::max(ddp::usable_cpus(), 1)) / 5, 1u, 8u);
+  return std::clamp(static_cast<unsigned>(std::max(ddp::usable_cpus(), 1)) / 4, 1u, 8u);
 }
 
 struct Connection;

@@ -102,12 +102,13 @@ struct ServerOptions {
   LegacyHint legacy;
 };
 
-// The I/O threads a store gets for "auto" (the default of launches and `store serve`): a fifth of
-// the CPUs this process may use, at least 1 and at most 8, leaving the rest to the clients (on
+// The I/O threads a store gets for "auto" (the default of launches and `store serve`): a quarter
+// of the CPUs this process may use, at least 1 and at most 8, leaving the rest to the clients (on
 // node rank 0, the job's own ranks). Each thread more serves more clients at once but sleeps
-// more often between their requests, and a sleep costs more CPU than a request (on 16 cores, three
-// runs each at 16 and 256 clients: 3 threads served 2.6-3.4x PyTorch 2.11's server at 0.86-1.07
-// of its CPU per request, 4 threads 3.1-3.8x at 0.97-1.18; docs/performance-gpu.md).
+// more often between their requests, and a sleep costs more CPU than a request. On 16 cores, six
+// rounds each since requests got cheaper (2026-12-06): 4 threads served 3.4-4.8x PyTorch 2.11's
+// server at 16 clients and 4.4-5.2x at 256, at a median 1.03 and 0.85 of its CPU per request;
+// 3 threads 2.8-3.2x and 3.1-3.8x at the same CPU (docs/performance-gpu.md).
 unsigned auto_threads();
 // A job's or command line's request: a count, or negative for auto_threads().
 inline unsigned threads_for(int asked) {
