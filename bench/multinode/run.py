@@ -112,6 +112,11 @@ def main():
     ap.add_argument("--cap", type=float, default=30.0)
     args = ap.parse_args()
     os.environ["DDP_BINARY_DIR"] = os.path.abspath(args.build)
+    # The system's PATH for the agents and the launcher, whose PATH the job's environment carries:
+    # ddpctl asks the job's python3 on each node for its PyTorch before the join, and that should
+    # be the machine's python3, which torchrun's side runs, not whatever the shell running this
+    # benchmark finds first (a pyenv Python that imports certifi at start-up, 5x slower here).
+    os.environ["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     import simcluster  # noqa: E402 (reads DDP_BINARY_DIR)
     why = simcluster.netns_unavailable()
     if why:

@@ -2,6 +2,7 @@
 // stand-in interpreters (shell scripts in a temporary folder): answer, timeout, cache, staleness.
 #include "pyenv/pyenv.hpp"
 #include "pyenv/probe.hpp"
+#include "supervisor/run_bounded.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -269,4 +271,83 @@ TEST(PyenvProbe, TheRealScriptOnThisMachinesPython) {
   EXPECT_EQ(f.version->substr(0, 2), "3.");
   ASSERT_TRUE(f.torch);
   EXPECT_EQ(f.torch->substr(0, 5), "1.13.");
+}
+
+namespace {
+// The real script on this machine's python3, with `dirs` on its PYTHONPATH.
+facts::PythonFacts real_probe(const std::vector<fs::path>& dirs, const fs::path& workdir) {
+  std::string path;
+  for (const auto& d : dirs) {
+    if (!path.empty()) path += ':';
+    path += d.string();
+  }
+  ProbeRequest r;
+  r.choice = {{"/usr/bin/python3"}, "test", false};
+  r.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", path}};
+  r.workdir = workdir.string();
+  return probe_python(r, nullptr);
+}
+
+// A stand-in torch package: its version.py (when `version_py` is set) and, beside it, an
+// installed distribution's metadata saying another version (when `dist` is set).
+void fake_torch(const fs::path& site, std::optional<std::string> version_py, std::optional<std::string> dist) {
+  fs::create_directories(site / "torch");
+  std::ofstream(site / "torch/__init__.py") << "raise SystemExit('the probe must not import torch')\n";
+  if (version_py) std::ofstream(site / "torch/version.py") << "from typing import Optional\n" << *version_py << "\n";
+  if (dist) {
+    fs::create_directories(site / ("torch-" + *dist + ".dist-info"));
+    std::ofstream(site / ("torch-" + *dist + ".dist-info/METADATA"))
+        << "Metadata-Version: 2.1\nName: torch\nVersion: " << *dist << "\n";
+  }
+}
+}  // namespace
+
+// The answer is JSON written by hand (the script imports no json): folder names with quotes,
+// backslashes, control characters and characters outside the BMP come back as they are.
+TEST(PyenvProbe, TheRealScriptEscapesEveryAwkwardFolderName) {
+  TempDir d;
+  const std::vector<std::string> names = {"a\"quote",    "back\\slash",           "new\nline", "tab\tand\x01",
+                                          "caf\xc3\xa9", "smile\xf0\x9f\x98\x80", "plain"};
+  std::string path;
+  std::vector<std::string> dirs;
+  for (const auto& n : names) {
+    dirs.push_back((d.path / n).string());
+    fs::create_directories(dirs.back());
+    if (!path.empty()) path += ':';
+    path += dirs.back();
+  }
+  supervisor::SpawnSpec spec;
+  spec.argv = {"/usr/bin/python3", "-c", probe_script()};
+  spec.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", path}};
+  spec.workdir = d.path.string();
+  const auto ran = supervisor::run_bounded(spec, std::chrono::seconds(10), 1 << 16, 1 << 12);
+  ASSERT_EQ(ran.status, 0) << ran.err;
+  const auto answer = parse_probe_output(ran.out);
+  ASSERT_FALSE(answer.facts.error) << *answer.facts.error << "\n" << ran.out;
+  for (const auto& dir : dirs) {
+    EXPECT_NE(std::find(answer.site.begin(), answer.site.end(), dir), answer.site.end()) << "missing: " << dir;
+  }
+  EXPECT_EQ(answer.facts.version->substr(0, 2), "3.");
+}
+
+TEST(PyenvProbe, TheRealScriptReadsTorchsVersionFileAndNeverImportsIt) {
+  TempDir d;
+  // version.py, what `import torch` would load, wins over the installed distribution's metadata
+  // (Debian's python3-torch says 1.13.0a0 in one and 1.13.0a0+gitunknown in the other).
+  fake_torch(d.path / "a", "__version__ = '2.11.0+cu130'", "2.11.0");
+  auto f = real_probe({d.path / "a"}, d.path);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_EQ(f.torch, "2.11.0+cu130");
+
+  // No version.py: the distribution's metadata.
+  fake_torch(d.path / "b", std::nullopt, "2.4.1");
+  f = real_probe({d.path / "b"}, d.path);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_EQ(f.torch, "2.4.1");
+
+  // A version.py that does not say a version: the metadata too, never the text.
+  fake_torch(d.path / "c", "__version__ = get_version()", "2.5.0");
+  f = real_probe({d.path / "c"}, d.path);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_EQ(f.torch, "2.5.0");
 }
