@@ -35,12 +35,13 @@ InterpreterChoice choose_interpreter(const jobspec::JobSpec& spec) {
 }
 
 const std::string& probe_script() {
-  // Python 3.8+; nothing here imports torch, nor json and importlib.metadata, which cost a job's
-  // start on every node two thirds of the probe (88 against 33 ms with Debian's python3 here):
-  // torch's version is read from the torch/version.py that `import torch` would load (its
-  // torch.__version__), the installed distribution's metadata only when there is none; the
-  // answer is written as JSON by hand, every character outside printable ASCII, and '"' and '\',
-  // escaped as json.dumps does (ensure_ascii).
+  // Python 3.8+. Nothing here imports torch, nor json or importlib.metadata, whose imports (email,
+  // re, ...) were most of the probe every job pays on every node: 88 against 15 ms with Debian's
+  // python3 here. The answer is importlib.metadata's all the same: the first torch distribution
+  // on sys.path (its dist-info's METADATA or egg-info's PKG-INFO), else the version.py of the
+  // torch package importlib finds; the JSON line is written by hand, every character outside
+  // printable ASCII, and '"' and '\', escaped as json.dumps does, and sys.path folders whose
+  // names are not UTF-8 (which no JSON parser takes back) left out of `site`.
   static const std::string s =
       "import os, sys\n"
       "def q(s):\n"
@@ -57,27 +58,66 @@ const std::string& probe_script() {
       "        else:\n"
       "            o.append('\\\\u%04x' % n)\n"
       "    return '\"' + ''.join(o) + '\"'\n"
-      "torch = None\n"
-      "try:\n"
+      "def utf8(s):\n"
+      "    try:\n"
+      "        s.encode('utf-8')\n"
+      "        return True\n"
+      "    except UnicodeError:\n"
+      "        return False\n"
+      "def header(path, key):\n"
+      "    with open(path, encoding='utf-8', errors='replace') as f:\n"
+      "        for line in f:\n"
+      "            if not line.strip():\n"
+      "                break\n"
+      "            if line.startswith(key):\n"
+      "                return line[len(key):].strip() or None\n"
+      "    return None\n"
+      "def installed():\n"
+      "    for p in sys.path:\n"
+      "        try:\n"
+      "            names = os.listdir(p or '.')\n"
+      "        except OSError:\n"
+      "            continue\n"
+      "        for n in names:\n"
+      "            low = n.lower()\n"
+      "            if not low.startswith('torch-'):\n"
+      "                continue\n"
+      "            d = os.path.join(p or '.', n)\n"
+      "            try:\n"
+      "                if low.endswith('.dist-info'):\n"
+      "                    v = header(os.path.join(d, 'METADATA'), 'Version:')\n"
+      "                elif low.endswith('.egg-info'):\n"
+      "                    v = header(os.path.join(d, 'PKG-INFO') if os.path.isdir(d) else d, 'Version:')\n"
+      "                else:\n"
+      "                    continue\n"
+      "            except OSError:\n"
+      "                continue\n"
+      "            if v:\n"
+      "                return v\n"
+      "    return None\n"
+      "def module():\n"
       "    import importlib.util\n"
       "    spec = importlib.util.find_spec('torch')\n"
-      "    if spec is not None and spec.origin:\n"
-      "        with open(os.path.join(os.path.dirname(spec.origin), 'version.py')) as f:\n"
-      "            for line in f:\n"
-      "                if line.startswith('__version__'):\n"
-      "                    torch = line.split('=', 1)[1].strip().strip('\\'\"')\n"
-      "                    break\n"
-      "        if torch and not torch[0].isdigit():\n"
-      "            torch = None\n"
-      "except Exception:\n"
-      "    pass\n"
-      "if not torch:\n"
+      "    if spec is None or not spec.origin or not spec.submodule_search_locations:\n"
+      "        return None\n"
+      "    with open(os.path.join(os.path.dirname(spec.origin), 'version.py'), encoding='utf-8', errors='replace') as "
+      "f:\n"
+      "        for line in f:\n"
+      "            if line.startswith('__version__'):\n"
+      "                v = line.split('=', 1)[1].strip()\n"
+      "                if v[:1] in ('\"', \"'\"):\n"
+      "                    v = v[1:].split(v[0], 1)[0]\n"
+      "                return v if v[:1].isdigit() else None\n"
+      "    return None\n"
+      "torch = None\n"
+      "for find in (installed, module):\n"
       "    try:\n"
-      "        from importlib import metadata\n"
-      "        torch = metadata.version('torch')\n"
+      "        torch = find()\n"
       "    except Exception:\n"
       "        torch = None\n"
-      "site = [p for p in sys.path if p and os.path.isdir(p)][:32]\n"
+      "    if torch:\n"
+      "        break\n"
+      "site = [p for p in sys.path if p and utf8(p) and os.path.isdir(p)][:32]\n"
       "print('DDPCTL-PYENV {\"executable\": %s, \"python\": %s, \"torch\": %s, \"site\": [%s]}' % (\n"
       "    q(os.path.realpath(sys.executable)), q('%d.%d.%d' % tuple(sys.version_info[:3])), q(torch),\n"
       "    ', '.join(q(p) for p in site)))\n";

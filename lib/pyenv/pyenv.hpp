@@ -5,11 +5,11 @@
 //     [conda, run, -n, env, python]): for commands that are shell scripts or wrappers;
 //  2. the command's program when it is a Python (python, python3, python3.11, a path to one);
 //  3. `python3` on the job's PATH, marked as a guess (a shell script most likely runs that).
-// The probe is a few lines of Python that read torch/version.py next to the module importlib
-// finds (torch.__version__ as `import torch` would give it), and importlib.metadata only for a
-// torch without one: torch itself is never imported, which would take seconds and initialise
-// CUDA, nor json or importlib.metadata first (three times the probe's time, paid by every job
-// on every node: the agents keep no cache).
+// The probe is a few lines of Python that find what importlib.metadata would say (the first
+// torch distribution's metadata on sys.path) and, for a torch without metadata, read
+// torch/version.py next to the package importlib finds: torch itself is never imported, which
+// would take seconds and initialise CUDA, nor json or importlib.metadata (five times the probe's
+// own time, paid by every job on every node: the agents keep no cache).
 #pragma once
 
 #include "facts/model.hpp"

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 
 using namespace ddp;
@@ -274,7 +275,8 @@ TEST(PyenvProbe, TheRealScriptOnThisMachinesPython) {
 }
 
 namespace {
-// The real script on this machine's python3, with `dirs` on its PYTHONPATH.
+// The real script on this machine's python3 (`-S`: without site, so without Debian's own torch in
+// dist-packages), with `dirs` on its PYTHONPATH.
 facts::PythonFacts real_probe(const std::vector<fs::path>& dirs, const fs::path& workdir) {
   std::string path;
   for (const auto& d : dirs) {
@@ -282,23 +284,38 @@ facts::PythonFacts real_probe(const std::vector<fs::path>& dirs, const fs::path&
     path += d.string();
   }
   ProbeRequest r;
-  r.choice = {{"/usr/bin/python3"}, "test", false};
+  r.choice = {{"/usr/bin/python3", "-S"}, "test", false};
   r.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", path}};
   r.workdir = workdir.string();
   return probe_python(r, nullptr);
 }
 
-// A stand-in torch package: its version.py (when `version_py` is set) and, beside it, an
-// installed distribution's metadata saying another version (when `dist` is set).
-void fake_torch(const fs::path& site, std::optional<std::string> version_py, std::optional<std::string> dist) {
+// What importlib.metadata itself says there, "none" when it finds no torch.
+std::string metadata_says(const fs::path& dir, const fs::path& workdir) {
+  supervisor::SpawnSpec spec;
+  spec.argv = {"/usr/bin/python3", "-S", "-c",
+               "from importlib import metadata\n"
+               "try:\n    print(metadata.version('torch'))\n"
+               "except metadata.PackageNotFoundError:\n    print('none')\n"};
+  spec.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", dir.string()}};
+  spec.workdir = workdir.string();
+  const auto ran = supervisor::run_bounded(spec, std::chrono::seconds(10), 1 << 12, 1 << 12);
+  return ran.out.substr(0, ran.out.find('\n'));
+}
+
+// A stand-in torch package that must never be imported, with a version.py when given one.
+void fake_torch_package(const fs::path& site, std::optional<std::string> version_py) {
   fs::create_directories(site / "torch");
   std::ofstream(site / "torch/__init__.py") << "raise SystemExit('the probe must not import torch')\n";
   if (version_py) std::ofstream(site / "torch/version.py") << "from typing import Optional\n" << *version_py << "\n";
-  if (dist) {
-    fs::create_directories(site / ("torch-" + *dist + ".dist-info"));
-    std::ofstream(site / ("torch-" + *dist + ".dist-info/METADATA"))
-        << "Metadata-Version: 2.1\nName: torch\nVersion: " << *dist << "\n";
-  }
+}
+
+// An installed distribution's metadata; a Version line in its body (after the headers) is not
+// the version.
+void dist_info(const fs::path& site, const std::string& version) {
+  fs::create_directories(site / ("torch-" + version + ".dist-info"));
+  std::ofstream(site / ("torch-" + version + ".dist-info/METADATA"))
+      << "Metadata-Version: 2.1\nName: torch\nVersion: " << version << "\nSummary: x\n\nVersion: 0.0.0\n";
 }
 }  // namespace
 
@@ -306,7 +323,8 @@ void fake_torch(const fs::path& site, std::optional<std::string> version_py, std
 // backslashes, control characters and characters outside the BMP come back as they are.
 TEST(PyenvProbe, TheRealScriptEscapesEveryAwkwardFolderName) {
   TempDir d;
-  const std::vector<std::string> names = {"a\"quote",    "back\\slash",           "new\nline", "tab\tand\x01",
+  ASSERT_TRUE(fs::exists("/usr/bin/python3")) << "scripts/setup installs python3";
+  const std::vector<std::string> names = {"a\"quote",    "back\\slash",           "new\nline", "tab\tand\x01\x7f",
                                           "caf\xc3\xa9", "smile\xf0\x9f\x98\x80", "plain"};
   std::string path;
   std::vector<std::string> dirs;
@@ -316,6 +334,11 @@ TEST(PyenvProbe, TheRealScriptEscapesEveryAwkwardFolderName) {
     if (!path.empty()) path += ':';
     path += dirs.back();
   }
+  // A name that is not UTF-8 (Python holds it with lone surrogates, which no JSON parser takes
+  // back) is left out of the answer; it does not cost the whole answer.
+  const std::string not_utf8 = (d.path / "latin1-caf\xe9").string();
+  fs::create_directories(not_utf8);
+  path += ":" + not_utf8;
   supervisor::SpawnSpec spec;
   spec.argv = {"/usr/bin/python3", "-c", probe_script()};
   spec.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", path}};
@@ -327,27 +350,74 @@ TEST(PyenvProbe, TheRealScriptEscapesEveryAwkwardFolderName) {
   for (const auto& dir : dirs) {
     EXPECT_NE(std::find(answer.site.begin(), answer.site.end(), dir), answer.site.end()) << "missing: " << dir;
   }
+  EXPECT_EQ(std::find(answer.site.begin(), answer.site.end(), not_utf8), answer.site.end());
   EXPECT_EQ(answer.facts.version->substr(0, 2), "3.");
 }
 
-TEST(PyenvProbe, TheRealScriptReadsTorchsVersionFileAndNeverImportsIt) {
+// The script finds torch's version as importlib.metadata does, without importing that (or torch):
+// the first distribution on sys.path, a dist-info's METADATA or an egg-info's PKG-INFO (a folder
+// or a file); only when there is none, the version.py of the torch package importlib finds.
+TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
+  ASSERT_TRUE(fs::exists("/usr/bin/python3")) << "scripts/setup installs python3";
   TempDir d;
-  // version.py, what `import torch` would load, wins over the installed distribution's metadata
-  // (Debian's python3-torch says 1.13.0a0 in one and 1.13.0a0+gitunknown in the other).
-  fake_torch(d.path / "a", "__version__ = '2.11.0+cu130'", "2.11.0");
-  auto f = real_probe({d.path / "a"}, d.path);
-  ASSERT_FALSE(f.error) << *f.error;
-  EXPECT_EQ(f.torch, "2.11.0+cu130");
-
-  // No version.py: the distribution's metadata.
-  fake_torch(d.path / "b", std::nullopt, "2.4.1");
-  f = real_probe({d.path / "b"}, d.path);
-  ASSERT_FALSE(f.error) << *f.error;
-  EXPECT_EQ(f.torch, "2.4.1");
-
-  // A version.py that does not say a version: the metadata too, never the text.
-  fake_torch(d.path / "c", "__version__ = get_version()", "2.5.0");
-  f = real_probe({d.path / "c"}, d.path);
-  ASSERT_FALSE(f.error) << *f.error;
-  EXPECT_EQ(f.torch, "2.5.0");
+  struct Case {
+    std::string name;
+    std::function<void(const fs::path&)> make;
+    std::optional<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {"dist-info before version.py",
+       [](const fs::path& p) {
+         fake_torch_package(p, "__version__ = '2.11.0+cu130'");
+         dist_info(p, "2.11.0");
+       },
+       "2.11.0"},
+      {"egg-info folder",
+       [](const fs::path& p) {
+         fake_torch_package(p, "__version__ = '1.13.0a0'");
+         fs::create_directories(p / "torch-1.13.0a0+gitunknown.egg-info");
+         std::ofstream(p / "torch-1.13.0a0+gitunknown.egg-info/PKG-INFO")
+             << "Metadata-Version: 2.1\nName: torch\nVersion: 1.13.0a0+gitunknown\n";
+       },
+       "1.13.0a0+gitunknown"},
+      {"egg-info file",
+       [](const fs::path& p) {
+         fs::create_directories(p);
+         std::ofstream(p / "torch-1.12.1-py3.11.egg-info") << "Metadata-Version: 1.1\nName: torch\nVersion: 1.12.1\n";
+       },
+       "1.12.1"},
+      {"another project whose name starts with torch",
+       [](const fs::path& p) {
+         fs::create_directories(p / "torch_tb_profiler-0.4.3.dist-info");
+         std::ofstream(p / "torch_tb_profiler-0.4.3.dist-info/METADATA") << "Name: torch-tb-profiler\nVersion: 0.4.3\n";
+         fake_torch_package(p, "__version__ = '2.4.1'  # generated");
+       },
+       "2.4.1"},
+      {"version.py that says no version",
+       [](const fs::path& p) { fake_torch_package(p, "__version__ = get_version()"); }, std::nullopt},
+      {"a torch.py module, not the package, beside another project's version.py",
+       [](const fs::path& p) {
+         fs::create_directories(p);
+         std::ofstream(p / "torch.py") << "raise SystemExit('the probe must not import torch')\n";
+         std::ofstream(p / "version.py") << "__version__ = '0.3.1'\n";
+       },
+       std::nullopt},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    const auto dir = d.path / std::to_string(i++);
+    c.make(dir);
+    const auto f = real_probe({dir}, d.path);
+    ASSERT_FALSE(f.error) << c.name << ": " << *f.error;
+    EXPECT_EQ(f.torch, c.expected) << c.name;
+    // Wherever importlib.metadata finds a torch, the script says what it says.
+    const auto said = metadata_says(dir, d.path);
+    if (said != "none") {
+      EXPECT_EQ(f.torch, said) << c.name;
+    }
+  }
+  // Two folders with a distribution each: the first on sys.path, as importlib.metadata.
+  dist_info(d.path / "first", "2.5.0");
+  dist_info(d.path / "second", "2.6.0");
+  EXPECT_EQ(real_probe({d.path / "first", d.path / "second"}, d.path).torch, "2.5.0");
 }
