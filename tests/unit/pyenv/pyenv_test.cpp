@@ -416,6 +416,23 @@ TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
       EXPECT_EQ(f.torch, said) << c.name;
     }
   }
+  // An egg-info and a dist-info in one folder: importlib.metadata takes the one the folder lists
+  // first, not the dist-info (a folder is chosen whose listing has the egg-info first).
+  std::optional<fs::path> both;
+  for (int k = 0; k < 64 && !both; ++k) {
+    const auto dir = d.path / ("both-" + std::to_string(k));
+    fs::create_directories(dir / ("torch-1.0." + std::to_string(k) + ".egg-info"));
+    std::ofstream(dir / ("torch-1.0." + std::to_string(k) + ".egg-info/PKG-INFO"))
+        << "Name: torch\nVersion: 1.0." << k << "\n";
+    dist_info(dir, "2.0." + std::to_string(k));
+    if (fs::directory_iterator(dir)->path().extension() == ".egg-info") both = dir;
+  }
+  ASSERT_TRUE(both) << "no folder listed its egg-info first";
+  const auto f = real_probe({*both}, d.path);
+  ASSERT_TRUE(f.torch);
+  EXPECT_EQ(f.torch->substr(0, 4), "1.0.");
+  EXPECT_EQ(f.torch, metadata_says(*both, d.path));
+
   // Two folders with a distribution each: the first on sys.path, as importlib.metadata.
   dist_info(d.path / "first", "2.5.0");
   dist_info(d.path / "second", "2.6.0");
