@@ -3,6 +3,7 @@
 #include "common/log.hpp"
 #include "common/safe_fs.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "supervisor/run_bounded.hpp"
 
 #include <fmt/format.h>
@@ -27,7 +28,7 @@ constexpr std::size_t kMaxStdout = 64 << 10;
 constexpr std::size_t kMaxStderr = 4 << 10;
 constexpr std::size_t kMaxEntries = 64;  // of the file cache: one per interpreter and env
 constexpr std::uintmax_t kMaxCacheFile = 1 << 20;
-constexpr const char* kCacheHeader = R"({"version":2})";
+constexpr const char* kCacheHeader = R"({"version":3})";  // 3: the key holds env as pairs, bytes in hex
 
 std::optional<std::int64_t> mtime_ns(const std::string& path) {
   struct stat st {};
@@ -62,21 +63,48 @@ bool python_variable(const std::string& k) {
   return k == "PATH" || k == "VIRTUAL_ENV" || k == "HOME" || k == "LD_LIBRARY_PATH";
 }
 
+// Whether `s` is UTF-8 that a strict JSON dump takes (a path or variable need not be: a folder
+// named in Latin-1).
+bool utf8(const std::string& s) {
+  try {
+    (void)json(s).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+// A path or variable in the cache key: as it is when it is UTF-8, else its bytes in hex, in an
+// object no string can be mistaken for.
+json key_part(const std::string& s) {
+  if (utf8(s)) return s;
+  std::string hex;
+  for (unsigned char c : s) hex += fmt::format("{:02x}", c);
+  return json{{"hex", hex}};
+}
+
+// What is shown of an interpreter (and carried in messages and the cache): UTF-8.
+std::string shown(const std::string& s) {
+  return utf8(s) ? s : clean_text(s, s.size());
+}
+
 }  // namespace
 
 std::string cache_key(const ProbeRequest& req, const std::string& resolved) {
-  json env = json::object();
+  json env = json::array();
   for (const auto& [k, v] : req.env)
-    if (python_variable(k)) env[k] = v;
-  json k{{"argv", req.choice.argv},
-         {"resolved", resolved},
+    if (python_variable(k)) env.push_back({key_part(k), key_part(v)});
+  json argv = json::array();
+  for (const auto& a : req.choice.argv) argv.push_back(key_part(a));
+  json k{{"argv", argv},
+         {"resolved", key_part(resolved)},
          {"uid", req.run_as ? req.run_as->uid : ::geteuid()},
-         {"workdir", req.workdir},
+         {"workdir", key_part(req.workdir)},
          {"env", env}};
   return k.dump();
 }
 
-// The file: JSON Lines, `{"version":2}` then one `[KEY, ENTRY]` per line, oldest first. A launch
+// The file: JSON Lines, `{"version":3}` then one `[KEY, ENTRY]` per line, oldest first. A launch
 // looks up one key: it finds that line by its prefix and parses only it (a whole file of 64
 // entries, each with its environment, took more instructions to parse than the rest of a launch).
 ProbeCache::ProbeCache(std::optional<fs::path> file) : file_(std::move(file)) {
@@ -129,6 +157,7 @@ std::optional<facts::PythonFacts> ProbeCache::find(const std::string& key) const
 void ProbeCache::put(const std::string& key, const facts::PythonFacts& f, const std::vector<std::string>& stamp_paths) {
   json stamps = json::array();
   for (const auto& p : stamp_paths) {
+    if (!utf8(p)) return;  // a path the file cannot hold: not cached (probed each time)
     auto ns = mtime_ns(p);
     if (!ns) return;  // a folder that vanished meanwhile: do not cache what cannot be validated
     stamps.push_back({p, *ns});
@@ -188,15 +217,15 @@ ProbeCache& process_cache(std::optional<fs::path> file) {
 
 facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
   facts::PythonFacts f;
-  f.interpreter = join(req.choice.argv, " ");
+  f.interpreter = shown(join(req.choice.argv, " "));
   f.source = req.choice.source;
   const auto path = req.env.count("PATH") ? req.env.at("PATH") : std::string("/usr/bin:/bin");
   const auto resolved = supervisor::resolve_executable(req.choice.argv.at(0), path, req.workdir);
   if (!resolved) {
-    f.error = fmt::format("{} not found (PATH={}, workdir={})", req.choice.argv.at(0), path, req.workdir);
+    f.error = shown(fmt::format("{} not found (PATH={}, workdir={})", req.choice.argv.at(0), path, req.workdir));
     return f;
   }
-  if (req.choice.argv.size() == 1) f.interpreter = *resolved;
+  if (req.choice.argv.size() == 1) f.interpreter = shown(*resolved);
   const auto key = cache_key(req, *resolved);
   if (cache)
     if (auto hit = cache->find(key)) return *hit;
@@ -213,7 +242,7 @@ facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
   try {
     ran = supervisor::run_bounded(spec, req.timeout, kMaxStdout, kMaxStderr);
   } catch (const supervisor::SpawnError& e) {
-    f.error = fmt::format("cannot run {}: {}", *resolved, e.what());
+    f.error = shown(fmt::format("cannot run {}: {}", *resolved, e.what()));
     return f;
   }
   auto answer = parse_probe_output(ran.out);

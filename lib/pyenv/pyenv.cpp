@@ -36,13 +36,15 @@ InterpreterChoice choose_interpreter(const jobspec::JobSpec& spec) {
 
 const std::string& probe_script() {
   // Python 3.8+. Nothing here imports torch, nor json or importlib.metadata, whose imports (email,
-  // re, ...) were most of the probe every job pays on every node: 50-88 against 12-17 ms with
-  // Debian's python3 here. The answer is importlib.metadata's all the same: the first torch
-  // distribution on sys.path (a dist-info's METADATA or an egg-info's PKG-INFO; in one folder, in
-  // the order it lists them, as there), else the version.py of the torch package importlib finds.
-  // The JSON line is written by hand, every character outside printable ASCII, and '"' and '\',
-  // escaped as json.dumps does; sys.path folders whose names are not UTF-8 (which no JSON parser
-  // takes back) are left out of `site`.
+  // re, ...) were most of the probe every job pays on every node: 50-88 against 12-18 ms with
+  // Debian's python3 here. The answer is importlib.metadata's: the first torch distribution on
+  // sys.path (`torch-*` or `torch` dist-info or egg-info, METADATA or PKG-INFO; in one folder in
+  // the order it lists them, as there), except that one whose metadata says no version is passed
+  // over for the next (importlib says None; newer releases prefer the valid one too); else the
+  // version.py of the torch package importlib finds. Only regular files are read (no FIFO or
+  // device can stall it). The JSON line is written by hand, every character outside printable
+  // ASCII, and '"' and '\', escaped as json.dumps does; a path that is not UTF-8 (which no JSON
+  // parser takes back) is left out: a sys.path folder, or the executable (null).
   static const std::string s =
       "import os, sys\n"
       "def q(s):\n"
@@ -59,50 +61,52 @@ const std::string& probe_script() {
       "        else:\n"
       "            o.append('\\\\u%04x' % n)\n"
       "    return '\"' + ''.join(o) + '\"'\n"
-      "def utf8(s):\n"
+      "def utf8(p):\n"
       "    try:\n"
-      "        s.encode('utf-8')\n"
-      "        return True\n"
-      "    except UnicodeError:\n"
-      "        return False\n"
-      "def header(path, key):\n"
+      "        return os.fsencode(p).decode('utf-8')\n"
+      "    except Exception:\n"
+      "        return None\n"
+      "def header(path):\n"
+      "    if not os.path.isfile(path):\n"
+      "        return None\n"
       "    with open(path, encoding='utf-8', errors='replace') as f:\n"
       "        for line in f:\n"
       "            if not line.strip():\n"
       "                break\n"
-      "            if line.startswith(key):\n"
-      "                return line[len(key):].strip() or None\n"
+      "            if line.startswith('Version:'):\n"
+      "                return line[8:].strip() or None\n"
       "    return None\n"
       "def installed():\n"
       "    for p in sys.path:\n"
       "        try:\n"
-      "            names = os.listdir(p or '.')\n"
-      "        except OSError:\n"
+      "            p = os.fsdecode(p) or '.'\n"
+      "            names = os.listdir(p)\n"
+      "        except Exception:\n"
       "            continue\n"
       "        for n in names:\n"
-      "            if not n.lower().startswith('torch-'):\n"
-      "                continue\n"
       "            low = n.lower()\n"
-      "            d = os.path.join(p or '.', n)\n"
-      "            try:\n"
-      "                if low.endswith('.dist-info'):\n"
-      "                    v = header(os.path.join(d, 'METADATA'), 'Version:')\n"
-      "                elif low.endswith('.egg-info'):\n"
-      "                    v = header(os.path.join(d, 'PKG-INFO') if os.path.isdir(d) else d, 'Version:')\n"
-      "                else:\n"
-      "                    continue\n"
-      "            except OSError:\n"
+      "            if not low.endswith(('.dist-info', '.egg-info')) or low.rpartition('.')[0].partition('-')[0] != "
+      "'torch':\n"
       "                continue\n"
-      "            if v:\n"
-      "                return v\n"
+      "            d = os.path.join(p, n)\n"
+      "            for f in ([os.path.join(d, 'METADATA'), os.path.join(d, 'PKG-INFO')] if os.path.isdir(d) else "
+      "[d]):\n"
+      "                try:\n"
+      "                    v = header(f)\n"
+      "                except OSError:\n"
+      "                    v = None\n"
+      "                if v:\n"
+      "                    return v\n"
       "    return None\n"
       "def module():\n"
       "    import importlib.util\n"
       "    spec = importlib.util.find_spec('torch')\n"
       "    if spec is None or not spec.origin or not spec.submodule_search_locations:\n"
       "        return None\n"
-      "    with open(os.path.join(os.path.dirname(spec.origin), 'version.py'), encoding='utf-8', errors='replace') as "
-      "f:\n"
+      "    path = os.path.join(os.path.dirname(spec.origin), 'version.py')\n"
+      "    if not os.path.isfile(path):\n"
+      "        return None\n"
+      "    with open(path, encoding='utf-8', errors='replace') as f:\n"
       "        for line in f:\n"
       "            if line.startswith('__version__'):\n"
       "                v = line.split('=', 1)[1].strip()\n"
@@ -118,10 +122,13 @@ const std::string& probe_script() {
       "        torch = None\n"
       "    if torch:\n"
       "        break\n"
-      "site = [p for p in sys.path if p and utf8(p) and os.path.isdir(p)][:32]\n"
+      "try:\n"
+      "    exe = utf8(os.path.realpath(sys.executable)) if sys.executable else None\n"
+      "except Exception:\n"
+      "    exe = None\n"
+      "site = [u for u in map(utf8, sys.path) if u and os.path.isdir(u)][:32]\n"
       "print('DDPCTL-PYENV {\"executable\": %s, \"python\": %s, \"torch\": %s, \"site\": [%s]}' % (\n"
-      "    q(os.path.realpath(sys.executable)), q('%d.%d.%d' % tuple(sys.version_info[:3])), q(torch),\n"
-      "    ', '.join(q(p) for p in site)))\n";
+      "    q(exe), q('%d.%d.%d' % tuple(sys.version_info[:3])), q(torch), ', '.join(q(p) for p in site)))\n";
   return s;
 }
 

@@ -393,6 +393,13 @@ TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
          fake_torch_package(p, "__version__ = '2.4.1'  # generated");
        },
        "2.4.1"},
+      {"a source checkout's torch.egg-info (setup.py develop)",
+       [](const fs::path& p) {
+         fake_torch_package(p, "__version__ = '2.5.0a0+git1'");
+         fs::create_directories(p / "torch.egg-info");
+         std::ofstream(p / "torch.egg-info/PKG-INFO") << "Metadata-Version: 2.1\nName: torch\nVersion: 2.5.0a0+git1\n";
+       },
+       "2.5.0a0+git1"},
       {"version.py that says no version",
        [](const fs::path& p) { fake_torch_package(p, "__version__ = get_version()"); }, std::nullopt},
       {"a torch.py module, not the package, beside another project's version.py",
@@ -433,8 +440,42 @@ TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
   EXPECT_EQ(f.torch->substr(0, 4), "1.0.");
   EXPECT_EQ(f.torch, metadata_says(*both, d.path));
 
+  // A distribution whose metadata says no version is passed over for the next one, where
+  // importlib.metadata would answer None (a stale dist-info left by an upgrade, cpython#100666).
+  fs::create_directories(d.path / "stale/torch-2.0.0.dist-info");
+  std::ofstream(d.path / "stale/torch-2.0.0.dist-info/REQUESTED") << "";
+  dist_info(d.path / "good", "2.2.0");
+  EXPECT_EQ(real_probe({d.path / "stale", d.path / "good"}, d.path).torch, "2.2.0");
+
   // Two folders with a distribution each: the first on sys.path, as importlib.metadata.
   dist_info(d.path / "first", "2.5.0");
   dist_info(d.path / "second", "2.6.0");
   EXPECT_EQ(real_probe({d.path / "first", d.path / "second"}, d.path).torch, "2.5.0");
+}
+
+// An interpreter whose path is not UTF-8 costs the answer only its `executable` (a JSON parser
+// takes back no lone surrogate), not the Python and torch versions.
+TEST(PyenvProbe, TheRealScriptOnAnInterpreterWhosePathIsNotUtf8) {
+  ASSERT_TRUE(fs::exists("/usr/bin/python3")) << "scripts/setup installs python3";
+  TempDir d;
+  const auto bin = d.path / "bin-caf\xe9";
+  fs::create_directories(bin);
+  fs::copy_file(fs::canonical("/usr/bin/python3"), bin / "python3");
+  dist_info(d.path / "site", "2.3.0");
+  ProbeRequest r;
+  r.choice = {{(bin / "python3").string(), "-S"}, "test", false};
+  r.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", (d.path / "site").string()}};
+  r.workdir = d.path.string();
+  const auto f = probe_python(r, nullptr);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_EQ(f.version->substr(0, 2), "3.");
+  EXPECT_EQ(f.torch, "2.3.0");
+  EXPECT_FALSE(f.executable);
+  // Shown as text (the byte that is not UTF-8 as '?'), and neither the cache's key nor its file
+  // throws on the path: such an interpreter is probed each time, never cached.
+  EXPECT_NE(f.interpreter.find("bin-caf?"), std::string::npos) << f.interpreter;
+  ProbeCache cache(d.path / "cache/python.jsonl");
+  ASSERT_FALSE(probe_python(r, &cache).error);
+  ASSERT_FALSE(probe_python(r, &cache).error);
+  EXPECT_FALSE(fs::exists(d.path / "cache/python.jsonl"));
 }
