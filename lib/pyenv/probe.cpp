@@ -136,8 +136,11 @@ std::optional<ProbeCache::Entry> ProbeCache::entry(const std::string& key) const
     try {
       const auto j = json::parse(*it);
       Entry e{python_from_json(j.at(1).at("facts")), {}};
-      for (const auto& s : j.at(1).at("stamps"))
+      for (const auto& s : j.at(1).at("stamps")) {
+        // An integer only: a float's cast to an integer is undefined beyond its range.
+        if (!s.at(1).is_number_integer()) return std::nullopt;
         e.stamps.emplace_back(s.at(0).get<std::string>(), s.at(1).get<std::int64_t>());
+      }
       return e;
     } catch (const json::exception&) {
       return std::nullopt;  // a damaged line costs one probe, nothing more
@@ -165,7 +168,13 @@ void ProbeCache::put(const std::string& key, const facts::PythonFacts& f, const 
   const auto prefix = line_prefix(key);
   std::erase_if(lines_, [&](const std::string& l) { return l.compare(0, prefix.size(), prefix) == 0; });
   if (lines_.size() >= kMaxEntries) lines_.erase(lines_.begin());  // the oldest
-  lines_.push_back(json::array({key, {{"facts", to_json(f)}, {"stamps", stamps}}}).dump());
+  std::string line;
+  try {
+    line = json::array({key, {{"facts", to_json(f)}, {"stamps", stamps}}}).dump();
+  } catch (const json::type_error&) {
+    return;  // a field a strict dump refuses (not UTF-8): not cached, never thrown at the launch
+  }
+  lines_.push_back(std::move(line));
   save();
 }
 
@@ -218,7 +227,7 @@ ProbeCache& process_cache(std::optional<fs::path> file) {
 facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
   facts::PythonFacts f;
   f.interpreter = shown(join(req.choice.argv, " "));
-  f.source = req.choice.source;
+  f.source = shown(req.choice.source);  // names the job file, whose path need not be UTF-8
   const auto path = req.env.count("PATH") ? req.env.at("PATH") : std::string("/usr/bin:/bin");
   const auto resolved = supervisor::resolve_executable(req.choice.argv.at(0), path, req.workdir);
   if (!resolved) {
@@ -255,11 +264,15 @@ facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
     *answer.facts.error += fmt::format(" (exit status {}{})", ran.status, first.empty() ? "" : ": " + first);
   }
   if (answer.facts.error) {
+    // The interpreter's stderr and the parser's message quote bytes of any kind: shown cleaned.
+    answer.facts.error = clean_text(*answer.facts.error, 1024);
     log::get("pyenv")->debug("python probe of {}: {}", f.interpreter, *answer.facts.error);
     return answer.facts;  // not cached: the next launch tries again
   }
-  std::vector<std::string> stamps{*resolved};
-  if (answer.facts.executable) stamps.push_back(*answer.facts.executable);
+  // The real interpreter behind a wrapper (`conda run ...`) is stamped through `executable`;
+  // without it (a path that is not UTF-8) the answer could not be validated: not cached.
+  if (!answer.facts.executable) return answer.facts;
+  std::vector<std::string> stamps{*resolved, *answer.facts.executable};
   stamps.insert(stamps.end(), answer.site.begin(), answer.site.end());
   if (cache) cache->put(key, answer.facts, stamps);
   return answer.facts;

@@ -479,3 +479,41 @@ TEST(PyenvProbe, TheRealScriptOnAnInterpreterWhosePathIsNotUtf8) {
   ASSERT_FALSE(probe_python(r, &cache).error);
   EXPECT_FALSE(fs::exists(d.path / "cache/python.jsonl"));
 }
+
+// Bytes that are not UTF-8 anywhere in a request (a variable, the workdir, the job file's path in
+// `source`) or in what a failing interpreter prints: the key holds them in hex and finds them
+// again, and nothing the probe returns is refused by a strict JSON dump.
+TEST(PyenvProbe, BytesThatAreNotUtf8AreKeptInTheKeyAndCleanedInWhatIsShown) {
+  TempDir d;
+  fs::create_directories(d.path / "bin");
+  fs::create_directories(d.path / "site");
+  const auto counter = d.path / "runs";
+  write_interpreter(d.path / "bin/python3", answering(d.path / "site", counter, "2.11.0"));
+  auto r = request_in(d);
+  r.env["PYTHONPATH"] = "/opt/caf\xe9";
+  r.choice.source = "python: in /jobs/caf\xe9/job.yaml";
+  ProbeCache cache(d.path / "cache/python.jsonl");
+  auto f = probe_python(r, &cache);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_NO_THROW((void)facts::to_json(f).dump());
+  ProbeCache reloaded(d.path / "cache/python.jsonl");
+  EXPECT_EQ(probe_python(r, &reloaded).torch, "2.11.0");
+  EXPECT_EQ(runs(counter), 1);
+  // The same bytes as text are another key: no string is mistaken for a hex rendering.
+  auto other = r;
+  other.env["PYTHONPATH"] = "{\"hex\":\"2f6f70742f636166e9\"}";
+  probe_python(other, &cache);
+  EXPECT_EQ(runs(counter), 2);
+
+  // A failing wrapper that prints its own path (not UTF-8) and an escape sequence.
+  write_interpreter(d.path / "bin/python3", "printf '%s: \\033[31mno\\n' \"$0\" >&2\nexit 3\n");
+  fs::create_directories(d.path / "caf\xe9");
+  fs::copy_file(d.path / "bin/python3", d.path / "caf\xe9/python3");
+  auto failing = request_in(d);
+  failing.choice = {{(d.path / "caf\xe9/python3").string()}, "test", false};
+  f = probe_python(failing, nullptr);
+  ASSERT_TRUE(f.error);
+  EXPECT_NO_THROW((void)facts::to_json(f).dump()) << *f.error;
+  EXPECT_EQ(f.error->find('\033'), std::string::npos) << *f.error;
+  EXPECT_NE(f.error->find("exit status 3"), std::string::npos) << *f.error;
+}
