@@ -28,6 +28,9 @@ constexpr std::size_t kMaxStdout = 64 << 10;
 constexpr std::size_t kMaxStderr = 4 << 10;
 constexpr std::size_t kMaxEntries = 64;  // of the file cache: one per interpreter and env
 constexpr std::uintmax_t kMaxCacheFile = 1 << 20;
+// A line at most: a full file of them, the header and the newlines stay under kMaxCacheFile, which
+// the next launch would refuse (a key holds the job's PYTHONPATH, LD_LIBRARY_PATH, ...).
+constexpr std::size_t kMaxLine = (kMaxCacheFile - 64) / kMaxEntries - 1;
 constexpr const char* kCacheHeader = R"({"version":3})";  // 3: the key holds env as pairs, bytes in hex
 
 std::optional<std::int64_t> mtime_ns(const std::string& path) {
@@ -165,15 +168,16 @@ void ProbeCache::put(const std::string& key, const facts::PythonFacts& f, const 
     if (!ns) return;  // a folder that vanished meanwhile: do not cache what cannot be validated
     stamps.push_back({p, *ns});
   }
-  const auto prefix = line_prefix(key);
-  std::erase_if(lines_, [&](const std::string& l) { return l.compare(0, prefix.size(), prefix) == 0; });
-  if (lines_.size() >= kMaxEntries) lines_.erase(lines_.begin());  // the oldest
   std::string line;
   try {
     line = json::array({key, {{"facts", to_json(f)}, {"stamps", stamps}}}).dump();
   } catch (const json::type_error&) {
     return;  // a field a strict dump refuses (not UTF-8): not cached, never thrown at the launch
   }
+  if (line.size() > kMaxLine) return;  // not cached (probed each time), and no other entry goes
+  const auto prefix = line_prefix(key);
+  std::erase_if(lines_, [&](const std::string& l) { return l.compare(0, prefix.size(), prefix) == 0; });
+  if (lines_.size() >= kMaxEntries) lines_.erase(lines_.begin());  // the oldest
   lines_.push_back(std::move(line));
   save();
 }

@@ -187,6 +187,26 @@ TEST(PyenvProbe, TheCacheFileKeepsTheNewestEntriesAndSurvivesADamagedLine) {
     EXPECT_EQ(f->interpreter, facts_for(i).interpreter);
     EXPECT_EQ(f->version, facts_for(i).version);
   }
+  // An entry too large for its share of the file (a key holding a huge PYTHONPATH) is not
+  // cached, and costs the others nothing: the file stays under the size a launch reads.
+  {
+    ProbeCache cache(file);
+    cache.put("huge-" + std::string(20 << 10, 'p'), facts_for(200), {d.path.string()});
+    EXPECT_FALSE(cache.find("huge-" + std::string(20 << 10, 'p')));
+    EXPECT_TRUE(cache.find("key-7"));  // the oldest left stays
+    for (int i = 0; i < 70; ++i)
+      cache.put("long-" + std::to_string(i) + std::string(15 << 10, 'l'), facts_for(i), {d.path.string()});
+  }
+  EXPECT_LE(fs::file_size(file), 1u << 20);
+  ProbeCache full(file);
+  EXPECT_TRUE(full.find("long-69" + std::string(15 << 10, 'l')));
+  {
+    ProbeCache cache(file);  // back to the short keys for what follows
+    for (int i = 0; i < 70; ++i) cache.put("key-" + std::to_string(i), facts_for(i), {d.path.string()});
+    cache.put("key-6", facts_for(106), {d.path.string()});
+  }
+  reloaded = ProbeCache(file);
+
   // A key that is a prefix of another's is not that other's.
   EXPECT_FALSE(reloaded.find("key-6\\"));
   EXPECT_FALSE(reloaded.find("key-"));
