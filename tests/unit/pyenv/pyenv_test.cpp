@@ -446,12 +446,15 @@ TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
   // An egg-info and a dist-info in one folder: importlib.metadata takes the one the folder lists
   // first, not the dist-info (a folder is chosen whose listing has the egg-info first).
   std::optional<fs::path> both;
+  // Made in either order by turns: a file system that lists in creation order, or in its reverse,
+  // lists the egg-info first in one of them; one that hashes names, in some.
   for (int k = 0; k < 64 && !both; ++k) {
     const auto dir = d.path / ("both-" + std::to_string(k));
+    if (k % 2) dist_info(dir, "2.0." + std::to_string(k));
     fs::create_directories(dir / ("torch-1.0." + std::to_string(k) + ".egg-info"));
     std::ofstream(dir / ("torch-1.0." + std::to_string(k) + ".egg-info/PKG-INFO"))
         << "Name: torch\nVersion: 1.0." << k << "\n";
-    dist_info(dir, "2.0." + std::to_string(k));
+    if (k % 2 == 0) dist_info(dir, "2.0." + std::to_string(k));
     if (fs::directory_iterator(dir)->path().extension() == ".egg-info") both = dir;
   }
   ASSERT_TRUE(both) << "no folder listed its egg-info first";
