@@ -295,17 +295,22 @@ TEST(PyenvProbe, TheRealScriptOnThisMachinesPython) {
 }
 
 namespace {
-// The real script on this machine's python3 (`-S`: without site, so without Debian's own torch in
-// dist-packages), with `dirs` on its PYTHONPATH.
-facts::PythonFacts real_probe(const std::vector<fs::path>& dirs, const fs::path& workdir) {
+// PYTHONPATH of these folders.
+std::string search_path(const std::vector<fs::path>& dirs) {
   std::string path;
   for (const auto& d : dirs) {
     if (!path.empty()) path += ':';
     path += d.string();
   }
+  return path;
+}
+
+// The real script on this machine's python3 (`-S`: without site, so without Debian's own torch in
+// dist-packages), with `dirs` on its PYTHONPATH.
+facts::PythonFacts real_probe(const std::vector<fs::path>& dirs, const fs::path& workdir) {
   ProbeRequest r;
   r.choice = {{"/usr/bin/python3", "-S"}, "test", false};
-  r.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", path}};
+  r.env = {{"PATH", "/usr/bin:/bin"}, {"PYTHONPATH", search_path(dirs)}};
   r.workdir = workdir.string();
   return probe_python(r, nullptr);
 }
@@ -337,6 +342,12 @@ void dist_info(const fs::path& site, const std::string& version) {
   std::ofstream(site / ("torch-" + version + ".dist-info/METADATA"))
       << "Metadata-Version: 2.1\nName: torch\nVersion: " << version << "\nSummary: x\n\nVersion: 0.0.0\n";
 }
+
+// An egg-info folder (`folder`: torch-VERSION.egg-info, or torch.egg-info as a source checkout has).
+void egg_info(const fs::path& site, const std::string& folder, const std::string& version) {
+  fs::create_directories(site / folder);
+  std::ofstream(site / folder / "PKG-INFO") << "Metadata-Version: 2.1\nName: torch\nVersion: " << version << "\n";
+}
 }  // namespace
 
 // The answer is JSON written by hand (the script imports no json): folder names with quotes,
@@ -346,14 +357,12 @@ TEST(PyenvProbe, TheRealScriptEscapesEveryAwkwardFolderName) {
   ASSERT_TRUE(fs::exists("/usr/bin/python3")) << "scripts/setup installs python3";
   const std::vector<std::string> names = {"a\"quote",    "back\\slash",           "new\nline", "tab\tand\x01\x7f",
                                           "caf\xc3\xa9", "smile\xf0\x9f\x98\x80", "plain"};
-  std::string path;
-  std::vector<std::string> dirs;
+  std::vector<fs::path> dirs;
   for (const auto& n : names) {
-    dirs.push_back((d.path / n).string());
+    dirs.push_back(d.path / n);
     fs::create_directories(dirs.back());
-    if (!path.empty()) path += ':';
-    path += dirs.back();
   }
+  std::string path = search_path(dirs);
   // A name that is not UTF-8 (Python holds it with lone surrogates, which no JSON parser takes
   // back) is left out of the answer; it does not cost the whole answer.
   const std::string not_utf8 = (d.path / "latin1-caf\xe9").string();
@@ -368,7 +377,7 @@ TEST(PyenvProbe, TheRealScriptEscapesEveryAwkwardFolderName) {
   const auto answer = parse_probe_output(ran.out);
   ASSERT_FALSE(answer.facts.error) << *answer.facts.error << "\n" << ran.out;
   for (const auto& dir : dirs) {
-    EXPECT_NE(std::find(answer.site.begin(), answer.site.end(), dir), answer.site.end()) << "missing: " << dir;
+    EXPECT_NE(std::find(answer.site.begin(), answer.site.end(), dir.string()), answer.site.end()) << "missing: " << dir;
   }
   EXPECT_EQ(std::find(answer.site.begin(), answer.site.end(), not_utf8), answer.site.end());
   EXPECT_EQ(answer.facts.version->substr(0, 2), "3.");
@@ -395,9 +404,7 @@ TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
       {"egg-info folder",
        [](const fs::path& p) {
          fake_torch_package(p, "__version__ = '1.13.0a0'");
-         fs::create_directories(p / "torch-1.13.0a0+gitunknown.egg-info");
-         std::ofstream(p / "torch-1.13.0a0+gitunknown.egg-info/PKG-INFO")
-             << "Metadata-Version: 2.1\nName: torch\nVersion: 1.13.0a0+gitunknown\n";
+         egg_info(p, "torch-1.13.0a0+gitunknown.egg-info", "1.13.0a0+gitunknown");
        },
        "1.13.0a0+gitunknown"},
       {"egg-info file",
@@ -416,8 +423,7 @@ TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
       {"a source checkout's torch.egg-info (setup.py develop)",
        [](const fs::path& p) {
          fake_torch_package(p, "__version__ = '2.5.0a0+git1'");
-         fs::create_directories(p / "torch.egg-info");
-         std::ofstream(p / "torch.egg-info/PKG-INFO") << "Metadata-Version: 2.1\nName: torch\nVersion: 2.5.0a0+git1\n";
+         egg_info(p, "torch.egg-info", "2.5.0a0+git1");
        },
        "2.5.0a0+git1"},
       {"version.py that says no version",
@@ -451,9 +457,7 @@ TEST(PyenvProbe, TheRealScriptAnswersAsImportlibMetadataAndNeverImportsTorch) {
   for (int k = 0; k < 64 && !both; ++k) {
     const auto dir = d.path / ("both-" + std::to_string(k));
     if (k % 2) dist_info(dir, "2.0." + std::to_string(k));
-    fs::create_directories(dir / ("torch-1.0." + std::to_string(k) + ".egg-info"));
-    std::ofstream(dir / ("torch-1.0." + std::to_string(k) + ".egg-info/PKG-INFO"))
-        << "Name: torch\nVersion: 1.0." << k << "\n";
+    egg_info(dir, "torch-1.0." + std::to_string(k) + ".egg-info", "1.0." + std::to_string(k));
     if (k % 2 == 0) dist_info(dir, "2.0." + std::to_string(k));
     if (fs::directory_iterator(dir)->path().extension() == ".egg-info") both = dir;
   }
