@@ -1,6 +1,6 @@
 #include "hang/flight.hpp"
 
-#include "common/json_depth.hpp"
+#include "common/json_parse.hpp"
 #include "common/strings.hpp"
 #include "common/text.hpp"
 #include "stacks/merge.hpp"
@@ -88,7 +88,10 @@ std::string signature(const FlightEntry& e) {
   auto add = [&sig](const std::vector<std::vector<std::int64_t>>& s, const std::vector<std::string>& d) {
     for (const auto& t : s) {
       sig += " [";
-      for (std::size_t i = 0; i < t.size(); ++i) sig += (i ? "," : "") + std::to_string(t[i]);
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        if (i) sig += ',';  // appended: GCC 12's -Wrestrict misfires on ("," or "") + string
+        sig += std::to_string(t[i]);
+      }
       sig += "]";
     }
     for (const auto& x : d) sig += " " + x;
@@ -117,7 +120,10 @@ std::string shape_text(const std::vector<std::vector<std::int64_t>>& s) {
   std::string out;
   for (const auto& t : s) {
     out += out.empty() ? "[" : " [";
-    for (std::size_t i = 0; i < t.size(); ++i) out += (i ? "," : "") + std::to_string(t[i]);
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(t[i]);
+    }
     out += "]";
   }
   return out;
@@ -208,17 +214,16 @@ RankDump parse_summary(std::string_view line) {
     d.error = fmt::format("summary of {} bytes, more than {}", line.size(), kMaxSummaryBytes);
     return d;
   }
-  if (!json_depth_within(line, kMaxDepth)) {
+  auto read = parse_json(line, kMaxDepth);
+  if (read.too_deep) {
     d.error = "summary nested too deep";
     return d;
   }
-  json j;
-  try {
-    j = json::parse(line);
-  } catch (const json::exception& e) {
-    d.error = clean_text(fmt::format("not a summary: {}", e.what()), 512);  // its bytes are the line's
+  if (!read.ok()) {
+    d.error = "not a summary: " + read.error;  // where and what, never the line's own bytes
     return d;
   }
+  const json& j = read.value;
   if (!j.is_object()) {
     d.error = "not a summary: not a JSON object";
     return d;

@@ -5,7 +5,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "common/json_depth.hpp"
+#include "common/json_parse.hpp"
 #include "common/strings.hpp"
 #include "proto/schema_data.hpp"
 
@@ -309,16 +309,14 @@ std::optional<ProtoError> validate(const nlohmann::json& m, const Sender& sender
 
 Parsed parse_message(std::string_view json_bytes, const Sender& sender) {
   Parsed p;
-  if (!json_depth_within(json_bytes, limits().max_json_depth)) {
-    p.error =
-        err(ErrorCode::bad_json, "JSON nested deeper than " + std::to_string(limits().max_json_depth) + " levels");
+  auto read = parse_json(json_bytes, limits().max_json_depth);
+  if (!read.ok()) {
+    p.error = err(ErrorCode::bad_json,
+                  read.too_deep ? "JSON nested deeper than " + std::to_string(limits().max_json_depth) + " levels"
+                                : "frame body is not valid JSON (" + read.error + ")");
     return p;
   }
-  auto j = nlohmann::json::parse(json_bytes, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    p.error = err(ErrorCode::bad_json, "frame body is not valid JSON");
-    return p;
-  }
+  auto& j = read.value;
   if (auto e = validate(j, sender)) {
     p.error = std::move(e);
     // Callers may still want to know what it claimed to be (e.g. a session message sent

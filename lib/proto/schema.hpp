@@ -3,7 +3,7 @@
 // Policy: everything is refused that the schema does not allow: unknown types, unknown fields,
 // missing required fields, wrong JSON types, values outside 'enum'/'max'/'max_len'/'bytes', and
 // messages from a side or role not in 'from'. Errors name the message and field. JSON nesting is
-// bounded before parsing, so a hostile '[[[[...' cannot exhaust the stack.
+// bounded while parsing (common/json_parse.hpp), so a hostile '[[[[...' builds nothing deep.
 #pragma once
 
 #include <cstddef>
@@ -56,7 +56,7 @@ std::optional<Phase> phase_of(std::string_view type);
 // Validates a decoded object as sent by `sender`.
 std::optional<ProtoError> validate(const nlohmann::json& message, const Sender& sender);
 
-// Parses one JSON body (depth-checked first) and validates it. On a validation error,
+// Parses one JSON body (common/json_parse.hpp: strict, depth-bounded) and validates it. On a validation error,
 // message.type still holds the claimed type when there was one.
 Parsed parse_message(std::string_view json_bytes, const Sender& sender);
 

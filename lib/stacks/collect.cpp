@@ -1,7 +1,7 @@
 // See collect.hpp.
 #include "stacks/collect.hpp"
 
-#include "common/json_depth.hpp"
+#include "common/json_parse.hpp"
 #include "common/pidfd.hpp"
 #include "stacks/merge.hpp"
 #include "stacks/native.hpp"
@@ -446,16 +446,16 @@ std::optional<ProcessStacks> process_from_text(const std::string& text, std::str
     error = "it wrote nothing";
     return std::nullopt;
   }
-  if (!json_depth_within(text, kMaxNesting)) {
+  auto read = parse_json(text, kMaxNesting);
+  if (read.too_deep) {
     error = "its JSON nests deeper than " + std::to_string(kMaxNesting);
     return std::nullopt;
   }
-  auto j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) {
-    error = "it is not JSON";
+  if (!read.ok()) {
+    error = "it is not JSON (" + read.error + ")";
     return std::nullopt;
   }
-  return process_from_json(j, error);
+  return process_from_json(read.value, error);
 }
 
 std::vector<ProcessStacks> collect(const std::vector<pid_t>& pids, const CollectOptions& options) {

@@ -1,6 +1,5 @@
 #include "common/duration.hpp"
 #include "common/journal.hpp"
-#include "common/json_depth.hpp"
 #include "common/size.hpp"
 #include "common/strings.hpp"
 #include "common/text.hpp"
@@ -141,24 +140,4 @@ TEST(JournalFields, TheStreamMatchesOnlyItsDeviceAndInode) {
   EXPECT_FALSE(is_journal_stream("8:1234", 8, 1235));
   EXPECT_FALSE(is_journal_stream("", 8, 1234));
   EXPECT_FALSE(is_journal_stream(nullptr, 8, 1234));
-}
-
-// The one JSON depth check (common/json_depth.hpp), before hostile text is parsed.
-TEST(JsonDepth, CountsOpenersOutsideStrings) {
-  using ddp::json_depth_within;
-  EXPECT_TRUE(json_depth_within("", 0));
-  EXPECT_TRUE(json_depth_within("1", 0));
-  EXPECT_FALSE(json_depth_within("[]", 0));
-  EXPECT_TRUE(json_depth_within(R"({"a":[1,{"b":2}]})", 3));
-  EXPECT_FALSE(json_depth_within(R"({"a":[1,{"b":2}]})", 2));
-  EXPECT_TRUE(json_depth_within("[[]][[]]", 2));  // siblings do not add up
-  // Brackets inside strings, escaped quotes included, are text.
-  EXPECT_TRUE(json_depth_within(R"(["[[[[{{{{", "\"[[[[", "\\"])", 1));
-  EXPECT_FALSE(json_depth_within(R"(["\\", [[]]])", 2));  // the string ended at \\": the rest counts
-  // Closers with nothing open buy no depth (a version that went below zero let these 4 closers
-  // make room for 4 more openers).
-  EXPECT_FALSE(json_depth_within("]]]][[[[[", 4));
-  // Stops at the first opener past the limit, whatever follows.
-  EXPECT_FALSE(json_depth_within(std::string(100000, '[') + "\"", 32));
-  EXPECT_TRUE(json_depth_within(std::string(32, '[') + std::string(32, ']'), 32));
 }

@@ -1,0 +1,43 @@
+// The reader for JSON text whose nesting must be bounded: protocol frames from peers, and what a
+// job's processes write that is then walked (stack readers' replies, flight-recorder summaries).
+// Pure (common/json_parse.cpp).
+//
+// It reads RFC 8259 as nlohmann::json::parse does in its strict mode, and builds the same value:
+// a non-negative integer is unsigned, a negative one signed, one that does not fit 64 bits or has a
+// fraction or an exponent is a double (one too large for a double is refused); of two equal keys
+// the last wins; strings must be valid UTF-8 (no overlong forms, no encoded surrogates, nothing past
+// U+10FFFF), control characters must be escaped, and \u escapes pair their surrogates. It refuses
+// three things nlohmann accepts: nesting deeper than `max_depth` (checked as it reads, so nothing
+// deeper is built; a value nested thousands deep would otherwise cost a stack frame per level where
+// it is destroyed or walked), a NUL byte outside a string (nlohmann takes it as the end of the text
+// and ignores the rest) and a leading UTF-8 byte order mark (which nlohmann skips).
+// tests/unit/common/json_parse_test.cpp holds it to nlohmann's answers on every other input.
+//
+// Why not nlohmann's own parser: its lexer copies every byte through a token buffer and its
+// DOM builder finds each key's place in the object by search. Here a string's unescaped bytes are
+// copied as one run, and keys that arrive in order (every message our side encodes: its objects
+// are sorted maps) are appended at the object's end; every frame a coordinator or an agent reads
+// passes here (docs/performance.md, "A JSON reader of our own").
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace ddp {
+
+struct JsonParsed {
+  nlohmann::json value;  // null unless ok()
+  // Empty when the text is one JSON value; else where and what, e.g. "at byte 12: expected ':'".
+  std::string error;
+  bool too_deep = false;  // the error is the depth bound
+  bool ok() const { return error.empty(); }
+};
+
+// Reads `text` as exactly one JSON value, whitespace around it allowed. `max_depth`: how many
+// arrays and objects may nest ("1" is depth 0, "[]" and "{}" depth 1, "[[]]" depth 2).
+JsonParsed parse_json(std::string_view text, std::size_t max_depth);
+
+}  // namespace ddp
