@@ -9,7 +9,7 @@ benchmark both share the machine's cores, so what one side saves the other can u
 
     python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
                                     [--work-ms 250] [--agents FAKE_AGENTS] [--steady SECONDS]
-                                    [--heartbeat-timeout 6] [--agent-timeout 6] [--heartbeat-ms MS]
+                                    [--heartbeat-timeout 6] [--agent-timeout 6] [--heartbeat-ms MS] [--own-agents]
 
 Also reported: each side's CPU split into user and system time (the system time is mostly the
 kernel's loopback TCP: both ends' stacks run in the sending process), and the TCP segments the
@@ -24,7 +24,8 @@ third of their own --agent-timeout (default 6 s), whichever is shorter; ddpctl a
 Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 after --work-ms (see
 fake_agents.cpp for why not at once); the whole launch includes that time. With --compare both
 builds face the same fake_agents (--agents, default the --build's), so only the coordinator
-differs.
+differs; with --own-agents each build faces its own (for a change to code both sides run, such as
+lib/proto).
 """
 import argparse
 import json
@@ -142,6 +143,9 @@ def main():
     ap.add_argument("--compare", help="another build folder (e.g. an older commit's), run alternately with --build")
     ap.add_argument("--work-ms", type=int, default=250, help="how long each fake worker runs")
     ap.add_argument("--agents", help="the fake_agents binary (default: the --build's)")
+    ap.add_argument("--own-agents", action="store_true",
+                    help="with --compare, each build faces its own bin/fake_agents (a change to the protocol's "
+                         "code is on both sides)")
     ap.add_argument("--steady", type=float, default=0,
                     help="measure the heartbeats' CPU over this many seconds once every node runs")
     ap.add_argument("--heartbeat-ms", type=int,
@@ -172,7 +176,8 @@ def main():
             for _ in range(args.repeats):
                 for b in builds:
                     work_ms = int((args.steady + 2) * 1000) if args.steady else args.work_ms
-                    runs[b].append(one(b, agents_bin, work_ms, n, tmp, args.steady, beats))
+                    agents = os.path.join(b, "bin", "fake_agents") if args.own_agents else agents_bin
+                    runs[b].append(one(b, agents, work_ms, n, tmp, args.steady, beats))
             for b in builds:
                 rdzv = statistics.median(r[0] for r in runs[b])
                 starts = [r[1] for r in runs[b] if r[1] is not None]

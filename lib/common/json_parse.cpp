@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <locale.h>
+#include <new>
 #include <stdexcept>
 
 namespace ddp {
@@ -28,6 +29,7 @@ constexpr auto kPlain = plain_table();
 // The C locale, for strtod: a job's locale must not change what "1.5" means.
 locale_t c_locale() {
   static const locale_t loc = ::newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(nullptr));
+  if (!loc) throw std::bad_alloc();  // its only failure for "C"
   return loc;
 }
 
@@ -135,8 +137,7 @@ class Reader {
       if (obj.empty() || obj.rbegin()->first < key) {
         slot = &obj.emplace_hint(obj.end(), std::move(key), nullptr)->second;
       } else {
-        slot = &obj[std::move(key)];
-        *slot = nullptr;
+        slot = &obj[std::move(key)];  // value() below replaces what an earlier equal key left
       }
       if (!value(*slot)) return false;
       skip_ws();

@@ -17,10 +17,6 @@ using nlohmann::json;
 
 namespace {
 
-// nlohmann's parser is iterative, but a document nested thousands deep still costs a stack frame
-// per level when it is destroyed or walked: summaries are refused beyond this, before parsing.
-constexpr std::size_t kMaxDepth = 16;
-
 std::string text(const json& j, const char* key, std::size_t max = 128) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return {};
@@ -214,7 +210,7 @@ RankDump parse_summary(std::string_view line) {
     d.error = fmt::format("summary of {} bytes, more than {}", line.size(), kMaxSummaryBytes);
     return d;
   }
-  auto read = parse_json(line, kMaxDepth);
+  auto read = parse_json(line, kMaxSummaryDepth);
   if (read.too_deep) {
     d.error = "summary nested too deep";
     return d;

@@ -1,5 +1,6 @@
 #include "hang/flight_gather.hpp"
 
+#include "common/json_parse.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "common/text.hpp"
@@ -164,10 +165,10 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
   for (auto line : split(out, '\n')) {
     if (line.empty()) continue;
     std::string file;
-    try {
-      auto j = nlohmann::json::parse(line.substr(0, std::min<std::size_t>(line.size(), kMaxSummaryBytes)));
+    {
+      const auto read = parse_json(line.substr(0, std::min<std::size_t>(line.size(), kMaxSummaryBytes)), kMaxSummaryDepth);
+      const auto& j = read.value;  // null when unread
       if (j.is_object() && j.contains("file") && j["file"].is_string()) file = j["file"].get<std::string>();
-    } catch (const nlohmann::json::exception&) {
     }
     const auto rank = contract::flight_dump_rank(file);
     const bool wanted = all ? rank.has_value() && by_name.size() < kMaxDumps
