@@ -1,13 +1,13 @@
 // A strict, depth-bounded JSON reader that builds nlohmann::json values; see json_parse.hpp.
 #include "common/json_parse.hpp"
 
+#include <locale.h>
 #include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <locale.h>
 #include <new>
 #include <stdexcept>
 

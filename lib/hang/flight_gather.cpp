@@ -166,7 +166,8 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
     if (line.empty()) continue;
     std::string file;
     {
-      const auto read = parse_json(line.substr(0, std::min<std::size_t>(line.size(), kMaxSummaryBytes)), kMaxSummaryDepth);
+      const auto read =
+          parse_json(line.substr(0, std::min<std::size_t>(line.size(), kMaxSummaryBytes)), kMaxSummaryDepth);
       const auto& j = read.value;  // null when unread
       if (j.is_object() && j.contains("file") && j["file"].is_string()) file = j["file"].get<std::string>();
     }

@@ -103,27 +103,31 @@ ddp::JsonParsed parse_exact(const std::string& text, std::size_t max_depth = 512
 TEST(JsonParse, AgreesWithNlohmannOnEdgeCases) {
   const std::vector<std::string> cases = {
       // values and whitespace
-      "null", "true", "false", " \t\r\n1 \t\r\n", "\"\"", "{}", "[]", "[ ]", "{ }", "[1,2,3]", R"({"a":1,"b":[true,null]})",
-      "", " ", "nul", "tru", "falsey", "truex", "nullnull", "[1,]", "[,1]", "[1 2]", "{\"a\" 1}", "{\"a\":}", "{,}",
-      "{\"a\":1,}", "{1:2}", "{'a':1}", "[1]]", "[[1]", "{\"a\":1}}", "\x0b" "1", "\f1", "1\x0b",
+      "null", "true", "false", " \t\r\n1 \t\r\n", "\"\"", "{}", "[]", "[ ]", "{ }", "[1,2,3]",
+      R"({"a":1,"b":[true,null]})", "", " ", "nul", "tru", "falsey", "truex", "nullnull", "[1,]", "[,1]", "[1 2]",
+      "{\"a\" 1}", "{\"a\":}", "{,}", "{\"a\":1,}", "{1:2}", "{'a':1}", "[1]]", "[[1]", "{\"a\":1}}",
+      "\x0b"
+      "1",
+      "\f1", "1\x0b",
       // numbers
-      "0", "-0", "1", "-1", "00", "01", "-01", "0.0", "-0.0", "1.5", "1.", ".5", "-", "+1", "1e5", "1E5", "1e+5", "1e-5",
-      "1e", "1e+", "1.5e3", "0e0", "-0e-0", "1.0e400", "1e400", "-1e400", "1e-400", "4.9e-324", "2.5e-324",
+      "0", "-0", "1", "-1", "00", "01", "-01", "0.0", "-0.0", "1.5", "1.", ".5", "-", "+1", "1e5", "1E5", "1e+5",
+      "1e-5", "1e", "1e+", "1.5e3", "0e0", "-0e-0", "1.0e400", "1e400", "-1e400", "1e-400", "4.9e-324", "2.5e-324",
       "1.7976931348623157e308", "1.7976931348623159e308", "9223372036854775807", "9223372036854775808",
       "-9223372036854775808", "-9223372036854775809", "18446744073709551615", "18446744073709551616",
-      "123456789012345678901234567890", "-123456789012345678901234567890", "0x10", "1_000", "Infinity", "NaN",
-      "[-]", "[1.e5]", "[1e5.5]", "[0.1.2]",
+      "123456789012345678901234567890", "-123456789012345678901234567890", "0x10", "1_000", "Infinity", "NaN", "[-]",
+      "[1.e5]", "[1e5.5]", "[0.1.2]",
       // strings: escapes
       R"("\"\\\/\b\f\n\r\t")", R"("\u0000")", R"("\u0041\u00e9\u20AC")", R"("\uD83D\uDE00")", R"("\ud83d\ude00")",
       R"("\uD83D")", R"("\uD83Dx")", R"("\uD83D\u0041")", R"("\uDE00")", R"("\uDE00\uD83D")", R"("\uD83D\uD83D")",
-      R"("\u12")", R"("\u12G4")", R"("\x41")", R"("\a")", R"("\)", R"("\")", "\"abc", "\"\\u",
-      R"("\uDBFF\uDFFF")", R"("\uD800\uDC00")", R"("\uFFFF")", R"("\uFEFF")",
+      R"("\u12")", R"("\u12G4")", R"("\x41")", R"("\a")", R"("\)", R"("\")", "\"abc", "\"\\u", R"("\uDBFF\uDFFF")",
+      R"("\uD800\uDC00")", R"("\uFFFF")", R"("\uFEFF")",
       // strings: raw bytes
-      "\"\x01\"", "\"\x1f\"", "\"\x7f\"", "\"\t\"", "\"\n\"", "\"caf\xC3\xA9\"", "\"\xE2\x82\xAC\"", "\"\xF0\x9F\x98\x80\"",
-      "\"\xC0\x80\"", "\"\xC1\xBF\"", "\"\xC2\x80\"", "\"\xC2\"", "\"\xC2\x41\"", "\"\xE0\x80\x80\"", "\"\xE0\x9F\xBF\"",
-      "\"\xE0\xA0\x80\"", "\"\xED\x9F\xBF\"", "\"\xED\xA0\x80\"", "\"\xEE\x80\x80\"", "\"\xEF\xBF\xBF\"", "\"\xF0\x8F\xBF\xBF\"",
-      "\"\xF0\x90\x80\x80\"", "\"\xF4\x8F\xBF\xBF\"", "\"\xF4\x90\x80\x80\"", "\"\xF5\x80\x80\x80\"", "\"\xFF\"", "\"\x80\"",
-      "\"\xE2\x82\"", "\"\xF0\x9F\x98\"", "\xC3\xA9", "[\"a\",\xC3\xA9]",
+      "\"\x01\"", "\"\x1f\"", "\"\x7f\"", "\"\t\"", "\"\n\"", "\"caf\xC3\xA9\"", "\"\xE2\x82\xAC\"",
+      "\"\xF0\x9F\x98\x80\"", "\"\xC0\x80\"", "\"\xC1\xBF\"", "\"\xC2\x80\"", "\"\xC2\"", "\"\xC2\x41\"",
+      "\"\xE0\x80\x80\"", "\"\xE0\x9F\xBF\"", "\"\xE0\xA0\x80\"", "\"\xED\x9F\xBF\"", "\"\xED\xA0\x80\"",
+      "\"\xEE\x80\x80\"", "\"\xEF\xBF\xBF\"", "\"\xF0\x8F\xBF\xBF\"", "\"\xF0\x90\x80\x80\"", "\"\xF4\x8F\xBF\xBF\"",
+      "\"\xF4\x90\x80\x80\"", "\"\xF5\x80\x80\x80\"", "\"\xFF\"", "\"\x80\"", "\"\xE2\x82\"", "\"\xF0\x9F\x98\"",
+      "\xC3\xA9", "[\"a\",\xC3\xA9]",
       // objects: duplicates and order
       R"({"b":1,"a":2})", R"({"a":1,"a":2})", R"({"a":1,"b":2,"a":3})", R"({"b":{"x":1},"b":[2]})", R"({"":0,"":1})",
       R"({"a":{"a":{"a":{}}}})", R"([{"z":1,"y":2,"x":3}])",
@@ -184,9 +188,9 @@ TEST(JsonParse, DepthIsBoundedWhileReading) {
   EXPECT_FALSE(p.ok());
   EXPECT_TRUE(p.too_deep);
   EXPECT_EQ(p.error, "at byte 8: nested deeper than 2 levels");
-  EXPECT_TRUE(parse_json("[[],[]]", 2).ok());  // siblings do not add up
+  EXPECT_TRUE(parse_json("[[],[]]", 2).ok());                    // siblings do not add up
   EXPECT_TRUE(parse_json(R"(["[[[[{{{{", "\"[[[["])", 1).ok());  // brackets in strings are text
-  EXPECT_TRUE(parse_json(R"(["\\", [[]]])", 3).ok());               // the string ends at \\": the rest counts
+  EXPECT_TRUE(parse_json(R"(["\\", [[]]])", 3).ok());            // the string ends at \\": the rest counts
   EXPECT_TRUE(parse_json(R"(["\\", [[]]])", 2).too_deep);
   EXPECT_TRUE(parse_json(std::string(32, '[') + std::string(32, ']'), 32).ok());
   EXPECT_FALSE(parse_json(std::string(33, '[') + std::string(33, ']'), 32).ok());
@@ -404,9 +408,9 @@ TEST(JsonParse, AgreesWithNlohmannOnRandomDocumentsAndEveryMutation) {
   Writer writer(20261206);
   std::mt19937 rng(7);
   auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
-  static const unsigned char kBytes[] = {'"', '\\', '{', '}', '[', ']', ',', ':', ' ', '0', '9', '-', '+', '.', 'e',
-                                         'u', 'D', 'x', 't', 'n', 0x00, 0x01, 0x1f, 0x7f, 0x80, 0xBF, 0xC0, 0xC2,
-                                         0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF};
+  static const unsigned char kBytes[] = {'"',  '\\', '{',  '}',  '[',  ']',  ',',  ':',  ' ',  '0',  '9',  '-',
+                                         '+',  '.',  'e',  'u',  'D',  'x',  't',  'n',  0x00, 0x01, 0x1f, 0x7f,
+                                         0x80, 0xBF, 0xC0, 0xC2, 0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF};
   int accepted = 0, mutants = 0, mutants_accepted = 0;
   for (int doc = 0; doc < 3000; ++doc) {
     const auto text = writer.document();
