@@ -155,6 +155,8 @@ def main():
     ap.add_argument("--agent-timeout", type=float, default=6,
                     help="the fake agents' own heartbeat_timeout in seconds (they beat at a third of it at most)")
     args = ap.parse_args()
+    if args.own_agents and args.agents:
+        ap.error("--own-agents and --agents name two different fake_agents: give one")
     agents_bin = args.agents or os.path.join(args.build, "bin", "fake_agents")
     builds = [args.build] + ([args.compare] if args.compare else [])
     with tempfile.TemporaryDirectory(prefix="ddp-rdzv-bench-") as tmp:

@@ -3,7 +3,6 @@
 
 #include <locale.h>
 #include <array>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -395,8 +394,7 @@ class Reader {
 }  // namespace
 
 JsonParsed parse_json(std::string_view text, std::size_t max_depth) {
-  // Each level is a stack frame of the reader: the bound keeps it small.
-  if (max_depth > 512) throw std::invalid_argument("parse_json: max_depth above 512");
+  if (max_depth > kJsonMaxDepth) throw std::invalid_argument("parse_json: max_depth above kJsonMaxDepth");
   return Reader(text, max_depth).run();
 }
 

@@ -53,8 +53,8 @@ struct RankDump {
 
 // Limits on one summary (the converter keeps fewer; these hold against anything else).
 inline constexpr std::size_t kMaxSummaryBytes = 1u << 20;
-inline constexpr std::size_t kMaxSummaryDepth =
-    16;  // its JSON's nesting (a deep one costs a frame a level where walked)
+// How deep its JSON may nest (parsing, copying or dumping it costs a stack frame a level).
+inline constexpr std::size_t kMaxSummaryDepth = 16;
 
 // How long the converter (flight_gather.hpp) may take, all dumps together: a Python start and a
 // few MiB of pickles. The agent holds its attempt_finished that long, so the coordinator's stop

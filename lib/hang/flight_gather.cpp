@@ -164,12 +164,12 @@ std::vector<RankDump> convert_dumps(const std::string& dir_path, const std::vect
   std::map<std::string, RankDump> by_name;
   for (auto line : split(out, '\n')) {
     if (line.empty()) continue;
+    // Its name, read with the reader's widest bound: a summary nested too deep still names its
+    // rank, and parse_summary says what is wrong with it.
     std::string file;
-    {
-      const auto read =
-          parse_json(line.substr(0, std::min<std::size_t>(line.size(), kMaxSummaryBytes)), kMaxSummaryDepth);
-      const auto& j = read.value;  // null when unread
-      if (j.is_object() && j.contains("file") && j["file"].is_string()) file = j["file"].get<std::string>();
+    const auto named = parse_json(line.substr(0, std::min<std::size_t>(line.size(), kMaxSummaryBytes)), kJsonMaxDepth);
+    if (const auto& j = named.value; j.is_object() && j.contains("file") && j["file"].is_string()) {
+      file = j["file"].get<std::string>();
     }
     const auto rank = contract::flight_dump_rank(file);
     const bool wanted = all ? rank.has_value() && by_name.size() < kMaxDumps

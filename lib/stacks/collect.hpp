@@ -66,7 +66,7 @@ void shrink_to_fit(ProcessStacks& p, std::size_t max_bytes);
 // A ProcessStacks from to_json(ProcessStacks)'s shape, checked field by field with bounds
 // (threads, frames, string lengths, nesting): nullopt and `error` when anything is off.
 std::optional<ProcessStacks> process_from_json(const nlohmann::json& j, std::string& error);
-// The same from text: also bounded in nesting before it is parsed.
+// The same from text: also bounded in nesting as it is parsed (common/json_parse.hpp).
 std::optional<ProcessStacks> process_from_text(const std::string& text, std::string& error);
 
 }  // namespace ddp::stacks

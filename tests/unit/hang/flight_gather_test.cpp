@@ -190,6 +190,23 @@ TEST(FlightGather, AnswersForOtherFilesOrRanksAreNotBelieved) {
   EXPECT_EQ(dumps[0].error, "");
 }
 
+TEST(FlightGather, ASummaryNestedTooDeepIsNamedAndRefused) {
+  // Its name is read whatever its depth, so its rank gets the reason, not "no answer"; asked for by
+  // name or listed.
+  TempDir t;
+  write(t.file("nccl-flight-rank-0"), "{}");
+  const std::string deep = std::string(40, '[') + std::string(40, ']');
+  ConvertRequest req;
+  req.python = {"/bin/sh", "-c", "echo '{\"file\":\"nccl-flight-rank-0\",\"entries\":" + deep + "}'", "sh"};
+  for (const std::vector<std::string>& names :
+       {std::vector<std::string>{"nccl-flight-rank-0"}, std::vector<std::string>{}}) {
+    auto dumps = convert_dumps(t.path.string(), names, req);
+    ASSERT_EQ(dumps.size(), 1u);
+    EXPECT_EQ(dumps[0].rank, 0);
+    EXPECT_EQ(dumps[0].error, "summary nested too deep");
+  }
+}
+
 TEST(FlightGather, TheConverterListsTheFolderItselfWhenAsked) {
   // A root caller gives no names: the converter, as the job's user, finds the dumps.
   TempDir t;
