@@ -1,6 +1,8 @@
 // A strict, depth-bounded JSON reader that builds nlohmann::json values; see json_parse.hpp.
 #include "common/json_parse.hpp"
 
+#include "common/text.hpp"
+
 #include <locale.h>
 #include <array>
 #include <cmath>
@@ -111,16 +113,28 @@ class Reader {
     return true;
   }
 
+  // After whitespace: the container's `closer` (it ends: one level up), or not.
+  bool closes(char closer) {
+    skip_ws();
+    if (p_ == end_ || *p_ != closer) return false;
+    ++p_;
+    --depth_;
+    return true;
+  }
+
+  // After whitespace: a comma (another item follows), or not.
+  bool comma() {
+    skip_ws();
+    if (p_ == end_ || *p_ != ',') return false;
+    ++p_;
+    return true;
+  }
+
   bool object(json& v) {
     if (!enter()) return false;
     v = json::object();
     auto& obj = v.get_ref<json::object_t&>();
-    skip_ws();
-    if (p_ < end_ && *p_ == '}') {
-      ++p_;
-      --depth_;
-      return true;
-    }
+    if (closes('}')) return true;
     for (;;) {
       skip_ws();
       if (p_ == end_ || *p_ != '"') return fail("expected a key (a string)");
@@ -139,16 +153,8 @@ class Reader {
         slot = &obj[std::move(key)];  // value() below replaces what an earlier equal key left
       }
       if (!value(*slot)) return false;
-      skip_ws();
-      if (p_ < end_ && *p_ == ',') {
-        ++p_;
-        continue;
-      }
-      if (p_ < end_ && *p_ == '}') {
-        ++p_;
-        --depth_;
-        return true;
-      }
+      if (comma()) continue;
+      if (closes('}')) return true;
       return fail("expected ',' or '}' in an object");
     }
   }
@@ -157,25 +163,12 @@ class Reader {
     if (!enter()) return false;
     v = json::array();
     auto& arr = v.get_ref<json::array_t&>();
-    skip_ws();
-    if (p_ < end_ && *p_ == ']') {
-      ++p_;
-      --depth_;
-      return true;
-    }
+    if (closes(']')) return true;
     for (;;) {
       arr.emplace_back();
       if (!value(arr.back())) return false;
-      skip_ws();
-      if (p_ < end_ && *p_ == ',') {
-        ++p_;
-        continue;
-      }
-      if (p_ < end_ && *p_ == ']') {
-        ++p_;
-        --depth_;
-        return true;
-      }
+      if (comma()) continue;
+      if (closes(']')) return true;
       return fail("expected ',' or ']' in an array");
     }
   }
@@ -264,40 +257,12 @@ class Reader {
     }
   }
 
-  // One UTF-8 sequence of two to four bytes (RFC 3629's table), copied as it is.
+  // One UTF-8 sequence of two to four bytes (common/text.hpp's rule), copied as it is.
   bool utf8(std::string& out) {
-    const auto* u = reinterpret_cast<const unsigned char*>(p_);
-    const unsigned char lead = u[0];
-    int more = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      more = 1;
-    } else if (lead == 0xE0) {
-      more = 2;
-      lo = 0xA0;
-    } else if (lead == 0xED) {
-      more = 2;
-      hi = 0x9F;
-    } else if (lead >= 0xE1 && lead <= 0xEF) {
-      more = 2;
-    } else if (lead == 0xF0) {
-      more = 3;
-      lo = 0x90;
-    } else if (lead >= 0xF1 && lead <= 0xF3) {
-      more = 3;
-    } else if (lead == 0xF4) {
-      more = 3;
-      hi = 0x8F;
-    } else {
-      return fail("invalid UTF-8 in a string");
-    }
-    if (end_ - p_ <= more) return fail("invalid UTF-8 in a string");
-    if (u[1] < lo || u[1] > hi) return fail("invalid UTF-8 in a string");
-    for (int i = 2; i <= more; ++i) {
-      if (u[i] < 0x80 || u[i] > 0xBF) return fail("invalid UTF-8 in a string");
-    }
-    out.append(p_, static_cast<std::size_t>(more) + 1);
-    p_ += more + 1;
+    const auto n = utf8_length(std::string_view(p_, static_cast<std::size_t>(end_ - p_)), 0);
+    if (n == 0) return fail("invalid UTF-8 in a string");
+    out.append(p_, n);
+    p_ += n;
     return true;
   }
 

@@ -4,6 +4,38 @@
 
 namespace ddp {
 
+std::size_t utf8_length(std::string_view s, std::size_t i) {
+  auto byte = [&s](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const auto c = byte(i);
+  if (c < 0x80) return 1;
+  // The length, and the range of the second byte, that make the shortest form.
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2;
+  else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  }
+  bool ok = n != 0 && i + n <= s.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
+  for (std::size_t k = 2; ok && k < n; ++k) ok = (byte(i + k) & 0xc0) == 0x80;
+  return ok ? n : 0;
+}
+
+bool valid_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto n = utf8_length(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 std::string clean_text(std::string_view s, std::size_t max_bytes, std::string_view keep) {
   std::string out;
   out.reserve(std::min(s.size(), max_bytes));
@@ -16,24 +48,8 @@ std::string clean_text(std::string_view s, std::size_t max_bytes, std::string_vi
       ++i;
       continue;
     }
-    // The length, and the range of the second byte, that make the shortest form of a scalar
-    // value (RFC 3629, section 4): no overlong, no surrogate, nothing above U+10FFFF.
-    std::size_t n = 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf)
-      n = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-      n = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    }
-    bool ok = n != 0 && i + n <= s.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
-    for (std::size_t k = 2; ok && k < n; ++k) ok = (byte(i + k) & 0xc0) == 0x80;
-    if (!ok) {
+    const auto n = utf8_length(s, i);
+    if (n == 0) {
       out += '?';
       ++i;
       continue;

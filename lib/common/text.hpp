@@ -16,4 +16,12 @@ namespace ddp {
 // use it rather than another.
 std::string clean_text(std::string_view s, std::size_t max_bytes, std::string_view keep = {});
 
+// The length of the UTF-8 sequence that starts at s[i] when it is the shortest form of a scalar
+// value (RFC 3629, section 4: no overlong form, no surrogate, nothing above U+10FFFF, nothing cut
+// short; an ASCII byte is 1), else 0. The one UTF-8 rule, which clean_text and the JSON reader
+// (common/json_parse) apply.
+std::size_t utf8_length(std::string_view s, std::size_t i);
+// Whether all of `s` is UTF-8 by that rule (what a strict JSON dump takes).
+bool valid_utf8(std::string_view s);
+
 }  // namespace ddp

@@ -93,7 +93,8 @@ Schema load() {
   s.limits.max_frame_bytes = lim.at("max_frame_bytes").get<std::size_t>();
   s.limits.max_handshake_frame_bytes = lim.at("max_handshake_frame_bytes").get<std::size_t>();
   s.limits.max_json_depth = lim.at("max_json_depth").get<std::size_t>();
-  if (s.limits.max_json_depth > kJsonMaxDepth) throw std::logic_error("proto/messages.json: max_json_depth above 512");
+  if (s.limits.max_json_depth > kJsonMaxDepth)
+    throw std::logic_error("proto/messages.json: max_json_depth above " + std::to_string(kJsonMaxDepth));
   for (const auto& [name, m] : doc.at("messages").items()) {
     MessageSpec spec;
     const auto phase = m.at("phase").get<std::string>();

@@ -66,21 +66,10 @@ bool python_variable(const std::string& k) {
   return k == "PATH" || k == "VIRTUAL_ENV" || k == "HOME" || k == "LD_LIBRARY_PATH";
 }
 
-// Whether `s` is UTF-8 that a strict JSON dump takes (a path or variable need not be: a folder
-// named in Latin-1).
-bool utf8(const std::string& s) {
-  try {
-    (void)json(s).dump();
-    return true;
-  } catch (const json::type_error&) {
-    return false;
-  }
-}
-
 // A path or variable in the cache key: as it is when it is UTF-8, else its bytes in hex, in an
 // object no string can be mistaken for.
 json key_part(const std::string& s) {
-  if (utf8(s)) return s;
+  if (valid_utf8(s)) return s;  // (a path or variable need not be: a folder named in Latin-1)
   std::string hex;
   for (unsigned char c : s) hex += fmt::format("{:02x}", c);
   return json{{"hex", hex}};
@@ -88,7 +77,7 @@ json key_part(const std::string& s) {
 
 // What is shown of an interpreter (and carried in messages and the cache): UTF-8.
 std::string shown(const std::string& s) {
-  return utf8(s) ? s : clean_text(s, s.size());
+  return valid_utf8(s) ? s : clean_text(s, s.size());
 }
 
 }  // namespace
@@ -163,7 +152,7 @@ std::optional<facts::PythonFacts> ProbeCache::find(const std::string& key) const
 void ProbeCache::put(const std::string& key, const facts::PythonFacts& f, const std::vector<std::string>& stamp_paths) {
   json stamps = json::array();
   for (const auto& p : stamp_paths) {
-    if (!utf8(p)) return;  // a path the file cannot hold: not cached (probed each time)
+    if (!valid_utf8(p)) return;  // a path the file cannot hold: not cached (probed each time)
     auto ns = mtime_ns(p);
     if (!ns) return;  // a folder that vanished meanwhile: do not cache what cannot be validated
     stamps.push_back({p, *ns});

@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
 using namespace ddp;
 using namespace std::chrono_literals;
 
@@ -104,6 +109,23 @@ TEST(Strings, CleanTextReplacesInvalidSequences) {
             "?x?");
   EXPECT_EQ(ddp::clean_text("\xe2\x82", 64), "??");                        // cut short
   EXPECT_EQ(ddp::clean_text("\xf4\x8f\xbf\xbf", 64), "\xf4\x8f\xbf\xbf");  // U+10FFFF itself is fine
+}
+
+TEST(Strings, Utf8IsTheShortestFormOfAScalarValue) {
+  // The rule clean_text and the JSON reader share (common/text.hpp): what a strict JSON dump takes.
+  for (const std::string& good : std::vector<std::string>{"", "plain", std::string("nul\0", 4), "caf\xc3\xa9",
+                                                          "\xe2\x82\xac", "\xf4\x8f\xbf\xbf"}) {
+    EXPECT_TRUE(ddp::valid_utf8(good)) << good;
+    EXPECT_NO_THROW((void)nlohmann::json(good).dump());
+  }
+  for (const std::string bad :
+       {"\xed\xa0\x80", "\xc0\xaf", "\xe0\x80\xaf", "\xf4\x90\x80\x80", "x\x80", "\xe2\x82", "\xff"}) {
+    EXPECT_FALSE(ddp::valid_utf8(bad)) << bad;
+    EXPECT_THROW((void)nlohmann::json(bad).dump(), nlohmann::json::type_error);
+  }
+  EXPECT_EQ(ddp::utf8_length("a\xe2\x82\xac", 0), 1u);
+  EXPECT_EQ(ddp::utf8_length("a\xe2\x82\xac", 1), 3u);
+  EXPECT_EQ(ddp::utf8_length("a\xe2\x82", 1), 0u);  // cut short by the end of the text
 }
 
 TEST(Strings, CleanTextReplacesControlsAndBidiOverrides) {
