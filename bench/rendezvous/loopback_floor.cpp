@@ -3,6 +3,7 @@
 // under bench/rendezvous/run.py's numbers.
 //
 //   loopback_floor --count N [--mode rendezvous|heartbeat] [--seconds S] [--bytes B] [--reply]
+//                  [--interval-ms MS]
 //
 // Two processes, one epoll loop each, as ddpctl and fake_agents are: "coordinator" and "agents".
 //
@@ -15,8 +16,10 @@
 // node (/proc/net/snmp). The connections stay open (the real ones do, until the job ends).
 //
 // heartbeat: N connections established first (not measured), then for --seconds each side sends
-// each peer B bytes (default 120, a sealed heartbeat's size) once a second, spread evenly over
-// the second, and reads whatever arrives. Reported: each process's CPU as a share of one core.
+// each peer B bytes (default 120, a sealed heartbeat's size) once every --interval-ms (default
+// 1000; protocol version 7 agents beat every 2000 at the default heartbeat_timeout), spread evenly
+// over the interval, and reads whatever arrives. Reported: each process's CPU as a share of one
+// core.
 //
 // --reply: the coordinator does not beat on its own but answers each agent's beat at once (its
 // reply carries the ACK of the agent's beat: fewer segments).
@@ -146,31 +149,32 @@ double steady_s() {
   return std::chrono::duration<double>(Clk::now().time_since_epoch()).count();
 }
 
-// Heartbeats: every peer gets `bytes` once a second, peer i at its share i/N of the second;
+// Heartbeats: every peer gets `bytes` once every `interval` seconds, peer i at its share i/N of it;
 // whatever arrives is read. For `seconds`; the CPU of exactly that loop is returned.
 // `reply`: this side does not beat on its own; it answers each beat it reads at once (the
 // coordinator's beats as replies to the agents').
-Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, int bytes, const std::string& payload,
-                      bool reply = false) {
+Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, double interval, int bytes,
+                      const std::string& payload, bool reply = false) {
   const auto c0 = cpu_now();
   const double t0 = steady_s();
   const double n = static_cast<double>(peers.size());
   std::size_t next = 0;  // the next peer to beat
-  double round = t0;     // the start of the current second
+  double round = t0;     // the start of the current interval
   std::vector<epoll_event> evs(512);
   std::vector<char> buf(65536);
   for (;;) {
     const double now = steady_s();
     if (now - t0 >= seconds) break;
-    while (!reply && now >= round + static_cast<double>(next) / n) {
+    while (!reply && now >= round + interval * static_cast<double>(next) / n) {
       send_all(peers[next].fd, payload.data(), static_cast<std::size_t>(bytes));
       if (++next == peers.size()) {
         next = 0;
-        round += 1.0;
+        round += interval;
       }
     }
-    // At least 1 ms: the beats due within it go out together (4 at 4096 nodes), no busy wait.
-    const double due = round + static_cast<double>(next) / n;
+    // At least 1 ms: the beats due within it go out together (4 at 4096 nodes and 1 s), no busy
+    // wait.
+    const double due = round + interval * static_cast<double>(next) / n;
     const int wait_ms = reply ? static_cast<int>((t0 + seconds - now) * 1000) + 1
                               : std::max(1, static_cast<int>((due - steady_s()) * 1000) + 1);
     int k = ::epoll_wait(ep, evs.data(), static_cast<int>(evs.size()), wait_ms);
@@ -245,7 +249,7 @@ int connect_to(uint16_t port) {
 int main(int argc, char** argv) try {
   int count = 4096, bytes = 120;
   bool reply = false;
-  double seconds = 5;
+  double seconds = 5, interval = 1;
   std::string mode = "rendezvous";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -259,6 +263,8 @@ int main(int argc, char** argv) try {
       mode = next();
     else if (a == "--seconds")
       seconds = std::stod(next());
+    else if (a == "--interval-ms")
+      interval = std::stod(next()) / 1000;
     else if (a == "--reply")
       reply = true;
     else if (a == "--bytes")
@@ -267,6 +273,7 @@ int main(int argc, char** argv) try {
       throw std::runtime_error("unknown argument " + a + " (see the comment at the top of loopback_floor.cpp)");
   }
   if (mode != "rendezvous" && mode != "heartbeat") throw std::runtime_error("--mode rendezvous or heartbeat");
+  if (!(interval > 0)) throw std::runtime_error("--interval-ms must be above 0");
   rlimit rl{};
   ::getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
@@ -307,7 +314,7 @@ int main(int argc, char** argv) try {
     char b = 0;
     if (::write(up[1], &b, 1) != 1) die("write");
     if (::read(go[0], &b, 1) != 1) die("read");
-    return heartbeat_loop(ep, peers, seconds, bytes, payload);
+    return heartbeat_loop(ep, peers, seconds, interval, bytes, payload);
   });
 
   (void)agents;
@@ -342,7 +349,7 @@ int main(int argc, char** argv) try {
     char b = 0;
     if (::read(up[0], &b, 1) != 1) die("read");
     if (::write(go[1], &b, 1) != 1) die("write");
-    return heartbeat_loop(ep, peers, seconds, bytes, payload, reply);
+    return heartbeat_loop(ep, peers, seconds, interval, bytes, payload, reply);
   });
   (void)coord;
   const long segs0 = tcp_out_segs();
@@ -365,9 +372,10 @@ int main(int argc, char** argv) try {
   } else {
     const double wc = rc.t_end - rc.t_start, wa = ra.t_end - ra.t_start;
     std::printf(
-        "mode heartbeat count %d bytes %d seconds %.1f coordinator_core_pct %.2f (user %.2f sys %.2f) agents_core_pct "
+        "mode heartbeat count %d bytes %d interval_ms %.0f seconds %.1f coordinator_core_pct %.2f (user %.2f sys %.2f) "
+        "agents_core_pct "
         "%.2f segments_per_node_second %.2f cpu_us_per_beat_coordinator %.2f\n",
-        count, bytes, wc, (rc.user_s + rc.sys_s) / wc * 100, rc.user_s / wc * 100, rc.sys_s / wc * 100,
+        count, bytes, interval * 1000, wc, (rc.user_s + rc.sys_s) / wc * 100, rc.user_s / wc * 100, rc.sys_s / wc * 100,
         (ra.user_s + ra.sys_s) / wa * 100, static_cast<double>(segs) / count / wc,
         (rc.user_s + rc.sys_s) * 1e6 / (count * wc));
   }
