@@ -10,6 +10,7 @@ benchmark both share the machine's cores, so what one side saves the other can u
     python3 bench/rendezvous/run.py [--build build] [--compare OTHER_BUILD] [--sizes 64,512,4096] [--repeats 3]
                                     [--work-ms 250] [--agents FAKE_AGENTS] [--steady SECONDS]
                                     [--heartbeat-timeout 6] [--agent-timeout 6] [--heartbeat-ms MS] [--own-agents]
+                                    [--floor]
 
 Also reported: each side's CPU split into user and system time (the system time is mostly the
 kernel's loopback TCP: both ends' stacks run in the sending process), and the TCP segments the
@@ -20,6 +21,11 @@ The agents beat as real ones do: every second to a coordinator of protocol versi
 to one of version 7, at its offer (a third of the job's --heartbeat-timeout, default 6 s) or a
 third of their own --agent-timeout (default 6 s), whichever is shorter; ddpctl answers each beat.
 --heartbeat-ms fixes the agents' interval instead.
+
+With --floor, each repeat also runs bench/rendezvous/loopback_floor (the --build's): the same
+traffic over raw loopback sockets with no protocol work, the kernel's own cost on this machine
+at this sitting; reported beside ddpctl's figures with their ratio. With --steady, its heartbeat
+mode runs too, for S seconds at the agents' interval, the coordinator answering each beat.
 
 Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 after --work-ms (see
 fake_agents.cpp for why not at once); the whole launch includes that time. With --compare both
@@ -81,6 +87,27 @@ def proc_cpu(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def beat_interval_ms(args):
+    """The agents' beat interval, as proto/heartbeat.cpp computes it (version 7 coordinator)."""
+    if args.heartbeat_ms is not None:
+        return args.heartbeat_ms
+    clamp = lambda ms: min(max(ms, 1000), 10000)
+    offer = clamp(int(args.heartbeat_timeout * 1000) // 3)
+    return clamp(min(offer, int(args.agent_timeout * 1000) // 3)) // 1000 * 1000
+
+
+def floor_run(binary, n, steady=0, interval_ms=0):
+    """One loopback_floor run: its `key value` pairs (rendezvous; or heartbeat when steady)."""
+    argv = [binary, "--count", str(n)]
+    if steady:
+        argv += ["--mode", "heartbeat", "--seconds", str(steady), "--reply", "--interval-ms", str(interval_ms)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120 + steady)
+    if out.returncode != 0:
+        sys.exit(f"loopback_floor failed: {out.stderr.strip()[-500:]}")
+    words = out.stdout.split()
+    return {k: v for k, v in zip(words[::2], words[1::2])}
 
 
 def one(build, agents_bin, work_ms, n, tmp, steady=0, beats=()):
@@ -154,6 +181,8 @@ def main():
                     help="the job's rendezvous.heartbeat_timeout in seconds (version 7 agents beat at a third of it)")
     ap.add_argument("--agent-timeout", type=float, default=6,
                     help="the fake agents' own heartbeat_timeout in seconds (they beat at a third of it at most)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run loopback_floor each repeat (the kernel's loopback TCP alone) and give the ratios")
     args = ap.parse_args()
     if args.own_agents and args.agents:
         ap.error("--own-agents and --agents name two different fake_agents: give one")
@@ -175,11 +204,18 @@ def main():
         for n in (int(x) for x in args.sizes.split(",")):
             # Alternately, so that both builds see the same machine (load, TIME_WAIT sockets).
             runs = {b: [] for b in builds}
+            floors, beat_floors = [], []
+            floor_bin = os.path.join(args.build, "bin", "loopback_floor")
+            interval = beat_interval_ms(args)
             for _ in range(args.repeats):
                 for b in builds:
                     work_ms = int((args.steady + 2) * 1000) if args.steady else args.work_ms
                     agents = os.path.join(b, "bin", "fake_agents") if args.own_agents else agents_bin
                     runs[b].append(one(b, agents, work_ms, n, tmp, args.steady, beats))
+                if args.floor:
+                    floors.append(floor_run(floor_bin, n))
+                    if args.steady and interval > 0:
+                        beat_floors.append(floor_run(floor_bin, n, args.steady, interval))
             for b in builds:
                 rdzv = statistics.median(r[0] for r in runs[b])
                 starts = [r[1] for r in runs[b] if r[1] is not None]
@@ -197,6 +233,30 @@ def main():
                           f"{statistics.median(r[8][0] for r in runs[b]) * 100:.2f}%, agents "
                           f"{statistics.median(r[8][1] for r in runs[b]) * 100:.2f}% "
                           f"(runs: " + ", ".join(f"{r[8][0] * 100:.2f}" for r in runs[b]) + ")", flush=True)
+                if floors:
+                    # Wall time only: the CPU above is the whole launch's, the floor's the rendezvous' alone.
+                    fwall = statistics.median(float(f["wall_ms"]) for f in floors)
+                    print(f"{'':<24} {'':>6} rendezvous against the kernel's floor (loopback_floor, alternating): "
+                          f"{rdzv * 1000 / fwall:.2f}x", flush=True)
+                if beat_floors:
+                    fbeat = statistics.median(float(f["coordinator_core_pct"]) for f in beat_floors)
+                    print(f"{'':<24} {'':>6} heartbeats against the floor's coordinator: "
+                          f"{statistics.median(r[8][0] for r in runs[b]) * 100 / fbeat:.2f}x", flush=True)
+            if floors:
+                print(f"{'loopback_floor':<24} {n:>6} {statistics.median(float(f['wall_ms']) for f in floors):>17.1f} ms "
+                      f"{'-':>20} {'-':>22} "
+                      f"{statistics.median(float(f['coordinator_user_ms']) + float(f['coordinator_sys_ms']) for f in floors):>9.0f}"
+                      f" / {statistics.median(float(f['agents_user_ms']) + float(f['agents_sys_ms']) for f in floors):.0f} ms   "
+                      + ", ".join(f"{float(f['wall_ms']):.0f}" for f in floors), flush=True)
+                print(f"{'':<24} {'':>6} TCP segments sent per node: "
+                      f"{statistics.median(float(f['segments_per_node']) for f in floors):.1f}; CPU per node, both sides: "
+                      f"{statistics.median(float(f['cpu_us_per_node']) for f in floors):.0f} us (the rendezvous' frames "
+                      f"only: no worker reports, no close)", flush=True)
+            if beat_floors:
+                print(f"{'':<24} {'':>6} steady state, beats every {interval} ms each way, share of one core: "
+                      f"coordinator {statistics.median(float(f['coordinator_core_pct']) for f in beat_floors):.2f}%, "
+                      f"agents {statistics.median(float(f['agents_core_pct']) for f in beat_floors):.2f}% (runs: "
+                      + ", ".join(f"{float(f['coordinator_core_pct']):.2f}" for f in beat_floors) + ")", flush=True)
 
 
 if __name__ == "__main__":
