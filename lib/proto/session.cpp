@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 #include "common/strings.hpp"
 
@@ -30,6 +32,18 @@ Digest frame_mac(const HmacKey& key, char dir, std::uint64_t seq, std::string_vi
   put_u64(head, seq);
   return key.mac({head, json});
 }
+
+// Effects from values, moved in. `return {Deliver{...}};` would build the vector from an
+// initializer_list, whose elements are const: every message's whole DOM and every frame copied
+// once more.
+template <class... E>
+Effects effects(E&&... e) {
+  Effects out;
+  out.reserve(sizeof...(E));
+  (out.emplace_back(std::forward<E>(e)), ...);
+  return out;
+}
+static_assert(std::is_nothrow_move_constructible_v<Effect>, "a growing Effects vector must move, not copy");
 
 }  // namespace
 
@@ -96,18 +110,20 @@ std::string Session::plain(const nlohmann::json& m, std::string_view encoded) {
 
 Effects Session::start() {
   if (!is_client_ || state_ != State::idle) return {};
-  nlohmann::json fields{{"versions", versions_},
-                        {"key_id", key_.id},
-                        {"nonce", to_hex(nonce_c_)},
-                        {"role", std::string(to_string(role_))},
-                        {"user", user_}};
+  // Member by member (nlohmann's initializer list builds each pair as an array first).
+  nlohmann::json fields = nlohmann::json::object();
+  fields["versions"] = versions_;
+  fields["key_id"] = key_.id;
+  fields["nonce"] = to_hex(nonce_c_);
+  fields["role"] = std::string(to_string(role_));
+  fields["user"] = user_;
   if (!name_.empty()) fields["name"] = name_;
   if (!software_.empty()) fields["software"] = software_;
   auto hello = make_message("hello", versions_.empty() ? 0 : *std::max_element(versions_.begin(), versions_.end()),
                             std::move(fields));
   hello_body_ = dump(hello);
   state_ = State::await_hello_ack;
-  return {Send{plain(hello, hello_body_)}};
+  return effects(Send{plain(hello, hello_body_)});
 }
 
 Effects Session::on_bytes(std::string_view bytes) {
@@ -149,7 +165,7 @@ Effects Session::drop(std::string reason) {
   state_ = State::dropped;
   session_key_.assign(session_key_.size(), '\0');
   frame_key_ = HmacKey();
-  return {Drop{std::move(reason)}};
+  return effects(Drop{std::move(reason)});
 }
 
 Effects Session::fail(ErrorCode code, std::string message, std::string hint) {
@@ -248,7 +264,10 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   version_ = chosen;
   peer_.version = chosen;
   hello_body_ = std::string(body);
-  nlohmann::json fields{{"version", chosen}, {"nonce", to_hex(nonce_s_)}, {"role", std::string(to_string(role_))}};
+  nlohmann::json fields = nlohmann::json::object();
+  fields["version"] = chosen;
+  fields["nonce"] = to_hex(nonce_s_);
+  fields["role"] = std::string(to_string(role_));
   if (!name_.empty()) fields["name"] = name_;
   if (!software_.empty()) fields["software"] = software_;
   if (chosen >= 6 && !delegate_key_.empty()) fields["delegate_key"] = delegate_key_;
@@ -262,8 +281,8 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   // The server proves first, in the same write as its hello_ack: the client checks it before
   // it sends its own proof and its first session frame together (session.hpp).
   auto mine = proof("ddpctl server proof");
-  return {Send{plain(ack, ack_body_)},
-          Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
+  return effects(Send{plain(ack, ack_body_)},
+                 Send{plain(make_message("auth_ok", version_, {{"proof", to_hex(as_bytes(mine))}}))});
 }
 
 Effects Session::handle_hello_ack(const Message& m, std::string_view body) {
@@ -337,7 +356,7 @@ Effects Session::handle_auth(const Message& m) {
         "the client's secret for this key differs from the server's token file (or the handshake was replayed)");
   }
   establish();
-  return {Established{peer_}};
+  return effects(Established{peer_});
 }
 
 Effects Session::handle_auth_ok(const Message& m) {
@@ -353,7 +372,7 @@ Effects Session::handle_auth_ok(const Message& m) {
   }
   // Our proof, then established: what the application sends next leaves in the same write.
   auto mine = proof("ddpctl client proof");
-  Effects out{Send{plain(make_message("auth", version_, {{"proof", to_hex(as_bytes(mine))}}))}};
+  auto out = effects(Send{plain(make_message("auth", version_, {{"proof", to_hex(as_bytes(mine))}}))});
   establish();
   out.push_back(Established{peer_});
   return out;
@@ -388,7 +407,7 @@ Effects Session::on_session_frame(std::string_view body) {
   if (phase_of(m.type) == Phase::handshake) {
     return fail(ErrorCode::unexpected, "'" + m.type + "' after the handshake finished");
   }
-  return {Deliver{std::move(m)}};
+  return effects(Deliver{std::move(m)});
 }
 
 nlohmann::json Session::message(std::string_view type, nlohmann::json fields) const {
