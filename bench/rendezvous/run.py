@@ -25,7 +25,9 @@ third of their own --agent-timeout (default 6 s), whichever is shorter; ddpctl a
 With --floor, each repeat also runs bench/rendezvous/loopback_floor (the --build's): the same
 traffic over raw loopback sockets with no protocol work, the kernel's own cost on this machine
 at this sitting; reported beside ddpctl's figures with their ratio. With --steady, its heartbeat
-mode runs too, for S seconds at the agents' interval, the coordinator answering each beat.
+mode runs too, for S seconds at the interval version 7 agents beat at (or --heartbeat-ms), the
+coordinator answering each beat; a --compare build of an older protocol beats every second, so
+its heartbeat ratio is not like for like.
 
 Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 after --work-ms (see
 fake_agents.cpp for why not at once); the whole launch includes that time. With --compare both
@@ -103,6 +105,8 @@ def floor_run(binary, n, steady=0, interval_ms=0):
     argv = [binary, "--count", str(n)]
     if steady:
         argv += ["--mode", "heartbeat", "--seconds", str(steady), "--reply", "--interval-ms", str(interval_ms)]
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"--floor: {binary} is missing (./scripts/build builds it)")
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120 + steady)
     if out.returncode != 0:
         sys.exit(f"loopback_floor failed: {out.stderr.strip()[-500:]}")
@@ -238,8 +242,8 @@ def main():
                     fwall = statistics.median(float(f["wall_ms"]) for f in floors)
                     print(f"{'':<24} {'':>6} rendezvous against the kernel's floor (loopback_floor, alternating): "
                           f"{rdzv * 1000 / fwall:.2f}x", flush=True)
-                if beat_floors:
-                    fbeat = statistics.median(float(f["coordinator_core_pct"]) for f in beat_floors)
+                fbeat = statistics.median(float(f["coordinator_core_pct"]) for f in beat_floors) if beat_floors else 0
+                if fbeat > 0:
                     print(f"{'':<24} {'':>6} heartbeats against the floor's coordinator: "
                           f"{statistics.median(r[8][0] for r in runs[b]) * 100 / fbeat:.2f}x", flush=True)
             if floors:
