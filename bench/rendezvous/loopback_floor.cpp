@@ -176,7 +176,7 @@ Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, double i
     // wait.
     const double due = round + interval * static_cast<double>(next) / n;
     const int wait_ms = reply ? static_cast<int>((t0 + seconds - now) * 1000) + 1
-                              : std::max(1, static_cast<int>((due - steady_s()) * 1000) + 1);
+                              : std::max(1, static_cast<int>((std::min(due, t0 + seconds) - steady_s()) * 1000) + 1);
     int k = ::epoll_wait(ep, evs.data(), static_cast<int>(evs.size()), wait_ms);
     for (int e = 0; e < k; ++e) {
       Peer& p = peers[evs[e].data.u32];
@@ -273,7 +273,8 @@ int main(int argc, char** argv) try {
       throw std::runtime_error("unknown argument " + a + " (see the comment at the top of loopback_floor.cpp)");
   }
   if (mode != "rendezvous" && mode != "heartbeat") throw std::runtime_error("--mode rendezvous or heartbeat");
-  if (!(interval > 0)) throw std::runtime_error("--interval-ms must be above 0");
+  if (!(interval > 0 && interval <= 3600))
+    throw std::runtime_error("--interval-ms must be above 0 and at most 3600000");
   rlimit rl{};
   ::getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
@@ -377,7 +378,7 @@ int main(int argc, char** argv) try {
         "%.2f segments_per_node_second %.2f cpu_us_per_beat_coordinator %.2f\n",
         count, bytes, interval * 1000, wc, (rc.user_s + rc.sys_s) / wc * 100, rc.user_s / wc * 100, rc.sys_s / wc * 100,
         (ra.user_s + ra.sys_s) / wa * 100, static_cast<double>(segs) / count / wc,
-        (rc.user_s + rc.sys_s) * 1e6 / (count * wc));
+        (rc.user_s + rc.sys_s) * 1e6 / (count * wc / interval));
   }
   return 0;
 } catch (const std::exception& e) {

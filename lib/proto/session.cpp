@@ -133,8 +133,12 @@ Effects Session::on_bytes(std::string_view bytes) {
   while (state_ != State::dropped) {
     auto body = decoder_.next();
     if (!body) break;
-    auto effects = on_frame(std::move(*body));
-    for (auto& e : effects) out.push_back(std::move(e));
+    auto fx = on_frame(std::move(*body));
+    if (out.empty()) {
+      out = std::move(fx);  // one frame per read, mostly: its vector as it is
+    } else {
+      for (auto& e : fx) out.push_back(std::move(e));
+    }
   }
   if (state_ != State::dropped && decoder_.error()) {
     const auto& e = *decoder_.error();
@@ -372,10 +376,9 @@ Effects Session::handle_auth_ok(const Message& m) {
   }
   // Our proof, then established: what the application sends next leaves in the same write.
   auto mine = proof("ddpctl client proof");
-  auto out = effects(Send{plain(make_message("auth", version_, {{"proof", to_hex(as_bytes(mine))}}))});
+  Send auth{plain(make_message("auth", version_, {{"proof", to_hex(as_bytes(mine))}}))};
   establish();
-  out.push_back(Established{peer_});
-  return out;
+  return effects(std::move(auth), Established{peer_});
 }
 
 Effects Session::on_session_frame(std::string_view body) {
