@@ -143,6 +143,7 @@ void serve_rendezvous(int ep, std::vector<Peer>& peers, const std::string& paylo
 struct Result {
   double user_s = 0, sys_s = 0;
   double t_start = 0, t_end = 0;  // steady clock, seconds (one clock for both processes)
+  int ok = 0;                     // the side measured; its figures mean nothing otherwise
 };
 
 double steady_s() {
@@ -197,7 +198,8 @@ Result heartbeat_loop(int ep, std::vector<Peer>& peers, double seconds, double i
 
 // In a forked child: runs `f`, writes its Result into the pipe, then holds its sockets open
 // until `quit` reads end of file (the parent has both results), so neither side sees the other
-// close while it still measures.
+// close while it still measures. A side that failed says so (ok 0) and exits at once: its
+// sockets close, so the other side fails too instead of waiting for it.
 template <class F>
 pid_t child(int wfd, const int (&quit)[2], F f) {
   pid_t pid = ::fork();
@@ -205,18 +207,18 @@ pid_t child(int wfd, const int (&quit)[2], F f) {
   if (pid > 0) return pid;
   ::close(quit[1]);
   Result r;
-  int rc = 0;
   try {
     r = f();
+    r.ok = 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loopback_floor: %s\n", e.what());
-    rc = 1;
   }
-  if (::write(wfd, &r, sizeof r) != sizeof r) rc = 1;
+  const bool sent = ::write(wfd, &r, sizeof r) == sizeof r;
+  if (!r.ok || !sent) ::_exit(1);
   char b;
   while (::read(quit[0], &b, 1) > 0) {
   }
-  ::_exit(rc);
+  ::_exit(0);
 }
 
 int listener(uint16_t& port, int backlog) {
@@ -288,7 +290,11 @@ int main(int argc, char** argv) try {
   if (::pipe(cp) || ::pipe(ap) || ::pipe(go) || ::pipe(up) || ::pipe(quit)) die("pipe");
 
   // The agents: accept N, then serve (the rendezvous' odd frames, or heartbeats).
+  // Each side keeps only its own ends of the heartbeat mode's two handshake pipes (up: the
+  // agents hold every connection; go: start), so a side that dies is seen as end of file.
   const pid_t agents = child(ap[1], quit, [&] {
+    ::close(up[0]);
+    ::close(go[1]);
     std::vector<Peer> peers(count);
     int ep = ::epoll_create1(EPOLL_CLOEXEC);
     auto accept_all = [&] {
@@ -320,6 +326,8 @@ int main(int argc, char** argv) try {
 
   (void)agents;
   pid_t coord = child(cp[1], quit, [&] {
+    ::close(up[1]);
+    ::close(go[0]);
     std::vector<Peer> peers(count);
     int ep = ::epoll_create1(EPOLL_CLOEXEC);
     if (mode == "rendezvous") {
@@ -353,11 +361,14 @@ int main(int argc, char** argv) try {
     return heartbeat_loop(ep, peers, seconds, interval, bytes, payload, reply);
   });
   (void)coord;
+  for (int fd : {up[0], up[1], go[0], go[1]}) ::close(fd);
   const long segs0 = tcp_out_segs();
   Result rc{}, ra{};
   if (::read(cp[0], &rc, sizeof rc) != sizeof rc) throw std::runtime_error("the coordinator failed");
   // The agents' wall: they end when the last assign is read; the coordinator's when it was sent.
   if (::read(ap[0], &ra, sizeof ra) != sizeof ra) throw std::runtime_error("the agents failed");
+  if (!rc.ok) throw std::runtime_error("the coordinator side failed (above)");
+  if (!ra.ok) throw std::runtime_error("the agents' side failed (above)");
   const long segs = tcp_out_segs() - segs0;
   ::close(quit[1]);
   ::close(quit[0]);

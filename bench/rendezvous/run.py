@@ -107,7 +107,10 @@ def floor_run(binary, n, steady=0, interval_ms=0):
         argv += ["--mode", "heartbeat", "--seconds", str(steady), "--reply", "--interval-ms", str(interval_ms)]
     if not os.access(binary, os.X_OK):
         sys.exit(f"--floor: {binary} is missing (./scripts/build builds it)")
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120 + steady)
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120 + steady)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"loopback_floor did not end within {120 + steady} s: {' '.join(argv)}")
     if out.returncode != 0:
         sys.exit(f"loopback_floor failed: {out.stderr.strip()[-500:]}")
     words = out.stdout.split()
@@ -237,9 +240,9 @@ def main():
                           f"{statistics.median(r[8][0] for r in runs[b]) * 100:.2f}%, agents "
                           f"{statistics.median(r[8][1] for r in runs[b]) * 100:.2f}% "
                           f"(runs: " + ", ".join(f"{r[8][0] * 100:.2f}" for r in runs[b]) + ")", flush=True)
-                if floors:
+                fwall = statistics.median(float(f["wall_ms"]) for f in floors) if floors else 0
+                if fwall > 0:
                     # Wall time only: the CPU above is the whole launch's, the floor's the rendezvous' alone.
-                    fwall = statistics.median(float(f["wall_ms"]) for f in floors)
                     print(f"{'':<24} {'':>6} rendezvous against the kernel's floor (loopback_floor, alternating): "
                           f"{rdzv * 1000 / fwall:.2f}x", flush=True)
                 fbeat = statistics.median(float(f["coordinator_core_pct"]) for f in beat_floors) if beat_floors else 0
