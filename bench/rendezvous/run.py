@@ -25,9 +25,9 @@ third of their own --agent-timeout (default 6 s), whichever is shorter; ddpctl a
 With --floor, each repeat also runs bench/rendezvous/loopback_floor (the --build's): the same
 traffic over raw loopback sockets with no protocol work, the kernel's own cost on this machine
 at this sitting; reported beside ddpctl's figures with their ratio. With --steady, its heartbeat
-mode runs too, for S seconds at the interval version 7 agents beat at (or --heartbeat-ms), the
-coordinator answering each beat; a --compare build of an older protocol beats every second, so
-its heartbeat ratio is not like for like.
+mode runs too, for S seconds at the interval the --build's agents beat at (as fake_agents reports
+it), the coordinator answering each beat; a --compare build of an older protocol beats every
+second, so its heartbeat ratio is not like for like.
 
 Everything stays on 127.0.0.1. Each agent "runs" one worker that exits 0 after --work-ms (see
 fake_agents.cpp for why not at once); the whole launch includes that time. With --compare both
@@ -89,15 +89,6 @@ def proc_cpu(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def beat_interval_ms(args):
-    """The agents' beat interval, as proto/heartbeat.cpp computes it (version 7 coordinator)."""
-    if args.heartbeat_ms is not None:
-        return args.heartbeat_ms
-    clamp = lambda ms: min(max(ms, 1000), 10000)
-    offer = clamp(int(args.heartbeat_timeout * 1000) // 3)
-    return clamp(min(offer, int(args.agent_timeout * 1000) // 3)) // 1000 * 1000
 
 
 def floor_run(binary, n, steady=0, interval_ms=0):
@@ -166,7 +157,7 @@ def one(build, agents_bin, work_ms, n, tmp, steady=0, beats=()):
     agents_cpu -= got.get("setup_cpu_us", 0) / 1e6  # the listeners it opened before "ready"
     start = (got["last_start_us"] - got["first_accept_us"]) / 1e6 if "last_start_us" in got else None
     return ((got["last_assign_us"] - got["first_accept_us"]) / 1e6, start, wall, ctl_cpu, agents_cpu, ctl_sys, agents_sys,
-            segs / n, idle)
+            segs / n, idle, int(statistics.median(got["beat_ms"])) if got.get("beat_ms") else 0)
 
 
 def main():
@@ -213,7 +204,7 @@ def main():
             runs = {b: [] for b in builds}
             floors, beat_floors = [], []
             floor_bin = os.path.join(args.build, "bin", "loopback_floor")
-            interval = beat_interval_ms(args)
+            interval = 0
             for _ in range(args.repeats):
                 for b in builds:
                     work_ms = int((args.steady + 2) * 1000) if args.steady else args.work_ms
@@ -221,6 +212,9 @@ def main():
                     runs[b].append(one(b, agents, work_ms, n, tmp, args.steady, beats))
                 if args.floor:
                     floors.append(floor_run(floor_bin, n))
+                    # At the interval the --build's agents beat at in this repeat (fake_agents reports
+                    # it: proto/heartbeat's rule, or --heartbeat-ms).
+                    interval = runs[args.build][-1][9]
                     if args.steady and interval > 0:
                         beat_floors.append(floor_run(floor_bin, n, args.steady, interval))
             for b in builds:
