@@ -71,7 +71,7 @@ bool has_our_refusals(const std::string& text) {
 // a NUL byte or a BOM, no more accepted than nlohmann accepts (what we then accept, the same).
 // Read from a heap copy of exactly its size, no terminator after it: a read one byte past the end
 // is then an overflow the address sanitizer reports (scripts/test runs this test under it).
-ddp::JsonParsed parse_exact(const std::string& text, std::size_t max_depth = 512) {
+ddp::JsonParsed parse_exact(const std::string& text, std::size_t max_depth = ddp::kJsonMaxDepth) {
   const auto copy = std::make_unique<char[]>(text.size());
   std::memcpy(copy.get(), text.data(), text.size());
   return parse_json(std::string_view(copy.get(), text.size()), max_depth);
