@@ -130,10 +130,9 @@ struct Bench {
     auto timer = std::make_shared<asio::steady_timer>(io, after);
     timer->async_wait([this, timer, conn, i](boost::system::error_code ec) {
       if (ec || !conn->established()) return;
-      if (echo_t0[i])
-        send(*conn, "heartbeat", {{"now_us", now_us()}, {"t0_us", echo_t0[i]}, {"rx_us", echo_rx[i]}});
-      else
-        send(*conn, "heartbeat", {{"now_us", now_us()}});
+      std::optional<ddp::proto::Session::Echo> echo;
+      if (echo_t0[i]) echo = ddp::proto::Session::Echo{echo_t0[i], echo_rx[i]};
+      conn->send_heartbeat(now_us(), echo);
       beat_sent_us[i] = now_us();
       ++agent_beats;
       beat(conn, i, std::chrono::milliseconds(beat_ms[i]));

@@ -1419,10 +1419,9 @@ class Agent {
         }
         if (now - p.beat_sent < p.beat_every - opts_.heartbeat_interval / 2) continue;
         p.beat_sent = now;
-        if (p.echo_t0_us)
-          send(raw, "heartbeat", {{"now_us", now_us()}, {"t0_us", *p.echo_t0_us}, {"rx_us", *p.echo_rx_us}});
-        else
-          send(raw, "heartbeat", {{"now_us", now_us()}});
+        std::optional<proto::Session::Echo> echo;
+        if (p.echo_t0_us) echo = proto::Session::Echo{*p.echo_t0_us, *p.echo_rx_us};
+        raw->send_heartbeat(now_us(), echo);
       }
       for (auto& c : silent) {
         c->close(fmt::format("no heartbeat from the coordinator for more than {}",

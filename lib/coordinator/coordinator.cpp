@@ -675,9 +675,13 @@ class Coordinator {
   void arm_tick() {
     if (done_) return;
     auto d = rdzv_.next_deadline();
-    // Most events leave the next deadline as it was (the oldest heartbeat's): the timer set for
-    // it stands, rather than a cancel and a new wait per event (three per node while joining).
-    if (!d || d == tick_armed_) return;
+    // A timer set for no later than the next deadline stands; a tick that comes early finds
+    // nothing due and arms for the deadline then. Most events leave the deadline as it was or
+    // move it later: the oldest heartbeat's moves on with nearly every beat in the steady state
+    // (the nodes' beats come round in the same order), and re-arming for each would be a
+    // cancelled wait, a timer-queue update and a timerfd_settime per beat (three per node while
+    // joining).
+    if (!d || (tick_armed_ && *tick_armed_ <= *d)) return;
     tick_armed_ = d;
     // Deadlines and the timer are on the same (steady) clock: one wait, however far.
     const auto wait = std::max<rdzv::Micros>(*d - now(), rdzv::Micros(0)) + std::chrono::milliseconds(1);
@@ -1199,7 +1203,7 @@ class Coordinator {
 
   void beat(Node& n, std::chrono::steady_clock::time_point at) {
     if (!n.conn || !n.conn->established()) return;
-    send(n, "heartbeat", {{"now_us", now().count()}});
+    n.conn->send_heartbeat(now().count());
     n.beat_at = at;
   }
 

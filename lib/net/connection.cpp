@@ -224,6 +224,12 @@ bool Connection::send(const nlohmann::json& message) {
   return !overflowed_;  // the frame that did not fit was not queued
 }
 
+bool Connection::send_heartbeat(std::int64_t now_us, std::optional<proto::Session::Echo> echo) {
+  if (!established()) return false;
+  queue(session_.seal_heartbeat(now_us, echo));
+  return !overflowed_;
+}
+
 bool Connection::send_with(nlohmann::json message, std::string_view key, std::string_view object_json) {
   if (!established()) return false;
   try {

@@ -73,6 +73,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool send(const nlohmann::json& message);
   // send() with one member given as encoded JSON object text (proto::Session::seal_with).
   bool send_with(nlohmann::json message, std::string_view key, std::string_view object_json);
+  // send() of a heartbeat, encoded without a DOM (proto::Session::seal_heartbeat).
+  bool send_heartbeat(std::int64_t now_us, std::optional<proto::Session::Echo> echo = std::nullopt);
   // Between cork() and uncork(), frames queue and then leave in one write: a round's assign
   // and start to one node cost one system call, not two. Nests (a read handler corks too).
   void cork() { ++corked_; }

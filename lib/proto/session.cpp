@@ -453,6 +453,24 @@ std::string Session::seal_with(nlohmann::json m, std::string_view key, std::stri
   return seal_raw(json);
 }
 
+std::string Session::seal_heartbeat(std::int64_t now_us, std::optional<Echo> echo) {
+  // dump()'s order: an object's keys sorted, so now_us, rx_us, t0_us, type, v.
+  std::string json;
+  json.reserve(112);
+  json += "{\"now_us\":";
+  json += std::to_string(now_us);
+  if (echo) {
+    json += ",\"rx_us\":";
+    json += std::to_string(echo->rx_us);
+    json += ",\"t0_us\":";
+    json += std::to_string(echo->t0_us);
+  }
+  json += ",\"type\":\"heartbeat\",\"v\":";
+  json += std::to_string(version_);
+  json += '}';
+  return seal_raw(json);
+}
+
 std::string Session::seal_raw(std::string_view json) {
   if (state_ != State::established) throw std::logic_error("seal() before the session is established");
   const char dir = is_client_ ? kDirClientToServer : kDirServerToClient;

@@ -120,6 +120,14 @@ class Session {
   // `object_json`: the text of a JSON object the caller encoded and checked once, such as the
   // job spec every offer carries, so it is neither copied nor encoded again per connection.
   std::string seal_with(nlohmann::json message, std::string_view key, std::string_view object_json);
+  // seal() of a heartbeat (messages.json) carrying `now_us` and, when given, the echo of the
+  // peer's last beat (t0_us: its now_us, rx_us: ours when it arrived), encoded without a DOM:
+  // the one message every node gets every interval, the coordinator's answer to each agent's
+  // beat. Byte for byte what seal(message("heartbeat", {...})) gives (session_test).
+  struct Echo {
+    std::int64_t t0_us = 0, rx_us = 0;
+  };
+  std::string seal_heartbeat(std::int64_t now_us, std::optional<Echo> echo = std::nullopt);
   // Seals bytes as they are, unvalidated: for tests and fuzzers that need a correctly
   // authenticated but malformed frame. Never for production messages.
   std::string seal_raw(std::string_view json);

@@ -186,10 +186,17 @@ Effects Rendezvous::handle(const Event& event, TimePoint now) {
   now_ = std::max(now_, now);  // an edge's clock never makes us go back in time
   out_.clear();
   if (state_ != State::succeeded && state_ != State::failed) {
-    if (auto it = nodes_.find(node_of(event)); it != nodes_.end()) {
-      seen_.erase({it->second.last_seen, it->first});
+    if (auto it = nodes_.find(node_of(event)); it != nodes_.end() && it->second.last_seen != now_) {
+      // The index's entry moves to the end (now_ is the latest time there is) as it is: no
+      // allocation, no copy of the name; a node seen again in the same instant stays put.
+      auto entry = seen_.extract({it->second.last_seen, it->first});
       it->second.last_seen = now_;
-      seen_.emplace(now_, it->first);
+      if (entry) {
+        entry.value().first = now_;
+        seen_.insert(seen_.end(), std::move(entry));
+      } else {
+        seen_.emplace_hint(seen_.end(), now_, it->first);
+      }
     }
   }
   for (const auto& row : kTable) {

@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
 using namespace ddp::proto;
 using nlohmann::json;
 
@@ -420,6 +425,50 @@ Pair established_pair() {
   return p;
 }
 }  // namespace
+
+// seal_heartbeat() encodes without a DOM: it must give the very bytes seal() gives (two pairs
+// from the same nonces hold the same keys), and the peer must read back what was sent, for
+// either side, with and without the echo, at the integers' extremes.
+TEST(SessionFrames, AHeartbeatSealedWithoutADomIsByteForByteTheSealedMessage) {
+  const std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  for (bool from_client : {true, false}) {
+    for (auto [now, echo] : std::vector<std::pair<std::int64_t, std::optional<Session::Echo>>>{
+             {0, std::nullopt},
+             {1733540000123456, std::nullopt},
+             {-5, Session::Echo{17, -3}},
+             {hi, Session::Echo{lo, hi}},
+             {lo, Session::Echo{0, 0}}}) {
+      auto a = established_pair();
+      auto b = established_pair();
+      Session& sa = from_client ? a.client : a.server;
+      Session& sb = from_client ? b.client : b.server;
+      Session& peer = from_client ? b.server : b.client;
+      nlohmann::json fields{{"now_us", now}};
+      if (echo) {
+        fields["t0_us"] = echo->t0_us;
+        fields["rx_us"] = echo->rx_us;
+      }
+      const auto expected = sa.seal(sa.message("heartbeat", fields));
+      const auto got = sb.seal_heartbeat(now, echo);
+      EXPECT_EQ(got, expected) << "now " << now << (echo ? " with an echo" : "");
+      auto o = absorb(peer.on_bytes(got));
+      ASSERT_EQ(o.delivered.size(), 1u);
+      EXPECT_FALSE(o.dropped);
+      const auto& m = o.delivered[0];
+      EXPECT_EQ(m.type, "heartbeat");
+      EXPECT_EQ(m.body["now_us"].get<std::int64_t>(), now);
+      EXPECT_EQ(m.body.contains("t0_us"), echo.has_value());
+      if (echo) {
+        EXPECT_EQ(m.body["t0_us"].get<std::int64_t>(), echo->t0_us);
+        EXPECT_EQ(m.body["rx_us"].get<std::int64_t>(), echo->rx_us);
+      }
+      // The sequence moved on as seal()'s does: the next frame still authenticates.
+      EXPECT_EQ(absorb(peer.on_bytes(sb.seal(sb.message("heartbeat")))).delivered.size(), 1u);
+    }
+  }
+  Session idle = Session::client(client_config());
+  EXPECT_THROW(idle.seal_heartbeat(1), std::logic_error);
+}
 
 TEST(SessionFrames, ReplayedFrameIsDropped) {
   auto p = established_pair();
