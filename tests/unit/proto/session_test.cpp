@@ -432,12 +432,12 @@ Pair established_pair() {
 TEST(SessionFrames, AHeartbeatSealedWithoutADomIsByteForByteTheSealedMessage) {
   const std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
   for (bool from_client : {true, false}) {
-    for (auto [now, echo] : std::vector<std::pair<std::int64_t, std::optional<Session::Echo>>>{
-             {0, std::nullopt},
-             {1733540000123456, std::nullopt},
-             {-5, Session::Echo{17, -3}},
-             {hi, Session::Echo{lo, hi}},
-             {lo, Session::Echo{0, 0}}}) {
+    for (auto [now, echo] :
+         std::vector<std::pair<std::int64_t, std::optional<Session::Echo>>>{{0, std::nullopt},
+                                                                            {1733540000123456, std::nullopt},
+                                                                            {-5, Session::Echo{17, -3}},
+                                                                            {hi, Session::Echo{lo, hi}},
+                                                                            {lo, Session::Echo{0, 0}}}) {
       auto a = established_pair();
       auto b = established_pair();
       Session& sa = from_client ? a.client : a.server;
