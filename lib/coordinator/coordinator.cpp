@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 
 namespace ddp::coordinator {
 
@@ -148,7 +149,7 @@ class Coordinator {
     dial_from(nodes_.begin());
     arm_tick();
     arm_progress();
-    io_.run();
+    run_loop();
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
     terminal_.flush();
     if (opts_.result_json) {
@@ -407,6 +408,22 @@ class Coordinator {
     }
     if (!n.joined) n.why_missing = reason;
     schedule_redial(n);
+  }
+
+  // io_.run(), except that while a round runs a wake-up and the pass over what is ready take at
+  // least opts_.steady_batch together (coordinator.hpp): the steady state of thousands of nodes'
+  // heartbeats costs a wake-up per period, not one per beat. Each wake-up's pass is one poll():
+  // one run_one() per handler would lose Asio's per-call cache of handler memory (a malloc and a
+  // free per handler, the rendezvous 8% slower).
+  void run_loop() {
+    while (!io_.stopped()) {
+      if (io_.run_one() == 0) return;
+      const auto woke = std::chrono::steady_clock::now();
+      io_.poll();
+      if (io_.stopped() || done_ || opts_.steady_batch <= Millis(0) || rdzv_.state() != rdzv::State::running) continue;
+      const auto rest = opts_.steady_batch - (std::chrono::steady_clock::now() - woke);
+      if (rest > decltype(rest)::zero()) std::this_thread::sleep_for(rest);
+    }
   }
 
   void send(Node& n, std::string_view type, json fields) {
