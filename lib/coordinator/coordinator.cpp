@@ -410,20 +410,26 @@ class Coordinator {
     schedule_redial(n);
   }
 
-  // io_.run(), except that while a round runs a wake-up and the pass over what is ready take at
-  // least opts_.steady_batch together (coordinator.hpp): the steady state of thousands of nodes'
-  // heartbeats costs a wake-up per period, not one per beat. Each wake-up's pass is one poll():
-  // one run_one() per handler would lose Asio's per-call cache of handler memory (a malloc and a
-  // free per handler, the rendezvous 8% slower).
+  // io_.run(), except that while a round runs and the nodes' beats come at least two to a
+  // period, a wake-up and the pass over what is ready take at least opts_.steady_batch together
+  // (coordinator.hpp): thousands of nodes' heartbeats cost a wake-up per period, not one per beat.
+  // Fewer beats than that gain nothing from the pause (it is a wake-up of its own), so a small
+  // job's messages never wait. Each wake-up's pass is one poll(): one run_one() per handler would
+  // lose Asio's per-call cache of handler memory (a malloc and a free per handler).
   void run_loop() {
     while (!io_.stopped()) {
       if (io_.run_one() == 0) return;
       const auto woke = std::chrono::steady_clock::now();
       io_.poll();
-      if (io_.stopped() || done_ || opts_.steady_batch <= Millis(0) || rdzv_.state() != rdzv::State::running) continue;
+      if (io_.stopped() || done_ || !paced()) continue;
       const auto rest = opts_.steady_batch - (std::chrono::steady_clock::now() - woke);
       if (rest > decltype(rest)::zero()) std::this_thread::sleep_for(rest);
     }
+  }
+
+  bool paced() const {
+    const auto period_s = std::chrono::duration<double>(opts_.steady_batch).count();
+    return period_s > 0 && rdzv_.state() == rdzv::State::running && beats_per_s_ * period_s >= 2;
   }
 
   void send(Node& n, std::string_view type, json fields) {
@@ -1232,9 +1238,12 @@ class Coordinator {
     heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || done_) return;
       const auto at = std::chrono::steady_clock::now();
+      double rate = 0;
       for (auto& [name, n] : nodes_) {
         if (at - n->beat_at >= proto::coordinator_beat_due(n->beat_every)) beat(*n, at);
+        if (n->conn && n->conn->established()) rate += 1000.0 / static_cast<double>(n->beat_every.count());
       }
+      beats_per_s_ = rate;
       heartbeat();
     });
   }
@@ -1411,7 +1420,8 @@ class Coordinator {
   asio::io_context io_;
   asio::signal_set signals_, user_signals_;
   asio::steady_timer tick_timer_, heartbeat_timer_;
-  std::optional<rdzv::TimePoint> tick_armed_;  // the deadline tick_timer_ waits for
+  std::optional<rdzv::TimePoint> tick_armed_;
+  double beats_per_s_ = 0;  // the connected nodes' beats a second, as of the last heartbeat sweep  // the deadline tick_timer_ waits for
   bool killed_now_ = false;                    // a second Ctrl-C: SIGKILL without the grace
   asio::steady_timer progress_timer_;          // "still waiting" while nodes are missing
   // The hang watchdog (spec.hang): the nodes' reports, each idle node's stacks, the verdict's timer.
