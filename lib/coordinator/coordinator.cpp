@@ -149,7 +149,7 @@ class Coordinator {
     dial_from(nodes_.begin());
     arm_tick();
     arm_progress();
-    run_loop();
+    io_.run();
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
     terminal_.flush();
     if (opts_.result_json) {
@@ -410,26 +410,39 @@ class Coordinator {
     schedule_redial(n);
   }
 
-  // io_.run(), except that while a round runs and the nodes' beats come at least two to a
-  // period, a wake-up and the pass over what is ready take at least opts_.steady_batch together
-  // (coordinator.hpp): thousands of nodes' heartbeats cost a wake-up per period, not one per beat.
-  // Fewer beats than that gain nothing from the pause (it is a wake-up of its own), so a small
-  // job's messages never wait. Each wake-up's pass is one poll(): one run_one() per handler would
-  // lose Asio's per-call cache of handler memory (a malloc and a free per handler).
-  void run_loop() {
-    while (!io_.stopped()) {
-      if (io_.run_one() == 0) return;
-      const auto woke = std::chrono::steady_clock::now();
-      io_.poll();
-      if (io_.stopped() || done_ || !paced()) continue;
-      const auto rest = opts_.steady_batch - (std::chrono::steady_clock::now() - woke);
-      if (rest > decltype(rest)::zero()) std::this_thread::sleep_for(rest);
-    }
-  }
-
+  // While a round runs and the nodes' beats come at least two to a period, the loop is paced
+  // (coordinator.hpp, steady_batch): a step posted to the loop sleeps out the rest of the period
+  // and posts itself again, so Asio's epoll_wait, which does not block while a handler is queued,
+  // collects everything that arrived meanwhile and the loop handles it in one pass before the next
+  // step. Thousands of nodes' heartbeats then cost a wake-up per period, not one per beat. Fewer
+  // beats gain nothing from it (the sleep is a wake-up of its own), so a small job's messages
+  // never wait; the rendezvous and a stop are not paced. The loop itself stays io_.run().
   bool paced() const {
     const auto period_s = std::chrono::duration<double>(opts_.steady_batch).count();
-    return period_s > 0 && rdzv_.state() == rdzv::State::running && beats_per_s_ * period_s >= 2;
+    return !done_ && period_s > 0 && rdzv_.state() == rdzv::State::running && beats_per_s_ * period_s >= 2;
+  }
+
+  void pace() {
+    if (pacing_ || !paced()) return;
+    pacing_ = true;
+    paced_at_ = std::chrono::steady_clock::now();
+    boost::asio::post(io_, [this] { pace_step(); });
+  }
+
+  void pace_step() {
+    if (!paced()) {
+      pacing_ = false;
+      return;
+    }
+    // A pass that handled as many messages as one epoll_wait of Asio's can return (128 ready
+    // sockets) is a burst, not a steady state (every node's attempt_finished at a round's end):
+    // no pause, or 4096 of them would take 32 periods.
+    const auto handled = messages_ - messages_at_pace_;
+    messages_at_pace_ = messages_;
+    const auto rest = opts_.steady_batch - (std::chrono::steady_clock::now() - paced_at_);
+    if (handled < kPacedMessagesMax && rest > decltype(rest)::zero()) std::this_thread::sleep_for(rest);
+    paced_at_ = std::chrono::steady_clock::now();
+    boost::asio::post(io_, [this] { pace_step(); });
   }
 
   void send(Node& n, std::string_view type, json fields) {
@@ -445,6 +458,7 @@ class Coordinator {
   }
 
   void on_message(Node& n, proto::Message m) {
+    ++messages_;
     const auto& b = m.body;
     if (m.type == "heartbeat") {
       if (b.contains("t0_us") && b.contains("rx_us") && b.contains("now_us")) {
@@ -1244,6 +1258,7 @@ class Coordinator {
         if (n->conn && n->conn->established()) rate += 1000.0 / static_cast<double>(n->beat_every.count());
       }
       beats_per_s_ = rate;
+      pace();
       heartbeat();
     });
   }
@@ -1421,9 +1436,14 @@ class Coordinator {
   asio::signal_set signals_, user_signals_;
   asio::steady_timer tick_timer_, heartbeat_timer_;
   std::optional<rdzv::TimePoint> tick_armed_;
-  double beats_per_s_ = 0;  // the connected nodes' beats a second, as of the last heartbeat sweep  // the deadline tick_timer_ waits for
-  bool killed_now_ = false;                    // a second Ctrl-C: SIGKILL without the grace
-  asio::steady_timer progress_timer_;          // "still waiting" while nodes are missing
+  double beats_per_s_ = 0;  // the connected nodes' beats a second, as of the last heartbeat sweep
+  bool pacing_ = false;     // a pace_step() is posted
+  std::chrono::steady_clock::time_point paced_at_;        // the last pace_step()'s end
+  std::uint64_t messages_ = 0;                            // delivered by every node's session
+  std::uint64_t messages_at_pace_ = 0;                    // messages_ at the last pace_step()
+  static constexpr std::uint64_t kPacedMessagesMax = 64;  // the deadline tick_timer_ waits for
+  bool killed_now_ = false;                               // a second Ctrl-C: SIGKILL without the grace
+  asio::steady_timer progress_timer_;                     // "still waiting" while nodes are missing
   // The hang watchdog (spec.hang): the nodes' reports, each idle node's stacks, the verdict's timer.
   std::optional<hang::NodeProgress> hang_;
   std::map<std::string, std::string> hang_stacks_;
