@@ -412,9 +412,10 @@ class Coordinator {
 
   // While a round runs and the nodes' beats come at least two to a period, the loop is paced
   // (coordinator.hpp, steady_batch): a step posted to the loop sleeps out the rest of the period
-  // and posts itself again, so Asio's epoll_wait, which does not block while a handler is queued,
-  // collects everything that arrived meanwhile and the loop handles it in one pass before the next
-  // step. Thousands of nodes' heartbeats then cost a wake-up per period, not one per beat. Fewer
+  // and posts itself again. Asio's epoll_wait does not block while a handler is queued, and what
+  // it collects is queued behind the next step: each period is one wake-up, one epoll_wait, and
+  // one pass over what arrived in the period before (so a message waits up to two periods).
+  // Thousands of nodes' heartbeats then cost a wake-up per period, not one per beat. Fewer
   // beats gain nothing from it (the sleep is a wake-up of its own), so a small job's messages
   // never wait; the rendezvous and a stop are not paced. The loop itself stays io_.run().
   bool paced() const {
@@ -426,6 +427,8 @@ class Coordinator {
     if (pacing_ || !paced()) return;
     pacing_ = true;
     paced_at_ = std::chrono::steady_clock::now();
+    messages_at_pace_ = messages_;
+    full_reads_at_pace_ = net::Connection::full_reads_on_this_thread();
     boost::asio::post(io_, [this] { pace_step(); });
   }
 
@@ -434,13 +437,17 @@ class Coordinator {
       pacing_ = false;
       return;
     }
-    // A pass that handled as many messages as one epoll_wait of Asio's can return (128 ready
-    // sockets) is a burst, not a steady state (every node's attempt_finished at a round's end):
-    // no pause, or 4096 of them would take 32 periods.
+    // A pass of 64 messages or more (half of the 128 sockets one epoll_wait of Asio's returns)
+    // is a burst, such as every node's attempt_finished at a round's end, and a read that filled
+    // its buffer is a stream (a node's output): neither waits, or 4096 attempt_finished would
+    // take 32 periods and a stream would be read 64 KiB a period.
     const auto handled = messages_ - messages_at_pace_;
     messages_at_pace_ = messages_;
+    const auto full_reads = net::Connection::full_reads_on_this_thread();
+    const bool streaming = full_reads != full_reads_at_pace_;
+    full_reads_at_pace_ = full_reads;
     const auto rest = opts_.steady_batch - (std::chrono::steady_clock::now() - paced_at_);
-    if (handled < kPacedMessagesMax && rest > decltype(rest)::zero()) std::this_thread::sleep_for(rest);
+    if (handled < kPacedMessagesMax && !streaming && rest > decltype(rest)::zero()) std::this_thread::sleep_for(rest);
     paced_at_ = std::chrono::steady_clock::now();
     boost::asio::post(io_, [this] { pace_step(); });
   }
@@ -1435,15 +1442,17 @@ class Coordinator {
   asio::io_context io_;
   asio::signal_set signals_, user_signals_;
   asio::steady_timer tick_timer_, heartbeat_timer_;
-  std::optional<rdzv::TimePoint> tick_armed_;
+  std::optional<rdzv::TimePoint> tick_armed_;  // the deadline tick_timer_ waits for
+  // The pace (pace_step()):
   double beats_per_s_ = 0;  // the connected nodes' beats a second, as of the last heartbeat sweep
   bool pacing_ = false;     // a pace_step() is posted
-  std::chrono::steady_clock::time_point paced_at_;        // the last pace_step()'s end
-  std::uint64_t messages_ = 0;                            // delivered by every node's session
-  std::uint64_t messages_at_pace_ = 0;                    // messages_ at the last pace_step()
-  static constexpr std::uint64_t kPacedMessagesMax = 64;  // the deadline tick_timer_ waits for
-  bool killed_now_ = false;                               // a second Ctrl-C: SIGKILL without the grace
-  asio::steady_timer progress_timer_;                     // "still waiting" while nodes are missing
+  std::chrono::steady_clock::time_point paced_at_;  // the last pace_step()'s end
+  std::uint64_t messages_ = 0;                      // delivered by every node's session
+  std::uint64_t messages_at_pace_ = 0;              // messages_ at the last pace_step()
+  std::uint64_t full_reads_at_pace_ = 0;            // net::Connection::full_reads_on_this_thread() then
+  static constexpr std::uint64_t kPacedMessagesMax = 64;
+  bool killed_now_ = false;            // a second Ctrl-C: SIGKILL without the grace
+  asio::steady_timer progress_timer_;  // "still waiting" while nodes are missing
   // The hang watchdog (spec.hang): the nodes' reports, each idle node's stacks, the verdict's timer.
   std::optional<hang::NodeProgress> hang_;
   std::map<std::string, std::string> hang_stacks_;

@@ -84,13 +84,14 @@ struct CoordinatorOptions {
   bool log_folder_only = false;  // a standing coordinator's: without log_folder, no copy (never by path)
   std::map<std::string, std::string> launcher_env;
   Millis heartbeat_interval{1000};  // the heartbeat timer's period is a quarter of it
-  // While a round runs and the nodes' heartbeats come at least two to this period, the loop
-  // wakes at most once in it (zero: at every event): what arrives in between waits in its socket
-  // and is handled in the next pass, in one go. Thousands of nodes' heartbeats, each a wake-up of
-  // its own otherwise, then cost one wake-up a period (docs/performance.md, "Heartbeats in
-  // batches"). A message waits at most this long more; a pass that takes longer is followed by
-  // the next at once, so a busy loop is never slowed; the rendezvous, a stop and a job of fewer
-  // nodes (under 2 s / 10 ms = 200 at the fastest default beat) are not paced.
+  // While a round runs and the nodes' heartbeats come at least two to this period (at 10 ms,
+  // 200 beats a second: more than 400 nodes at a beat every 2 s), the loop wakes once a period
+  // (zero: at every event): what arrives in between waits in its socket and is handled together.
+  // Thousands of nodes' heartbeats, each a wake-up of its own otherwise, then cost one wake-up a
+  // period (docs/performance.md, "Heartbeats in batches"). A message waits up to two periods
+  // more. Not paced: the rendezvous, a stop, a smaller job, and a period in which 64 messages or
+  // more arrived or a connection had more to read than one read takes (a burst or a stream is
+  // handled at full speed).
   Millis steady_batch{10};
   Millis dial_timeout{5000};
   // Set: nodes are reached through this dialer (SSH mode, SLURM's srun step) instead of TCP to

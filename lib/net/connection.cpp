@@ -133,6 +133,14 @@ void Connection::tls_handshake() {
   });
 }
 
+namespace {
+thread_local std::uint64_t t_full_reads = 0;
+}  // namespace
+
+std::uint64_t Connection::full_reads_on_this_thread() {
+  return t_full_reads;
+}
+
 void Connection::read() {
   auto on_read = [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
     if (self->closed_ || self->closing_) return;
@@ -142,6 +150,7 @@ void Connection::read() {
       self->closed(why);
       return;
     }
+    if (n == self->buf_size_) ++t_full_reads;
     {
       // Uncorked however the handling ends (a handler may throw to the io_context's caller);
       // what it queued leaves then, in one write.

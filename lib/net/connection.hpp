@@ -102,6 +102,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool open() const { return !closed_; }
   const std::string& label() const { return label_; }
   void set_label(std::string label) { label_ = std::move(label); }
+  // How many reads on the calling thread have filled their buffer (the peer had more to send
+  // than one read takes), since the thread began: a loop that paces itself (the coordinator's
+  // steady state) does not pause while a connection streams.
+  static std::uint64_t full_reads_on_this_thread();
   // Bytes queued for the peer and not yet written (output backpressure for the agent).
   std::size_t queued_bytes() const { return queued_bytes_; }
   // A peer that does not read is dropped once what is queued for it would pass this

@@ -456,7 +456,7 @@ std::string Session::seal_with(nlohmann::json m, std::string_view key, std::stri
 std::string Session::seal_heartbeat(std::int64_t now_us, std::optional<Echo> echo) {
   // dump()'s order: an object's keys sorted, so now_us, rx_us, t0_us, type, v.
   std::string json;
-  json.reserve(112);
+  json.reserve(128);  // the longest: three 20-character integers
   json += "{\"now_us\":";
   json += std::to_string(now_us);
   if (echo) {

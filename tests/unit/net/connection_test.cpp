@@ -230,3 +230,40 @@ TEST(Connection, APeerThatDoesNotReadIsDroppedAtTheQueueLimit) {
   EXPECT_NE(agent_closed.find("the limit is 1048576"), std::string::npos) << agent_closed;
   EXPECT_FALSE(coord_closed.empty());  // the peer sees the link end
 }
+
+// The coordinator's pace (coordinator.hpp, steady_batch) stops pausing while a connection
+// streams: its sign is a read that filled the buffer. Small frames one at a time never fill one;
+// an agent's output of 200 KiB arriving while the loop is not reading fills several.
+TEST(Connection, AReadThatFillsItsBufferIsCountedOnItsThread) {
+  asio::io_context io;
+  auto [agent, coordinator] = socketpair_connections(io, "coordinator", "agent");
+  int beats = 0;
+  std::size_t output_bytes = 0;
+  agent->start({[](const PeerInfo&) {}, [&](Message m) { beats += m.type == "heartbeat"; }, [](const std::string&) {}});
+  coordinator->start({[](const PeerInfo&) {},
+                      [&](Message m) {
+                        if (m.type == "output") output_bytes += m.body["data"].get<std::string>().size();
+                      },
+                      [](const std::string&) {}});
+  io.run_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(agent->established() && coordinator->established());
+
+  const auto before = Connection::full_reads_on_this_thread();
+  for (int i = 0; i < 5; ++i) {
+    coordinator->send_heartbeat(i);
+    io.run_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(beats, 5);
+  EXPECT_EQ(Connection::full_reads_on_this_thread(), before) << "a heartbeat filled a read buffer";
+
+  for (int i = 0; i < 4; ++i) {
+    agent->send(agent->session().message("output", {{"job_id", "j"},
+                                                    {"round", 1},
+                                                    {"local_rank", 0},
+                                                    {"stream", "stdout"},
+                                                    {"data", std::string(50 * 1024, 'x')}}));
+  }
+  io.run_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(output_bytes, 4u * 50 * 1024);
+  EXPECT_GE(Connection::full_reads_on_this_thread() - before, 3u);
+}
