@@ -187,8 +187,10 @@ Effects Rendezvous::handle(const Event& event, TimePoint now) {
   out_.clear();
   if (state_ != State::succeeded && state_ != State::failed) {
     if (auto it = nodes_.find(node_of(event)); it != nodes_.end() && it->second.last_seen != now_) {
-      // The index's entry moves to the end (now_ is the latest time there is) as it is: no
-      // allocation, no copy of the name; a node seen again in the same instant stays put.
+      // The index's entry moves to the end (now_ is the latest time there is) as it is: its tree
+      // node is reused, not freed and allocated again (the key that finds it is still a copy of
+      // the name); a node seen again in the same instant stays put. Every joined node has an
+      // entry (admit, lose); the else is a guard, not a path.
       auto entry = seen_.extract({it->second.last_seen, it->first});
       it->second.last_seen = now_;
       if (entry) {
