@@ -146,8 +146,8 @@ struct Bench {
   void on_message(Connection& c, int i, const ddp::proto::Message& m) {
     const auto& b = m.body;
     if (m.type == "heartbeat") {
-      if (b.contains("now_us")) {
-        echo_t0[i] = b["now_us"].get<std::int64_t>();
+      if (m.beat.now_us) {
+        echo_t0[i] = *m.beat.now_us;
         echo_rx[i] = now_us();
       }
       ++coordinator_beats;

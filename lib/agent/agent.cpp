@@ -475,8 +475,8 @@ class Agent {
     const auto rx_us = now_us();
     const auto& b = m.body;
     if (m.type == "heartbeat") {
-      if (b.contains("now_us")) {
-        it->second.echo_t0_us = b["now_us"].get<std::int64_t>();
+      if (m.beat.now_us) {
+        it->second.echo_t0_us = *m.beat.now_us;
         it->second.echo_rx_us = rx_us;
       }
       return;

@@ -174,7 +174,7 @@ TEST(Connection, CorkedFramesWaitForUncorkThenArriveInOrder) {
   asio::io_context io;
   auto [agent, coord] = socketpair_connections(io, "agent", "coordinator");
   std::vector<std::int64_t> got;  // each heartbeat's now_us: which frame, in arrival order
-  agent->start({nullptr, [&](Message m) { got.push_back(m.body.at("now_us").get<std::int64_t>()); }, nullptr});
+  agent->start({nullptr, [&](Message m) { got.push_back(m.beat.now_us.value()); }, nullptr});
   bool up = false;
   coord->start({[&](const PeerInfo&) { up = true; }, nullptr, nullptr});
   for (int i = 0; i < 200 && !(up && agent->established()); ++i) io.run_for(std::chrono::milliseconds(10));

@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <optional>
 #include <set>
+
+#include "common/json_parse.hpp"
 
 using namespace ddp::proto;
 using nlohmann::json;
@@ -230,4 +234,133 @@ TEST(Schema, DumpReplacesInvalidUtf8) {
   json m = make_message("heartbeat", 1);
   m["junk"] = std::string("\xff\xfe ok");
   EXPECT_NO_THROW(dump(m));
+}
+
+// ---- heartbeats read without a DOM ----
+
+namespace {
+
+// What the general reader (parse_json, then validate) makes of a text, as a heartbeat's fields.
+std::optional<Message> general_heartbeat(std::string_view text) {
+  auto read = ddp::parse_json(text, limits().max_json_depth);
+  if (!read.ok() || validate(read.value, Sender{"client", "agent"})) return std::nullopt;
+  const auto& j = read.value;
+  if (j["type"] != "heartbeat") return std::nullopt;
+  Message m;
+  m.type = "heartbeat";
+  m.version = j["v"].get<std::uint32_t>();
+  for (auto [key, field] : {std::pair{"now_us", &Beat::now_us}, {"t0_us", &Beat::t0_us}, {"rx_us", &Beat::rx_us}}) {
+    if (j.contains(key)) m.beat.*field = j[key].get<std::int64_t>();
+  }
+  return m;
+}
+
+// Wherever the plain reader reads a text, the general reader takes it too and finds the same
+// values; `plain` counts where it read one.
+void same_as_general(std::string_view text, int& plain) {
+  auto fast = read_plain_heartbeat(text);
+  if (!fast) return;
+  ++plain;
+  auto slow = general_heartbeat(text);
+  ASSERT_TRUE(slow) << "read plainly, refused in general: " << text;
+  EXPECT_EQ(fast->type, slow->type) << text;
+  EXPECT_EQ(fast->version, slow->version) << text;
+  EXPECT_EQ(fast->beat, slow->beat) << text;
+  EXPECT_TRUE(fast->body.is_null()) << text;
+}
+
+// Heartbeats as our encoders write them: every subset of the three fields, at the integers'
+// extremes and around them.
+std::vector<std::string> encoded_heartbeats() {
+  const std::int64_t lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  const std::vector<std::int64_t> values{0, 1, -1, 9, 10, -10, 1733540000123456, lo, lo + 1, hi, hi - 1};
+  std::vector<std::string> out;
+  for (unsigned mask = 0; mask < 8; ++mask) {
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      for (std::uint32_t v : {0u, 7u, 4294967295u}) {
+        json fields = json::object();
+        if (mask & 1) fields["now_us"] = values[k];
+        if (mask & 2) fields["t0_us"] = values[(k + 3) % values.size()];
+        if (mask & 4) fields["rx_us"] = values[(k + 7) % values.size()];
+        out.push_back(dump(make_message("heartbeat", v, fields)));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// The encoders' heartbeats take the short way, and give what the general reader gives.
+TEST(PlainHeartbeat, EveryEncodedHeartbeatIsReadPlainlyWithTheGeneralReadersValues) {
+  int plain = 0;
+  const auto texts = encoded_heartbeats();
+  for (const auto& t : texts) same_as_general(t, plain);
+  EXPECT_EQ(plain, static_cast<int>(texts.size())) << "an encoded heartbeat went the general way";
+  auto m = read_plain_heartbeat(R"({"now_us":-9223372036854775808,"rx_us":2,"t0_us":1,"type":"heartbeat","v":7})");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->beat, (Beat{std::numeric_limits<std::int64_t>::min(), 1, 2}));
+  EXPECT_EQ(m->version, 7u);
+}
+
+// Every prefix, every byte deleted, replaced or inserted (from a set of JSON's structural and
+// number characters): where the plain reader still reads it, the general reader agrees. Texts
+// valid JSON but not in the encoders' form go the general way.
+TEST(PlainHeartbeat, NoMutantIsReadDifferentlyThanTheGeneralReaderReadsIt) {
+  const std::string alphabet = "0123456789-+.eE,:{}\"\\ atvx_";
+  int plain = 0, mutants = 0;
+  for (const auto& t : encoded_heartbeats()) {
+    if (t.size() > 90) continue;  // the long ones add nothing but time
+    for (std::size_t i = 0; i <= t.size(); ++i) {
+      same_as_general(t.substr(0, i), plain);
+      for (char c : alphabet) {
+        std::string ins = t;
+        ins.insert(ins.begin() + static_cast<std::ptrdiff_t>(i), c);
+        same_as_general(ins, plain);
+        ++mutants;
+        if (i == t.size()) continue;
+        std::string rep = t;
+        rep[i] = c;
+        same_as_general(rep, plain);
+        ++mutants;
+      }
+      if (i < t.size()) same_as_general(std::string(t).erase(i, 1), plain);
+    }
+  }
+  EXPECT_GT(mutants, 100000);
+  EXPECT_GT(plain, 1000);  // digits replaced by digits: still plain heartbeats
+  for (const char* general_only :
+       {R"({"type":"heartbeat","v":7, "now_us":1})", R"({ "type":"heartbeat","v":7})", R"({"v":7,"type":"heartbeat"})",
+        R"({"now_us":-0,"type":"heartbeat","v":7})", R"({"type":"he\u0061rtbeat","v":7})",
+        R"({"now_us":1,"now_us":2,"type":"heartbeat","v":7})", R"({"t0_us":1,"rx_us":2,"type":"heartbeat","v":7})"}) {
+    EXPECT_FALSE(read_plain_heartbeat(general_only)) << general_only;
+  }
+  for (const char* refused :
+       {R"({"now_us":9223372036854775808,"type":"heartbeat","v":7})", R"({"now_us":01,"type":"heartbeat","v":7})",
+        R"({"type":"heartbeat","v":4294967296})", R"({"type":"heartbeat","v":-1})",
+        R"({"now_us":1.0,"type":"heartbeat","v":7})", R"({"type":"heartbeat","v":7}x)"}) {
+    EXPECT_FALSE(read_plain_heartbeat(refused)) << refused;
+    EXPECT_FALSE(parse_message(refused, Sender{"client", "agent"}).ok()) << refused;
+  }
+}
+
+// parse_message takes the short way only for a sender the schema allows; either way a heartbeat
+// comes out as its fields, with no DOM.
+TEST(PlainHeartbeat, ParseMessageChecksTheSenderAndGivesTheFieldsEitherWay) {
+  const std::string plain = R"({"now_us":5,"type":"heartbeat","v":7})";
+  auto p = parse_message(plain, Sender{"client", "agent"});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p.message.beat, (Beat{5, std::nullopt, std::nullopt}));
+  EXPECT_TRUE(p.message.body.is_null());
+  auto before_roles = parse_message(plain, Sender{"client", ""});
+  ASSERT_FALSE(before_roles.ok());
+  EXPECT_EQ(before_roles.error->code, ErrorCode::wrong_sender);
+  auto spaced = parse_message(R"({ "v": 7, "type": "heartbeat", "rx_us": 2, "now_us": 5 })", Sender{"server", "ctl"});
+  ASSERT_TRUE(spaced.ok()) << spaced.error->message;
+  EXPECT_EQ(spaced.message.beat, (Beat{5, std::nullopt, 2}));
+  EXPECT_EQ(spaced.message.version, 7u);
+  EXPECT_TRUE(spaced.message.body.is_null());
+  auto unknown = parse_message(R"({"now_us":5,"type":"heartbeat","v":7,"x":1})", Sender{"client", "agent"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.error->code, ErrorCode::unknown_field);
 }
