@@ -2,6 +2,7 @@
 #include "proto/session.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -454,32 +455,48 @@ std::string Session::seal_with(nlohmann::json m, std::string_view key, std::stri
 }
 
 std::string Session::seal_heartbeat(std::int64_t now_us, std::optional<Echo> echo) {
+  if (state_ != State::established) throw std::logic_error("seal() before the session is established");
+  // Written straight into the frame, after room for its length: the frame is the one allocation.
   // dump()'s order: an object's keys sorted, so now_us, rx_us, t0_us, type, v.
-  std::string json;
-  json.reserve(128);  // the longest: three 20-character integers
-  json += "{\"now_us\":";
-  json += std::to_string(now_us);
+  std::string frame;
+  frame.reserve(kFrameHeaderBytes + 128 + kDigestBytes);  // the longest JSON is 123 bytes
+  frame.resize(kFrameHeaderBytes);
+  auto number = [&](auto v) {
+    char digits[24];
+    frame.append(digits, std::to_chars(digits, digits + sizeof digits, v).ptr);
+  };
+  frame += "{\"now_us\":";
+  number(now_us);
   if (echo) {
-    json += ",\"rx_us\":";
-    json += std::to_string(echo->rx_us);
-    json += ",\"t0_us\":";
-    json += std::to_string(echo->t0_us);
+    frame += ",\"rx_us\":";
+    number(echo->rx_us);
+    frame += ",\"t0_us\":";
+    number(echo->t0_us);
   }
-  json += ",\"type\":\"heartbeat\",\"v\":";
-  json += std::to_string(version_);
-  json += '}';
-  return seal_raw(json);
+  frame += ",\"type\":\"heartbeat\",\"v\":";
+  number(version_);
+  frame += '}';
+  return finish_frame(std::move(frame));
 }
 
 std::string Session::seal_raw(std::string_view json) {
   if (state_ != State::established) throw std::logic_error("seal() before the session is established");
-  const char dir = is_client_ ? kDirClientToServer : kDirServerToClient;
-  const auto tag = frame_mac(frame_key_, dir, seq_out_++, json);
-  // The frame in place: length, JSON, tag (what encode_frame(json + tag) gives, without copies).
   std::string frame;
   frame.reserve(kFrameHeaderBytes + json.size() + kDigestBytes);
-  put_u32(frame, static_cast<std::uint32_t>(json.size() + kDigestBytes));
+  frame.resize(kFrameHeaderBytes);
   frame.append(json);
+  return finish_frame(std::move(frame));
+}
+
+// The frame in place: `frame` is room for the length, then the JSON; the length is written and
+// the tag appended (what encode_frame(json + tag) gives, without copies).
+std::string Session::finish_frame(std::string frame) {
+  const char dir = is_client_ ? kDirClientToServer : kDirServerToClient;
+  const auto json = std::string_view(frame).substr(kFrameHeaderBytes);
+  const auto tag = frame_mac(frame_key_, dir, seq_out_++, json);
+  std::string length;
+  put_u32(length, static_cast<std::uint32_t>(json.size() + kDigestBytes));
+  frame.replace(0, kFrameHeaderBytes, length);
   frame.append(as_bytes(tag));
   return frame;
 }

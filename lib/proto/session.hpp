@@ -145,6 +145,7 @@ class Session {
  private:
   Session() = default;
   Effects on_frame(std::string body);
+  std::string finish_frame(std::string frame);
   Effects on_handshake_frame(std::string_view body);
   Effects on_session_frame(std::string_view body);
   Effects handle_hello(const Message& m, std::string_view body);
