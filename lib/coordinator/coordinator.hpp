@@ -84,7 +84,7 @@ struct CoordinatorOptions {
   bool log_folder_only = false;  // a standing coordinator's: without log_folder, no copy (never by path)
   std::map<std::string, std::string> launcher_env;
   Millis heartbeat_interval{1000};  // the heartbeat timer's period is a quarter of it
-  // While a round runs and the nodes' heartbeats come at least two to this period (at 10 ms,
+  // While a round runs and the joined nodes' heartbeats come at least two to this period (at 10 ms,
   // 200 beats a second: more than 400 nodes at a beat every 2 s), the loop wakes once a period
   // (zero: at every event): what arrives in between waits in its socket and is handled together.
   // Thousands of nodes' heartbeats, each a wake-up of its own otherwise, then cost one wake-up a
