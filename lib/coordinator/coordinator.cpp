@@ -430,6 +430,8 @@ class Coordinator {
   void pace() {
     if (pacing_ || !paced()) return;
     pacing_ = true;
+    log_->debug("heartbeats: {:.0f} a second from the joined nodes; handled in batches, a pass every {} ms",
+                beats_per_s_, opts_.steady_batch.count());
     paced_at_ = std::chrono::steady_clock::now();
     messages_at_pace_ = messages_;
     full_reads_at_pace_ = net::Connection::full_reads_on_this_thread();
@@ -439,6 +441,7 @@ class Coordinator {
   void pace_step() {
     if (!paced()) {
       pacing_ = false;
+      log_->debug("heartbeats: handled as they come again");
       return;
     }
     // A pass of 64 messages or more (half of the 128 sockets one epoll_wait of Asio's returns)

@@ -12,7 +12,8 @@ FAKE_AGENTS = str(BINARY_DIR / "bin" / "fake_agents")
 DDPCTL = str(BINARY_DIR / "bin" / "ddpctl")
 
 
-def launch_against_fake_agents(tmp_path, nodes, name, agent_args=(), job_extra=""):
+def launch_against_fake_agents(tmp_path, nodes, name, agent_args=(), job_extra="", env=None, stderr=None):
+    """env: ddpctl's environment (default ours); stderr: a list that gets ddpctl's stderr."""
     assert os.path.exists(FAKE_AGENTS), f"{FAKE_AGENTS} is not built (scripts/build builds it)"
     token = write_token(tmp_path / "token")
     out = tmp_path / "agents.json"
@@ -26,7 +27,9 @@ def launch_against_fake_agents(tmp_path, nodes, name, agent_args=(), job_extra="
         job.write_text(f"name: {name}\nnproc_per_node: 1\ncommand: [/bin/true]\nstore: {{port: 29500}}\n{job_extra}")
         node_list = ",".join(f"127.0.0.1:{base + i}" for i in range(nodes))
         r = subprocess.run([DDPCTL, "launch", "--nodes", node_list, "--token-file", str(token), "--log-dir",
-                            str(tmp_path / "logs"), str(job)], capture_output=True, text=True, timeout=60)
+                            str(tmp_path / "logs"), str(job)], capture_output=True, text=True, timeout=60, env=env)
+        if stderr is not None:
+            stderr.append(r.stderr)
         assert r.returncode == 0, r.stderr
         assert agents.wait(timeout=30) == 0
     finally:

@@ -2,6 +2,8 @@
 same wakeup (the reply carries the TCP ACK of the agent's beat; docs/performance.md, heartbeats),
 instead of a beat on a timer of the coordinator's own at an unrelated moment. The agents are
 bench/rendezvous's fake_agents, beating every second as real agents do."""
+import os
+
 from fake_agents import launch_against_fake_agents
 
 NODES = 3
@@ -54,3 +56,28 @@ def test_agents_of_version_6_still_beat_every_second(tmp_path):
     assert got["beat_ms"] == [1000] * NODES, got
     assert got["agent_beats"] >= 9 * NODES, got
     assert got["coordinator_answers"] >= 0.6 * got["agent_beats"], got
+
+
+# At scale the coordinator handles the steady state's beats in batches, a pass every 10 ms, once
+# the joined nodes' beats come two or more to a period (more than 200 a second): 256 agents
+# beating every second. Each beat is still answered promptly (the pass adds at most 20 ms), and
+# a job of a few nodes is never paced. The coordinator says when it starts (debug log).
+PACED = "heartbeats: 256 a second from the joined nodes; handled in batches"
+
+
+def test_a_coordinator_of_many_nodes_answers_their_beats_in_batches(tmp_path):
+    env = dict(os.environ, DDP_LOG_LEVEL="debug", DDP_LOG_SUBSYS="coord")
+    err = []
+    got = launch_against_fake_agents(tmp_path, 256, "paced", ["--work-ms", "4000", "--heartbeat-ms", "1000"],
+                                     env=env, stderr=err)
+    assert PACED in err[0], err[0][-3000:]
+    # Each agent beats three times or more while its worker runs; the paced coordinator answers
+    # (within 100 ms of the beat, as fake_agents counts) at least as often as unpaced (above).
+    assert got["agent_beats"] >= 3 * 256, got
+    assert got["coordinator_answers"] >= 0.6 * got["agent_beats"], got
+
+    few = []
+    (tmp_path / "few").mkdir()
+    launch_against_fake_agents(tmp_path / "few", NODES, "unpaced", ["--work-ms", "3000", "--heartbeat-ms", "1000"],
+                               env=env, stderr=few)
+    assert "handled in batches" not in few[0], few[0][-3000:]
