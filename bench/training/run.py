@@ -31,6 +31,15 @@ TORCHELASTIC_USE_AGENT_STORE (removed: started by hand, rank 0 hosts the TCPStor
 own process, which is what `python3 train.py` with env:// does; through ddpctl it is a client
 of ddpctl's store). One hand run is also made first and not counted (page cache, GPU clocks).
 
+Each run also reports, from step.py, its CPU time (user and system, all threads), page faults
+and context switches by phase (getrusage at each phase's end) and where it ran (allowed CPUs and
+memory nodes, its mappings' memory policies, its cgroup); a table of the phases' CPU time by
+side follows the timings. A slower run that spent more CPU on the same work, with the same
+faults, ran on slower CPUs; one that spent the same CPU waited. ddpctl places its rank (CPUs,
+and a memory policy preferring its GPU's NUMA node, even on a one-node machine); a hand run
+keeps the default unless --hand-prefix starts it under a command that places it alike, e.g.
+--hand-prefix "numactl --preferred=0".
+
 The model: by default a stack of transformer blocks (step.py's own, 168 M parameters, bf16),
 whose step is the GPU's work: on the H100 its runs' median steps agreed within 0.34%. ResNet-50
 (--model resnet50) at batch 128 on one GPU waits on the host: its SM clock held at its maximum
@@ -53,6 +62,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import statistics
@@ -196,6 +206,14 @@ def one_run(side, argv, env, work, idx, timeout, out_json, sample_gpu=False):
         "rank": {k: r[k] for k in ("model", "params", "dtype", "cudnn_benchmark", "backend", "torch", "device",
                                     "affinity", "loss", "steps", "warmup")},
         "env": r["env"],
+        # To the end of step 1, from the script's first line: CPU time, faults, switches (getrusage).
+        "usage_to_step1": {k: r["usage"]["step1"][k] - r["usage"]["main"][k] for k in r["usage"]["main"]}
+        if "usage" in r else None,
+        "usage_by_phase": {ph: {k: r["usage"][ph][k] - r["usage"][prev][k] for k in r["usage"][ph]}
+                           for prev, ph in zip(("main", "imported", "device", "init", "model", "ready"),
+                                               ("imported", "device", "init", "model", "ready", "step1"))}
+        if "usage" in r else None,
+        "placement": r.get("placement"),
         "gpu": sampler.window(*r["t_steady"]) if sampler and "t_steady" in r else None,
     }
 
@@ -237,6 +255,9 @@ def main():
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds: start no two more pairs when twice the last pair's time would overrun this "
                          "(at least 2 pairs)")
+    ap.add_argument("--hand-prefix", default="",
+                    help="a command the hand runs start under (split as a shell would), e.g. to place them as "
+                         "ddpctl places its rank: 'numactl --preferred=0 taskset -c 0-15'")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     ap.add_argument("--report-only", action="store_true", help="exit 0 whatever the verdict (a smoke test)")
@@ -276,7 +297,7 @@ def main():
             if str(own) in v:
                 Path(v).parent.mkdir(parents=True, exist_ok=True)
         env["MASTER_PORT"] = str(free_port())
-        return one_run("hand", [a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out,
+        return one_run("hand", [*shlex.split(a.hand_prefix), a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out,
                        a.device == "cuda")
 
     print(f"training overhead: {a.pairs} pairs (hand, ddpctl), {a.device}, model {a.model}, {a.dtype}; work {work}",
@@ -312,6 +333,11 @@ def main():
                   + (f"  GPU {r['gpu']['sm_mhz_median']:.0f} MHz (min {r['gpu']['sm_mhz_min']:.0f}), "
                      f"{r['gpu']['temperature_c_max']} C, {r['gpu']['power_w_median']} W" if r["gpu"] else ""),
                   flush=True)
+            if r["usage_to_step1"]:
+                u = r["usage_to_step1"]
+                print(f"         to step 1: CPU user {u['user_s']:.2f} s, system {u['sys_s']:.2f} s; page faults "
+                      f"{u['minflt']} minor, {u['majflt']} major; switches {u['nvcsw']} voluntary, "
+                      f"{u['nivcsw']} involuntary", flush=True)
         runs += [done["hand"], done["ddpctl"]]
         last_pair = time.monotonic() - pair_start
     pairs = len(runs) // 2
@@ -363,6 +389,7 @@ def main():
         "mean_step_pair_median_ci95": list(mean_ci), "mean_step_noise_band": mean_band,
         "targets": {"steady_ratio_max": 1.01, "first_step_delta_max_s": 0.3},
         "pass": {"steady": steady_ok, "first_step": first_ok},
+        "hand_prefix": a.hand_prefix,
         "runs": [{k: v for k, v in r.items() if k not in ("env", "rank")} for r in runs],
     }
     if a.json:
@@ -385,6 +412,29 @@ def main():
     for s, label in ((st, "steady step (each run's median step)"), (mst, "each run's mean step")):
         print(f"| {label} | {s['hand_median'] * 1000:.3f} ms | {s['ddpctl_median'] * 1000:.3f} ms | "
               f"{(s['ddpctl_median'] - s['hand_median']) * 1000:+.3f} ms | {s['hand_spread'] * 1000:.3f} ms |")
+    if all(r["usage_by_phase"] for r in runs):
+        print()
+        print(f"| CPU time, user + system (median of {pairs}) | by hand | ddpctl {a.launcher} | ddpctl - hand |")
+        print("|---|---|---|---|")
+        for ph, label in (("imported", "import torch"), ("device", "set_device"), ("init", "init_process_group"),
+                          ("model", "model built"), ("ready", "DDP wrapper"), ("step1", "step 1 itself")):
+            h = statistics.median(r["usage_by_phase"][ph]["user_s"] + r["usage_by_phase"][ph]["sys_s"]
+                                  for r in runs if r["side"] == "hand")
+            d = statistics.median(r["usage_by_phase"][ph]["user_s"] + r["usage_by_phase"][ph]["sys_s"]
+                                  for r in runs if r["side"] == "ddpctl")
+            print(f"| {label} | {h:.3f} s | {d:.3f} s | {d - h:+.3f} s |")
+        for key, label in (("sys_s", "system time to step 1"), ("minflt", "minor faults to step 1"),
+                           ("majflt", "major faults to step 1"), ("nivcsw", "involuntary switches to step 1")):
+            h = statistics.median(r["usage_to_step1"][key] for r in runs if r["side"] == "hand")
+            d = statistics.median(r["usage_to_step1"][key] for r in runs if r["side"] == "ddpctl")
+            print(f"| {label} | {h:.3f} | {d:.3f} | {d - h:+.3f} |" if key == "sys_s" else
+                  f"| {label} | {h:.0f} | {d:.0f} | {d - h:+.0f} |")
+    for side in ("hand", "ddpctl"):
+        pl = next((r["placement"] for r in runs if r["side"] == side and r["placement"]), None)
+        if pl:
+            print(f"placement, {side}: CPUs {pl.get('Cpus_allowed_list')}, memory nodes {pl.get('Mems_allowed_list')}, "
+                  f"policies {','.join(pl.get('numa_policies') or ['?'])}, THP {pl.get('anon_huge_kb')} kB, "
+                  f"cgroup {pl.get('cgroup')}")
     print()
     print("median step per pair, ddpctl/hand: " + " ".join(f"{r:.4f}" for r in pair_ratios))
     print("mean step per pair, ddpctl/hand:   " + " ".join(f"{r:.4f}" for r in mean_ratios))

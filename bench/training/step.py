@@ -18,7 +18,10 @@ every process of the machine, so the harness can subtract the instant it asked f
                   time from one step's end to the next's, with no synchronisation added), whose
                   median is the run's typical step, untouched by a few disturbed ones
   t_steady        the steady window's start and end
-and what ran: model, parameters, batch, dtype, backend, device name, torch version, CPU affinity.
+and what ran: model, parameters, batch, dtype, backend, device name, torch version, CPU affinity;
+at each of those instants the process's CPU time, page faults and context switches (getrusage),
+and, at the end, where it ran (allowed CPUs and memory nodes, its mappings' memory
+policies, its cgroup, transparent huge pages in use).
 
 Model: ResNet-50 (torchvision) when importable and --model auto/resnet50; otherwise a stack of
 transformer blocks written here in plain torch (pre-norm attention + GELU MLP). Synthetic data,
@@ -27,9 +30,11 @@ cuDNN chooses its convolution algorithms by its heuristics unless --cudnn-benchm
 process, the choice can differ from one run to the next, and with it the step time, by more than
 the launcher could ever change it.
 """
+import resource
 import time
 
 T_MAIN = time.monotonic()
+U_MAIN = resource.getrusage(resource.RUSAGE_SELF)
 
 import os  # noqa: E402
 
@@ -45,6 +50,42 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 T_IMPORTED = time.monotonic()
+U_IMPORTED = resource.getrusage(resource.RUSAGE_SELF)
+
+
+def usage(u):
+    """The process's CPU time, page faults and context switches so far (getrusage, all threads)."""
+    return {"user_s": u.ru_utime, "sys_s": u.ru_stime, "minflt": u.ru_minflt, "majflt": u.ru_majflt,
+            "nvcsw": u.ru_nvcsw, "nivcsw": u.ru_nivcsw}
+
+
+def placement():
+    """Where the process may run and how its memory is placed: its allowed CPUs and memory nodes,
+    the memory policies of its mappings (numa_maps: "default", or "prefer:0" under a launcher's
+    set_mempolicy), its cgroup, and transparent huge pages in use."""
+    out = {}
+    try:
+        for line in open("/proc/self/status"):
+            k, _, v = line.partition(":")
+            if k in ("Cpus_allowed_list", "Mems_allowed_list"):
+                out[k] = v.strip()
+    except OSError:
+        pass
+    try:
+        out["numa_policies"] = sorted({line.split()[1] for line in open("/proc/self/numa_maps") if len(line.split()) > 1})
+    except OSError:
+        out["numa_policies"] = None
+    try:
+        lines = open("/proc/self/cgroup").read().split()
+        out["cgroup"] = next((x[3:] for x in lines if x.startswith("0::")), " ".join(lines))  # v2's line
+    except OSError:
+        pass
+    try:
+        out["anon_huge_kb"] = next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup")
+                                   if line.startswith("AnonHugePages:"))
+    except (OSError, StopIteration):
+        out["anon_huge_kb"] = None
+    return out
 
 
 class Block(nn.Module):
@@ -154,16 +195,20 @@ def main():
             pass
 
     t_device = time.monotonic()
+    u_device = resource.getrusage(resource.RUSAGE_SELF)
     dist.init_process_group(backend)  # env://, as torchrun's scripts do
     t_init = time.monotonic()
+    u_init = resource.getrusage(resource.RUSAGE_SELF)
 
     model, x, y, loss_fn, desc = build(a.model, device, a.batch)
     sync()
     t_model = time.monotonic()
+    u_model = resource.getrusage(resource.RUSAGE_SELF)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if a.device == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     sync()
     t_ready = time.monotonic()
+    u_ready = resource.getrusage(resource.RUSAGE_SELF)
     amp = torch.autocast(device_type=a.device, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
 
     def step():
@@ -178,6 +223,7 @@ def main():
     step()
     sync()
     t_step1 = time.monotonic()
+    u_step1 = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(a.warmup):
         step()
     sync()
@@ -212,10 +258,15 @@ def main():
     step_times.sort()
     median_step = statistics.median(step_times)
     final_loss = float(loss)
+    place = placement()  # after the timed parts: reading numa_maps takes a while
     dist.destroy_process_group()
     result = {
         "t_main": T_MAIN, "t_imported": T_IMPORTED, "t_device": t_device, "t_init": t_init, "t_model": t_model, "t_ready": t_ready, "t_step1": t_step1,
         "t_steady": [t0, t1],
+        "usage": {k: usage(u) for k, u in (("main", U_MAIN), ("imported", U_IMPORTED), ("device", u_device),
+                                            ("init", u_init), ("model", u_model), ("ready", u_ready),
+                                            ("step1", u_step1))},
+        "placement": place,
         "steady_step_s": steady, "chunk_step_s": chunks, "median_step_s": median_step,
         "step_s_quartiles": [step_times[len(step_times) // 4], step_times[(3 * len(step_times)) // 4]], "steps": per_chunk * a.chunks, "warmup": a.warmup,
         "loss": final_loss, "model": desc, "params": sum(p.numel() for p in model.parameters()),

@@ -13,6 +13,8 @@
 # Knobs (each a longer sitting of one step, for a call of its own):
 #   STEPS="2 3"            the steps to run (default all: 1 2 3 4 5)
 #   TRAIN_PAIRS=6 TRAIN_STEPS=50 TRAIN_BUDGET=200   training pairs (even: half hand first), steady steps, seconds
+#   HAND_PREFIX="numactl --preferred=0"   the hand runs start under this command (placed as ddpctl places its rank)
+#   TRAIN_TAG=-b           a suffix for the training step's output files (two sittings in one call)
 #   STORE_THREADS="4 8"    our server's --threads, one throughput run each, in order (default auto)
 #   ROUNDS=5 FLOOR_THREADS=3 FLOOR_SHARED=3 FLOOR_BLOCKING=1   bench/store/run.sh's rounds and
 #                          floor servers (store_floor), for step 3; STORE_TIMEOUT=120 its seconds
@@ -66,7 +68,7 @@ if want 2; then
   budget=${TRAIN_BUDGET:-200}
   timeout $((budget + 40)) "$PY" "$root/bench/training/run.py" --ddpctl "$B/ddpctl" --python "$PY" \
     --pairs "${TRAIN_PAIRS:-6}" --steps "${TRAIN_STEPS:-50}" --warmup 10 --budget "$budget" --timeout 60 ${TRAIN_ARGS:-} \
-    --json "$out/training.json" 2>&1 | tee "$out/training.txt"
+    ${HAND_PREFIX:+--hand-prefix "$HAND_PREFIX"} --json "$out/training${TRAIN_TAG:-}.json" 2>&1 | tee "$out/training${TRAIN_TAG:-}.txt"
   [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("training overhead")
 fi
 
