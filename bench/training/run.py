@@ -38,7 +38,9 @@ side follows the timings. A slower run that spent more CPU on the same work, wit
 faults, ran on slower CPUs; one that spent the same CPU waited. ddpctl places its rank (CPUs,
 and a memory policy preferring its GPU's NUMA node, even on a one-node machine); a hand run
 keeps the default unless --hand-prefix starts it under a command that places it alike, e.g.
---hand-prefix "numactl --preferred=0".
+--hand-prefix "numactl --preferred=0". --control makes the sitting an A/A control: a second hand
+run takes ddpctl's place in every pair, so the gap two identical sides show in that sitting
+(on a freshly started machine, a second and more with four pairs) can be set beside a real one.
 
 The model: by default a stack of transformer blocks (step.py's own, 168 M parameters, bf16),
 whose step is the GPU's work: on the H100 its runs' median steps agreed within 0.34%. ResNet-50
@@ -258,6 +260,10 @@ def main():
     ap.add_argument("--hand-prefix", default="",
                     help="a command the hand runs start under (split as a shell would), e.g. to place them as "
                          "ddpctl places its rank: 'numactl --preferred=0 taskset -c 0-15'")
+    ap.add_argument("--control", action="store_true",
+                    help="an A/A control: the second side of each pair is a hand run too (in ddpctl's place in "
+                         "the order, and in its columns), so the sitting's own noise between two identical sides "
+                         "shows; the first, uncounted ddpctl run still records the environment")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     ap.add_argument("--report-only", action="store_true", help="exit 0 whatever the verdict (a smoke test)")
@@ -285,10 +291,10 @@ def main():
                     "--out", out, *script_args]
         return one_run("ddpctl", argv, {**base, "PYTHON_EXEC": a.python}, work, idx, a.timeout, out, a.device == "cuda")
 
-    def hand_run(env):
+    def hand_run(env, side="hand"):
         nonlocal idx
         idx += 1
-        out = str(work / f"{idx:02d}-hand.json")
+        out = str(work / f"{idx:02d}-{side}.json")
         # Paths into the first ddpctl run's log folder (the error file, the flight recorder's
         # dump and pipe files): the same paths in a folder of this run's own.
         own = work / f"hand-{idx:02d}"
@@ -297,7 +303,7 @@ def main():
             if str(own) in v:
                 Path(v).parent.mkdir(parents=True, exist_ok=True)
         env["MASTER_PORT"] = str(free_port())
-        return one_run("hand", [*shlex.split(a.hand_prefix), a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out,
+        return one_run(side, [*shlex.split(a.hand_prefix), a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out,
                        a.device == "cuda")
 
     print(f"training overhead: {a.pairs} pairs (hand, ddpctl), {a.device}, model {a.model}, {a.dtype}; work {work}",
@@ -321,11 +327,15 @@ def main():
         order = ("hand", "ddpctl") if i % 2 == 0 else ("ddpctl", "hand")
         done = {}
         for side in order:
-            r = hand_run(hand_env) if side == "hand" else ddpctl_run()
+            if side == "hand":
+                r = hand_run(hand_env)
+            else:  # ddpctl's turn; with --control a second hand run takes it
+                r = hand_run(hand_env, side="ddpctl") if a.control else ddpctl_run()
             r["first_in_pair"] = side == order[0]
             done[side] = r
             ld = r["load"]["before"]
-            print(f"  {r['side']:6s} first step {r['first_step_s']:7.3f} s (python up {r['python_start_s']:.3f}, "
+            shown = "hand2" if a.control and r["side"] == "ddpctl" else r["side"]
+            print(f"  {shown:6s} first step {r['first_step_s']:7.3f} s (python up {r['python_start_s']:.3f}, "
                   f"import {r['import_s']:.3f}, device {r['device_s']:.3f}, init {r['init_s']:.3f}, "
                   f"model {r['model_s']:.3f}, ddp {r['ddp_s']:.3f}, step 1 {r['step1_s']:.3f})  "
                   f"steady {r['steady_step_s'] * 1000:8.3f} ms  total {r['total_s']:.2f} s  "
@@ -389,17 +399,20 @@ def main():
         "mean_step_pair_median_ci95": list(mean_ci), "mean_step_noise_band": mean_band,
         "targets": {"steady_ratio_max": 1.01, "first_step_delta_max_s": 0.3},
         "pass": {"steady": steady_ok, "first_step": first_ok},
-        "hand_prefix": a.hand_prefix,
+        "hand_prefix": a.hand_prefix, "control": a.control,
         "runs": [{k: v for k, v in r.items() if k not in ("env", "rank")} for r in runs],
     }
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
 
+    other = "hand again (A/A control)" if a.control else f"ddpctl {a.launcher}"
     print()
+    if a.control:
+        print("A/A CONTROL: the ddpctl column below is a second hand run, in ddpctl's place in each pair")
     print(f"{rank['model']}; {rank['params'] / 1e6:.1f} M parameters; {rank['dtype']}"
           f"{', cuDNN timed' if rank['cudnn_benchmark'] else ''}, {rank['backend']}, "
           f"torch {rank['torch']}, {rank['device']}; {rank['steps']} steady steps after {rank['warmup']} + 1")
-    print(f"| measure (median of {pairs}) | by hand | ddpctl {a.launcher} | ddpctl - hand | hand spread |")
+    print(f"| measure (median of {pairs}) | by hand | {other} | ddpctl - hand | hand spread |")
     print("|---|---|---|---|---|")
     for key, label in (("first_step_s", "request to end of step 1"), ("python_start_s", "request to script's line 1"),
                        ("import_s", "import torch"), ("device_s", "set_device (CUDA context)"),
@@ -414,7 +427,7 @@ def main():
               f"{(s['ddpctl_median'] - s['hand_median']) * 1000:+.3f} ms | {s['hand_spread'] * 1000:.3f} ms |")
     if all(r["usage_by_phase"] for r in runs):
         print()
-        print(f"| CPU time, user + system (median of {pairs}) | by hand | ddpctl {a.launcher} | ddpctl - hand |")
+        print(f"| CPU time, user + system (median of {pairs}) | by hand | {other} | ddpctl - hand |")
         print("|---|---|---|---|")
         for ph, label in (("imported", "import torch"), ("device", "set_device"), ("init", "init_process_group"),
                           ("model", "model built"), ("ready", "DDP wrapper"), ("step1", "step 1 itself")):
@@ -432,7 +445,7 @@ def main():
     for side in ("hand", "ddpctl"):
         pl = next((r["placement"] for r in runs if r["side"] == side and r["placement"]), None)
         if pl:
-            print(f"placement, {side}: CPUs {pl.get('Cpus_allowed_list')}, memory nodes {pl.get('Mems_allowed_list')}, "
+            print(f"placement, {side if side == 'hand' else other}: CPUs {pl.get('Cpus_allowed_list')}, memory nodes {pl.get('Mems_allowed_list')}, "
                   f"policies {','.join(pl.get('numa_policies') or ['?'])}, THP {pl.get('anon_huge_kb')} kB, "
                   f"cgroup {pl.get('cgroup')}")
     print()
@@ -444,6 +457,13 @@ def main():
           f"{statistics.median(order_ratios):.4f}; " + " ".join(f"{r:.4f}" for r in order_ratios))
     print(f"mean step: median of the pair ratios {statistics.median(mean_ratios):.4f}, 95% interval "
           f"[{mean_ci[0]:.4f}, {mean_ci[1]:.4f}], noise band of the hand runs {mean_band * 100:.2f}%")
+    if a.control:  # no launcher was measured: the same figures, not a verdict
+        print(f"CONTROL (A/A, no verdict): steady step, median of {pairs} pair ratios second/first hand run "
+              f"{pair_median:.4f}, 95% interval [{ci_lo:.4f}, {ci_hi:.4f}]; first step, second - first hand run "
+              f"{fs['delta']:+.3f} s, spread of the first {fs['hand_spread']:.3f} s")
+        if not a.keep:
+            subprocess.run(["rm", "-rf", str(work)])
+        return 0
     print(f"TRAINING steady step: median of {pairs} pair ratios ddpctl/hand {pair_median:.4f} (target <= 1.01), "
           f"95% interval [{ci_lo:.4f}, {ci_hi:.4f}]; ratio of the medians {ratio:.4f}; noise band of the hand runs "
           f"{band * 100:.2f}%: {'PASS' if steady_ok else 'FAIL'}"

@@ -15,6 +15,7 @@
 #   TRAIN_PAIRS=6 TRAIN_STEPS=50 TRAIN_BUDGET=200   training pairs (even: half hand first), steady steps, seconds
 #   HAND_PREFIX="numactl --preferred=0"   the hand runs start under this command (placed as ddpctl places its rank)
 #   TRAIN_TAG=-b           a suffix for the training step's output files (two sittings in one call)
+#   TRAIN_ARGS=--control   an A/A control: a second hand run in ddpctl's place (the sitting's own noise)
 #   STORE_THREADS="4 8"    our server's --threads, one throughput run each, in order (default auto)
 #   ROUNDS=5 FLOOR_THREADS=3 FLOOR_SHARED=3 FLOOR_BLOCKING=1   bench/store/run.sh's rounds and
 #                          floor servers (store_floor), for step 3; STORE_TIMEOUT=120 its seconds
