@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -99,6 +100,43 @@ struct ChildArgs {
   ::_exit(127);
 }
 
+// Every descriptor above stderr closes at exec, whatever opened it without O_CLOEXEC (Asio's
+// sockets: the agent's listener, the store's, accepted links): a worker must inherit none of
+// root's. close_range's CLOEXEC flag (Linux 5.11) does it in one call. Where it is refused
+// (EINVAL on 5.9 and 5.10; ENOSYS before, or EPERM from a seccomp filter older than the call)
+// each descriptor /proc/self/fd lists is marked; without /proc, every number below the
+// descriptor limit. Marked, not closed: the exec-failure pipe must stay open until the exec.
+// Only system calls, on this stack: the child's rules above.
+void close_inherited_on_exec() {
+  if (::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) == 0) return;
+  const int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    alignas(struct dirent64) char buf[1024];
+    bool listed = true;
+    for (;;) {
+      const long n = ::syscall(SYS_getdents64, dir, buf, sizeof buf);
+      if (n <= 0) {
+        listed = n == 0;
+        break;
+      }
+      for (long at = 0; at < n;) {
+        const auto* d = reinterpret_cast<const struct dirent64*>(buf + at);
+        at += d->d_reclen;
+        long fd = 0;
+        const char* c = d->d_name;
+        for (; *c >= '0' && *c <= '9' && fd < (1L << 31); ++c) fd = fd * 10 + (*c - '0');
+        if (c == d->d_name || *c != '\0' || fd <= 2 || fd == dir || fd >= (1L << 31)) continue;  // ".", ".."
+        (void)::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+      }
+    }
+    ::close(dir);
+    if (listed) return;
+  }
+  struct rlimit rl {};
+  const long top = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (1u << 30) ? long(rl.rlim_cur) : 1L << 20;
+  for (long fd = 3; fd < top; ++fd) (void)::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+}
+
 [[noreturn]] void child_exec(const ChildArgs& a) {
   const auto fail = [&](char stage) { child_fail(a.status_w, stage); };
   if (a.own_process_group) ::setpgid(0, 0);
@@ -134,7 +172,7 @@ struct ChildArgs {
   if (::dup2(a.stdin_src, 0) < 0) fail('d');
   if (a.out_w >= 0 && (::dup2(a.out_w, 1) < 0 || ::dup2(a.err_w, 2) < 0)) fail('d');
   if (::chdir(a.workdir) != 0) fail('w');
-  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  close_inherited_on_exec();
   ::execve(a.path, a.argv, a.envp);
   child_fail(a.status_w, 'e');
 }
@@ -416,8 +454,12 @@ Spawned spawn_finish(PendingSpawn& p) {
                        : buf[0] == 'd' ? "cannot set up stdio"
                        : buf[0] == 'u' ? "cannot switch to the job's user"
                                        : "exec failed";
-    const std::string& where = buf[0] == 'w' ? p.workdir : buf[0] == 'u' ? p.user : p.exe;
-    throw SpawnError(fmt::format("cannot run '{}': {} ({}): {}", p.program, what, where, std::strerror(e)));
+    // The cgroup's and stdio's failures have no path of their own to name.
+    const std::string where = buf[0] == 'w'   ? " (" + p.workdir + ")"
+                              : buf[0] == 'u' ? " (" + p.user + ")"
+                              : buf[0] == 'e' ? " (" + p.exe + ")"
+                                              : "";
+    throw SpawnError(fmt::format("cannot run '{}': {}{}: {}", p.program, what, where, std::strerror(e)));
   }
   return std::exchange(p.spawned, Spawned{});  // the caller owns the fds now
 }

@@ -7,8 +7,12 @@
 #include <algorithm>
 
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -521,4 +525,71 @@ TEST(Process, RunAsChangesOnlyTheChild) {
   EXPECT_EQ(thread_euid, 0u);
   ::close(sp.stdout_fd);
   ::close(sp.stderr_fd);
+}
+
+namespace {
+
+// A seccomp filter on the calling process and what it starts: each (call, errno) pair's call
+// fails with that errno, as an older kernel (or a container's older profile) answers it.
+bool refuse_calls(const std::vector<std::pair<long, int>>& calls) {
+  std::vector<sock_filter> f{
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+  };
+  for (const auto& [nr, err] : calls) {
+    f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<__u32>(nr), 0, 1));
+    f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (static_cast<__u32>(err) & SECCOMP_RET_DATA)));
+  }
+  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  sock_fprog prog{static_cast<unsigned short>(f.size()), f.data()};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0;
+}
+
+}  // namespace
+
+// A descriptor opened without O_CLOEXEC (Asio opens and accepts its sockets so: the agent's
+// listener, the store's) never reaches a worker: close_range's CLOEXEC flag where the kernel has
+// it (5.11), else each descriptor /proc/self/fd lists, else every number below the limit. The
+// older kernels' answers come from a seccomp filter, in a child of this test's own.
+TEST(Process, AWorkerInheritsNoDescriptorWhereCloseRangeIsRefusedToo) {
+  struct Case {
+    const char* name;
+    std::vector<std::pair<long, int>> refused;
+  };
+  const std::vector<Case> cases = {
+      {"this kernel", {}},
+      {"Linux 5.9 and 5.10: close_range without CLOSE_RANGE_CLOEXEC", {{SYS_close_range, EINVAL}}},
+      {"before 5.9: no close_range", {{SYS_close_range, ENOSYS}}},
+      {"no close_range, /proc/self/fd not listable", {{SYS_close_range, EPERM}, {SYS_getdents64, ENOSYS}}},
+  };
+  for (const auto& c : cases) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int p[2];
+      if (::pipe(p) != 0 || ::dup2(p[1], 100) != 100) ::_exit(10);  // inheritable: no O_CLOEXEC
+      if (!c.refused.empty() && !refuse_calls(c.refused)) ::_exit(11);
+      SpawnSpec s;
+      s.argv = {"/bin/sh", "-c", "if [ -e /proc/self/fd/100 ]; then echo leaked; else echo closed; fi"};
+      s.env = {{"PATH", "/bin:/usr/bin"}};
+      s.workdir = "/";
+      try {
+        auto sp = spawn(s);
+        const auto out = read_all(sp.stdout_fd);
+        int st = 0;
+        ::waitpid(sp.pid, &st, 0);
+        ::_exit(out == "closed\n" ? 0 : out == "leaked\n" ? 1 : 12);
+      } catch (...) {
+        ::_exit(13);
+      }
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    ASSERT_TRUE(WIFEXITED(st)) << c.name;
+    EXPECT_EQ(WEXITSTATUS(st), 0) << c.name << " (1: fd 100 reached the worker; 11: no seccomp filter; 12: "
+                                  << "the worker said something else; 13: spawn threw)";
+  }
 }
