@@ -466,7 +466,9 @@ class Coordinator {
   // A clock sample from an echo: t0 ours, rx the agent's when it arrived, tx the agent's when it
   // answered, received now.
   void clock_sample(Node& n, std::int64_t t0, std::int64_t rx, std::int64_t tx) {
-    n.sync.add({rdzv::Micros(t0), rdzv::Micros(rx), now(), rdzv::Micros(tx - rx)});
+    std::int64_t hold = 0;
+    if (__builtin_sub_overflow(tx, rx, &hold)) return;  // the agent's stamps: any 64-bit values
+    n.sync.add({rdzv::Micros(t0), rdzv::Micros(rx), now(), rdzv::Micros(hold)});
   }
   void clock_sample(Node& n, const json& t0, const json& rx, const json& tx) {
     clock_sample(n, t0.get<std::int64_t>(), rx.get<std::int64_t>(), tx.get<std::int64_t>());

@@ -28,8 +28,8 @@ struct ClockOffset {
   Micros rtt{0};
 };
 
-// nullopt for a sample that cannot be right (t2 before t0, a negative hold, or a hold longer
-// than the whole round trip).
+// nullopt for a sample that cannot be right (t2 before t0, a negative hold, a hold longer than
+// the whole round trip, or stamps so far apart that the arithmetic would overflow).
 std::optional<ClockOffset> offset_from(const ClockSample& s);
 
 class ClockSync {
@@ -38,8 +38,9 @@ class ClockSync {
   bool add(const ClockSample& s);
   std::optional<ClockOffset> best() const { return best_; }
   int samples() const { return samples_; }
-  // An agent time in the coordinator's clock (identity until a sample arrived).
-  Micros to_local(Micros agent_time) const { return agent_time - (best_ ? best_->offset : Micros{0}); }
+  // An agent time in the coordinator's clock (identity until a sample arrived); a peer's time so
+  // far out that it would overflow is held at the nearest end of the range.
+  Micros to_local(Micros agent_time) const;
 
  private:
   std::optional<ClockOffset> best_;

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
 using namespace ddp::proto;
 using std::chrono::microseconds;
 
@@ -75,4 +78,25 @@ TEST(ClockSync, ImpossibleHoldRefused) {
   EXPECT_FALSE(offset_from({microseconds(0), microseconds(10), microseconds(100), microseconds(-1)}));
   EXPECT_FALSE(offset_from({microseconds(0), microseconds(10), microseconds(100), microseconds(101)}));
   EXPECT_TRUE(offset_from({microseconds(0), microseconds(10), microseconds(100), microseconds(100)}));
+}
+
+// A peer's stamps are any 64-bit values: a sample whose arithmetic would overflow is refused
+// like any impossible one, and a time mapped through a far-out offset stops at the range's end.
+TEST(ClockSync, StampsAtTheEndsOfTheRangeAreRefusedNotWrapped) {
+  constexpr auto lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  const microseconds now(1'760'000'000'000'000LL);
+  EXPECT_FALSE(offset_from({microseconds(lo), now, now}));  // t2 - t0 past the range
+  EXPECT_FALSE(offset_from({now, microseconds(hi), now + microseconds(500), microseconds(100)}));  // t1 + hold / 2
+  EXPECT_FALSE(offset_from({microseconds(hi - 10), microseconds(lo), microseconds(hi)}));          // t1 - midpoint
+  ClockSync s;
+  EXPECT_FALSE(s.add({microseconds(lo), microseconds(hi), now, microseconds(0)}));
+  EXPECT_EQ(s.samples(), 0);
+  // An offset near the range's end, then a time on the other side of it.
+  ASSERT_TRUE(s.add({microseconds(0), microseconds(lo / 2), microseconds(2)}));
+  EXPECT_LT(s.best()->offset, microseconds(0));
+  EXPECT_EQ(s.to_local(microseconds(hi)), microseconds(hi));
+  ClockSync ahead;
+  ASSERT_TRUE(ahead.add({microseconds(0), microseconds(hi / 2), microseconds(2)}));
+  EXPECT_EQ(ahead.to_local(microseconds(lo)), microseconds(lo));
+  EXPECT_EQ(ahead.to_local(microseconds(hi / 2 - 1)), microseconds(0));  // in range: exact
 }
