@@ -42,6 +42,7 @@ class Reader {
   JsonParsed run() {
     JsonParsed out;
     if (value(out.value) && (skip_ws(), p_ == end_ || fail("expected the end of the text after the value"))) {
+      out.repeated_key = repeated_key_;
       return out;
     }
     out.value = nullptr;
@@ -145,12 +146,14 @@ class Reader {
       if (p_ == end_ || *p_ != ':') return fail("expected ':' after the key");
       ++p_;
       // Keys in order (what every sorted map encodes) go at the end without a search; another
-      // key finds its place, and a repeated one's value is replaced (the last wins).
+      // key finds its place, and a repeated one's value is replaced (the last wins) and noted.
       json* slot;
       if (obj.empty() || obj.rbegin()->first < key) {
         slot = &obj.emplace_hint(obj.end(), std::move(key), nullptr)->second;
       } else {
-        slot = &obj[std::move(key)];  // value() below replaces what an earlier equal key left
+        auto [at, fresh] = obj.try_emplace(std::move(key), nullptr);
+        repeated_key_ = repeated_key_ || !fresh;
+        slot = &at->second;  // value() below replaces what an earlier equal key left
       }
       if (!value(*slot)) return false;
       if (comma()) continue;
@@ -352,6 +355,7 @@ class Reader {
   const char* end_;
   std::size_t max_depth_, depth_ = 0;
   bool too_deep_ = false;
+  bool repeated_key_ = false;
   std::string error_;
   const char* error_at_ = nullptr;
 };

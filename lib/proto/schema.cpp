@@ -388,6 +388,10 @@ Parsed parse_message(std::string_view json_bytes, const Sender& sender) {
                                 : "frame body is not valid JSON (" + read.error + ")");
     return p;
   }
+  if (read.repeated_key) {
+    p.error = err(ErrorCode::bad_json, "frame body repeats a key within one object");
+    return p;
+  }
   auto& j = read.value;
   if (auto e = validate(j, sender)) {
     p.error = std::move(e);

@@ -75,7 +75,7 @@ void same_as_general(std::string_view body) {
   const auto plain = read_plain_heartbeat(body);
   if (!plain) return;
   auto read = ddp::parse_json(body, limits().max_json_depth);
-  if (!read.ok() || validate(read.value, Sender{"client", "coordinator"})) std::abort();
+  if (!read.ok() || read.repeated_key || validate(read.value, Sender{"client", "coordinator"})) std::abort();
   const auto& j = read.value;
   auto field = [&](const char* key) {
     return j.contains(key) ? std::optional(j[key].get<std::int64_t>()) : std::nullopt;

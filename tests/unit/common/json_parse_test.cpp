@@ -169,6 +169,12 @@ TEST(JsonParse, TheLastOfEqualKeysWins) {
   p = parse_json(R"({"c":1,"a":2,"b":3,"a":{"z":4}})", 8);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p.value.dump(), R"({"a":{"z":4},"b":3,"c":1})");
+  EXPECT_TRUE(p.repeated_key);  // and it says so
+  // Nested, and in order: said too; distinct keys, or equal keys in two objects, are not.
+  EXPECT_TRUE(parse_json(R"([{"a":{"b":1,"b":2}}])", 8).repeated_key);
+  EXPECT_TRUE(parse_json(R"({"a":1,"a":1})", 8).repeated_key);
+  EXPECT_FALSE(parse_json(R"({"a":{"a":1},"b":[{"a":2},{"a":3}]})", 8).repeated_key);
+  EXPECT_FALSE(parse_json(R"({"b":1,"a":2})", 8).repeated_key);
 }
 
 TEST(JsonParse, StringsDecodeEscapesAndKeepUtf8) {

@@ -214,6 +214,15 @@ TEST(Schema, ParseMessageRejectsBadJsonAndDeepNesting) {
   EXPECT_EQ(parse_message("{not json", agent).error->code, ErrorCode::bad_json);
   EXPECT_EQ(parse_message("", agent).error->code, ErrorCode::bad_json);
   EXPECT_EQ(parse_message("\"str\"", agent).error->code, ErrorCode::bad_json);
+  // A key twice in one object: which one counts is the reader's guess (RFC 8259), so neither.
+  for (const char* twice :
+       {R"({"now_us":1,"type":"heartbeat","v":7,"v":8})", R"({"now_us":1,"type":"job_offer","type":"heartbeat","v":7})",
+        R"({"type":"error","v":1,"code":"x","message":"a","code":"y"})"}) {
+    auto t = parse_message(twice, agent);
+    ASSERT_TRUE(t.error) << twice;
+    EXPECT_EQ(t.error->code, ErrorCode::bad_json) << twice;
+    EXPECT_EQ(t.error->message, "frame body repeats a key within one object");
+  }
   std::string deep(100000, '[');
   auto p = parse_message(deep, agent);
   EXPECT_EQ(p.error->code, ErrorCode::bad_json);
@@ -240,10 +249,11 @@ TEST(Schema, DumpReplacesInvalidUtf8) {
 
 namespace {
 
-// What the general reader (parse_json, then validate) makes of a text, as a heartbeat's fields.
+// What the general reader (parse_json, a repeated key refused, then validate) makes of a text, as a
+// heartbeat's fields.
 std::optional<Message> general_heartbeat(std::string_view text) {
   auto read = ddp::parse_json(text, limits().max_json_depth);
-  if (!read.ok() || validate(read.value, Sender{"client", "agent"})) return std::nullopt;
+  if (!read.ok() || read.repeated_key || validate(read.value, Sender{"client", "agent"})) return std::nullopt;
   const auto& j = read.value;
   if (j["type"] != "heartbeat") return std::nullopt;
   Message m;
