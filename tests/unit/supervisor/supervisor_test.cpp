@@ -24,6 +24,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -95,6 +96,50 @@ TEST(RankLogFile, RotatesOnceIntoAFreshPrivateFile) {
   struct stat st {};
   ASSERT_EQ(::stat((d.path / "rank-0.log").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// logs.max_size bounds what is written for a rank (root's writes pass the user's quota): a
+// job that keeps its rotated files, moved away or linked, gets one file's worth more, then the
+// log stops, saying why. One that leaves them alone rotates for ever.
+TEST(RankLogFile, AJobThatKeepsItsRotatedFilesGetsNoMoreThanTheBound) {
+  constexpr std::uint64_t kMax = 4096;
+  auto total = [](const std::filesystem::path& p) {
+    std::uint64_t sum = 0;
+    std::set<ino_t> seen;
+    for (const auto& e : std::filesystem::directory_iterator(p)) {
+      struct stat st {};
+      if (::lstat(e.path().c_str(), &st) == 0 && seen.insert(st.st_ino).second) sum += st.st_size;
+    }
+    return sum;
+  };
+  for (const bool link : {false, true}) {
+    LogDir d;
+    auto dir = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::Dir::open(d.path.string()));
+    RankLogFile log(dir, "rank-0.log", kMax);
+    for (int i = 0; i < 400; ++i) {
+      log.write(Stream::out, std::string(500, 'k'));
+      log.flush();
+      const auto rotated = d.path / "rank-0.log.1", keep = d.path / ("keep-" + std::to_string(i));
+      if (!std::filesystem::exists(rotated)) continue;
+      if (link) {
+        if (!std::filesystem::exists(keep) && ::link(rotated.c_str(), keep.c_str()) != 0) FAIL() << "link";
+      } else {
+        std::filesystem::rename(rotated, keep);
+      }
+    }
+    EXPECT_LE(total(d.path), 3 * kMax + 1024) << (link ? "linked" : "moved");
+    EXPECT_NE(log.error().find("moved or linked its rotated logs away"), std::string::npos) << log.error();
+    EXPECT_NE(d.read("rank-0.log").find("no more output here"), std::string::npos);
+  }
+  // Left alone: 400 lines of 500 bytes, about 50 rotations, and the log still takes more.
+  LogDir d;
+  auto dir = std::make_shared<const ddp::safefs::Dir>(ddp::safefs::Dir::open(d.path.string()));
+  RankLogFile log(dir, "rank-0.log", kMax);
+  for (int i = 0; i < 400; ++i) log.write(Stream::out, std::string(500, 'h'));
+  log.flush();
+  EXPECT_EQ(log.error(), "");
+  EXPECT_LE(total(d.path), 2 * kMax + 1024);
+  EXPECT_NE(d.read("rank-0.log").find(std::string(500, 'h')), std::string::npos);
 }
 
 TEST(RankLogFile, RotationMovesALinkTheJobSwappedInAndNeverFollowsIt) {
