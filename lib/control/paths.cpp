@@ -152,6 +152,12 @@ bool remove_if_stale(const std::string& path) {
   return ::unlink(path.c_str()) == 0;
 }
 
+std::string coordinator_jobs_dir() {
+  auto dir = runtime_dir() + "/coordinator";
+  if (auto err = private_dir(dir); !err.empty()) throw ControlError(err);
+  return dir;
+}
+
 std::string records_dir() {
   std::string base;  // root: not in a folder another user could swap (safefs::usable_env_dir)
   if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/')

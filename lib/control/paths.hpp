@@ -26,6 +26,10 @@ class ControlError : public std::runtime_error {
 
 // The folder, created if missing; throws ControlError saying why none is usable.
 std::string runtime_dir();
+// A standing coordinator's folder for its jobs' control sockets and end records: runtime_dir()'s
+// "coordinator", private, so that no job a user submits shares a name with one its own user
+// (root) launches here. Created if missing; throws ControlError when it is not a private folder.
+std::string coordinator_jobs_dir();
 // The socket of `job_id` in `dir`; throws ControlError when the path is too long for sun_path.
 std::string socket_path(const std::string& dir, const std::string& job_id);
 // Job ids of the sockets in `dir` (sorted); no check that anyone listens.

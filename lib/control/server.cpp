@@ -91,8 +91,13 @@ struct Server::Client : std::enable_shared_from_this<Client> {
   }
 };
 
-Server::Server(asio::io_context& io, std::string path, Provider provider)
-    : io_(io), path_(std::move(path)), provider_(std::move(provider)), acceptor_(io), end_timer_(io) {
+Server::Server(asio::io_context& io, std::string path, Provider provider, std::string records)
+    : io_(io),
+      path_(std::move(path)),
+      records_(std::move(records)),
+      provider_(std::move(provider)),
+      acceptor_(io),
+      end_timer_(io) {
   boost::system::error_code ec;
   const auto slash = path_.rfind('/');
   // Other jobs' sockets left by launchers that were SIGKILLed: gone before they confuse a
@@ -114,7 +119,7 @@ Server::Server(asio::io_context& io, std::string path, Provider provider)
   }
   // A job id used again: the old run's end record must not answer for this one.
   try {
-    forget_ended(records_dir(), job_id_);
+    forget_ended(records_.empty() ? records_dir() : records_, job_id_);
   } catch (const ControlError&) {
   }
   acceptor_.open(stream_protocol(), ec);
@@ -274,7 +279,7 @@ void Server::leave_record(Ended record) {
   record.job_id = job_id_;
   record.files = provider_.log_files({});
   try {
-    record_ended(records_dir(), record);
+    record_ended(records_.empty() ? records_dir() : records_, record);
   } catch (const ControlError& e) {
     log::get("control")->debug("no end record for job {}: {}", job_id_, e.what());
   }

@@ -41,7 +41,8 @@ struct Provider {
 class Server {
  public:
   // Listens on `path`; throws ControlError when it cannot (another launcher runs that job id).
-  Server(boost::asio::io_context& io, std::string path, Provider provider);
+  // `records`: the folder of the job's end record (records_dir(), the user's, when empty).
+  Server(boost::asio::io_context& io, std::string path, Provider provider, std::string records = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -67,6 +68,7 @@ class Server {
 
   boost::asio::io_context& io_;
   std::string path_;
+  std::string records_;  // empty: records_dir()
   Provider provider_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::set<std::shared_ptr<Client>> clients_;

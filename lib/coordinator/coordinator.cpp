@@ -1370,7 +1370,11 @@ class Coordinator {
       read_stacks(ranks, native, std::move(reply));
     };
     try {
-      control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
+      if (opts_.control_dir.empty()) {
+        control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
+      } else {
+        control_.emplace(io_, control::socket_path(opts_.control_dir, opts_.job_id), std::move(p), opts_.control_dir);
+      }
     } catch (const control::ControlError& e) {
       log_->warn("no control socket, so ddpctl status/logs/stop cannot reach this job: {}", e.what());
     }

@@ -308,6 +308,13 @@ class Standing {
     } catch (const safefs::FsError& e) {
       log_->warn("job {}: no copy of its logs is kept: {}", job_id, e.what());
     }
+    // Its control socket in our folder for jobs: never at a name a launch of our own user uses.
+    try {
+      o.control_dir = control::coordinator_jobs_dir();
+    } catch (const control::ControlError& e) {
+      return c->refuse(proto::ErrorCode::bad_value, fmt::format("job {}: no folder for its control socket: {}",
+                                                                job_id, e.what()));
+    }
     o.nodes = std::move(nodes);
     o.keys = opts_.keys;
     o.job_id = job_id;
@@ -479,7 +486,7 @@ class Standing {
     }
     std::string path;
     try {
-      path = control::socket_path(control::runtime_dir(), id);
+      path = control::socket_path(control::coordinator_jobs_dir(), id);
     } catch (const control::ControlError& e) {
       return control_reply(c, {{"ok", false}, {"error", e.what()}}, true);
     }
