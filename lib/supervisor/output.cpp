@@ -111,9 +111,10 @@ void RankLogFile::rotate_if_needed(std::size_t next) {
     if (!freed) kept_ += rotated_->bytes;
   }
   if (kept_ >= max_bytes_) {
-    error_ = fmt::format("the job moved or linked its rotated logs away ({} bytes kept); logs.max_size bounds what "
-                         "is written for a rank",
-                         kept_);
+    error_ = fmt::format(
+        "the job moved or linked its rotated logs away ({} bytes kept); logs.max_size bounds what "
+        "is written for a rank",
+        kept_);
     safefs::write_all(fd_.get(), fmt::format("{} ddp| no more output here: {}\n", utc_timestamp(), error_));
     fd_ = safefs::Fd();
     return;
