@@ -994,7 +994,9 @@ class Agent {
         so.job_uid = job.run_as ? job.run_as->uid : ::geteuid();  // and root: who may connect from here
         so.totals.max_bytes = job.payload.spec.store_max_bytes;
         so.totals.max_keys = job.payload.spec.store_max_keys;
-        so.threads = store::threads_for(job.payload.spec.store_threads);
+        // Never on our own loop (store.threads: 0): a request that holds the store's lock a while
+        // (a huge WAIT, LIST_KEYS over a full keyspace) would hold this agent and its other jobs.
+        so.threads = std::max(1u, store::threads_for(job.payload.spec.store_threads));
         so.legacy = store::legacy_hint(job.payload.spec.store_protocol,
                                        job.python ? job.python->torch : std::optional<std::string>{});
         // The default port (store.port not named: 29500) taken here, by another job's store or

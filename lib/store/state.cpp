@@ -351,7 +351,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         if (inserted) kv_.erase(it);
         return;
       }
-      std::string old = watchers_.empty() ? std::string() : it->second;
+      std::string old = watchers_.contains(it->first) ? it->second : std::string();  // for its watchers only
       it->second.append(req.value);
       notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
       if (inserted) wake_all(it->first, out);
@@ -502,7 +502,9 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
 
     case Op::watch_key: {
       if (!room_for_registrations(Op::watch_key, 1, req.key.size(), out)) return;
-      me.watched.reserve(me.watched.size() + 1);
+      // Room for the record below made first (it may not throw once registered), growing by half
+      // or more: to the exact size, each WATCH_KEY of a client copied all its earlier ones.
+      if (me.watched.size() == me.watched.capacity()) me.watched.reserve(me.watched.size() * 3 / 2 + 8);
       auto [w, created] = watchers_.try_emplace(std::move(req.key));
       try {  // all or nothing, as register_wait
         w->second.push_back(from);
