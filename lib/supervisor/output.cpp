@@ -101,30 +101,10 @@ void RankLogFile::append(std::string_view text) {
 void RankLogFile::rotate_if_needed(std::size_t next) {
   if (written_ + next <= max_bytes_ || !fd_) return;
   flush();
-  // The rename below frees the .1 made at the last rotation, if the job left it there under no
-  // other name. One the job moved away or linked keeps what we wrote past the bound (and root's
-  // writes pass the user's quota): after one file's worth kept so, no more output here.
-  if (rotated_) {
-    struct stat st {};
-    const bool freed = ::fstatat(dir_->fd(), (name_ + ".1").c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                       st.st_dev == rotated_->dev && st.st_ino == rotated_->ino && st.st_nlink == 1;
-    if (!freed) kept_ += rotated_->bytes;
-  }
-  if (kept_ >= max_bytes_) {
-    error_ = fmt::format(
-        "the job moved or linked its rotated logs away ({} bytes kept); logs.max_size bounds what "
-        "is written for a rank",
-        kept_);
-    safefs::write_all(fd_.get(), fmt::format("{} ddp| no more output here: {}\n", utc_timestamp(), error_));
-    fd_ = safefs::Fd();
-    return;
-  }
-  struct stat now {};
-  if (::fstat(fd_.get(), &now) == 0) {
-    rotated_ = Rotated{now.st_dev, now.st_ino, static_cast<std::uint64_t>(now.st_size)};
-  } else {
-    rotated_.reset();
-  }
+  // What the last rotation made .1 goes now, whatever the job did with it (moved it away, linked
+  // it, holds it open): truncated through our own descriptor, so that a rank's log never holds
+  // more than its file and one .1 (root's writes pass the user's quota).
+  if (rotated_) (void)::ftruncate(rotated_.get(), 0);
   written_ = 0;
   // Within the folder's fd: a name the job swapped for a link is moved, never followed, and the
   // new file is created fresh (O_EXCL, no link); whatever the job put in its place is removed
@@ -140,7 +120,7 @@ void RankLogFile::rotate_if_needed(std::size_t next) {
         safefs::remove_in(*dir_, name_);
       }
     }
-    fd_ = std::move(fresh);
+    rotated_ = std::exchange(fd_, std::move(fresh));  // the file now .1
   } catch (const safefs::FsError& e) {
     error_ = e.what();
     safefs::write_all(fd_.get(),

@@ -91,15 +91,7 @@ class RankLogFile {
   std::string name_, path_;
   std::uint64_t max_bytes_;
   std::uint64_t written_ = 0;
-  // The file the last rotation made .1, and the bytes the job kept by moving or linking such
-  // files away (rotate_if_needed).
-  struct Rotated {
-    dev_t dev;
-    ino_t ino;
-    std::uint64_t bytes;
-  };
-  std::optional<Rotated> rotated_;
-  std::uint64_t kept_ = 0;
+  safefs::Fd rotated_;  // the file the last rotation made .1, emptied at the next (rotate_if_needed)
   std::optional<safefs::Owner> owner_;
   safefs::Fd fd_;
   std::string buf_;  // written out by flush(), or when it grows past 64 KiB

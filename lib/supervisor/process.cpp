@@ -109,7 +109,8 @@ struct ChildArgs {
 // Only system calls, on this stack: the child's rules above.
 void close_inherited_on_exec() {
   if (::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) == 0) return;
-  const int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dir =
+      static_cast<int>(::syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir >= 0) {
     alignas(struct dirent64) char buf[1024];
     bool listed = true;
@@ -129,7 +130,7 @@ void close_inherited_on_exec() {
         (void)::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
       }
     }
-    ::close(dir);
+    (void)::syscall(SYS_close, dir);
     if (listed) return;
   }
   struct rlimit rl {};
