@@ -11,6 +11,7 @@
 // it: exits stamped before and after the step keep their order against our stop and losses.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 
 namespace ddp::coordinator {
@@ -30,8 +31,12 @@ class JobClock {
   Micros at(Mono::time_point t) const {
     return std::chrono::duration_cast<Micros>(wall_.time_since_epoch()) + std::chrono::duration_cast<Micros>(t - mono_);
   }
-  // A reading of this clock as a wall time, for reports.
-  static Wall::time_point to_wall(Micros t) { return Wall::time_point(std::chrono::duration_cast<Wall::duration>(t)); }
+  // A reading of this clock as a wall time, for reports. A time a peer sent may be any 64-bit
+  // count: held within what the wall clock's nanoseconds can say (about 292 years either way).
+  static Wall::time_point to_wall(Micros t) {
+    constexpr auto limit = std::chrono::duration_cast<Micros>(Wall::duration::max());
+    return Wall::time_point(std::chrono::duration_cast<Wall::duration>(std::clamp(t, -limit, limit)));
+  }
   Wall::time_point wall_now() const { return to_wall(now()); }
 
  private:

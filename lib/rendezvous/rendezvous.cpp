@@ -584,7 +584,12 @@ std::optional<Failure> Rendezvous::failure_of(const WorkerExited& x) const {
   f.signal = x.signal;
   f.pid = x.pid;
   f.forwarded = x.signal && x.forwarded;
-  f.time = x.agent_time - n.offset;
+  // The agent's time in ours; both are a peer's numbers, any 64-bit count: held at the range's end.
+  std::int64_t t = 0;
+  if (__builtin_sub_overflow(x.agent_time.count(), n.offset.count(), &t)) {
+    t = n.offset.count() > 0 ? std::numeric_limits<std::int64_t>::min() : std::numeric_limits<std::int64_t>::max();
+  }
+  f.time = Micros(t);
   return f;
 }
 

@@ -24,3 +24,16 @@ TEST(JobClock, NowIsMonotonicAndNearTheWallClockAtStart) {
   const auto wall = std::chrono::duration_cast<JobClock::Micros>(JobClock::Wall::now().time_since_epoch());
   EXPECT_LT(std::chrono::abs(wall - b), JobClock::Micros(5s));  // nothing stepped this clock within the test
 }
+
+// A peer's time may be any 64-bit count of microseconds: as a wall time it is held at the end of
+// what the wall clock's nanoseconds can say, not wrapped (the multiplication overflowed).
+TEST(JobClock, AWallTimeBeyondTheClocksRangeIsHeldAtItsEnd) {
+  using ddp::coordinator::JobClock;
+  const auto top = JobClock::to_wall(std::chrono::microseconds::max());
+  const auto bottom = JobClock::to_wall(std::chrono::microseconds::min());
+  EXPECT_GT(top.time_since_epoch().count(), 0);
+  EXPECT_LT(bottom.time_since_epoch().count(), 0);
+  EXPECT_EQ(top, JobClock::to_wall(std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::system_clock::duration::max())));
+  EXPECT_LT(JobClock::to_wall(std::chrono::microseconds(1)), top);
+}

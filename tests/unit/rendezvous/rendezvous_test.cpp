@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <csignal>
 #include <random>
 
@@ -587,6 +589,22 @@ TEST(FirstFailure, InjectedSkewDoesNotChangeTheAnswer) {
     EXPECT_EQ(f->first_failure->node, "n3") << trial;
     EXPECT_EQ(f->first_failure->rank, GlobalRank{5});
   }
+}
+
+TEST(FirstFailure, AnAgentsTimeAtTheRangesEndIsHeldThereNotWrapped) {
+  // An agent's time and its clock offset are its numbers: any 64-bit counts. A failure stamped at
+  // the far end of the range stays the latest (it does not wrap to the earliest and win).
+  constexpr auto lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  Sim s(three_hosts());
+  s.join("n1", 2, Micros(lo / 2));  // its clock far behind ours
+  s.join("n2");
+  s.join("n3");
+  s.now = Micros(10'003'000);
+  s.exit("n1", 0, 1, std::nullopt, Micros(hi));  // hi - lo / 2 would wrap below zero
+  s.exit("n2", 0, 1, std::nullopt, Micros(10'000'000));
+  auto f = one<JobFailed>(s.ack_all());
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->first_failure->node, "n2");
 }
 
 // ---------------------------------------------------------------- success, stop, heartbeats
