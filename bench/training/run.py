@@ -398,7 +398,7 @@ def main():
         "mean_step_pair_ratios": mean_ratios, "mean_step_pair_median": statistics.median(mean_ratios),
         "mean_step_pair_median_ci95": list(mean_ci), "mean_step_noise_band": mean_band,
         "targets": {"steady_ratio_max": 1.01, "first_step_delta_max_s": 0.3},
-        "pass": {"steady": steady_ok, "first_step": first_ok},
+        "pass": None if a.control else {"steady": steady_ok, "first_step": first_ok},
         "hand_prefix": a.hand_prefix, "control": a.control,
         "runs": [{k: v for k, v in r.items() if k not in ("env", "rank")} for r in runs],
     }
@@ -458,9 +458,9 @@ def main():
     print(f"mean step: median of the pair ratios {statistics.median(mean_ratios):.4f}, 95% interval "
           f"[{mean_ci[0]:.4f}, {mean_ci[1]:.4f}], noise band of the hand runs {mean_band * 100:.2f}%")
     if a.control:  # no launcher was measured: the same figures, not a verdict
-        print(f"CONTROL (A/A, no verdict): steady step, median of {pairs} pair ratios second/first hand run "
-              f"{pair_median:.4f}, 95% interval [{ci_lo:.4f}, {ci_hi:.4f}]; first step, second - first hand run "
-              f"{fs['delta']:+.3f} s, spread of the first {fs['hand_spread']:.3f} s")
+        print(f"CONTROL (A/A, no verdict): steady step, median of {pairs} pair ratios, the hand run in ddpctl's "
+              f"slot over the hand slot's, {pair_median:.4f}, 95% interval [{ci_lo:.4f}, {ci_hi:.4f}]; first step, "
+              f"ddpctl's slot - the hand slot {fs['delta']:+.3f} s, spread of the hand slot {fs['hand_spread']:.3f} s")
         if not a.keep:
             subprocess.run(["rm", "-rf", str(work)])
         return 0

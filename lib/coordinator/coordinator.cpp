@@ -1370,7 +1370,9 @@ class Coordinator {
       read_stacks(ranks, native, std::move(reply));
     };
     try {
-      if (opts_.control_dir.empty()) {
+      if (!opts_.control_socket) {
+        log_->warn("no control socket, so ddpctl status/logs/stop --coordinator cannot reach this job");
+      } else if (opts_.control_dir.empty()) {
         control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
       } else {
         control_.emplace(io_, control::socket_path(opts_.control_dir, opts_.job_id), std::move(p), opts_.control_dir);

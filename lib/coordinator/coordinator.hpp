@@ -104,6 +104,7 @@ struct CoordinatorOptions {
   // Set (a standing coordinator's jobs): the folder of the job's control socket and its end
   // record (control::coordinator_jobs_dir()); empty: the user's (runtime_dir(), records_dir()).
   std::string control_dir;
+  bool control_socket = true;  // false: none (a standing coordinator that has no folder for it)
   // The job's control socket listens (or could not be opened): `launch --detach` returns then.
   std::function<void()> on_listening;
   // Every rank of a round has started, the first time this happens (once per job): `launch

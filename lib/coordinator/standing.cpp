@@ -312,8 +312,8 @@ class Standing {
     try {
       o.control_dir = control::coordinator_jobs_dir();
     } catch (const control::ControlError& e) {
-      return c->refuse(proto::ErrorCode::bad_value,
-                       fmt::format("job {}: no folder for its control socket: {}", job_id, e.what()));
+      log_->warn("job {}: no folder for its control socket: {}", job_id, e.what());
+      o.control_socket = false;  // never the folder of our own user's launches instead
     }
     o.nodes = std::move(nodes);
     o.keys = opts_.keys;

@@ -170,7 +170,7 @@ JobPayload payload_from_json(const json& j) {
   s.store_port = get<std::uint16_t>(j, "store_port");
   // Absent from a launcher that predates it: that port or a failure, as node rank 0 did then.
   s.store_port_explicit = j.contains("store_port_explicit") ? get<bool>(j, "store_port_explicit") : true;
-  // Absent from a launcher that predates it: the agent's loop, as then.
+  // Absent from a launcher that predates it: 0, as then (an agent now serves it on one thread).
   const auto threads = j.contains("store_threads") ? get<long long>(j, "store_threads") : 0;
   if (threads < jobspec::kAutoThreads || threads > jobspec::kMaxStoreThreads)
     throw WireError("job spec: store_threads out of range");
