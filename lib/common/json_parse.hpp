@@ -5,13 +5,15 @@
 // It reads RFC 8259 as nlohmann::json::parse does in its strict mode, and builds the same value:
 // an integer without a minus sign is unsigned, one with it signed (-0 too), one that does not fit
 // (past 2^64 - 1, or below -2^63) or has a fraction or an exponent is a double (one too large for a
-// double is refused); of two equal keys the last wins (and `repeated_key` says so); strings must be valid UTF-8 (no
-// overlong forms, no encoded surrogates, nothing past U+10FFFF), control characters must be escaped, and \u escapes
-// pair their surrogates. It refuses three things nlohmann accepts: nesting deeper than `max_depth` (checked as it
-// reads, so nothing deeper is built; such a value would cost a stack frame per level wherever it is copied, compared,
-// dumped or walked), a NUL byte after the value (nlohmann takes it as the end of the text and ignores the rest) and a
-// leading UTF-8 byte order mark (which nlohmann skips). tests/unit/common/json_parse_test.cpp holds it to nlohmann's
-// answers on edge cases, random documents, their prefixes and their mutants.
+// double is refused); of two equal keys the last wins (and `repeated_key` says so); strings must
+// be valid UTF-8 (no overlong forms, no encoded surrogates, nothing past U+10FFFF), control
+// characters must be escaped, and \u escapes pair their surrogates. It refuses three things
+// nlohmann accepts: nesting deeper than `max_depth` (checked as it reads, so nothing deeper is
+// built; such a value would cost a stack frame per level wherever it is copied, compared, dumped
+// or walked), a NUL byte after the value (nlohmann takes it as the end of the text and ignores the
+// rest) and a leading UTF-8 byte order mark (which nlohmann skips).
+// tests/unit/common/json_parse_test.cpp holds it to nlohmann's answers on edge cases, random
+// documents, their prefixes and their mutants.
 //
 // Why not nlohmann's own parser: its lexer copies every byte through a token buffer and its
 // DOM builder finds each key's place in the object by search. Here a string's unescaped bytes are
