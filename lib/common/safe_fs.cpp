@@ -153,7 +153,7 @@ Fd open_append(const Dir& dir, const std::string& name, const std::optional<Owne
       return f;
     }
     if (errno != EEXIST) throw FsError(errno, fmt::format("cannot create {}: {}", path, why_not_opened(errno)));
-    fd = ::openat(dir.fd(), name.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    fd = ::openat(dir.fd(), name.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) continue;
     if (fd < 0) throw FsError(errno, fmt::format("cannot open {}: {}", path, why_not_opened(errno)));
     Fd f(fd);

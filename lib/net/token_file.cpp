@@ -28,7 +28,9 @@ std::optional<std::string> token_owner_problem(const std::string& path, uid_t fi
 }
 
 proto::Keyring load_token_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // Non-blocking: a FIFO at the path (`sudo -E` takes it from the user's environment) is refused
+  // below, not waited on for ever; a regular file reads the same.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) {

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
@@ -90,4 +92,28 @@ TEST(TokenFile, ClientCandidatesFollowTheDocumentedOrder) {
   EXPECT_EQ(c[2], "/etc/ddpctl/token");
   ::unsetenv("DDP_TOKEN_FILE");
   ::unsetenv("XDG_CONFIG_HOME");
+}
+
+// A FIFO where the token file should be (root's `sudo -E ddpctl` takes the path from the user's
+// environment) is refused at once: a blocking open would wait for a writer for ever. Read in a
+// child, so that a regression fails here instead of hanging the suite.
+TEST(TokenFile, AFifoAtThePathIsRefusedWithoutWaiting) {
+  TempDir d;
+  const auto p = (d.path / "token").string();
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) ::_exit(error_of(p).find("is not a regular file") != std::string::npos ? 0 : 1);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {  // 20 s: the answer takes microseconds
+    done = ::waitpid(pid, &status, WNOHANG);
+    if (done == 0) ::usleep(100'000);
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "load_token_file waited on the FIFO";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit " << WEXITSTATUS(status);
 }
