@@ -303,8 +303,8 @@ def main():
             if str(own) in v:
                 Path(v).parent.mkdir(parents=True, exist_ok=True)
         env["MASTER_PORT"] = str(free_port())
-        return one_run(side, [*shlex.split(a.hand_prefix), a.python, "-u", str(STEP), "--out", out, *script_args], env, work, idx, a.timeout, out,
-                       a.device == "cuda")
+        argv = [*shlex.split(a.hand_prefix), a.python, "-u", str(STEP), "--out", out, *script_args]
+        return one_run(side, argv, env, work, idx, a.timeout, out, a.device == "cuda")
 
     print(f"training overhead: {a.pairs} pairs (hand, ddpctl), {a.device}, model {a.model}, {a.dtype}; work {work}",
           flush=True)
@@ -445,8 +445,8 @@ def main():
     for side in ("hand", "ddpctl"):
         pl = next((r["placement"] for r in runs if r["side"] == side and r["placement"]), None)
         if pl:
-            print(f"placement, {side if side == 'hand' else other}: CPUs {pl.get('Cpus_allowed_list')}, memory nodes {pl.get('Mems_allowed_list')}, "
-                  f"policies {','.join(pl.get('numa_policies') or ['?'])}, THP {pl.get('anon_huge_kb')} kB, "
+            print(f"placement, {side if side == 'hand' else other}: CPUs {pl.get('Cpus_allowed_list')}, "
+                  f"memory nodes {pl.get('Mems_allowed_list')}, policies {','.join(pl.get('numa_policies') or ['?'])}, THP {pl.get('anon_huge_kb')} kB, "
                   f"cgroup {pl.get('cgroup')}")
     print()
     print("median step per pair, ddpctl/hand: " + " ".join(f"{r:.4f}" for r in pair_ratios))

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,5 +15,15 @@ using Millis = std::chrono::milliseconds;
 
 std::optional<Millis> parse_duration(std::string_view text);
 std::string format_duration(Millis d);
+
+// a - b for times a peer sent (any 64-bit count of microseconds): held at the nearer end of the
+// range where the difference would overflow.
+inline std::chrono::microseconds saturating_minus(std::chrono::microseconds a, std::chrono::microseconds b) {
+  std::int64_t d = 0;
+  if (__builtin_sub_overflow(a.count(), b.count(), &d)) {
+    d = b.count() > 0 ? std::numeric_limits<std::int64_t>::min() : std::numeric_limits<std::int64_t>::max();
+  }
+  return std::chrono::microseconds(d);
+}
 
 }  // namespace ddp

@@ -1370,13 +1370,10 @@ class Coordinator {
       read_stacks(ranks, native, std::move(reply));
     };
     try {
-      if (!opts_.control_socket) {
-        log_->warn("no control socket, so ddpctl status/logs/stop --coordinator cannot reach this job");
-      } else if (opts_.control_dir.empty()) {
-        control_.emplace(io_, control::socket_path(control::runtime_dir(), opts_.job_id), std::move(p));
-      } else {
-        control_.emplace(io_, control::socket_path(opts_.control_dir, opts_.job_id), std::move(p), opts_.control_dir);
-      }
+      if (!opts_.control_socket) throw control::ControlError("a standing coordinator without a folder for it");
+      // The end record beside the socket in a folder given; the user's records_dir() otherwise.
+      const auto dir = opts_.control_dir.empty() ? control::runtime_dir() : opts_.control_dir;
+      control_.emplace(io_, control::socket_path(dir, opts_.job_id), std::move(p), opts_.control_dir);
     } catch (const control::ControlError& e) {
       log_->warn("no control socket, so ddpctl status/logs/stop cannot reach this job: {}", e.what());
     }

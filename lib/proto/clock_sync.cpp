@@ -1,8 +1,9 @@
 // Clock-offset math; see clock_sync.hpp.
 #include "proto/clock_sync.hpp"
 
+#include "common/duration.hpp"
+
 #include <cstdint>
-#include <limits>
 
 namespace ddp::proto {
 
@@ -21,12 +22,7 @@ std::optional<ClockOffset> offset_from(const ClockSample& s) {
 }
 
 Micros ClockSync::to_local(Micros agent_time) const {
-  const std::int64_t offset = best_ ? best_->offset.count() : 0;
-  std::int64_t local = 0;
-  if (__builtin_sub_overflow(agent_time.count(), offset, &local)) {
-    local = offset > 0 ? std::numeric_limits<std::int64_t>::min() : std::numeric_limits<std::int64_t>::max();
-  }
-  return Micros(local);
+  return saturating_minus(agent_time, best_ ? best_->offset : Micros{0});
 }
 
 bool ClockSync::add(const ClockSample& s) {

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <csignal>
-#include <limits>
 
 #include "common/duration.hpp"
 #include "common/strings.hpp"
@@ -584,12 +583,7 @@ std::optional<Failure> Rendezvous::failure_of(const WorkerExited& x) const {
   f.signal = x.signal;
   f.pid = x.pid;
   f.forwarded = x.signal && x.forwarded;
-  // The agent's time in ours; both are a peer's numbers, any 64-bit count: held at the range's end.
-  std::int64_t t = 0;
-  if (__builtin_sub_overflow(x.agent_time.count(), n.offset.count(), &t)) {
-    t = n.offset.count() > 0 ? std::numeric_limits<std::int64_t>::min() : std::numeric_limits<std::int64_t>::max();
-  }
-  f.time = Micros(t);
+  f.time = saturating_minus(x.agent_time, n.offset);  // both a peer's numbers
   return f;
 }
 

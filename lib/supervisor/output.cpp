@@ -1,8 +1,5 @@
 #include "supervisor/output.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-
 #include <unistd.h>
 
 #include <fmt/format.h>
