@@ -24,7 +24,7 @@ void lay_binding(contract::Plan& plan, const binding::Plan& b) {
     shown["nccl_ib_hca"] = hca ? nlohmann::json(*hca) : nlohmann::json(nullptr);
     r.binding = std::move(shown);
     r.cpus = rb.cpus;
-    r.mem_node = rb.cpus.empty() ? std::nullopt : rb.numa_node;
+    r.mem_node = rb.mem_node;
   }
 }
 

@@ -173,6 +173,7 @@ Plan plan_binding(const facts::NodeFacts& facts, int nproc, const BindingSpec& s
       }
     }
     rb.cpus = std::move(cpus);
+    if (facts.numa_nodes.size() > 1) rb.mem_node = rb.numa_node;
   }
 
   if (spec.nic == NicBinding::none) return plan;
@@ -289,6 +290,7 @@ nlohmann::json to_json(const RankBinding& rb) {
           {"cuda_visible_devices", rb.cuda_visible_devices ? json(*rb.cuda_visible_devices) : json(nullptr)},
           {"numa_node", rb.numa_node ? json(*rb.numa_node) : json(nullptr)},
           {"cpus", rb.cpus.empty() ? json(nullptr) : json(facts::format_cpulist(rb.cpus))},
+          {"mem_node", rb.mem_node ? json(*rb.mem_node) : json(nullptr)},
           {"nic", rb.nic ? json(*rb.nic) : json(nullptr)},
           {"nccl_ib_hca", rb.nccl_ib_hca ? json(*rb.nccl_ib_hca) : json(nullptr)},
           {"reason", rb.reason()}};

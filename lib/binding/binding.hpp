@@ -13,6 +13,9 @@
 //  - CPUs: the CPUs of the GPU's NUMA node (GPU-less ranks: NUMA nodes round-robin), intersected
 //    with `allowed`, so that applying them cannot fail for lack of permission. `exclusive` splits
 //    a node's CPUs evenly among the ranks that share it.
+//  - Memory: a rank bound to CPUs prefers its NUMA node's memory, on a machine of more than one
+//    NUMA node. On a machine of one there is nothing to prefer, and the rank keeps the default
+//    policy, as a process started by hand has it.
 //  - NIC: the nearest NIC (longest common PCI path, i.e. the same switch, else the same NUMA
 //    node), spread so that no two ranks share one while another on their node is idle. It is
 //    informational; NCCL_IB_HCA is job-wide: "=" and every IB device (with its port) of the node,
@@ -39,6 +42,7 @@ struct RankBinding {
   std::optional<std::string> cuda_visible_devices;  // nullopt: leave the variable alone
   std::optional<int> numa_node;                     // nullopt: no NUMA binding
   std::vector<int> cpus;                            // empty: no CPU binding
+  std::optional<int> mem_node;                      // the memory node to prefer; nullopt: the default policy
   std::optional<std::string> nic;
   std::optional<std::string> nccl_ib_hca;  // nic: rank only: "=mlx5_3:1", the rank's own HCA
   std::vector<std::string> reasons;        // why, one short clause each
@@ -70,7 +74,8 @@ std::optional<std::string> common_ib_hca(const std::vector<std::vector<std::stri
 // that matches no GPU, or one GPU named twice.
 facts::NodeFacts restrict_gpus(facts::NodeFacts facts, const std::vector<std::string>& selectors);
 
-// {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "nic", "nccl_ib_hca" (nic: rank), "reason"}; null
+// {"gpu", "cuda_visible_devices", "numa_node", "cpus" (cpulist), "mem_node", "nic", "nccl_ib_hca" (nic: rank),
+// "reason"}; null
 // where unset.
 nlohmann::json to_json(const RankBinding& rank);
 

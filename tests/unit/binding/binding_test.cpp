@@ -127,6 +127,32 @@ TEST(Binding, CpuOnlyRoundRobin) {
   EXPECT_FALSE(c.nccl_ib_hca);
 }
 
+// A rank bound to its node's CPUs prefers that node's memory where the machine has more than one
+// node; on a machine of one it keeps the default policy (what a rank started by hand has), and
+// a rank without CPUs gets no memory policy either.
+TEST(Binding, MemoryIsPreferredOnlyWhereThereIsAChoice) {
+  auto dgx = fixture("dgx-a");
+  auto p = plan_binding(dgx, 8, {});
+  for (const auto& rb : p.ranks) {
+    ASSERT_TRUE(rb.numa_node);
+    ASSERT_FALSE(rb.cpus.empty());
+    EXPECT_EQ(rb.mem_node, rb.numa_node);
+  }
+  auto cpu = fixture("cpu-a");
+  ASSERT_EQ(cpu.numa_nodes.size(), 1u);
+  auto one = plan_binding(cpu, 2, {});
+  for (const auto& rb : one.ranks) {
+    EXPECT_TRUE(rb.numa_node);
+    EXPECT_FALSE(rb.cpus.empty());
+    EXPECT_FALSE(rb.mem_node);
+  }
+  auto none = plan_binding(dgx, 2, {}, std::vector<int>{100000});  // none of the nodes' CPUs allowed
+  for (const auto& rb : none.ranks) {
+    EXPECT_TRUE(rb.cpus.empty());
+    EXPECT_FALSE(rb.mem_node);
+  }
+}
+
 TEST(Binding, IsolateShowsOneGpu) {
   auto p = plan_binding(fixture("dgx-a"), 4, {GpuBinding::isolate, NumaBinding::automatic, NicBinding::automatic});
   for (int r = 0; r < 4; ++r) EXPECT_EQ(p.ranks[r].cuda_visible_devices, uuid(r));
