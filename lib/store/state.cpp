@@ -190,7 +190,11 @@ void State::reset() {
 }
 
 bool State::admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes,
-                  Effects& out) {
+                  Effects& out, bool admitted) {
+  if (admitted) {
+    bytes_ = bytes_ - old_bytes + new_bytes;
+    return true;
+  }
   if (inserted && kv_.size() > totals_.max_keys) {
     out.close_reason = fmt::format(
         "store full: {} of the new key `{}` would make {} keys, over this job's limit of {} (store.max_keys in "
@@ -207,6 +211,36 @@ bool State::admit(Op op, const std::string& key, bool inserted, std::size_t old_
     return false;
   }
   bytes_ = after;
+  return true;
+}
+
+bool State::admit_multi_set(const Request& req, Effects& out) const {
+  // Each key's value once the request is applied: the last one given for it.
+  std::unordered_map<std::string_view, std::size_t> last;  // key -> index into req.values
+  last.reserve(req.keys.size());
+  for (std::size_t i = 0; i < req.keys.size(); ++i) last.insert_or_assign(req.keys[i], i);
+  std::size_t new_keys = 0, grow = 0, shrink = 0;
+  for (const auto& [key, i] : last) {
+    const std::size_t after = key.size() + req.values[i].size();
+    const auto it = kv_.find(req.keys[i]);  // the key itself, no copy
+    const std::size_t before = it == kv_.end() ? 0 : it->first.size() + it->second.size();
+    if (it == kv_.end()) ++new_keys;
+    (after > before ? grow : shrink) += after > before ? after - before : before - after;
+  }
+  if (new_keys > 0 && kv_.size() + new_keys > totals_.max_keys) {
+    out.close_reason = fmt::format(
+        "store full: MULTI_SET of {} new keys would make {} keys, over this job's limit of {} (store.max_keys in the "
+        "job file); no key of it was set",
+        new_keys, kv_.size() + new_keys, totals_.max_keys);
+    return false;
+  }
+  if (grow > shrink && bytes_ + (grow - shrink) + registered_bytes_ > totals_.max_bytes) {
+    out.close_reason = fmt::format(
+        "store full: MULTI_SET of {} keys would make the store hold {} bytes of keys, values, queue items and "
+        "waited-for keys, over this job's limit of {} (store.max_size in the job file); no key of it was set",
+        req.keys.size(), bytes_ + (grow - shrink) + registered_bytes_, totals_.max_bytes);
+    return false;
+  }
   return true;
 }
 
@@ -291,10 +325,10 @@ void State::notify_watchers(const std::string& key, uint8_t type, std::string_vi
   for (ClientId id : it->second) out.pushes.push_back({id, shared});
 }
 
-bool State::do_set(Op op, std::string& key, std::string& value, Effects& out) {
+bool State::do_set(Op op, std::string& key, std::string& value, Effects& out, bool admitted) {
   auto [it, inserted] = kv_.try_emplace(std::move(key));
   const std::size_t old_bytes = inserted ? 0 : it->first.size() + it->second.size();
-  if (!admit(op, it->first, inserted, old_bytes, it->first.size() + value.size(), out)) {
+  if (!admit(op, it->first, inserted, old_bytes, it->first.size() + value.size(), out, admitted)) {
     if (inserted) kv_.erase(it);
     return false;
   }
@@ -331,9 +365,12 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       return;
 
     case Op::multi_set:
-      for (std::size_t i = 0; i < req.keys.size(); ++i) {
-        if (!do_set(Op::multi_set, req.keys[i], req.values[i], out)) return;
-      }
+      // All or nothing: the totals are checked for the whole request first (a key named twice
+      // ends with its last value), so that a refused MULTI_SET sets no key and wakes nobody.
+      // Admitted as a whole, each key is set without a check of its own: a key named twice may
+      // pass a total on the way to a last value that does not.
+      if (!admit_multi_set(req, out)) return;
+      for (std::size_t i = 0; i < req.keys.size(); ++i) do_set(Op::multi_set, req.keys[i], req.values[i], out, true);
       return;
 
     case Op::append: {

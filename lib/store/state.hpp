@@ -46,7 +46,8 @@
 //    message is built once and shared by every watcher's Push.
 //
 // Exception safety: apply() either completes or throws std::bad_alloc; each key's update is
-// all-or-nothing, so a throw leaves a consistent map (a MULTI_SET may be half applied). Nothing
+// all-or-nothing, so a throw leaves a consistent map (a MULTI_SET may then be half applied; one
+// refused for the totals sets no key: it is checked as a whole first). Nothing
 // here throws for any input bytes; bad input becomes Effects::close_reason.
 #pragma once
 
@@ -180,10 +181,16 @@ class State {
   void notify_watchers(const std::string& key, uint8_t type, std::string_view old_value, std::string_view new_value,
                        Effects& out);
   // False (and out.close_reason set, nothing changed) when the totals refuse it.
-  bool do_set(Op op, std::string& key, std::string& value, Effects& out);
+  // `admitted`: the totals were checked for the whole request (MULTI_SET); only accounted here.
+  bool do_set(Op op, std::string& key, std::string& value, Effects& out, bool admitted = false);
   // Whether the map may go from `old_bytes` to `new_bytes` for entry `key` (a key just inserted
   // when `inserted`); accounts it if so, else sets out.close_reason.
-  bool admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes, Effects& out);
+  // `admitted`: checked already (admit_multi_set); only accounted.
+  bool admit(Op op, const std::string& key, bool inserted, std::size_t old_bytes, std::size_t new_bytes, Effects& out,
+             bool admitted = false);
+  // Whether a MULTI_SET fits the totals as a whole (the map as it will be once every key is
+  // set); else sets out.close_reason.
+  bool admit_multi_set(const Request& req, Effects& out) const;
   // Whether n more wait/watch registrations, holding at most `key_bytes` more bytes of keys,
   // fit (the caller adds them); else sets out.close_reason.
   bool room_for_registrations(Op op, std::size_t n, std::size_t key_bytes, Effects& out) const;
