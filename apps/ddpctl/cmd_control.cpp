@@ -308,26 +308,42 @@ std::optional<json> ask(LineReader& r, const control::Request& req, const char* 
   return reply;
 }
 
+// A standing coordinator's answer for a job that ended there (its end record, less the files);
+// nullopt for a running job's. `defaulted`: the coordinator chose it (no id named).
+std::optional<control::Ended> ended_in(const json& reply, bool& defaulted) {
+  auto it = reply.find("ended");
+  if (it == reply.end()) return std::nullopt;
+  defaulted = reply.value("last", false);
+  if (auto e = control::ended_from_json(*it)) return e;
+  control::Ended unknown;  // malformed: said as such rather than taken for a running job
+  unknown.job_id = reply.value("job_id", std::string("?"));
+  unknown.status = "ended (the coordinator's record of it is malformed)";
+  return unknown;
+}
+
+// `status` of a job that has ended: exit code 1 (not running).
+int status_of_ended(const control::Ended& e, bool defaulted, bool json_out) {
+  if (json_out) {
+    auto j = control::to_json(e);
+    j.erase("files");
+    j["state"] = "ended";
+    std::cout << j.dump(2) << "\n";
+  }
+  std::cerr << fmt::format("ddpctl status: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
+                           describe_ended(e));
+  return 1;
+}
+
 int run_status(const ControlArgs& a) {
   int rc = 0;
   bool defaulted = false;
   auto t = find_job(a, "status", rc, &defaulted);
   if (!t) return rc;
-  if (t->ended) {
-    const auto& e = *t->ended;
-    if (a.json_out) {
-      auto j = control::to_json(e);
-      j.erase("files");
-      j["state"] = "ended";
-      std::cout << j.dump(2) << "\n";
-    }
-    std::cerr << fmt::format("ddpctl status: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
-                             describe_ended(e));
-    return 1;  // not running
-  }
+  if (t->ended) return status_of_ended(*t->ended, defaulted, a.json_out);
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::status, {}, false}, "status");
   if (!reply) return 1;
+  if (auto e = ended_in(*reply, defaulted)) return status_of_ended(*e, defaulted, a.json_out);
   if (a.json_out)
     std::cout << (*reply)["status"].dump(2) << "\n";
   else
@@ -348,6 +364,11 @@ int run_stop(const ControlArgs& a) {
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::stop, {}, false}, "stop");
   if (!reply) return 1;
+  if (auto e = ended_in(*reply, defaulted)) {
+    std::cerr << fmt::format("ddpctl stop: nothing to stop: {}{}\n",
+                             defaulted ? "no job of yours is running; the last one: " : "", describe_ended(*e));
+    return 1;
+  }
   t->job_id = reply->value("job_id", t->job_id);  // a coordinator names the job it chose
   std::cerr << fmt::format("ddpctl stop: stopping job {} ...\n", t->job_id);
   while (r.next()) {
@@ -413,6 +434,12 @@ int run_logs(const ControlArgs& a) {
   auto reply = ask(r, req, "logs");
   if (!reply) return 1;
   t->job_id = reply->value("job_id", t->job_id);
+  const auto ended = ended_in(*reply, defaulted);  // through a coordinator: its lines follow inline
+  if (ended) {
+    std::cerr << fmt::format("ddpctl logs: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
+                             describe_ended(*ended))
+              << std::flush;
+  }
   // What the files held when we asked, merged by time; with -f, the stream carries on from exactly there.
   std::vector<control::LogMerge::Source> sources;
   for (const auto& f : (*reply)["files"]) {
@@ -467,6 +494,11 @@ int run_stacks_job(const StacksJobArgs& sa) {
   LineReader r(t->fd);
   auto reply = ask(r, req, "stacks");
   if (!reply) return 1;
+  bool defaulted = false;
+  if (auto e = ended_in(*reply, defaulted)) {
+    std::cerr << fmt::format("ddpctl stacks: nothing runs: {}\n", describe_ended(*e));
+    return 1;
+  }
   // The launcher (or coordinator) is ours, but its reply is still checked like any other.
   std::vector<ddp::stacks::RankStacks> ranks;
   const auto& list = (*reply)["ranks"];

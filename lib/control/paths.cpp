@@ -251,6 +251,12 @@ std::optional<Ended> read_ended(const std::string& dir, const std::string& job_i
   std::ifstream in(fmt::format("{}/{}{}", dir, job_id, kEndedSuffix));
   if (!in) return std::nullopt;
   const auto j = nlohmann::json::parse(in, nullptr, false);
+  auto e = ended_from_json(j);
+  if (!e || e->job_id != job_id || !j.contains("files")) return std::nullopt;
+  return e;
+}
+
+std::optional<Ended> ended_from_json(const nlohmann::json& j) {
   if (!j.is_object()) return std::nullopt;
   try {
     Ended e;
@@ -260,8 +266,9 @@ std::optional<Ended> read_ended(const std::string& dir, const std::string& job_i
     e.ended_unix_ms = j.at("ended_unix_ms").get<std::int64_t>();
     e.logs = j.at("logs").get<std::string>();
     e.result_json = j.at("result_json").get<std::string>();
-    for (const auto& f : j.at("files")) e.files.emplace_back(f.at("rank").get<int>(), f.at("path").get<std::string>());
-    if (e.job_id != job_id) return std::nullopt;
+    if (auto f = j.find("files"); f != j.end()) {
+      for (const auto& x : *f) e.files.emplace_back(x.at("rank").get<int>(), x.at("path").get<std::string>());
+    }
     return e;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;

@@ -74,6 +74,9 @@ void record_ended(const std::string& dir, const Ended& e);
 void forget_ended(const std::string& dir, const std::string& job_id);
 // nullopt when there is none, or it is not one of ours (malformed).
 std::optional<Ended> read_ended(const std::string& dir, const std::string& job_id);
+// A record from its JSON (to_json's; "files" may be absent: a standing coordinator's answer
+// leaves them out); nullopt when malformed.
+std::optional<Ended> ended_from_json(const nlohmann::json& j);
 // Job ids of the records in `dir`, the most recently written (ended) first; names only, nothing
 // parsed (at most a month of records: record_ended sweeps older ones).
 std::vector<std::string> ended_jobs(const std::string& dir);

@@ -24,7 +24,9 @@
 #include <filesystem>
 #include <regex>
 
+#include <chrono>
 #include <csignal>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -70,7 +72,20 @@ struct Job {
   std::optional<std::pair<int, std::string>> pending_stop;  // a stop that came before the loop ran (under mu)
   std::weak_ptr<Connection> submitter;                      // empty: detached, or the submitter left
   std::uint64_t dropped = 0;
+  std::string record_dir;  // where its control server leaves its end record; empty: none
+  std::string logs;        // the launcher's copy of its logs (the record's, where there is none)
 };
+
+// A job that ended here, kept for `ddpctl status|logs|stop|stacks --coordinator` after it (in
+// memory: a restarted coordinator knows none): its end record and its user.
+struct EndedJob {
+  std::string user;
+  control::Ended record;
+};
+// Jobs that ended here, remembered at most (the oldest forgotten first), and for at most as long
+// as a launcher keeps its end records.
+constexpr std::size_t kMaxEndedJobs = 1024;
+constexpr auto kEndedKept = std::chrono::hours(24 * 30);
 
 // One `control` request carried to a job's control socket, and its answer back.
 struct Relay {
@@ -297,6 +312,7 @@ class Standing {
     CoordinatorOptions o;
     o.spec = std::move(payload.spec);
     o.spec.log_dir = (std::filesystem::path(opts_.log_dir) / user).string();  // the launcher's copy of the logs
+    job->logs = o.spec.log_dir;
     // <log_dir>/<user>, made and held through descriptors (we are root; whoever can write near
     // it must not steer us through a link): a folder of ours, or no copy of the logs.
     o.log_folder_only = true;
@@ -311,6 +327,7 @@ class Standing {
     // Its control socket in our folder for jobs: never at a name a launch of our own user uses.
     try {
       o.control_dir = control::coordinator_jobs_dir();
+      job->record_dir = o.control_dir;
     } catch (const control::ControlError& e) {
       log_->warn("job {}: no folder for its control socket: {}", job_id, e.what());
       o.control_socket = false;  // never the folder of our own user's launches instead
@@ -374,6 +391,33 @@ class Standing {
     });
   }
 
+  // Its end record: the one its control server left, else one made from its result.
+  void remember_ended(const Job& job, const std::string& state, int exit_code) {
+    std::optional<control::Ended> record;
+    if (!job.record_dir.empty()) record = control::read_ended(job.record_dir, job.id);
+    if (!record || record->status != state) {
+      auto files = record ? record->files : std::vector<std::pair<int, std::string>>{};
+      record = control::ended_now(job.id, state, exit_code, record ? record->logs : job.logs, std::nullopt);
+      record->files = std::move(files);
+    }
+    std::erase_if(ended_, [&](const EndedJob& e) { return e.record.job_id == job.id; });
+    if (ended_.size() >= kMaxEndedJobs) ended_.pop_front();
+    ended_.push_back({job.user, std::move(*record)});
+  }
+
+  // The job `id` that ended here, or without an id the last of `user`'s; null when there is none
+  // the user may see.
+  const EndedJob* find_ended(const std::string& id, const std::string& user) const {
+    const auto oldest = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            (std::chrono::system_clock::now() - kEndedKept).time_since_epoch())
+                            .count();
+    for (auto it = ended_.rbegin(); it != ended_.rend(); ++it) {
+      if (it->record.ended_unix_ms < oldest || !coordinator::may_touch(it->user, user)) continue;
+      if (id.empty() || it->record.job_id == id) return &*it;
+    }
+    return nullptr;
+  }
+
   void relay_output(Job& job, const std::string& node, int rank, supervisor::Stream s, const std::string& line) {
     auto c = job.submitter.lock();
     if (!c || !c->established()) return;
@@ -412,6 +456,7 @@ class Standing {
                      {"message", fmt::format("job {} {}", job->id, state)},
                      {"report", launch::to_json(report, launch::StacksDetail::kSummary)}});  // a frame: 1 MiB
     }
+    remember_ended(*job, result.value("state", std::string("failed")), result.value("exit_code", 2));
     send(job->submitter.lock().get(), "job_result", std::move(result));
     jobs_.erase(job->id);
     if (stopping_ && jobs_.empty()) return finish();
@@ -469,6 +514,9 @@ class Standing {
       for (const auto& [jid, j] : jobs_) {
         if (may_touch(*j, user)) mine.push_back(jid);
       }
+      if (mine.empty()) {
+        if (const auto* e = find_ended("", user)) return answer_ended(c, *e, b, true);
+      }
       if (mine.size() != 1) {
         return control_reply(c,
                              {{"ok", false},
@@ -481,8 +529,14 @@ class Standing {
     }
     auto it = jobs_.find(id);
     if (it == jobs_.end() || !may_touch(*it->second, user)) {
-      return control_reply(c, {{"ok", false}, {"error", fmt::format("job {} is not running on this coordinator", id)}},
-                           true);
+      if (const auto* e = find_ended(id, user)) return answer_ended(c, *e, b, false);
+      return control_reply(
+          c,
+          {{"ok", false},
+           {"error", fmt::format("job {} is not running on this coordinator, nor has it ended here since the "
+                                 "coordinator started",
+                                 id)}},
+          true);
     }
     std::string path;
     try {
@@ -510,6 +564,52 @@ class Standing {
         read_relay(c, r);
       });
     });
+  }
+
+  // A job that ended here: {"ok": true, "job_id", "ended": its record less the files, "last":
+  // true when no id was named}, then for `logs` its last attempt's files' lines, as a running
+  // job's backlog is sent (their paths are this machine's: only their lines go).
+  void answer_ended(Connection* c, const EndedJob& e, const json& b, bool last) {
+    control::Request req;
+    try {
+      req = control::parse_request(b.value("line", std::string()));
+    } catch (const control::ControlError& err) {
+      return control_reply(c, {{"ok", false}, {"error", err.what()}}, true);
+    }
+    auto shown = control::to_json(e.record);
+    shown.erase("files");
+    json j{{"ok", true}, {"job_id", e.record.job_id}, {"ended", std::move(shown)}};
+    if (last) j["last"] = true;
+    const auto& files = e.record.files;
+    if (req.op != control::Op::logs || files.empty()) return control_reply(c, std::move(j), true);
+    if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())))
+      return control_reply(c, {{"ok", false}, {"error", *outside}}, true);
+    std::vector<control::LogMerge::Source> sources;
+    for (const auto& [rank, path] : files) {
+      if (!req.ranks.empty() && !req.ranks.contains(rank)) continue;
+      // A rank file rotated once (logs.max_size) keeps its older lines in <file>.1.
+      std::vector<control::LogMerge::File> chain;
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(path + ".1", ec)) chain.push_back({path + ".1"});
+      chain.push_back({path});
+      sources.push_back({rank, std::move(chain)});
+    }
+    const auto& user = *user_of(c);
+    auto why = refuse_relay(relay_limits_, relay_use(nullptr), relay_use(&user), user);
+    if (!why)
+      why = refuse_backlog(relay_limits_, relay_use(nullptr), relay_use(&user), user, e.record.job_id, sources.size());
+    if (why) {
+      log_->warn("{}: {}; refused", c->label(), *why);
+      return c->refuse(proto::ErrorCode::bad_value, *why);
+    }
+    auto r = std::make_shared<Relay>(io_);  // no socket: the backlog is all there is
+    r->job_id = e.record.job_id;
+    r->user = user;
+    r->answered = true;
+    r->files = sources.size();
+    relays_[c] = r;
+    control_reply(c, std::move(j), false);
+    send_backlog(c, r, std::make_shared<control::LogMerge>(std::move(sources)));
   }
 
   void read_relay(Connection* c, const std::shared_ptr<Relay>& r) {
@@ -561,7 +661,8 @@ class Standing {
     while (c->queued_bytes() < kRelayHighWater) {
       auto l = merge->next();
       if (!l) {
-        r->files = 0;  // every file read and closed
+        r->files = 0;                                         // every file read and closed
+        if (!r->sock.is_open()) return end_relay(c, *r, "");  // an ended job's: nothing follows
         return read_relay(c, r);
       }
       control_reply(c, {{"rank", l->rank}, {"stream", l->stream}, {"line", l->text}, {"time", l->time}}, false);
@@ -663,6 +764,7 @@ class Standing {
   std::map<Connection*, std::string> users_;  // each established client's user (identity.hpp); bounded by relay_limits_
   std::shared_ptr<boost::asio::ssl::context> tls_;    // made at the first client
   std::map<std::string, std::shared_ptr<Job>> jobs_;  // bounded by relay_limits_
+  std::deque<EndedJob> ended_;                        // oldest first; kMaxEndedJobs at most
   bool stopping_ = false;
   RelayLimits relay_limits_;
   std::optional<net::Acceptor<tcp>> accept_loop_;  // last: it uses acceptor_ and log_

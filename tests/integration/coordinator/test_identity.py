@@ -228,6 +228,13 @@ def test_a_client_acts_only_as_the_user_its_key_maps_to(site):
     r = site.ddpctl(site.alice, site.alice.token, "stop", "alice-long")
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     assert not marker.exists()
+    # Ended, the job answers alice from its record; bob learns nothing of it, named or not.
+    r = site.ddpctl(site.alice, site.alice.token, "status", "alice-long")
+    assert r.returncode == 1 and "job alice-long ended" in r.stderr and "stopped" in r.stderr, r.stderr
+    for args in (("status", "alice-long"), ("logs", "alice-long"), ("status",)):
+        r = site.ddpctl(site.bob, site.bob.token, *args)
+        assert r.returncode != 0 and "stopped" not in r.stderr + r.stdout, (args, r.stderr + r.stdout)
+        assert "job alice-long ended" not in r.stderr + r.stdout, (args, r.stderr + r.stdout)
 
 
 SPEC = {"file": "j.yaml", "name": "j", "nnodes_min": 1, "nnodes_max": 1, "nproc": {"kind": "count", "count": 1},
