@@ -14,6 +14,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <string_view>
+
 namespace ddp::net {
 
 namespace asio = boost::asio;
@@ -181,12 +185,15 @@ void Connection::apply(proto::Effects effects) {
       timer_.cancel();
       was_established_ = true;
       pending_slot_.reset();
-      if (handlers_.on_established && !guarded("its authentication", [&] { handlers_.on_established(est->peer); }))
-        return;
+      if (handlers_.on_established && !guarded({}, [&] { handlers_.on_established(est->peer); })) return;
     } else if (auto* d = std::get_if<proto::Deliver>(&e)) {
       if (!closing_ && handlers_.on_message) {
-        const std::string what = "its '" + d->message.type + "'";
-        if (!guarded(what, [&] { handlers_.on_message(std::move(d->message)); })) return;
+        // Its type kept for a failure's words (the handler takes the message): on the stack,
+        // not a string per message; a schema type is a short name.
+        std::array<char, 64> type{};
+        const std::size_t n = std::min(d->message.type.size(), type.size());
+        std::copy_n(d->message.type.data(), n, type.data());
+        if (!guarded(std::string_view(type.data(), n), [&] { handlers_.on_message(std::move(d->message)); })) return;
       }
     } else if (auto* drop = std::get_if<proto::Drop>(&e)) {
       if (closing_) continue;
@@ -209,11 +216,12 @@ void Connection::apply(proto::Effects effects) {
 // coordinator, ddpctl's client): a handler that throws (a bug on this side, memory) ends this
 // link only, with an error frame that tells the peer why, instead of unwinding through
 // io_context::run() and taking every other peer and job of the process with it.
-bool Connection::guarded(const std::string& what, const std::function<void()>& handler) {
+bool Connection::guarded(std::string_view type, const std::function<void()>& handler) {
   try {
     handler();
     return true;
   } catch (const std::exception& e) {
+    const std::string what = type.empty() ? std::string("its authentication") : fmt::format("its '{}'", type);
     log::get(log_subsystem_)
         ->error("{}: handling {} failed: {}; closing this link (other links go on)", label_, what, e.what());
     if (!closed_ && !closing_) refuse(proto::ErrorCode::unexpected, "the receiver failed while handling " + what);

@@ -35,7 +35,10 @@ std::string uuid(int i) {
 }
 std::string all_uuids() {
   std::string s;
-  for (int i = 0; i < 8; ++i) s += (i ? "," : "") + uuid(i);
+  for (int i = 0; i < 8; ++i) {
+    if (i) s += ',';
+    s += uuid(i);
+  }
   return s;
 }
 

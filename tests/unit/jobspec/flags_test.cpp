@@ -95,7 +95,7 @@ TEST(SpecFromFlags, SameRulesAsTheFile) {
   EXPECT_EQ(s.store_port, 1234);
   EXPECT_TRUE(s.store_port_explicit);
   EXPECT_EQ(s.nproc.kind, Nproc::Kind::gpu);
-  f.store_port = "0";
+  f.store_port = std::string("0");  // not the literal: GCC 12 warns falsely (-Wrestrict) on an optional<string> = "0"
   EXPECT_FALSE(spec_from_flags(f, "x").store_port_explicit);
   JobFlags none;
   EXPECT_THROW(spec_from_flags(none, "x"), JobSpecError);
