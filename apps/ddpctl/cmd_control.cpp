@@ -71,14 +71,16 @@ std::int64_t now_ms() {
       .count();
 }
 
-// "job X ended 3 min ago (failed, exit code 1); result: F; logs: D"
-std::string describe_ended(const control::Ended& e) {
+// "job X ended 3 min ago (failed, exit code 1); result: F; logs: D"; `remote`: a standing
+// coordinator's record, whose paths are on its machine.
+std::string describe_ended(const control::Ended& e, bool remote = false) {
   const auto ago_s = std::max<std::int64_t>(0, now_ms() - e.ended_unix_ms) / 1000;
   const auto ago = ago_s < 120    ? fmt::format("{} s", ago_s)
                    : ago_s < 7200 ? fmt::format("{} min", ago_s / 60)
                                   : fmt::format("{} h", ago_s / 3600);
-  return fmt::format("job {} ended {} ago ({}, exit code {}); {}logs: {}", e.job_id, ago, e.status, e.exit_code,
-                     e.result_json.empty() ? "" : fmt::format("result: {}; ", e.result_json), e.logs);
+  const char* where = remote ? " on the coordinator's machine" : "";
+  return fmt::format("job {} ended {} ago ({}, exit code {}); {}logs{}: {}", e.job_id, ago, e.status, e.exit_code,
+                     e.result_json.empty() ? "" : fmt::format("result{}: {}; ", where, e.result_json), where, e.logs);
 }
 
 struct ControlArgs {
@@ -301,7 +303,9 @@ std::optional<json> ask(LineReader& r, const control::Request& req, const char* 
     std::cerr << fmt::format("ddpctl {}: the launcher closed the connection without an answer\n", cmd);
     return std::nullopt;
   }
-  if (!reply->value("ok", false)) {
+  // A standing coordinator's answer for a job that ended there carries "ok": false (for older
+  // clients) and "ended" (for us): see ended_in().
+  if (!reply->value("ok", false) && !reply->contains("ended")) {
     std::cerr << fmt::format("ddpctl {}: {}\n", cmd, reply->value("error", "refused"));
     return std::nullopt;
   }
@@ -313,16 +317,18 @@ std::optional<json> ask(LineReader& r, const control::Request& req, const char* 
 std::optional<control::Ended> ended_in(const json& reply, bool& defaulted) {
   auto it = reply.find("ended");
   if (it == reply.end()) return std::nullopt;
-  defaulted = reply.value("last", false);
+  const auto last = reply.find("last");
+  defaulted = last != reply.end() && last->is_boolean() && last->get<bool>();
   if (auto e = control::ended_from_json(*it)) return e;
   control::Ended unknown;  // malformed: said as such rather than taken for a running job
-  unknown.job_id = reply.value("job_id", std::string("?"));
+  const auto id = reply.find("job_id");
+  unknown.job_id = id != reply.end() && id->is_string() ? id->get<std::string>() : "?";
   unknown.status = "ended (the coordinator's record of it is malformed)";
   return unknown;
 }
 
 // `status` of a job that has ended: exit code 1 (not running).
-int status_of_ended(const control::Ended& e, bool defaulted, bool json_out) {
+int status_of_ended(const control::Ended& e, bool defaulted, bool json_out, bool remote = false) {
   if (json_out) {
     auto j = control::to_json(e);
     j.erase("files");
@@ -330,7 +336,7 @@ int status_of_ended(const control::Ended& e, bool defaulted, bool json_out) {
     std::cout << j.dump(2) << "\n";
   }
   std::cerr << fmt::format("ddpctl status: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
-                           describe_ended(e));
+                           describe_ended(e, remote));
   return 1;
 }
 
@@ -343,7 +349,7 @@ int run_status(const ControlArgs& a) {
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::status, {}, false}, "status");
   if (!reply) return 1;
-  if (auto e = ended_in(*reply, defaulted)) return status_of_ended(*e, defaulted, a.json_out);
+  if (auto e = ended_in(*reply, defaulted)) return status_of_ended(*e, defaulted, a.json_out, true);
   if (a.json_out)
     std::cout << (*reply)["status"].dump(2) << "\n";
   else
@@ -366,7 +372,7 @@ int run_stop(const ControlArgs& a) {
   if (!reply) return 1;
   if (auto e = ended_in(*reply, defaulted)) {
     std::cerr << fmt::format("ddpctl stop: nothing to stop: {}{}\n",
-                             defaulted ? "no job of yours is running; the last one: " : "", describe_ended(*e));
+                             defaulted ? "no job of yours is running; the last one: " : "", describe_ended(*e, true));
     return 1;
   }
   t->job_id = reply->value("job_id", t->job_id);  // a coordinator names the job it chose
@@ -437,7 +443,7 @@ int run_logs(const ControlArgs& a) {
   const auto ended = ended_in(*reply, defaulted);  // through a coordinator: its lines follow inline
   if (ended) {
     std::cerr << fmt::format("ddpctl logs: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
-                             describe_ended(*ended))
+                             describe_ended(*ended, true))
               << std::flush;
   }
   // What the files held when we asked, merged by time; with -f, the stream carries on from exactly there.
@@ -496,7 +502,7 @@ int run_stacks_job(const StacksJobArgs& sa) {
   if (!reply) return 1;
   bool defaulted = false;
   if (auto e = ended_in(*reply, defaulted)) {
-    std::cerr << fmt::format("ddpctl stacks: nothing runs: {}\n", describe_ended(*e));
+    std::cerr << fmt::format("ddpctl stacks: nothing runs: {}\n", describe_ended(*e, true));
     return 1;
   }
   // The launcher (or coordinator) is ours, but its reply is still checked like any other.

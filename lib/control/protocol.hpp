@@ -12,9 +12,10 @@
 //                   process: stacks::to_json(ProcessStacks); a rank (or node) that could not be read is
 //                   there too, its process's errors saying why
 //           error   {"ok": false, "error": "..."}
-//   a standing coordinator, for a job that ended there (any op): {"ok": true, "job_id", "ended": its
-//           end record less the files, "last": true when no job was named}, then for logs the
-//           files' lines {"rank", "stream", "line", "time"}, then closes
+//   a standing coordinator, for a job that ended there (any op): {"ok": false, "error", "job_id",
+//           "ended": its end record less the files, "last": true when no job was named}, then for
+//           logs the files' lines {"rank", "stream", "line", "time"}, then closes ("ok" false: a
+//           client that knows no "ended" says the error)
 //
 // The size in "files" is taken in the same event-loop turn as the subscription, after the
 // launcher flushed the log files, so a follower sees every line exactly once.

@@ -73,7 +73,8 @@ struct Job {
   std::weak_ptr<Connection> submitter;                      // empty: detached, or the submitter left
   std::uint64_t dropped = 0;
   std::string record_dir;  // where its control server leaves its end record; empty: none
-  std::string logs;        // the launcher's copy of its logs (the record's, where there is none)
+  std::string logs;        // the launcher's copy of its user's logs (<log dir>/<user>)
+  std::int64_t submitted_unix_ms = 0;
 };
 
 // A job that ended here, kept for `ddpctl status|logs|stop|stacks --coordinator` after it (in
@@ -81,11 +82,19 @@ struct Job {
 struct EndedJob {
   std::string user;
   control::Ended record;
+  std::size_t bytes = 0;  // what its record holds, about
 };
-// Jobs that ended here, remembered at most (the oldest forgotten first), and for at most as long
-// as a launcher keeps its end records.
+// Jobs that ended here, remembered at most (the oldest forgotten first: a user's own past their
+// share, anyone's past the total), and for at most as long as a launcher keeps its end records.
 constexpr std::size_t kMaxEndedJobs = 1024;
+constexpr std::size_t kMaxEndedJobsPerUser = 64;
+constexpr std::size_t kMaxEndedBytes = 16u << 20;  // their records' paths, all told
 constexpr auto kEndedKept = std::chrono::hours(24 * 30);
+
+std::int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 // One `control` request carried to a job's control socket, and its answer back.
 struct Relay {
@@ -307,6 +316,7 @@ class Standing {
     auto job = std::make_shared<Job>();
     job->id = job_id;
     job->user = user;
+    job->submitted_unix_ms = unix_ms_now();
     if (!detach) job->submitter = clients_.at(c);
 
     CoordinatorOptions o;
@@ -328,6 +338,9 @@ class Standing {
     try {
       o.control_dir = control::coordinator_jobs_dir();
       job->record_dir = o.control_dir;
+      // An earlier job's record of this id (anyone's) must not answer for this one, however
+      // early this one fails (before its control server, which forgets it too, is made).
+      control::forget_ended(job->record_dir, job_id);
     } catch (const control::ControlError& e) {
       log_->warn("job {}: no folder for its control socket: {}", job_id, e.what());
       o.control_socket = false;  // never the folder of our own user's launches instead
@@ -391,18 +404,46 @@ class Standing {
     });
   }
 
-  // Its end record: the one its control server left, else one made from its result.
+  // Its end record: the one its control server left for this run, else one made from its result.
+  // Only its user's log files are kept in it (<log dir>/<user>/...).
   void remember_ended(const Job& job, const std::string& state, int exit_code) {
-    std::optional<control::Ended> record;
-    if (!job.record_dir.empty()) record = control::read_ended(job.record_dir, job.id);
-    if (!record || record->status != state) {
-      auto files = record ? record->files : std::vector<std::pair<int, std::string>>{};
-      record = control::ended_now(job.id, state, exit_code, record ? record->logs : job.logs, std::nullopt);
-      record->files = std::move(files);
+    std::optional<control::Ended> left;
+    if (!job.record_dir.empty()) left = control::read_ended(job.record_dir, job.id);
+    if (left && left->ended_unix_ms < job.submitted_unix_ms) left.reset();  // an earlier run's
+    control::Ended record;
+    if (left && left->status == state) {
+      record = std::move(*left);
+    } else {  // none, or it says otherwise than the job's result (which the submitter was told)
+      record = control::ended_now(job.id, state, exit_code, left ? left->logs : job.logs, std::nullopt);
+      if (left) record.files = std::move(left->files);
     }
-    std::erase_if(ended_, [&](const EndedJob& e) { return e.record.job_id == job.id; });
-    if (ended_.size() >= kMaxEndedJobs) ended_.pop_front();
-    ended_.push_back({job.user, std::move(*record)});
+    const std::string mine = job.logs + "/";
+    std::erase_if(record.files, [&](const auto& f) { return !f.second.starts_with(mine); });
+    if (!record.logs.starts_with(mine) && record.logs != job.logs) record.logs = job.logs;
+    EndedJob e{job.user, std::move(record)};
+    e.bytes = sizeof(EndedJob) + e.record.logs.size() + e.record.result_json.size();
+    for (const auto& f : e.record.files) e.bytes += sizeof(f) + f.second.size();
+    // The same user's record of the same id is replaced; another user's stays theirs.
+    std::erase_if(ended_, [&](const EndedJob& x) { return x.user == job.user && x.record.job_id == job.id; });
+    ended_.push_back(std::move(e));
+    std::size_t theirs = 0, bytes = 0;
+    for (const auto& x : ended_) {
+      theirs += x.user == job.user;
+      bytes += x.bytes;
+    }
+    for (auto it = ended_.begin(); theirs > kMaxEndedJobsPerUser && it != ended_.end();) {
+      if (it->user != job.user) {
+        ++it;
+        continue;
+      }
+      bytes -= it->bytes;
+      --theirs;
+      it = ended_.erase(it);
+    }
+    while (!ended_.empty() && (ended_.size() > kMaxEndedJobs || bytes > kMaxEndedBytes)) {
+      bytes -= ended_.front().bytes;
+      ended_.pop_front();
+    }
   }
 
   // The job `id` that ended here, or without an id the last of `user`'s; null when there is none
@@ -533,8 +574,8 @@ class Standing {
       return control_reply(
           c,
           {{"ok", false},
-           {"error", fmt::format("job {} is not running on this coordinator, nor has it ended here since the "
-                                 "coordinator started",
+           {"error", fmt::format("job {} is not running on this coordinator, nor is it among the jobs of yours "
+                                 "that it remembers ended",
                                  id)}},
           true);
     }
@@ -566,9 +607,12 @@ class Standing {
     });
   }
 
-  // A job that ended here: {"ok": true, "job_id", "ended": its record less the files, "last":
-  // true when no id was named}, then for `logs` its last attempt's files' lines, as a running
-  // job's backlog is sent (their paths are this machine's: only their lines go).
+  // A job that ended here: {"ok": false, "error": "job X is not running: it ended ...", "job_id",
+  // "ended": its record less the files, "last": true when no id was named}, then for `logs` its
+  // last attempt's files' lines, as a running job's backlog is sent (their paths are this
+  // machine's: only their lines go). "ok" is false so that a ddpctl older than this answer, which
+  // knows no "ended", says the error and exits 1 as before rather than taking it for a running
+  // job; a newer one reads "ended" first.
   void answer_ended(Connection* c, const EndedJob& e, const json& b, bool last) {
     control::Request req;
     try {
@@ -578,7 +622,11 @@ class Standing {
     }
     auto shown = control::to_json(e.record);
     shown.erase("files");
-    json j{{"ok", true}, {"job_id", e.record.job_id}, {"ended", std::move(shown)}};
+    json j{{"ok", false},
+           {"error", fmt::format("job {} is not running: it ended on this coordinator ({}, exit code {})",
+                                 e.record.job_id, e.record.status, e.record.exit_code)},
+           {"job_id", e.record.job_id},
+           {"ended", std::move(shown)}};
     if (last) j["last"] = true;
     const auto& files = e.record.files;
     if (req.op != control::Op::logs || files.empty()) return control_reply(c, std::move(j), true);

@@ -185,7 +185,7 @@ void Connection::apply(proto::Effects effects) {
       timer_.cancel();
       was_established_ = true;
       pending_slot_.reset();
-      if (handlers_.on_established && !guarded({}, [&] { handlers_.on_established(est->peer); })) return;
+      if (handlers_.on_established && !guarded(std::nullopt, [&] { handlers_.on_established(est->peer); })) return;
     } else if (auto* d = std::get_if<proto::Deliver>(&e)) {
       if (!closing_ && handlers_.on_message) {
         // Its type kept for a failure's words (the handler takes the message): on the stack,
@@ -216,12 +216,12 @@ void Connection::apply(proto::Effects effects) {
 // coordinator, ddpctl's client): a handler that throws (a bug on this side, memory) ends this
 // link only, with an error frame that tells the peer why, instead of unwinding through
 // io_context::run() and taking every other peer and job of the process with it.
-bool Connection::guarded(std::string_view type, const std::function<void()>& handler) {
+bool Connection::guarded(std::optional<std::string_view> type, const std::function<void()>& handler) {
   try {
     handler();
     return true;
   } catch (const std::exception& e) {
-    const std::string what = type.empty() ? std::string("its authentication") : fmt::format("its '{}'", type);
+    const std::string what = type ? fmt::format("its '{}'", *type) : std::string("its authentication");
     log::get(log_subsystem_)
         ->error("{}: handling {} failed: {}; closing this link (other links go on)", label_, what, e.what());
     if (!closed_ && !closing_) refuse(proto::ErrorCode::unexpected, "the receiver failed while handling " + what);

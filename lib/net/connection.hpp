@@ -128,8 +128,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void read();
   void apply(proto::Effects effects);
   // Runs a handler; if it throws, logs it, refuses the peer and returns false.
-  // `what` (its type, or empty for the authentication) is put into words only on a failure.
-  bool guarded(std::string_view type, const std::function<void()>& handler);
+  // `type`: the delivered message's, put into words only on a failure; nullopt: the handler of
+  // the authentication.
+  bool guarded(std::optional<std::string_view> type, const std::function<void()>& handler);
   void queue(std::string frame);
   void write();
   void finish_close();

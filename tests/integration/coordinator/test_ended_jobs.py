@@ -9,10 +9,18 @@ import sys
 
 import pytest
 
+import protoclient
+
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
 from loopsite import running_site  # noqa: E402
 from simcluster import finish  # noqa: E402
+
+SPEC = {"file": "j.yaml", "name": "j", "nnodes_min": 1, "nnodes_max": 2, "nproc": {"kind": "count", "count": 1},
+        "command": ["/bin/true"], "shell": False, "env": [], "env_forward": [], "max_restarts": 0,
+        "restart_backoff_ms": 1000, "log_dir": "/var/tmp", "log_max_bytes": 1 << 20, "store_port": 29500,
+        "nccl_unique_id": "off", "stop_grace_ms": 1000, "forward_env": {}, "workdir": "/",
+        "binding": {"gpu": "auto", "numa": "auto", "nic": "auto"}}
 
 WORKER = ("import os, sys\n"
           "print(f'hello from rank {os.environ[\"RANK\"]}', flush=True)\n"
@@ -37,6 +45,7 @@ def test_an_ended_job_answers_status_logs_and_stop(site):
     assert r.returncode == 1, r.stdout + r.stderr  # not running
     # The exit code the submitter's ddpctl gave.
     assert "job ends-1 ended" in r.stderr and f"(failed, exit code {rc})" in r.stderr, (rc, r.stderr)
+    assert "logs on the coordinator's machine: " in r.stderr, r.stderr  # its paths are not ours
     assert "not running on this coordinator" not in r.stderr, r.stderr
 
     r = site.ddpctl("status", "--json", "ends-1")
@@ -65,3 +74,68 @@ def test_an_ended_job_answers_status_logs_and_stop(site):
     # An id that never ran here is still refused, saying so.
     r = site.ddpctl("status", "other")
     assert r.returncode == 1 and "not running on this coordinator" in r.stderr, r.stderr
+
+
+def test_an_older_ddpctl_is_told_the_job_is_not_running(site):
+    """A ddpctl from before these answers knows no "ended": the first line says "ok": false with
+    the reason, so it prints that and exits 1 as it did, rather than reading a status of nothing."""
+    job = site.job("quick", ["/bin/true"])
+    p = site.submit(job, "--job-id", "quick-1", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rc, _, err = finish(p, timeout=120)
+    assert rc == 0, err + site.logs()
+    key_id, secret = protoclient.read_token(site.token)
+    for op in ("status", "stop", "logs", "stacks"):
+        c = protoclient.Client("127.0.0.1", site.coord_port, key_id, secret, role="ctl", user="root", timeout=60)
+        c.send("control", job_id="quick-1", line=json.dumps({"op": op}) + "\n")
+        m = c.receive()
+        c.close()
+        assert m["type"] == "control", m
+        first = json.loads(m["line"])
+        assert first["ok"] is False and "quick-1 is not running: it ended" in first["error"], first
+        assert first["ended"]["status"] == "succeeded" and first["ended"]["exit_code"] == 0, first
+
+
+def test_a_job_id_used_again_answers_for_the_new_run_only(site):
+    """The second run of an id fails before it has a control socket (its nodes are listed twice):
+    the first run's record must not answer for it, nor show the first run's lines."""
+    worker = site.dir / "worker.py"
+    worker.write_text(WORKER)
+    job = site.job("again", ["/usr/bin/python3", str(worker)], nproc=2)
+    p = site.submit(job, "--job-id", "again-1", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finish(p, timeout=120)
+    r = site.ddpctl("logs", "again-1")
+    assert "hello from rank 0" in r.stdout, r.stdout + r.stderr
+
+    # ddpctl refuses such --nodes itself; a client of its own sends them (no --key-user here: the
+    # coordinator takes a submission without a delegation, as from a version-5 ddpctl).
+    key_id, secret = protoclient.read_token(site.token)
+    c = protoclient.Client("127.0.0.1", site.coord_port, key_id, secret, role="ctl", user="root", version=5,
+                           timeout=60)
+    node = f"127.0.0.1:{site.agent_port}"
+    c.send("submit", job_id="again-1", user="root", spec=dict(SPEC, log_dir=str(site.dir)), nodes=[node, node])
+    answers = []
+    while not answers or answers[-1]["type"] not in ("job_result", "error"):
+        answers.append(c.receive())
+    c.close()
+    assert answers[-1]["type"] == "job_result" and answers[-1]["state"] == "failed", answers
+    assert "listed twice" in answers[-1]["message"], answers
+
+    r = site.ddpctl("logs", "again-1")
+    assert "hello from rank" not in r.stdout, r.stdout + r.stderr
+    assert "job again-1 ended 0 s ago (failed, exit code 2)" in r.stderr, r.stderr
+
+
+def test_a_user_is_remembered_for_their_last_64_jobs(site):
+    job = site.job("many", ["/bin/true"])
+    for i in range(66):
+        p = site.submit(job, "--job-id", f"many-{i}", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        rc, _, err = finish(p, timeout=120)
+        assert rc == 0, err + site.logs()
+    for i in (0, 1):
+        r = site.ddpctl("status", f"many-{i}")
+        assert r.returncode == 1 and "nor is it among the jobs of yours that it remembers" in r.stderr, r.stderr
+    for i in (2, 65):
+        r = site.ddpctl("status", f"many-{i}")
+        assert r.returncode == 1 and f"job many-{i} ended" in r.stderr and "succeeded" in r.stderr, r.stderr
+    r = site.ddpctl("status")
+    assert "the last one: job many-65 ended" in r.stderr, r.stderr
