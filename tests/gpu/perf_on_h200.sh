@@ -106,7 +106,7 @@ section "summary"
 {
   echo "commit $(cat "$root/.gpu/COMMIT" 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%MZ)"
   ! want 1 || grep -h "TORCHRUN_CONTRACT" "$out/torchrun.log"
-  ! want 2 || grep -h "^TRAINING" "$out/training.txt"
+  ! want 2 || grep -h "^TRAINING" "$out/training${TRAIN_TAG:-}.txt"
   if want 3; then
     n=0
     for t in ${STORE_THREADS:-auto}; do

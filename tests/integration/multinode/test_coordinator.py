@@ -187,7 +187,7 @@ def test_job_outlives_its_submitter_and_another_ddpctl_stops_it(cluster):
     assert "has ended" in r.stderr
     assert wait_gone(pids) == []
     rc, _, err = status(c, "long-1", *via_coordinator(c))
-    assert rc == 1 and "not running" in err
+    assert rc == 1 and "job long-1 ended" in err and "(stopped, exit code 143)" in err, err
 
 
 def test_detach_with_a_standing_coordinator(cluster):

@@ -118,10 +118,11 @@ def test_tls_through_a_standing_coordinator_hides_the_job_on_every_link(cluster3
     assert ranks(out) == [0, 1] and out.count(marker) == 2, out + err
     assert len(wire) > 2000, "nothing captured"
     assert marker.encode() not in wire
-    # ddpctl status --coordinator --tls reaches it too (the relay's link).
+    # ddpctl status --coordinator --tls reaches it too (the relay's link): the job that just ended.
     r = c.ctl.run([os.path.join(c.bin, "ddpctl"), "status", "--coordinator", f"{co.addr}:{COORD_PORT}", "--token-file",
                    c.token, "--tls"], cwd=c.dir)
-    assert "no job of yours runs on this coordinator" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert r.returncode == 1 and "no job of yours is running; the last one: job " in r.stderr, r.stdout + r.stderr
+    assert "(succeeded, exit code 0)" in r.stderr, r.stdout + r.stderr
 
 
 @pytest.fixture
