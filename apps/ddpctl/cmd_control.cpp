@@ -466,6 +466,8 @@ int run_logs(const ControlArgs& a) {
     } else if (m->contains("dropped")) {
       std::cerr << fmt::format("ddpctl logs: {} line(s) skipped (we read too slowly; the log files have them)\n",
                                m->value("dropped", 0));
+    } else if (m->contains("unreadable") && (*m)["unreadable"].is_string()) {  // a coordinator's file skipped
+      std::cerr << "ddpctl logs: " << (*m)["unreadable"].get<std::string>() << "\n";
     } else if (m->contains("end")) {
       std::cerr << fmt::format("ddpctl logs: job {} ended ({})\n", t->job_id, m->value("end", "?"));
     }

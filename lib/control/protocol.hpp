@@ -15,7 +15,9 @@
 //   a standing coordinator, for a job that ended there (any op): {"ok": false, "error", "job_id",
 //           "ended": its end record less the files, "last": true when no job was named}, then for
 //           logs the files' lines {"rank", "stream", "line", "time"}, then closes ("ok" false: a
-//           client that knows no "ended" says the error)
+//           client that knows no "ended" says the error). After a coordinator's inlined files,
+//           running job or ended: {"unreadable": "rank R: cannot read PATH: why"} for each file
+//           it skipped
 //
 // The size in "files" is taken in the same event-loop turn as the subscription, after the
 // launcher flushed the log files, so a follower sees every line exactly once.

@@ -709,7 +709,10 @@ class Standing {
     while (c->queued_bytes() < kRelayHighWater) {
       auto l = merge->next();
       if (!l) {
-        r->files = 0;                                         // every file read and closed
+        r->files = 0;  // every file read and closed
+        // A file skipped (a link, a FIFO, not its folder's owner's), named as `ddpctl logs` names
+        // one of a local job's.
+        for (const auto& u : merge->unreadable()) control_reply(c, {{"unreadable", u}}, false);
         if (!r->sock.is_open()) return end_relay(c, *r, "");  // an ended job's: nothing follows
         return read_relay(c, r);
       }

@@ -22,9 +22,19 @@ SPEC = {"file": "j.yaml", "name": "j", "nnodes_min": 1, "nnodes_max": 2, "nproc"
         "nccl_unique_id": "off", "stop_grace_ms": 1000, "forward_env": {}, "workdir": "/",
         "binding": {"gpu": "auto", "numa": "auto", "nic": "auto"}}
 
-WORKER = ("import os, sys\n"
-          "print(f'hello from rank {os.environ[\"RANK\"]}', flush=True)\n"
-          "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+# Rank 1 fails, once rank 0 has said hello (or the agent would stop rank 0 first, at times
+# before it printed).
+WORKER = ("import os, pathlib, sys, time\n"
+          "rank = os.environ['RANK']\n"
+          "print(f'hello from rank {rank}', flush=True)\n"
+          "mark = pathlib.Path(sys.argv[1]) / 'rank0.said'\n"
+          "if rank == '0':\n"
+          "    mark.touch()\n"
+          "    sys.exit(0)\n"
+          "deadline = time.monotonic() + 60\n"
+          "while not mark.exists() and time.monotonic() < deadline:\n"
+          "    time.sleep(0.01)\n"
+          "sys.exit(3)\n")
 
 
 @pytest.fixture
@@ -36,7 +46,7 @@ def site():
 def test_an_ended_job_answers_status_logs_and_stop(site):
     worker = site.dir / "worker.py"
     worker.write_text(WORKER)
-    job = site.job("ends", ["/usr/bin/python3", str(worker)], nproc=2)
+    job = site.job("ends", ["/usr/bin/python3", str(worker), str(site.dir)], nproc=2)
     p = site.submit(job, "--job-id", "ends-1", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rc, _, err = finish(p, timeout=120)
     assert rc != 0 and "failed" in err, err + site.logs()
@@ -65,6 +75,14 @@ def test_an_ended_job_answers_status_logs_and_stop(site):
     assert "job ends-1 ended" in r.stderr, r.stderr
     r = site.ddpctl("logs", "--ranks", "1", "ends-1")
     assert r.returncode == 0 and "[1] hello from rank 1" in r.stdout and "[0]" not in r.stdout, r.stdout + r.stderr
+    # A rank file that became a link is skipped and named, as a local job's is.
+    rank1 = [p for p in (site.dir / "coord-logs").rglob("*") if p.is_file() and "hello from rank 1" in p.read_text()]
+    assert len(rank1) == 1, sorted(str(p) for p in (site.dir / "coord-logs").rglob("*"))
+    rank1[0].rename(rank1[0].with_name("moved"))
+    rank1[0].symlink_to(rank1[0].with_name("moved"))
+    r = site.ddpctl("logs", "ends-1")
+    assert r.returncode == 0 and "[0] hello from rank 0" in r.stdout and "[1]" not in r.stdout, r.stdout + r.stderr
+    assert f"ddpctl logs: rank 1: cannot read {rank1[0]}" in r.stderr, r.stderr
     r = site.ddpctl("logs", "--ranks", "7", "ends-1")
     assert r.returncode != 0 and "no rank 7" in r.stderr, r.stdout + r.stderr
 
@@ -100,7 +118,7 @@ def test_a_job_id_used_again_answers_for_the_new_run_only(site):
     the first run's record must not answer for it, nor show the first run's lines."""
     worker = site.dir / "worker.py"
     worker.write_text(WORKER)
-    job = site.job("again", ["/usr/bin/python3", str(worker)], nproc=2)
+    job = site.job("again", ["/usr/bin/python3", str(worker), str(site.dir)], nproc=2)
     p = site.submit(job, "--job-id", "again-1", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     finish(p, timeout=120)
     r = site.ddpctl("logs", "again-1")
