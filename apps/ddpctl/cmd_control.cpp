@@ -30,7 +30,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -423,17 +422,7 @@ int run_logs(const ControlArgs& a) {
     std::cerr << fmt::format("ddpctl logs: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
                              describe_ended(*t->ended))
               << std::flush;
-    std::vector<control::LogMerge::Source> sources;
-    for (const auto& [rank, path] : files) {
-      if (!req.ranks.empty() && !req.ranks.contains(rank)) continue;
-      // A rank file rotated once (logs.max_size) keeps its older lines in <file>.1.
-      std::vector<control::LogMerge::File> chain;
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(path + ".1", ec)) chain.push_back({path + ".1"});
-      chain.push_back({path});
-      sources.push_back({rank, std::move(chain)});
-    }
-    print_merged(std::move(sources), a.timestamps);
+    print_merged(control::LogMerge::of_files(files, req.ranks), a.timestamps);
     return 0;
   }
   LineReader r(t->fd);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <filesystem>
 #include <tuple>
 
 namespace ddp::control {
@@ -55,6 +56,20 @@ struct LogMerge::Reader {
     return any;
   }
 };
+
+std::vector<LogMerge::Source> LogMerge::of_files(const std::vector<std::pair<int, std::string>>& files,
+                                                 const std::set<int>& ranks) {
+  std::vector<Source> sources;
+  for (const auto& [rank, path] : files) {
+    if (!ranks.empty() && !ranks.contains(rank)) continue;
+    std::vector<File> chain;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path + ".1", ec)) chain.push_back({path + ".1"});
+    chain.push_back({path});
+    sources.push_back({rank, std::move(chain)});
+  }
+  return sources;
+}
 
 LogMerge::LogMerge(std::vector<Source> sources) {
   for (std::size_t i = 0; i < sources.size(); ++i) {

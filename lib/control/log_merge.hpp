@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::control {
@@ -35,6 +37,10 @@ class LogMerge {
     std::vector<File> files;
   };
   static constexpr std::size_t kMaxLine = 256 * 1024;
+  // An ended job's files as its end record lists them (rank, path), each after its rotated
+  // <file>.1 where there is one (logs.max_size); only `ranks` (every rank when empty).
+  static std::vector<Source> of_files(const std::vector<std::pair<int, std::string>>& files,
+                                      const std::set<int>& ranks);
 
   explicit LogMerge(std::vector<Source> sources);
   ~LogMerge();

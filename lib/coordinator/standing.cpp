@@ -632,16 +632,7 @@ class Standing {
     if (req.op != control::Op::logs || files.empty()) return control_reply(c, std::move(j), true);
     if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())))
       return control_reply(c, {{"ok", false}, {"error", *outside}}, true);
-    std::vector<control::LogMerge::Source> sources;
-    for (const auto& [rank, path] : files) {
-      if (!req.ranks.empty() && !req.ranks.contains(rank)) continue;
-      // A rank file rotated once (logs.max_size) keeps its older lines in <file>.1.
-      std::vector<control::LogMerge::File> chain;
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(path + ".1", ec)) chain.push_back({path + ".1"});
-      chain.push_back({path});
-      sources.push_back({rank, std::move(chain)});
-    }
+    auto sources = control::LogMerge::of_files(files, req.ranks);
     const auto& user = *user_of(c);
     auto why = refuse_relay(relay_limits_, relay_use(nullptr), relay_use(&user), user);
     if (!why)
