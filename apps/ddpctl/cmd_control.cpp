@@ -311,6 +311,12 @@ std::optional<json> ask(LineReader& r, const control::Request& req, const char* 
   return reply;
 }
 
+// The job a reply names (a coordinator names the one it chose), else `fallback`.
+std::string job_id_in(const json& reply, const std::string& fallback) {
+  const auto id = reply.find("job_id");
+  return id != reply.end() && id->is_string() ? id->get<std::string>() : fallback;
+}
+
 // A standing coordinator's answer for a job that ended there (its end record, less the files);
 // nullopt for a running job's. `defaulted`: the coordinator chose it (no id named).
 std::optional<control::Ended> ended_in(const json& reply, bool& defaulted) {
@@ -320,8 +326,7 @@ std::optional<control::Ended> ended_in(const json& reply, bool& defaulted) {
   defaulted = last != reply.end() && last->is_boolean() && last->get<bool>();
   if (auto e = control::ended_from_json(*it)) return e;
   control::Ended unknown;  // malformed: said as such rather than taken for a running job
-  const auto id = reply.find("job_id");
-  unknown.job_id = id != reply.end() && id->is_string() ? id->get<std::string>() : "?";
+  unknown.job_id = job_id_in(reply, "?");
   unknown.status = "ended (the coordinator's record of it is malformed)";
   return unknown;
 }
@@ -374,7 +379,7 @@ int run_stop(const ControlArgs& a) {
                              defaulted ? "no job of yours is running; the last one: " : "", describe_ended(*e, true));
     return 1;
   }
-  t->job_id = reply->value("job_id", t->job_id);  // a coordinator names the job it chose
+  t->job_id = job_id_in(*reply, t->job_id);  // a coordinator names the job it chose
   std::cerr << fmt::format("ddpctl stop: stopping job {} ...\n", t->job_id);
   while (r.next()) {
   }
@@ -428,7 +433,7 @@ int run_logs(const ControlArgs& a) {
   LineReader r(t->fd);
   auto reply = ask(r, req, "logs");
   if (!reply) return 1;
-  t->job_id = reply->value("job_id", t->job_id);
+  t->job_id = job_id_in(*reply, t->job_id);
   const auto ended = ended_in(*reply, defaulted);  // through a coordinator: its lines follow inline
   if (ended) {
     std::cerr << fmt::format("ddpctl logs: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
@@ -530,7 +535,7 @@ int run_stacks_job(const StacksJobArgs& sa) {
       j["node"] = x.node;
       procs.push_back(std::move(j));
     }
-    std::cout << json{{"job_id", reply->value("job_id", t->job_id)},
+    std::cout << json{{"job_id", job_id_in(*reply, t->job_id)},
                       {"world_size", world},
                       {"processes", procs},
                       {"groups", ddp::stacks::to_json(groups)}}

@@ -64,7 +64,10 @@ std::vector<LogMerge::Source> LogMerge::of_files(const std::vector<std::pair<int
     if (!ranks.empty() && !ranks.contains(rank)) continue;
     std::vector<File> chain;
     std::error_code ec;
-    if (std::filesystem::is_regular_file(path + ".1", ec)) chain.push_back({path + ".1"});
+    // Not followed if it is a link (opening it would refuse one anyway, and whether a link's
+    // target exists is not ours to tell).
+    if (std::filesystem::symlink_status(path + ".1", ec).type() == std::filesystem::file_type::regular)
+      chain.push_back({path + ".1"});
     chain.push_back({path});
     sources.push_back({rank, std::move(chain)});
   }

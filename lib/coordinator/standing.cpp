@@ -88,7 +88,11 @@ struct EndedJob {
 // share, anyone's past the total), and for at most as long as a launcher keeps its end records.
 constexpr std::size_t kMaxEndedJobs = 1024;
 constexpr std::size_t kMaxEndedJobsPerUser = 64;
-constexpr std::size_t kMaxEndedBytes = 16u << 20;  // their records' paths, all told
+constexpr std::size_t kMaxEndedBytes = 16u << 20;        // their records' paths, all told
+constexpr std::size_t kMaxEndedBytesPerUser = 4u << 20;  // one user's share of that
+// A run's record taken even when it says it ended this much before the job was submitted (the
+// wall clock stepped back meanwhile); an older one is an earlier run's.
+constexpr std::int64_t kClockSlackMs = 60'000;
 constexpr auto kEndedKept = std::chrono::hours(24 * 30);
 
 std::int64_t unix_ms_now() {
@@ -409,7 +413,7 @@ class Standing {
   void remember_ended(const Job& job, const std::string& state, int exit_code) {
     std::optional<control::Ended> left;
     if (!job.record_dir.empty()) left = control::read_ended(job.record_dir, job.id);
-    if (left && left->ended_unix_ms < job.submitted_unix_ms) left.reset();  // an earlier run's
+    if (left && left->ended_unix_ms < job.submitted_unix_ms - kClockSlackMs) left.reset();  // an earlier run's
     control::Ended record;
     if (left && left->status == state) {
       record = std::move(*left);
@@ -421,22 +425,35 @@ class Standing {
     std::erase_if(record.files, [&](const auto& f) { return !f.second.starts_with(mine); });
     if (!record.logs.starts_with(mine) && record.logs != job.logs) record.logs = job.logs;
     EndedJob e{job.user, std::move(record)};
-    e.bytes = sizeof(EndedJob) + e.record.logs.size() + e.record.result_json.size();
-    for (const auto& f : e.record.files) e.bytes += sizeof(f) + f.second.size();
+    auto count = [](const EndedJob& x) {
+      std::size_t n = sizeof(EndedJob) + x.record.logs.size() + x.record.result_json.size();
+      for (const auto& f : x.record.files) n += sizeof(f) + f.second.size();
+      return n;
+    };
+    e.bytes = count(e);
+    if (e.bytes > kMaxEndedBytesPerUser) {  // a job of very many ranks: how it ended, not its files
+      e.record.files.clear();
+      e.bytes = count(e);
+    }
     // The same user's record of the same id is replaced; another user's stays theirs.
     std::erase_if(ended_, [&](const EndedJob& x) { return x.user == job.user && x.record.job_id == job.id; });
     ended_.push_back(std::move(e));
-    std::size_t theirs = 0, bytes = 0;
+    std::size_t theirs = 0, their_bytes = 0, bytes = 0;
     for (const auto& x : ended_) {
-      theirs += x.user == job.user;
+      if (x.user == job.user) {
+        ++theirs;
+        their_bytes += x.bytes;
+      }
       bytes += x.bytes;
     }
-    for (auto it = ended_.begin(); theirs > kMaxEndedJobsPerUser && it != ended_.end();) {
+    for (auto it = ended_.begin();
+         (theirs > kMaxEndedJobsPerUser || their_bytes > kMaxEndedBytesPerUser) && it != ended_.end();) {
       if (it->user != job.user) {
         ++it;
         continue;
       }
       bytes -= it->bytes;
+      their_bytes -= it->bytes;
       --theirs;
       it = ended_.erase(it);
     }

@@ -73,6 +73,8 @@ def test_an_ended_job_answers_status_logs_and_stop(site):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[0] hello from rank 0" in r.stdout and "[1] hello from rank 1" in r.stdout, r.stdout + r.stderr
     assert "job ends-1 ended" in r.stderr, r.stderr
+    r = site.ddpctl("logs", "-f", "ends-1", timeout=60)  # nothing follows an ended job: it returns
+    assert r.returncode == 0 and "[0] hello from rank 0" in r.stdout, r.stdout + r.stderr
     r = site.ddpctl("logs", "--ranks", "1", "ends-1")
     assert r.returncode == 0 and "[1] hello from rank 1" in r.stdout and "[0]" not in r.stdout, r.stdout + r.stderr
     # A rank file that became a link is skipped and named, as a local job's is.

@@ -461,6 +461,29 @@ TEST(ControlLogMerge, ARanksOwnOrderStandsAndLimitsAndRotatedFilesAreKept) {
   EXPECT_EQ(merged(m), (std::vector<std::string>{"1 00.000Z old", "1 02.000Z new", "0 05.000Z x", "0 01.000Z y"}));
 }
 
+// An ended job's files as its record lists them: each rank's rotated .1 first where there is one
+// (a link there is not taken), only the ranks asked for.
+TEST(ControlLogMerge, AnEndedJobsFilesBecomeItsSources) {
+  TempDir d;
+  const auto r0 = write_log(d.p / "rank-0.log", {"2026-12-04T10:00:02.000Z out| now0"});
+  write_log(d.p / "rank-0.log.1", {"2026-12-04T10:00:01.000Z out| before0"});
+  const auto r1 = write_log(d.p / "rank-1.log", {"2026-12-04T10:00:03.000Z out| now1"});
+  write_log(d.p / "elsewhere", {"2026-12-04T10:00:00.000Z out| not rank 1's"});
+  std::filesystem::create_symlink(d.p / "elsewhere", d.p / "rank-1.log.1");
+  const std::vector<std::pair<int, std::string>> files{{0, r0}, {1, r1}};
+  auto all = LogMerge::of_files(files, {});
+  ASSERT_EQ(all.size(), 2u);
+  ASSERT_EQ(all[0].files.size(), 2u);
+  EXPECT_EQ(all[0].files[0].path, r0 + ".1");
+  EXPECT_EQ(all[1].files.size(), 1u);  // the link is no rotated file
+  LogMerge m(std::move(all));
+  EXPECT_EQ(merged(m), (std::vector<std::string>{"0 01.000Z before0", "0 02.000Z now0", "1 03.000Z now1"}));
+  EXPECT_TRUE(m.unreadable().empty());
+  auto one = LogMerge::of_files(files, {1});
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].rank, 1);
+}
+
 TEST(ControlLogMerge, CutsLongLines) {
   TempDir d;
   const auto long_text = std::string(LogMerge::kMaxLine * 2, 'z');
