@@ -82,6 +82,12 @@ std::string describe_ended(const control::Ended& e, bool remote = false) {
                      e.result_json.empty() ? "" : fmt::format("result{}: {}; ", where, e.result_json), where, e.logs);
 }
 
+// describe_ended(), after "no job of yours is running; the last one: " when the job was chosen for
+// the user (no id named).
+std::string said_ended(const control::Ended& e, bool defaulted, bool remote = false) {
+  return (defaulted ? "no job of yours is running; the last one: " : "") + describe_ended(e, remote);
+}
+
 struct ControlArgs {
   std::string job;
   bool json_out = false;
@@ -339,8 +345,7 @@ int status_of_ended(const control::Ended& e, bool defaulted, bool json_out, bool
     j["state"] = "ended";
     std::cout << j.dump(2) << "\n";
   }
-  std::cerr << fmt::format("ddpctl status: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
-                           describe_ended(e, remote));
+  std::cerr << "ddpctl status: " << said_ended(e, defaulted, remote) << "\n";
   return 1;
 }
 
@@ -366,19 +371,15 @@ int run_stop(const ControlArgs& a) {
   bool defaulted = false;
   auto t = find_job(a, "stop", rc, &defaulted);
   if (!t) return rc;
-  if (t->ended) {
-    std::cerr << fmt::format("ddpctl stop: nothing to stop: {}{}\n",
-                             defaulted ? "no job of yours is running; the last one: " : "", describe_ended(*t->ended));
+  auto nothing_to_stop = [&](const control::Ended& e, bool remote) {
+    std::cerr << "ddpctl stop: nothing to stop: " << said_ended(e, defaulted, remote) << "\n";
     return 1;
-  }
+  };
+  if (t->ended) return nothing_to_stop(*t->ended, false);
   LineReader r(t->fd);
   auto reply = ask(r, {control::Op::stop, {}, false}, "stop");
   if (!reply) return 1;
-  if (auto e = ended_in(*reply, defaulted)) {
-    std::cerr << fmt::format("ddpctl stop: nothing to stop: {}{}\n",
-                             defaulted ? "no job of yours is running; the last one: " : "", describe_ended(*e, true));
-    return 1;
-  }
+  if (auto e = ended_in(*reply, defaulted)) return nothing_to_stop(*e, true);
   t->job_id = job_id_in(*reply, t->job_id);  // a coordinator names the job it chose
   std::cerr << fmt::format("ddpctl stop: stopping job {} ...\n", t->job_id);
   while (r.next()) {
@@ -424,9 +425,7 @@ int run_logs(const ControlArgs& a) {
       return 1;
     }
     // Which job these lines are, before them (the user did not name it, or it is over).
-    std::cerr << fmt::format("ddpctl logs: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
-                             describe_ended(*t->ended))
-              << std::flush;
+    std::cerr << "ddpctl logs: " << said_ended(*t->ended, defaulted) << "\n" << std::flush;
     print_merged(control::LogMerge::of_files(files, req.ranks), a.timestamps);
     return 0;
   }
@@ -434,12 +433,8 @@ int run_logs(const ControlArgs& a) {
   auto reply = ask(r, req, "logs");
   if (!reply) return 1;
   t->job_id = job_id_in(*reply, t->job_id);
-  const auto ended = ended_in(*reply, defaulted);  // through a coordinator: its lines follow inline
-  if (ended) {
-    std::cerr << fmt::format("ddpctl logs: {}{}\n", defaulted ? "no job of yours is running; the last one: " : "",
-                             describe_ended(*ended, true))
-              << std::flush;
-  }
+  if (auto e = ended_in(*reply, defaulted))  // through a coordinator: its lines follow inline
+    std::cerr << "ddpctl logs: " << said_ended(*e, defaulted, true) << "\n" << std::flush;
   // What the files held when we asked, merged by time; with -f, the stream carries on from exactly there.
   std::vector<control::LogMerge::Source> sources;
   for (const auto& f : (*reply)["files"]) {
