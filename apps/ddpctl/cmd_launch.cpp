@@ -336,7 +336,7 @@ Command add_launch_command(CLI::App& root) {
     auto split = ddp::jobspec::split_launch_words(words, [sub](std::string_view name) -> std::optional<bool> {
       const auto* opt = sub->get_option_no_throw(std::string(name));
       if (!opt) return std::nullopt;
-      return opt->get_type_size_max() != 0;
+      return opt->get_items_expected_max() != 0;  // a flag expects none (its type size is still 1)
     });
     args->command = std::move(split.command);
     return split.own;

@@ -166,6 +166,9 @@ Env worker_env(const jobspec::JobSpec& spec, const NodeContext& node, const Env&
   // Defaults, which the inherited environment or the job may already have chosen.
   auto set_default = [&env](const std::string& k, const std::string& v) { env.try_emplace(k, v); };
   if (node.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");  // as torchrun: N ranks x all cores thrash
+  // A rank writes into a pipe, not a terminal: Python would hold its output in blocks until it
+  // exits, and lose it when the rank is killed (torchrun runs a script under `python -u`).
+  set_default("PYTHONUNBUFFERED", "1");
   // One name per release (see async_error_handling); none where the user chose already.
   const bool chosen = env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") || env.count("NCCL_ASYNC_ERROR_HANDLING") ||
                       std::any_of(spec.env.begin(), spec.env.end(), [](const auto& kv) {

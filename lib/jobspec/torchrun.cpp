@@ -76,7 +76,7 @@ const std::vector<Flag>& flags() {
       {{"--signals-to-handle", "--signals_to_handle"},
        "signals_to_handle",
        true,
-       "ignored (ddpctl passes INT, TERM, HUP, USR1, USR2)"},
+       "ignored (ddpctl stops the job on TERM, INT, HUP, QUIT and passes USR1, USR2 on)"},
       {{"--shutdown-timeout", "--shutdown_timeout"},
        "shutdown_timeout",
        true,
@@ -419,20 +419,28 @@ TorchrunPlan parse_torchrun(const std::vector<std::string>& args, const Torchrun
     jf.log_dir = given.at("log_dir").value;
     note("log_dir", NoteKind::mapped, "ddpctl's layout: DIR/JOB_ID/attempt-N/rank-R.log");
   }
+  // torchrun's --tee wins over --redirects for the streams it names (they are tailed to the
+  // console from the files), so `-r 3 -t 3` shows everything.
+  bool teed = false;
+  if (has("tee")) {
+    auto m = parse_std(given.at("tee"));
+    teed = std::any_of(m.begin(), m.end(), [](const auto& kv) { return kv.second != 0; });
+    note("tee", NoteKind::honoured, "ddpctl always writes each rank's output to the terminal and to its log file");
+  }
   if (has("redirects")) {
     auto m = parse_std(given.at("redirects"));
     if (m.size() == 1 && m.begin()->first == -1 && m.begin()->second == 3) {
-      plan.quiet = true;
-      note("redirects", NoteKind::mapped, "no worker output on the terminal; each rank's log file has it all");
+      if (teed) {
+        note("redirects", NoteKind::honoured, "with --tee: the terminal and each rank's log file get all its output");
+      } else {
+        plan.quiet = true;
+        note("redirects", NoteKind::mapped, "no worker output on the terminal; each rank's log file has it all");
+      }
     } else if (!(m.size() == 1 && m.begin()->first == -1 && m.begin()->second == 0)) {
       note("redirects", NoteKind::ignored,
            "ddpctl cannot hold back one stream or some ranks: the terminal gets all (see "
            "--local-ranks-filter), each rank's log file too");
     }
-  }
-  if (has("tee")) {
-    parse_std(given.at("tee"));
-    note("tee", NoteKind::honoured, "ddpctl always writes each rank's output to the terminal and to its log file");
   }
   if (has("local_ranks_filter")) {
     const auto& g = given.at("local_ranks_filter");

@@ -56,6 +56,36 @@ json.dump(dict(os.environ), open(f"env-{r}.json", "w"))
     assert (tmp_path / "logs" / "contract-1" / "attempt-0" / "rank-2.log").exists()
 
 
+def test_a_stopped_python_ranks_last_words_are_in_its_log(tmp_path):
+    """A rank writes into a pipe, where Python holds its output in blocks: without
+    PYTHONUNBUFFERED the line rank 0 printed before rank 1 failed stayed in its buffer and died
+    with it, so neither the report nor the log showed it."""
+    job = py_job(tmp_path, """
+import os, sys, time
+if os.environ["RANK"] == "0":
+    print("rank 0 loaded its data")
+    open("printed", "w").close()
+    time.sleep(600)
+while not os.path.exists("printed"):
+    time.sleep(0.02)
+sys.exit(4)
+""")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r = subprocess.run([DDPCTL, "launch", str(job), "--master-port", "0", "--job-id", "unbuffered-1"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "exited with code 4" in r.stderr, r.stderr
+    log = (tmp_path / "logs" / "unbuffered-1" / "attempt-0" / "rank-0.log").read_text()
+    assert "rank 0 loaded its data" in log, log
+    assert "rank 0 loaded its data" in r.stdout + r.stderr
+    # The job's own choice stands.
+    job = py_job(tmp_path, "import os; open('seen', 'w').write(os.environ.get('PYTHONUNBUFFERED', '-'))", nproc=1,
+                 extra="env: {PYTHONUNBUFFERED: ''}\n")
+    r = subprocess.run([DDPCTL, "launch", str(job), "--master-port", "0"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "seen").read_text() == ""
+
+
 def test_failing_rank_stops_everyone_and_nothing_survives(tmp_path):
     # Rank 1 fails. The others each start a grandchild that ignores SIGTERM and calls setsid(),
     # and themselves ignore SIGTERM: only the grace period's SIGKILL, through the cgroup or the

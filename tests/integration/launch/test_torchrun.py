@@ -151,6 +151,16 @@ def test_launch_without_a_job_file(tmp_path):
     assert r.returncode == 0, r.stderr
     check_contract(ranks(tmp_path, 2))
     assert "YAML" not in r.stderr
+    # A yes/no option just before the script or `--` takes no value: it once swallowed the script
+    # (read then as a job file) or left `--` unexpected.
+    for f in tmp_path.glob("rank-*.json"):
+        f.unlink()
+    r = run(["launch", "-n", "2", "-q", "script.py", "--arg", "x"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    check_contract(ranks(tmp_path, 2))
+    r = run(["launch", "-n", "2", "--dry-run", "--", "python3", "script.py"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ranks"][0]["argv"] == ["python3", "script.py"]
 
 
 def test_launch_words_refused_clearly(tmp_path):

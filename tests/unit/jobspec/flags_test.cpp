@@ -258,9 +258,12 @@ TEST(Torchrun, Nproc) {
 TEST(Torchrun, OutputFlags) {
   auto p = tr({"--log-dir", "/tmp/x", "-r", "3", "-t", "3", "--local-ranks-filter", "0,2", "t.py"});
   EXPECT_EQ(p.spec.log_dir, "/tmp/x");
-  EXPECT_TRUE(p.quiet);
+  EXPECT_FALSE(p.quiet);  // torchrun tails what --tee names to the console even when redirected
+  EXPECT_EQ(note_of(p, "-r")->kind, NoteKind::honoured);
   EXPECT_EQ(p.show_ranks, (std::set<int>{0, 2}));
   EXPECT_EQ(note_of(p, "-t")->kind, NoteKind::honoured);
+  EXPECT_TRUE(tr({"-r", "3", "-t", "0", "t.py"}).quiet);
+  EXPECT_FALSE(tr({"-r", "3", "--tee", "0:0,1:2", "t.py"}).quiet);
   p = tr({"--redirects=0:3,1:1", "--tee", "1", "--log_dir=l", "--local_ranks_filter=1", "t.py"});
   EXPECT_FALSE(p.quiet);
   EXPECT_EQ(note_of(p, "--redirects")->kind, NoteKind::ignored);
