@@ -1,5 +1,6 @@
 #include "agent/preflight.hpp"
 
+#include "common/host.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
 #include "common/text.hpp"
@@ -186,7 +187,10 @@ std::shared_ptr<PreflightRun> PreflightRun::start(asio::io_context& io, const st
   s->done = std::move(done);
   supervisor::SpawnSpec spec;
   spec.argv = {exe, "preflight"};
-  spec.env = contract::without_loader_variables(request.at("env").get<contract::Env>());
+  // The helper's own environment is the agent's, never the job's: the request's env (the job's
+  // `env:` among it) is what it passes to the commands it runs for the job, as their user; in
+  // root's own, a job's DDP_NO_CGROUP once took the helper's children out of their cgroup.
+  spec.env = contract::without_loader_variables(own_environment());
   spec.workdir.assign(1, '/');
   spec.stdin_pipe = true;
   auto sp = supervisor::spawn(spec);  // own process group, dies with us
