@@ -140,6 +140,17 @@ void WorkerGroup::start() {
       spawn_failed(w, e.what());
     }
   }
+  // The guardian comes once the ranks have started, off their way: a fork copies this process's
+  // page tables, and every page this process writes afterwards costs it a fault.
+  if (auto g = supervisor::Guardian::start(cgroup_ ? cgroup_->dir_fd() : -1, plan_.ranks.size())) {
+    guardian_.emplace(std::move(*g));
+    keep(guardian_->pid());  // not a stray of the workers'
+    // Without a cgroup, each rank's process group is what it can kill (each rank leads its
+    // own); with one, cgroup.kill reaches everything and no group id is at risk of reuse.
+    for (const auto& w : workers_) {
+      if (!cgroup_ && w->pid > 0) guardian_->watch_group(w->pid);
+    }
+  }
   start_hang_sampler();
   check_finished();
 }
@@ -272,6 +283,7 @@ bool WorkerGroup::on_reaped(pid_t pid, int status, SysTime when) {
   for (auto& w : workers_) {
     if (w->pid != pid || w->reaped) continue;
     w->reaped = true;
+    if (guardian_ && !cgroup_) lingering_groups_.push_back(pid);  // forgotten once empty (check_finished)
     WorkerExit ex{w->plan.rank, w->plan.local_rank, pid, 0, 0, when};
     if (WIFSIGNALED(status))
       ex.signal = WTERMSIG(status);
@@ -448,6 +460,13 @@ std::vector<pid_t> WorkerGroup::strays() const {
 }
 
 void WorkerGroup::check_finished() {
+  // A reaped rank's process group, once nothing is left in it, is an id the kernel may give to
+  // another process group: the guardian must not kill that one.
+  std::erase_if(lingering_groups_, [this](pid_t g) {
+    if (::kill(-g, 0) == 0 || errno == EPERM) return false;
+    if (guardian_) guardian_->forget_group(g);
+    return true;
+  });
   if (finished_ || !tracker_.finished()) return;
   if (!worker_pids().empty()) return;
   // Every rank's client is gone; what its runtime keeps elsewhere goes now, before the strays
@@ -500,6 +519,7 @@ void WorkerGroup::finish() {
   if (hang_) hang_->stop();
   grace_timer_.cancel();
   drain_timer_.cancel();
+  if (guardian_) guardian_->done();
   cgroup_.reset();
   report_.ended = std::chrono::system_clock::now();
   report_.phase = tracker_.phase();

@@ -15,6 +15,7 @@
 #include "launch/stack_snapshot.hpp"
 #include "stacks/merge.hpp"
 #include "supervisor/cgroup.hpp"
+#include "supervisor/guardian.hpp"
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
 
@@ -151,6 +152,10 @@ class WorkerGroup {
   GroupCallbacks cb_;
   AttemptTracker tracker_;
   std::optional<supervisor::Cgroup> cgroup_;
+  // Kills the cgroup and the ranks' process groups if this process dies without ending the
+  // attempt (a SIGKILLed ddpctl or shepherd); told done once nothing of the attempt runs.
+  std::optional<supervisor::Guardian> guardian_;
+  std::vector<pid_t> lingering_groups_;  // reaped ranks' process groups the guardian still watches
   std::vector<std::unique_ptr<Worker>> workers_;
   boost::asio::steady_timer grace_timer_, drain_timer_;
   AttemptReport report_;

@@ -292,3 +292,65 @@ def test_without_systemd_the_shepherd_is_forked_and_attempts_get_cgroups_inside_
             remove_cgroup(cgroup)
     if not cgroup:
         pytest.skip("no writable cgroup v2 here: the fork was checked, the cgroup placement was not")
+
+
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no-cgroup"])
+def test_a_killed_shepherds_workers_and_what_they_started_die_with_it(env, cgroup):
+    # The shepherd (here the agent's child: no systemd) is SIGKILLed. Its workers die by
+    # PDEATHSIG; what they started (a child in the rank's process group, a setsid() grandchild)
+    # is killed by the attempt's guardian, not left to the agent, and the launch fails.
+    script = env.tmp / "tree.py"
+    script.write_text("""
+import os, time
+def publish(name, pid):
+    open(name + ".tmp", "w").write(str(pid))
+    os.rename(name + ".tmp", name)
+r = os.environ["RANK"]
+if os.fork() == 0:
+    publish(f"child-{r}.pid", os.getpid())
+    while True: time.sleep(1)
+if os.fork() == 0:
+    os.setsid()
+    publish(f"grandchild-{r}.pid", os.getpid())
+    while True: time.sleep(1)
+publish(f"worker-{r}.pid", os.getpid())
+while True: time.sleep(1)
+""")
+    env.start_agent(env={"DDP_NO_CGROUP": "1"} if not cgroup else {})
+    env.wait_listening()
+    job = env.job("killed", f"[/usr/bin/python3, {script}]")
+    launcher = env.popen([DDPCTL, "launch", "--nodes", f"127.0.0.1:{env.port}", "--token-file", str(env.token),
+                          str(job)], cwd=env.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    names = [f"{n}-{r}" for n in ("worker", "child", "grandchild") for r in (0, 1)]
+    pids = {}
+    try:
+        deadline = time.monotonic() + 60
+        while not all((env.tmp / f"{n}.pid").exists() for n in names):
+            assert time.monotonic() < deadline and launcher.poll() is None, env.agent_log.read_text()
+            time.sleep(0.05)
+        pids = {n: int((env.tmp / f"{n}.pid").read_text()) for n in names}
+        in_cgroup = "ddpctl-" in open(f"/proc/{pids['grandchild-0']}/cgroup").read()
+        if cgroup and not in_cgroup:
+            pytest.skip("no writable cgroup v2 here: the no-cgroup case runs beside this one")
+        shepherd = int([l for l in open(f"/proc/{pids['worker-0']}/status") if l.startswith("PPid:")][0].split()[1])
+        assert "shepherd" in open(f"/proc/{shepherd}/cmdline").read()
+        os.kill(shepherd, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode != 0, err
+        assert "shepherd" in err, err
+        def gone(pid):  # or a zombie its new parent has not reaped yet
+            try:
+                return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+        must_die = [n for n in names if cgroup or not n.startswith("grandchild")]
+        deadline = time.monotonic() + 10
+        while not all(gone(pids[n]) for n in must_die):
+            assert time.monotonic() < deadline, [n for n in must_die if not gone(pids[n])]
+            time.sleep(0.05)
+    finally:
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -429,14 +429,20 @@ def test_nproc_gpu_without_gpus_is_a_clear_error(tmp_path):
     assert "nproc_per_node: gpu, but" in r.stderr and "has no GPU" in r.stderr
 
 
-def test_a_sigkilled_launchers_leftovers_are_swept_by_the_next_launch(tmp_path):
-    # ddpctl is SIGKILLed: its workers die by PDEATHSIG, but a grandchild that called setsid()
-    # survives in the attempt's cgroup. The next launch on this machine kills it.
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no-cgroup"])
+def test_a_sigkilled_launchers_workers_and_what_they_started_die_with_it(tmp_path, cgroup):
+    # ddpctl is SIGKILLed: its workers die by PDEATHSIG, which the kernel does not pass on to
+    # their children. The attempt's guardian kills the rest: the whole cgroup (a grandchild that
+    # called setsid() too), or without one each rank's process group (a `sh -c` command's
+    # program, a data loader).
     job = py_job(tmp_path, """
 import os, time
 def publish(name, pid):  # atomically: the test must never read a half-written file
     open(name + ".tmp", "w").write(str(pid))
     os.rename(name + ".tmp", name)
+if os.fork() == 0:
+    publish("child.pid", os.getpid())
+    while True: time.sleep(1)
 if os.fork() == 0:
     os.setsid()
     publish("grandchild.pid", os.getpid())
@@ -444,31 +450,31 @@ if os.fork() == 0:
 publish("worker.pid", os.getpid())
 while True: time.sleep(1)
 """, nproc=1)
-    p = start_launch(job)
-    grandchild = None
+    env = {} if cgroup else {"DDP_NO_CGROUP": "1"}
+    p = start_launch(job, env=env)
+    pids = {}
     try:
-        wait_for(lambda: (tmp_path / "grandchild.pid").exists() and (tmp_path / "worker.pid").exists(), what="worker")
-        worker = int((tmp_path / "worker.pid").read_text())
-        grandchild = int((tmp_path / "grandchild.pid").read_text())
-        in_cgroup = "ddpctl-" in open(f"/proc/{grandchild}/cgroup").read()
+        wait_for(lambda: all((tmp_path / f"{n}.pid").exists() for n in ("worker", "child", "grandchild")),
+                 what="worker")
+        pids = {n: int((tmp_path / f"{n}.pid").read_text()) for n in ("worker", "child", "grandchild")}
+        in_cgroup = "ddpctl-" in open(f"/proc/{pids['grandchild']}/cgroup").read()
+        if cgroup and not in_cgroup:
+            pytest.skip("no writable cgroup v2 here: the no-cgroup case runs beside this one")
+        assert cgroup == in_cgroup
         p.kill()
         p.wait(10)
-        wait_for(lambda: not alive(worker), what="the worker to die with its launcher (PDEATHSIG)")
-        if not in_cgroup:
-            pytest.skip("no writable cgroup v2 here: a SIGKILLed launcher's setsid() grandchildren cannot be found")
-        # (a launch of another test running beside this one may sweep it first: either way,
-        # after the next launch it must be gone, and nothing else here would kill it)
-        other = tmp_path / "other"
-        other.mkdir()
-        r = launch(write_job(other, "command: [/bin/true]\n"))
-        assert r.returncode == 0, r.stderr
-        wait_for(lambda: not alive(grandchild), timeout=10, what="the sweep to kill the leftover")
+        wait_for(lambda: not alive(pids["worker"]), what="the worker to die with its launcher (PDEATHSIG)")
+        wait_for(lambda: not alive(pids["child"]), timeout=10, what="the guardian to kill the worker's child")
+        if cgroup:
+            wait_for(lambda: not alive(pids["grandchild"]), timeout=10,
+                     what="the guardian to kill the cgroup, a setsid() grandchild too")
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(10)
-        if grandchild and alive(grandchild):
-            os.kill(grandchild, signal.SIGKILL)
+        for pid in pids.values():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_reader_that_goes_away_does_not_kill_the_launcher(tmp_path):

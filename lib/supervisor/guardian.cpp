@@ -1,0 +1,179 @@
+#include "supervisor/guardian.hpp"
+
+#include "common/log.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace ddp::supervisor {
+namespace {
+
+// One record on the pipe: a kind ('+' watch, '-' forget, 'd' done) and a process group id.
+// Eight bytes, so every write is atomic (under PIPE_BUF) and never split between reads.
+constexpr std::size_t kRecord = 8;
+
+// Every process the cgroup lists, SIGKILLed, until it lists none (a kernel without cgroup.kill);
+// a fork racing the kills is caught by the next round. Bounded: a second at most.
+void kill_listed(int cgroup_fd) {
+  static char buf[1 << 16];  // the guardian's own copy; no allocation after fork
+  for (int round = 0; round < 50; ++round) {
+    const int fd = ::openat(cgroup_fd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    bool any = false;
+    ssize_t n;
+    std::size_t have = 0;
+    while ((n = ::read(fd, buf + have, sizeof buf - have)) > 0 || (n < 0 && errno == EINTR)) {
+      if (n < 0) continue;
+      have += static_cast<std::size_t>(n);
+      std::size_t start = 0;
+      for (std::size_t i = 0; i < have; ++i) {
+        if (buf[i] != '\n') continue;
+        pid_t p = 0;
+        for (std::size_t j = start; j < i && buf[j] >= '0' && buf[j] <= '9'; ++j) p = p * 10 + (buf[j] - '0');
+        if (p > 0) ::kill(p, SIGKILL), any = true;
+        start = i + 1;
+      }
+      std::memmove(buf, buf + start, have - start);
+      have -= start;
+      if (have == sizeof buf) have = 0;  // no line is that long; never stall on one
+    }
+    ::close(fd);
+    if (!any) return;
+    const timespec pause{0, 20'000'000};
+    ::nanosleep(&pause, nullptr);
+  }
+}
+
+// The guardian itself: async-signal-safe calls only (it is a fork of a launcher that may have
+// threads), into memory allocated before the fork.
+[[noreturn]] void guard(int in, int cgroup_fd, pid_t* groups, std::size_t cap) {
+  std::size_t count = 0;
+  unsigned char buf[kRecord * 64];
+  std::size_t have = 0;
+  for (;;) {
+    const ssize_t n = ::read(in, buf + have, sizeof buf - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    std::size_t off = 0;
+    for (; have - off >= kRecord; off += kRecord) {
+      const char kind = static_cast<char>(buf[off]);
+      std::int32_t value = 0;
+      std::memcpy(&value, buf + off + 4, sizeof value);
+      if (kind == 'd') ::_exit(0);
+      if (kind == '+' && value > 0 && count < cap) groups[count++] = value;
+      if (kind == '-') {
+        for (std::size_t i = 0; i < count; ++i) {
+          if (groups[i] != value) continue;
+          groups[i] = groups[--count];
+          break;
+        }
+      }
+    }
+    std::memmove(buf, buf + off, have - off);
+    have -= off;
+  }
+  // The launcher is gone and never said the attempt ended.
+  if (cgroup_fd >= 0) {
+    const int k = ::openat(cgroup_fd, "cgroup.kill", O_WRONLY | O_CLOEXEC);
+    const bool killed = k >= 0 && ::write(k, "1", 1) == 1;
+    if (k >= 0) ::close(k);
+    if (!killed) kill_listed(cgroup_fd);
+  }
+  for (std::size_t i = 0; i < count; ++i) ::kill(-groups[i], SIGKILL);
+  ::_exit(0);
+}
+
+void close_from(int first) {
+  if (::syscall(SYS_close_range, static_cast<unsigned>(first), ~0u, 0u) == 0) return;
+  rlimit rl{};
+  const rlim_t top = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 65536
+                         ? rl.rlim_cur
+                         : 65536;
+  for (int fd = first; fd < static_cast<int>(top); ++fd) ::close(fd);
+}
+
+}  // namespace
+
+std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_groups) {
+  std::vector<pid_t> groups(max_groups == 0 ? 1 : max_groups);  // the guardian's, sized before the fork
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    log::get("supervisor")->warn("no guardian for this attempt: pipe: {}", std::strerror(errno));
+    return std::nullopt;
+  }
+  const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(fds[0]), ::close(fds[1]);
+    if (devnull >= 0) ::close(devnull);
+    log::get("supervisor")->warn("no guardian for this attempt: fork: {}", std::strerror(err));
+    return std::nullopt;
+  }
+  if (pid == 0) {
+    ::setsid();  // out of the launcher's process group and terminal: a Ctrl-C is the launcher's
+    // The stops a launcher takes (and passes on) are not the guardian's: it ends when told, or
+    // when the launcher is gone.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
+    ::signal(SIGCHLD, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::prctl(PR_SET_NAME, "ddp-guardian", 0, 0, 0);
+    // Its pipe and cgroup far from 0..3 first, then in place; nothing else of the launcher's
+    // stays open (a listening socket, another attempt's pipe).
+    const int in = ::fcntl(fds[0], F_DUPFD, 64);
+    const int cg = cgroup_dir_fd >= 0 ? ::fcntl(cgroup_dir_fd, F_DUPFD, 64) : -1;
+    ::dup2(in, 0);
+    if (devnull >= 0) ::dup2(devnull, 1), ::dup2(devnull, 2);
+    if (cg >= 0) ::dup2(cg, 3);
+    close_from(cg >= 0 ? 4 : 3);
+    ::chdir("/");
+    guard(0, cg >= 0 ? 3 : -1, groups.data(), groups.size());
+  }
+  ::close(fds[0]);
+  if (devnull >= 0) ::close(devnull);
+  // Never block the launcher: a stopped guardian loses records rather than stalling it.
+  ::fcntl(fds[1], F_SETFL, ::fcntl(fds[1], F_GETFL) | O_NONBLOCK);
+  return Guardian(pid, fds[1]);
+}
+
+Guardian::Guardian(Guardian&& o) noexcept : pid_(std::exchange(o.pid_, -1)), fd_(std::exchange(o.fd_, -1)) {}
+
+Guardian::~Guardian() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Guardian::send(char kind, pid_t value) {
+  if (fd_ < 0) return;
+  unsigned char rec[kRecord] = {};
+  rec[0] = static_cast<unsigned char>(kind);
+  const std::int32_t v = value;
+  std::memcpy(rec + 4, &v, sizeof v);
+  ssize_t n;
+  while ((n = ::write(fd_, rec, sizeof rec)) < 0 && errno == EINTR) {
+  }
+}
+
+void Guardian::watch_group(pid_t pgid) { send('+', pgid); }
+void Guardian::forget_group(pid_t pgid) { send('-', pgid); }
+
+void Guardian::done() {
+  send('d', 0);
+  ::close(fd_);
+  fd_ = -1;
+}
+
+}  // namespace ddp::supervisor

@@ -1,0 +1,119 @@
+// The attempt's guardian (supervisor/guardian.hpp): a launcher that goes away without ending
+// the attempt gets its workers' process groups killed; one that ends it, or forgets a group,
+// does not.
+#include "supervisor/guardian.hpp"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+namespace {
+
+using ddp::supervisor::Guardian;
+
+// A process group of two: a leader and its child, both sleeping. The child re-parents to this
+// test (a subreaper), which reaps it: a zombie left to init still counts as the group's.
+pid_t sleeping_group() {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    if (::fork() == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    ::pause();
+    ::_exit(0);
+  }
+  ::setpgid(pid, pid);
+  return pid;
+}
+
+bool group_alive(pid_t pgid) { return ::kill(-pgid, 0) == 0; }
+
+bool dies_within(pid_t pgid, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (!group_alive(pgid)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+void end_group(pid_t pgid) {
+  ::kill(-pgid, SIGKILL);
+  dies_within(pgid, std::chrono::seconds(5));
+}
+
+void reap(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
+TEST(Guardian, KillsTheGroupsItWatchesWhenTheLauncherGoesAway) {
+  const pid_t g = sleeping_group();
+  pid_t guardian_pid = -1;
+  {
+    auto guardian = Guardian::start(-1, 4);
+    ASSERT_TRUE(guardian);
+    guardian_pid = guardian->pid();
+    guardian->watch_group(g);
+  }  // closed without done(): as if this process had been SIGKILLed
+  EXPECT_TRUE(dies_within(g, std::chrono::seconds(5)));
+  reap(guardian_pid);
+  end_group(g);
+}
+
+TEST(Guardian, LeavesEverythingAloneOnceTheAttemptEnded) {
+  const pid_t g = sleeping_group();
+  auto guardian = Guardian::start(-1, 4);
+  ASSERT_TRUE(guardian);
+  guardian->watch_group(g);
+  guardian->done();
+  reap(guardian->pid());  // it exits when told
+  EXPECT_TRUE(group_alive(g));
+  end_group(g);
+}
+
+TEST(Guardian, AForgottenGroupIsNotKilled) {
+  const pid_t kept = sleeping_group(), forgotten = sleeping_group();
+  pid_t guardian_pid = -1;
+  {
+    auto guardian = Guardian::start(-1, 4);
+    ASSERT_TRUE(guardian);
+    guardian_pid = guardian->pid();
+    guardian->watch_group(kept);
+    guardian->watch_group(forgotten);
+    guardian->forget_group(forgotten);
+  }
+  EXPECT_TRUE(dies_within(kept, std::chrono::seconds(5)));
+  reap(guardian_pid);
+  EXPECT_TRUE(group_alive(forgotten));
+  end_group(forgotten);
+}
+
+TEST(Guardian, IgnoresTheStopSignalsALauncherTakes) {
+  const pid_t g = sleeping_group();
+  auto guardian = Guardian::start(-1, 4);
+  ASSERT_TRUE(guardian);
+  guardian->watch_group(g);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its handlers are set
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::kill(guardian->pid(), sig);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(::waitpid(guardian->pid(), nullptr, WNOHANG), 0) << "the guardian died of a stop signal";
+  const pid_t pid = guardian->pid();
+  guardian.reset();
+  EXPECT_TRUE(dies_within(g, std::chrono::seconds(5)));
+  reap(pid);
+  end_group(g);
+}
+
+}  // namespace
