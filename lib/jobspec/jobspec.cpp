@@ -93,7 +93,11 @@ class Parser {
   void error(const YAML::Mark& m, std::string msg) {
     diags_.push_back({file_, m.line >= 0 ? m.line + 1 : 0, m.column >= 0 ? m.column + 1 : 0, std::move(msg)});
   }
-  void error(const YAML::Node& n, std::string msg) { error(n.Mark(), std::move(msg)); }
+  // A key with no value has no place of its own (yaml-cpp marks the token after it, often the
+  // next line's key): the error goes to the key it belongs to.
+  void error(const YAML::Node& n, std::string msg) {
+    error(n.IsNull() && key_mark_ ? *key_mark_ : n.Mark(), std::move(msg));
+  }
 
   static std::string describe(const YAML::Node& n) {
     switch (n.Type()) {
@@ -174,19 +178,27 @@ class Parser {
                              hint ? fmt::format(" (did you mean '{}'?)", *hint) : "", join(known, ", ")));
         continue;
       }
+      const auto outer = std::exchange(key_mark_, k.Mark());
       on_key(key, k, YAML::Node(it->second));
+      key_mark_ = outer;
     }
   }
 
   JobSpec parse(const std::string& text) {
-    YAML::Node root;
+    std::vector<YAML::Node> docs;
     try {
-      root = YAML::Load(text);
+      docs = YAML::LoadAll(text);
     } catch (const YAML::ParserException& e) {
       error(e.mark, fmt::format("not valid YAML: {}", e.msg));
       throw JobSpecError(diags_);
     }
-    return parse_root(root);
+    // One job per file: what follows a `---` was silently dropped.
+    for (std::size_t i = 1; i < docs.size(); ++i) {
+      if (docs[i].IsNull()) continue;  // a bare `---` at the end
+      error(docs[i].Mark(), "a second YAML document (after '---'): a job file holds one job");
+      throw JobSpecError(diags_);
+    }
+    return parse_root(docs.empty() ? YAML::Node() : docs[0]);
   }
 
   // A document already built (the command line's flags, jobspec/flags.cpp): the same rules.
@@ -624,7 +636,8 @@ class Parser {
         continue;
       }
       if (!val.IsScalar()) {
-        error(val, fmt::format("{}.{}: expected a string value, got {}", where, k.Scalar(), describe(val)));
+        error(val.IsNull() ? k.Mark() : val.Mark(),
+              fmt::format("{}.{}: expected a string value, got {}", where, k.Scalar(), describe(val)));
         continue;
       }
       out.emplace_back(k.Scalar(), val.Scalar());
@@ -649,6 +662,7 @@ class Parser {
 
   std::string file_;
   std::vector<Diagnostic> diags_;
+  std::optional<YAML::Mark> key_mark_;  // the key whose value is being read (mapping())
 };
 
 }  // namespace

@@ -98,9 +98,8 @@ void kill_listed(int cgroup_fd) {
 void close_from(int first) {
   if (::syscall(SYS_close_range, static_cast<unsigned>(first), ~0u, 0u) == 0) return;
   rlimit rl{};
-  const rlim_t top = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 65536
-                         ? rl.rlim_cur
-                         : 65536;
+  const rlim_t top =
+      ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 65536 ? rl.rlim_cur : 65536;
   for (int fd = first; fd < static_cast<int>(top); ++fd) ::close(fd);
 }
 
@@ -167,8 +166,12 @@ void Guardian::send(char kind, pid_t value) {
   }
 }
 
-void Guardian::watch_group(pid_t pgid) { send('+', pgid); }
-void Guardian::forget_group(pid_t pgid) { send('-', pgid); }
+void Guardian::watch_group(pid_t pgid) {
+  send('+', pgid);
+}
+void Guardian::forget_group(pid_t pgid) {
+  send('-', pgid);
+}
 
 void Guardian::done() {
   send('d', 0);

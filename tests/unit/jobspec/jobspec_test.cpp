@@ -264,6 +264,20 @@ TEST(JobSpec, SyntaxErrorHasPosition) {
   EXPECT_GT(d[0].line, 0);
 }
 
+TEST(JobSpec, AKeyWithoutAValueIsReportedWhereTheKeyIs) {
+  // yaml-cpp marks an empty value at the next token: the following key's line.
+  expect_error("name: demo\nrestart:\nnproc_per_node: 2\ncommand: [x]\n", 2, 1, "restart: expected a mapping");
+  expect_error("command: [x]\nenv:\n  A:\n  B: b\n", 3, 3, "got nothing");
+  expect_error("command: [x]\nname:\n", 2, 1, "name: expected a string, got nothing");
+}
+
+TEST(JobSpec, OneJobPerFile) {
+  // Everything after a `---` was dropped without a word.
+  expect_error("command: [python3, a.py]\n---\ncommand: [python3, b.py]\n", 3, 1, "a second YAML document");
+  EXPECT_EQ(parse_job_yaml("---\ncommand: [x]\n", "t").command, std::vector<std::string>{"x"});
+  EXPECT_EQ(parse_job_yaml("command: [x]\n---\n", "t").command, std::vector<std::string>{"x"});
+}
+
 TEST(JobSpec, NotAMappingAtTop) {
   expect_error("- a\n- b\n", 1, 1, "expected a mapping");
   auto d = errors_of("");

@@ -35,7 +35,9 @@ pid_t sleeping_group() {
   return pid;
 }
 
-bool group_alive(pid_t pgid) { return ::kill(-pgid, 0) == 0; }
+bool group_alive(pid_t pgid) {
+  return ::kill(-pgid, 0) == 0;
+}
 
 bool dies_within(pid_t pgid, std::chrono::milliseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
