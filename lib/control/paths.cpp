@@ -152,6 +152,19 @@ bool remove_if_stale(const std::string& path) {
   return ::unlink(path.c_str()) == 0;
 }
 
+bool someone_listens(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return false;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  // A full backlog (EAGAIN) is a live launcher too.
+  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0 || errno == EAGAIN;
+  ::close(fd);
+  return live;
+}
+
 std::string coordinator_jobs_dir() {
   auto dir = runtime_dir() + "/coordinator";
   if (auto err = private_dir(dir); !err.empty()) throw ControlError(err);

@@ -44,6 +44,8 @@ std::vector<std::string> sweep_stale_sockets(const std::string& dir);
 // bound its socket but not yet called listen() refuses connections too, and keeps its socket.
 // True when it removed the file.
 bool remove_if_stale(const std::string& path);
+// Whether a live launcher listens on the socket at `path` (a connect is accepted or queued).
+bool someone_listens(const std::string& path);
 
 // A job's last word, left when it ends (`<job-id>.ended`, 0600, in records_dir()): how it ended
 // and where its logs and result are, so that `ddpctl status|logs JOB` still answer once the job

@@ -178,9 +178,33 @@ static contract::Plan make_attempt_plan(const LaunchOptions& opts, const contrac
   return plan;
 }
 
+// How the user would write `argv` where they gave the command, for an error's advice.
+static std::string how_to_write(const jobspec::JobSpec& spec, const std::vector<std::string>& argv) {
+  if (spec.file == "ddpctl launch") return fmt::format("ddpctl launch [OPTIONS] -- {}", join(argv, " "));
+  if (spec.file == "ddpctl torchrun") {
+    return argv.size() == 2 && argv[0] == "python3" ? "ddpctl torchrun without --no-python"
+                                                    : fmt::format("ddpctl launch [OPTIONS] -- {}", join(argv, " "));
+  }
+  return fmt::format("command: [{}] in {}", join(argv, ", "), spec.file);
+}
+
+// A host job's program must be found as its workers would find it (their PATH, the workdir).
+static void check_runnable(const jobspec::JobSpec& spec, const std::vector<std::string>& argv,
+                           const std::string& path) {
+  if (supervisor::resolve_executable(argv.at(0), path, *spec.workdir)) return;
+  throw LaunchError(supervisor::explain_not_runnable(
+      argv.at(0), path, *spec.workdir,
+      [&spec](const std::vector<std::string>& cmd) { return how_to_write(spec, cmd); }));
+}
+
 nlohmann::json dry_run(LaunchOptions opts, bool show_env) {
   auto node = resolve_node_context(opts, 0);
   const auto inherited = own_environment();
+  // What the launch would refuse, the dry run refuses too: it is how a job file is checked.
+  if (!opts.spec.container) {
+    const auto env0 = contract::worker_env(opts.spec, node, inherited, 0);
+    check_runnable(opts.spec, contract::worker_argv(opts.spec), env0.count("PATH") ? env0.at("PATH") : "");
+  }
   contract::DryRunNode n;
   n.name = n.hostname = node.node_name;
   n.plan = make_attempt_plan(opts, node, inherited, container::read_host_layout(), 0);
@@ -239,10 +263,19 @@ class LocalLauncher {
     const auto path = env0.count("PATH") ? env0.at("PATH") : "";
     if (opts_.spec.container) {
       prepare_containers();
-    } else if (!supervisor::resolve_executable(argv.at(0), path, *opts_.spec.workdir)) {
-      throw LaunchError(
-          supervisor::explain_not_runnable(argv.at(0), path, *opts_.spec.workdir,
-                                           [this](const std::vector<std::string>& cmd) { return how_to_write(cmd); }));
+    } else {
+      check_runnable(opts_.spec, argv, path);
+    }
+    // Another ddpctl here runs a job of this id: both would write the same log files and answer
+    // to the same `ddpctl status`. (Where no runtime folder is usable, the job runs without a
+    // control socket, as before.)
+    try {
+      if (control::someone_listens(control::socket_path(control::runtime_dir(), opts_.job_id)))
+        throw LaunchError(
+            fmt::format("job {} is already running here (another ddpctl): give this one another "
+                        "--job-id, or stop that one first (ddpctl stop {})",
+                        opts_.job_id, opts_.job_id));
+    } catch (const control::ControlError&) {
     }
     // The job's store: served here, for the whole job, so it outlives any worker.
     store::ServerOptions so;
@@ -327,14 +360,6 @@ class LocalLauncher {
   }
 
   // A command as this job's user gives one: in the job file, or on ddpctl's command line.
-  std::string how_to_write(const std::vector<std::string>& argv) const {
-    if (opts_.spec.file == "ddpctl launch") return fmt::format("ddpctl launch [OPTIONS] -- {}", join(argv, " "));
-    if (opts_.spec.file == "ddpctl torchrun") {
-      return argv.size() == 2 && argv[0] == "python3" ? "ddpctl torchrun without --no-python"
-                                                      : fmt::format("ddpctl launch [OPTIONS] -- {}", join(argv, " "));
-    }
-    return fmt::format("command: [{}] in {}", join(argv, ", "), opts_.spec.file);
-  }
 
   // The job's store on the port the spec names. Taken and not asked for by name (the default
   // 29500: another job on this machine has it): a free port, as torchrun --standalone takes.

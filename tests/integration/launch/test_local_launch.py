@@ -308,6 +308,10 @@ def test_missing_program_is_clear(tmp_path):
     assert r.returncode == 2
     assert "'no-such-trainer-xyz' is not found on PATH (" in r.stderr
     assert "PATH=" not in r.stderr  # named by its first folders, not dumped whole
+    # A dry run refuses what the launch refuses: it is how a job file is checked.
+    r = launch(job, "--dry-run")
+    assert r.returncode == 2 and "'no-such-trainer-xyz' is not found on PATH (" in r.stderr, r.stderr
+    assert r.stdout == ""
 
 
 def test_dry_run_plans_and_starts_nothing(tmp_path):

@@ -192,6 +192,20 @@ def test_two_local_jobs_at_once_both_run(tmp_path):
         (tmp_path / "release").write_text("")
         out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
+    # The same id as a running job: refused before anything starts (both would have written the
+    # same log files and answered to the same `ddpctl status`).
+    first = start(["launch", "-n", "1", "--job-id", "same-job", "--", "python3", "script.py", "--arg", "x",
+                   "--hold", "release2"], tmp_path, env={"TAG": "c-"})
+    try:
+        wait_for(lambda: (tmp_path / "c-rank-0.json").exists() or first.poll() is not None, 60, "the first job's rank")
+        r = run(["launch", "-n", "1", "--job-id", "same-job", "--", "python3", "script.py", "--arg", "x"], tmp_path,
+                env={"TAG": "d-"})
+        assert r.returncode == 2 and "job same-job is already running here" in r.stderr, r.stderr
+        assert not (tmp_path / "d-rank-0.json").exists()
+    finally:
+        (tmp_path / "release2").write_text("")
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
 
 
 def test_explicit_port_taken_names_the_job(tmp_path):
