@@ -264,8 +264,15 @@ Command add_launch_command(CLI::App& root) {
       "ddpctl launch [OPTIONS] -- COMMAND [ITS ARGS...]; the options build the same job a file would.");
   sub->add_option("job", args->job_file,
                   "the job file (YAML); or a script.py, or -- and a command, to run without one");
-  sub->add_option("-n,--nproc-per-node", args->nproc, "workers on this node (overrides nproc_per_node)")
-      ->check(CLI::Range(1, 4096));
+  sub->add_option_function<std::string>(
+         "-n,--nproc-per-node", [args](const std::string& v) { args->nproc = ddp::jobspec::parse_nproc(v); },
+         "workers on each node: a count, cpu or gpu (one per GPU), as nproc_per_node (which it overrides)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return ddp::jobspec::parse_nproc(v) ? std::string()
+                                                : "expected a count from 1 to 4096, cpu or gpu, got '" + v + "'";
+          },
+          "N|cpu|gpu"));
   sub->add_option("--max-restarts", args->max_restarts, "restarts after a failure (overrides restart.max_restarts)")
       ->check(CLI::Range(0, 1000));
   sub->add_option("--log-dir", args->log_dir, "where logs go (overrides logs.dir)");
@@ -355,7 +362,7 @@ Command add_launch_command(CLI::App& root) {
               if (!args->command.empty()) {
                 ddp::jobspec::JobFlags flags;
                 flags.command = args->command;
-                if (args->nproc) flags.nproc_per_node = std::to_string(*args->nproc);
+                if (args->nproc) flags.nproc_per_node = ddp::jobspec::to_string(*args->nproc);
                 if (args->max_restarts) flags.max_restarts = std::to_string(*args->max_restarts);
                 if (args->log_dir) flags.log_dir = *args->log_dir;
                 if (args->master_port) flags.store_port = std::to_string(*args->master_port);
@@ -397,7 +404,7 @@ Command add_launch_command(CLI::App& root) {
                            "coordinator runs jobs on agents; a local launch runs in the foreground\n";
               return 2;
             }
-            if (args->nproc) opts.spec.nproc = {ddp::jobspec::Nproc::Kind::count, *args->nproc};
+            if (args->nproc) opts.spec.nproc = *args->nproc;
             if (args->max_restarts) opts.spec.max_restarts = *args->max_restarts;
             if (args->log_dir) opts.spec.log_dir = *args->log_dir;
             if (args->master_port) {

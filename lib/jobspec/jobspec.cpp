@@ -84,6 +84,25 @@ const std::set<std::string>& reserved_env() {
   return kReservedEnv;
 }
 
+std::optional<Nproc> parse_nproc(std::string_view text) {
+  if (text == "cpu") return Nproc{Nproc::Kind::cpu, 1};
+  if (text == "gpu") return Nproc{Nproc::Kind::gpu, 1};
+  const auto n = parse_int(text);
+  if (!n || *n < 1 || *n > 4096) return std::nullopt;
+  return Nproc{Nproc::Kind::count, static_cast<int>(*n)};
+}
+
+std::string to_string(const Nproc& n) {
+  switch (n.kind) {
+    case Nproc::Kind::cpu:
+      return "cpu";
+    case Nproc::Kind::gpu:
+      return "gpu";
+    default:
+      return std::to_string(n.count);
+  }
+}
+
 namespace {
 
 class Parser {
@@ -250,7 +269,7 @@ class Parser {
                 });
       } else if (key == "nproc_per_node") {
         if (v.IsScalar() && (v.Scalar() == "cpu" || v.Scalar() == "gpu")) {
-          spec.nproc.kind = v.Scalar() == "cpu" ? Nproc::Kind::cpu : Nproc::Kind::gpu;
+          spec.nproc = *parse_nproc(v.Scalar());
         } else if (v.IsScalar() && parse_int(v.Scalar())) {
           if (auto n = integer(v, key, 1, 4096)) spec.nproc = {Nproc::Kind::count, static_cast<int>(*n)};
         } else {

@@ -144,6 +144,9 @@ struct JobSpec {
 
 // Parses YAML text; `file` names it in diagnostics. Throws JobSpecError.
 JobSpec parse_job_yaml(const std::string& text, const std::string& file);
+// nproc_per_node's forms: a count from 1 to 4096, "cpu" or "gpu"; nullopt for anything else.
+std::optional<Nproc> parse_nproc(std::string_view text);
+std::string to_string(const Nproc& n);
 // Reads and parses a file. Throws JobSpecError (also for an unreadable file).
 JobSpec load_job_file(const std::string& path);
 

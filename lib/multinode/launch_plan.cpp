@@ -97,7 +97,7 @@ PlanOutcome plan_multi_node(const LaunchFlags& flags, jobspec::JobSpec spec, con
     // No nnodes in the file: the host list decides.
     spec.nnodes_min = spec.nnodes_max = static_cast<int>(hosts.hosts.size());
   }
-  if (flags.nproc) spec.nproc = {jobspec::Nproc::Kind::count, *flags.nproc};
+  if (flags.nproc) spec.nproc = *flags.nproc;
   if (flags.max_restarts) spec.max_restarts = *flags.max_restarts;
   if (flags.log_dir) spec.log_dir = *flags.log_dir;
   if (flags.master_port) {

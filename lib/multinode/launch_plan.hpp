@@ -26,7 +26,7 @@ namespace ddp::multinode {
 
 // ddpctl launch's flags, as parsed (CLI11 in apps/ddpctl/cmd_launch.cpp).
 struct LaunchFlags {
-  std::optional<int> nproc;
+  std::optional<jobspec::Nproc> nproc;
   std::optional<int> max_restarts;
   std::optional<std::string> log_dir;
   std::optional<int> master_port;

@@ -422,6 +422,16 @@ def test_nproc_gpu_from_a_facts_file(tmp_path):
     plan = json.loads(r.stdout)
     assert len(plan["ranks"]) == 8 and {x["node"] for x in plan["ranks"]} == {"dgx-a"}
     assert plan["ranks"][7]["env"]["LOCAL_WORLD_SIZE"] == "8"
+    # The same from the command line, as torchrun's --nproc-per-node gpu; over a job file's count too.
+    for args in (["-n", "gpu", "--", "python3", "train.py"],
+                 [str(write_job(tmp_path, "nproc_per_node: 2\ncommand: [python3, train.py]\n")), "-n", "gpu"]):
+        r = subprocess.run([DDPCTL, "launch", "--dry-run", "--facts", str(facts), *args], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert len(json.loads(r.stdout)["ranks"]) == 8
+    r = subprocess.run([DDPCTL, "launch", "--dry-run", "-n", "many", "--", "python3", "train.py"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "expected a count from 1 to 4096, cpu or gpu, got 'many'" in r.stderr, r.stderr
 
 
 def test_nproc_gpu_without_gpus_is_a_clear_error(tmp_path):

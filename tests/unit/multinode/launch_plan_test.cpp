@@ -101,7 +101,7 @@ TEST(LaunchPlan, HostsInTheJobFileWhenNoNodesFlag) {
 
 TEST(LaunchPlan, FlagsOverrideTheSpecAndPathsBecomeAbsolute) {
   auto f = nodes("n1,n2");
-  f.nproc = 4;
+  f.nproc = ddp::jobspec::Nproc{ddp::jobspec::Nproc::Kind::count, 4};
   f.max_restarts = 2;
   f.log_dir = "out/../logs2";
   f.master_port = 0;
