@@ -14,6 +14,7 @@
 #include "common/log.hpp"
 #include "common/safe_fs.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "container/container.hpp"
 #include "container/runtime.hpp"
 #include "contract/contract.hpp"
@@ -434,8 +435,10 @@ class Agent {
     peers_[raw] = Peer{conn, std::chrono::steady_clock::now()};
     peers_[raw].id = ++last_link_;
     conn->start({[this, raw](const proto::PeerInfo& p) {
+                   // The user as the peer wrote it (the session keeps it as sent, for comparing):
+                   // it leads every line of this link, so it is shown clean.
                    raw->set_label(fmt::format("coordinator {} ({}, user {})", raw->label(),
-                                              p.name.empty() ? "?" : p.name, p.user));
+                                              p.name.empty() ? "?" : p.name, clean_text(p.user, 256)));
                    std::size_t same_key = 0;
                    for (const auto& [other, peer] : peers_)
                      same_key += other != raw && !peer.key_id.empty() && peer.key_id == p.key_id;

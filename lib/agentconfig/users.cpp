@@ -2,6 +2,7 @@
 #include "agentconfig/users.hpp"
 
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "proto/delegation.hpp"
 
 #include <fmt/format.h>
@@ -27,9 +28,11 @@ RunAsDecision decide_run_as(const KeyUserMap& users, std::string_view key_id, st
     return d;
   }
   if (it->second.name != claimed_user) {
+    // The offer's words, for our log and the refusal back: shown clean.
+    const auto claimed = clean_text(claimed_user, 256);
     d.refusal = fmt::format("key '{}' runs jobs only as user '{}', but this job's user is '{}'", key_id,
-                            it->second.name, claimed_user);
-    d.hint = fmt::format("submit as '{}', or with the token file provisioned for '{}'", it->second.name, claimed_user);
+                            it->second.name, claimed);
+    d.hint = fmt::format("submit as '{}', or with the token file provisioned for '{}'", it->second.name, claimed);
     return d;
   }
   d.user = &it->second;
@@ -65,7 +68,7 @@ RunAsDecision decide_offer(const KeyUserMap& users, const std::vector<std::strin
   const std::string& user = d.user ? d.user->name : claimed;
   if (!allowed_users.empty() && std::find(allowed_users.begin(), allowed_users.end(), user) == allowed_users.end()) {
     RunAsDecision r;
-    r.refusal = fmt::format("does not accept jobs from user '{}': not in allowed_users", user);
+    r.refusal = fmt::format("does not accept jobs from user '{}': not in allowed_users", clean_text(user, 256));
     r.hint = "the node's /etc/ddpctl/agent.yaml lists the users it accepts (allowed_users)";
     return r;
   }

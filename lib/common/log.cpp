@@ -3,6 +3,7 @@
 #include "common/journal.hpp"
 #include "common/strings.hpp"
 #include "common/systemd.hpp"
+#include "common/text.hpp"
 
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -135,9 +136,9 @@ RelayedLine relay_line(std::string_view line) {
       {"ddpctl trace ", L::debug},  {"ddpctl debug ", L::debug}, {"ddpctl info ", L::info},
       {"ddpctl warning ", L::warn}, {"ddpctl error ", L::error}, {"ddpctl critical ", L::error}};
   for (const auto& [prefix, level] : kLevels) {
-    if (line.starts_with(prefix)) return {level, std::string(line.substr(prefix.size()))};
+    if (line.starts_with(prefix)) return {level, clean_text(line.substr(prefix.size()), kMaxRelayedLineBytes, "\t")};
   }
-  return {L::warn, std::string(line)};
+  return {L::warn, clean_text(line, kMaxRelayedLineBytes, "\t")};
 }
 
 std::vector<std::pair<std::string, std::string>> journal_fields(std::string_view m) {

@@ -24,7 +24,10 @@ void set_level(spdlog::level::level_enum level);
 
 // A line of another of our processes' stderr (a remote agent over SSH or srun) as our log shows
 // it: at that process's own level when it is one of our log lines ("ddpctl warning [agent] ..."),
-// else (a crash, the shell) at warning. Pure.
+// else (a crash, the shell) at warning. Its text is made safe for a terminal (clean_text, tabs
+// kept, at most kMaxRelayedLineBytes): the other end may not be ours, and its line is printed on
+// the user's. Pure.
+constexpr std::size_t kMaxRelayedLineBytes = 64 * 1024;
 struct RelayedLine {
   enum class Level { debug, info, warn, error } level = Level::warn;
   std::string text;

@@ -16,6 +16,7 @@
 #include "binding/binding.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "control/paths.hpp"
 #include "control/server.hpp"
 #include "facts/consistency.hpp"
@@ -507,7 +508,8 @@ class Coordinator {
       // The node goes (its agent stops, and its workers with it): a lost node, told, not
       // found out; what its workers' exits say after this is no failure of theirs.
       if (b["job_id"].get<std::string>() != opts_.job_id) return;
-      const auto reason = b["reason"].get<std::string>();
+      // The agent's words, for the user's terminal and the report: shown clean.
+      const auto reason = clean_text(b["reason"].get_ref<const std::string&>(), 1024);
       say(spdlog::level::warn, "{}: {}", n.entry.name, reason);
       n.joined = false;
       n.leaving = true;

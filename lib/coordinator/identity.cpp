@@ -1,6 +1,8 @@
 // The standing coordinator's client identity decisions (identity.hpp).
 #include "coordinator/identity.hpp"
 
+#include "common/text.hpp"
+
 #include <fmt/format.h>
 
 namespace ddp::coordinator {
@@ -20,8 +22,9 @@ ClientIdentity client_identity(const CoordinatorKeyUsers& key_users, std::string
     return id;
   }
   if (it->second != declared_user) {
+    // What the client declared goes into our log and back to it: shown clean.
     id.refusal = fmt::format("key '{}' belongs to user '{}', but this client says it is '{}'", key_id, it->second,
-                             declared_user);
+                             clean_text(declared_user, 256));
     id.hint = fmt::format("run ddpctl as '{}', or with the token file of the user you are", it->second);
     return id;
   }

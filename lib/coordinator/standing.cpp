@@ -4,6 +4,7 @@
 #include "coordinator/stacks_gather.hpp"
 
 #include "common/log.hpp"
+#include "common/text.hpp"
 #include "control/log_merge.hpp"
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
@@ -202,7 +203,8 @@ class Standing {
                      return raw->refuse(proto::ErrorCode::bad_value, *why);
                    }
                    users_[raw] = id.user;
-                   raw->set_label(fmt::format("ddpctl {} (user {})", raw->label(), id.user));
+                   // Without --key-user, the user the client declared: shown clean in every line.
+                   raw->set_label(fmt::format("ddpctl {} (user {})", raw->label(), clean_text(id.user, 256)));
                    log_->debug("{}: authenticated with key '{}'{}", raw->label(), p.key_id,
                                raw->encrypted() ? ", inside TLS 1.3" : "");
                  },

@@ -2,6 +2,7 @@
 #include "net/connection.hpp"
 
 #include "common/log.hpp"
+#include "common/text.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/connect.hpp>
@@ -25,6 +26,9 @@ namespace asio = boost::asio;
 namespace {
 // After a drop, how long queued frames (the error that explains it) may take to leave.
 constexpr auto kLinger = std::chrono::seconds(2);
+// The most of a close's reason that is logged and handed on: a peer's 'error' frame (message
+// and hint of 4 KiB each, proto/messages.json) with our words around it fits.
+constexpr std::size_t kMaxReasonBytes = 16 * 1024;
 
 std::string describe_read_error(const boost::system::error_code& ec) {
   // A TLS peer that closes without close_notify is, for us, a peer that closed.
@@ -339,7 +343,11 @@ void Connection::finish_close() {
   closed(close_reason_);
 }
 
-void Connection::closed(const std::string& reason) {
+void Connection::closed(const std::string& raw_reason) {
+  // A reason may carry a peer's words (its 'error' frame, a schema error quoting its message),
+  // and goes to our log and to the owner, which may print it on a user's terminal. The session
+  // cleans what it quotes; this is the last line, whatever built the reason.
+  const auto reason = clean_text(raw_reason, kMaxReasonBytes);
   closed_ = true;
   closing_ = true;
   timer_.cancel();

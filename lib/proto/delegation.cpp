@@ -1,6 +1,7 @@
 // Delegations: encode, sign, decode strictly, verify (see delegation.hpp for the construction).
 #include "proto/delegation.hpp"
 
+#include "common/text.hpp"
 #include "proto/crypto.hpp"
 #include "proto/schema.hpp"
 
@@ -71,7 +72,8 @@ std::optional<Delegation> delegation_from_json(const nlohmann::json& j, std::str
                                   "expires_s", "nonce",  "spec_sha256",     "mac"};
   for (const auto& [k, v] : j.items()) {
     if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields)) {
-      return bad(fmt::format("unknown field '{}'", k.substr(0, 64)));
+      // The sender's words, which go into logs and back to it: made safe to show.
+      return bad(fmt::format("unknown field '{}'", clean_text(k, 64)));
     }
   }
   Delegation d;
@@ -119,8 +121,15 @@ std::optional<std::string> verify_delegation(const Delegation& d, const Keyring&
     return fmt::format("the job's delegation is for a coordinator with key '{}', not '{}'", d.coordinator_key,
                        e.coordinator_key);
   }
-  if (d.job_id != e.job_id) return fmt::format("the job's delegation is for job {}, not {}", d.job_id, e.job_id);
-  if (d.user != e.user) return fmt::format("the job's delegation is for user '{}', not '{}'", d.user, e.user);
+  // Signed, but by whoever holds a key, and the other side is the submitter's: both shown clean.
+  if (d.job_id != e.job_id) {
+    return fmt::format("the job's delegation is for job {}, not {}", clean_text(d.job_id, kMaxJobId),
+                       clean_text(e.job_id, kMaxJobId));
+  }
+  if (d.user != e.user) {
+    return fmt::format("the job's delegation is for user '{}', not '{}'", clean_text(d.user, kMaxUser),
+                       clean_text(e.user, kMaxUser));
+  }
   if (d.spec_sha256 != e.spec_sha256) {
     return std::string(
         "the job's delegation was signed for another job spec (the spec changed after ddpctl signed it)");

@@ -7,6 +7,7 @@
 
 #include "common/json_parse.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "proto/schema_data.hpp"
 
 namespace ddp::proto {
@@ -135,6 +136,14 @@ ProtoError err(ErrorCode code, std::string message, std::string field = "") {
   return ProtoError{code, std::move(message), std::move(field), ""};
 }
 
+// What a message says for itself (its type, a field's name or value), as an error's words show
+// it: the error becomes a reason in our log and the 'error' frame back, and before
+// authentication anyone writes it. No control characters or escapes (the JSON reader takes
+// \u001b, \r, \n), and short.
+std::string peer_words(std::string_view s) {
+  return clean_text(s, 64);
+}
+
 bool is_uint(const nlohmann::json& j) {
   return j.is_number_unsigned() || (j.is_number_integer() && j.get<std::int64_t>() >= 0);
 }
@@ -201,8 +210,8 @@ std::optional<ProtoError> check_field(std::string_view msg, const std::string& n
             name);
       }
       if (!f.allowed.empty() && std::find(f.allowed.begin(), f.allowed.end(), s) == f.allowed.end()) {
-        return err(ErrorCode::bad_value, where() + " must be one of " + join(f.allowed, ", ") + ", got '" + s + "'",
-                   name);
+        return err(ErrorCode::bad_value,
+                   where() + " must be one of " + join(f.allowed, ", ") + ", got '" + peer_words(s) + "'", name);
       }
       if (f.type == FieldType::hex) {
         if (!is_lower_hex(s)) return err(ErrorCode::bad_value, where() + " must be lower-case hex", name);
@@ -295,14 +304,16 @@ std::optional<ProtoError> validate(const nlohmann::json& m, const Sender& sender
   if (!t->is_string()) return err(ErrorCode::wrong_type, "'type' must be a string, got " + json_kind(*t), "type");
   const auto& type = t->get_ref<const std::string&>();
   auto v = m.find("v");
-  if (v == m.end()) return err(ErrorCode::missing_field, "message '" + type + "' has no 'v' (protocol version)", "v");
+  if (v == m.end()) {
+    return err(ErrorCode::missing_field, "message '" + peer_words(type) + "' has no 'v' (protocol version)", "v");
+  }
   if (!is_uint(*v) || v->get<std::uint64_t>() > UINT32_MAX) {
     return err(ErrorCode::wrong_type, "'v' must be an unsigned integer, got " + json_kind(*v), "v");
   }
   const auto& s = schema();
   auto it = s.messages.find(type);
   if (it == s.messages.end()) {
-    auto e = err(ErrorCode::unknown_type, "unknown message type '" + type.substr(0, 64) + "'", "type");
+    auto e = err(ErrorCode::unknown_type, "unknown message type '" + peer_words(type) + "'", "type");
     if (auto near = nearest(type, message_types())) e.hint = "did you mean '" + *near + "'?";
     return e;
   }
@@ -334,7 +345,8 @@ std::optional<ProtoError> validate(const nlohmann::json& m, const Sender& sender
   }
   if (unknown) {
     const auto& name = *unknown;
-    auto e = err(ErrorCode::unknown_field, "'" + type + "' has unknown field '" + name.substr(0, 64) + "'", name);
+    auto e =
+        err(ErrorCode::unknown_field, "'" + type + "' has unknown field '" + peer_words(name) + "'", peer_words(name));
     std::vector<std::string> known;
     for (const auto& [k, f] : spec.fields) known.push_back(k);
     if (auto near = nearest(name, known)) e.hint = "did you mean '" + *near + "'?";

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/strings.hpp"
+#include "common/text.hpp"
 
 namespace ddp::proto {
 namespace {
@@ -45,6 +46,18 @@ Effects effects(E&&... e) {
   return out;
 }
 static_assert(std::is_nothrow_move_constructible_v<Effect>, "a growing Effects vector must move, not copy");
+
+// An 'error' frame's code, message and hint as the reason we log and hand to our owner, which
+// may print it on a user's terminal. The peer wrote them (before authentication, anyone), and
+// the JSON reader takes \u001b, \r and \n: without cleaning, a stranger's escape sequences and
+// forged log lines would reach agents', coordinators' and ddpctl's output. Bounded as the schema
+// bounds them.
+std::string peer_error(const nlohmann::json& b) {
+  auto text = clean_text(b["code"].get_ref<const std::string&>(), 64) + ": " +
+              clean_text(b["message"].get_ref<const std::string&>(), 4096);
+  if (auto h = b.find("hint"); h != b.end()) text += " (" + clean_text(h->get_ref<const std::string&>(), 4096) + ")";
+  return text;
+}
 
 }  // namespace
 
@@ -206,11 +219,7 @@ Effects Session::on_handshake_frame(std::string_view body) {
                 "complete the hello/auth handshake first");
   }
   if (!parsed.ok()) return fail(parsed.error->code, parsed.error->message, parsed.error->hint);
-  if (m.type == "error") {
-    auto reason = "peer refused: " + m.body["code"].get<std::string>() + ": " + m.body["message"].get<std::string>();
-    if (m.body.contains("hint")) reason += " (" + m.body["hint"].get<std::string>() + ")";
-    return drop(std::move(reason));
-  }
+  if (m.type == "error") return drop("peer refused: " + peer_error(m.body));
   switch (state_) {
     case State::await_hello:
       if (m.type == "hello") return handle_hello(m, body);
@@ -237,8 +246,10 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   peer_.role = *role_from(b["role"].get<std::string>());  // the schema's enum guarantees it
   peer_.user = b["user"].get<std::string>();
   peer_.key_id = b["key_id"].get<std::string>();
-  peer_.name = b.value("name", "");
-  peer_.software = b.value("software", "");
+  // Only ever shown (logs, labels): made safe to show here, once. The user and key id are
+  // compared, so they stay as sent, and whoever shows them cleans them.
+  peer_.name = clean_text(b.value("name", ""), 256);
+  peer_.software = clean_text(b.value("software", ""), 64);
   const auto offered = b["versions"].get<std::vector<std::uint32_t>>();
   std::uint32_t chosen = 0;
   for (auto v : offered) {
@@ -260,7 +271,8 @@ Effects Session::handle_hello(const Message& m, std::string_view body) {
   }
   const Key* key = keys_.find(peer_.key_id);
   if (!key) {
-    return fail(ErrorCode::auth, "unknown key id '" + peer_.key_id + "'",
+    // Anyone's words, before any proof: as a reason they go into our log and back to the peer.
+    return fail(ErrorCode::auth, "unknown key id '" + clean_text(peer_.key_id, 64) + "'",
                 "both sides need the same key in their token files (--token-file)");
   }
   key_ = *key;
@@ -302,8 +314,8 @@ Effects Session::handle_hello_ack(const Message& m, std::string_view body) {
                                         " but chooses version " + std::to_string(chosen));
   }
   peer_.role = *role_from(b["role"].get<std::string>());
-  peer_.name = b.value("name", "");
-  peer_.software = b.value("software", "");
+  peer_.name = clean_text(b.value("name", ""), 256);  // only ever shown, as the server's hello's
+  peer_.software = clean_text(b.value("software", ""), 64);
   peer_.delegate_key = b.value("delegate_key", "");
   peer_.key_id = key_.id;
   if (expect_server_ && *expect_server_ != peer_.role) {
@@ -403,11 +415,7 @@ Effects Session::on_session_frame(std::string_view body) {
     return fail(ErrorCode::version, "'" + m.type + "' is framed as version " + std::to_string(m.version) +
                                         ", negotiated " + std::to_string(version_));
   }
-  if (m.type == "error") {
-    auto reason = "peer closed: " + m.body["code"].get<std::string>() + ": " + m.body["message"].get<std::string>();
-    if (m.body.contains("hint")) reason += " (" + m.body["hint"].get<std::string>() + ")";
-    return drop(std::move(reason));
-  }
+  if (m.type == "error") return drop("peer closed: " + peer_error(m.body));
   if (phase_of(m.type) == Phase::handshake) {
     return fail(ErrorCode::unexpected, "'" + m.type + "' after the handshake finished");
   }

@@ -3,6 +3,7 @@
 
 #include "common/log.hpp"
 #include "common/strings.hpp"
+#include "common/text.hpp"
 #include "hostlist/hostlist.hpp"
 #include "net/connection.hpp"
 #include "supervisor/process.hpp"
@@ -139,7 +140,7 @@ void StepDialer::read_stdout() {
       }
     } else {
       // The agents write nothing else on stdout (their logs go to stderr): show it, do not parse it.
-      logger()->info("srun stdout| {}", line);
+      logger()->info("srun stdout| {}", clean_text(line, kMaxLine, "\t"));
     }
     read_stdout();
   });
@@ -152,8 +153,11 @@ void StepDialer::read_stderr() {
     std::string line(asio::buffers_begin(err_buf_.data()), asio::buffers_begin(err_buf_.data()) + len);
     err_buf_.consume(ec ? len : n);
     auto l = split_label(line);
+    // What the step writes reaches the user's terminal: shown clean (an agent's text by
+    // relay_line), so no process of the step, or anyone who can write to it, puts escape
+    // sequences or forged log lines there.
     if (!l.task) {
-      logger()->warn("srun| {}", line);  // srun's own message ("srun: error: ...")
+      logger()->warn("srun| {}", clean_text(line, kMaxLine, "\t"));  // srun's own message ("srun: error: ...")
     } else {
       // An agent's log line, at its own level (info and debug only with -v / DDP_LOG_LEVEL=debug).
       const auto r = log::relay_line(l.text);

@@ -3,10 +3,17 @@
 // same over a socketpair (SSH mode).
 #include "net/connection.hpp"
 
+#include "common/log.hpp"
+#include "proto/frame.hpp"
+
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <boost/asio.hpp>
 
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <sstream>
 
 using namespace ddp::net;
 using namespace ddp::proto;
@@ -266,4 +273,53 @@ TEST(Connection, AReadThatFillsItsBufferIsCountedOnItsThread) {
   io.run_for(std::chrono::milliseconds(500));
   EXPECT_EQ(output_bytes, 4u * 50 * 1024);
   EXPECT_GE(Connection::full_reads_on_this_thread() - before, 3u);
+}
+
+// A close's reason goes to our log (a warning, for a peer that never authenticated) and to the
+// owner, which may print it on a user's terminal. A stranger's 'error' frame, and a reason with
+// control characters however it was built, come out on one line, without them, and bounded.
+TEST(Connection, ACloseReasonIsLoggedAndHandedOnClean) {
+  std::ostringstream logged;
+  auto logger = ddp::log::get("test");
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(logged);
+  logger->sinks().push_back(sink);
+  struct Unsink {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Unsink() { logger->sinks().pop_back(); }
+  } unsink{logger};
+
+  asio::io_context io;
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  stream_socket mine(io, asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
+  ServerConfig sc;
+  sc.role = Role::agent;
+  sc.keys = Keyring({key('s')});
+  sc.nonce = random_nonce();
+  sc.accept_roles = {Role::coordinator};
+  auto server = Connection::make(std::move(mine), Session::server(sc), "stranger", "test", ddp::Millis(2000));
+  std::string closed;
+  server->start({nullptr, nullptr, [&](const std::string& r) { closed = r; }});
+  // No key, no hello: an 'error' frame first, as anyone can send.
+  const auto frame = encode_frame(
+      R"({"type":"error","v":3,"code":"x","message":"\u001b]0;PWNED\u0007\u001b[2J\nddpctl error [coordinator] forged line\r"})");
+  ASSERT_EQ(::write(fds[1], frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  io.run_for(std::chrono::milliseconds(500));
+  ::close(fds[1]);
+  const std::string shown = "peer refused: x: ?]0;PWNED??[2J?ddpctl error [coordinator] forged line?";
+  EXPECT_EQ(closed, shown);
+  EXPECT_NE(logged.str().find("stranger: connection closed: " + shown + "\n"), std::string::npos) << logged.str();
+  EXPECT_EQ(logged.str().find('\x1b'), std::string::npos);
+
+  // Whatever built the reason, the last line before the log and the owner cleans it.
+  auto [agent, coord] = socketpair_connections(io, "agent", "coordinator");
+  std::string why;
+  agent->start({nullptr, nullptr, [&](const std::string& r) { why = r; }});
+  agent->close("bye\x1b[2J\r\n" + std::string(64 * 1024, 'x'));
+  EXPECT_EQ(why.substr(0, 12), "bye?[2J??xxx");
+  EXPECT_EQ(why.size(), 16u * 1024);
+  EXPECT_EQ(logged.str().find('\n', logged.str().find("agent: connection closed: bye?[2J??x")) -
+                logged.str().find("agent: connection closed: bye?[2J??x"),
+            std::string("agent: connection closed: ").size() + 16 * 1024)
+      << "one line, bounded";
 }

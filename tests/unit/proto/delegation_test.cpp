@@ -120,6 +120,10 @@ TEST(Delegation, EachBindingIsChecked) {
   e = at_agent();
   e.signer_key = "bob-key";  // the coordinator: signed by a key other than the link's
   EXPECT_NE(refusal(d, e).find("this connection proved key 'bob-key'"), std::string::npos);
+  // Names that differ are quoted clean, whoever wrote them.
+  e = at_agent();
+  e.user = "bob\x1b]0;x\x07";
+  EXPECT_EQ(refusal(d, e), "the job's delegation is for user 'alice', not 'bob?]0;x?'");
 }
 
 TEST(Delegation, ExpiryIsOnTheVerifiersClock) {
@@ -140,6 +144,8 @@ TEST(Delegation, DecodingIsStrict) {
     return error;
   };
   EXPECT_NE(bad([](json& x) { x["extra"] = 1; }).find("unknown field 'extra'"), std::string::npos);
+  // The sender's own words, quoted: no escape sequence or line break reaches a log from here.
+  EXPECT_EQ(bad([](json& x) { x["\x1b[2J\nforged"] = 1; }), "delegation: unknown field '?[2J?forged'");
   EXPECT_NE(bad([](json& x) { x.erase("mac"); }).find("'mac'"), std::string::npos);
   EXPECT_NE(bad([](json& x) { x["mac"] = std::string(64, 'G'); }).find("'mac'"), std::string::npos);
   EXPECT_NE(bad([](json& x) { x["expires_s"] = -5; }).find("'expires_s'"), std::string::npos);

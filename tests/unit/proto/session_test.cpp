@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -737,4 +738,131 @@ TEST(Session, SealWithSplicesAnEncodedObjectAsAMember) {
   EXPECT_THROW(p.server.seal_with(p.server.message("job_offer", {{"t0_us", 7}}), "spec", "{}"), std::invalid_argument);
   EXPECT_THROW(p.server.seal_with(p.server.message("job_offer", fields), "spec", "[1]"), std::invalid_argument);
   EXPECT_THROW(p.server.seal_with(p.server.message("job_offer", fields), "spec", ""), std::invalid_argument);
+}
+
+// What a peer writes (an 'error' frame's code, message and hint, a key id, a type, a field's
+// name or value) ends up in the reason we log and hand to our owner, which may print it on a
+// user's terminal. The JSON reader takes \u001b, \u0007, \r and \n: whoever sends them, before
+// authentication anyone, must not get escape sequences or forged log lines into our output.
+namespace {
+bool shows_safe(std::string_view s) {
+  return std::none_of(s.begin(), s.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  });
+}
+const std::string kHostile = R"(\u001b]0;PWNED\u0007\u001b[2J\nddpctl error [coordinator] forged line\r)";
+const std::string kHostileShown = "?]0;PWNED??[2J?ddpctl error [coordinator] forged line?";
+std::string hello_json(const std::string& key_id, const std::string& role = "agent", const std::string& extra = "") {
+  return R"({"type":"hello","v":7,"versions":[7],"key_id":")" + key_id + R"(","nonce":")" + std::string(64, 'a') +
+         R"(","role":")" + role + R"(","user":"u")" + extra + "}";
+}
+}  // namespace
+
+TEST(SessionPeerText, AnErrorFrameFromAStrangerIsLoggedClean) {
+  const auto frame = encode_frame(R"({"type":"error","v":3,"code":"x\u001b[31m","message":")" + kHostile +
+                                  R"(","hint":")" + kHostile + R"("})");
+  // As a server's first frame (no key, no hello), and as a client's answer to its hello.
+  Session server = Session::server(server_config());
+  auto o = absorb(server.on_bytes(frame));
+  ASSERT_TRUE(o.dropped);
+  EXPECT_EQ(*o.dropped, "peer refused: x?[31m: " + kHostileShown + " (" + kHostileShown + ")");
+  Session client = Session::client(client_config());
+  absorb(client.start());
+  auto c = absorb(client.on_bytes(frame));
+  ASSERT_TRUE(c.dropped);
+  EXPECT_TRUE(shows_safe(*c.dropped)) << *c.dropped;
+  EXPECT_NE(c.dropped->find("forged line"), std::string::npos) << *c.dropped;
+}
+
+TEST(SessionPeerText, AnErrorFrameAfterAuthenticationIsLoggedClean) {
+  auto p = established_pair();
+  auto o = absorb(
+      p.server.on_bytes(p.client.seal_raw(R"({"type":"error","v":7,"code":"busy","message":")" + kHostile + R"("})")));
+  ASSERT_TRUE(o.dropped);
+  EXPECT_EQ(*o.dropped, "peer closed: busy: " + kHostileShown);
+}
+
+TEST(SessionPeerText, AnUnknownKeyIdIsQuotedClean) {
+  Session server = Session::server(server_config());
+  auto o = absorb(server.on_bytes(encode_frame(hello_json(R"(\u001b[41mKEY\n)"))));
+  ASSERT_TRUE(o.dropped);
+  EXPECT_NE(o.dropped->find("auth: unknown key id '?[41mKEY?'"), std::string::npos) << *o.dropped;
+  EXPECT_TRUE(shows_safe(*o.dropped)) << *o.dropped;
+  // The error frame back quotes it the same way.
+  const auto back = json::parse(body_of(o.sent));
+  EXPECT_EQ(back["message"], "unknown key id '?[41mKEY?'");
+}
+
+// Schema errors quote the message's own type, field names and enum values: cleaned and short,
+// before and after authentication.
+TEST(SessionPeerText, SchemaErrorsQuoteTheMessageClean) {
+  const std::string long_junk = R"(\u001b[2J\r\n)" + std::string(3000, 'A');
+  struct Case {
+    std::string json;
+    std::string needle;
+  };
+  for (const auto& c : std::vector<Case>{
+           {R"({"type":"\u001b[2J\nfake","v":3})", "unknown message type '?[2J?fake'"},
+           {R"({"type":")" + long_junk + R"(","v":3})", "unknown message type '?[2J??AAAA"},
+           {R"({"type":"\u001b[2J\nfake"})", "message '?[2J?fake' has no 'v'"},
+           {hello_json("default", R"(\u001b[31mroot\n)"),
+            "'hello.role' must be one of agent, ctl, coordinator, got '?[31mroot?'"},
+           {hello_json("default", long_junk), "got '?[2J??AAAA"},
+           {hello_json("default", "agent", R"(,"\u001b[31mx\r":1)"), "'hello' has unknown field '?[31mx?'"},
+       }) {
+    Session server = Session::server(server_config());
+    auto o = absorb(server.on_bytes(encode_frame(c.json)));
+    ASSERT_TRUE(o.dropped) << c.json;
+    EXPECT_NE(o.dropped->find(c.needle), std::string::npos) << *o.dropped;
+    EXPECT_TRUE(shows_safe(*o.dropped)) << *o.dropped;
+    EXPECT_LT(o.dropped->size(), 512u) << *o.dropped;
+    const auto back = json::parse(body_of(o.sent));
+    EXPECT_TRUE(shows_safe(back["message"].get<std::string>())) << back.dump();
+    // The same message, authenticated: the same words, as clean.
+    auto p = established_pair();
+    auto a = absorb(p.server.on_bytes(p.client.seal_raw(c.json)));
+    ASSERT_TRUE(a.dropped) << c.json;
+    EXPECT_TRUE(shows_safe(*a.dropped)) << *a.dropped;
+    EXPECT_LT(a.dropped->size(), 512u) << *a.dropped;
+  }
+}
+
+// Ordinary words, UTF-8 included, read as they were written.
+TEST(SessionPeerText, AnOrdinaryErrorReadsAsWritten) {
+  Session client = Session::client(client_config());
+  absorb(client.start());
+  auto err = make_message("error", 1,
+                          {{"code", "version"},
+                           {"message", "no common protocol version: 'nœud-7' speaks 3, 4 — «upgrade» ✓"},
+                           {"hint", "upgrade ddpctl on 'nœud-7'"}});
+  auto o = absorb(client.on_bytes(encode_frame(dump(err))));
+  EXPECT_EQ(*o.dropped,
+            "peer refused: version: no common protocol version: 'nœud-7' speaks 3, 4 — «upgrade» ✓ (upgrade ddpctl on "
+            "'nœud-7')");
+}
+
+// The peer's name and software are only ever shown: the session hands them on clean. Its user
+// and key id are compared (to key_users, to a job's user), so they stay as sent.
+TEST(SessionPeerText, ThePeersNameAndSoftwareAreHandedOnClean) {
+  Pair p;
+  auto cfg = client_config();
+  cfg.name = "n1\x1b[2J\n";
+  cfg.software = "ddpctl\r 9";
+  cfg.user =
+      "al\x1b"
+      "ice";
+  p.client = Session::client(cfg);
+  auto sc = server_config();
+  sc.name = "coord\x07";
+  p.server = Session::server(sc);
+  p.connect();
+  ASSERT_TRUE(p.s.established);
+  EXPECT_EQ(p.s.established->name, "n1?[2J?");
+  EXPECT_EQ(p.s.established->software, "ddpctl? 9");
+  EXPECT_EQ(p.s.established->user,
+            "al\x1b"
+            "ice");
+  ASSERT_TRUE(p.c.established);
+  EXPECT_EQ(p.c.established->name, "coord?");
 }

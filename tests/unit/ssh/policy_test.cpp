@@ -184,6 +184,17 @@ TEST(Relay, KeepsTheAgentsLevelAndMarksOtherLinesAsWarnings) {
   EXPECT_EQ(other.text, "sh: 1: ddp-agentd: not found");
 }
 
+// A relayed line is printed on the user's terminal: the other end (an agent, a shell, whoever
+// writes to the step) gets no escape sequence or carriage return onto it, and no line past the
+// bound; tabs and UTF-8 read as written.
+TEST(Relay, ShowsTheLineClean) {
+  auto l = relay_line("ddpctl error [agent] \x1b]0;PWNED\x07\x1b[2J\rddpctl error [coordinator] forged");
+  EXPECT_EQ(l.level, RelayedLine::Level::error);
+  EXPECT_EQ(l.text, "[agent] ?]0;PWNED??[2J?ddpctl error [coordinator] forged");
+  EXPECT_EQ(relay_line("Traceback:\tnœud \x1b[31m").text, "Traceback:\tnœud ?[31m");
+  EXPECT_EQ(relay_line(std::string(100 * 1024, 'x')).text.size(), ddp::log::kMaxRelayedLineBytes);
+}
+
 // The no-SFTP upload command, run by a real sh with a scratch HOME: the bytes land at the
 // destination, 0700, through the temporary name (none left), replacing an older file; a
 // transfer cut short (stdin ends early) or with other bytes is never renamed into place; a
