@@ -538,6 +538,14 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
     }
 
     case Op::watch_key: {
+      // Every change of the key pushes to each of its watchers under the server's lock: bounded
+      // per key, so no client's watches make a SET (anyone's) cost more than that.
+      if (auto w = watchers_.find(req.key); w != watchers_.end() && w->second.size() >= totals_.max_watchers_per_key) {
+        out.close_reason =
+            fmt::format("store full: WATCH_KEY of `{}` would make {} watches of that key, over the limit of {} per key",
+                        printable_key(req.key), w->second.size() + 1, totals_.max_watchers_per_key);
+        return;
+      }
       if (!room_for_registrations(Op::watch_key, 1, req.key.size(), out)) return;
       // Room for the record below made first (it may not throw once registered), growing by half
       // or more: to the exact size, each WATCH_KEY of a client copied all its earlier ones.

@@ -27,7 +27,9 @@
 //    on the key and replies STOP_WAITING, below it parks the client as a waiter on the key.
 //  - WATCH_KEY (1.13, on the client's second connection) replies KEY_CALLBACK_REGISTERED and,
 //    until that connection closes, pushes u8 type + key + old + new on every SET, ADD, APPEND,
-//    COMPARE_SET that changes the value, and DELETE_KEY of the key.
+//    COMPARE_SET that changes the value, and DELETE_KEY of the key. A key takes at most
+//    Totals::max_watchers_per_key watches (1024), so one change of it pushes at most that many;
+//    a WATCH_KEY past it is refused as a request past the totals is (below).
 //  - A wrong VALIDATE magic closes the client.
 //  - Totals (one store is one job's, whoever its clients are): the bytes of keys, values and
 //    queue items, the number of keys, of queue items and of wait/watch registrations are bounded
@@ -78,6 +80,11 @@ struct Totals {
   std::size_t max_queue_items = std::size_t{1} << 20;  // items in all queues
   std::size_t max_waiters = std::size_t{1} << 20;      // (client, key) registrations: WAIT, BARRIER, WATCH_KEY
   std::size_t max_connections = 65536;                 // open connections (the server's)
+  // WATCH_KEY registrations of one key, over all clients. Unlike a wait, which one change
+  // releases, a watch stays until its connection closes, and every change of the key pushes to
+  // each one under the store's lock: without this bound one client's watches would make every
+  // other client's request wait on them. PyTorch 1.13 registers one per callback (a handful).
+  std::size_t max_watchers_per_key = 1024;
   // Bytes in flight over all connections (the server's): requests being decoded (as their
   // lengths announce them) plus replies queued and not yet written. Separate from max_bytes
   // because what is in flight grows with clients times reply size, not with what is stored;
