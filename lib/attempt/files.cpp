@@ -94,8 +94,11 @@ std::optional<unsigned long long> process_start_time(pid_t pid) {
   return supervisor::start_time_from_stat(std::string_view(buf, static_cast<std::size_t>(n)));
 }
 
-stacks::ProcessStacks read_rank_stacks(pid_t pid) {
-  auto p = stacks::read_process(pid, {.python = true, .native = false});
+stacks::ProcessStacks read_rank_stacks(pid_t pid, std::stop_token stop) {
+  auto p = stacks::read_process(pid, {.python = true,
+                                      .native = false,
+                                      .deadline = std::chrono::steady_clock::now() + kStackReadTime,
+                                      .stop = std::move(stop)});
   bound_stacks(p);
   return p;
 }

@@ -11,7 +11,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <optional>
+#include <stop_token>
 #include <string>
 
 namespace ddp::launch {
@@ -34,9 +36,14 @@ std::optional<std::string> write_result_file(const std::string& path, const nloh
 std::optional<std::string> write_result_file(const safefs::Dir& dir, const std::string& name,
                                              const nlohmann::json& report);
 
-// THE read of one rank for a failure report: Python frames only (no ptrace, nothing opened in
-// the target's name), bounded. Never throws.
-stacks::ProcessStacks read_rank_stacks(pid_t pid);
+// THE read of one rank for a failure report and for the hang watchdog: Python frames only (no
+// ptrace, nothing opened in the target's name), bounded in what it holds (lib/stacks' walk
+// totals, then bound_stacks) and in time: at most kStackReadTime, less once `stop` is asked. A
+// real rank reads in about a millisecond (docs/gpu.md: 293 frames in 0.67 ms); the watchdog
+// reads its ranks one after another on its owner's event loop, so a rank that makes its memory
+// slow to read must not hold that loop for long. Never throws.
+inline constexpr std::chrono::milliseconds kStackReadTime{500};
+stacks::ProcessStacks read_rank_stacks(pid_t pid, std::stop_token stop = {});
 
 // Field 22 of /proc/<pid>/stat: when the process started (clock ticks since boot), none when it
 // is gone. A pid's owner is checked by it around a read (stack_snapshot.hpp).

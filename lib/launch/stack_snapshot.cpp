@@ -11,11 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <stop_token>
 #include <system_error>
 #include <thread>
 
@@ -31,7 +31,7 @@ struct StackSnapshot::Shared {
   std::mutex mu;
   std::vector<stacks::RankStacks> read;  // guarded by mu
   std::vector<int> gone;                 // guarded by mu: exited (or the pid reused) during the read
-  std::atomic<bool> stop{false};
+  std::stop_source stop;
 };
 
 StackSnapshot::StackSnapshot(asio::io_context& io, std::vector<Target> targets, Millis budget, Done done, Reader reader,
@@ -64,8 +64,9 @@ StackSnapshot::StackSnapshot(asio::io_context& io, std::vector<Target> targets, 
                  start_time = std::move(start_time)] {
       for (std::size_t i = 0; i < targets.size(); ++i) {
         const auto& t = targets[i];
-        if (shared->stop) break;
-        stacks::RankStacks r{t.rank, t.node, started[i] ? reader(t.pid) : stacks::ProcessStacks{}};
+        if (shared->stop.stop_requested()) break;
+        stacks::RankStacks r{t.rank, t.node,
+                             started[i] ? reader(t.pid, shared->stop.get_token()) : stacks::ProcessStacks{}};
         const bool same = started[i] && start_time(t.pid) == started[i];
         std::lock_guard lock(shared->mu);
         if (same) {
@@ -91,7 +92,7 @@ StackSnapshot::StackSnapshot(asio::io_context& io, std::vector<Target> targets, 
 
 StackSnapshot::~StackSnapshot() {
   *alive_ = false;  // a completion already queued (the cancels below cannot take it back) does nothing
-  if (shared_) shared_->stop = true;
+  if (shared_) shared_->stop.request_stop();
   finished_ = true;
   boost::system::error_code ignored;
   deadline_.cancel();
@@ -120,7 +121,7 @@ void StackSnapshot::complete(const std::string& unread_why) {
   FailureStacks out;
   std::vector<int> gone;
   if (shared_) {
-    shared_->stop = true;
+    shared_->stop.request_stop();
     std::lock_guard lock(shared_->mu);
     out.ranks = shared_->read;
     gone = shared_->gone;

@@ -4,9 +4,11 @@
 // node by default), and skip() (a second Ctrl-C, a kill) ends the wait at once. Whatever was read
 // by then is the result; every rank not read is named, with why.
 //
-// The reading thread is never joined: one stuck in a read ends when its target dies (the stop
-// that follows kills it). It shares only its own state with the loop, and wakes the loop through
-// an eventfd, so it may outlive this object and the io_context.
+// The reading thread is never joined: the end of the wait asks it to stop, which the read
+// (read_rank_stacks) sees once per frame; one stuck in a single read of the target's memory
+// ends when its target dies (the stop that follows kills it). It shares only its own state with
+// the loop, and wakes the loop through an eventfd, so it may outlive this object and the
+// io_context.
 #pragma once
 
 #include "attempt/files.hpp"
@@ -19,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -31,7 +34,9 @@ class StackSnapshot {
     std::string node;
     pid_t pid = 0;
   };
-  using Reader = std::function<stacks::ProcessStacks(pid_t)>;
+  // Reads one target; `stop` is asked once the wait is over (the budget, skip()), and the read
+  // ends at its next frame instead of running on unseen.
+  using Reader = std::function<stacks::ProcessStacks(pid_t, std::stop_token stop)>;
   using Done = std::function<void(FailureStacks)>;
   // A process's start time (field 22 of /proc/<pid>/stat), none when it is gone.
   using StartTime = std::function<std::optional<unsigned long long>(pid_t)>;

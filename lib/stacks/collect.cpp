@@ -460,7 +460,8 @@ std::optional<ProcessStacks> process_from_text(const std::string& text, std::str
 
 std::vector<ProcessStacks> collect(const std::vector<pid_t>& pids, const CollectOptions& options) {
   if (options.native) return collect_native(pids, options);
-  // Python only: in-process, a few ms each; the budget is checked between processes.
+  // Python only: in-process, a few ms each; the budget is checked between processes and by the
+  // walk once per frame (a process that makes its reads slow does not hold the rest up).
   const auto deadline = Clock::now() + options.budget;
   std::vector<ProcessStacks> out;
   for (pid_t pid : pids) {
@@ -469,7 +470,7 @@ std::vector<ProcessStacks> collect(const std::vector<pid_t>& pids, const Collect
           not_read(pid, "not read within the time budget of " + std::to_string(options.budget.count()) + " ms"));
       continue;
     }
-    out.push_back(read_process(pid, {.python = true, .native = false}));
+    out.push_back(read_process(pid, {.python = true, .native = false, .deadline = deadline}));
   }
   return out;
 }

@@ -141,6 +141,8 @@ int addr_to_line(std::span<const std::uint8_t> t, int first_line, int addr) {
 
 namespace {
 
+// A code object's names and line table, read once however many frames run it: frames copy the
+// names (the model's Frame owns its strings), and every copy counts against the walk's total.
 struct CodeInfo {
   std::string file, function;
   int first_line = 0, first_traceable = 0;
@@ -148,11 +150,33 @@ struct CodeInfo {
   bool ok = false;
 };
 
+std::string size_text(std::size_t bytes) {
+  return bytes % (1u << 20) == 0 ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes) + " bytes";
+}
+
 class Walker {
  public:
   Walker(Memory& mem, const PyLayout& l, const WalkLimits& lim) : mem_(mem), l_(l), lim_(lim) {}
 
   std::optional<std::uint64_t> ptr(std::uint64_t addr) { return mem_.get<std::uint64_t>(addr); }
+
+  // Why the walk was cut ("truncated: ..."), or "" while it may go on. Checked before every
+  // frame: a frame read costs at most one code object (names of max_string characters, one line
+  // table), so no total is passed by more than one step's worth.
+  const std::string& cut() const { return cut_; }
+  bool go_on() {
+    if (!cut_.empty()) return false;
+    if (visited_ >= std::size_t(std::max(lim_.max_frames, 0)))
+      cut_ = "truncated: more than " + std::to_string(lim_.max_frames) + " frames in all (a loop?)";
+    else if (names_ >= lim_.max_string_bytes)
+      cut_ = "truncated: the frames' names passed " + size_text(lim_.max_string_bytes);
+    else if (lim_.out_of_time && lim_.out_of_time())
+      cut_ = "truncated: out of time";
+    return cut_.empty();
+  }
+  void out_of_time() {
+    if (cut_.empty()) cut_ = "truncated: out of time";
+  }
 
   std::string read_str(std::uint64_t obj) {
     if (!obj) return "?";
@@ -185,9 +209,10 @@ class Walker {
     return out;
   }
 
-  const CodeInfo& code(std::uint64_t addr) {
+  // nullptr once the line tables' total would pass its limit (cut() then says so).
+  const CodeInfo* code(std::uint64_t addr) {
     auto it = codes_.find(addr);
-    if (it != codes_.end()) return it->second;
+    if (it != codes_.end()) return &it->second;
     CodeInfo ci;
     std::vector<std::uint8_t> head(l_.code_adaptive);
     if (mem_.read(addr, head.data(), head.size())) {
@@ -196,19 +221,25 @@ class Walker {
       std::int32_t first_line = 0, first_traceable = 0;
       field(l_.code_filename, filename), field(l_.code_qualname, qualname), field(l_.code_linetable, linetable);
       field(l_.code_firstlineno, first_line), field(l_.code_firsttraceable, first_traceable);
-      ci.file = read_str(filename);
-      ci.function = read_str(qualname);
-      ci.first_line = first_line;
-      ci.first_traceable = first_traceable;
       if (auto size = mem_.get<std::int64_t>(linetable + l_.bytes_size);
           size && *size >= 0 && std::size_t(*size) <= lim_.max_linetable) {
+        if (linetables_ + std::size_t(*size) > lim_.max_linetable_bytes) {
+          cut_ = "truncated: the code objects' line tables passed " + size_text(lim_.max_linetable_bytes);
+          return nullptr;
+        }
+        linetables_ += std::size_t(*size);
         ci.linetable.resize(std::size_t(*size));
         if (!ci.linetable.empty() && !mem_.read(linetable + l_.bytes_sval, ci.linetable.data(), ci.linetable.size()))
           ci.linetable.clear();
       }
+      ci.file = read_str(filename);
+      ci.function = read_str(qualname);
+      names_ += ci.file.size() + ci.function.size();
+      ci.first_line = first_line;
+      ci.first_traceable = first_traceable;
       ci.ok = true;
     }
-    return codes_.emplace(addr, std::move(ci)).first->second;
+    return &codes_.emplace(addr, std::move(ci)).first->second;
   }
 
   // One thread's frames, innermost first.
@@ -219,10 +250,11 @@ class Walker {
     std::uint64_t f = frame.value_or(0);
     std::vector<std::uint8_t> buf(std::max(l_.frame_owner, l_.frame_prev_instr + 8) + 1);
     for (int depth = 0; f; ++depth) {
-      if (depth >= lim_.max_depth) {
+      if (depth >= lim_.max_depth || !go_on()) {
         out.truncated = true;
         return;
       }
+      ++visited_;  // every frame read counts, kept or not: each may add a code object
       if (!mem_.read(f, buf.data(), buf.size())) {
         out.truncated = true;  // the chain points where nothing is mapped (it moved under us)
         return;
@@ -234,20 +266,25 @@ class Walker {
       const int owner = buf[l_.frame_owner];
       f = previous;
       if (owner == l_.owner_cstack || !code_addr) continue;
-      const CodeInfo& ci = code(code_addr);
-      if (!ci.ok) continue;
+      const CodeInfo* ci = code(code_addr);
+      if (!ci) {
+        out.truncated = true;
+        return;
+      }
+      if (!ci->ok) continue;
       const std::uint64_t code_start = code_addr + l_.code_adaptive;
       // A frame that has not reached its first traceable instruction yet (_PyFrame_IsIncomplete).
-      if (owner != l_.owner_generator && prev_instr < code_start + std::uint64_t(std::max(ci.first_traceable, 0)) * 2)
+      if (owner != l_.owner_generator && prev_instr < code_start + std::uint64_t(std::max(ci->first_traceable, 0)) * 2)
         continue;
       const long lasti = (long(prev_instr) - long(code_start)) / 2;
       Frame fr;
       fr.kind = Frame::Kind::python;
-      fr.function = ci.function;
-      fr.file = ci.file;
+      fr.function = ci->function;
+      fr.file = ci->file;
+      names_ += fr.function.size() + fr.file.size();
       // -1 (no location: a frozen module's frames during start-up, say) and a hostile negative
       // first line are 0, the model's "unknown".
-      fr.line = std::max(0, addr_to_line(ci.linetable, ci.first_line, int(lasti * 2)));
+      fr.line = std::max(0, addr_to_line(ci->linetable, ci->first_line, int(lasti * 2)));
       out.frames.push_back(std::move(fr));
     }
   }
@@ -257,6 +294,8 @@ class Walker {
   const PyLayout& l_;
   const WalkLimits& lim_;
   std::unordered_map<std::uint64_t, CodeInfo> codes_;
+  std::size_t visited_ = 0, names_ = 0, linetables_ = 0;
+  std::string cut_;
 };
 
 }  // namespace
@@ -269,26 +308,44 @@ PyWalk walk_python(Memory& mem, std::uint64_t runtime_addr, const PyLayout& layo
     out.error = "cannot read _PyRuntime.interpreters.head";
     return out;
   }
+  // The thread states first (each costs a few reads and no frame), then their frames, oldest first.
+  std::vector<std::uint64_t> states;
+  std::string listing;  // why the listing stopped early
   int ninterp = 0;
-  for (std::uint64_t is = *interp; is; ++ninterp) {
+  for (std::uint64_t is = *interp; is && listing.empty() && w.cut().empty(); ++ninterp) {
     if (ninterp >= limits.max_interpreters) {
-      out.error = "more than " + std::to_string(limits.max_interpreters) + " interpreters (a loop?)";
-      return out;
+      listing = "truncated: more than " + std::to_string(limits.max_interpreters) + " interpreters (a loop?)";
+      break;
     }
     auto t = w.ptr(is + layout.interp_threads_head);
     for (std::uint64_t ts = t.value_or(0); ts;) {
-      if (int(out.threads.size()) >= limits.max_threads) {
-        out.error = "more than " + std::to_string(limits.max_threads) + " threads (a loop?)";
-        return out;
+      if (int(states.size()) >= limits.max_threads) {
+        listing = "truncated: more than " + std::to_string(limits.max_threads) + " threads (a loop?)";
+        break;
       }
-      PyThread th;
-      th.thread_id = w.ptr(ts + layout.tstate_thread_id).value_or(0);
-      th.native_tid = int(mem.get<std::uint64_t>(ts + layout.tstate_native_thread_id).value_or(0));
-      w.frames(ts, th);
-      out.threads.push_back(std::move(th));
+      if (limits.out_of_time && limits.out_of_time()) {
+        w.out_of_time();
+        break;
+      }
+      states.push_back(ts);
       ts = w.ptr(ts + layout.tstate_next).value_or(0);
     }
     is = w.ptr(is + layout.interp_next).value_or(0);
+  }
+  // A walk cut short leaves out the newest threads it did not reach (the error says so).
+  std::size_t first = states.size();
+  out.threads.resize(states.size());
+  for (; first > 0 && w.cut().empty(); --first) {
+    PyThread& th = out.threads[first - 1];
+    th.thread_id = w.ptr(states[first - 1] + layout.tstate_thread_id).value_or(0);
+    th.native_tid = int(mem.get<std::uint64_t>(states[first - 1] + layout.tstate_native_thread_id).value_or(0));
+    w.frames(states[first - 1], th);
+  }
+  out.threads.erase(out.threads.begin(), out.threads.begin() + std::ptrdiff_t(first));
+  for (const std::string& why : {listing, w.cut()}) {
+    if (why.empty()) continue;
+    out.error += (out.error.empty() ? "" : "; ") + why;
+    out.limit_reached = true;
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include "stacks/model.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -62,19 +63,37 @@ struct PyThread {
   bool truncated = false;
 };
 
+// Per string, per thread, and for the whole walk. The totals are what bound one read: the
+// per-thread and per-string limits alone let a process whose thread and frame lists loop, every
+// frame naming one code object with 4096-character names, make the reader hold 4096 threads x
+// 512 frames x 32 KiB of names (64 GiB). A real training process has a few hundred frames
+// (bench/stacks' target: 293 in 10 threads) of a few hundred bytes of names each, so the totals
+// cut only a loop or a forgery. Root reads with these defaults (reader.cpp).
 struct WalkLimits {
   int max_interpreters = 64;
   int max_threads = 4096;
-  int max_depth = 512;
-  std::size_t max_string = 4096;        // characters of a file or function name
-  std::size_t max_linetable = 1 << 20;  // bytes
+  int max_depth = 512;                         // frames of one thread
+  int max_frames = 4096;                       // frames read in all, kept or not (each may add a code object)
+  std::size_t max_string = 4096;               // characters of a file or function name
+  std::size_t max_string_bytes = 4u << 20;     // names read (once per code object) and copied into frames
+  std::size_t max_linetable = 1 << 20;         // bytes of one code object's line table
+  std::size_t max_linetable_bytes = 4u << 20;  // every code object's line table together
+  // Asked once per thread and once per frame: true ends the walk where it is (a deadline passed,
+  // the caller gave up). Empty: never.
+  std::function<bool()> out_of_time;
 };
 
 struct PyWalk {
   std::vector<PyThread> threads;
-  std::string error;  // non-empty: the walk stopped early (threads holds what was read)
+  // Non-empty: the walk stopped early (threads holds what was read). "truncated: ..." when a
+  // limit above or the time ran out: walking again would only reach it again.
+  std::string error;
+  bool limit_reached = false;
 };
 
+// Thread states are walked from the oldest (the main thread: CPython adds a new thread at the
+// head of the list) to the newest, so a walk cut short keeps the main thread's stack and leaves
+// out the newest threads; `threads` is in the list's order all the same.
 PyWalk walk_python(Memory& mem, std::uint64_t runtime_addr, const PyLayout& layout, const WalkLimits& limits = {});
 
 }  // namespace ddp::stacks

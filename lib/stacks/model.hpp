@@ -26,7 +26,7 @@ struct ThreadStack {
   bool main = false;          // tid == pid
   std::vector<Frame> python;  // innermost first; empty: no Python frame on this thread (or not Python)
   std::vector<Frame> native;  // innermost first; only with --native
-  bool truncated = false;     // a depth limit cut it
+  bool truncated = false;     // a limit cut it: its depth, or the whole read's (cpython.hpp)
   double native_stop_ms = 0;  // how long --native kept this thread stopped
 };
 

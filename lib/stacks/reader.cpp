@@ -70,7 +70,8 @@ std::optional<std::string> version_in_name(const std::string& base) {
   return v;
 }
 
-void read_python(pid_t pid, const std::vector<Mapping>& maps, ProcessStacks& out, std::map<int, PyThread>& py) {
+void read_python(pid_t pid, const std::vector<Mapping>& maps, const ReadOptions& options, ProcessStacks& out,
+                 std::map<int, PyThread>& py) {
   ProcessMemory mem(pid);
   std::optional<std::string> versioned_name;
   for (const auto& m : maps) {
@@ -97,8 +98,17 @@ void read_python(pid_t pid, const std::vector<Mapping>& maps, ProcessStacks& out
                    ": only native stacks are available (--native); Python frames are read for 3.11 and 3.12";
       return;
     }
-    PyWalk walk = walk_python(mem, *runtime, *layout);
-    if (!walk.error.empty()) walk = walk_python(mem, *runtime, *layout);  // the target moved under us: once more
+    WalkLimits limits;
+    limits.out_of_time = [&options] {
+      return options.stop.stop_requested() || std::chrono::steady_clock::now() >= options.deadline;
+    };
+    PyWalk walk = walk_python(mem, *runtime, *layout, limits);
+    // A read that failed (the target moved under us) is tried once more; a limit reached is not:
+    // a second walk would reach it again, and would have doubled what the first one holds.
+    if (!walk.error.empty() && !walk.limit_reached) {
+      walk = PyWalk{};
+      walk = walk_python(mem, *runtime, *layout, limits);
+    }
     if (!walk.error.empty()) out.errors.push_back("Python frames: " + walk.error);
     out.python = format_version(*version);
     out.python_ok = true;
@@ -178,7 +188,7 @@ ProcessStacks read_process(pid_t pid, const ReadOptions& options) {
   }
 
   std::map<int, PyThread> py;
-  if (options.python) read_python(pid, maps, out, py);
+  if (options.python) read_python(pid, maps, options, out, py);
   for (auto& [tid, p] : py) {
     auto& t = threads[tid];  // a thread that ended between the listing and the walk still shows
     t.tid = tid;

@@ -8,11 +8,20 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <stop_token>
+
 namespace ddp::stacks {
 
 struct ReadOptions {
   bool python = true;
   bool native = false;
+  // The Python walk stops at its first frame past the deadline, or once `stop` is asked, and says
+  // so in `errors` ("Python frames: truncated: out of time"); its totals (cpython.hpp's
+  // WalkLimits) bound it anyway. A native read is bounded by its caller (collect.hpp kills the
+  // reader process at the deadline).
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  std::stop_token stop;
 };
 
 // Never throws for a process that cannot be read: what failed is in `errors`, with what to do.

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <stop_token>
 
 using namespace ddp::launch;
 namespace stacks = ddp::stacks;
@@ -263,7 +264,7 @@ TEST(StackSnapshot, ReadsEveryTargetAndSaysSoOnTheLoop) {
   std::optional<FailureStacks> got;
   StackSnapshot snap(
       io, {{0, "", 10}, {2, "", 12}}, std::chrono::seconds(30), [&](FailureStacks s) { got = std::move(s); },
-      [](pid_t pid) {
+      [](pid_t pid, std::stop_token) {
         stacks::ProcessStacks p;
         p.pid = pid;
         return p;
@@ -285,7 +286,7 @@ TEST(StackSnapshot, ABlockedReadCostsTheBudgetAndNoMore) {
   StackSnapshot snap(
       io, {{0, "", 10}, {1, "", 11}, {2, "", 12}}, std::chrono::milliseconds(200),
       [&](FailureStacks s) { got = std::move(s); },
-      [gate](pid_t pid) {
+      [gate](pid_t pid, std::stop_token) {
         stacks::ProcessStacks p;
         p.pid = pid;
         if (pid == 11) {
@@ -307,6 +308,36 @@ TEST(StackSnapshot, ABlockedReadCostsTheBudgetAndNoMore) {
   EXPECT_EQ(got->notes[0], "ranks 1,2: not read within the 200ms given to the stacks");
 }
 
+// The end of the wait reaches a read still going: the reader is asked to stop (the walk checks
+// once per frame), so a slow target does not keep root's thread reading on unseen.
+TEST(StackSnapshot, TheEndOfTheWaitStopsTheReadItself) {
+  struct Seen {
+    std::mutex mu;
+    std::condition_variable_any cv;
+    bool stopped = false;
+  };
+  boost::asio::io_context io;
+  auto seen = std::make_shared<Seen>();
+  std::optional<FailureStacks> got;
+  StackSnapshot snap(
+      io, {{0, "", 10}}, std::chrono::milliseconds(50), [&](FailureStacks s) { got = std::move(s); },
+      [seen](pid_t pid, std::stop_token stop) {
+        std::unique_lock l(seen->mu);
+        seen->cv.wait_for(l, stop, std::chrono::seconds(10), [] { return false; });  // reads until asked to stop
+        seen->stopped = stop.stop_requested();
+        seen->cv.notify_all();
+        stacks::ProcessStacks p;
+        p.pid = pid;
+        return p;
+      },
+      same_start);
+  io.run();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->notes.size(), 1u);
+  std::unique_lock l(seen->mu);
+  EXPECT_TRUE(seen->cv.wait_for(l, std::chrono::seconds(5), [&] { return seen->stopped; }));
+}
+
 TEST(StackSnapshot, SkipEndsTheWaitAtOnce) {
   boost::asio::io_context io;
   auto gate = std::make_shared<Gate>();
@@ -314,7 +345,7 @@ TEST(StackSnapshot, SkipEndsTheWaitAtOnce) {
   auto snap = std::make_unique<StackSnapshot>(
       io, std::vector<StackSnapshot::Target>{{0, "", 10}}, std::chrono::hours(1),
       [&](FailureStacks s) { got = std::move(s); },
-      [gate](pid_t pid) {
+      [gate](pid_t pid, std::stop_token) {
         std::unique_lock l(gate->mu);
         gate->cv.wait(l, [&] { return gate->open; });
         stacks::ProcessStacks p;
@@ -341,7 +372,7 @@ TEST(StackSnapshot, ARankThatExitedDuringTheReadIsNotKept) {
   StackSnapshot snap(
       io, {{0, "", 10}, {1, "", 11}, {2, "", 12}}, std::chrono::seconds(30),
       [&](FailureStacks s) { got = std::move(s); },
-      [](pid_t pid) {
+      [](pid_t pid, std::stop_token) {
         stacks::ProcessStacks p;
         p.pid = pid;
         return p;
@@ -371,7 +402,7 @@ TEST(StackSnapshot, TheStartTimeIsThePidsOwn) {
 TEST(StackSnapshot, ACompletionQueuedBeforeItWentDoesNothing) {
   boost::asio::io_context io;
   auto gate = std::make_shared<Gate>();
-  auto blocked = [gate](pid_t pid) {
+  auto blocked = [gate](pid_t pid, std::stop_token) {
     std::unique_lock l(gate->mu);
     gate->cv.wait(l, [&] { return gate->open; });
     stacks::ProcessStacks p;
@@ -415,7 +446,7 @@ TEST(StackSnapshot, NoThreadToReadOnIsSaidNotThrown) {
       std::optional<FailureStacks> got;
       StackSnapshot snap(
           io, {{0, "", 10}}, std::chrono::hours(1), [&](FailureStacks s) { got = std::move(s); },
-          [](pid_t) { return stacks::ProcessStacks{}; }, same_start);
+          [](pid_t, std::stop_token) { return stacks::ProcessStacks{}; }, same_start);
       io.run();
       code = got && got->notes.size() == 1 && got->notes[0] == "rank 0: not read: cannot start a thread" ? 0 : 11;
     } catch (...) {

@@ -468,6 +468,126 @@ TEST_P(StacksWalk, HostileImagesAreBounded) {
   EXPECT_NE(walk_python(empty, 0x1000, py.l).error, "");
 }
 
+namespace {
+
+struct Totals {
+  std::size_t frames = 0, name_bytes = 0;
+};
+Totals totals(const PyWalk& w) {
+  Totals t;
+  for (const auto& th : w.threads) {
+    t.frames += th.frames.size();
+    for (const auto& f : th.frames) t.name_bytes += f.function.size() + f.file.size();
+  }
+  return t;
+}
+
+}  // namespace
+
+// The reviewer's process: a thread list and a frame list that loop, every frame running one code
+// object with the longest names read. Per-thread limits alone made that 4096 threads x 512
+// frames x 8 KiB of names (16 GiB); the walk's totals stop it at 4 MiB, in a few thousand reads.
+TEST_P(StacksWalk, LoopingThreadsAndFramesAreBoundedInAll) {
+  FakePython py(*layout_for(GetParam()));
+  const auto c = py.code(std::string(4096, 'f'), std::string(4096, 'p'), 1);
+  auto self = py.frame(c, 0, 0);
+  py.img.put<std::uint64_t>(self + py.l.frame_previous, self);
+  auto ts = py.thread(9, self);
+  py.img.put<std::uint64_t>(ts + py.l.tstate_next, ts);
+  py.set_interpreters(py.interp(ts));
+  const WalkLimits lim;
+  const PyWalk w = walk_python(py.img, py.runtime, py.l);
+  EXPECT_TRUE(w.limit_reached);
+  EXPECT_EQ(w.error.rfind("truncated: ", 0), 0u) << w.error;
+  EXPECT_NE(w.error.find("the frames' names passed 4 MiB"), std::string::npos) << w.error;
+  const Totals t = totals(w);
+  EXPECT_LE(t.name_bytes, lim.max_string_bytes);
+  EXPECT_GT(t.name_bytes, lim.max_string_bytes / 2);
+  EXPECT_LE(t.frames, std::size_t(lim.max_frames));
+  ASSERT_FALSE(w.threads.empty());
+  EXPECT_TRUE(w.threads.front().truncated);
+  EXPECT_LT(py.img.reads, 3 * lim.max_threads + 2 * lim.max_frames);
+
+  // Short names: the total of frames read cuts it instead (8 threads of 512).
+  FakePython small(*layout_for(GetParam()));
+  const auto c2 = small.code("spin", "/x.py", 1);
+  auto self2 = small.frame(c2, 0, 0);
+  small.img.put<std::uint64_t>(self2 + small.l.frame_previous, self2);
+  auto ts2 = small.thread(9, self2);
+  small.img.put<std::uint64_t>(ts2 + small.l.tstate_next, ts2);
+  small.set_interpreters(small.interp(ts2));
+  const PyWalk w2 = walk_python(small.img, small.runtime, small.l);
+  EXPECT_TRUE(w2.limit_reached);
+  EXPECT_NE(w2.error.find("truncated: more than 4096 threads (a loop?)"), std::string::npos) << w2.error;
+  EXPECT_NE(w2.error.find("truncated: more than 4096 frames in all (a loop?)"), std::string::npos) << w2.error;
+  EXPECT_EQ(totals(w2).frames, 4096u);
+  EXPECT_LE(w2.threads.size(), 9u);  // the threads not reached are left out
+}
+
+// Code objects of their own, each with a line table just under the per-object limit: their sum
+// is what is bounded.
+TEST_P(StacksWalk, LineTablesAreBoundedInAll) {
+  FakePython py(*layout_for(GetParam()));
+  std::uint64_t f = 0;
+  for (int k = 0; k < 16; ++k) f = py.frame(py.code("fn" + std::to_string(k), "/t.py", 1, 100), 0, f);
+  py.set_interpreters(py.interp(py.thread(3, f)));
+  WalkLimits lim;
+  lim.max_linetable = 256;         // each table is 200 bytes
+  lim.max_linetable_bytes = 1000;  // five of them
+  const PyWalk w = walk_python(py.img, py.runtime, py.l, lim);
+  EXPECT_TRUE(w.limit_reached);
+  EXPECT_EQ(w.error, "truncated: the code objects' line tables passed 1000 bytes");
+  ASSERT_EQ(w.threads.size(), 1u);
+  EXPECT_EQ(w.threads[0].frames.size(), 5u);
+  EXPECT_TRUE(w.threads[0].truncated);
+}
+
+// The time check: asked before every frame; once it says so, the walk ends where it is.
+TEST_P(StacksWalk, OutOfTimeEndsTheWalkAtTheNextFrame) {
+  FakePython py(*layout_for(GetParam()));
+  const auto c = py.code("spin", "/x.py", 1);
+  auto self = py.frame(c, 0, 0);
+  py.img.put<std::uint64_t>(self + py.l.frame_previous, self);
+  py.set_interpreters(py.interp(py.thread(9, self)));
+  int asked = 0;
+  WalkLimits lim;
+  lim.out_of_time = [&asked] { return ++asked > 20; };
+  const PyWalk w = walk_python(py.img, py.runtime, py.l, lim);
+  EXPECT_TRUE(w.limit_reached);
+  EXPECT_EQ(w.error, "truncated: out of time");
+  ASSERT_EQ(w.threads.size(), 1u);
+  EXPECT_TRUE(w.threads[0].truncated);
+  EXPECT_EQ(w.threads[0].frames.size(), 19u);  // one ask for the thread's listing, one per frame
+  EXPECT_EQ(asked, 21);
+}
+
+// A walk cut short keeps the oldest thread (the main one: CPython adds threads at the head of
+// its list) and leaves out newer ones it did not reach; the order stays the list's.
+TEST_P(StacksWalk, ACutWalkKeepsTheMainThread) {
+  FakePython py(*layout_for(GetParam()));
+  const auto c = py.code("work", "/w.py", 1);
+  auto chain = [&](int n) {
+    std::uint64_t f = 0;
+    for (int k = 0; k < n; ++k) f = py.frame(c, k, f);
+    return f;
+  };
+  auto main = py.thread(100, chain(3));
+  auto mid = py.thread(101, chain(3), main);
+  auto newest = py.thread(102, chain(3), mid);
+  py.set_interpreters(py.interp(newest));
+  WalkLimits lim;
+  lim.max_frames = 4;
+  const PyWalk w = walk_python(py.img, py.runtime, py.l, lim);
+  EXPECT_EQ(w.error, "truncated: more than 4 frames in all (a loop?)");
+  ASSERT_EQ(w.threads.size(), 2u);
+  EXPECT_EQ(w.threads[0].native_tid, 101);
+  EXPECT_EQ(w.threads[0].frames.size(), 1u);
+  EXPECT_TRUE(w.threads[0].truncated);
+  EXPECT_EQ(w.threads[1].native_tid, 100);
+  EXPECT_EQ(w.threads[1].frames.size(), 3u);
+  EXPECT_FALSE(w.threads[1].truncated);
+}
+
 TEST(StacksWalk312, ShimFramesAreNotPython) {
   FakePython py(*layout_for(0x030c01f0));
   const auto c = py.code("caller", "/c.py", 1);
