@@ -54,8 +54,10 @@ Command add_stacks_command(CLI::App& root) {
         ::unsetenv("DEBUGINFOD_URLS");
         // Native frames through the privilege-separated reader (as root: it drops to each
         // process's own user before libdw opens that process's files).
-        std::vector<pid_t> pids(o->pids.begin(), o->pids.end());
-        auto read = ddp::stacks::collect(pids, {.native = o->native});
+        // The pids are the user's to name, read as they are (no start time to check them against).
+        std::vector<ddp::stacks::Target> targets;
+        for (pid_t pid : o->pids) targets.push_back({pid, std::nullopt});
+        auto read = ddp::stacks::collect(targets, {.native = o->native});
         std::vector<ddp::stacks::RankStacks> ranks;
         for (std::size_t i = 0; i < read.size(); ++i) ranks.push_back({int(i), "", std::move(read[i])});
         const auto groups = ddp::stacks::merge(ranks, {.main_thread_only = o->main_only});

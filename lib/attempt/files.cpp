@@ -1,7 +1,6 @@
 #include "attempt/files.hpp"
 
 #include "stacks/reader.hpp"
-#include "supervisor/cgroup.hpp"
 
 #include <fmt/format.h>
 
@@ -85,13 +84,7 @@ std::optional<std::string> write_result_file(const safefs::Dir& dir, const std::
 }
 
 std::optional<unsigned long long> process_start_time(pid_t pid) {
-  if (pid <= 0) return std::nullopt;
-  safefs::Fd fd(::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (fd.get() < 0) return std::nullopt;
-  char buf[1024];  // comm is at most 16 bytes: the line is a few hundred
-  const auto n = ::read(fd.get(), buf, sizeof buf);
-  if (n <= 0) return std::nullopt;
-  return supervisor::start_time_from_stat(std::string_view(buf, static_cast<std::size_t>(n)));
+  return stacks::process_start_time(pid);
 }
 
 stacks::ProcessStacks read_rank_stacks(pid_t pid, std::stop_token stop) {

@@ -46,7 +46,8 @@ inline constexpr std::chrono::milliseconds kStackReadTime{500};
 stacks::ProcessStacks read_rank_stacks(pid_t pid, std::stop_token stop = {});
 
 // Field 22 of /proc/<pid>/stat: when the process started (clock ticks since boot), none when it
-// is gone. A pid's owner is checked by it around a read (stack_snapshot.hpp).
+// is gone. A pid's owner is checked by it around a read (stack_snapshot.hpp). It is lib/stacks'
+// process_start_time (reader.hpp), which `ddpctl stacks` checks its reads with.
 std::optional<unsigned long long> process_start_time(pid_t pid);
 
 // stacks.txt and stacks.json in the attempt's folder (written new, then renamed into place, never

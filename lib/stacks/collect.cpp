@@ -137,6 +137,13 @@ ProcessStacks not_read(pid_t pid, std::string why) {
   return p;
 }
 
+// The reader's exit code when its target's start time is not the one it was given.
+constexpr int kReaderEnded = 4;
+
+ProcessStacks ended(pid_t pid) {
+  return not_read(pid, "the process ended before it was read (its pid may be another process's now)");
+}
+
 // One reader process: its pid, a pidfd (a signal never reaches a recycled pid, and the owner's
 // SIGCHLD handler may reap it before we do) and its stdout. Dropping it kills and reaps it.
 struct Reader {
@@ -230,6 +237,7 @@ ProcessStacks finish_reader(Reader& r, const CollectOptions& o) {
                                   " MiB; it was stopped");
   std::string error;
   auto p = process_from_text(r.reply, error);
+  if (!p && status == kReaderEnded) return ended(r.target);
   if (!p && status == 3)
     return not_read(r.target, "native stacks: the stack reader could not drop to the job's user (setresuid failed)");
   if (!p) {
@@ -240,9 +248,11 @@ ProcessStacks finish_reader(Reader& r, const CollectOptions& o) {
   return std::move(*p);
 }
 
-std::vector<std::string> reader_argv(pid_t target, const CollectOptions& o, std::string& error) {
+std::vector<std::string> reader_argv(const Target& t, const CollectOptions& o, std::string& error) {
+  const pid_t target = t.pid;
   std::vector<std::string> a = o.reader;
   a.insert(a.end(), {"--pid", std::to_string(target)});
+  if (t.start_time) a.insert(a.end(), {"--start-time", std::to_string(*t.start_time)});
   if (::geteuid() == 0) {
     auto c = o.as ? o.as : owner_of(target);
     if (!c) {
@@ -256,19 +266,24 @@ std::vector<std::string> reader_argv(pid_t target, const CollectOptions& o, std:
   return a;
 }
 
-std::vector<ProcessStacks> collect_native(const std::vector<pid_t>& pids, const CollectOptions& o) {
+std::vector<ProcessStacks> collect_native(const std::vector<Target>& targets, const CollectOptions& o) {
   const auto deadline = Clock::now() + o.budget;
-  std::vector<std::optional<ProcessStacks>> results(pids.size());
+  std::vector<std::optional<ProcessStacks>> results(targets.size());
   std::vector<std::unique_ptr<Reader>> running;
   std::size_t next = 0;
   const std::size_t parallel = std::size_t(std::max(1, o.parallel));
   for (;;) {
-    while (next < pids.size() && running.size() < parallel && Clock::now() < deadline) {
+    while (next < targets.size() && running.size() < parallel && Clock::now() < deadline) {
+      const Target& t = targets[next];
+      if (!same_process(t)) {  // no reader for a pid that is someone else's already
+        results[next++] = ended(t.pid);
+        continue;
+      }
       auto r = std::make_unique<Reader>();
-      r->target = pids[next];
+      r->target = t.pid;
       r->index = next++;
       std::string error;
-      auto argv = reader_argv(r->target, o, error);
+      auto argv = reader_argv(t, o, error);
       if (error.empty()) error = start_reader(*r, argv);
       if (!error.empty()) {
         results[r->index] = not_read(r->target, "native stacks: " + error);
@@ -316,14 +331,16 @@ std::vector<ProcessStacks> collect_native(const std::vector<pid_t>& pids, const 
   for (auto& r : running) results[r->index] = not_read(r->target, late);
   running.clear();
   std::vector<ProcessStacks> out;
-  for (std::size_t i = 0; i < pids.size(); ++i)
-    out.push_back(results[i] ? std::move(*results[i]) : not_read(pids[i], late));
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    out.push_back(results[i] ? std::move(*results[i]) : not_read(targets[i].pid, late));
   return out;
 }
 
-// The reader's own work. Exit codes: 0 a reply was written, 2 bad arguments, 3 the drop failed.
+// The reader's own work. Exit codes: 0 a reply was written, 2 bad arguments, 3 the drop failed,
+// kReaderEnded the pid is not the process asked for (--start-time).
 int reader_main(const std::vector<std::string>& args) {
   pid_t pid = 0;
+  std::optional<unsigned long long> start_time;
   std::optional<uid_t> uid;
   std::optional<gid_t> gid;
   std::vector<gid_t> groups;
@@ -336,6 +353,11 @@ int reader_main(const std::vector<std::string>& args) {
     }
     if (i + 1 >= args.size()) return 2;
     const long long v = std::atoll(args[++i].c_str());
+    if (k == "--start-time") {  // clock ticks since boot: past 2^32 after 497 days at 100 Hz
+      if (v < 0) return 2;
+      start_time = static_cast<unsigned long long>(v);
+      continue;
+    }
     if (v < 0 || v > (1ll << 32)) return 2;
     if (k == "--pid")
       pid = pid_t(v);
@@ -351,10 +373,19 @@ int reader_main(const std::vector<std::string>& args) {
   if (pid <= 0 || uid.has_value() != gid.has_value()) return 2;
   ::unsetenv("DEBUGINFOD_URLS");  // libdw would fetch missing debug info over the network
 
-  // 1. With the caller's rights: the Python frames (nothing opened) and the ptrace capture.
+  // 1. With the caller's rights: the Python frames (nothing opened) and the ptrace capture. Each
+  // only while the pid is still the process asked for: the caller took it as its child's, and a
+  // pid reused since is someone else's process, not to be read or stopped as root. What was read
+  // when the check after it fails is dropped (the caller checks once more after the reply).
+  const Target target{pid, start_time};
+  if (!same_process(target)) return kReaderEnded;
   ProcessStacks p = read_process(pid, {.python = true, .native = false});
+  if (!same_process(target)) return kReaderEnded;
   NativeCapture capture;
-  if (native) capture = capture_native(pid);
+  if (native) {
+    capture = capture_native(pid);
+    if (!same_process(target)) return kReaderEnded;
+  }
 
   // 2. The job's user, for good, before any file of the job's is opened.
   if (uid && ::geteuid() == 0) {
@@ -458,19 +489,32 @@ std::optional<ProcessStacks> process_from_text(const std::string& text, std::str
   return process_from_json(read.value, error);
 }
 
-std::vector<ProcessStacks> collect(const std::vector<pid_t>& pids, const CollectOptions& options) {
-  if (options.native) return collect_native(pids, options);
-  // Python only: in-process, a few ms each; the budget is checked between processes and by the
-  // walk once per frame (a process that makes its reads slow does not hold the rest up).
-  const auto deadline = Clock::now() + options.budget;
+bool same_process(const Target& t) {
+  return !t.start_time || process_start_time(t.pid) == t.start_time;
+}
+
+std::vector<ProcessStacks> collect(const std::vector<Target>& targets, const CollectOptions& options) {
   std::vector<ProcessStacks> out;
-  for (pid_t pid : pids) {
-    if (Clock::now() >= deadline) {
-      out.push_back(
-          not_read(pid, "not read within the time budget of " + std::to_string(options.budget.count()) + " ms"));
-      continue;
+  if (options.native) {
+    out = collect_native(targets, options);
+  } else {
+    // Python only: in-process, a few ms each; the budget is checked between processes and by the
+    // walk once per frame (a process that makes its reads slow does not hold the rest up).
+    const auto deadline = Clock::now() + options.budget;
+    for (const Target& t : targets) {
+      if (Clock::now() >= deadline) {
+        out.push_back(
+            not_read(t.pid, "not read within the time budget of " + std::to_string(options.budget.count()) + " ms"));
+      } else if (!same_process(t)) {
+        out.push_back(ended(t.pid));
+      } else {
+        out.push_back(read_process(t.pid, {.python = true, .native = false, .deadline = deadline}));
+      }
     }
-    out.push_back(read_process(pid, {.python = true, .native = false, .deadline = deadline}));
+  }
+  // A pid that changed hands during its read was read as someone else's process: nothing kept.
+  for (std::size_t i = 0; i < targets.size() && i < out.size(); ++i) {
+    if (!same_process(targets[i])) out[i] = ended(targets[i].pid);
   }
   return out;
 }

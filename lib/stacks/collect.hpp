@@ -6,7 +6,8 @@
 // parses them itself. It starts a reader process (this binary again, `kReaderArg`: a fresh
 // image, none of the caller's memory or descriptors) that
 //   1. as the caller (root): reads the Python frames and, with ptrace, copies each thread's
-//      registers and the top of its stack (native.hpp's capture; no file of the target's opened);
+//      registers and the top of its stack (native.hpp's capture; no file of the target's opened),
+//      each only while the pid is still the process asked for (Target's start time);
 //   2. drops to the job's user for good (setgroups, setresgid, setresuid, PR_SET_NO_NEW_PRIVS);
 //   3. only then lets libdw open the target's files and unwind from the copies;
 //   4. writes one JSON object (to_json(ProcessStacks)) to its stdout, a pipe.
@@ -51,9 +52,24 @@ struct CollectOptions {
   std::size_t max_reply_bytes = 32u << 20;  // 4096 threads of 256 frames fit
 };
 
-// One entry per pid, in order. Never throws for a process that cannot be read: what failed (no
-// right, gone, the deadline, a broken reply) is in its `errors`.
-std::vector<ProcessStacks> collect(const std::vector<pid_t>& pids, const CollectOptions& options = {});
+// A process to read. `start_time`: its start time (reader.hpp's process_start_time), taken while
+// its pid was surely its own (an unreaped child of the caller's). A pid is only a number: once its
+// process ends and is reaped, it may name another process, another user's, which root would read
+// and hand to whoever asked. With a start time the read is kept only if the pid still has it
+// afterwards, and a native reader checks it again before its root read and before it stops any
+// thread. None: the pid is read as it is (`ddpctl stacks --pid`, whose user names the processes).
+struct Target {
+  pid_t pid = 0;
+  std::optional<unsigned long long> start_time;
+};
+
+// Whether `t.pid` is still the process it was (its start time unchanged; true without one).
+bool same_process(const Target& t);
+
+// One entry per target, in order. Never throws for a process that cannot be read: what failed (no
+// right, gone, the deadline, a broken reply) is in its `errors`; a target whose process ended
+// before or during its read says so, and nothing read from its pid is kept.
+std::vector<ProcessStacks> collect(const std::vector<Target>& targets, const CollectOptions& options = {});
 
 // The reader's side: nullopt unless argv[1] is kReaderArg; else the exit code.
 std::optional<int> run_reader_if_asked(int argc, char** argv);

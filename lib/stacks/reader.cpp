@@ -6,6 +6,7 @@
 #include "stacks/elf.hpp"
 #include "stacks/memory.hpp"
 #include "stacks/native.hpp"
+#include "supervisor/cgroup.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -134,6 +135,17 @@ void sort_threads(ProcessStacks& p) {
 }
 
 }  // namespace
+
+std::optional<unsigned long long> process_start_time(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return std::nullopt;
+  char buf[1024];  // comm is at most 16 bytes: the line is a few hundred
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (n <= 0) return std::nullopt;
+  return supervisor::start_time_from_stat(std::string_view(buf, std::size_t(n)));
+}
 
 void add_native(ProcessStacks& out, NativeRead n) {
   for (auto& e : n.errors) out.errors.push_back(std::move(e));

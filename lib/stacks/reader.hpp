@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <optional>
 #include <stop_token>
 
 namespace ddp::stacks {
@@ -26,6 +27,12 @@ struct ReadOptions {
 
 // Never throws for a process that cannot be read: what failed is in `errors`, with what to do.
 ProcessStacks read_process(pid_t pid, const ReadOptions& options = {});
+
+// Field 22 of /proc/PID/stat: when the process started (clock ticks since boot); none when it is
+// gone. A pid names another process once its own has ended and been reaped: a caller that took a
+// pid while it was surely its process's (an unreaped child) compares this before and after a
+// read, and keeps the read only when it is unchanged (collect.hpp, launch/stack_snapshot.hpp).
+std::optional<unsigned long long> process_start_time(pid_t pid);
 
 // Adds a native read's frames, errors and stop times to `out` (read_process with native, in two
 // steps: collect.hpp reads the native part with other rights).

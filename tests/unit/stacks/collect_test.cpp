@@ -5,10 +5,12 @@
 // (CollectOptions::reader); the real one is exercised by tests/integration/stacks.
 #include "stacks/collect.hpp"
 #include "stacks/merge.hpp"
+#include "stacks/reader.hpp"
 
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -28,6 +30,13 @@ CollectOptions shell_reader(const std::string& script, std::chrono::milliseconds
   o.budget = budget;
   o.reader = {"/bin/sh", "-c", script, "sh"};  // "--pid N ..." become $1...
   return o;
+}
+
+// Read by pid alone, as `ddpctl stacks --pid` reads: no start time to check.
+std::vector<Target> by_pid(std::initializer_list<pid_t> pids) {
+  std::vector<Target> out;
+  for (pid_t p : pids) out.push_back({p, std::nullopt});
+  return out;
 }
 
 std::string errors_of(const ProcessStacks& p) {
@@ -127,7 +136,7 @@ TEST(Collect, ShrinkToFitCutsNativeThenThreads) {
 }
 
 TEST(Collect, GarbageReplyIsNotRead) {
-  auto got = collect({::getpid()}, shell_reader("printf 'not json at all'"));
+  auto got = collect(by_pid({::getpid()}), shell_reader("printf 'not json at all'"));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].pid, ::getpid());
   EXPECT_TRUE(got[0].threads.empty());
@@ -135,19 +144,20 @@ TEST(Collect, GarbageReplyIsNotRead) {
 }
 
 TEST(Collect, DeepNestingIsRefusedBeforeParsing) {
-  auto got = collect({::getpid()}, shell_reader("i=0; while [ $i -lt 20000 ]; do printf '['; i=$((i+1)); done"));
+  auto got =
+      collect(by_pid({::getpid()}), shell_reader("i=0; while [ $i -lt 20000 ]; do printf '['; i=$((i+1)); done"));
   EXPECT_NE(errors_of(got[0]).find("nests deeper"), std::string::npos) << errors_of(got[0]);
 }
 
 TEST(Collect, ReplyForAnotherProcessIsRefused) {
   auto other = to_json(sample());
   other["pid"] = 1;
-  auto got = collect({::getpid()}, shell_reader("printf '%s' '" + other.dump() + "'"));
+  auto got = collect(by_pid({::getpid()}), shell_reader("printf '%s' '" + other.dump() + "'"));
   EXPECT_NE(errors_of(got[0]).find("another process"), std::string::npos) << errors_of(got[0]);
 }
 
 TEST(Collect, WellFormedReplyIsTaken) {
-  auto got = collect({::getpid()}, shell_reader("printf '%s' '" + to_json(sample()).dump() + "'"));
+  auto got = collect(by_pid({::getpid()}), shell_reader("printf '%s' '" + to_json(sample()).dump() + "'"));
   ASSERT_EQ(got[0].threads.size(), 1u) << errors_of(got[0]);
   EXPECT_EQ(got[0].threads[0].native[0].function, "stuck_in_native_leaf");
 }
@@ -156,7 +166,7 @@ TEST(Collect, EndlessReplyIsCutAtItsBound) {
   auto o = shell_reader("exec cat /dev/zero");
   o.max_reply_bytes = 1u << 20;
   const auto t0 = Clock::now();
-  auto got = collect({::getpid()}, o);
+  auto got = collect(by_pid({::getpid()}), o);
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
   EXPECT_NE(errors_of(got[0]).find("exceeded"), std::string::npos) << errors_of(got[0]);
 }
@@ -169,8 +179,9 @@ TEST(Collect, HangingReaderIsKilledAtTheDeadline) {
   ::close(fd);
   const auto t0 = Clock::now();
   // Two targets, two readers at once: both are stopped.
-  auto got = collect({::getpid(), ::getpid()}, shell_reader(std::string("echo $$ >> ") + path + "; exec sleep 1000",
-                                                            std::chrono::milliseconds(500)));
+  auto got =
+      collect(by_pid({::getpid(), ::getpid()}),
+              shell_reader(std::string("echo $$ >> ") + path + "; exec sleep 1000", std::chrono::milliseconds(500)));
   const auto took = Clock::now() - t0;
   EXPECT_GE(took, std::chrono::milliseconds(500));
   EXPECT_LT(took, std::chrono::seconds(5));
@@ -191,8 +202,62 @@ TEST(Collect, HangingReaderIsKilledAtTheDeadline) {
 TEST(Collect, PythonOnlyReadsInProcess) {
   CollectOptions o;
   o.reader = {"/bin/false"};  // never started for a Python-only read
-  auto got = collect({::getpid()}, o);
+  auto got = collect(by_pid({::getpid()}), o);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_FALSE(got[0].threads.empty()) << errors_of(got[0]);
   EXPECT_NE(got[0].python.find("not a Python process"), std::string::npos) << got[0].python;
+}
+
+// A pid is checked by its start time: the same process keeps it; a process that ended and was
+// reaped does not (its pid may be another's by now); no start time checks nothing.
+TEST(Collect, SameProcessIsTheStartTimeUnchanged) {
+  const auto mine = process_start_time(::getpid());
+  ASSERT_TRUE(mine);
+  EXPECT_TRUE(same_process({::getpid(), mine}));
+  EXPECT_FALSE(same_process({::getpid(), *mine + 1}));
+  EXPECT_TRUE(same_process({::getpid(), std::nullopt}));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  const auto started = process_start_time(child);  // a zombie until reaped: still its own
+  ASSERT_TRUE(started);
+  EXPECT_TRUE(same_process({child, started}));
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(same_process({child, started}));
+}
+
+// A target whose start time is not its pid's any more is not read, by either way of reading,
+// and says why; one whose start time holds is read as before.
+TEST(Collect, APidThatChangedHandsIsNotRead) {
+  const auto mine = process_start_time(::getpid());
+  ASSERT_TRUE(mine);
+  const std::vector<Target> other{{::getpid(), *mine + 1}};
+  CollectOptions python;
+  python.reader = {"/bin/false"};
+  for (const auto& o : {python, shell_reader("printf '%s' '" + to_json(sample()).dump() + "'")}) {
+    auto got = collect(other, o);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].pid, ::getpid());
+    EXPECT_TRUE(got[0].threads.empty());
+    EXPECT_EQ(got[0].python, "not read");
+    EXPECT_EQ(errors_of(got[0]), "the process ended before it was read (its pid may be another process's now)\n");
+  }
+  auto same = collect({{::getpid(), mine}}, python);
+  ASSERT_EQ(same.size(), 1u);
+  EXPECT_FALSE(same[0].threads.empty()) << errors_of(same[0]);
+}
+
+// The native reader is given the start time, and its "not the process asked for" (exit 4) is
+// said as the process having ended.
+TEST(Collect, TheReaderIsGivenTheStartTimeToCheck) {
+  const auto mine = process_start_time(::getpid());
+  ASSERT_TRUE(mine);
+  const std::string reply = to_json(sample()).dump();
+  auto got =
+      collect({{::getpid(), mine}}, shell_reader("[ \"$3\" = --start-time ] && [ \"$4\" = " + std::to_string(*mine) +
+                                                 " ] && printf '%s' '" + reply + "'"));
+  ASSERT_EQ(got[0].threads.size(), 1u) << errors_of(got[0]);
+  got = collect({{::getpid(), mine}}, shell_reader("exit 4"));
+  EXPECT_EQ(errors_of(got[0]), "the process ended before it was read (its pid may be another process's now)\n");
 }
