@@ -170,6 +170,8 @@ class Walker {
       cut_ = "truncated: more than " + std::to_string(lim_.max_frames) + " frames in all (a loop?)";
     else if (names_ >= lim_.max_string_bytes)
       cut_ = "truncated: the frames' names passed " + size_text(lim_.max_string_bytes);
+    else if (scanned_ >= lim_.max_linetable_scan)
+      cut_ = "truncated: the line lookups passed " + size_text(lim_.max_linetable_scan) + " of line tables";
     else if (lim_.out_of_time && lim_.out_of_time())
       cut_ = "truncated: out of time";
     return cut_.empty();
@@ -282,6 +284,7 @@ class Walker {
       fr.function = ci->function;
       fr.file = ci->file;
       names_ += fr.function.size() + fr.file.size();
+      scanned_ += ci->linetable.size();  // at most: the lookup stops at the frame's instruction
       // -1 (no location: a frozen module's frames during start-up, say) and a hostile negative
       // first line are 0, the model's "unknown".
       fr.line = std::max(0, addr_to_line(ci->linetable, ci->first_line, int(lasti * 2)));
@@ -294,7 +297,7 @@ class Walker {
   const PyLayout& l_;
   const WalkLimits& lim_;
   std::unordered_map<std::uint64_t, CodeInfo> codes_;
-  std::size_t visited_ = 0, names_ = 0, linetables_ = 0;
+  std::size_t visited_ = 0, names_ = 0, linetables_ = 0, scanned_ = 0;
   std::string cut_;
 };
 

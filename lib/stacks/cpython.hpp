@@ -78,6 +78,10 @@ struct WalkLimits {
   std::size_t max_string_bytes = 4u << 20;     // names read (once per code object) and copied into frames
   std::size_t max_linetable = 1 << 20;         // bytes of one code object's line table
   std::size_t max_linetable_bytes = 4u << 20;  // every code object's line table together
+  // Line-table bytes looked through for the frames' lines, all frames together: a lookup decodes
+  // its table from the start, so 4096 frames of one code object with a 1 MiB table took 5 s of
+  // CPU. 64 MiB is about 80 ms; a real stack looks through a few MiB at most.
+  std::size_t max_linetable_scan = 64u << 20;
   // Asked once per thread and once per frame: true ends the walk where it is (a deadline passed,
   // the caller gave up). Empty: never.
   std::function<bool()> out_of_time;

@@ -540,6 +540,19 @@ TEST_P(StacksWalk, LineTablesAreBoundedInAll) {
   ASSERT_EQ(w.threads.size(), 1u);
   EXPECT_EQ(w.threads[0].frames.size(), 5u);
   EXPECT_TRUE(w.threads[0].truncated);
+
+  // One code object, held once, but looked through by every frame of a loop: that is bounded too.
+  FakePython loop(*layout_for(GetParam()));
+  auto self = loop.frame(loop.code("spin", "/x.py", 1, 100), 99, 0);
+  loop.img.put<std::uint64_t>(self + loop.l.frame_previous, self);
+  loop.set_interpreters(loop.interp(loop.thread(4, self)));
+  WalkLimits scan;
+  scan.max_linetable_scan = 1000;
+  const PyWalk w2 = walk_python(loop.img, loop.runtime, loop.l, scan);
+  EXPECT_EQ(w2.error, "truncated: the line lookups passed 1000 bytes of line tables");
+  ASSERT_EQ(w2.threads.size(), 1u);
+  EXPECT_EQ(w2.threads[0].frames.size(), 5u);
+  EXPECT_EQ(w2.threads[0].frames[4].line, 100);
 }
 
 // The time check: asked before every frame; once it says so, the walk ends where it is.
