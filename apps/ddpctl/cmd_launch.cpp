@@ -432,7 +432,7 @@ Command add_launch_command(CLI::App& root) {
               return ddp::launch::run_local(std::move(opts));
             } catch (const ddp::launch::LaunchError& e) {
               std::cerr << "ddpctl launch: " << e.what() << "\n";
-              return 2;
+              return e.exit_code();
             }
           },
           take_words};

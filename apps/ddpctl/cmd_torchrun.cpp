@@ -98,7 +98,7 @@ int run_torchrun(const std::vector<std::string>& words) {
     return ddp::launch::run_local(std::move(opts));
   } catch (const ddp::launch::LaunchError& e) {
     std::cerr << "ddpctl torchrun: " << e.what() << "\n";
-    return 2;
+    return e.exit_code();
   }
 }
 

@@ -68,8 +68,17 @@ Owner own_owner() {
   return Owner{::getpid(), start_time_of(::getpid()).value_or(0)};
 }
 
+namespace {
+thread_local int interrupt_fd = -1;
+}  // namespace
+
+void set_interrupt_fd(int fd) {
+  interrupt_fd = fd;
+}
+
 CommandResult run_command(const std::vector<std::string>& argv, const Env& env, std::chrono::milliseconds timeout) {
   CommandResult r;
+  bool interrupted = false;
   supervisor::SpawnSpec s;
   s.argv = argv;
   s.env = env;
@@ -97,10 +106,16 @@ CommandResult run_command(const std::vector<std::string>& argv, const Env& env, 
       ::kill(sp.pid, SIGKILL);
       break;
     }
-    pollfd p[3] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}, {pidfd, POLLIN, 0}};
     // Without a pidfd (old kernels) EOF on both pipes has to do; bounded by the deadline anyway.
-    const int n = ::poll(p, pidfd >= 0 ? 3 : 2, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    pollfd p[4] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}, {pidfd, POLLIN, 0}, {interrupt_fd, POLLIN, 0}};
+    const int n = ::poll(p, 4, static_cast<int>(std::min<long long>(left.count(), 1000)));  // -1 fds: skipped
     if (n < 0 && errno != EINTR) break;
+    if (interrupt_fd >= 0 && (p[3].revents & POLLIN)) {
+      interrupted = true;
+      ::kill(-sp.pid, SIGKILL);
+      ::kill(sp.pid, SIGKILL);
+      break;
+    }
     for (int i = 0; i < 2; ++i) {
       if (fds[i] < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char buf[4096];
@@ -130,6 +145,7 @@ CommandResult run_command(const std::vector<std::string>& argv, const Env& env, 
   while (::waitpid(sp.pid, &status, 0) < 0 && errno == EINTR) {
   }
   r.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  if (interrupted) throw Interrupted(fmt::format("stopped while {} ran", argv.empty() ? "a command" : argv[0]));
   return r;
 }
 

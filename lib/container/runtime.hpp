@@ -34,6 +34,15 @@ class ContainerError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+// The launcher was asked to stop while a runtime command ran (set_interrupt_fd).
+class Interrupted : public ContainerError {
+ public:
+  using ContainerError::ContainerError;
+};
+// A descriptor that becomes readable when the launcher is asked to stop (its signalfd for Ctrl-C
+// and the like), for this thread's run_command() calls: the command it waits for is killed and
+// Interrupted thrown. A pull may take half an hour; -1 (the default): none.
+void set_interrupt_fd(int fd);
 
 // /dev/infiniband's character devices and this process's hard memlock limit.
 HostLayout read_host_layout();

@@ -14,6 +14,8 @@ RelayLimits relay_limits(std::uint64_t nofile_soft) {
   l.files_per_user = std::max<std::size_t>(l.files / 4, 1);
   l.jobs = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 16, 2, l.jobs));
   l.jobs_per_user = std::clamp<std::size_t>(l.jobs / 4, 1, l.jobs_per_user);
+  l.nodes = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 4, 4, l.nodes));
+  l.nodes_per_user = std::max<std::size_t>(l.nodes / 4, 1);
   l.clients = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 4, 16, l.clients));
   l.clients_per_user = std::min(l.clients, l.relays_per_user + l.jobs_per_user + 16);
   return l;
@@ -61,6 +63,23 @@ std::optional<std::string> refuse_job(const RelayLimits& limits, std::size_t all
   }
   if (all >= limits.jobs) {
     return fmt::format("this coordinator runs {} jobs, its limit: try again once one has ended", all);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> refuse_nodes(const RelayLimits& limits, std::size_t all, std::size_t mine,
+                                        std::string_view user, std::size_t job_nodes) {
+  if (mine + job_nodes > limits.nodes_per_user) {
+    return fmt::format(
+        "this job's {} node{} and the {} of user {}'s running jobs would pass the {} nodes one user's jobs may hold on "
+        "this coordinator at once (a connection each): wait for a job to end, or stop one",
+        job_nodes, job_nodes == 1 ? "" : "s", mine, user, limits.nodes_per_user);
+  }
+  if (all + job_nodes > limits.nodes) {
+    return fmt::format(
+        "this job's {} node{} would pass the {} nodes this coordinator's jobs may hold at once ({} now): "
+        "try again once a job has ended",
+        job_nodes, job_nodes == 1 ? "" : "s", limits.nodes, all);
   }
   return std::nullopt;
 }

@@ -17,7 +17,11 @@
 //
 // Jobs: each holds a thread, a connection to each of its nodes and its log files, so at most 1024
 // run at once and never more than a sixteenth of the descriptors; one user at most a quarter of
-// that, and never more than 64 (a sweep of one-node jobs, with room). Connections (authenticated;
+// that, and never more than 64 (a sweep of one-node jobs, with room). Their nodes (a connection
+// each, kept for the job's life) at most a quarter of the descriptors in all and one user a
+// quarter of that (65536 under the packaged unit's limit: the largest job a submit may name), so
+// that one user's jobs on many silent nodes cannot take the descriptors every job and request
+// needs. Connections (authenticated;
 // net/acceptor.hpp caps the others): at most 4096 and a quarter of the descriptors; one user as
 // many as its relays and jobs need, and 16 more. A submit or a connection past a bound is refused
 // the same way.
@@ -38,6 +42,8 @@ struct RelayLimits {
   std::size_t files_per_user = 4096;
   std::size_t jobs = 1024;
   std::size_t jobs_per_user = 64;
+  std::size_t nodes = 262144;  // of the running jobs, all told
+  std::size_t nodes_per_user = 65536;
   std::size_t clients = 4096;
   std::size_t clients_per_user = 96;
 };
@@ -58,6 +64,10 @@ std::optional<std::string> refuse_backlog(const RelayLimits& limits, RelayUse al
 // Why `user` may not submit another job, with `all` jobs running and `mine` of them its own.
 std::optional<std::string> refuse_job(const RelayLimits& limits, std::size_t all, std::size_t mine,
                                       std::string_view user);
+// Why a job of `job_nodes` nodes may not start, with `all` nodes in the running jobs and `mine` in
+// the asking user's.
+std::optional<std::string> refuse_nodes(const RelayLimits& limits, std::size_t all, std::size_t mine,
+                                        std::string_view user, std::size_t job_nodes);
 // Why a newly authenticated connection of `user` may not stay, with `all` others open and `mine`
 // of them its user's. `keyed`: the user is what the client's key maps to (key_users); then root
 // is never refused, so that an admin can always stop or inspect jobs (without key_users anyone

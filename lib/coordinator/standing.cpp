@@ -21,6 +21,7 @@
 #include <boost/asio.hpp>
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <regex>
@@ -76,6 +77,7 @@ struct Job {
   std::string record_dir;  // where its control server leaves its end record; empty: none
   std::string logs;        // the launcher's copy of its user's logs (<log dir>/<user>)
   std::int64_t submitted_unix_ms = 0;
+  std::size_t nodes = 0;  // listed in its submit: a connection each
 };
 
 // A job that ended here, kept for `ddpctl status|logs|stop|stacks --coordinator` after it (in
@@ -281,6 +283,17 @@ class Standing {
     }
     auto nodes = b["nodes"].get<std::vector<std::string>>();
     if (nodes.empty()) return c->refuse(proto::ErrorCode::bad_value, "submit.nodes: no nodes to run on");
+    {
+      std::size_t all_nodes = 0, my_nodes = 0;
+      for (const auto& [id, j] : jobs_) {
+        all_nodes += j->nodes;
+        if (j->user == user) my_nodes += j->nodes;
+      }
+      if (auto why = refuse_nodes(relay_limits_, all_nodes, my_nodes, user, nodes.size())) {
+        log_->warn("{}: {}; refused", c->label(), *why);
+        return c->refuse(proto::ErrorCode::bad_value, *why);
+      }
+    }
     // The delegation goes to the agents as it came; checked here too (we hold the same keys) so
     // that a bad one is refused now, with its reason, not by every agent at the job's start.
     std::optional<json> delegation;
@@ -322,6 +335,7 @@ class Standing {
     auto job = std::make_shared<Job>();
     job->id = job_id;
     job->user = user;
+    job->nodes = nodes.size();
     job->submitted_unix_ms = unix_ms_now();
     if (!detach) job->submitter = clients_.at(c);
 
@@ -834,6 +848,13 @@ class Standing {
 }  // namespace
 
 int run_standing(StandingOptions options) {
+  // Every job's nodes hold a connection each: the daemon's bounds (relay_limits) are cut from as
+  // many descriptors as the hard limit allows, which each job's run_coordinator() would raise the
+  // soft limit to anyway (a daemon started by hand has a login's soft 1024).
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
   Standing s(std::move(options));
   return s.run();
 }

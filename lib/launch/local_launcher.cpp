@@ -37,6 +37,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -98,6 +99,7 @@ std::optional<facts::PythonFacts> job_python(const LaunchOptions& opts) {
 
 contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   auto& spec = opts.spec;
+  if (opts.job_id.empty()) opts.job_id = make_job_id(spec.name);  // first: a refusal's result names it
   if (spec.nproc.kind == jobspec::Nproc::Kind::cpu) {
     spec.nproc = {jobspec::Nproc::Kind::count, usable_cpus()};
   } else if (spec.nproc.kind == jobspec::Nproc::Kind::gpu) {
@@ -122,7 +124,6 @@ contract::NodeContext resolve_node_context(LaunchOptions& opts, int attempt) {
   fs::path logs = spec.log_dir;
   if (logs.is_relative()) logs = cwd / logs;
   spec.log_dir = logs.lexically_normal().string();
-  if (opts.job_id.empty()) opts.job_id = make_job_id(spec.name);
 
   contract::NodeContext node;
   node.job_id = opts.job_id;
@@ -254,6 +255,8 @@ class LocalLauncher {
     signals_.add(SIGQUIT);
   }
 
+  const std::string& job_id() const { return opts_.job_id; }
+
   int run() {
     // Resolve everything that can be wrong before a single worker starts.
     contract::NodeContext node = resolve_node_context(opts_, 0);
@@ -261,14 +264,9 @@ class LocalLauncher {
     const auto env0 = contract::worker_env(opts_.spec, node, inherited_, 0);
     const int ranks = node.local_world_size;
     const auto path = env0.count("PATH") ? env0.at("PATH") : "";
-    if (opts_.spec.container) {
-      prepare_containers();
-    } else {
-      check_runnable(opts_.spec, argv, path);
-    }
     // Another ddpctl here runs a job of this id: both would write the same log files and answer
-    // to the same `ddpctl status`. (Where no runtime folder is usable, the job runs without a
-    // control socket, as before.)
+    // to the same `ddpctl status`. Checked before a container's preflight, which may pull; where
+    // no runtime folder is usable, the job runs without a control socket, as before.
     try {
       if (control::someone_listens(control::socket_path(control::runtime_dir(), opts_.job_id)))
         throw LaunchError(
@@ -276,6 +274,11 @@ class LocalLauncher {
                         "--job-id, or stop that one first (ddpctl stop {})",
                         opts_.job_id, opts_.job_id));
     } catch (const control::ControlError&) {
+    }
+    if (opts_.spec.container) {
+      prepare_containers();
+    } else {
+      check_runnable(opts_.spec, argv, path);
     }
     // The job's store: served here, for the whole job, so it outlives any worker.
     store::ServerOptions so;
@@ -334,6 +337,25 @@ class LocalLauncher {
     const auto& cs = *opts_.spec.container;
     const auto client = contract::scrub(inherited_);
     const auto cwd = fs::current_path().string();
+    // This launcher's stops (Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) are read by the event loop, which
+    // does not run yet: during the preflight (a pull may take half an hour) they are taken from a
+    // signalfd instead and end the runtime command at once. Those that come after it are left
+    // pending for the loop.
+    sigset_t stops, before;
+    sigemptyset(&stops);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&stops, sig);
+    ::pthread_sigmask(SIG_BLOCK, &stops, &before);
+    const int sfd = ::signalfd(-1, &stops, SFD_CLOEXEC | SFD_NONBLOCK);
+    container::set_interrupt_fd(sfd);
+    struct Restore {
+      int fd;
+      sigset_t mask;
+      ~Restore() {
+        container::set_interrupt_fd(-1);
+        if (fd >= 0) ::close(fd);
+        ::pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+      }
+    } restore{sfd, before};
     try {
       auto id = container::prepare_image(cs, client, cwd);
       log_->info("container image {} ({}): {}{}", cs.image, jobspec::runtime_name(cs.runtime),
@@ -347,6 +369,13 @@ class LocalLauncher {
                                                            container::check_container_name(opts_.job_id, ::getpid()))) {
         log_->warn("{}", *warning);
       }
+    } catch (const container::Interrupted&) {
+      signalfd_siginfo si{};
+      const int sig =
+          ::read(sfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si) ? static_cast<int>(si.ssi_signo) : SIGTERM;
+      throw LaunchError(fmt::format("stopped by {} during the container preflight ({}); no rank had started",
+                                    supervisor::signal_name(sig), cs.image),
+                        128 + sig);
     } catch (const container::ContainerError& e) {
       throw LaunchError(e.what());
     }
@@ -828,8 +857,23 @@ class LocalLauncher {
 }  // namespace
 
 int run_local(LaunchOptions opts) {
+  const auto result_json = opts.result_json;
   LocalLauncher launcher(std::move(opts));
-  return launcher.run();
+  try {
+    return launcher.run();
+  } catch (const LaunchError& e) {
+    // Refused before any attempt (a program not found, a port taken, a container's preflight):
+    // the result file still says why, as docs/reference.md promises.
+    if (result_json) {
+      JobReport r;
+      r.job_id = launcher.job_id();
+      r.exit_code = e.exit_code();
+      r.status = e.exit_code() == 2 ? "failed" : "stopped";
+      r.message = e.what();
+      if (auto err = write_result_file(*result_json, to_json(r))) log::get("launch")->error("{}", *err);
+    }
+    throw;
+  }
 }
 
 }  // namespace ddp::launch

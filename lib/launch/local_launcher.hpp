@@ -29,7 +29,11 @@ struct LaunchOptions {
 
 class LaunchError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit LaunchError(const std::string& what, int exit_code = 2) : std::runtime_error(what), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }  // ddpctl's: 2, or 128+signal when stopped before any rank
+
+ private:
+  int exit_code_ = 2;
 };
 
 // Resolves what the spec leaves open (nproc cpu, workdir, log dir, job id) and returns the

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,7 +20,7 @@
 namespace ddp::supervisor {
 namespace {
 
-// One record on the pipe: a kind ('+' watch, '-' forget, 'd' done) and a process group id.
+// One record on the socket: a kind ('+' watch, '-' forget, 'd' done) and a process group id.
 // Eight bytes, so every write is atomic (under PIPE_BUF) and never split between reads.
 constexpr std::size_t kRecord = 8;
 
@@ -107,13 +108,23 @@ void close_from(int first) {
 
 std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_groups) {
   std::vector<pid_t> groups(max_groups == 0 ? 1 : max_groups);  // the guardian's, sized before the fork
+  // A socket pair rather than a pipe: a write to a guardian that was killed must not kill its
+  // launcher with SIGPIPE (send's MSG_NOSIGNAL; a shepherd keeps SIGPIPE's default).
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    log::get("supervisor")->warn("no guardian for this attempt: pipe: {}", std::strerror(errno));
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    log::get("supervisor")->warn("no guardian for this attempt: socketpair: {}", std::strerror(errno));
     return std::nullopt;
   }
+  ::shutdown(fds[0], SHUT_WR);  // the guardian only reads
   const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  // Every signal blocked across the fork (as spawn_start does): until the child has reset them,
+  // the launcher's handlers are its too, and a Ctrl-C landing then would be written into the
+  // launcher's own signal pipe twice (a second Ctrl-C: kill at once).
+  sigset_t all, before;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &before);
   const pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (pid < 0) {
     const int err = errno;
     ::close(fds[0]), ::close(fds[1]);
@@ -131,8 +142,8 @@ std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_group
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::prctl(PR_SET_NAME, "ddp-guardian", 0, 0, 0);
-    // Its pipe and cgroup far from 0..3 first, then in place; nothing else of the launcher's
-    // stays open (a listening socket, another attempt's pipe).
+    // Its socket and cgroup far from 0..3 first, then in place; nothing else of the launcher's
+    // stays open (a listening socket, another attempt's socket, the workers' pipes).
     const int in = ::fcntl(fds[0], F_DUPFD, 64);
     const int cg = cgroup_dir_fd >= 0 ? ::fcntl(cgroup_dir_fd, F_DUPFD, 64) : -1;
     ::dup2(in, 0);
@@ -144,8 +155,6 @@ std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_group
   }
   ::close(fds[0]);
   if (devnull >= 0) ::close(devnull);
-  // Never block the launcher: a stopped guardian loses records rather than stalling it.
-  ::fcntl(fds[1], F_SETFL, ::fcntl(fds[1], F_GETFL) | O_NONBLOCK);
   return Guardian(pid, fds[1]);
 }
 
@@ -161,8 +170,18 @@ void Guardian::send(char kind, pid_t value) {
   rec[0] = static_cast<unsigned char>(kind);
   const std::int32_t v = value;
   std::memcpy(rec + 4, &v, sizeof v);
+  // Never blocks (a stopped guardian loses records rather than stalling the launcher), never
+  // raises SIGPIPE (a killed one).
   ssize_t n;
-  while ((n = ::write(fd_, rec, sizeof rec)) < 0 && errno == EINTR) {
+  while ((n = ::send(fd_, rec, sizeof rec, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR) {
+  }
+  // Half a record would shift every later one: the rest goes, waiting if it must (a guardian
+  // that reads; one that is gone fails at once).
+  for (std::size_t off = n > 0 ? static_cast<std::size_t>(n) : sizeof rec; off < sizeof rec;) {
+    n = ::send(fd_, rec + off, sizeof rec - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    off += static_cast<std::size_t>(n);
   }
 }
 

@@ -4,7 +4,7 @@
 // kernel's parent-death signal reaches only its own children (it is cleared in theirs), so a
 // rank's data loaders, a `sh -c` command's program or a `uv run` wrapper's Python lived on,
 // holding their GPU, until the next launch swept the cgroup (and with no cgroup, for ever).
-// The guardian holds the read end of a pipe from the launcher. Without a cgroup the launcher
+// The guardian holds one end of a socket pair from the launcher. Without a cgroup the launcher
 // tells it each worker's process group as it starts, and forgets one once it is reaped and
 // empty (its id may then be another's); when the attempt ends the launcher says so and the
 // guardian exits. Reading end-of-file without that, the launcher is gone: the guardian kills
@@ -31,7 +31,7 @@ class Guardian {
   Guardian(Guardian&& o) noexcept;
   Guardian& operator=(Guardian&&) = delete;
   Guardian(const Guardian&) = delete;
-  // Without done(), closing the pipe is the launcher going away: the guardian kills.
+  // Without done(), closing the socket is the launcher going away: the guardian kills.
   ~Guardian();
 
   void watch_group(pid_t pgid);   // a worker started, leading its own process group

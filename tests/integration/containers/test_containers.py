@@ -519,3 +519,46 @@ def test_doctor_shows_the_image_digest_here_and_on_every_node(tmp_path, tmp_path
             stop_agents(agents)
     finally:
         drop_podman_store(other)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_during_the_pull_ends_it_at_once(tmp_path, sig, code):
+    # A pull may take half an hour; the launcher's stops were read only once its event loop ran,
+    # after the preflight, so Ctrl-C and SIGTERM did nothing meanwhile. A stand-in podman (no
+    # real one needed): `image inspect` finds nothing, `pull` hangs.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "podman"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = pull ]; then
+  echo $$ > {tmp_path}/pull.pid.tmp && mv {tmp_path}/pull.pid.tmp {tmp_path}/pull.pid
+  exec sleep 600
+fi
+exit 1
+""")
+    fake.chmod(0o755)
+    job = write_job(tmp_path, "command: [/bin/true]\ncontainer: {runtime: podman, image: localhost/slow:1, pull: missing}\n")
+    p = start_launch(job, "--job-id", "ctr-stop-pull", "--result-json", str(tmp_path / "result.json"),
+                     env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    pull = None
+    try:
+        wait_for(lambda: (tmp_path / "pull.pid").exists() or p.poll() is not None, 30, "the pull")
+        assert p.poll() is None, p.communicate()
+        pull = int((tmp_path / "pull.pid").read_text())
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=10)
+        assert p.returncode == code, err
+        assert f"stopped by {signal.Signals(sig).name} during the container preflight" in err, err
+        wait_for(lambda: not os.path.exists(f"/proc/{pull}") or "Z" in open(f"/proc/{pull}/stat").read().split(")")[-1][:3],
+                 5, "the pull to be killed")
+        result = json.loads((tmp_path / "result.json").read_text())
+        assert result["status"] == "stopped" and result["exit_code"] == code, result
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        if pull:
+            try:
+                os.kill(pull, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -308,6 +308,12 @@ def test_missing_program_is_clear(tmp_path):
     assert r.returncode == 2
     assert "'no-such-trainer-xyz' is not found on PATH (" in r.stderr
     assert "PATH=" not in r.stderr  # named by its first folders, not dumped whole
+    # Refused before any attempt: --result-json still says why.
+    r = launch(job, "--result-json", str(tmp_path / "result.json"), "--job-id", "refused-1")
+    assert r.returncode == 2, r.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "failed" and result["exit_code"] == 2 and result["job_id"] == "refused-1", result
+    assert "'no-such-trainer-xyz' is not found on PATH" in result["message"] and result["attempts"] == [], result
     # A dry run refuses what the launch refuses: it is how a job file is checked.
     r = launch(job, "--dry-run")
     assert r.returncode == 2 and "'no-such-trainer-xyz' is not found on PATH (" in r.stderr, r.stderr

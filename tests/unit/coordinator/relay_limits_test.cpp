@@ -105,6 +105,27 @@ TEST(RelayLimits, JobsPerUserThenInAll) {
   EXPECT_EQ(*why, "this coordinator runs 4 jobs, its limit: try again once one has ended");
 }
 
+TEST(RelayLimits, NodesPerUserThenInAll) {
+  // One user's jobs on many silent nodes held a connection each until the daemon had no
+  // descriptor left for anyone's job or request.
+  const auto l = relay_limits(1024);
+  EXPECT_EQ(l.nodes, 256u);
+  EXPECT_EQ(l.nodes_per_user, 64u);
+  EXPECT_FALSE(refuse_nodes(l, 0, 0, "alice", 64));
+  auto why = refuse_nodes(l, 100, 60, "alice", 5);
+  ASSERT_TRUE(why);
+  EXPECT_EQ(*why,
+            "this job's 5 nodes and the 60 of user alice's running jobs would pass the 64 nodes one user's jobs may "
+            "hold on this coordinator at once (a connection each): wait for a job to end, or stop one");
+  EXPECT_FALSE(refuse_nodes(l, 200, 0, "bob", 56));
+  why = refuse_nodes(l, 200, 0, "bob", 57);  // bob has none, but the daemon's share is spent
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("would pass the 256 nodes this coordinator's jobs may hold at once (200 now)"), std::string::npos)
+      << *why;
+  // The packaged unit's limit: the largest job a submit may name still fits one user's share.
+  EXPECT_EQ(relay_limits(1048576).nodes_per_user, 65536u);
+}
+
 TEST(RelayLimits, ConnectionsPerUserThenInAll) {
   RelayLimits l;
   l.clients = 10;
