@@ -6,7 +6,8 @@
 
 namespace ddp::coordinator {
 
-RelayLimits relay_limits(std::uint64_t nofile_soft) {
+RelayLimits relay_limits(std::uint64_t nofile_soft, std::uint64_t nofile_hard) {
+  if (nofile_hard < nofile_soft) nofile_hard = nofile_soft;
   RelayLimits l;
   l.relays = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 8, 4, l.relays));
   l.relays_per_user = std::min(l.relays_per_user, l.relays);
@@ -14,7 +15,7 @@ RelayLimits relay_limits(std::uint64_t nofile_soft) {
   l.files_per_user = std::max<std::size_t>(l.files / 4, 1);
   l.jobs = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 16, 2, l.jobs));
   l.jobs_per_user = std::clamp<std::size_t>(l.jobs / 4, 1, l.jobs_per_user);
-  l.nodes = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 4, 4, l.nodes));
+  l.nodes = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_hard / 4, 4, l.nodes));
   l.nodes_per_user = std::max<std::size_t>(l.nodes / 4, 1);
   l.clients = static_cast<std::size_t>(std::clamp<std::uint64_t>(nofile_soft / 4, 16, l.clients));
   l.clients_per_user = std::min(l.clients, l.relays_per_user + l.jobs_per_user + 16);

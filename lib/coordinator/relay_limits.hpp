@@ -18,8 +18,8 @@
 // Jobs: each holds a thread, a connection to each of its nodes and its log files, so at most 1024
 // run at once and never more than a sixteenth of the descriptors; one user at most a quarter of
 // that, and never more than 64 (a sweep of one-node jobs, with room). Their nodes (a connection
-// each, kept for the job's life) at most a quarter of the descriptors in all and one user a
-// quarter of that (65536 under the packaged unit's limit: the largest job a submit may name), so
+// each, kept for the job's life) at most a quarter of the hard descriptor limit in all and one
+// user a quarter of that (65536 under the packaged unit's limit: the largest job a submit may name), so
 // that one user's jobs on many silent nodes cannot take the descriptors every job and request
 // needs. Connections (authenticated;
 // net/acceptor.hpp caps the others): at most 4096 and a quarter of the descriptors; one user as
@@ -47,8 +47,9 @@ struct RelayLimits {
   std::size_t clients = 4096;
   std::size_t clients_per_user = 96;
 };
-// The bounds for a process allowed `nofile_soft` descriptors (net::nofile_soft_limit()).
-RelayLimits relay_limits(std::uint64_t nofile_soft);
+// The bounds for a process allowed `nofile_soft` descriptors (net::nofile_soft_limit()); the
+// jobs' nodes from `nofile_hard` (0: the soft limit), which a job of many nodes raises it to.
+RelayLimits relay_limits(std::uint64_t nofile_soft, std::uint64_t nofile_hard = 0);
 
 // What relays hold now: all of them, and the asking user's.
 struct RelayUse {

@@ -116,6 +116,14 @@ struct Relay {
   bool ended = false;
 };
 
+// The jobs' nodes are cut from the hard limit: a job of many nodes raises the soft one to it
+// (run_coordinator), so a daemon started by hand under a login's soft 1024 still runs them.
+std::uint64_t nofile_hard_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return net::nofile_soft_limit();
+  return rl.rlim_max == RLIM_INFINITY ? std::uint64_t{1} << 20 : static_cast<std::uint64_t>(rl.rlim_max);
+}
+
 class Standing {
  public:
   explicit Standing(StandingOptions o)
@@ -124,7 +132,7 @@ class Standing {
         signals_(io_, SIGINT, SIGTERM),
         watchdog_timer_(io_),
         log_(log::get("coordinator")),
-        relay_limits_(relay_limits(net::nofile_soft_limit())) {}
+        relay_limits_(relay_limits(net::nofile_soft_limit(), nofile_hard_limit())) {}
 
   int run() {
     listen();
@@ -848,13 +856,6 @@ class Standing {
 }  // namespace
 
 int run_standing(StandingOptions options) {
-  // Every job's nodes hold a connection each: the daemon's bounds (relay_limits) are cut from as
-  // many descriptors as the hard limit allows, which each job's run_coordinator() would raise the
-  // soft limit to anyway (a daemon started by hand has a login's soft 1024).
-  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &rl);
-  }
   Standing s(std::move(options));
   return s.run();
 }

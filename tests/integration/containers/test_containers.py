@@ -168,6 +168,14 @@ def cmdline(pid):
         return []
 
 
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def test_kill_9_of_ddpctl_leaves_no_container(tmp_path, podman_env):
     job = container_job(tmp_path, """[/bin/sh, -c, 'exec sleep 300']""")
     p = start_launch(job, "--job-id", "ctr-kill9", env=podman_env)
@@ -187,8 +195,9 @@ def test_next_launch_sweeps_what_a_dead_launcher_and_its_watchdog_left(tmp_path,
     p = start_launch(job, "--job-id", "ctr-orphan", env=podman_env)
     try:
         wait_for(lambda: len(containers_of(podman_env, "ctr-orphan")) == 2, timeout=60, what="both containers")
-        # The watchdog is the launcher's child that is a copy of ddpctl itself (not a runtime client).
-        watchdogs = [c for c in own_children(p.pid) if cmdline(c)[:1] == [DDPCTL.encode()]]
+        # The watchdog is the launcher's child that is a copy of ddpctl itself (not a runtime client),
+        # and not the attempt's guardian, another copy, which names itself.
+        watchdogs = [c for c in own_children(p.pid) if cmdline(c)[:1] == [DDPCTL.encode()] and comm(c) != "ddp-guardian"]
         assert len(watchdogs) == 1
         os.kill(watchdogs[0], signal.SIGKILL)
         p.kill()

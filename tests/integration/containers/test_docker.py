@@ -153,6 +153,14 @@ def _children(pid):
         return []
 
 
+def _comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _cmdline(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -311,7 +319,8 @@ def test_next_launch_sweeps_what_a_dead_launcher_and_its_watchdog_left(tmp_path,
     p = start_launch(job, "--job-id", "dk-orphan", env=world.local.env)
     try:
         wait_for(lambda: len(world.local.containers("ddpctl.job=dk-orphan")) == 2, timeout=60, what="both containers")
-        watchdogs = [c for c in _children(p.pid) if _cmdline(c)[:1] == [DDPCTL.encode()]]
+        # Not the attempt's guardian, another copy of ddpctl, which names itself.
+        watchdogs = [c for c in _children(p.pid) if _cmdline(c)[:1] == [DDPCTL.encode()] and _comm(c) != "ddp-guardian"]
         assert len(watchdogs) == 1
         os.kill(watchdogs[0], signal.SIGKILL)
         p.kill()

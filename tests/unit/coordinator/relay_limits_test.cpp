@@ -124,6 +124,11 @@ TEST(RelayLimits, NodesPerUserThenInAll) {
       << *why;
   // The packaged unit's limit: the largest job a submit may name still fits one user's share.
   EXPECT_EQ(relay_limits(1048576).nodes_per_user, 65536u);
+  // Started by hand under a login's soft 1024: the nodes follow the hard limit, which a job of
+  // many nodes raises the soft one to; the other bounds stay the soft limit's.
+  const auto by_hand = relay_limits(1024, 1048576);
+  EXPECT_EQ(by_hand.nodes_per_user, 65536u);
+  EXPECT_EQ(by_hand.jobs, 64u);
 }
 
 TEST(RelayLimits, ConnectionsPerUserThenInAll) {
