@@ -5,6 +5,7 @@
 # process. With the attempt's cgroup, then without one (DDP_NO_CGROUP=1: each rank's process
 # group). Needs .gpu/ from tests/gpu/pack.sh; run with carry [".gpu"]:
 #   bash tests/gpu/guardian_on_h200.sh
+# DDPCTL=path runs another ddpctl (an older build, to see the check fail without the guardian).
 # Prints GUARDIAN <mode> PASS|FAIL lines; exit 0 when both pass.
 set -u
 out=${OUT:-$PWD/gpu-out}
@@ -39,7 +40,7 @@ for mode in cgroup no-cgroup; do
   env_extra=()
   [[ $mode == no-cgroup ]] && env_extra=(DDP_NO_CGROUP=1)
   cd "$work"
-  env "${env_extra[@]}" "$B/ddpctl" launch job.yaml -q > "$work/$mode.log" 2>&1 &
+  env "${env_extra[@]}" "${DDPCTL:-$B/ddpctl}" launch job.yaml -q > "$work/$mode.log" 2>&1 &
   launcher=$!
   cd "$root"
   for _ in $(seq 1 300); do [[ -s $work/child.pid ]] && break; sleep 0.1; done
