@@ -2,6 +2,7 @@
 // of JSON and never terminates on a throw.
 #include "agent/preflight.hpp"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
@@ -33,11 +34,14 @@ TEST(PreflightRun, TheHelperKeepsTheAgentsEnvironmentNotTheJobs) {
   const std::string exe = std::string(dir) + "/helper";
   {
     std::ofstream f(exe);
-    f << "#!/bin/sh\nprintf '{\"job_var\": \"%s\", \"agent_var\": \"%s\"}\\n' \"$DDP_TEST_JOB_VAR\" "
-         "\"$DDP_TEST_AGENT_VAR\"\n";
+    // It reads its request first, as the real helper does (else the request's write could meet a
+    // closed pipe).
+    f << "#!/bin/sh\ncat > /dev/null\nprintf '{\"job_var\": \"%s\", \"agent_var\": \"%s\"}\\n' "
+         "\"$DDP_TEST_JOB_VAR\" \"$DDP_TEST_AGENT_VAR\"\n";
   }
   ASSERT_EQ(::chmod(exe.c_str(), 0755), 0);
   ::setenv("DDP_TEST_AGENT_VAR", "agent", 1);
+  ::signal(SIGPIPE, SIG_IGN);  // as the agent does
   boost::asio::io_context io;
   nlohmann::json answer;
   const nlohmann::json request{{"mode", "python"}, {"env", {{"DDP_TEST_JOB_VAR", "job"}, {"PATH", "/usr/bin:/bin"}}}};
