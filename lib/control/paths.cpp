@@ -130,20 +130,27 @@ bool bound_in_proc_net_unix(const std::string& path) {
   return found || total >= kMaxBytes;  // unread beyond the cap: taken as bound, as above
 }
 
-}  // namespace
-
-bool remove_if_stale(const std::string& path) {
-  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return false;
-  struct stat before {};
-  if (::lstat(path.c_str(), &before) != 0) return false;
+// What a connect to the socket at `path` says: 0 (accepted), its errno, or -1 when none could be
+// tried (the path too long, no socket). Non-blocking: a live launcher with a full backlog answers
+// EAGAIN, not ECONNREFUSED.
+int connect_errno(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return -1;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return -1;
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-  // Non-blocking: a live launcher with a full backlog answers EAGAIN, not ECONNREFUSED.
-  const bool refused = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 && errno == ECONNREFUSED;
+  const int err = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0 ? 0 : errno;
   ::close(fd);
+  return err;
+}
+
+}  // namespace
+
+bool remove_if_stale(const std::string& path) {
+  struct stat before {};
+  if (::lstat(path.c_str(), &before) != 0) return false;
+  const bool refused = connect_errno(path) == ECONNREFUSED;
   // Refused: a dead launcher's file, or a live one's between bind() and listen().
   if (!refused || bound_in_proc_net_unix(path)) return false;
   // Still the file that refused: not one a new launcher of the same job id bound meanwhile.
@@ -153,16 +160,8 @@ bool remove_if_stale(const std::string& path) {
 }
 
 bool someone_listens(const std::string& path) {
-  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return false;
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return false;
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-  // A full backlog (EAGAIN) is a live launcher too.
-  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0 || errno == EAGAIN;
-  ::close(fd);
-  return live;
+  const int err = connect_errno(path);
+  return err == 0 || err == EAGAIN;  // a full backlog is a live launcher too
 }
 
 std::string coordinator_jobs_dir() {

@@ -388,8 +388,6 @@ class LocalLauncher {
     }
   }
 
-  // A command as this job's user gives one: in the job file, or on ddpctl's command line.
-
   // The job's store on the port the spec names. Taken and not asked for by name (the default
   // 29500: another job on this machine has it): a free port, as torchrun --standalone takes.
   // Asked for by name (store.port, --master-port): that port or a failure naming who holds it.

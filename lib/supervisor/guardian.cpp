@@ -20,8 +20,8 @@
 namespace ddp::supervisor {
 namespace {
 
-// One record on the socket: a kind ('+' watch, '-' forget, 'd' done) and a process group id.
-// Eight bytes, so every write is atomic (under PIPE_BUF) and never split between reads.
+// One record on the socket: a kind ('+' watch, '-' forget, 'd' done) and a process group id, in
+// eight bytes. A read may end inside one: the guardian keeps the rest for the next.
 constexpr std::size_t kRecord = 8;
 
 // Every process the cgroup lists, SIGKILLed, until it lists none (a kernel without cgroup.kill);

@@ -107,7 +107,8 @@ TEST(Guardian, IgnoresTheStopSignalsALauncherTakes) {
   auto guardian = Guardian::start(-1, 4);
   ASSERT_TRUE(guardian);
   guardian->watch_group(g);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its handlers are set
+  // No wait for it to set its handlers: it is forked with every signal blocked, and unblocks
+  // them once it ignores these.
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::kill(guardian->pid(), sig);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(::waitpid(guardian->pid(), nullptr, WNOHANG), 0) << "the guardian died of a stop signal";
