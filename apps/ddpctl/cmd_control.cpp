@@ -4,6 +4,7 @@
 // talking to one socket.
 #include "commands.hpp"
 #include "common/stream.hpp"
+#include "common/text.hpp"
 #include "control/log_merge.hpp"
 #include "control/paths.hpp"
 #include "control/protocol.hpp"
@@ -78,7 +79,10 @@ std::string describe_ended(const control::Ended& e, bool remote = false) {
                    : ago_s < 7200 ? fmt::format("{} min", ago_s / 60)
                                   : fmt::format("{} h", ago_s / 3600);
   const char* where = remote ? " on the coordinator's machine" : "";
-  return fmt::format("job {} ended {} ago ({}, exit code {}); {}logs{}: {}", e.job_id, ago, e.status, e.exit_code,
+  // A record with a message has no exit code to give (a launcher killed: its guardian wrote it).
+  const auto how = e.message.empty() ? fmt::format("{}, exit code {}", e.status, e.exit_code)
+                                     : fmt::format("{}: {}", e.status, ddp::clean_text(e.message, 512));
+  return fmt::format("job {} ended {} ago ({}); {}logs{}: {}", e.job_id, ago, how,
                      e.result_json.empty() ? "" : fmt::format("result{}: {}; ", where, e.result_json), where, e.logs);
 }
 

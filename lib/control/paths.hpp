@@ -59,6 +59,7 @@ struct Ended {
   std::string logs;                                // the job's log folder
   std::string result_json;                         // empty: none was written
   std::vector<std::pair<int, std::string>> files;  // (rank, path): the last attempt's log files
+  std::string message;                             // why, when the status alone does not say; may be empty
 };
 // The record of a job that ends now; `result_json` made absolute (`ddpctl status` reads it from
 // anywhere).
@@ -72,6 +73,13 @@ std::string records_dir();
 // Written whole or not at all (a temporary file renamed); failures are ignored: it is a courtesy.
 // Records (and leftovers of a write) older than 30 days go at the same time.
 void record_ended(const std::string& dir, const Ended& e);
+// The record a launcher's guardian leaves if the launcher dies (supervisor::LastWord): the file's
+// name in the folder, and its text cut where the time of death goes (`e.ended_unix_ms` unused).
+struct EndedText {
+  std::string name;
+  std::string before_time, after_time;
+};
+EndedText ended_text(Ended e);
 // A record of `job_id` removed (a job id used again: its old record would answer for the new job).
 void forget_ended(const std::string& dir, const std::string& job_id);
 // nullopt when there is none, or it is not one of ours (malformed).

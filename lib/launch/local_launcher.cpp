@@ -528,6 +528,7 @@ class LocalLauncher {
     notes_.clear();
     log_files_.clear();
     for (const auto& rp : plan.ranks) log_files_.push_back(rp.log_file);
+    go.last_word = last_word();
     last_output_.assign(plan.ranks.size(), std::nullopt);
     hang_cause_.clear();
     group_ = std::make_unique<WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
@@ -641,6 +642,27 @@ class LocalLauncher {
                                                       opts_.spec.max_restarts == 1 ? "" : "s")
                                         : "");
     done();
+  }
+
+  // The end record the attempt's guardian leaves if this launcher dies while the attempt runs (a
+  // kill -9, a crash), so that `ddpctl status|logs JOB` still know the job; its own record,
+  // written at the end, replaces it otherwise.
+  std::optional<supervisor::LastWord> last_word() {
+    if (!records_dir_) {
+      try {
+        records_dir_ = control::records_dir();
+      } catch (const control::ControlError& e) {
+        records_dir_ = "";
+        log_->debug("no end record if this launcher is killed: {}", e.what());
+      }
+    }
+    if (records_dir_->empty()) return std::nullopt;
+    auto e = control::ended_now(report_.job_id, "failed", -1, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id),
+                                std::nullopt);
+    for (std::size_t r = 0; r < log_files_.size(); ++r) e.files.emplace_back(static_cast<int>(r), log_files_[r]);
+    e.message = fmt::format("ddpctl (pid {}) died while the job ran; what was left of the job was killed", ::getpid());
+    auto t = control::ended_text(std::move(e));
+    return supervisor::LastWord{*records_dir_, std::move(t.name), std::move(t.before_time), std::move(t.after_time)};
   }
 
   control::Ended end_record() const {
@@ -839,7 +861,8 @@ class LocalLauncher {
   std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<WorkerGroup> group_;
   std::optional<control::Server> control_;
-  std::vector<std::string> log_files_;                                             // the current attempt's, by rank
+  std::optional<std::string> records_dir_;  // last_word()'s: "" where there is none
+  std::vector<std::string> log_files_;      // the current attempt's, by rank
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_output_;  // by rank
   std::chrono::system_clock::time_point started_;
   int attempt_ = 0;

@@ -142,7 +142,7 @@ void WorkerGroup::start() {
   }
   // The guardian comes once the ranks have started, off their way: a fork copies this process's
   // page tables, and every page this process writes afterwards costs it a fault.
-  if (auto g = supervisor::Guardian::start(cgroup_ ? cgroup_->dir_fd() : -1, plan_.ranks.size())) {
+  if (auto g = supervisor::Guardian::start(cgroup_ ? cgroup_->dir_fd() : -1, plan_.ranks.size(), opts_.last_word)) {
     guardian_.emplace(std::move(*g));
     keep(guardian_->pid());  // not a stray of the workers'
     // Without a cgroup, each rank's process group is what it can kill (each rank leads its

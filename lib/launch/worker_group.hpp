@@ -52,6 +52,9 @@ struct GroupOptions {
   // The hang watchdog (job file `hang:`): every live rank sampled on this loop (hang_sampler.hpp),
   // its owner told after each round (GroupCallbacks::on_hang_round). 0: off.
   Millis hang_timeout{0};
+  // What the attempt's guardian leaves if this process dies before the attempt ends (the job's
+  // end record: a local launcher's); nullopt: nothing.
+  std::optional<supervisor::LastWord> last_word;
 };
 
 struct GroupCallbacks {

@@ -56,9 +56,42 @@ void kill_listed(int cgroup_fd) {
   }
 }
 
+bool write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w, n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+// The launcher's last word, in `dir_fd`: async-signal-safe, no allocation (the strings are the
+// guardian's copies of the launcher's, made by the fork).
+void leave(int dir_fd, const LastWord& w) {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  char digits[24];
+  std::size_t n = 0;
+  for (auto ms = static_cast<std::uint64_t>(now.tv_sec) * 1000 + static_cast<std::uint64_t>(now.tv_nsec) / 1'000'000;
+       n == 0 || ms > 0; ms /= 10)
+    digits[sizeof digits - 1 - n++] = static_cast<char>('0' + ms % 10);
+  char tmp[256];
+  if (w.name.empty() || w.name.size() + 5 > sizeof tmp) return;
+  std::memcpy(tmp, w.name.data(), w.name.size());
+  std::memcpy(tmp + w.name.size(), ".tmp", 5);
+  const int fd = ::openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+  if (fd < 0) return;
+  const bool written = write_all(fd, w.before_time.data(), w.before_time.size()) &&
+                       write_all(fd, digits + sizeof digits - n, n) &&
+                       write_all(fd, w.after_time.data(), w.after_time.size());
+  const bool closed = ::close(fd) == 0;
+  if (!written || !closed || ::renameat(dir_fd, tmp, dir_fd, w.name.c_str()) != 0) ::unlinkat(dir_fd, tmp, 0);
+}
+
 // The guardian itself: async-signal-safe calls only (it is a fork of a launcher that may have
 // threads), into memory allocated before the fork.
-[[noreturn]] void guard(int in, int cgroup_fd, pid_t* groups, std::size_t cap) {
+[[noreturn]] void guard(int in, int cgroup_fd, pid_t* groups, std::size_t cap, int word_fd, const LastWord* word) {
   std::size_t count = 0;
   unsigned char buf[kRecord * 64];
   std::size_t have = 0;
@@ -93,6 +126,7 @@ void kill_listed(int cgroup_fd) {
     if (!killed) kill_listed(cgroup_fd);
   }
   for (std::size_t i = 0; i < count; ++i) ::kill(-groups[i], SIGKILL);
+  if (word_fd >= 0 && word) leave(word_fd, *word);
   ::_exit(0);
 }
 
@@ -106,8 +140,15 @@ void close_from(int first) {
 
 }  // namespace
 
-std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_groups) {
+std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_groups,
+                                        const std::optional<LastWord>& last_word) {
   std::vector<pid_t> groups(max_groups == 0 ? 1 : max_groups);  // the guardian's, sized before the fork
+  int word_dir = -1;  // opened now, not after the launcher is gone: the same folder, whatever moves
+  if (last_word) {
+    word_dir = ::open(last_word->dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (word_dir < 0)
+      log::get("supervisor")->debug("the guardian leaves no end record: {}: {}", last_word->dir, std::strerror(errno));
+  }
   // A socket pair rather than a pipe: a write to a guardian that was killed must not kill its
   // launcher with SIGPIPE (send's MSG_NOSIGNAL; a shepherd keeps SIGPIPE's default).
   int fds[2];
@@ -129,6 +170,7 @@ std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_group
     const int err = errno;
     ::close(fds[0]), ::close(fds[1]);
     if (devnull >= 0) ::close(devnull);
+    if (word_dir >= 0) ::close(word_dir);
     log::get("supervisor")->warn("no guardian for this attempt: fork: {}", std::strerror(err));
     return std::nullopt;
   }
@@ -142,19 +184,24 @@ std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_group
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::prctl(PR_SET_NAME, "ddp-guardian", 0, 0, 0);
-    // Its socket and cgroup far from 0..3 first, then in place; nothing else of the launcher's
-    // stays open (a listening socket, another attempt's socket, the workers' pipes).
+    // Its socket, cgroup and record folder far from 0..4 first, then in place; nothing else of
+    // the launcher's stays open (a listening socket, another attempt's socket, the workers' pipes).
     const int in = ::fcntl(fds[0], F_DUPFD, 64);
     const int cg = cgroup_dir_fd >= 0 ? ::fcntl(cgroup_dir_fd, F_DUPFD, 64) : -1;
+    const int wd = word_dir >= 0 ? ::fcntl(word_dir, F_DUPFD, 64) : -1;
     ::dup2(in, 0);
     if (devnull >= 0) ::dup2(devnull, 1), ::dup2(devnull, 2);
     if (cg >= 0) ::dup2(cg, 3);
-    close_from(cg >= 0 ? 4 : 3);
+    if (wd >= 0) ::dup2(wd, 4);
+    if (cg < 0) ::close(3);
+    if (wd < 0) ::close(4);
+    close_from(5);
     ::chdir("/");
-    guard(0, cg >= 0 ? 3 : -1, groups.data(), groups.size());
+    guard(0, cg >= 0 ? 3 : -1, groups.data(), groups.size(), wd >= 0 ? 4 : -1, last_word ? &*last_word : nullptr);
   }
   ::close(fds[0]);
   if (devnull >= 0) ::close(devnull);
+  if (word_dir >= 0) ::close(word_dir);
   return Guardian(pid, fds[1]);
 }
 

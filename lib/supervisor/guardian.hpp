@@ -13,20 +13,35 @@
 //
 // What it cannot reach: without a cgroup, a descendant that left its rank's process group
 // (setsid).
+//
+// It can also leave the launcher's last word: a file (the job's end record, so that `ddpctl
+// status|logs JOB` still know the job) written after the kills, the time of death filled in.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstddef>
 #include <optional>
+#include <string>
 
 namespace ddp::supervisor {
+
+// A file the guardian leaves in `dir` when the launcher is gone: `before_time`, the time of
+// death in milliseconds since the epoch, `after_time`; 0600, written whole or not at all (a
+// temporary file renamed), following no link at its name.
+struct LastWord {
+  std::string dir;
+  std::string name;
+  std::string before_time, after_time;
+};
 
 class Guardian {
  public:
   // Forks the guardian, which keeps `cgroup_dir_fd` (-1: none) and watches at most `max_groups`
-  // process groups at once; nullopt, with a log line, where it cannot fork.
-  static std::optional<Guardian> start(int cgroup_dir_fd, std::size_t max_groups);
+  // process groups at once; nullopt, with a log line, where it cannot fork. `last_word`: left
+  // after the kills (a folder that cannot be opened now: none, with a log line).
+  static std::optional<Guardian> start(int cgroup_dir_fd, std::size_t max_groups,
+                                       const std::optional<LastWord>& last_word = std::nullopt);
 
   Guardian(Guardian&& o) noexcept;
   Guardian& operator=(Guardian&&) = delete;

@@ -238,6 +238,18 @@ def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
         r = ctl(rt, "status")
         assert r.returncode == 1 and "no job of yours is running" in r.stderr, r.stderr
         assert not sock.exists(), "a dead launcher's socket was left in place"
+        # The attempt's guardian left the job's end record once it had killed the ranks: status
+        # and logs still know the job, and say what happened to it.
+        wait_for(lambda: "died while the job ran" in ctl(rt, "status", "ctl-k").stderr, timeout=10,
+                 what="the end record the guardian leaves")
+        r = ctl(rt, "status", "--json", "ctl-k")
+        assert r.returncode == 1, r.stderr
+        record = json.loads(r.stdout)
+        assert record["state"] == "ended" and record["status"] == "failed", record
+        assert record["message"].startswith(f"ddpctl (pid {p.pid}) died"), record
+        assert "(failed: ddpctl (pid" in r.stderr, r.stderr
+        r = ctl(rt, "logs", "--ranks", "1", "ctl-k")
+        assert r.returncode == 0 and "[1] tick 0 rank 1" in r.stdout.splitlines(), (r.stdout[:300], r.stderr)
     finally:
         if p.poll() is None:
             p.kill()

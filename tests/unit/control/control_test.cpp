@@ -237,6 +237,29 @@ TEST(ControlPaths, EndRecordsRoundTripAndOldOnesAreSwept) {
   EXPECT_EQ(read_ended(dir, "job-1"), std::nullopt);
 }
 
+TEST(ControlPaths, TheGuardiansRecordIsARecordOnceItsTimeIsFilledIn) {
+  Ended e;
+  e.job_id = "job-\"ended_unix_ms\": 4503599627370497";  // the mark, in a value: escaped, not found
+  e.status = "failed";
+  e.exit_code = -1;
+  e.logs = "/logs/x";
+  e.files = {{0, "/logs/x/attempt-0/rank-0.log"}};
+  e.message = "ddpctl (pid 7) died while the job ran";
+  const auto t = ended_text(e);
+  EXPECT_EQ(t.name, e.job_id + ".ended");
+  const auto j = nlohmann::json::parse(t.before_time + "1700000000123" + t.after_time);
+  const auto back = ended_from_json(j);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->job_id, e.job_id);
+  EXPECT_EQ(back->ended_unix_ms, 1700000000123);
+  EXPECT_EQ(back->exit_code, -1);
+  EXPECT_EQ(back->files, e.files);
+  EXPECT_EQ(back->message, e.message);
+  // Without a message the record has no such key, as before.
+  e.message.clear();
+  EXPECT_FALSE(nlohmann::json::parse(ended_text(e).before_time + "1" + ended_text(e).after_time).contains("message"));
+}
+
 TEST(ControlPaths, RecordsLiveUnderXdgStateHome) {
   TempDir d;
   ::setenv("XDG_STATE_HOME", d.p.c_str(), 1);

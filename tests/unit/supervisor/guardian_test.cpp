@@ -11,11 +11,30 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace {
 
 using ddp::supervisor::Guardian;
+using ddp::supervisor::LastWord;
+namespace fs = std::filesystem;
+
+fs::path scratch_dir(const std::string& name) {
+  auto d = fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 // A process group of two: a leader and its child, both sleeping. The child re-parents to this
 // test (a subreaper), which reaps it: a zombie left to init still counts as the group's.
@@ -117,6 +136,59 @@ TEST(Guardian, IgnoresTheStopSignalsALauncherTakes) {
   EXPECT_TRUE(dies_within(g, std::chrono::seconds(5)));
   reap(pid);
   end_group(g);
+}
+
+TEST(Guardian, LeavesTheLastWordWithTheTimeOfDeathOnceTheLauncherIsGone) {
+  const auto dir = scratch_dir("guardian-word");
+  const auto before = std::chrono::system_clock::now();
+  pid_t guardian_pid = -1;
+  {
+    auto guardian = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", "{\"t\": ", "}\n"});
+    ASSERT_TRUE(guardian);
+    guardian_pid = guardian->pid();
+    EXPECT_FALSE(fs::exists(dir / "job.ended")) << "written before the launcher went";
+  }
+  reap(guardian_pid);
+  const auto after = std::chrono::system_clock::now();
+  const auto text = slurp(dir / "job.ended");
+  ASSERT_TRUE(text.starts_with("{\"t\": ") && text.ends_with("}\n")) << text;
+  const auto ms = std::stoll(text.substr(6));
+  const auto ms_of = [](auto t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  };
+  EXPECT_GE(ms, ms_of(before));
+  EXPECT_LE(ms, ms_of(after));
+  EXPECT_EQ(fs::status(dir / "job.ended").permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_FALSE(fs::exists(dir / "job.ended.tmp"));
+  fs::remove_all(dir);
+}
+
+TEST(Guardian, LeavesNoWordWhenTheAttemptEnded) {
+  const auto dir = scratch_dir("guardian-done");
+  auto guardian = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", "a", "b"});
+  ASSERT_TRUE(guardian);
+  guardian->done();
+  reap(guardian->pid());
+  EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+TEST(Guardian, FollowsNoLinkAtTheWordsName) {
+  const auto dir = scratch_dir("guardian-link");
+  const auto target = dir / "elsewhere";
+  std::ofstream(target) << "kept";
+  fs::create_symlink(target, dir / "job.ended.tmp");
+  pid_t guardian_pid = -1;
+  {
+    auto guardian = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", "a", "b"});
+    ASSERT_TRUE(guardian);
+    guardian_pid = guardian->pid();
+  }
+  reap(guardian_pid);
+  EXPECT_EQ(slurp(target), "kept");
+  EXPECT_FALSE(fs::exists(dir / "job.ended"));
+  fs::remove_all(dir);
 }
 
 }  // namespace
