@@ -330,8 +330,15 @@ int run_shepherd(const ShepherdArgs& args) {
   // Our stdout is the agent's, which may be its protocol link (`ddp-agentd --stdio` under SSH):
   // nothing of ours may ever write there, and holding it must not keep that link open.
   ::dup2(STDERR_FILENO, STDOUT_FILENO);
-  Shepherd s(args);
-  return s.run();
+  // What no handler expects (a thread that cannot start: std::system_error) ends the job here,
+  // said, rather than aborting: unwinding drops the running group, which kills its tree.
+  try {
+    Shepherd s(args);
+    return s.run();
+  } catch (const std::exception& e) {
+    log::get("shepherd")->error("job {}: the shepherd failed, so its workers were killed: {}", args.job_id, e.what());
+    return 1;
+  }
 }
 
 }  // namespace ddp::shepherd
