@@ -22,6 +22,18 @@ std::optional<Millis> parse_duration(std::string_view text) {
       ++i;
     }
     if (i == start) return std::nullopt;
+    // A fraction ("1.5s", "0.25"): kept exact, so it must come to whole milliseconds.
+    long long frac = 0, scale = 1;
+    if (i < text.size() && text[i] == '.') {
+      const std::size_t fstart = ++i;
+      while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+        if (i - fstart >= 9) return std::nullopt;
+        frac = frac * 10 + (text[i] - '0');
+        scale *= 10;
+        ++i;
+      }
+      if (i == fstart) return std::nullopt;  // "1.s"
+    }
     std::size_t ustart = i;
     while (i < text.size() && std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
     std::string_view unit = text.substr(ustart, i - ustart);
@@ -41,7 +53,8 @@ std::optional<Millis> parse_duration(std::string_view text) {
       return std::nullopt;
     }
     any_unit = any_unit || !unit.empty();
-    total_ms += value * mult;
+    if ((frac * mult) % scale != 0) return std::nullopt;  // finer than a millisecond
+    total_ms += value * mult + frac * mult / scale;
     if (total_ms > kMaxMillis) return std::nullopt;
   }
   return Millis(total_ms);

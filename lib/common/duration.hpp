@@ -1,5 +1,5 @@
-// Durations as people write them in job files and flags: "30s", "10m", "1h30m", "250ms", or a
-// bare number of seconds.
+// Durations as people write them in job files and flags: "30s", "10m", "1h30m", "250ms", "1.5s",
+// or a bare number of seconds ("90", "0.5"); to the millisecond.
 #pragma once
 
 #include <chrono>

@@ -23,8 +23,20 @@ TEST(Duration, ParsesUnitsAndBareSeconds) {
   EXPECT_EQ(parse_duration("0s"), Millis(0));
 }
 
+TEST(Duration, TakesFractionsToTheMillisecond) {
+  EXPECT_EQ(parse_duration("1.5s"), Millis(1500));
+  EXPECT_EQ(parse_duration("0.25"), Millis(250));  // bare seconds, as torchrun's float flags
+  EXPECT_EQ(parse_duration("1.5m"), Millis(90s));
+  EXPECT_EQ(parse_duration("0.001s"), Millis(1));
+  EXPECT_EQ(parse_duration("1h0.5m"), Millis(3630s));
+  EXPECT_EQ(parse_duration("2.0000000000s").has_value(), false);  // ten digits: refused, not rounded
+  for (const char* bad : {"1.5ms", "0.0001s", "1.s", ".5s", "1..5s", "1.5.5s"}) {
+    EXPECT_FALSE(parse_duration(bad).has_value()) << bad;
+  }
+}
+
 TEST(Duration, RejectsGarbage) {
-  for (const char* bad : {"", "s", "5x", "-5s", "5 s", "1.5s", "5m3", "99999999999999s", "3000000h"}) {
+  for (const char* bad : {"", "s", "5x", "-5s", "5 s", "5m3", "99999999999999s", "3000000h"}) {
     EXPECT_FALSE(parse_duration(bad).has_value()) << bad;
   }
 }
