@@ -4,6 +4,8 @@
 #include "commands.hpp"
 #include "common/safe_fs.hpp"
 #include "common/strings.hpp"
+#include "control/paths.hpp"
+#include "control/protocol.hpp"
 #include "coordinator/client.hpp"
 #include "coordinator/coordinator.hpp"
 #include "jobspec/flags.hpp"
@@ -279,7 +281,8 @@ Command add_launch_command(CLI::App& root) {
   sub->add_option("--master-port", args->master_port,
                   "the store's port, MASTER_PORT (overrides store.port; 0: a free one)")
       ->check(CLI::Range(0, 65535));
-  sub->add_option("--ranks", args->ranks, "show only these ranks' output on the terminal, e.g. 0,3 (files get all)");
+  sub->add_option("--ranks", args->ranks,
+                  "show only these ranks' output on the terminal, e.g. 0,3 or 4-7 (files get all)");
   sub->add_option("--job-id", args->job_id, "the job id (default: <name>-<date>-<time>-<random>)");
   sub->add_option("--result-json", args->result_json, "write the job's result (first failure, exits) as JSON here")
       // Checked before anything starts: a report that cannot be written is found out now, not
@@ -415,14 +418,13 @@ Command add_launch_command(CLI::App& root) {
             if (!args->facts.empty()) opts.facts_file = args->facts;
             opts.quiet = args->quiet;
             if (!args->result_json.empty()) opts.result_json = args->result_json;
-            for (auto part : ddp::split(args->ranks, ',')) {
-              if (ddp::trim(part).empty()) continue;
-              auto r = ddp::parse_int(ddp::trim(part));
-              if (!r || *r < 0) {
-                std::cerr << fmt::format("ddpctl launch: --ranks: expected rank numbers such as 0,3, got '{}'\n", part);
+            if (!ddp::trim(args->ranks).empty()) {
+              try {
+                opts.show_ranks = ddp::control::parse_rank_list(args->ranks);
+              } catch (const ddp::control::ControlError& e) {
+                std::cerr << "ddpctl launch: " << e.what() << "\n";
                 return 2;
               }
-              opts.show_ranks.insert(static_cast<int>(*r));
             }
             try {
               if (args->dry_run) {

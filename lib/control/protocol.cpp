@@ -77,6 +77,8 @@ std::string encode_request(const Request& r) {
 std::set<int> parse_rank_list(std::string_view text) {
   std::set<int> out;
   for (auto part : split(text, ',')) {
+    part = trim(part);
+    if (part.empty()) continue;  // "0,3," as typed
     auto bad = [&] {
       return ControlError(fmt::format("--ranks: expected rank numbers such as 0,3 or 4-7, got '{}'", part));
     };

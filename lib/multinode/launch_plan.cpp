@@ -2,6 +2,8 @@
 #include "multinode/launch_plan.hpp"
 
 #include "common/strings.hpp"
+#include "control/paths.hpp"
+#include "control/protocol.hpp"
 #include "coordinator/standing.hpp"
 #include "hostlist/hostlist.hpp"
 #include "slurm/slurm.hpp"
@@ -124,11 +126,12 @@ PlanOutcome plan_multi_node(const LaunchFlags& flags, jobspec::JobSpec spec, con
   opts.quiet = flags.quiet;
   opts.tls = flags.tls;
   if (!flags.result_json.empty()) opts.result_json = flags.result_json;
-  for (auto part : split(flags.ranks, ',')) {
-    if (trim(part).empty()) continue;
-    auto r = parse_int(trim(part));
-    if (!r || *r < 0) return refuse(fmt::format("--ranks: expected rank numbers such as 0,3, got '{}'", part));
-    opts.show_ranks.insert(static_cast<int>(*r));
+  if (!trim(flags.ranks).empty()) {
+    try {
+      opts.show_ranks = ddp::control::parse_rank_list(flags.ranks);
+    } catch (const ddp::control::ControlError& e) {
+      return refuse(e.what());
+    }
   }
   opts.user = context.user;
   opts.launcher_env = context.env;

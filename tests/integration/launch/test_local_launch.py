@@ -380,6 +380,9 @@ def test_ranks_filter_and_log_files(tmp_path):
     r = launch(job, "--ranks", "2,7", "--job-id", "filt-7")  # a typo: said, and the job runs all the same
     assert r.returncode == 0 and "[2] hello from 2" in r.stdout
     assert "--ranks: the job has no rank 7 (it has ranks 0-2)" in r.stderr, r.stderr
+    r = launch(job, "--ranks", "1-2", "--job-id", "filt-range")  # a range, as `ddpctl logs --ranks` takes
+    assert r.returncode == 0 and "[0]" not in r.stdout, r.stdout
+    assert "[1] hello from 1" in r.stdout and "[2] hello from 2" in r.stdout, r.stdout
     log = (tmp_path / "logs" / "filt" / "attempt-0" / "rank-0.log").read_text()
     assert "out| hello from 0" in log and "exited with code 0" in log
 

@@ -68,6 +68,7 @@ TEST(ControlProtocol, StacksRequestRoundTrips) {
 TEST(ControlProtocol, RankLists) {
   EXPECT_EQ(parse_rank_list("0,3"), (std::set<int>{0, 3}));
   EXPECT_EQ(parse_rank_list("4-6,1"), (std::set<int>{1, 4, 5, 6}));
+  EXPECT_EQ(parse_rank_list(" 0, 3,"), (std::set<int>{0, 3}));  // as typed
   EXPECT_THROW(parse_rank_list("a"), ControlError);
   EXPECT_THROW(parse_rank_list("3-1"), ControlError);
   EXPECT_THROW(parse_rank_list("-1"), ControlError);

@@ -150,8 +150,12 @@ TEST(LaunchPlan, RanksFilter) {
   auto out = mn::plan_multi_node(f, job(), context());
   ASSERT_TRUE(out.plan);
   EXPECT_EQ(out.plan->options.show_ranks, (std::set<int>{0, 3}));
+  f.ranks = "1-2,5";  // ranges, as `ddpctl logs --ranks` takes them
+  out = mn::plan_multi_node(f, job(), context());
+  ASSERT_TRUE(out.plan);
+  EXPECT_EQ(out.plan->options.show_ranks, (std::set<int>{1, 2, 5}));
   f.ranks = "0,x";
-  EXPECT_EQ(refusal(f), "--ranks: expected rank numbers such as 0,3, got 'x'");
+  EXPECT_EQ(refusal(f), "--ranks: expected rank numbers such as 0,3 or 4-7, got 'x'");
 }
 
 TEST(LaunchPlan, SlurmTakesTheAllocationsNodesFromTheEnvironment) {
