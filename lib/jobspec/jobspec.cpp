@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <sys/stat.h>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <regex>
@@ -34,6 +35,69 @@ JobSpecError::JobSpecError(std::vector<Diagnostic> diagnostics)
     : std::runtime_error(join_diagnostics(diagnostics)), diagnostics_(std::move(diagnostics)) {}
 
 namespace {
+
+// yaml-cpp says "end of sequence flow not found" where it gave up (the next key, the end of the
+// file), not where the `[` was opened. The last `[` (or `{`) before `end` that is never closed:
+// a light scan that skips quoted scalars and comments, and counts a bracket outside any flow only
+// where a node may start (after `: `, `- `, or first on its line: `a[1]` is a plain scalar).
+std::optional<YAML::Mark> unclosed_flow(const std::string& text, std::size_t end, char open) {
+  struct Open {
+    char c;
+    YAML::Mark at;
+  };
+  std::vector<Open> stack;
+  int line = 0, column = 0;
+  bool node_may_start = true;  // outside a flow: only blanks since the line began or `: `/`- `
+  end = std::min(end, text.size());
+  for (std::size_t i = 0; i < end; ++i, ++column) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line, column = -1, node_may_start = true;
+      continue;
+    }
+    const bool after_blank = i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n';
+    if (c == '#' && after_blank) {  // a comment, to the end of its line
+      while (i + 1 < end && text[i + 1] != '\n') ++i, ++column;
+      continue;
+    }
+    const bool in_flow = !stack.empty();
+    if ((c == '\'' || c == '"') && (in_flow || node_may_start)) {  // a quoted scalar, to its close
+      for (++i, ++column; i < end; ++i, ++column) {
+        if (text[i] == '\n') ++line, column = -1;
+        if (c == '"' && text[i] == '\\') {
+          ++i, ++column;
+          continue;
+        }
+        if (text[i] != c) continue;
+        if (c == '\'' && i + 1 < end && text[i + 1] == '\'') {  // '' inside single quotes
+          ++i, ++column;
+          continue;
+        }
+        break;
+      }
+      node_may_start = false;
+      continue;
+    }
+    if ((c == '[' || c == '{') && (in_flow || node_may_start)) {
+      YAML::Mark m;
+      m.pos = static_cast<int>(i), m.line = line, m.column = column;
+      stack.push_back({c, m});
+      continue;
+    }
+    if (in_flow && (c == ']' || c == '}')) {
+      stack.pop_back();
+      continue;
+    }
+    if (c == ' ' || c == '\t') continue;
+    const bool starts_value = (c == ':' || c == '-' || c == '?') &&
+                              (i + 1 >= end || text[i + 1] == ' ' || text[i + 1] == '\t' || text[i + 1] == '\n');
+    node_may_start = !in_flow && starts_value;
+  }
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
+    if (it->c == open) return it->at;
+  }
+  return std::nullopt;
+}
 
 // store.protocol: "auto", or a PyTorch release MAJOR.MINOR from 1.13 on (1.13, or 2.N).
 std::optional<std::string> store_protocol(const YAML::Node& v) {
@@ -155,7 +219,7 @@ class Parser {
     std::optional<Millis> d;
     if (n.IsScalar()) d = parse_duration(n.Scalar());
     if (!d) {
-      error(n, fmt::format("{}: expected a duration such as 30s, 10m, 1h or 500ms, got {}", key, describe(n)));
+      error(n, fmt::format("{}: expected a duration such as 30s, 10m, 1h, 1.5s or 500ms, got {}", key, describe(n)));
     }
     return d;
   }
@@ -208,7 +272,18 @@ class Parser {
     try {
       docs = YAML::LoadAll(text);
     } catch (const YAML::ParserException& e) {
-      error(e.mark, fmt::format("not valid YAML: {}", e.msg));
+      // An unclosed `[`/`{` is said where it was opened, with where yaml-cpp gave up.
+      const bool seq = e.msg == YAML::ErrorMsg::END_OF_SEQ_FLOW, map = e.msg == YAML::ErrorMsg::END_OF_MAP_FLOW;
+      const auto opened = seq || map
+                              ? unclosed_flow(text, static_cast<std::size_t>(std::max(e.mark.pos, 0)), seq ? '[' : '{')
+                              : std::nullopt;
+      if (opened) {
+        error(*opened, fmt::format("not valid YAML: this '{}' is never closed with '{}' (the parser gave up at line "
+                                   "{}, column {})",
+                                   seq ? '[' : '{', seq ? ']' : '}', e.mark.line + 1, e.mark.column + 1));
+      } else {
+        error(e.mark, fmt::format("not valid YAML: {}", e.msg));
+      }
       throw JobSpecError(diags_);
     }
     // One job per file: what follows a `---` was silently dropped.

@@ -264,6 +264,21 @@ TEST(JobSpec, SyntaxErrorHasPosition) {
   EXPECT_GT(d[0].line, 0);
 }
 
+TEST(JobSpec, AnUnclosedBracketIsReportedWhereItWasOpened) {
+  // yaml-cpp gives up at the next key or the end of the file; the user needs the `[`.
+  expect_error("nproc_per_node: 2\ncommand: [python3, t.py\n", 2, 10,
+               "this '[' is never closed with ']' (the parser gave up at line 3");
+  expect_error("command: [x]\nenv: {A: '1'\nname: y\n", 2, 6, "this '{' is never closed with '}'");
+  // Brackets inside quotes, comments and plain scalars are not openings.
+  expect_error("name: a[1]\ncommand: [\"[\", '[''', x # [\n", 2, 10, "this '[' is never closed");
+  // The innermost open one of the kind yaml-cpp missed.
+  expect_error("command: [x]\nenv: {A: [1, 2], B: [3\n", 2, 21, "this '[' is never closed");
+  // Every other syntax error keeps yaml-cpp's own words and place.
+  auto d = errors_of("command: [x]\nname: 'y\n");
+  ASSERT_FALSE(d.empty());
+  EXPECT_EQ(d[0].message.find("never closed"), std::string::npos) << d[0].message;
+}
+
 TEST(JobSpec, AKeyWithoutAValueIsReportedWhereTheKeyIs) {
   // yaml-cpp marks an empty value at the next token: the following key's line.
   expect_error("name: demo\nrestart:\nnproc_per_node: 2\ncommand: [x]\n", 2, 1, "restart: expected a mapping");
