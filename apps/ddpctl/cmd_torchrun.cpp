@@ -35,6 +35,10 @@ bool is_this_machine(std::string_view host) {
   if (!is_v4 && !is_v6) return false;
   if (is_v4 && (ntohl(v4.s_addr) >> 24) == 127) return true;
   if (is_v6 && IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  // "Any address" (a bind-all habit, `--master-addr 0.0.0.0`): a connect to it reaches this
+  // machine, as it did for the workers under torchrun.
+  if (is_v4 && v4.s_addr == htonl(INADDR_ANY)) return true;
+  if (is_v6 && IN6_IS_ADDR_UNSPECIFIED(&v6)) return true;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return false;
   std::unique_ptr<ifaddrs, decltype(&::freeifaddrs)> owner(list, ::freeifaddrs);

@@ -6,6 +6,7 @@
 #include "stacks/collect.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <iostream>
 #include <vector>
@@ -93,9 +94,15 @@ int main(int argc, char** argv) {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a bad command line exits 2, as a bad job file does (CLI11's
-    // own codes, 105-109, mean nothing to a script).
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
+    // own codes, 105-109, mean nothing to a script), said as every other error of ours is.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    const std::string cmd = asked != words.end() ? "ddpctl " + *asked : std::string("ddpctl");
+    std::string what = e.what();
+    if (what.size() > 1 && std::isupper(static_cast<unsigned char>(what[0])) &&
+        (std::islower(static_cast<unsigned char>(what[1])) || what[1] == ' '))
+      what[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(what[0])));
+    std::cerr << cmd << ": " << what << "; see " << cmd << " --help\n";
+    return 2;
   }
   if (verbose) ddp::log::set_level(spdlog::level::debug);
 

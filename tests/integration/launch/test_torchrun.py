@@ -239,11 +239,32 @@ def test_torchrun_multi_node_is_refused_with_the_ddpctl_way(tmp_path, args, says
     assert says in r.stderr and "--nodes" in r.stderr and "--ssh" in r.stderr and "--slurm" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("addr", ["0.0.0.0", "::"])
+def test_torchrun_with_the_any_address_runs_here(tmp_path, addr):
+    # `--master_addr 0.0.0.0`, a bind-all habit: under torchrun the workers' connects reached
+    # this machine, so it is this machine, not a multi-node refusal.
+    script(tmp_path)
+    r = run(["torchrun", "--nproc-per-node", "2", f"--master_addr={addr}", "script.py"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert out["sum"] == 3.0 and out["env"]["MASTER_ADDR"] == "127.0.0.1", out
+
+
 def test_torchrun_help_and_bad_flags(tmp_path):
     r = run(["torchrun", "--help"], tmp_path)
     assert r.returncode == 0 and "--nproc_per_node" in r.stdout and "--standalone" in r.stdout
     r = run(["torchrun", "--nproc-per-nodes", "2", "script.py"], tmp_path)
     assert r.returncode == 2 and "did you mean --nproc-per-node?" in r.stderr, r.stderr
+
+
+def test_a_bad_command_line_is_said_as_every_other_error(tmp_path):
+    # CLI11's own words, prefixed and pointed at the right --help (they had neither).
+    r = run(["launch", "--nosuch", "script.py"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "ddpctl launch: the following argument was not expected: --nosuch; see ddpctl launch --help\n"
+    r = run(["status", "--bogus"], tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("ddpctl status: "), r.stderr
 
 
 def test_not_executable_and_not_on_path_are_told_apart(tmp_path):
