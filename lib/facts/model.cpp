@@ -117,6 +117,7 @@ json to_json(const PythonFacts& py) {
   put(o, "version", py.version);
   put(o, "torch", py.torch);
   put(o, "error", py.error);
+  if (py.guessed) o["guessed"] = true;
   return o;
 }
 
@@ -223,6 +224,13 @@ class Reader {
     if (!v) return std::nullopt;
     if (!v->is_string()) wrong(key, "a string", *v);
     return v->get<std::string>();
+  }
+
+  std::optional<bool> boolean(const std::string& key) {
+    auto* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) wrong(key, "a boolean", *v);
+    return v->get<bool>();
   }
 
   std::optional<long long> integer(const std::string& key, bool required = false) {
@@ -438,6 +446,7 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     py.version = r.str("version");
     py.torch = r.str("torch");
     py.error = r.str("error");
+    py.guessed = r.boolean("guessed").value_or(false);
     r.finish();
     f.python = std::move(py);
   }

@@ -104,6 +104,7 @@ struct PythonFacts {
   std::optional<std::string> version;     // "3.11.2"
   std::optional<std::string> torch;       // "2.11.0+cu128"; absent: no torch there (or see error)
   std::optional<std::string> error;       // why nothing is known (not found, timed out, ...)
+  bool guessed = false;                   // a guess (python3 on PATH), maybe not what the job runs
 };
 
 struct NodeFacts {

@@ -284,4 +284,8 @@ TEST(Report, ShowsTheJobsPython) {
   ASSERT_TRUE(back.python);
   EXPECT_EQ(back.python->torch, "1.13.1");
   EXPECT_EQ(back.python->executable, "/usr/bin/python3.11");
+  EXPECT_FALSE(back.python->guessed);
+  EXPECT_FALSE(to_json(nodes[0])["python"].contains("guessed"));  // only a guess says so
+  nodes[0].python->guessed = true;
+  EXPECT_TRUE(from_json(to_json(nodes[0]), "t").python->guessed);
 }
