@@ -121,6 +121,16 @@ json to_json(const PythonFacts& py) {
   return o;
 }
 
+void set_python(NodeFacts& node, PythonFacts python) {
+  node.versions.torch = python.torch;
+  node.python = std::move(python);
+}
+
+TorchShown torch_shown(const NodeFacts& n) {
+  if (n.python) return {n.python->error ? "-" : n.python->torch.value_or("none"), false};
+  return {n.versions.torch.value_or("-"), n.versions.torch.has_value()};
+}
+
 json to_json(const NodeFacts& f) {
   json j;
   j["facts_version"] = kFactsVersion;

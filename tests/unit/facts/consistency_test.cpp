@@ -9,6 +9,7 @@
 
 using namespace ddp::facts;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 namespace {
 
@@ -271,6 +272,47 @@ TEST(Consistency, TorchReleasesAndPythonMinorsMustMatch) {
   fs = check(nodes);
   EXPECT_FALSE(find(fs, "torch-release-mismatch")) << codes(fs);
   EXPECT_FALSE(find(fs, "python-version-mismatch")) << codes(fs);
+}
+
+// The versions table and the python section give one answer for torch: the interpreter's,
+// also when it has none (the table showed the system Python's torch/version.py beside "torch
+// none"); without a probe the table says the torch is the system Python's.
+TEST(Report, TheVersionsTableSaysTheSameTorchAsThePythonSection) {
+  auto nodes = load({"cpu-a"});
+  nodes[0].versions.torch = "1.13.0a0";  // the system Python's, as discover reads it
+  auto node = nodes[0];
+  EXPECT_THAT(format_node(node), HasSubstr("torch of the system Python"));
+  EXPECT_TRUE(torch_shown(node).of_system_python);
+
+  set_python(node, py("3.11.7", std::nullopt));  // the job's: none
+  EXPECT_FALSE(node.versions.torch);
+  auto table = format_node(node);
+  EXPECT_THAT(table, Not(HasSubstr("1.13.0a0"))) << table;
+  EXPECT_THAT(table, HasSubstr("torch of the python below"));
+  EXPECT_THAT(table, HasSubstr("torch none"));
+  EXPECT_EQ(torch_shown(node).value, "none");
+
+  // A facts file of an older ddpctl (versions.torch the system's beside a python without
+  // torch) reads the same way.
+  node.versions.torch = "1.13.0a0";
+  EXPECT_THAT(format_node(node), Not(HasSubstr("1.13.0a0")));
+
+  node = nodes[0];
+  set_python(node, py("3.11.7", "2.11.0"));
+  EXPECT_EQ(node.versions.torch, "2.11.0");
+  node = nodes[0];
+  set_python(node, PythonFacts{"python3", "a guess", {}, {}, {}, std::string("python3 not found")});
+  EXPECT_FALSE(node.versions.torch);  // not known: not the system Python's either
+  EXPECT_EQ(torch_shown(node).value, "-");
+
+  // Several nodes: a torch that is the system Python's is marked where others' were asked.
+  auto pair = load({"cpu-a", "cpu-b"});
+  pair[0].versions.torch = pair[1].versions.torch = "1.13.0a0";
+  EXPECT_THAT(format_nodes_summary(pair), HasSubstr("torch: the system Python's"));
+  set_python(pair[0], py("3.11.7", std::nullopt));
+  auto summary = format_nodes_summary(pair);
+  EXPECT_THAT(summary, HasSubstr("1.13.0a0 (system)"));
+  EXPECT_THAT(summary, HasSubstr("none"));
 }
 
 TEST(Report, ShowsTheJobsPython) {
