@@ -7,7 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 using namespace ddp::facts;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -252,8 +255,9 @@ TEST(Consistency, TorchReleasesAndPythonMinorsMustMatch) {
 
   nodes[1].python = py("3.11.2", std::nullopt);  // the interpreter answered: no torch there
   fs = check(nodes);
-  ASSERT_TRUE(find(fs, "torch-release-mismatch")) << codes(fs);
-  EXPECT_THAT(find(fs, "torch-release-mismatch")->message, HasSubstr("no torch on cpu-b"));
+  ASSERT_TRUE(find(fs, "python-no-torch")) << codes(fs);  // said once, as what it is
+  EXPECT_THAT(find(fs, "python-no-torch")->nodes, ElementsAre("cpu-b"));
+  EXPECT_FALSE(find(fs, "torch-release-mismatch")) << codes(fs);
 
   nodes[1].python = py("3.12.1", "2.11.0+cu128");  // another Python minor: an error
   fs = check(nodes);
@@ -272,6 +276,48 @@ TEST(Consistency, TorchReleasesAndPythonMinorsMustMatch) {
   fs = check(nodes);
   EXPECT_FALSE(find(fs, "torch-release-mismatch")) << codes(fs);
   EXPECT_FALSE(find(fs, "python-version-mismatch")) << codes(fs);
+}
+
+// The job's own interpreter without torch is an error even where no other node has torch to
+// compare with: the job would stop at `import torch` (doctor said "ok" for it). A guessed one (no
+// job file, or a shell command) is a warning. Either says which interpreter and how to fix it.
+TEST(Consistency, AnInterpreterWithoutTorchIsAFindingOnItsOwn) {
+  auto nodes = load({"cpu-a"});
+  nodes[0].python = py("3.11.2", std::nullopt);
+  auto fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-no-torch")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-no-torch")->severity, Severity::error);
+  EXPECT_TRUE(has_errors(fs));
+  const auto& own = find(fs, "python-no-torch")->message;
+  EXPECT_THAT(own, HasSubstr("/venv/bin/python3 (the command's program)"));
+  EXPECT_THAT(own, HasSubstr("import torch"));
+  EXPECT_THAT(own, HasSubstr("python: key"));
+
+  nodes[0].python->guessed = true;
+  nodes[0].python->source = "python3 on PATH";
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-no-torch")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-no-torch")->severity, Severity::warning);
+  EXPECT_FALSE(has_errors(fs));
+  EXPECT_THAT(find(fs, "python-no-torch")->message, HasSubstr("ddpctl doctor --job FILE"));
+
+  // Two nodes, the same interpreter: one finding naming both.
+  nodes = load({"cpu-a", "cpu-b"});
+  nodes[0].python = nodes[1].python = py("3.11.2", std::nullopt);
+  fs = check(nodes);
+  EXPECT_EQ(std::count_if(fs.begin(), fs.end(), [](const Finding& f) { return f.code == "python-no-torch"; }), 1);
+  EXPECT_THAT(find(fs, "python-no-torch")->nodes, ElementsAre("cpu-a", "cpu-b"));
+
+  // An interpreter that did not answer: not known, a warning that says why.
+  nodes[1].python = PythonFacts{"python3", "a guess", {}, {}, {}, std::string("python3 not found")};
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-unknown")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-unknown")->severity, Severity::warning);
+  EXPECT_THAT(find(fs, "python-unknown")->message, HasSubstr("python3 not found"));
+
+  // With torch there, nothing.
+  nodes[0].python = nodes[1].python = py("3.11.2", "2.11.0");
+  EXPECT_FALSE(find(check(nodes), "python-no-torch"));
 }
 
 // The versions table and the python section give one answer for torch: the interpreter's,
