@@ -186,8 +186,10 @@ int run_doctor(const DoctorArgs& a) {
       nodes.push_back(F::discover(opt));
       if (image) nodes.back().container_image = look_up_here(*image);
       // The live machine only: a copied sysfs tree is another node, whose Python is not here.
-      if (root.empty() && (nodes.back().python = python_here(a)) && nodes.back().python->torch)
-        nodes.back().versions.torch = nodes.back().python->torch;
+      // The interpreter's torch replaces the system Python's, also when it has none: the
+      // versions table and the python section then say the same.
+      if (root.empty())
+        if (auto py = python_here(a)) F::set_python(nodes.back(), std::move(*py));
     } else {
       for (const auto& file : a.facts_files) nodes.push_back(F::load_facts_file(file, &notes));
     }

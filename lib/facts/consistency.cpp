@@ -142,8 +142,12 @@ class Checker {
   // another PyTorch release on one node is an error (its collectives, store and pickled objects
   // are another's; the store cannot tell the wire layouts apart), another build of one release a
   // warning; another Python minor version an error (pickles and extension modules differ).
+  // An interpreter that answered without torch is a finding of its own, whatever the others
+  // have: the job would stop at `import torch`, an error where the interpreter is the job's own
+  // (its python: key or its command's program), a warning where it is a guess. One that did not
+  // answer is a warning: what the job would import is not known.
   void python() {
-    Groups torch_release, torch_build, py_minor;
+    Groups torch_release, torch_build, py_minor, no_torch_own, no_torch_guessed, unknown;
     bool all_probed = true;  // else some torch is the system Python's, maybe not the job's: a warning
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       const auto& n = nodes_[i];
@@ -155,8 +159,9 @@ class Checker {
         torch_release[release_of(*torch)].push_back(labels_[i]);
         torch_build[*torch].push_back(labels_[i]);
       } else if (answered) {
-        torch_release["no torch"].push_back(labels_[i]);
+        (n.python->guessed ? no_torch_guessed : no_torch_own)[asked(*n.python)].push_back(labels_[i]);
       }
+      if (n.python && n.python->error) unknown[asked(*n.python) + ": " + *n.python->error].push_back(labels_[i]);
       if (answered && n.python->version) py_minor["Python " + release_of(*n.python->version)].push_back(labels_[i]);
     }
     auto nodes_of = [](const Groups& g) {
@@ -164,6 +169,21 @@ class Checker {
       for (const auto& [v, l] : g) out.insert(out.end(), l.begin(), l.end());
       return out;
     };
+    for (const auto& [python, nodes] : no_torch_own)
+      add(Severity::error, "python-no-torch",
+          "no torch in the job's Python on " + join(nodes, ", ") + ": " + python +
+              "; the job would stop at `import torch`: install PyTorch for that interpreter, or name one that has "
+              "it with the job file's python: key",
+          nodes);
+    for (const auto& [python, nodes] : no_torch_guessed)
+      add(Severity::warning, "python-no-torch",
+          "no torch in " + python + " on " + join(nodes, ", ") +
+              "; a job that runs it would stop at `import torch`: install PyTorch for it, or ask the job's own "
+              "interpreter (`ddpctl doctor --job FILE`; the job file's python: key names it)",
+          nodes);
+    for (const auto& [why, nodes] : unknown)
+      add(Severity::warning, "python-unknown",
+          "the Python asked on " + join(nodes, ", ") + " did not answer, so its torch is not known: " + why, nodes);
     if (torch_release.size() > 1) {
       add(all_probed ? Severity::error : Severity::warning, "torch-release-mismatch",
           "PyTorch releases differ: " + describe(torch_release) +
@@ -181,6 +201,11 @@ class Checker {
               " (pickled objects and extension modules differ between them)",
           nodes_of(py_minor));
     }
+  }
+
+  // "/venv/bin/python3 (python: in job.yaml)": which interpreter was asked, and why that one.
+  static std::string asked(const PythonFacts& py) {
+    return py.source.empty() ? py.interpreter : py.interpreter + " (" + py.source + ")";
   }
 
   // A job's container image (doctor --image/--job): on every node, and the same there.

@@ -23,10 +23,14 @@
 //     4096 a warning (DataLoader workers passing tensors by fd exhaust 1024 quickly).
 //   - /dev/shm below 1 GiB (warning: DataLoader workers share batches through it).
 //   - the job's PyTorch (facts' python.torch, else versions.torch): another release (major.minor)
-//     on a node, or none where others have one, is an error (collectives, the store's wire and
-//     pickles differ between releases) when every node's job interpreter was asked, a warning
-//     where some torch is only the system Python's; another build of one release a warning. The job's Python
-//     minor version differs: an error (pickles and extension modules).
+//     on a node is an error (collectives, the store's wire and pickles differ between releases)
+//     when every node's job interpreter was asked, a warning where some torch is only the system
+//     Python's; another build of one release a warning. The job's Python minor version differs: an
+//     error (pickles and extension modules).
+//   - an interpreter that answered without torch, on any node (python-no-torch): an error where
+//     it is the job's own (its python: key or its command's program: the job would stop at
+//     `import torch`), a warning where it is a guess (python3 on PATH). One that did not answer
+//     (python-unknown): a warning, as what the job imports is not known.
 //   - kernel versions differ (info); the same hostname twice,
 //     or a GPU UUID on two nodes (error: the same node was described twice).
 //   - CPU jobs: GPU, driver and NCCL differences are info only.

@@ -117,7 +117,18 @@ json to_json(const PythonFacts& py) {
   put(o, "version", py.version);
   put(o, "torch", py.torch);
   put(o, "error", py.error);
+  if (py.guessed) o["guessed"] = true;
   return o;
+}
+
+void set_python(NodeFacts& node, PythonFacts python) {
+  node.versions.torch = python.torch;
+  node.python = std::move(python);
+}
+
+TorchShown torch_shown(const NodeFacts& n) {
+  if (n.python) return {n.python->error ? "-" : n.python->torch.value_or("none"), false};
+  return {n.versions.torch.value_or("-"), n.versions.torch.has_value()};
 }
 
 json to_json(const NodeFacts& f) {
@@ -223,6 +234,13 @@ class Reader {
     if (!v) return std::nullopt;
     if (!v->is_string()) wrong(key, "a string", *v);
     return v->get<std::string>();
+  }
+
+  std::optional<bool> boolean(const std::string& key) {
+    auto* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) wrong(key, "a boolean", *v);
+    return v->get<bool>();
   }
 
   std::optional<long long> integer(const std::string& key, bool required = false) {
@@ -438,6 +456,7 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     py.version = r.str("version");
     py.torch = r.str("torch");
     py.error = r.str("error");
+    py.guessed = r.boolean("guessed").value_or(false);
     r.finish();
     f.python = std::move(py);
   }

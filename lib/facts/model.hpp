@@ -67,6 +67,7 @@ struct Versions {
   std::optional<std::string> nccl_library;  // which file that was
   std::optional<std::string> torch;         // the job's interpreter's (python.torch) when probed,
                                             // else torch/version.py of the system Python, if any
+                                            // (torch_shown says which a reader is looking at)
   std::optional<std::string> kernel;        // "6.1.0-18-amd64"
 };
 
@@ -104,6 +105,7 @@ struct PythonFacts {
   std::optional<std::string> version;     // "3.11.2"
   std::optional<std::string> torch;       // "2.11.0+cu128"; absent: no torch there (or see error)
   std::optional<std::string> error;       // why nothing is known (not found, timed out, ...)
+  bool guessed = false;                   // a guess (python3 on PATH), maybe not what the job runs
 };
 
 struct NodeFacts {
@@ -128,6 +130,18 @@ std::string_view to_string(NicKind k);
 
 nlohmann::json to_json(const NodeFacts& facts);
 nlohmann::json to_json(const PythonFacts& python);
+
+// The probed interpreter's answer becomes the node's: versions.torch is then python.torch (absent
+// for an interpreter without torch or one that did not answer), never the system Python's beside it.
+void set_python(NodeFacts& node, PythonFacts python);
+
+// The node's torch as doctor shows it, and whose it is: the probed interpreter's ("none" without
+// one, "-" when it did not answer), else the system Python's torch/version.py ("-" without one).
+struct TorchShown {
+  std::string value;
+  bool of_system_python = false;  // no interpreter was asked: maybe not the job's
+};
+TorchShown torch_shown(const NodeFacts& node);
 // `source` names the input in errors and notes (a file name, "node2's report").
 NodeFacts from_json(const nlohmann::json& j, std::string_view source, std::vector<std::string>* notes = nullptr);
 // Reads and parses a facts file; errors (FactsError) name the file and what is wrong.

@@ -103,10 +103,16 @@ std::string format_bytes(std::uint64_t b) {
 std::string format_node(const NodeFacts& f) {
   std::string out = "node " + f.hostname + "\n";
   const auto& v = f.versions;
+  const auto torch = torch_shown(f);
   Table versions({"driver", "cuda_driver", "nccl", "torch", "kernel"});
-  versions.row({opt(v.driver), opt(v.cuda_driver), opt(v.nccl), opt(v.torch), opt(v.kernel)});
+  versions.row({opt(v.driver), opt(v.cuda_driver), opt(v.nccl), torch.value, opt(v.kernel)});
   out += "\nversions\n" + versions.str();
   if (v.nccl_library) out += "  (nccl from " + *v.nccl_library + ")\n";
+  // Whose torch that is, so that it never reads as another answer than the python section's.
+  if (f.python)
+    out += "  (torch of the python below)\n";
+  else if (torch.of_system_python)
+    out += "  (torch of the system Python's packages; the job's interpreter was not asked)\n";
 
   Table numa({"id", "cpus", "gpus", "nics"});
   for (const auto& n : f.numa_nodes) {
@@ -195,7 +201,7 @@ std::string format_nodes_summary(const std::vector<NodeFacts>& nodes) {
         opt(n.versions.driver),
         opt(n.versions.cuda_driver),
         opt(n.versions.nccl),
-        n.python ? (n.python->error ? "-" : n.python->torch.value_or("none")) : opt(n.versions.torch)};
+        torch_shown(n).value + (torch_shown(n).of_system_python && pythons ? " (system)" : "")};
     if (pythons) row.push_back(n.python && n.python->version ? *n.python->version : "-");
     if (images) {
       const auto& ci = n.container_image;
@@ -203,7 +209,12 @@ std::string format_nodes_summary(const std::vector<NodeFacts>& nodes) {
     }
     t.row(row);
   }
-  return t.str("");
+  auto out = t.str("");
+  // Where no node's interpreter was asked (agents, facts files of a sysfs tree), every torch is
+  // the system Python's; where some were, those that were not are marked "(system)" above.
+  if (!pythons && std::any_of(nodes.begin(), nodes.end(), [](const NodeFacts& n) { return n.versions.torch; }))
+    out += "(torch: the system Python's packages; the jobs' interpreters were not asked)\n";
+  return out;
 }
 
 std::string format_findings(const std::vector<Finding>& findings) {

@@ -53,6 +53,7 @@ facts::PythonFacts python_from_json(const json& o) {
   f.version = get("version");
   f.torch = get("torch");
   f.error = get("error");
+  if (auto it = o.find("guessed"); it != o.end() && it->is_boolean()) f.guessed = it->get<bool>();
   return f;
 }
 
@@ -81,6 +82,21 @@ std::string shown(const std::string& s) {
 }
 
 }  // namespace
+
+facts::PythonFacts answer_of(facts::PythonFacts f) {
+  f.source.clear();
+  f.guessed = false;
+  f.error.reset();
+  return f;
+}
+
+facts::PythonFacts answered_from_cache(facts::PythonFacts asked, const facts::PythonFacts& cached) {
+  asked.executable = cached.executable;
+  asked.version = cached.version;
+  asked.torch = cached.torch;
+  asked.error.reset();
+  return asked;
+}
 
 std::string cache_key(const ProbeRequest& req, const std::string& resolved) {
   json env = json::array();
@@ -159,7 +175,7 @@ void ProbeCache::put(const std::string& key, const facts::PythonFacts& f, const 
   }
   std::string line;
   try {
-    line = json::array({key, {{"facts", to_json(f)}, {"stamps", stamps}}}).dump();
+    line = json::array({key, {{"facts", to_json(answer_of(f))}, {"stamps", stamps}}}).dump();
   } catch (const json::type_error&) {
     return;  // a field a strict dump refuses (not UTF-8): not cached, never thrown at the launch
   }
@@ -221,6 +237,7 @@ facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
   facts::PythonFacts f;
   f.interpreter = shown(join(req.choice.argv, " "));
   f.source = shown(req.choice.source);  // names the job file, whose path need not be UTF-8
+  f.guessed = req.choice.guessed;
   const auto path = req.env.count("PATH") ? req.env.at("PATH") : std::string("/usr/bin:/bin");
   const auto resolved = supervisor::resolve_executable(req.choice.argv.at(0), path, req.workdir);
   if (!resolved) {
@@ -230,7 +247,7 @@ facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
   if (req.choice.argv.size() == 1) f.interpreter = shown(*resolved);
   const auto key = cache_key(req, *resolved);
   if (cache)
-    if (auto hit = cache->find(key)) return *hit;
+    if (auto hit = cache->find(key)) return answered_from_cache(std::move(f), *hit);
 
   supervisor::SpawnSpec spec;
   spec.argv = req.choice.argv;
@@ -250,6 +267,7 @@ facts::PythonFacts probe_python(const ProbeRequest& req, ProbeCache* cache) {
   auto answer = parse_probe_output(ran.out);
   answer.facts.interpreter = f.interpreter;
   answer.facts.source = f.source;
+  answer.facts.guessed = f.guessed;
   if (ran.timed_out) {
     answer.facts.error = fmt::format("{} did not answer within {} ms", f.interpreter, req.timeout.count());
   } else if (answer.facts.error) {

@@ -10,7 +10,11 @@
 // Cached by (the interpreter as resolved, its argv, the user, the workdir, the variables Python
 // and its wrappers read): an entry holds the mtimes of the real interpreter and of every sys.path
 // folder it reported, and is used only while they are unchanged, so a pip install or a new
-// interpreter is seen on the next launch. One cache per process; ddpctl keeps a copy in
+// interpreter is seen on the next launch. An entry holds the interpreter's answer only (its real
+// path, Python and torch versions), never the question's words: why this interpreter was asked
+// (`source`) and whether it is a guess belong to each request, as doctor with and without --job,
+// or two jobs, ask one interpreter for different reasons (an entry written before held them,
+// and they are not read back). One cache per process; ddpctl keeps a copy in
 // $XDG_CACHE_HOME/ddpctl/python.jsonl (else ~/.cache/...), so one launch pays for it once.
 // Blocking, with the deadline above: call it before an event loop runs, or from a helper
 // process (the agent, a subreaper that reaps every child on SIGCHLD, uses `ddp-agentd preflight`).
@@ -73,5 +77,10 @@ facts::PythonFacts python_from_json(const nlohmann::json& j);
 
 // The cache key of a request (exposed for tests).
 std::string cache_key(const ProbeRequest& request, const std::string& resolved);
+
+// What a cache entry keeps of a probe's facts: the answer, without the question's source or guess.
+facts::PythonFacts answer_of(facts::PythonFacts facts);
+// A request's facts (`asked`: its interpreter, source and guess) with a cached entry's answer.
+facts::PythonFacts answered_from_cache(facts::PythonFacts asked, const facts::PythonFacts& cached);
 
 }  // namespace ddp::pyenv

@@ -7,8 +7,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 using namespace ddp::facts;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 namespace {
 
@@ -251,8 +255,9 @@ TEST(Consistency, TorchReleasesAndPythonMinorsMustMatch) {
 
   nodes[1].python = py("3.11.2", std::nullopt);  // the interpreter answered: no torch there
   fs = check(nodes);
-  ASSERT_TRUE(find(fs, "torch-release-mismatch")) << codes(fs);
-  EXPECT_THAT(find(fs, "torch-release-mismatch")->message, HasSubstr("no torch on cpu-b"));
+  ASSERT_TRUE(find(fs, "python-no-torch")) << codes(fs);  // said once, as what it is
+  EXPECT_THAT(find(fs, "python-no-torch")->nodes, ElementsAre("cpu-b"));
+  EXPECT_FALSE(find(fs, "torch-release-mismatch")) << codes(fs);
 
   nodes[1].python = py("3.12.1", "2.11.0+cu128");  // another Python minor: an error
   fs = check(nodes);
@@ -273,6 +278,89 @@ TEST(Consistency, TorchReleasesAndPythonMinorsMustMatch) {
   EXPECT_FALSE(find(fs, "python-version-mismatch")) << codes(fs);
 }
 
+// The job's own interpreter without torch is an error even where no other node has torch to
+// compare with: the job would stop at `import torch` (doctor said "ok" for it). A guessed one (no
+// job file, or a shell command) is a warning. Either says which interpreter and how to fix it.
+TEST(Consistency, AnInterpreterWithoutTorchIsAFindingOnItsOwn) {
+  auto nodes = load({"cpu-a"});
+  nodes[0].python = py("3.11.2", std::nullopt);
+  auto fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-no-torch")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-no-torch")->severity, Severity::error);
+  EXPECT_TRUE(has_errors(fs));
+  const auto& own = find(fs, "python-no-torch")->message;
+  EXPECT_THAT(own, HasSubstr("/venv/bin/python3 (the command's program)"));
+  EXPECT_THAT(own, HasSubstr("import torch"));
+  EXPECT_THAT(own, HasSubstr("python: key"));
+
+  nodes[0].python->guessed = true;
+  nodes[0].python->source = "python3 on PATH";
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-no-torch")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-no-torch")->severity, Severity::warning);
+  EXPECT_FALSE(has_errors(fs));
+  EXPECT_THAT(find(fs, "python-no-torch")->message, HasSubstr("ddpctl doctor --job FILE"));
+
+  // Two nodes, the same interpreter: one finding naming both.
+  nodes = load({"cpu-a", "cpu-b"});
+  nodes[0].python = nodes[1].python = py("3.11.2", std::nullopt);
+  fs = check(nodes);
+  EXPECT_EQ(std::count_if(fs.begin(), fs.end(), [](const Finding& f) { return f.code == "python-no-torch"; }), 1);
+  EXPECT_THAT(find(fs, "python-no-torch")->nodes, ElementsAre("cpu-a", "cpu-b"));
+
+  // An interpreter that did not answer: not known, a warning that says why.
+  nodes[1].python = PythonFacts{"python3", "a guess", {}, {}, {}, std::string("python3 not found")};
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-unknown")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-unknown")->severity, Severity::warning);
+  EXPECT_THAT(find(fs, "python-unknown")->message, HasSubstr("python3 not found"));
+
+  // With torch there, nothing.
+  nodes[0].python = nodes[1].python = py("3.11.2", "2.11.0");
+  EXPECT_FALSE(find(check(nodes), "python-no-torch"));
+}
+
+// The versions table and the python section give one answer for torch: the interpreter's,
+// also when it has none (the table showed the system Python's torch/version.py beside "torch
+// none"); without a probe the table says the torch is the system Python's.
+TEST(Report, TheVersionsTableSaysTheSameTorchAsThePythonSection) {
+  auto nodes = load({"cpu-a"});
+  nodes[0].versions.torch = "1.13.0a0";  // the system Python's, as discover reads it
+  auto node = nodes[0];
+  EXPECT_THAT(format_node(node), HasSubstr("torch of the system Python"));
+  EXPECT_TRUE(torch_shown(node).of_system_python);
+
+  set_python(node, py("3.11.7", std::nullopt));  // the job's: none
+  EXPECT_FALSE(node.versions.torch);
+  auto table = format_node(node);
+  EXPECT_THAT(table, Not(HasSubstr("1.13.0a0"))) << table;
+  EXPECT_THAT(table, HasSubstr("torch of the python below"));
+  EXPECT_THAT(table, HasSubstr("torch none"));
+  EXPECT_EQ(torch_shown(node).value, "none");
+
+  // A facts file of an older ddpctl (versions.torch the system's beside a python without
+  // torch) reads the same way.
+  node.versions.torch = "1.13.0a0";
+  EXPECT_THAT(format_node(node), Not(HasSubstr("1.13.0a0")));
+
+  node = nodes[0];
+  set_python(node, py("3.11.7", "2.11.0"));
+  EXPECT_EQ(node.versions.torch, "2.11.0");
+  node = nodes[0];
+  set_python(node, PythonFacts{"python3", "a guess", {}, {}, {}, std::string("python3 not found")});
+  EXPECT_FALSE(node.versions.torch);  // not known: not the system Python's either
+  EXPECT_EQ(torch_shown(node).value, "-");
+
+  // Several nodes: a torch that is the system Python's is marked where others' were asked.
+  auto pair = load({"cpu-a", "cpu-b"});
+  pair[0].versions.torch = pair[1].versions.torch = "1.13.0a0";
+  EXPECT_THAT(format_nodes_summary(pair), HasSubstr("torch: the system Python's"));
+  set_python(pair[0], py("3.11.7", std::nullopt));
+  auto summary = format_nodes_summary(pair);
+  EXPECT_THAT(summary, HasSubstr("1.13.0a0 (system)"));
+  EXPECT_THAT(summary, HasSubstr("none"));
+}
+
 TEST(Report, ShowsTheJobsPython) {
   auto nodes = load({"cpu-a"});
   nodes[0].python = py("3.11.2", "1.13.1");
@@ -284,4 +372,8 @@ TEST(Report, ShowsTheJobsPython) {
   ASSERT_TRUE(back.python);
   EXPECT_EQ(back.python->torch, "1.13.1");
   EXPECT_EQ(back.python->executable, "/usr/bin/python3.11");
+  EXPECT_FALSE(back.python->guessed);
+  EXPECT_FALSE(to_json(nodes[0])["python"].contains("guessed"));  // only a guess says so
+  nodes[0].python->guessed = true;
+  EXPECT_TRUE(from_json(to_json(nodes[0]), "t").python->guessed);
 }

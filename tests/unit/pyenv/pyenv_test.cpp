@@ -158,6 +158,44 @@ TEST(PyenvProbe, FindsTheInterpreterOnTheJobsPathAndCachesUntilSitePackagesChang
   EXPECT_EQ(runs(counter), 3);
 }
 
+// The cache holds the interpreter's answer, never the question's words: doctor without --job
+// ("python3 on PATH"), then with a job whose command is python3 ("the command's program"), ask
+// one interpreter in one place for different reasons. The second was shown the first's label.
+TEST(PyenvProbe, ACachedAnswerCarriesTheCurrentQuestionsLabel) {
+  TempDir d;
+  fs::create_directories(d.path / "bin");
+  fs::create_directories(d.path / "site");
+  const auto counter = d.path / "runs";
+  write_interpreter(d.path / "bin/python3", answering(d.path / "site", counter, "2.11.0"));
+  const auto file = d.path / "cache/python.jsonl";
+  ProbeCache cache(file);
+  auto first = request_in(d);
+  first.choice = {{"python3"}, "python3 on PATH (give --job FILE)", true};
+  auto f = probe_python(first, &cache);
+  ASSERT_FALSE(f.error) << *f.error;
+  EXPECT_TRUE(f.guessed);
+
+  auto second = request_in(d);
+  second.choice = {{"python3"}, "the command's program", false};
+  f = probe_python(second, &cache);
+  EXPECT_EQ(f.source, "the command's program");
+  EXPECT_FALSE(f.guessed);
+  EXPECT_EQ(f.torch, "2.11.0");
+  ProbeCache reloaded(file);  // another process: the file
+  f = probe_python(second, &reloaded);
+  EXPECT_EQ(f.source, "the command's program");
+  EXPECT_FALSE(f.guessed);
+  EXPECT_EQ(f.torch, "2.11.0");
+  EXPECT_EQ(f.interpreter, (d.path / "bin/python3").string());
+  EXPECT_EQ(runs(counter), 1);  // answered from the cache all the same
+
+  // The label is not in the file at all.
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find("python3 on PATH"), std::string::npos) << text;
+  EXPECT_EQ(text.find("guessed"), std::string::npos) << text;
+}
+
 // The file keeps the 64 newest entries, one per line; a launch parses only the line it looks up,
 // so a damaged line costs that key one probe and no other key anything.
 TEST(PyenvProbe, TheCacheFileKeepsTheNewestEntriesAndSurvivesADamagedLine) {
