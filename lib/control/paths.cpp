@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 namespace ddp::control {
 
@@ -293,12 +294,22 @@ std::optional<Ended> ended_from_json(const nlohmann::json& j) {
     Ended e;
     e.job_id = j.at("job_id").get<std::string>();
     e.status = j.at("status").get<std::string>();
-    e.exit_code = j.at("exit_code").get<int>();
+    // A standing coordinator's answer, or a file: an int of int's range, nothing converted.
+    const auto& code = j.at("exit_code");
+    if (!code.is_number_integer() || code.get<std::int64_t>() < std::numeric_limits<int>::min() ||
+        code.get<std::int64_t>() > std::numeric_limits<int>::max())
+      return std::nullopt;
+    e.exit_code = static_cast<int>(code.get<std::int64_t>());
     e.ended_unix_ms = j.at("ended_unix_ms").get<std::int64_t>();
     e.logs = j.at("logs").get<std::string>();
     e.result_json = j.at("result_json").get<std::string>();
     if (auto f = j.find("files"); f != j.end()) {
-      for (const auto& x : *f) e.files.emplace_back(x.at("rank").get<int>(), x.at("path").get<std::string>());
+      for (const auto& x : *f) {
+        const auto& rank = x.at("rank");
+        if (!rank.is_number_integer() || rank.get<std::int64_t>() < 0 || rank.get<std::int64_t>() > (1 << 20))
+          return std::nullopt;
+        e.files.emplace_back(static_cast<int>(rank.get<std::int64_t>()), x.at("path").get<std::string>());
+      }
     }
     if (auto m = j.find("message"); m != j.end() && m->is_string()) e.message = m->get<std::string>();
     return e;

@@ -256,6 +256,18 @@ TEST(ControlPaths, TheGuardiansRecordIsARecordOnceItsTimeIsFilledIn) {
   EXPECT_EQ(back->exit_code, -1);
   EXPECT_EQ(back->files, e.files);
   EXPECT_EQ(back->message, e.message);
+  // A number of another kind or range is no record (a standing coordinator's answer is read
+  // with this; 1e300 converted to int was undefined).
+  for (const char* bad : {R"("exit_code": 1e300)", R"("exit_code": 4294967296)", R"("exit_code": "1")"}) {
+    auto k = j;
+    k.merge_patch(nlohmann::json::parse(std::string("{") + bad + "}"));
+    EXPECT_EQ(ended_from_json(k), std::nullopt) << bad;
+  }
+  auto k = j;
+  k["files"] = nlohmann::json::array({{{"rank", -1}, {"path", "/x"}}});
+  EXPECT_EQ(ended_from_json(k), std::nullopt);
+  k["files"] = nlohmann::json::array({{{"rank", 2.5}, {"path", "/x"}}});
+  EXPECT_EQ(ended_from_json(k), std::nullopt);
   // Without a message the record has no such key, as before.
   e.message.clear();
   EXPECT_FALSE(nlohmann::json::parse(ended_text(e).before_time + "1" + ended_text(e).after_time).contains("message"));
