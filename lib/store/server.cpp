@@ -212,8 +212,12 @@ struct Connection final : Reactor::Handler, std::enable_shared_from_this<Connect
   void flush(bool locked_look = false);
   void flush_from(const Loop& from);
   void close(const std::string& reason, bool bad);
-  void close_locked(const std::string& reason, bool bad);  // under srv->mu
-  void close_socket();                                     // on any thread
+  // Under srv->mu. `quiet`: logged at debug only (the caller logs a line for many at once).
+  void close_locked(const std::string& reason, bool bad, bool quiet = false);
+  // Under srv->mu: closes the watchers the request's change dropped (Effects::dropped_watchers),
+  // with one warning for them all.
+  void close_dropped_watchers_locked(const Effects& fx);
+  void close_socket();  // on any thread
 
   std::shared_ptr<Server::Impl> srv;
   Loop& loop;
@@ -447,12 +451,15 @@ void Connection::handle(Server::Impl& s) {
     try {
       s.state.apply(id, dec.request(), now, fx);
     } catch (const std::exception& e) {
+      if (!fx.dropped_watchers.empty()) close_dropped_watchers_locked(fx);  // their watches are gone
       close_locked(fmt::format("failed to serve its {}: {}", to_string(dec.request().op), e.what()), true);
       return;
     }
     if (fx.gave_up_wait && was_waiting) {
       s.log->debug("{} gave up its wait (client-side timeout) and sent {}", name_locked(), to_string(dec.request().op));
     }
+    // Before the pushes: a dropped watcher (closed) is sent nothing more, as a closed one is not.
+    if (!fx.dropped_watchers.empty()) close_dropped_watchers_locked(fx);
     // A requester over its output cap is closed, but the others' pushes still go: the state
     // has released their waits. The requester's own replies join the store's in-flight total
     // (one atomic shared by every thread) once they pass kUncountedReplies or flush(), at the
@@ -607,14 +614,18 @@ void Connection::close(const std::string& reason, bool bad) {
   close_locked(reason, bad);
 }
 
-void Connection::close_locked(const std::string& reason, bool bad) {
+void Connection::close_locked(const std::string& reason, bool bad, bool quiet) {
   if (closed) return;
   auto keep = shared_from_this();
   Server::Impl& s = *srv;
   const bool was_waiting = s.state.is_waiting(id);
   if (bad) {
     ++s.stats.closed_bad;
-    s.log->warn("closing {}: {}", name_locked(), reason);
+    if (quiet) {
+      s.log->debug("closing {}: {}", name_locked(), reason);
+    } else {
+      s.log->warn("closing {}: {}", name_locked(), reason);
+    }
   } else if (was_waiting) {
     s.log->debug("{} went away while waiting ({})", name_locked(), reason);
   } else {
@@ -628,6 +639,25 @@ void Connection::close_locked(const std::string& reason, bool bad) {
   s.state.disconnect(id);
   s.conns.erase(id);
   close_socket();
+}
+
+void Connection::close_dropped_watchers_locked(const Effects& fx) {
+  constexpr std::size_t kNamed = 4;  // clients named in the warning; the rest counted
+  Server::Impl& s = *srv;
+  const std::string requester = name_locked();  // before it may be closed below
+  std::string named;
+  std::size_t closing = 0;
+  for (ClientId dropped : fx.dropped_watchers) {
+    auto it = s.conns.find(dropped);
+    if (it == s.conns.end()) continue;
+    const std::shared_ptr<Connection> other = it->second;  // close_locked erases it from conns
+    if (closing++ < kNamed) named += (named.empty() ? "" : ", ") + other->name_locked();
+    other->close_locked(fmt::format("its WATCH_KEY callback was dropped: {}", fx.dropped_reason), true, true);
+  }
+  if (closing == 0) return;
+  s.log->warn("{}: {}{}; closing {}{}", requester, fx.dropped_reason,
+              fx.dropped_keys > 1 ? fmt::format(" (and the watchers of {} more keys of it)", fx.dropped_keys - 1) : "",
+              named, closing > kNamed ? fmt::format(" and {} more", closing - kNamed) : "");
 }
 
 void Server::Impl::shed_locked() {

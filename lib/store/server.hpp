@@ -54,7 +54,9 @@
 //  - Totals (state.hpp): what the whole store holds is bounded (bytes, keys, queue items,
 //    wait/watch registrations), and so are its open connections (Totals::max_connections; more
 //    are refused at accept). A client whose request would pass a total is closed; the log names
-//    the limit and the client.
+//    the limit and the client. A change whose WATCH_KEY callbacks would pass
+//    Totals::max_notify_bytes_per_request stands; the watchers past it are closed (one warning
+//    names the key, the requester and the first few of them) before the others are sent it.
 //  - The public calls (reset, stop, waiters, stats, set_allowed_peers, set_rank_resolver) are
 //    made from the caller's io_context thread, as start() is; with threads >= 1 they are safe
 //    against the I/O threads, and stop() joins them.

@@ -38,6 +38,10 @@ void Effects::clear() {
   pushes.clear();
   close_reason.clear();
   gave_up_wait = false;
+  dropped_watchers.clear();
+  dropped_reason.clear();
+  dropped_keys = 0;
+  notify_bytes = 0;
 }
 
 std::optional<int64_t> parse_like_stoll(std::string_view s) {
@@ -162,8 +166,13 @@ void State::disconnect(ClientId id) {
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
   drop_wait(id, it->second);
-  registrations_ -= it->second.watched.size();
-  for (auto& [key, pos] : it->second.watched) {
+  drop_watches(it->second);
+  clients_.erase(it);
+}
+
+void State::drop_watches(Client& c) {
+  registrations_ -= c.watched.size();
+  for (auto& [key, pos] : c.watched) {
     auto w = watchers_.find(*key);
     if (w == watchers_.end()) continue;
     w->second.erase(pos);
@@ -172,7 +181,7 @@ void State::disconnect(ClientId id) {
       watchers_.erase(w);
     }
   }
-  clients_.erase(it);
+  c.watched.clear();
 }
 
 void State::reset() {
@@ -312,7 +321,7 @@ void State::wake_one(const std::string& key, Effects& out) {
   }
 }
 
-void State::notify_watchers(const std::string& key, uint8_t type, std::string_view old_value,
+void State::notify_watchers(Op op, const std::string& key, uint8_t type, std::string_view old_value,
                             std::string_view new_value, Effects& out) {
   auto it = watchers_.find(key);
   if (it == watchers_.end()) return;
@@ -322,7 +331,38 @@ void State::notify_watchers(const std::string& key, uint8_t type, std::string_vi
   put_bytes(*msg, old_value);
   put_bytes(*msg, new_value);
   std::shared_ptr<const std::string> shared = std::move(msg);
-  for (ClientId id : it->second) out.pushes.push_back({id, shared});
+  const std::size_t size = shared->size(), budget = totals_.max_notify_bytes_per_request;
+  const std::size_t first_push = out.pushes.size(), watches = it->second.size();
+  // In the order the watches were registered, while the request's pushes fit (the first always).
+  std::vector<ClientId> dropped;
+  for (ClientId id : it->second) {
+    if (out.notify_bytes == 0 || (out.notify_bytes <= budget && size <= budget - out.notify_bytes)) {
+      out.pushes.push_back({id, shared});
+      out.notify_bytes += size;
+    } else {
+      dropped.push_back(id);
+    }
+  }
+  if (dropped.empty()) return;
+  // A client is dropped as a whole: none of its watches (a key watched twice) is sent this one.
+  std::sort(dropped.begin(), dropped.end());
+  dropped.erase(std::unique(dropped.begin(), dropped.end()), dropped.end());
+  auto is_dropped = [&](const Push& p) { return std::binary_search(dropped.begin(), dropped.end(), p.to); };
+  out.pushes.erase(
+      std::remove_if(out.pushes.begin() + static_cast<std::ptrdiff_t>(first_push), out.pushes.end(), is_dropped),
+      out.pushes.end());
+  if (out.dropped_keys++ == 0) {
+    out.dropped_reason = fmt::format(
+        "{} of `{}` would push its {} watches {} bytes each ({} in all), over the store's limit of {} bytes of "
+        "WATCH_KEY callbacks per request; {} watching client{} past it dropped",
+        to_string(op), printable_key(key), watches, size, size * watches, budget, dropped.size(),
+        dropped.size() == 1 ? "" : "s");
+  }
+  out.dropped_watchers.reserve(out.dropped_watchers.size() + dropped.size());  // no throw once a watch is gone
+  for (ClientId id : dropped) {
+    if (auto c = clients_.find(id); c != clients_.end()) drop_watches(c->second);
+    out.dropped_watchers.push_back(id);
+  }
 }
 
 bool State::do_set(Op op, std::string& key, std::string& value, Effects& out, bool admitted) {
@@ -338,7 +378,7 @@ bool State::do_set(Op op, std::string& key, std::string& value, Effects& out, bo
     return true;
   }
   std::string old = std::exchange(it->second, std::move(value));
-  notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
+  notify_watchers(op, it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
   if (inserted) wake_all(it->first, out);
   return true;
 }
@@ -390,7 +430,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       }
       std::string old = watchers_.contains(it->first) ? it->second : std::string();  // for its watchers only
       it->second.append(req.value);
-      notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
+      notify_watchers(Op::append, it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
       if (inserted) wake_all(it->first, out);
       return;
     }
@@ -404,7 +444,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
             kv_.erase(ins);
             return;
           }
-          notify_watchers(ins->first, kWatchKeyCreated, req.value, ins->second, out);
+          notify_watchers(Op::compare_set, ins->first, kWatchKeyCreated, req.value, ins->second, out);
           out.reply = bytes_reply(ins->second);
           wake_all(ins->first, out);
         } else {
@@ -418,7 +458,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
           return;
         }
         it->second = std::move(req.value2);
-        notify_watchers(it->first, kWatchKeyUpdated, req.value, it->second, out);
+        notify_watchers(Op::compare_set, it->first, kWatchKeyUpdated, req.value, it->second, out);
       }
       out.reply = bytes_reply(it->second);
       return;
@@ -473,7 +513,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
       std::string old = watchers_.empty() ? std::string() : std::move(it->second);
       it->second = std::move(text);
       put_i64(out.reply, sum);
-      notify_watchers(it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
+      notify_watchers(Op::add, it->first, inserted ? kWatchKeyCreated : kWatchKeyUpdated, old, it->second, out);
       if (inserted) wake_all(it->first, out);
       return;
     }
@@ -526,7 +566,7 @@ void State::apply(ClientId from, Request& req, Clock::time_point now, Effects& o
         put_i64(out.reply, 0);
         return;
       }
-      notify_watchers(it->first, kWatchKeyDeleted, it->second, std::string_view(), out);
+      notify_watchers(Op::delete_key, it->first, kWatchKeyDeleted, it->second, std::string_view(), out);
       bytes_ -= it->first.size() + it->second.size();
       kv_.erase(it);
       if (deleted_.size() < kMaxDeletedRemembered && deleted_bytes_ + req.key.size() <= kMaxDeletedBytes &&

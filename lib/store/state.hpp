@@ -29,7 +29,13 @@
 //    until that connection closes, pushes u8 type + key + old + new on every SET, ADD, APPEND,
 //    COMPARE_SET that changes the value, and DELETE_KEY of the key. A key takes at most
 //    Totals::max_watchers_per_key watches (1024), so one change of it pushes at most that many;
-//    a WATCH_KEY past it is refused as a request past the totals is (below).
+//    a WATCH_KEY past it is refused as a request past the totals is (below). What one request's
+//    changes push to watchers is bounded too (Totals::max_notify_bytes_per_request): the
+//    watches, in the order they were registered, are sent the message while the request's pushes
+//    fit the bound (the first always is: one message costs what a GET of the value does); the
+//    clients of the watches past it are dropped (Effects::dropped_watchers, all their watches
+//    gone at once; the server closes their connections, as it closes a client that does not
+//    read its replies), not the change: the requester's SET stands and is answered as before.
 //  - A wrong VALIDATE magic closes the client.
 //  - Totals (one store is one job's, whoever its clients are): the bytes of keys, values and
 //    queue items, the number of keys, of queue items and of wait/watch registrations are bounded
@@ -85,6 +91,13 @@ struct Totals {
   // each one under the store's lock: without this bound one client's watches would make every
   // other client's request wait on them. PyTorch 1.13 registers one per callback (a handful).
   std::size_t max_watchers_per_key = 1024;
+  // Bytes one request may push to watchers (u8 type + key + old + new, once per watch), all its
+  // changes together (a MULTI_SET makes many). Each push is a copy into a connection's queue,
+  // under the store's lock: 1024 watches of a key set to a 64 MiB value over another would copy
+  // 128 GiB there. Watches are rare (PyTorch 1.13/2.0's callbacks; later releases send none)
+  // and their values small, so 1024 of them on a key are sent messages of up to 64 KiB; a
+  // MULTI_GET's reply, built under the same lock, may be 4x this.
+  std::size_t max_notify_bytes_per_request = std::size_t{64} << 20;
   // Bytes in flight over all connections (the server's): requests being decoded (as their
   // lengths announce them) plus replies queued and not yet written. Separate from max_bytes
   // because what is in flight grows with clients times reply size, not with what is stored;
@@ -105,6 +118,14 @@ struct Effects {
   std::vector<Push> pushes;   // for other clients, in this order
   std::string close_reason;   // non-empty: close the requester
   bool gave_up_wait = false;  // an implicit cancel happened (for logs)
+  // Clients whose watches a change could not be pushed to within
+  // Totals::max_notify_bytes_per_request: their watches are dropped, and their connections are to
+  // be closed (the requester's too, if it is one). `dropped_reason` names the first such key, the
+  // bytes and the limit; dropped_keys counts the keys (a MULTI_SET's).
+  std::vector<ClientId> dropped_watchers;
+  std::string dropped_reason;
+  std::size_t dropped_keys = 0;
+  std::size_t notify_bytes = 0;  // pushed to watchers by this request so far
   void clear();
 };
 
@@ -182,11 +203,15 @@ class State {
   // Takes a registration off its key's list (the key goes once nobody waits for it).
   void unregister(Reg& r);
   void drop_wait(ClientId id, Client& c);
+  // Takes every watch of the client off its keys' lists (a key goes once nobody watches it).
+  void drop_watches(Client& c);
   // Wakes every waiter registered on `key`.
   void wake_all(const std::string& key, Effects& out);
   void wake_one(const std::string& key, Effects& out);
-  void notify_watchers(const std::string& key, uint8_t type, std::string_view old_value, std::string_view new_value,
-                       Effects& out);
+  // Pushes the change to the key's watchers within Totals::max_notify_bytes_per_request (counted
+  // in out.notify_bytes); drops the clients of the watches past it (out.dropped_watchers).
+  void notify_watchers(Op op, const std::string& key, uint8_t type, std::string_view old_value,
+                       std::string_view new_value, Effects& out);
   // False (and out.close_reason set, nothing changed) when the totals refuse it.
   // `admitted`: the totals were checked for the whole request (MULTI_SET); only accounted here.
   bool do_set(Op op, std::string& key, std::string& value, Effects& out, bool admitted = false);

@@ -747,6 +747,38 @@ TEST_P(StoreServer, NonReadingWatchersAreBoundedOverAllConnections) {
   expect_served(st.port(), "/honest");
 }
 
+TEST_P(StoreServer, WatchersPastTheRequestsWatchBudgetAreClosedAndTheRestServed) {
+  // A change whose callbacks would pass Totals::max_notify_bytes_per_request: the watchers
+  // within it read the exact bytes, those past it are closed (one warning for them all), the
+  // setter's SET stands and everyone else is served.
+  const std::string msg = std::string(1, static_cast<char>(kWatchKeyCreated)) + i64(2) + "/w" + i64(0) + i64(3) + "abc";
+  ServerThread st({.host = "127.0.0.1",
+                   .port = 0,
+                   .totals = {.max_notify_bytes_per_request = 3 * msg.size() + 10},  // 3 of this, 3 of the next
+                   .threads = GetParam(),
+                   .legacy = {Protocol::v1, "the test"}});  // WATCH_KEY = 7
+  std::vector<std::unique_ptr<RawClient>> watchers;
+  for (int i = 0; i < 5; ++i) {
+    watchers.push_back(std::make_unique<RawClient>(st.port()));
+    watchers.back()->send(enc(Protocol::v1, req(Op::watch_key, "/w")));
+    ASSERT_EQ(watchers.back()->recv(1), std::string(1, static_cast<char>(kWatchCallbackRegistered)));
+  }
+  RawClient setter(st.port());
+  setter.send(enc(Protocol::v1, req(Op::set, "/w", "abc")) + enc(Protocol::v1, req(Op::get, "/w")));
+  EXPECT_EQ(setter.recv(8 + 3), i64(3) + "abc");
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(watchers[i]->recv(msg.size()), msg) << "watcher " << i;
+  for (int i = 3; i < 5; ++i) EXPECT_TRUE(watchers[i]->closed_by_peer()) << "watcher " << i;
+  EXPECT_EQ(stats_of(st).closed_bad, 2u);
+  // The three kept are sent the next change; nobody else is closed.
+  setter.send(enc(Protocol::v1, req(Op::set, "/w", "d")) + enc(Protocol::v1, req(Op::get_num_keys)));
+  EXPECT_EQ(setter.recv(8), i64(1));
+  const std::string next =
+      std::string(1, static_cast<char>(kWatchKeyUpdated)) + i64(2) + "/w" + i64(3) + "abc" + i64(1) + "d";
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(watchers[i]->recv(next.size()), next) << "watcher " << i;
+  EXPECT_EQ(stats_of(st).closed_bad, 2u);
+  expect_served(st.port(), "/honest");
+}
+
 TEST_P(StoreServer, AMultiGetNamingALargeKeyManyTimesIsClosed) {
   // 1000 names of one 1 MiB key would build a 1 GiB reply in one request.
   ServerThread st(opts());

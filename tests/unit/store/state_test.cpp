@@ -654,6 +654,105 @@ TEST(StoreTotals, WatchesOfOneKeyAreBounded) {
   EXPECT_LE(h.set(1, "/k", "w").pushes.size(), cap);
 }
 
+namespace {
+// The bytes a watcher is pushed for one change (u8 type, key, old, new), as PyTorch 1.13 reads them.
+std::string watch_msg(uint8_t type, std::string_view key, std::string_view old_value, std::string_view new_value) {
+  return u8(type) + bytes(key) + bytes(old_value) + bytes(new_value);
+}
+}  // namespace
+
+// What one request pushes to watchers is bounded (Totals::max_notify_bytes_per_request): 1024
+// watches of a key set to a 64 MiB value over another copied 128 GiB under the store's lock.
+// The change stands and the watches within the bound are sent it; the clients of the others are
+// dropped (their connections closed by the server), and everyone else is served as before.
+TEST(StoreTotals, AChangePastTheWatchBudgetDropsTheWatchersPastIt) {
+  Harness h;
+  const std::size_t budget = Totals{}.max_notify_bytes_per_request;
+  ASSERT_EQ(budget, std::size_t{64} << 20);
+  const std::size_t cap = Totals{}.max_watchers_per_key;
+  for (ClientId w = 100; w < 100 + cap; ++w) ASSERT_TRUE(h.simple(w, Op::watch_key, "/k").close_reason.empty());
+  h.simple(7, Op::watch_key, "/other");
+  EXPECT_EQ(h.wait(5, {"/k"}).reply, "");
+  const std::string value(1 << 20, 'v');
+  const std::string msg = watch_msg(kWatchKeyCreated, "/k", "", value);
+  const std::size_t fit = budget / msg.size();  // 63 of 1 MiB + 27 bytes
+  ASSERT_EQ(fit, 63u);
+
+  const Effects& fx = h.set(1, "/k", value);
+  EXPECT_TRUE(fx.close_reason.empty()) << "the SET itself stands: " << fx.close_reason;
+  EXPECT_EQ(*h.st.find("/k"), value);
+  // The first `fit` watches, in the order they came, get the exact bytes; the waiter is released.
+  Pushes want;
+  for (ClientId w = 100; w < 100 + fit; ++w) want.emplace_back(w, msg);
+  want.emplace_back(5, u8(kStopWaiting));
+  EXPECT_EQ(flat(fx), want);
+  EXPECT_LE(fx.notify_bytes, budget);
+  std::vector<ClientId> dropped;
+  for (ClientId w = 100 + fit; w < 100 + cap; ++w) dropped.push_back(w);
+  EXPECT_EQ(fx.dropped_watchers, dropped);
+  EXPECT_EQ(fx.dropped_keys, 1u);
+  EXPECT_THAT(fx.dropped_reason, HasSubstr(fmt::format("SET of `/k` would push its 1024 watches {} bytes each ({} in "
+                                                       "all), over the store's limit of 67108864 bytes of WATCH_KEY "
+                                                       "callbacks per request; 961 watching clients past it dropped",
+                                                       msg.size(), msg.size() * cap)));
+  // The dropped watches are gone (their room given back); the kept ones and other keys' stay.
+  EXPECT_EQ(h.st.registrations(), fit + 1);
+  EXPECT_EQ(flat(h.set(1, "/k", "w")).size(), fit);
+  EXPECT_EQ(flat(h.set(2, "/other", "o")), (Pushes{{7, watch_msg(kWatchKeyCreated, "/other", "", "o")}}));
+  EXPECT_EQ(h.get(2, "/k").reply, bytes("w"));
+  EXPECT_TRUE(h.fx.dropped_watchers.empty());
+}
+
+TEST(StoreTotals, TheFirstWatchIsSentAChangeLargerThanTheWholeBudget) {
+  // One message costs what a GET of the value does: the bound is on the fan-out, not the value.
+  Harness h(Limits{}, Totals{.max_notify_bytes_per_request = 10});
+  for (ClientId w = 10; w < 13; ++w) h.simple(w, Op::watch_key, "/k");
+  h.set(1, "/k", "old");
+  EXPECT_EQ(flat(h.fx), (Pushes{{10, watch_msg(kWatchKeyCreated, "/k", "", "old")}}));
+  EXPECT_EQ(h.fx.dropped_watchers, (std::vector<ClientId>{11, 12}));
+  // The one left is sent every later change, DELETE_KEY's too.
+  EXPECT_EQ(flat(h.simple(1, Op::delete_key, "/k")), (Pushes{{10, watch_msg(kWatchKeyDeleted, "/k", "old", "")}}));
+  EXPECT_TRUE(h.fx.dropped_watchers.empty());
+}
+
+TEST(StoreTotals, AClientWithAWatchPastTheBudgetIsDroppedWhole) {
+  // Client 10 watches the key twice (PyTorch calls back each); only its first fits, so it is
+  // dropped and sent neither: a client is kept or dropped, never half served.
+  const std::string msg = watch_msg(kWatchKeyCreated, "/k", "", "v");
+  Harness h(Limits{}, Totals{.max_notify_bytes_per_request = 2 * msg.size()});
+  h.simple(11, Op::watch_key, "/k");
+  h.simple(10, Op::watch_key, "/k");
+  h.simple(10, Op::watch_key, "/k");
+  h.simple(10, Op::watch_key, "/other");
+  EXPECT_EQ(flat(h.set(1, "/k", "v")), (Pushes{{11, msg}}));
+  EXPECT_EQ(h.fx.dropped_watchers, (std::vector<ClientId>{10}));
+  EXPECT_EQ(h.st.registrations(), 1u);  // all of 10's watches, of every key
+  EXPECT_TRUE(h.set(1, "/other", "o").pushes.empty());
+}
+
+TEST(StoreTotals, AMultiSetsChangesShareOneWatchBudget) {
+  // The bound is the request's (the lock is held for all of it): 3 messages over two keys.
+  const std::string ma = watch_msg(kWatchKeyCreated, "/a", "", "1"), mb = watch_msg(kWatchKeyCreated, "/b", "", "2");
+  Harness h(Limits{}, Totals{.max_notify_bytes_per_request = 3 * ma.size()});
+  h.simple(10, Op::watch_key, "/a");
+  h.simple(11, Op::watch_key, "/a");
+  h.simple(12, Op::watch_key, "/b");
+  h.simple(13, Op::watch_key, "/b");
+  Request ms;
+  ms.op = Op::multi_set;
+  ms.keys = {"/a", "/b"};
+  ms.values = {"1", "2"};
+  Effects& fx = h.run(1, ms);
+  EXPECT_TRUE(fx.close_reason.empty());
+  EXPECT_EQ(flat(fx), (Pushes{{10, ma}, {11, ma}, {12, mb}}));
+  EXPECT_EQ(fx.dropped_watchers, (std::vector<ClientId>{13}));
+  EXPECT_THAT(fx.dropped_reason, HasSubstr("MULTI_SET of `/b` would push its 2 watches"));
+  EXPECT_EQ(*h.st.find("/a"), "1");
+  EXPECT_EQ(*h.st.find("/b"), "2");
+  // The next request has the whole budget again.
+  EXPECT_EQ(flat(h.set(1, "/a", "x")).size(), 2u);
+}
+
 TEST(StoreTotals, QueueItemsAndBytesAreBounded) {
   Harness h(Limits{}, Totals{.max_bytes = 12, .max_queue_items = 2});
   EXPECT_TRUE(h.push(1, "/q", "abcd").close_reason.empty());  // "/q" + 4 = 6
