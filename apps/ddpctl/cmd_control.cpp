@@ -4,6 +4,7 @@
 // talking to one socket.
 #include "commands.hpp"
 #include "common/stream.hpp"
+#include "common/strings.hpp"
 #include "common/text.hpp"
 #include "control/log_merge.hpp"
 #include "control/paths.hpp"
@@ -98,6 +99,7 @@ struct ControlArgs {
   bool follow = false;
   bool timestamps = false;
   std::string ranks;
+  std::string attempt;  // logs: "N" or "all"; empty: the current (or last) attempt
   std::string coordinator;
   std::string token_file;
   bool tls = false;
@@ -408,6 +410,59 @@ void print_merged(std::vector<control::LogMerge::Source> sources, bool timestamp
   for (const auto& u : merge.unreadable()) std::cerr << "ddpctl logs: " << u << "\n";
 }
 
+// `logs --attempt N|all`: the attempt folders beside the ones the launcher (or the end record)
+// names, read here; each attempt's lines after a line on stderr saying which.
+int logs_of_attempts(const ControlArgs& a, const control::Request& req, Target& t, bool defaulted) {
+  std::vector<std::pair<int, std::string>> files;
+  if (t.ended) {
+    files = t.ended->files;
+    std::cerr << "ddpctl logs: " << said_ended(*t.ended, defaulted) << "\n";
+  } else {
+    LineReader r(t.fd);
+    auto reply = ask(r, req, "logs");
+    if (!reply) return 1;
+    t.job_id = job_id_in(*reply, t.job_id);
+    if (reply->contains("ended") || !(*reply)["files"].is_array() ||
+        (!(*reply)["files"].empty() && !(*reply)["files"][0].contains("path"))) {
+      std::cerr << "ddpctl logs: --attempt reads the files on this machine; not yet with --coordinator\n";
+      return 2;
+    }
+    for (const auto& f : (*reply)["files"]) files.emplace_back(f.value("rank", -1), f.value("path", ""));
+  }
+  const auto folder = control::attempt_folder_of(files);
+  if (!folder) {
+    std::cerr << fmt::format(
+        "ddpctl logs: job {}'s log files are not in its attempt folders, so its other attempts "
+        "cannot be found\n",
+        t.job_id);
+    return 1;
+  }
+  int first = 0, last = folder->attempt;
+  if (a.attempt != "all") {
+    const auto n = ddp::parse_int(a.attempt);
+    if (!n || *n < 0) {
+      std::cerr << fmt::format("ddpctl logs: --attempt: expected an attempt number (0 is the first) or all, got '{}'\n",
+                               a.attempt);
+      return 2;
+    }
+    if (*n > last) {
+      std::cerr << fmt::format("ddpctl logs: job {} has no attempt {} (it has {})\n", t.job_id, *n,
+                               last == 0 ? std::string("attempt 0") : fmt::format("attempts 0-{}", last));
+      return 1;
+    }
+    first = last = static_cast<int>(*n);
+  }
+  for (int k = first; k <= last; ++k) {
+    const auto ks = control::rank_files_of_attempt(folder->job_dir, k);
+    std::cerr << fmt::format("ddpctl logs: job {}, attempt {}{}{}\n", t.job_id, k,
+                             k == folder->attempt ? (t.ended ? " (the last)" : " (the current one)") : "",
+                             ks.empty() ? fmt::format(": no log files in {}/attempt-{}", folder->job_dir, k) : "")
+              << std::flush;
+    print_merged(control::LogMerge::of_files(ks, req.ranks), a.timestamps);
+  }
+  return 0;
+}
+
 int run_logs(const ControlArgs& a) {
   control::Request req{control::Op::logs, {}, a.follow};
   if (!a.ranks.empty()) {
@@ -418,10 +473,15 @@ int run_logs(const ControlArgs& a) {
       return 2;
     }
   }
+  if (!a.attempt.empty() && a.follow) {
+    std::cerr << "ddpctl logs: --follow is the current attempt's; --attempt reads the files of one that may be over\n";
+    return 2;
+  }
   int rc = 0;
   bool defaulted = false;
   auto t = find_job(a, "logs", rc, &defaulted);
   if (!t) return rc;
+  if (!a.attempt.empty()) return logs_of_attempts(a, req, *t, defaulted);
   if (t->ended) {  // the last attempt's files, as the launcher listed them when the job ended
     const auto& files = t->ended->files;
     if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())); outside && !files.empty()) {
@@ -571,6 +631,9 @@ std::vector<Command> add_control_commands(CLI::App& root) {
   logs->add_flag("-f,--follow", args->follow, "then follow the live output until the job ends");
   logs->add_option("--ranks", args->ranks, "only these ranks, e.g. 0,3 or 4-7");
   logs->add_flag("--timestamps", args->timestamps, "begin each line with the UTC time it was written");
+  logs->add_option("--attempt", args->attempt,
+                   "an earlier attempt's lines (0 is the first), or all: every attempt's, in order (default: the "
+                   "current or last attempt)");
   out.push_back({logs, [args] { return run_logs(*args); }});
   auto* stop =
       root.add_subcommand("stop", "stop a running job as Ctrl-C would (SIGTERM, grace, SIGKILL); waits for its end");

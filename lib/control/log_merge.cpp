@@ -1,6 +1,7 @@
 #include "control/log_merge.hpp"
 
 #include "common/safe_fs.hpp"
+#include "common/strings.hpp"
 #include "control/protocol.hpp"
 
 #include <fmt/format.h>
@@ -140,6 +141,38 @@ std::optional<MergedLine> LogMerge::next() {
   } else {
     heap_.pop_back();
   }
+  return out;
+}
+
+std::optional<AttemptFolder> attempt_folder_of(const std::vector<std::pair<int, std::string>>& files) {
+  std::optional<AttemptFolder> found;
+  for (const auto& [rank, path] : files) {
+    const std::filesystem::path p(path);
+    const auto folder = p.parent_path().filename().string();
+    constexpr std::string_view kPrefix = "attempt-";
+    if (!folder.starts_with(kPrefix)) return std::nullopt;
+    const auto n = parse_int(std::string_view(folder).substr(kPrefix.size()));
+    if (!n || *n < 0 || *n > 1'000'000) return std::nullopt;
+    AttemptFolder here{p.parent_path().parent_path().string(), static_cast<int>(*n)};
+    if (found && (found->job_dir != here.job_dir || found->attempt != here.attempt)) return std::nullopt;
+    found = std::move(here);
+  }
+  return found;
+}
+
+std::vector<std::pair<int, std::string>> rank_files_of_attempt(const std::string& job_dir, int n) {
+  std::vector<std::pair<int, std::string>> out;
+  const auto dir = fmt::format("{}/attempt-{}", job_dir, n);
+  std::error_code ec;
+  if (std::filesystem::symlink_status(dir, ec).type() != std::filesystem::file_type::directory) return out;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename().string();
+    if (!name.starts_with("rank-") || !name.ends_with(".log")) continue;  // not rank-<r>.log.1: of_files adds it
+    const auto r = parse_int(std::string_view(name).substr(5, name.size() - 9));
+    if (!r || *r < 0 || *r > (1 << 20)) continue;
+    out.emplace_back(static_cast<int>(*r), e.path().string());
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -61,4 +61,16 @@ class LogMerge {
   std::vector<std::string> unreadable_;
 };
 
+// Earlier attempts (`ddpctl logs --attempt N|all`). A job's files lie in its folder as
+// <logs.dir>/<job-id>/attempt-<n>/rank-<r>.log: the folder and n of the files a launcher or an
+// end record names (all in one attempt-<n> folder), nullopt otherwise.
+struct AttemptFolder {
+  std::string job_dir;
+  int attempt = 0;
+};
+std::optional<AttemptFolder> attempt_folder_of(const std::vector<std::pair<int, std::string>>& files);
+// The rank files of attempt `n` in `job_dir` (rank-<r>.log, by rank; an attempt of another
+// world size has its own), nothing followed; empty when there is no such folder.
+std::vector<std::pair<int, std::string>> rank_files_of_attempt(const std::string& job_dir, int n);
+
 }  // namespace ddp::control

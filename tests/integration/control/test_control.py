@@ -320,6 +320,36 @@ def test_logs_merge_the_ranks_by_time_and_default_to_the_last_ended_job(tmp_path
     assert r.returncode == 1 and "nothing to stop: no job of yours is running; the last one: job pp-second-1" in r.stderr
 
 
+def test_logs_of_earlier_attempts(tmp_path, rt):
+    # Attempt 0 fails and the job restarts: why it failed is in attempt 0's files, which `logs`
+    # (the last attempt's) does not show. --attempt N shows one; all shows each in order.
+    worker = tmp_path / "restarting.py"
+    worker.write_text("import os, sys\n"
+                      "n = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+                      "print(f'attempt {n} rank {os.environ[\"RANK\"]}', flush=True)\n"
+                      "sys.exit(3 if n == 0 else 0)\n")
+    job = write_job(tmp_path, f"nproc_per_node: 2\ncommand: [{PYTHON}, {worker}]\nnccl: {{unique_id: off}}\n"
+                              "restart: {max_restarts: 1, backoff: 10ms}\n", name="rs.yaml")
+    r = launch(job, "-q", "--job-id", "rs-1", env=ctl_env(rt))
+    assert r.returncode == 0, r.stderr
+    r = ctl(rt, "logs", "rs-1")
+    assert r.returncode == 0 and sorted(r.stdout.splitlines()) == ["[0] attempt 1 rank 0", "[1] attempt 1 rank 1"]
+    r = ctl(rt, "logs", "--attempt", "0", "--ranks", "1", "rs-1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[1] attempt 0 rank 1"], r.stdout
+    assert "job rs-1, attempt 0\n" in r.stderr, r.stderr
+    r = ctl(rt, "logs", "--attempt", "all", "rs-1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert sorted(lines[:2]) == ["[0] attempt 0 rank 0", "[1] attempt 0 rank 1"], lines
+    assert sorted(lines[2:]) == ["[0] attempt 1 rank 0", "[1] attempt 1 rank 1"], lines
+    assert "job rs-1, attempt 1 (the last)" in r.stderr, r.stderr
+    r = ctl(rt, "logs", "--attempt", "2", "rs-1")
+    assert r.returncode == 1 and "job rs-1 has no attempt 2 (it has attempts 0-1)" in r.stderr, r.stderr
+    r = ctl(rt, "logs", "--attempt", "0", "-f", "rs-1")
+    assert r.returncode == 2 and "--follow" in r.stderr, r.stderr
+
+
 def test_local_detach_names_a_way_that_works(tmp_path, rt):
     job = job_file(tmp_path, name="det")
     r = launch(job, "--detach", env=ctl_env(rt))

@@ -572,3 +572,31 @@ TEST(ControlLogMerge, NeverFollowsALinkNorOpensAFifoOrAHardLink) {
       << m.unreadable()[3];
   EXPECT_EQ(merged(m), (std::vector<std::string>{"0 01.000Z mine"}));
 }
+
+TEST(LogAttempts, TheFolderAndAttemptOfAJobsFiles) {
+  auto f = attempt_folder_of({{0, "/logs/j/attempt-2/rank-0.log"}, {1, "/logs/j/attempt-2/rank-1.log"}});
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->job_dir, "/logs/j");
+  EXPECT_EQ(f->attempt, 2);
+  // Files of two attempts, or not in an attempt folder, name none.
+  EXPECT_FALSE(attempt_folder_of({{0, "/logs/j/attempt-2/rank-0.log"}, {1, "/logs/j/attempt-1/rank-1.log"}}));
+  EXPECT_FALSE(attempt_folder_of({{0, "/logs/j/rank-0.log"}}));
+  EXPECT_FALSE(attempt_folder_of({{0, "/logs/j/attempt-x/rank-0.log"}}));
+  EXPECT_FALSE(attempt_folder_of({{0, "/logs/j/attempt--1/rank-0.log"}}));
+  EXPECT_FALSE(attempt_folder_of({}));
+}
+
+TEST(LogAttempts, AnAttemptsRankFilesAreListedByRankNothingFollowed) {
+  TempDir d;
+  std::filesystem::create_directories(d.p / "attempt-0");
+  for (const char* name : {"rank-10.log", "rank-2.log", "rank-2.log.1", "rank-x.log", "stacks.txt"})
+    std::ofstream(d.p / "attempt-0" / name) << "x";
+  auto files = rank_files_of_attempt(d.p.string(), 0);
+  const std::vector<std::pair<int, std::string>> want{{2, (d.p / "attempt-0" / "rank-2.log").string()},
+                                                      {10, (d.p / "attempt-0" / "rank-10.log").string()}};
+  EXPECT_EQ(files, want);
+  EXPECT_TRUE(rank_files_of_attempt(d.p.string(), 1).empty());
+  // An attempt folder that is a link (the job's own doing) is not read.
+  std::filesystem::create_directory_symlink(d.p / "attempt-0", d.p / "attempt-1");
+  EXPECT_TRUE(rank_files_of_attempt(d.p.string(), 1).empty());
+}
