@@ -454,8 +454,13 @@ int logs_of_attempts(const ControlArgs& a, const control::Request& req, Target& 
   }
   for (int k = first; k <= last; ++k) {
     const auto ks = control::rank_files_of_attempt(folder->job_dir, k);
+    // A rank the attempt does not have: said, as plain `logs` says it (attempts may differ in size).
+    if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(ks.size())); outside && !ks.empty()) {
+      std::cerr << fmt::format("ddpctl logs: attempt {}: {}\n", k, *outside);
+      return 1;
+    }
     std::cerr << fmt::format("ddpctl logs: job {}, attempt {}{}{}\n", t.job_id, k,
-                             k == folder->attempt ? (t.ended ? " (the last)" : " (the current one)") : "",
+                             k == folder->attempt ? (t.ended ? " (the last)" : " (the latest)") : "",
                              ks.empty() ? fmt::format(": no log files in {}/attempt-{}", folder->job_dir, k) : "")
               << std::flush;
     print_merged(control::LogMerge::of_files(ks, req.ranks), a.timestamps);

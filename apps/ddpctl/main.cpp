@@ -96,7 +96,12 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; a bad command line exits 2, as a bad job file does (CLI11's
     // own codes, 105-109, mean nothing to a script), said as every other error of ours is.
     if (e.get_exit_code() == 0) return app.exit(e);
-    const std::string cmd = asked != words.end() ? "ddpctl " + *asked : std::string("ddpctl");
+    // The command being parsed when it failed: the deepest one CLI11 had entered (`store serve`).
+    std::string cmd = "ddpctl";
+    for (const CLI::App* at = &app; !at->get_subcommands().empty();) {
+      at = at->get_subcommands().back();
+      cmd += " " + at->get_name();
+    }
     std::string what = e.what();
     if (what.size() > 1 && std::isupper(static_cast<unsigned char>(what[0])) &&
         (std::islower(static_cast<unsigned char>(what[1])) || what[1] == ' '))

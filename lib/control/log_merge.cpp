@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -163,15 +165,23 @@ std::optional<AttemptFolder> attempt_folder_of(const std::vector<std::pair<int, 
 std::vector<std::pair<int, std::string>> rank_files_of_attempt(const std::string& job_dir, int n) {
   std::vector<std::pair<int, std::string>> out;
   const auto dir = fmt::format("{}/attempt-{}", job_dir, n);
-  std::error_code ec;
-  if (std::filesystem::symlink_status(dir, ec).type() != std::filesystem::file_type::directory) return out;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const auto name = e.path().filename().string();
-    if (!name.starts_with("rank-") || !name.ends_with(".log")) continue;  // not rank-<r>.log.1: of_files adds it
-    const auto r = parse_int(std::string_view(name).substr(5, name.size() - 9));
-    if (!r || *r < 0 || *r > (1 << 20)) continue;
-    out.emplace_back(static_cast<int>(*r), e.path().string());
+  // Listed through the folder opened without following a link (the files themselves are opened
+  // as of_files' are, each on its own).
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return out;
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    ::close(fd);
+    return out;
   }
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (!name.starts_with("rank-") || !name.ends_with(".log")) continue;  // not rank-<r>.log.1: of_files adds it
+    const auto r = parse_int(name.substr(5, name.size() - 9));
+    if (!r || *r < 0 || *r > (1 << 20)) continue;
+    out.emplace_back(static_cast<int>(*r), fmt::format("{}/{}", dir, name));
+  }
+  ::closedir(d);
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -295,20 +295,24 @@ std::optional<Ended> ended_from_json(const nlohmann::json& j) {
     e.job_id = j.at("job_id").get<std::string>();
     e.status = j.at("status").get<std::string>();
     // A standing coordinator's answer, or a file: an int of int's range, nothing converted.
-    const auto& code = j.at("exit_code");
-    if (!code.is_number_integer() || code.get<std::int64_t>() < std::numeric_limits<int>::min() ||
-        code.get<std::int64_t>() > std::numeric_limits<int>::max())
-      return std::nullopt;
-    e.exit_code = static_cast<int>(code.get<std::int64_t>());
+    const auto int_in = [](const nlohmann::json& v, std::int64_t lo, std::int64_t hi) -> std::optional<int> {
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)))
+        return std::nullopt;
+      const auto x = v.get<std::int64_t>();
+      if (x < lo || x > hi) return std::nullopt;
+      return static_cast<int>(x);
+    };
+    const auto code = int_in(j.at("exit_code"), std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+    if (!code) return std::nullopt;
+    e.exit_code = *code;
     e.ended_unix_ms = j.at("ended_unix_ms").get<std::int64_t>();
     e.logs = j.at("logs").get<std::string>();
     e.result_json = j.at("result_json").get<std::string>();
     if (auto f = j.find("files"); f != j.end()) {
       for (const auto& x : *f) {
-        const auto& rank = x.at("rank");
-        if (!rank.is_number_integer() || rank.get<std::int64_t>() < 0 || rank.get<std::int64_t>() > (1 << 20))
-          return std::nullopt;
-        e.files.emplace_back(static_cast<int>(rank.get<std::int64_t>()), x.at("path").get<std::string>());
+        const auto rank = int_in(x.at("rank"), 0, 1 << 20);
+        if (!rank) return std::nullopt;
+        e.files.emplace_back(*rank, x.at("path").get<std::string>());
       }
     }
     if (auto m = j.find("message"); m != j.end() && m->is_string()) e.message = m->get<std::string>();

@@ -25,14 +25,17 @@
 #include "proto/clock_sync.hpp"
 #include "proto/heartbeat.hpp"
 #include "rendezvous/rendezvous.hpp"
+#include "supervisor/guardian.hpp"
 #include "supervisor/output.hpp"
 #include "supervisor/process.hpp"
 
 #include <boost/asio.hpp>
 
 #include <fmt/format.h>
+
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -209,7 +212,22 @@ class Coordinator {
   struct RankFiles {
     std::unique_ptr<supervisor::RankLogFile> file;
     supervisor::LastLines last{20};
+    bool unflushed = false;  // lines written since the last flush_rank_files()
   };
+
+  // The launcher's copy of the logs goes to disk once per turn of the loop (after every frame
+  // that one read brought), not at 64 KiB: `tail -f` sees lines as they come, and a launcher
+  // that is SIGKILLed loses none that it had (its end record points `ddpctl logs` at them).
+  void flush_rank_files() {
+    flush_posted_ = false;
+    for (int rank : unflushed_) {
+      auto it = rank_files_.find(rank);
+      if (it == rank_files_.end() || !it->second.file) continue;
+      it->second.file->flush();
+      it->second.unflushed = false;
+    }
+    unflushed_.clear();
+  }
 
   rdzv::Config make_config() {
     // Over SSH a port in --nodes is the SSH port; none means ~/.ssh/config's (or 22).
@@ -245,6 +263,52 @@ class Coordinator {
   control::Ended end_record() const {
     return control::ended_now(report_.job_id, report_.status, report_.exit_code,
                               fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+  }
+
+  // A launcher (not a standing coordinator's job) that is SIGKILLed leaves its job's end record
+  // all the same, so that `ddpctl status|logs JOB` still know it: a guardian process
+  // (supervisor/guardian.hpp) with nothing to kill here (each node's agent stops its ranks once
+  // it loses us) writes it when this process is gone. One per attempt: the record names the
+  // attempt's log files.
+  void end_recorder() {
+    if (recorder_) {
+      recorder_->done();
+      recorders_ended_.push_back(recorder_->pid());
+      recorder_.reset();
+    }
+    // Reaped once they exited (at once, told done): nothing else here reaps children.
+    std::erase_if(recorders_ended_, [](pid_t p) { return ::waitpid(p, nullptr, WNOHANG) != 0; });
+  }
+
+  void start_recorder(const rdzv::AssignRanks& a) {
+    end_recorder();
+    if (!opts_.control_dir.empty() || !opts_.own_signals) return;
+    if (!records_dir_) {
+      try {
+        records_dir_ = control::records_dir();
+      } catch (const control::ControlError& e) {
+        records_dir_ = "";
+        log_->debug("no end record if this launcher is killed: {}", e.what());
+      }
+    }
+    if (records_dir_->empty()) return;
+    auto e = control::ended_now(opts_.job_id, "failed", -1, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id),
+                                std::nullopt);
+    for (const auto& na : a.nodes) {
+      for (std::uint32_t i = 0; i < na.local_world_size; ++i) {
+        const int rank = static_cast<int>(na.rank_base.value + i);
+        e.files.emplace_back(rank, contract_log(rank));
+      }
+    }
+    std::sort(e.files.begin(), e.files.end());
+    e.message = fmt::format(
+        "ddpctl (pid {}) died while the job ran; each node's agent stops its ranks once it loses the launcher",
+        ::getpid());
+    auto t = control::ended_text(std::move(e));
+    if (auto g = supervisor::Guardian::start(
+            -1, 0,
+            supervisor::LastWord{*records_dir_, std::move(t.name), std::move(t.before_time), std::move(t.after_time)}))
+      recorder_.emplace(std::move(*g));
   }
 
   // ---- connections ----
@@ -663,6 +727,14 @@ class Coordinator {
     auto line = b["data"].get<std::string>();
     auto& f = files_of(*rank);
     f.file->write(s, line);
+    if (!f.unflushed) {
+      f.unflushed = true;
+      unflushed_.push_back(*rank);
+    }
+    if (!flush_posted_) {
+      flush_posted_ = true;
+      asio::post(io_, [this] { flush_rank_files(); });
+    }
     last_output_[*rank] = std::chrono::steady_clock::now();
     if (control_) control_->publish(*rank, s, line);
     if (opts_.events.output) opts_.events.output(n.entry.name, *rank, s, line);
@@ -812,6 +884,7 @@ class Coordinator {
     store_waiters_.clear();
     attempt_dir_ = fmt::format("{}/{}/attempt-{}", opts_.spec.log_dir, opts_.job_id, a.restart_count);
     attempt_folder_ = open_attempt_folder(a.restart_count);
+    start_recorder(a);
     cur_ = launch::AttemptReport{};
     cur_.attempt = static_cast<int>(a.restart_count);
     cur_.started = clock_.wall_now();
@@ -1239,6 +1312,7 @@ class Coordinator {
   void finish() {
     if (done_) return;
     done_ = true;
+    end_recorder();  // before our own record: it must not replace it
     if (control_) control_->end(report_.status, end_record());
     boost::system::error_code ignored;
     signals_.cancel(ignored);
@@ -1512,6 +1586,11 @@ class Coordinator {
   StacksGather stacks_{io_};
   std::chrono::system_clock::time_point started_;
   std::string attempt_dir_;
+  std::vector<int> unflushed_;  // ranks whose copy has lines not yet written (flush_rank_files)
+  bool flush_posted_ = false;
+  std::optional<supervisor::Guardian> recorder_;       // start_recorder()'s
+  std::vector<pid_t> recorders_ended_;                 // told done, not yet reaped
+  std::optional<std::string> records_dir_;             // start_recorder()'s: "" where there is none
   std::shared_ptr<const safefs::Dir> attempt_folder_;  // attempt_dir_, opened (null: not kept)
   std::shared_ptr<const safefs::Dir> job_folder_;      // the job's folder, opened at the first attempt
   launch::AttemptReport cur_;

@@ -38,32 +38,41 @@ namespace {
 
 // yaml-cpp says "end of sequence flow not found" where it gave up (the next key, the end of the
 // file), not where the `[` was opened. The last `[` (or `{`) before `end` that is never closed:
-// a light scan that skips quoted scalars and comments, and counts a bracket outside any flow only
-// where a node may start (after `: `, `- `, or first on its line: `a[1]` is a plain scalar).
+// a light scan that skips comments, quoted scalars and block scalars (`|`, `>`), and takes a
+// quote or, outside any flow, a bracket only where a node may start (first on its line, after
+// `: `, `- `, `? `, or in a flow after `[`, `{`, `,`): `a[1]` and `it's` are plain scalars.
 std::optional<YAML::Mark> unclosed_flow(const std::string& text, std::size_t end, char open) {
   struct Open {
     char c;
     YAML::Mark at;
   };
   std::vector<Open> stack;
-  int line = 0, column = 0;
-  bool node_may_start = true;  // outside a flow: only blanks since the line began or `: `/`- `
   end = std::min(end, text.size());
+  int line = 0, column = 0, indent = 0;
+  bool at_indent = true;    // only blanks so far on this line
+  bool node_starts = true;  // a node may start here
+  auto newline = [&] { ++line, column = -1, indent = 0, at_indent = true; };
   for (std::size_t i = 0; i < end; ++i, ++column) {
     const char c = text[i];
+    const bool in_flow = !stack.empty();
     if (c == '\n') {
-      ++line, column = -1, node_may_start = true;
+      newline();
+      if (!in_flow) node_starts = true;
       continue;
     }
+    if (c == ' ' || c == '\t') {
+      if (at_indent) ++indent;
+      continue;
+    }
+    at_indent = false;
     const bool after_blank = i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n';
     if (c == '#' && after_blank) {  // a comment, to the end of its line
       while (i + 1 < end && text[i + 1] != '\n') ++i, ++column;
       continue;
     }
-    const bool in_flow = !stack.empty();
-    if ((c == '\'' || c == '"') && (in_flow || node_may_start)) {  // a quoted scalar, to its close
+    if ((c == '\'' || c == '"') && node_starts) {  // a quoted scalar, to its close
       for (++i, ++column; i < end; ++i, ++column) {
-        if (text[i] == '\n') ++line, column = -1;
+        if (text[i] == '\n') newline(), at_indent = false;
         if (c == '"' && text[i] == '\\') {
           ++i, ++column;
           continue;
@@ -75,23 +84,41 @@ std::optional<YAML::Mark> unclosed_flow(const std::string& text, std::size_t end
         }
         break;
       }
-      node_may_start = false;
+      node_starts = false;
       continue;
     }
-    if ((c == '[' || c == '{') && (in_flow || node_may_start)) {
+    if ((c == '|' || c == '>') && node_starts && !in_flow) {
+      // A block scalar: the rest of this line, then every line blank or indented deeper.
+      const int own = indent;
+      while (i + 1 < end && text[i + 1] != '\n') ++i;
+      while (i + 1 < end) {
+        std::size_t j = i + 2, spaces = 0;  // the next line's first byte is text[i + 2]
+        while (j < end && text[j] == ' ') ++j, ++spaces;
+        const bool blank = j >= end || text[j] == '\n';
+        if (!blank && static_cast<int>(spaces) <= own) break;
+        newline();
+        i = j;
+        while (i < end && text[i] != '\n') ++i;
+        if (i >= end) break;
+        --i;  // text[i + 1] is the newline ending the skipped line
+      }
+      column = 0;
+      continue;
+    }
+    if ((c == '[' || c == '{') && (in_flow || node_starts)) {
       YAML::Mark m;
       m.pos = static_cast<int>(i), m.line = line, m.column = column;
       stack.push_back({c, m});
+      node_starts = true;
       continue;
     }
     if (in_flow && (c == ']' || c == '}')) {
       stack.pop_back();
+      node_starts = false;
       continue;
     }
-    if (c == ' ' || c == '\t') continue;
-    const bool starts_value = (c == ':' || c == '-' || c == '?') &&
-                              (i + 1 >= end || text[i + 1] == ' ' || text[i + 1] == '\t' || text[i + 1] == '\n');
-    node_may_start = !in_flow && starts_value;
+    const bool blank_after = i + 1 >= end || text[i + 1] == ' ' || text[i + 1] == '\t' || text[i + 1] == '\n';
+    node_starts = (in_flow && c == ',') || ((c == ':' || c == '-' || c == '?') && blank_after);
   }
   for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
     if (it->c == open) return it->at;

@@ -58,6 +58,9 @@ WorkerGroup::WorkerGroup(asio::io_context& io, contract::Plan plan, std::string 
 WorkerGroup::~WorkerGroup() {
   // An owner that drops a running group (an exception, a lost coordinator) still kills the tree.
   if (!finished_) signal_everything(SIGKILL);  // (teardown included)
+  // This process is not gone: it killed the tree itself, and leaves no guardian's record of a
+  // launcher that died.
+  if (guardian_) guardian_->done();
   for (auto& w : workers_) {
     if (w->out) close_pipe(*w->out);
     if (w->err) close_pipe(*w->err);

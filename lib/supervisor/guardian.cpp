@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>  // RENAME_NOREPLACE
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -76,17 +77,22 @@ void leave(int dir_fd, const LastWord& w) {
   for (auto ms = static_cast<std::uint64_t>(now.tv_sec) * 1000 + static_cast<std::uint64_t>(now.tv_nsec) / 1'000'000;
        n == 0 || ms > 0; ms /= 10)
     digits[sizeof digits - 1 - n++] = static_cast<char>('0' + ms % 10);
+  // A temporary name of its own (the launcher's writer uses <name>.tmp).
+  constexpr char kTmp[] = ".guardian.tmp";
   char tmp[256];
-  if (w.name.empty() || w.name.size() + 5 > sizeof tmp) return;
+  if (w.name.empty() || w.name.size() + sizeof kTmp > sizeof tmp) return;
   std::memcpy(tmp, w.name.data(), w.name.size());
-  std::memcpy(tmp + w.name.size(), ".tmp", 5);
+  std::memcpy(tmp + w.name.size(), kTmp, sizeof kTmp);
   const int fd = ::openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) return;
   const bool written = write_all(fd, w.before_time.data(), w.before_time.size()) &&
                        write_all(fd, digits + sizeof digits - n, n) &&
                        write_all(fd, w.after_time.data(), w.after_time.size());
   const bool closed = ::close(fd) == 0;
-  if (!written || !closed || ::renameat(dir_fd, tmp, dir_fd, w.name.c_str()) != 0) ::unlinkat(dir_fd, tmp, 0);
+  // Never over a record that is there: the launcher's own, or a later run's of the same job id
+  // (a relaunch while this one was still killing); it was removed when this run began.
+  if (!written || !closed || ::syscall(SYS_renameat2, dir_fd, tmp, dir_fd, w.name.c_str(), RENAME_NOREPLACE) != 0)
+    ::unlinkat(dir_fd, tmp, 0);
 }
 
 // The guardian itself: async-signal-safe calls only (it is a fork of a launcher that may have
@@ -154,6 +160,7 @@ std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_group
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     log::get("supervisor")->warn("no guardian for this attempt: socketpair: {}", std::strerror(errno));
+    if (word_dir >= 0) ::close(word_dir);
     return std::nullopt;
   }
   ::shutdown(fds[0], SHUT_WR);  // the guardian only reads

@@ -28,7 +28,7 @@ namespace ddp::supervisor {
 
 // A file the guardian leaves in `dir` when the launcher is gone: `before_time`, the time of
 // death in milliseconds since the epoch, `after_time`; 0600, written whole or not at all (a
-// temporary file renamed), following no link at its name.
+// temporary file renamed), following no link, and never replacing a file of that name.
 struct LastWord {
   std::string dir;
   std::string name;

@@ -6,7 +6,9 @@ job's first failure."""
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -118,3 +120,32 @@ def test_sigterm_to_every_process_of_the_job_leaves_the_stop_to_the_agent(cluste
         with open(path) as f:
             assert f.read() == f"rank {r} on SIGTERM"
     assert rc == 0, err
+
+
+def test_a_sigkilled_launchers_job_keeps_its_end_record(cluster):
+    # ddpctl launch --nodes is SIGKILLed mid-run: the agents stop the ranks once they lose it, and
+    # the attempt's guardian leaves the job's end record, so `ddpctl status|logs JOB` still know it.
+    c = cluster
+    worker = c.write("worker.py", WORKER)
+    job = simcluster.job_file(c, "gone", [PY, worker, c.dir, "plain"])
+    state = os.path.join(c.dir, "state")
+    os.makedirs(state, mode=0o700)
+    env = ["env", f"XDG_STATE_HOME={state}"]
+    argv = [*env, os.path.join(c.bin, "ddpctl"), "launch", "--nodes", c.nodes_arg(), "--token-file", c.token,
+            "--job-id", "gone-1", job]
+    p = c.ctl.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.dir)
+    wait_for_tagged(p, 3, "READY ")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    ddpctl = [*env, os.path.join(c.bin, "ddpctl")]
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        r = c.ctl.run([*ddpctl, "status", "--json", "gone-1"])
+        if r.returncode == 1 and r.stdout.strip():
+            break
+        time.sleep(0.1)
+    record = json.loads(r.stdout)
+    assert record["state"] == "ended" and record["status"] == "failed", (record, r.stderr)
+    assert record["message"].startswith(f"ddpctl (pid {p.pid}) died while the job ran"), record
+    r = c.ctl.run([*ddpctl, "logs", "--ranks", "2", "gone-1"])
+    assert r.returncode == 0 and r.stdout.startswith("[2] READY "), (r.stdout[:300], r.stderr)

@@ -258,7 +258,8 @@ TEST(ControlPaths, TheGuardiansRecordIsARecordOnceItsTimeIsFilledIn) {
   EXPECT_EQ(back->message, e.message);
   // A number of another kind or range is no record (a standing coordinator's answer is read
   // with this; 1e300 converted to int was undefined).
-  for (const char* bad : {R"("exit_code": 1e300)", R"("exit_code": 4294967296)", R"("exit_code": "1")"}) {
+  for (const char* bad : {R"("exit_code": 1e300)", R"("exit_code": 4294967296)", R"("exit_code": "1")",
+                          R"("exit_code": 18446744073709551615)"}) {
     auto k = j;
     k.merge_patch(nlohmann::json::parse(std::string("{") + bad + "}"));
     EXPECT_EQ(ended_from_json(k), std::nullopt) << bad;

@@ -271,6 +271,9 @@ TEST(JobSpec, AnUnclosedBracketIsReportedWhereItWasOpened) {
   expect_error("command: [x]\nenv: {A: '1'\nname: y\n", 2, 6, "this '{' is never closed with '}'");
   // Brackets inside quotes, comments and plain scalars are not openings.
   expect_error("name: a[1]\ncommand: [\"[\", '[''', x # [\n", 2, 10, "this '[' is never closed");
+  // A quote inside a plain scalar is no quote; a block scalar's lines are not YAML.
+  expect_error("command: [echo, it's]\nenv: [x\n", 2, 6, "this '[' is never closed");
+  expect_error("name: |\n  [not yaml\n\n  'either\ncommand: [x\n", 5, 10, "this '[' is never closed");
   // The innermost open one of the kind yaml-cpp missed.
   expect_error("command: [x]\nenv: {A: [1, 2], B: [3\n", 2, 21, "this '[' is never closed");
   // Every other syntax error keeps yaml-cpp's own words and place.

@@ -160,7 +160,7 @@ TEST(Guardian, LeavesTheLastWordWithTheTimeOfDeathOnceTheLauncherIsGone) {
   EXPECT_LE(ms, ms_of(after));
   EXPECT_EQ(fs::status(dir / "job.ended").permissions() & fs::perms::all,
             fs::perms::owner_read | fs::perms::owner_write);
-  EXPECT_FALSE(fs::exists(dir / "job.ended.tmp"));
+  EXPECT_FALSE(fs::exists(dir / "job.ended.guardian.tmp"));
   fs::remove_all(dir);
 }
 
@@ -174,11 +174,27 @@ TEST(Guardian, LeavesNoWordWhenTheAttemptEnded) {
   fs::remove_all(dir);
 }
 
+TEST(Guardian, NeverReplacesAFileOfTheWordsName) {
+  // A later run of the same job id wrote its record while this one's guardian was still killing.
+  const auto dir = scratch_dir("guardian-noreplace");
+  std::ofstream(dir / "job.ended") << "newer";
+  pid_t guardian_pid = -1;
+  {
+    auto guardian = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", "a", "b"});
+    ASSERT_TRUE(guardian);
+    guardian_pid = guardian->pid();
+  }
+  reap(guardian_pid);
+  EXPECT_EQ(slurp(dir / "job.ended"), "newer");
+  EXPECT_FALSE(fs::exists(dir / "job.ended.guardian.tmp"));
+  fs::remove_all(dir);
+}
+
 TEST(Guardian, FollowsNoLinkAtTheWordsName) {
   const auto dir = scratch_dir("guardian-link");
   const auto target = dir / "elsewhere";
   std::ofstream(target) << "kept";
-  fs::create_symlink(target, dir / "job.ended.tmp");
+  fs::create_symlink(target, dir / "job.ended.guardian.tmp");
   pid_t guardian_pid = -1;
   {
     auto guardian = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", "a", "b"});
