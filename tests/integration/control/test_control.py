@@ -231,6 +231,8 @@ def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
     p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-k", env=ctl_env(rt))
     try:
         wait_for(lambda: status_json(rt) is not None, timeout=30, what="the job")
+        wait_for(lambda: "[1] tick 0 rank 1" in ctl(rt, "logs", "--ranks", "1").stdout.splitlines(), timeout=30,
+                 what="rank 1's first line in its log")
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
         sock = rt / "ddpctl" / "ctl-k.sock"
@@ -324,10 +326,16 @@ def test_logs_of_earlier_attempts(tmp_path, rt):
     # Attempt 0 fails and the job restarts: why it failed is in attempt 0's files, which `logs`
     # (the last attempt's) does not show. --attempt N shows one; all shows each in order.
     worker = tmp_path / "restarting.py"
-    worker.write_text("import os, sys\n"
-                      "n = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
-                      "print(f'attempt {n} rank {os.environ[\"RANK\"]}', flush=True)\n"
-                      "sys.exit(3 if n == 0 else 0)\n")
+    # Rank 0 fails attempt 0 only once rank 1 has printed (else rank 1 may be stopped first).
+    worker.write_text("import os, sys, time\n"
+                      "n, rank = int(os.environ['TORCHELASTIC_RESTART_COUNT']), os.environ['RANK']\n"
+                      "print(f'attempt {n} rank {rank}', flush=True)\n"
+                      f"open(f'{tmp_path}/printed-{{n}}-{{rank}}', 'w').close()\n"
+                      "deadline = time.monotonic() + 60\n"
+                      f"while n == 0 and rank == '0' and not os.path.exists(f'{tmp_path}/printed-0-1') "
+                      "and time.monotonic() < deadline:\n"
+                      "    time.sleep(0.01)\n"
+                      "sys.exit(3 if n == 0 and rank == '0' else 0)\n")
     job = write_job(tmp_path, f"nproc_per_node: 2\ncommand: [{PYTHON}, {worker}]\nnccl: {{unique_id: off}}\n"
                               "restart: {max_restarts: 1, backoff: 10ms}\n", name="rs.yaml")
     r = launch(job, "-q", "--job-id", "rs-1", env=ctl_env(rt))

@@ -357,6 +357,17 @@ def cmdline(pid):
         return []
 
 
+def launcher_pids(pids):
+    """The `ddpctl launch` processes among `pids`, not the attempt's guardian (a fork of it, with
+    the same command line, named ddp-guardian) that leaves the job's end record if it is killed."""
+    def comm(pid):
+        try:
+            return open(f"/proc/{pid}/comm").read().strip()
+        except OSError:
+            return ""
+    return [pid for pid in pids if cmdline(pid)[:2] == ["ddpctl", "launch"] and comm(pid) != "ddp-guardian"]
+
+
 def test_an_agent_killed_fails_the_job_and_leaves_nothing(slurm):
     """kill -9 of n2's agent: srun's --kill-on-bad-exit=1 ends the agents' step, ddpctl fails the
     job naming n2, and the batch job fails with ddpctl's exit status."""
@@ -380,7 +391,7 @@ def test_ddpctl_killed_in_the_batch_step_leaves_nothing(slurm):
     job = Job(s, "ctlkill", "sleep")
     job.wait_contracts(6)
     n1 = s.c.hosts[0]
-    ctl = [pid for pid in n1.ns_pids() if cmdline(pid)[:2] == ["ddpctl", "launch"]]
+    ctl = launcher_pids(n1.ns_pids())
     assert len(ctl) == 1, [cmdline(p) for p in n1.ns_pids()]
     os.kill(ctl[0], signal.SIGKILL)
     info = job.info()
@@ -405,7 +416,7 @@ def test_ddpctl_killed_in_an_salloc_shell_ends_its_step(slurm):
     hosts = c.hosts[:3]
     pids = {pid for h in hosts for pid in h.ns_pids()}
     assert len(s.agent_cgroups(pids)) == 3
-    ctl = [pid for pid in c.ctl.ns_pids() if cmdline(pid)[:2] == ["ddpctl", "launch"]]
+    ctl = launcher_pids(c.ctl.ns_pids())
     assert len(ctl) == 1, [cmdline(pid) for pid in c.ctl.ns_pids()]
     os.kill(ctl[0], signal.SIGKILL)
     assert_nothing_left(s, hosts, pids)
