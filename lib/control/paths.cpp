@@ -1,5 +1,6 @@
 #include "control/paths.hpp"
 
+#include "common/log.hpp"
 #include "common/safe_fs.hpp"
 
 #include <fmt/format.h>
@@ -273,6 +274,22 @@ EndedText ended_text(Ended e) {
   const auto digits = fmt::format("{}", kMark).size();
   return {fmt::format("{}{}", e.job_id, kEndedSuffix), text.substr(0, at + mark.size() - digits),
           text.substr(at + mark.size())};
+}
+
+std::optional<RecordIfKilled> record_if_killed(const std::string& job_id, const std::string& logs,
+                                               std::vector<std::pair<int, std::string>> files, std::string message) {
+  std::string dir;
+  try {
+    dir = records_dir();
+  } catch (const ControlError& e) {
+    log::get("control")->debug("no end record for job {} if its launcher is killed: {}", job_id, e.what());
+    return std::nullopt;
+  }
+  auto e = ended_now(job_id, "failed", -1, logs, std::nullopt);
+  e.files = std::move(files);
+  std::sort(e.files.begin(), e.files.end());
+  e.message = std::move(message);
+  return RecordIfKilled{std::move(dir), ended_text(std::move(e))};
 }
 
 void forget_ended(const std::string& dir, const std::string& job_id) {

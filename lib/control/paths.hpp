@@ -80,6 +80,15 @@ struct EndedText {
   std::string before_time, after_time;
 };
 EndedText ended_text(Ended e);
+// What a launcher hands its guardian (supervisor::LastWord): the record of a job whose launcher
+// died while it ran ("failed", no exit code: -1, `message` saying what happened), for the
+// user's records_dir(); nullopt where there is none (said at debug level).
+struct RecordIfKilled {
+  std::string dir;
+  EndedText text;
+};
+std::optional<RecordIfKilled> record_if_killed(const std::string& job_id, const std::string& logs,
+                                               std::vector<std::pair<int, std::string>> files, std::string message);
 // A record of `job_id` removed (a job id used again: its old record would answer for the new job).
 void forget_ended(const std::string& dir, const std::string& job_id);
 // nullopt when there is none, or it is not one of ours (malformed).

@@ -283,31 +283,23 @@ class Coordinator {
   void start_recorder(const rdzv::AssignRanks& a) {
     end_recorder();
     if (!opts_.control_dir.empty() || !opts_.own_signals) return;
-    if (!records_dir_) {
-      try {
-        records_dir_ = control::records_dir();
-      } catch (const control::ControlError& e) {
-        records_dir_ = "";
-        log_->debug("no end record if this launcher is killed: {}", e.what());
-      }
-    }
-    if (records_dir_->empty()) return;
-    auto e = control::ended_now(opts_.job_id, "failed", -1, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id),
-                                std::nullopt);
+    std::vector<std::pair<int, std::string>> files;
     for (const auto& na : a.nodes) {
       for (std::uint32_t i = 0; i < na.local_world_size; ++i) {
         const int rank = static_cast<int>(na.rank_base.value + i);
-        e.files.emplace_back(rank, contract_log(rank));
+        files.emplace_back(rank, contract_log(rank));
       }
     }
-    std::sort(e.files.begin(), e.files.end());
-    e.message = fmt::format(
-        "ddpctl (pid {}) died while the job ran; each node's agent stops its ranks once it loses the launcher",
-        ::getpid());
-    auto t = control::ended_text(std::move(e));
+    auto r = control::record_if_killed(
+        opts_.job_id, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), std::move(files),
+        fmt::format(
+            "ddpctl (pid {}) died while the job ran; each node's agent stops its ranks once it loses the launcher",
+            ::getpid()));
+    if (!r) return;
     if (auto g = supervisor::Guardian::start(
             -1, 0,
-            supervisor::LastWord{*records_dir_, std::move(t.name), std::move(t.before_time), std::move(t.after_time)}))
+            supervisor::LastWord{r->dir, std::move(r->text.name), std::move(r->text.before_time),
+                                 std::move(r->text.after_time)}))
       recorder_.emplace(std::move(*g));
   }
 
@@ -1590,7 +1582,6 @@ class Coordinator {
   bool flush_posted_ = false;
   std::optional<supervisor::Guardian> recorder_;       // start_recorder()'s
   std::vector<pid_t> recorders_ended_;                 // told done, not yet reaped
-  std::optional<std::string> records_dir_;             // start_recorder()'s: "" where there is none
   std::shared_ptr<const safefs::Dir> attempt_folder_;  // attempt_dir_, opened (null: not kept)
   std::shared_ptr<const safefs::Dir> job_folder_;      // the job's folder, opened at the first attempt
   launch::AttemptReport cur_;

@@ -647,22 +647,15 @@ class LocalLauncher {
   // The end record the attempt's guardian leaves if this launcher dies while the attempt runs (a
   // kill -9, a crash), so that `ddpctl status|logs JOB` still know the job; its own record,
   // written at the end, replaces it otherwise.
-  std::optional<supervisor::LastWord> last_word() {
-    if (!records_dir_) {
-      try {
-        records_dir_ = control::records_dir();
-      } catch (const control::ControlError& e) {
-        records_dir_ = "";
-        log_->debug("no end record if this launcher is killed: {}", e.what());
-      }
-    }
-    if (records_dir_->empty()) return std::nullopt;
-    auto e = control::ended_now(report_.job_id, "failed", -1, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id),
-                                std::nullopt);
-    for (std::size_t r = 0; r < log_files_.size(); ++r) e.files.emplace_back(static_cast<int>(r), log_files_[r]);
-    e.message = fmt::format("ddpctl (pid {}) died while the job ran; what was left of the job was killed", ::getpid());
-    auto t = control::ended_text(std::move(e));
-    return supervisor::LastWord{*records_dir_, std::move(t.name), std::move(t.before_time), std::move(t.after_time)};
+  std::optional<supervisor::LastWord> last_word() const {
+    std::vector<std::pair<int, std::string>> files;
+    for (std::size_t r = 0; r < log_files_.size(); ++r) files.emplace_back(static_cast<int>(r), log_files_[r]);
+    auto r = control::record_if_killed(
+        report_.job_id, fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), std::move(files),
+        fmt::format("ddpctl (pid {}) died while the job ran; what was left of the job was killed", ::getpid()));
+    if (!r) return std::nullopt;
+    return supervisor::LastWord{r->dir, std::move(r->text.name), std::move(r->text.before_time),
+                                std::move(r->text.after_time)};
   }
 
   control::Ended end_record() const {
@@ -861,8 +854,7 @@ class LocalLauncher {
   std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<WorkerGroup> group_;
   std::optional<control::Server> control_;
-  std::optional<std::string> records_dir_;  // last_word()'s: "" where there is none
-  std::vector<std::string> log_files_;      // the current attempt's, by rank
+  std::vector<std::string> log_files_;                                             // the current attempt's, by rank
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_output_;  // by rank
   std::chrono::system_clock::time_point started_;
   int attempt_ = 0;
