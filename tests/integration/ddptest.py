@@ -42,6 +42,17 @@ def torch_examples_built() -> bool:
     return cmake_cache("DDP_WITH_TORCH") == "ON"
 
 
+def venv(tmp: Path, name: str, system_site: bool) -> Path:
+    """A virtualenv of Debian's Python in tmp/name, without pip; `system_site`: it sees Debian's
+    torch (python3-torch), else it has none."""
+    d = tmp / name
+    args = [PYTHON, "-m", "venv", "--without-pip", str(d)]
+    if system_site:
+        args.insert(4, "--system-site-packages")
+    subprocess.run(args, check=True, timeout=120)
+    return d
+
+
 def write_job(tmp: Path, text: str, name="job.yaml") -> Path:
     p = tmp / name
     p.write_text(text)

@@ -10,18 +10,10 @@ import os
 import subprocess
 from pathlib import Path
 
+from ddptest import PYTHON, venv
+
 SRC = os.environ.get("DDP_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 BIN = os.path.join(os.environ.get("DDP_BINARY_DIR", os.path.join(SRC, "build")), "bin", "ddpctl")
-PYTHON = "/usr/bin/python3"  # Debian's, with torch (python3-torch); the first python3 on PATH may lack it
-
-
-def venv(tmp: Path, name: str, system_site: bool) -> Path:
-    d = tmp / name
-    args = [PYTHON, "-m", "venv", "--without-pip", str(d)]
-    if system_site:
-        args.insert(4, "--system-site-packages")
-    subprocess.run(args, check=True, timeout=120)
-    return d
 
 
 def doctor(tmp: Path, first: Path, *args):

@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from ddptest import DDPCTL, PYTHON, launch, write_job
+from ddptest import DDPCTL, PYTHON, launch, venv, write_job
 
 WORKER = """
 import json, os, sys
@@ -24,15 +24,6 @@ names = {k: v for k, v in os.environ.items() if "ASYNC_ERROR_HANDLING" in k}
 json.dump(names, open(f"async-{os.environ['RANK']}.json", "w"))
 print("rank done", flush=True)
 """
-
-
-def venv(tmp: Path, name: str, system_site: bool) -> Path:
-    d = tmp / name
-    args = [PYTHON, "-m", "venv", "--without-pip", str(d)]
-    if system_site:
-        args.insert(4, "--system-site-packages")
-    subprocess.run(args, check=True, timeout=120)
-    return d
 
 
 def env_with_path_first(d: Path) -> dict:
