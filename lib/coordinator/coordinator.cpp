@@ -98,6 +98,13 @@ class Coordinator {
         interrupt_timer_(io_),
         log_(log::get("coord")),
         rdzv_(make_config(), now()) {}
+  // Dropped without finish() (an exception): this process is not gone, so its guardian leaves
+  // no record of a launcher that died.
+  ~Coordinator() {
+    if (recorder_) recorder_->done();
+  }
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
 
   int run() {
     payload_.spec = opts_.spec;
