@@ -53,6 +53,29 @@ def venv(tmp: Path, name: str, system_site: bool) -> Path:
     return d
 
 
+# The name an attempt's guardian gives itself: a fork of ddpctl (or of an agent's shepherd), so
+# its command line is its launcher's; tests that look for the launcher by command line skip it.
+GUARDIAN_COMM = "ddp-guardian"
+
+
+def proc_argv(pid: int) -> list:
+    """The process's command line as words ([] once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [w.decode(errors="replace") for w in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
+
+
+def proc_comm(pid: int) -> str:
+    """The process's name (/proc/PID/comm; "" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def write_job(tmp: Path, text: str, name="job.yaml") -> Path:
     p = tmp / name
     p.write_text(text)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ddptest import DDPCTL, SOURCE_DIR, free_port, launch, start_launch, wait_for, write_job
+from ddptest import (DDPCTL, GUARDIAN_COMM, SOURCE_DIR, free_port, launch, proc_argv, proc_comm, start_launch, wait_for,
+                     write_job)
 
 PODMAN = shutil.which("podman")
 BUSYBOX = shutil.which("busybox")
@@ -160,22 +161,6 @@ def own_children(pid):
         return []
 
 
-def cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
-    except FileNotFoundError:
-        return []
-
-
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return ""
-
-
 def test_kill_9_of_ddpctl_leaves_no_container(tmp_path, podman_env):
     job = container_job(tmp_path, """[/bin/sh, -c, 'exec sleep 300']""")
     p = start_launch(job, "--job-id", "ctr-kill9", env=podman_env)
@@ -197,7 +182,7 @@ def test_next_launch_sweeps_what_a_dead_launcher_and_its_watchdog_left(tmp_path,
         wait_for(lambda: len(containers_of(podman_env, "ctr-orphan")) == 2, timeout=60, what="both containers")
         # The watchdog is the launcher's child that is a copy of ddpctl itself (not a runtime client),
         # and not the attempt's guardian, another copy, which names itself.
-        watchdogs = [c for c in own_children(p.pid) if cmdline(c)[:1] == [DDPCTL.encode()] and comm(c) != "ddp-guardian"]
+        watchdogs = [c for c in own_children(p.pid) if proc_argv(c)[:1] == [DDPCTL] and proc_comm(c) != GUARDIAN_COMM]
         assert len(watchdogs) == 1
         os.kill(watchdogs[0], signal.SIGKILL)
         p.kill()

@@ -40,7 +40,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
 import simcluster  # noqa: E402
-from ddptest import DDPCTL, SOURCE_DIR, launch, start_launch, wait_for, write_job  # noqa: E402
+from ddptest import (DDPCTL, GUARDIAN_COMM, SOURCE_DIR, launch, proc_argv, proc_comm, start_launch,  # noqa: E402
+                     wait_for, write_job)
 
 DOCKER = "/usr/bin/docker"
 DOCKERD = "/usr/sbin/dockerd"
@@ -149,22 +150,6 @@ def _children(pid):
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(x) for x in f.read().split()]
-    except FileNotFoundError:
-        return []
-
-
-def _comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return ""
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
     except FileNotFoundError:
         return []
 
@@ -320,7 +305,7 @@ def test_next_launch_sweeps_what_a_dead_launcher_and_its_watchdog_left(tmp_path,
     try:
         wait_for(lambda: len(world.local.containers("ddpctl.job=dk-orphan")) == 2, timeout=60, what="both containers")
         # Not the attempt's guardian, another copy of ddpctl, which names itself.
-        watchdogs = [c for c in _children(p.pid) if _cmdline(c)[:1] == [DDPCTL.encode()] and _comm(c) != "ddp-guardian"]
+        watchdogs = [c for c in _children(p.pid) if proc_argv(c)[:1] == [DDPCTL] and proc_comm(c) != GUARDIAN_COMM]
         assert len(watchdogs) == 1
         os.kill(watchdogs[0], signal.SIGKILL)
         p.kill()

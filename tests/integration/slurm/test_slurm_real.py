@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multinode"))
 sys.path.insert(0, os.path.dirname(__file__))
 import simcluster  # noqa: E402
 import slurmcluster  # noqa: E402
-from ddptest import alive  # noqa: E402
+from ddptest import GUARDIAN_COMM, alive, proc_argv, proc_comm  # noqa: E402
 from simcluster import captured, contracts, job_file  # noqa: E402
 
 SKIP = slurmcluster.slurm_unavailable()
@@ -350,22 +350,9 @@ def check_slurmd_killed(s, job, n2):
         {"SIGTERM-rank2": n2.name, "SIGTERM-rank3": n2.name}, (signals, job.text())
 
 
-def cmdline(pid):
-    try:
-        return open(f"/proc/{pid}/cmdline").read().split("\0")
-    except OSError:
-        return []
-
-
 def launcher_pids(pids):
-    """The `ddpctl launch` processes among `pids`, not the attempt's guardian (a fork of it, with
-    the same command line, named ddp-guardian) that leaves the job's end record if it is killed."""
-    def comm(pid):
-        try:
-            return open(f"/proc/{pid}/comm").read().strip()
-        except OSError:
-            return ""
-    return [pid for pid in pids if cmdline(pid)[:2] == ["ddpctl", "launch"] and comm(pid) != "ddp-guardian"]
+    """The `ddpctl launch` processes among `pids`, not its guardian (same command line)."""
+    return [pid for pid in pids if proc_argv(pid)[:2] == ["ddpctl", "launch"] and proc_comm(pid) != GUARDIAN_COMM]
 
 
 def test_an_agent_killed_fails_the_job_and_leaves_nothing(slurm):
@@ -375,8 +362,8 @@ def test_an_agent_killed_fails_the_job_and_leaves_nothing(slurm):
     job = Job(s, "agentkill", "sleep")
     job.wait_contracts(6)
     n2 = s.c.hosts[1]
-    agents = [pid for pid in n2.ns_pids() if "ddp-agentd" in " ".join(cmdline(pid)) and "--oneshot" in cmdline(pid)]
-    assert len(agents) == 1, [cmdline(p) for p in n2.ns_pids()]
+    agents = [pid for pid in n2.ns_pids() if "ddp-agentd" in " ".join(proc_argv(pid)) and "--oneshot" in proc_argv(pid)]
+    assert len(agents) == 1, [proc_argv(p) for p in n2.ns_pids()]
     os.kill(agents[0], signal.SIGKILL)
     info = job.info()
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, job.text())
@@ -392,7 +379,7 @@ def test_ddpctl_killed_in_the_batch_step_leaves_nothing(slurm):
     job.wait_contracts(6)
     n1 = s.c.hosts[0]
     ctl = launcher_pids(n1.ns_pids())
-    assert len(ctl) == 1, [cmdline(p) for p in n1.ns_pids()]
+    assert len(ctl) == 1, [proc_argv(p) for p in n1.ns_pids()]
     os.kill(ctl[0], signal.SIGKILL)
     info = job.info()
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "0:9", (info, job.text())
@@ -417,7 +404,7 @@ def test_ddpctl_killed_in_an_salloc_shell_ends_its_step(slurm):
     pids = {pid for h in hosts for pid in h.ns_pids()}
     assert len(s.agent_cgroups(pids)) == 3
     ctl = launcher_pids(c.ctl.ns_pids())
-    assert len(ctl) == 1, [cmdline(pid) for pid in c.ctl.ns_pids()]
+    assert len(ctl) == 1, [proc_argv(pid) for pid in c.ctl.ns_pids()]
     os.kill(ctl[0], signal.SIGKILL)
     assert_nothing_left(s, hosts, pids)
     r = s.ctl("squeue", "--noheader", "--name=sallockill", "--format=%T")
