@@ -21,7 +21,6 @@
 #include <boost/asio.hpp>
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <filesystem>
 #include <regex>
@@ -116,14 +115,6 @@ struct Relay {
   bool ended = false;
 };
 
-// The jobs' nodes are cut from the hard limit: a job of many nodes raises the soft one to it
-// (run_coordinator), so a daemon started by hand under a login's soft 1024 still runs them.
-std::uint64_t nofile_hard_limit() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return net::nofile_soft_limit();
-  return rl.rlim_max == RLIM_INFINITY ? std::uint64_t{1} << 20 : static_cast<std::uint64_t>(rl.rlim_max);
-}
-
 class Standing {
  public:
   explicit Standing(StandingOptions o)
@@ -132,7 +123,7 @@ class Standing {
         signals_(io_, SIGINT, SIGTERM),
         watchdog_timer_(io_),
         log_(log::get("coordinator")),
-        relay_limits_(relay_limits(net::nofile_soft_limit(), nofile_hard_limit())) {}
+        relay_limits_(relay_limits(net::nofile_soft_limit(), net::nofile_hard_limit())) {}
 
   int run() {
     listen();

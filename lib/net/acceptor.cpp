@@ -79,6 +79,12 @@ std::uint64_t nofile_soft_limit() {
   return rl.rlim_cur;
 }
 
+std::uint64_t nofile_hard_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_max == RLIM_INFINITY) return UINT64_MAX;
+  return rl.rlim_max;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 namespace {

@@ -93,8 +93,9 @@ class AcceptBackoff {
 // configured number, but never more than a quarter of them (the rest are for jobs, established
 // peers and files), and at least 4.
 std::size_t pending_cap(std::size_t configured, std::uint64_t nofile_soft);
-// This process's soft RLIMIT_NOFILE (a large number when unlimited).
+// This process's soft and hard RLIMIT_NOFILE (a large number when unlimited).
 std::uint64_t nofile_soft_limit();
+std::uint64_t nofile_hard_limit();
 
 struct AcceptorLimits {
   // Unauthenticated connections kept at once (then capped by pending_cap()). A launch makes one
