@@ -164,6 +164,7 @@ class Coordinator {
     arm_progress();
     io_.run();
     dialer_.reset();  // ends the SSH links (the remote agents see EOF) before the report
+    flush_rank_files();
     terminal_.flush();
     if (opts_.result_json) {
       const auto report = launch::to_json(report_);
@@ -225,6 +226,8 @@ class Coordinator {
   // The launcher's copy of the logs goes to disk once per turn of the loop (after every frame
   // that one read brought), not at 64 KiB: `tail -f` sees lines as they come, and a launcher
   // that is SIGKILLed loses none that it had (its end record points `ddpctl logs` at them).
+  // The terminal gets a turn's lines after they are on disk: a line the user saw is one
+  // `ddpctl logs` has, even if the launcher is killed the moment it is shown.
   void flush_rank_files() {
     flush_posted_ = false;
     for (int rank : unflushed_) {
@@ -234,6 +237,8 @@ class Coordinator {
       it->second.unflushed = false;
     }
     unflushed_.clear();
+    for (auto& [s, line] : to_terminal_) terminal_.write(s, std::move(line));
+    to_terminal_.clear();
   }
 
   rdzv::Config make_config() {
@@ -259,6 +264,7 @@ class Coordinator {
   template <typename... Args>
   void say(spdlog::level::level_enum level, fmt::format_string<Args...> f, Args&&... args) {
     auto text = fmt::format(f, std::forward<Args>(args)...);
+    flush_rank_files();  // the ranks' lines that came before it, shown before it
     log_->log(level, "{}", text);
     if (opts_.events.notice) opts_.events.notice(level, text);
   }
@@ -738,7 +744,7 @@ class Coordinator {
     if (control_) control_->publish(*rank, s, line);
     if (opts_.events.output) opts_.events.output(n.entry.name, *rank, s, line);
     if (!opts_.quiet && (opts_.show_ranks.empty() || opts_.show_ranks.contains(*rank))) {
-      terminal_.write(s, fmt::format("[{}:{}] {}", n.entry.name, *rank, line));
+      to_terminal_.emplace_back(s, fmt::format("[{}:{}] {}", n.entry.name, *rank, line));
     }
     f.last.add(std::move(line));
   }
@@ -748,6 +754,7 @@ class Coordinator {
     const auto local_rank = b["local_rank"].get<std::uint32_t>();
     auto rank = global_rank(n.entry.name, round, local_rank);
     if (!rank) return;
+    flush_rank_files();  // its last lines before what is said of its exit
     const auto agent_time = rdzv::Micros(b["time_us"].get<std::int64_t>());
     auto key = std::make_pair(n.entry.name, local_rank);
     auto& info = exits_[key];
@@ -878,6 +885,7 @@ class Coordinator {
     for (const auto& na : a.nodes)
       flight_ranks_[na.node] = {static_cast<int>(na.rank_base.value), static_cast<int>(na.local_world_size)};
     hang_reset();
+    flush_rank_files();
     rank_files_.clear();
     last_output_.clear();
     store_waiters_.clear();
@@ -1216,6 +1224,7 @@ class Coordinator {
 
   // The attempt's report: exits by rank, the first failure the machine named, its notes.
   void on_round(round::AttemptClosed& c) {
+    flush_rank_files();
     terminal_.flush();
     cur_.ended = clock_.wall_now();
     cur_.phase = c.outcome == round::Outcome::succeeded ? launch::Phase::succeeded
@@ -1587,10 +1596,11 @@ class Coordinator {
   std::string attempt_dir_;
   std::vector<int> unflushed_;  // ranks whose copy has lines not yet written (flush_rank_files)
   bool flush_posted_ = false;
-  std::optional<supervisor::Guardian> recorder_;       // start_recorder()'s
-  std::vector<pid_t> recorders_ended_;                 // told done, not yet reaped
-  std::shared_ptr<const safefs::Dir> attempt_folder_;  // attempt_dir_, opened (null: not kept)
-  std::shared_ptr<const safefs::Dir> job_folder_;      // the job's folder, opened at the first attempt
+  std::vector<std::pair<supervisor::Stream, std::string>> to_terminal_;  // shown once on disk (flush_rank_files)
+  std::optional<supervisor::Guardian> recorder_;                         // start_recorder()'s
+  std::vector<pid_t> recorders_ended_;                                   // told done, not yet reaped
+  std::shared_ptr<const safefs::Dir> attempt_folder_;                    // attempt_dir_, opened (null: not kept)
+  std::shared_ptr<const safefs::Dir> job_folder_;  // the job's folder, opened at the first attempt
   launch::AttemptReport cur_;
   launch::JobReport report_;
   int stop_signal_ = 0;

@@ -250,19 +250,22 @@ void WorkerGroup::read_pipe(Worker& w, const std::shared_ptr<PipeReader>& p) {
   Worker* wp = &w;
   p->sd.async_read_some(asio::buffer(p->buf), [this, wp, p](boost::system::error_code ec, std::size_t n) {
     if (!p->open) return;
-    auto emit = [&](std::string line) {
+    auto lines = ec ? p->splitter.finish() : p->splitter.feed(std::string_view(p->buf.data(), n));
+    for (const auto& line : lines) {
       wp->log->write(p->stream, line);
       if (hang_) hang_->on_output(wp->plan.local_rank);
+    }
+    // On disk before anyone is shown them: a line the terminal printed is one `ddpctl logs`
+    // has, even if the launcher is killed the moment it is shown.
+    wp->log->flush();
+    for (auto& line : lines) {
       if (cb_.on_line) cb_.on_line(wp->plan.rank, p->stream, line);
       wp->last.add(std::move(line));
-    };
+    }
     if (!ec) {
-      for (auto& line : p->splitter.feed(std::string_view(p->buf.data(), n))) emit(std::move(line));
-      wp->log->flush();
       read_pipe(*wp, p);
       return;
     }
-    for (auto& line : p->splitter.finish()) emit(std::move(line));
     close_pipe(*p);
     check_finished();
   });

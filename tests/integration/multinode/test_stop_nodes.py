@@ -139,10 +139,11 @@ def test_a_sigkilled_launchers_job_keeps_its_end_record(cluster):
     p.wait(timeout=10)
     ddpctl = [*env, os.path.join(c.bin, "ddpctl")]
     deadline = time.time() + 15
-    while time.time() < deadline:
+    while True:
         r = c.ctl.run([*ddpctl, "status", "--json", "gone-1"])
         if r.returncode == 1 and r.stdout.strip():
             break
+        assert time.time() < deadline, f"no end record 15 s after the launcher died: {r.returncode} {r.stdout!r} {r.stderr!r}"
         time.sleep(0.1)
     record = json.loads(r.stdout)
     assert record["state"] == "ended" and record["status"] == "failed", (record, r.stderr)
