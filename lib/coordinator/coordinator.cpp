@@ -1320,8 +1320,8 @@ class Coordinator {
   void finish() {
     if (done_) return;
     done_ = true;
-    end_recorder();  // before our own record: it must not replace it
     if (control_) control_->end(report_.status, end_record());
+    end_recorder();  // after our own record (a guardian never replaces one): no gap before it
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     user_signals_.cancel(ignored);

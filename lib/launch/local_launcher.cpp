@@ -254,6 +254,10 @@ class LocalLauncher {
         log_(log::get("launch")) {
     signals_.add(SIGQUIT);
   }
+  // An error's way out (an exception) is no death: the kept guardian leaves no record.
+  ~LocalLauncher() { end_last_guardian(); }
+  LocalLauncher(const LocalLauncher&) = delete;
+  LocalLauncher& operator=(const LocalLauncher&) = delete;
 
   const std::string& job_id() const { return opts_.job_id; }
 
@@ -535,6 +539,15 @@ class LocalLauncher {
     if (holder_) group_->keep(holder_->pid());
     if (watchdog_) group_->keep(watchdog_->pid());
     group_->start();
+    end_last_guardian();  // the new attempt's guardian has the word now
+  }
+
+  // The last attempt's guardian, stood down (WorkerGroup::take_guardian): from the attempt's
+  // end until the next attempt's guardian starts or this launcher's own record is written (a
+  // restart's backoff, the report), a launcher killed meanwhile still leaves its job's record.
+  void end_last_guardian() {
+    if (last_guardian_) last_guardian_->done();
+    last_guardian_.reset();
   }
 
   // The watchdog's verdict (lib/hang): no rank made progress for hang.timeout. Every rank's
@@ -591,6 +604,8 @@ class LocalLauncher {
   }
 
   void finish_attempt(AttemptReport r) {
+    end_last_guardian();
+    if (auto g = group_->take_guardian()) last_guardian_.emplace(std::move(*g));
     group_.reset();
     holder_.reset();
     if (env_files_) container::remove_env_files(*env_files_);
@@ -666,6 +681,7 @@ class LocalLauncher {
   void done() {
     done_ = true;
     if (control_) control_->end(report_.status, end_record());
+    end_last_guardian();  // after our own record: a guardian never replaces one
     boost::system::error_code ignored;
     signals_.cancel(ignored);
     user_signals_.cancel(ignored);
@@ -853,6 +869,7 @@ class LocalLauncher {
   std::vector<std::string> container_names_;
   std::optional<container::Watchdog> watchdog_;
   std::unique_ptr<WorkerGroup> group_;
+  std::optional<supervisor::Guardian> last_guardian_;  // end_last_guardian()
   std::optional<control::Server> control_;
   std::vector<std::string> log_files_;                                             // the current attempt's, by rank
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_output_;  // by rank

@@ -67,6 +67,14 @@ WorkerGroup::~WorkerGroup() {
   }
 }
 
+std::optional<supervisor::Guardian> WorkerGroup::take_guardian() {
+  std::optional<supervisor::Guardian> out;
+  if (!finished_ || !opts_.last_word || !guardian_) return out;
+  out.emplace(std::move(*guardian_));
+  guardian_.reset();
+  return out;
+}
+
 std::vector<WorkerGroup::RankStatus> WorkerGroup::rank_status() const {
   std::vector<RankStatus> out;
   const auto& exits = tracker_.exits();
@@ -525,7 +533,13 @@ void WorkerGroup::finish() {
   if (hang_) hang_->stop();
   grace_timer_.cancel();
   drain_timer_.cancel();
-  if (guardian_) guardian_->done();
+  if (guardian_) {
+    // Nothing of the attempt runs. Its last word stays the owner's to end (take_guardian).
+    if (opts_.last_word)
+      guardian_->stand_down();
+    else
+      guardian_->done();
+  }
   cgroup_.reset();
   report_.ended = std::chrono::system_clock::now();
   report_.phase = tracker_.phase();

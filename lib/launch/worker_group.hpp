@@ -53,7 +53,8 @@ struct GroupOptions {
   // its owner told after each round (GroupCallbacks::on_hang_round). 0: off.
   Millis hang_timeout{0};
   // What the attempt's guardian leaves if this process dies before the attempt ends (the job's
-  // end record: a local launcher's); nullopt: nothing.
+  // end record: a local launcher's); nullopt: nothing. With one, the guardian stands down at
+  // the attempt's end and its owner may keep it (take_guardian) until its own record is written.
   std::optional<supervisor::LastWord> last_word;
 };
 
@@ -105,6 +106,10 @@ class WorkerGroup {
   // its owner stops it after the group has finished.
   void keep(pid_t pid) { keep_.push_back(pid); }
   bool finished() const { return finished_; }
+  // Once finished, with a last word: the guardian, stood down (it kills nothing), for an owner
+  // that tells it done once its own record is written (a restart's backoff, the end report);
+  // nullopt otherwise.
+  std::optional<supervisor::Guardian> take_guardian();
   bool stopping() const { return stopping_; }  // its stop began (a failure's, or one asked for)
   // Every running rank's stacks as the watchdog's latest round read them, merged ("" without
   // a watchdog).

@@ -21,8 +21,9 @@
 namespace ddp::supervisor {
 namespace {
 
-// One record on the socket: a kind ('+' watch, '-' forget, 'd' done) and a process group id, in
-// eight bytes. A read may end inside one: the guardian keeps the rest for the next.
+// One record on the socket: a kind ('+' watch, '-' forget, 's' stand down, 'd' done) and a
+// process group id, in eight bytes. A read may end inside one: the guardian keeps the rest for
+// the next.
 constexpr std::size_t kRecord = 8;
 
 // Every process the cgroup lists, SIGKILLed, until it lists none (a kernel without cgroup.kill);
@@ -112,6 +113,11 @@ void leave(int dir_fd, const LastWord& w) {
       std::int32_t value = 0;
       std::memcpy(&value, buf + off + 4, sizeof value);
       if (kind == 'd') ::_exit(0);
+      if (kind == 's') {  // nothing of the attempt runs: from now on, only the last word
+        if (cgroup_fd >= 0) ::close(cgroup_fd);
+        cgroup_fd = -1;
+        count = 0;
+      }
       if (kind == '+' && value > 0 && count < cap) groups[count++] = value;
       if (kind == '-') {
         for (std::size_t i = 0; i < count; ++i) {
@@ -244,6 +250,10 @@ void Guardian::watch_group(pid_t pgid) {
 }
 void Guardian::forget_group(pid_t pgid) {
   send('-', pgid);
+}
+
+void Guardian::stand_down() {
+  send('s', 0);
 }
 
 void Guardian::done() {

@@ -16,6 +16,8 @@
 //
 // It can also leave the launcher's last word: a file (the job's end record, so that `ddpctl
 // status|logs JOB` still know the job) written after the kills, the time of death filled in.
+// A launcher that keeps it past the attempt's end (stand_down) gets the word alone: a launcher
+// killed in a restart's backoff leaves its record too.
 #pragma once
 
 #include <sys/types.h>
@@ -51,7 +53,11 @@ class Guardian {
 
   void watch_group(pid_t pgid);   // a worker started, leading its own process group
   void forget_group(pid_t pgid);  // it was reaped: its id may be reused
-  void done();                    // the attempt ended and nothing of it runs: the guardian exits
+  // The attempt ended and nothing of it runs, but the launcher has not yet written its own
+  // record (a restart's backoff, the end report): the guardian forgets its cgroup and groups,
+  // and if the launcher is gone before done(), leaves only the last word.
+  void stand_down();
+  void done();  // the attempt ended and nothing of it runs: the guardian exits
   pid_t pid() const { return pid_; }
 
  private:

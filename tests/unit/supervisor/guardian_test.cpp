@@ -174,6 +174,26 @@ TEST(Guardian, LeavesNoWordWhenTheAttemptEnded) {
   fs::remove_all(dir);
 }
 
+TEST(Guardian, StoodDownItKillsNothingButStillLeavesTheWord) {
+  // The attempt ended (a restart's backoff follows) and the launcher dies before the next one.
+  const auto dir = scratch_dir("guardian-standby");
+  const pid_t g = sleeping_group();
+  pid_t guardian_pid = -1;
+  {
+    auto guardian = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", "before ", " after"});
+    ASSERT_TRUE(guardian);
+    guardian_pid = guardian->pid();
+    guardian->watch_group(g);
+    guardian->stand_down();
+  }
+  reap(guardian_pid);
+  EXPECT_TRUE(group_alive(g)) << "a group it was told of before standing down was killed";
+  const auto word = slurp(dir / "job.ended");
+  EXPECT_TRUE(word.starts_with("before ") && word.ends_with(" after")) << word;
+  end_group(g);
+  fs::remove_all(dir);
+}
+
 TEST(Guardian, NeverReplacesAFileOfTheWordsName) {
   // A later run of the same job id wrote its record while this one's guardian was still killing.
   const auto dir = scratch_dir("guardian-noreplace");
