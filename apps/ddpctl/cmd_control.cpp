@@ -99,7 +99,7 @@ struct ControlArgs {
   bool follow = false;
   bool timestamps = false;
   std::string ranks;
-  std::string attempt;  // logs: "N" or "all"; empty: the current (or last) attempt
+  std::optional<std::string> attempt;  // logs: "N" or "all"; none: the current (or last) attempt
   std::string coordinator;
   std::string token_file;
   bool tls = false;
@@ -438,11 +438,11 @@ int logs_of_attempts(const ControlArgs& a, const control::Request& req, Target& 
     return 1;
   }
   int first = 0, last = folder->attempt;
-  if (a.attempt != "all") {
-    const auto n = ddp::parse_int(a.attempt);
+  if (*a.attempt != "all") {
+    const auto n = ddp::parse_int(*a.attempt);
     if (!n || *n < 0) {
       std::cerr << fmt::format("ddpctl logs: --attempt: expected an attempt number (0 is the first) or all, got '{}'\n",
-                               a.attempt);
+                               *a.attempt);
       return 2;
     }
     if (*n > last) {
@@ -478,7 +478,7 @@ int run_logs(const ControlArgs& a) {
       return 2;
     }
   }
-  if (!a.attempt.empty() && a.follow) {
+  if (a.attempt && a.follow) {
     std::cerr << "ddpctl logs: --follow is the current attempt's; --attempt reads the files of one that may be over\n";
     return 2;
   }
@@ -486,7 +486,7 @@ int run_logs(const ControlArgs& a) {
   bool defaulted = false;
   auto t = find_job(a, "logs", rc, &defaulted);
   if (!t) return rc;
-  if (!a.attempt.empty()) return logs_of_attempts(a, req, *t, defaulted);
+  if (a.attempt) return logs_of_attempts(a, req, *t, defaulted);
   if (t->ended) {  // the last attempt's files, as the launcher listed them when the job ended
     const auto& files = t->ended->files;
     if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())); outside && !files.empty()) {

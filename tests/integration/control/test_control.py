@@ -258,6 +258,37 @@ def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
             p.wait()
 
 
+def test_a_launcher_killed_in_a_restarts_backoff_leaves_the_jobs_record(tmp_path, rt):
+    # Attempt 0 fails; ddpctl waits out a long backoff and is SIGKILLed meanwhile. Nothing runs
+    # then, but the job must stay known: its record, and the failed attempt's lines.
+    worker = tmp_path / "fail.py"
+    worker.write_text("print('first life', flush=True)\nraise SystemExit(3)\n")
+    job = write_job(tmp_path, f"name: bk\nnproc_per_node: 1\ncommand: [{PYTHON}, {worker}]\n"
+                              "restart: {max_restarts: 1, backoff: 60s}\nnccl: {unique_id: off}\n", name="bk.yaml")
+    p = start_launch(job, "--job-id", "bk-1", env=ctl_env(rt))
+    try:
+        lines = []
+        for line in p.stderr:  # bounded: without the kill, attempt 1 ends the launch after 60 s
+            lines.append(line)
+            if "restarting the job in" in line:
+                break
+        assert lines and "restarting the job in" in lines[-1], "".join(lines)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        wait_for(lambda: "died while the job ran" in ctl(rt, "status", "bk-1").stderr, timeout=10,
+                 what="the end record the stood-down guardian leaves")
+        r = ctl(rt, "status", "--json", "bk-1")
+        record = json.loads(r.stdout)
+        assert record["state"] == "ended" and record["status"] == "failed", record
+        assert record["message"].startswith(f"ddpctl (pid {p.pid}) died"), record
+        r = ctl(rt, "logs", "bk-1")
+        assert r.returncode == 0 and "[0] first life" in r.stdout.splitlines(), (r.stdout[:300], r.stderr)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_another_user_is_refused_even_with_the_socket_open(tmp_path):
     # A folder every user can traverse (pytest's tmp_path is private to root).
     rt = Path(tempfile.mkdtemp(prefix="ddp-ctl-", dir="/var/tmp"))
@@ -358,6 +389,8 @@ def test_logs_of_earlier_attempts(tmp_path, rt):
     assert r.returncode == 1 and "attempt 0: the job has no rank 5 (it has ranks 0-1)" in r.stderr, r.stderr
     r = ctl(rt, "logs", "--attempt", "0", "-f", "rs-1")
     assert r.returncode == 2 and "--follow" in r.stderr, r.stderr
+    r = ctl(rt, "logs", "--attempt", "", "rs-1")  # not taken for "the last attempt"
+    assert r.returncode == 2 and "expected an attempt number (0 is the first) or all, got ''" in r.stderr, r.stderr
 
 
 def test_local_detach_names_a_way_that_works(tmp_path, rt):
