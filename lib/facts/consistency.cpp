@@ -147,7 +147,7 @@ class Checker {
   // (its python: key or its command's program), a warning where it is a guess. One that did not
   // answer is a warning: what the job would import is not known.
   void python() {
-    Groups torch_release, torch_build, py_minor, no_torch_own, no_torch_guessed, unknown;
+    Groups torch_release, torch_build, py_minor, no_torch_own, no_torch_guessed, no_torch_job_guess, unknown;
     bool all_probed = true;  // else some torch is the system Python's, maybe not the job's: a warning
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       const auto& n = nodes_[i];
@@ -159,7 +159,11 @@ class Checker {
         torch_release[release_of(*torch)].push_back(labels_[i]);
         torch_build[*torch].push_back(labels_[i]);
       } else if (answered) {
-        (n.python->guessed ? no_torch_guessed : no_torch_own)[asked(*n.python)].push_back(labels_[i]);
+        // A guess made for a job (--job, whose command is not a Python) is not one --job helps with.
+        auto& g = !n.python->guessed                                   ? no_torch_own
+                  : n.python->source.starts_with(kGuessedSourcePrefix) ? no_torch_job_guess
+                                                                       : no_torch_guessed;
+        g[asked(*n.python)].push_back(labels_[i]);
       }
       if (n.python && n.python->error) unknown[asked(*n.python) + ": " + *n.python->error].push_back(labels_[i]);
       if (answered && n.python->version) py_minor["Python " + release_of(*n.python->version)].push_back(labels_[i]);
@@ -180,6 +184,12 @@ class Checker {
           "no torch in " + python + " on " + join(nodes, ", ") +
               "; a job that runs it would stop at `import torch`: install PyTorch for it, or ask the job's own "
               "interpreter (`ddpctl doctor --job FILE`; the job file's python: key names it)",
+          nodes);
+    for (const auto& [python, nodes] : no_torch_job_guess)
+      add(Severity::warning, "python-no-torch",
+          "no torch in " + python + " on " + join(nodes, ", ") +
+              "; a job that runs it would stop at `import torch`: install PyTorch for it, or name the job's "
+              "interpreter with the job file's python: key",
           nodes);
     for (const auto& [why, nodes] : unknown)
       add(Severity::warning, "python-unknown",

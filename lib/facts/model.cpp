@@ -456,7 +456,7 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     py.version = r.str("version");
     py.torch = r.str("torch");
     py.error = r.str("error");
-    py.guessed = r.boolean("guessed").value_or(false);
+    py.guessed = r.boolean("guessed").value_or(py.source.starts_with(kGuessedSourcePrefix));
     r.finish();
     f.python = std::move(py);
   }

@@ -108,6 +108,10 @@ struct PythonFacts {
   bool guessed = false;                   // a guess (python3 on PATH), maybe not what the job runs
 };
 
+// How a guess's `source` begins (lib/pyenv): facts written before `guessed` existed are read
+// as a guess by it, not as the job's own interpreter.
+inline constexpr std::string_view kGuessedSourcePrefix = "a guess:";
+
 struct NodeFacts {
   std::string hostname;
   std::vector<NumaNode> numa_nodes;

@@ -28,10 +28,10 @@ InterpreterChoice choose_interpreter(const jobspec::JobSpec& spec) {
     return {spec.python, "python: in " + (spec.file.empty() ? std::string("the job file") : spec.file), false};
   if (!spec.shell && !spec.command.empty() && looks_like_python(spec.command.front()))
     return {{spec.command.front()}, "the command's program", false};
-  return {
-      {"python3"},
-      "a guess: python3 on the job's PATH, as the command is not a Python; set python: in the job file to say which",
-      true};
+  return {{"python3"},
+          std::string(facts::kGuessedSourcePrefix) +
+              " python3 on the job's PATH, as the command is not a Python; set python: in the job file to say which",
+          true};
 }
 
 const std::string& probe_script() {

@@ -300,6 +300,13 @@ TEST(Consistency, AnInterpreterWithoutTorchIsAFindingOnItsOwn) {
   EXPECT_EQ(find(fs, "python-no-torch")->severity, Severity::warning);
   EXPECT_FALSE(has_errors(fs));
   EXPECT_THAT(find(fs, "python-no-torch")->message, HasSubstr("ddpctl doctor --job FILE"));
+  // A guess made for --job (its command is not a Python): no --job hint, the python: key.
+  nodes[0].python->source = "a guess: python3 on the job's PATH, as the command is not a Python";
+  fs = check(nodes);
+  ASSERT_TRUE(find(fs, "python-no-torch")) << codes(fs);
+  EXPECT_EQ(find(fs, "python-no-torch")->severity, Severity::warning);
+  EXPECT_THAT(find(fs, "python-no-torch")->message, Not(HasSubstr("--job")));
+  EXPECT_THAT(find(fs, "python-no-torch")->message, HasSubstr("with the job file's python: key"));
 
   // Two nodes, the same interpreter: one finding naming both.
   nodes = load({"cpu-a", "cpu-b"});
@@ -376,4 +383,11 @@ TEST(Report, ShowsTheJobsPython) {
   EXPECT_FALSE(to_json(nodes[0])["python"].contains("guessed"));  // only a guess says so
   nodes[0].python->guessed = true;
   EXPECT_TRUE(from_json(to_json(nodes[0]), "t").python->guessed);
+  // A node's facts from a ddpctl before `guessed`: its guess said so in `source` alone.
+  auto old = to_json(nodes[0]);
+  old["python"].erase("guessed");
+  old["python"]["source"] = "a guess: python3 on the job's PATH, as the command is not a Python";
+  EXPECT_TRUE(from_json(old, "t").python->guessed);
+  old["python"]["source"] = "the command's program";
+  EXPECT_FALSE(from_json(old, "t").python->guessed);
 }
