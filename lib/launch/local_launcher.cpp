@@ -538,8 +538,9 @@ class LocalLauncher {
     group_ = std::make_unique<WorkerGroup>(io_, std::move(plan), node.attempt_dir, go, std::move(cb));
     if (holder_) group_->keep(holder_->pid());
     if (watchdog_) group_->keep(watchdog_->pid());
+    if (last_guardian_) group_->succeed(std::move(*last_guardian_));  // ended once the new one runs
+    last_guardian_.reset();
     group_->start();
-    end_last_guardian();  // the new attempt's guardian has the word now
   }
 
   // The last attempt's guardian, stood down (WorkerGroup::take_guardian): from the attempt's

@@ -61,10 +61,16 @@ WorkerGroup::~WorkerGroup() {
   // This process is not gone: it killed the tree itself, and leaves no guardian's record of a
   // launcher that died.
   if (guardian_) guardian_->done();
+  if (predecessor_) predecessor_->done();
   for (auto& w : workers_) {
     if (w->out) close_pipe(*w->out);
     if (w->err) close_pipe(*w->err);
   }
+}
+
+void WorkerGroup::succeed(supervisor::Guardian predecessor) {
+  keep(predecessor.pid());  // not a stray of the workers' until it has exited
+  predecessor_.emplace(std::move(predecessor));
 }
 
 std::optional<supervisor::Guardian> WorkerGroup::take_guardian() {
@@ -156,6 +162,12 @@ void WorkerGroup::start() {
   if (auto g = supervisor::Guardian::start(cgroup_ ? cgroup_->dir_fd() : -1, plan_.ranks.size(), opts_.last_word)) {
     guardian_.emplace(std::move(*g));
     keep(guardian_->pid());  // not a stray of the workers'
+  }
+  // The last attempt's guardian, standing down, hands over the word at once (both writing it
+  // would be a race the first to finish wins, with the last attempt's files).
+  if (predecessor_) predecessor_->done();
+  predecessor_.reset();
+  if (guardian_) {
     // Without a cgroup, each rank's process group is what it can kill (each rank leads its
     // own); with one, cgroup.kill reaches everything and no group id is at risk of reuse.
     for (const auto& w : workers_) {

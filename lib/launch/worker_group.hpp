@@ -110,6 +110,9 @@ class WorkerGroup {
   // that tells it done once its own record is written (a restart's backoff, the end report);
   // nullopt otherwise.
   std::optional<supervisor::Guardian> take_guardian();
+  // Before start(): the last attempt's guardian (take_guardian), told done once this group's
+  // own has started, so that a launcher killed at any moment leaves one record.
+  void succeed(supervisor::Guardian predecessor);
   bool stopping() const { return stopping_; }  // its stop began (a failure's, or one asked for)
   // Every running rank's stacks as the watchdog's latest round read them, merged ("" without
   // a watchdog).
@@ -163,7 +166,8 @@ class WorkerGroup {
   // Kills the cgroup and the ranks' process groups if this process dies without ending the
   // attempt (a SIGKILLed ddpctl or shepherd); told done once nothing of the attempt runs.
   std::optional<supervisor::Guardian> guardian_;
-  std::vector<pid_t> lingering_groups_;  // reaped ranks' process groups the guardian still watches
+  std::optional<supervisor::Guardian> predecessor_;  // succeed()
+  std::vector<pid_t> lingering_groups_;              // reaped ranks' process groups the guardian still watches
   std::vector<std::unique_ptr<Worker>> workers_;
   boost::asio::steady_timer grace_timer_, drain_timer_;
   AttemptReport report_;

@@ -78,13 +78,23 @@ void leave(int dir_fd, const LastWord& w) {
   for (auto ms = static_cast<std::uint64_t>(now.tv_sec) * 1000 + static_cast<std::uint64_t>(now.tv_nsec) / 1'000'000;
        n == 0 || ms > 0; ms /= 10)
     digits[sizeof digits - 1 - n++] = static_cast<char>('0' + ms % 10);
-  // A temporary name of its own (the launcher's writer uses <name>.tmp).
-  constexpr char kTmp[] = ".guardian.tmp";
+  // A temporary name of its own, <name>.guardian-<pid>.tmp: the launcher's writer uses
+  // <name>.tmp, and two guardians of one job (a restart's, the one before it standing down) may
+  // write at once. Made new (whatever was at that name, a link included, removed first).
+  char pid_digits[16];
+  std::size_t pn = 0;
+  for (auto p = static_cast<unsigned>(::getpid()); pn == 0 || p > 0; p /= 10)
+    pid_digits[sizeof pid_digits - 1 - pn++] = static_cast<char>('0' + p % 10);
+  constexpr char kMid[] = ".guardian-", kEnd[] = ".tmp";
   char tmp[256];
-  if (w.name.empty() || w.name.size() + sizeof kTmp > sizeof tmp) return;
-  std::memcpy(tmp, w.name.data(), w.name.size());
-  std::memcpy(tmp + w.name.size(), kTmp, sizeof kTmp);
-  const int fd = ::openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+  if (w.name.empty() || w.name.size() + (sizeof kMid - 1) + pn + sizeof kEnd > sizeof tmp) return;
+  char* t = tmp;
+  std::memcpy(t, w.name.data(), w.name.size()), t += w.name.size();
+  std::memcpy(t, kMid, sizeof kMid - 1), t += sizeof kMid - 1;
+  std::memcpy(t, pid_digits + sizeof pid_digits - pn, pn), t += pn;
+  std::memcpy(t, kEnd, sizeof kEnd);
+  ::unlinkat(dir_fd, tmp, 0);
+  const int fd = ::openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) return;
   const bool written = write_all(fd, w.before_time.data(), w.before_time.size()) &&
                        write_all(fd, digits + sizeof digits - n, n) &&
@@ -200,6 +210,7 @@ std::optional<Guardian> Guardian::start(int cgroup_dir_fd, std::size_t max_group
     // Its socket, cgroup and record folder far from 0..4 first, then in place; nothing else of
     // the launcher's stays open (a listening socket, another attempt's socket, the workers' pipes).
     const int in = ::fcntl(fds[0], F_DUPFD, 64);
+    if (in < 0) ::_exit(1);  // never read the launcher's stdin for its socket
     const int cg = cgroup_dir_fd >= 0 ? ::fcntl(cgroup_dir_fd, F_DUPFD, 64) : -1;
     const int wd = word_dir >= 0 ? ::fcntl(word_dir, F_DUPFD, 64) : -1;
     ::dup2(in, 0);

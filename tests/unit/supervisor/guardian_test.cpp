@@ -10,11 +10,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -72,6 +74,18 @@ bool dies_within(pid_t pgid, std::chrono::milliseconds limit) {
 void end_group(pid_t pgid) {
   ::kill(-pgid, SIGKILL);
   dies_within(pgid, std::chrono::seconds(5));
+}
+
+// What the folder holds, by name (no temporary file may be left).
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path tmp_of(const fs::path& dir, pid_t guardian) {
+  return dir / ("job.ended.guardian-" + std::to_string(guardian) + ".tmp");
 }
 
 void reap(pid_t pid) {
@@ -160,7 +174,7 @@ TEST(Guardian, LeavesTheLastWordWithTheTimeOfDeathOnceTheLauncherIsGone) {
   EXPECT_LE(ms, ms_of(after));
   EXPECT_EQ(fs::status(dir / "job.ended").permissions() & fs::perms::all,
             fs::perms::owner_read | fs::perms::owner_write);
-  EXPECT_FALSE(fs::exists(dir / "job.ended.guardian.tmp"));
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"job.ended"});
   fs::remove_all(dir);
 }
 
@@ -206,24 +220,50 @@ TEST(Guardian, NeverReplacesAFileOfTheWordsName) {
   }
   reap(guardian_pid);
   EXPECT_EQ(slurp(dir / "job.ended"), "newer");
-  EXPECT_FALSE(fs::exists(dir / "job.ended.guardian.tmp"));
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"job.ended"});
   fs::remove_all(dir);
 }
 
-TEST(Guardian, FollowsNoLinkAtTheWordsName) {
+TEST(Guardian, FollowsNoLinkAtItsTemporaryName) {
+  // A link where the guardian writes first (its own temporary name): removed, not followed.
   const auto dir = scratch_dir("guardian-link");
   const auto target = dir / "elsewhere";
   std::ofstream(target) << "kept";
-  fs::create_symlink(target, dir / "job.ended.guardian.tmp");
   pid_t guardian_pid = -1;
   {
     auto guardian = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", "a", "b"});
     ASSERT_TRUE(guardian);
     guardian_pid = guardian->pid();
+    fs::create_symlink(target, tmp_of(dir, guardian_pid));  // it writes only once we are gone
   }
   reap(guardian_pid);
   EXPECT_EQ(slurp(target), "kept");
-  EXPECT_FALSE(fs::exists(dir / "job.ended"));
+  EXPECT_EQ(slurp(dir / "job.ended").substr(0, 1), "a");
+  EXPECT_EQ(names_in(dir), (std::vector<std::string>{"elsewhere", "job.ended"}));
+  fs::remove_all(dir);
+}
+
+TEST(Guardian, TwoGuardiansOfOneJobLeaveOneWholeRecord) {
+  // A restart's guardian and the last attempt's, standing down, both outlive a launcher killed
+  // between the two: each writes its own temporary file, one record comes of it, whole.
+  const auto dir = scratch_dir("guardian-two");
+  const std::string a_before(4096, 'a'), b_before(4096, 'b');
+  pid_t pids[2] = {-1, -1};
+  {
+    auto first = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", a_before, "A"});
+    auto second = Guardian::start(-1, 4, LastWord{dir.string(), "job.ended", b_before, "B"});
+    ASSERT_TRUE(first && second);
+    pids[0] = first->pid(), pids[1] = second->pid();
+    first->stand_down();
+  }
+  reap(pids[0]);
+  reap(pids[1]);
+  const auto text = slurp(dir / "job.ended");
+  EXPECT_TRUE((text.starts_with(a_before) && text.ends_with("A")) ||
+              (text.starts_with(b_before) && text.ends_with("B")))
+      << text.size();
+  EXPECT_EQ(text.find(text[0] == 'a' ? 'b' : 'a'), std::string::npos) << "a record of two writers";
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"job.ended"});
   fs::remove_all(dir);
 }
 
