@@ -80,11 +80,14 @@ std::string describe_ended(const control::Ended& e, bool remote = false) {
                    : ago_s < 7200 ? fmt::format("{} min", ago_s / 60)
                                   : fmt::format("{} h", ago_s / 3600);
   const char* where = remote ? " on the coordinator's machine" : "";
+  // Every field made safe for a terminal: a coordinator's answer, or a file.
+  const auto shown = [](const std::string& s) { return ddp::clean_text(s, 1024); };
   // A record with a message has no exit code to give (a launcher killed: its guardian wrote it).
-  const auto how = e.message.empty() ? fmt::format("{}, exit code {}", e.status, e.exit_code)
-                                     : fmt::format("{}: {}", e.status, ddp::clean_text(e.message, 512));
-  return fmt::format("job {} ended {} ago ({}); {}logs{}: {}", e.job_id, ago, how,
-                     e.result_json.empty() ? "" : fmt::format("result{}: {}; ", where, e.result_json), where, e.logs);
+  const auto how = e.message.empty() ? fmt::format("{}, exit code {}", shown(e.status), e.exit_code)
+                                     : fmt::format("{}: {}", shown(e.status), ddp::clean_text(e.message, 512));
+  return fmt::format("job {} ended {} ago ({}); {}logs{}: {}", shown(e.job_id), ago, how,
+                     e.result_json.empty() ? "" : fmt::format("result{}: {}; ", where, shown(e.result_json)), where,
+                     shown(e.logs));
 }
 
 // describe_ended(), after "no job of yours is running; the last one: " when the job was chosen for
@@ -410,60 +413,38 @@ void print_merged(std::vector<control::LogMerge::Source> sources, bool timestamp
   for (const auto& u : merge.unreadable()) std::cerr << "ddpctl logs: " << u << "\n";
 }
 
-// `logs --attempt N|all`: the attempt folders beside the ones the launcher (or the end record)
-// names, read here; each attempt's lines after a line on stderr saying which.
+// `logs --attempt N|all` where the files are here: the attempt folders beside the ones the
+// launcher (or the end record) names (control::attempt_logs); each attempt's lines after a line
+// on stderr saying which. (Through a standing coordinator, it reads them and sends the lines.)
 int logs_of_attempts(const ControlArgs& a, const control::Request& req, Target& t, bool defaulted) {
   std::vector<std::pair<int, std::string>> files;
   if (t.ended) {
     files = t.ended->files;
     std::cerr << "ddpctl logs: " << said_ended(*t.ended, defaulted) << "\n";
   } else {
+    // Only the current attempt's folder is wanted of the launcher: asked with no ranks (an
+    // earlier attempt may have had more) and no "attempt" (a launcher reads no other's files).
     LineReader r(t.fd);
-    auto reply = ask(r, req, "logs");
+    auto reply = ask(r, control::Request{control::Op::logs, {}, false, false, std::nullopt}, "logs");
     if (!reply) return 1;
     t.job_id = job_id_in(*reply, t.job_id);
     if (reply->contains("ended") || !(*reply)["files"].is_array() ||
         (!(*reply)["files"].empty() && !(*reply)["files"][0].contains("path"))) {
-      std::cerr << "ddpctl logs: --attempt reads the files on this machine; not yet with --coordinator\n";
-      return 2;
+      std::cerr << "ddpctl logs: the job's log files are not on this machine\n";
+      return 1;
     }
     for (const auto& f : (*reply)["files"]) files.emplace_back(f.value("rank", -1), f.value("path", ""));
   }
-  const auto folder = control::attempt_folder_of(files);
-  if (!folder) {
-    std::cerr << fmt::format(
-        "ddpctl logs: job {}'s log files are not in its attempt folders, so its other attempts "
-        "cannot be found\n",
-        t.job_id);
+  std::vector<control::AttemptLogs> attempts;
+  try {
+    attempts = control::attempt_logs(t.job_id, files, *req.attempt, req.ranks, t.ended.has_value());
+  } catch (const control::ControlError& e) {
+    std::cerr << "ddpctl logs: " << e.what() << "\n";
     return 1;
   }
-  int first = 0, last = folder->attempt;
-  if (*a.attempt != "all") {
-    const auto n = ddp::parse_int(*a.attempt);
-    if (!n || *n < 0) {
-      std::cerr << fmt::format("ddpctl logs: --attempt: expected an attempt number (0 is the first) or all, got '{}'\n",
-                               *a.attempt);
-      return 2;
-    }
-    if (*n > last) {
-      std::cerr << fmt::format("ddpctl logs: job {} has no attempt {} (it has {})\n", t.job_id, *n,
-                               last == 0 ? std::string("attempt 0") : fmt::format("attempts 0-{}", last));
-      return 1;
-    }
-    first = last = static_cast<int>(*n);
-  }
-  for (int k = first; k <= last; ++k) {
-    const auto ks = control::rank_files_of_attempt(folder->job_dir, k);
-    // A rank the attempt does not have: said, as plain `logs` says it (attempts may differ in size).
-    if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(ks.size())); outside && !ks.empty()) {
-      std::cerr << fmt::format("ddpctl logs: attempt {}: {}\n", k, *outside);
-      return 1;
-    }
-    std::cerr << fmt::format("ddpctl logs: job {}, attempt {}{}{}\n", t.job_id, k,
-                             k == folder->attempt ? (t.ended ? " (the last)" : " (the latest)") : "",
-                             ks.empty() ? fmt::format(": no log files in {}/attempt-{}", folder->job_dir, k) : "")
-              << std::flush;
-    print_merged(control::LogMerge::of_files(ks, req.ranks), a.timestamps);
+  for (const auto& at : attempts) {
+    std::cerr << "ddpctl logs: " << at.header << "\n" << std::flush;
+    print_merged(control::LogMerge::of_files(at.files, req.ranks), a.timestamps);
   }
   return 0;
 }
@@ -478,15 +459,25 @@ int run_logs(const ControlArgs& a) {
       return 2;
     }
   }
-  if (a.attempt && a.follow) {
-    std::cerr << "ddpctl logs: --follow is the current attempt's; --attempt reads the files of one that may be over\n";
-    return 2;
+  if (a.attempt) {
+    if (a.follow) {
+      std::cerr
+          << "ddpctl logs: --follow is the current attempt's; --attempt reads the files of one that may be over\n";
+      return 2;
+    }
+    const auto n = ddp::parse_int(*a.attempt);
+    if (*a.attempt != "all" && (!n || *n < 0 || *n > control::kMaxAttempt)) {
+      std::cerr << fmt::format("ddpctl logs: --attempt: expected an attempt number (0 is the first) or all, got '{}'\n",
+                               *a.attempt);
+      return 2;
+    }
+    req.attempt = n ? static_cast<int>(*n) : control::kEveryAttempt;
   }
   int rc = 0;
   bool defaulted = false;
   auto t = find_job(a, "logs", rc, &defaulted);
   if (!t) return rc;
-  if (a.attempt) return logs_of_attempts(a, req, *t, defaulted);
+  if (a.attempt && a.coordinator.empty()) return logs_of_attempts(a, req, *t, defaulted);
   if (t->ended) {  // the last attempt's files, as the launcher listed them when the job ended
     const auto& files = t->ended->files;
     if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())); outside && !files.empty()) {
@@ -524,8 +515,11 @@ int run_logs(const ControlArgs& a) {
     } else if (m->contains("dropped")) {
       std::cerr << fmt::format("ddpctl logs: {} line(s) skipped (we read too slowly; the log files have them)\n",
                                m->value("dropped", 0));
+    } else if (m->contains("attempt") && m->contains("header") && (*m)["header"].is_string()) {
+      // --attempt through a coordinator: the attempt whose lines follow
+      std::cerr << "ddpctl logs: " << ddp::clean_text((*m)["header"].get<std::string>(), 1024) << "\n" << std::flush;
     } else if (m->contains("unreadable") && (*m)["unreadable"].is_string()) {  // a coordinator's file skipped
-      std::cerr << "ddpctl logs: " << (*m)["unreadable"].get<std::string>() << "\n";
+      std::cerr << "ddpctl logs: " << ddp::clean_text((*m)["unreadable"].get<std::string>(), 1024) << "\n";
     } else if (m->contains("end")) {
       std::cerr << fmt::format("ddpctl logs: job {} ended ({})\n", t->job_id, m->value("end", "?"));
     }

@@ -36,6 +36,21 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
+std::string format_rank_list(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(ranks[i]);
+    if (j > i) (out += j == i + 1 ? "," : "-") += std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
 std::string join_first(const std::vector<std::string>& parts, std::string_view sep, std::size_t limit) {
   if (parts.size() <= limit) return join(parts, sep);
   std::string out;

@@ -15,6 +15,8 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep);
 // at 4096 nodes.
 std::string join_first(const std::vector<std::string>& parts, std::string_view sep, std::size_t limit);
 bool starts_with(std::string_view s, std::string_view prefix);
+// "0-3,5,7-8": sorted, de-duplicated, runs collapsed (a run of two is "7,8").
+std::string format_rank_list(std::vector<int> ranks);
 
 // Levenshtein distance, for "did you mean" hints.
 std::size_t edit_distance(std::string_view a, std::string_view b);

@@ -2,6 +2,7 @@
 
 #include "common/safe_fs.hpp"
 #include "common/strings.hpp"
+#include "control/paths.hpp"
 #include "control/protocol.hpp"
 
 #include <fmt/format.h>
@@ -162,6 +163,44 @@ std::optional<AttemptFolder> attempt_folder_of(const std::vector<std::pair<int, 
   return found;
 }
 
+std::vector<AttemptLogs> attempt_logs(const std::string& job_id, const std::vector<std::pair<int, std::string>>& files,
+                                      int which, const std::set<int>& ranks, bool ended) {
+  if (files.empty())  // no rank has started (a rendezvous still gathering)
+    throw ControlError(fmt::format("job {} has no log files yet", job_id));
+  const auto folder = attempt_folder_of(files);
+  if (!folder)
+    throw ControlError(fmt::format(
+        "job {}'s log files are not in its attempt folders, so its other attempts cannot be found", job_id));
+  int first = 0, last = folder->attempt;
+  if (which != kEveryAttempt) {
+    if (which < 0 || which > last)
+      throw ControlError(fmt::format("job {} has no attempt {} (it has {})", job_id, which,
+                                     last == 0 ? std::string("attempt 0") : fmt::format("attempts 0-{}", last)));
+    first = last = which;
+  }
+  std::vector<AttemptLogs> out;
+  for (int k = first; k <= last; ++k) {
+    auto ks = rank_files_of_attempt(folder->job_dir, k);
+    // A rank asked for that has no file there: said (attempts may differ in size, and a
+    // multi-node launcher's copy of a rank's lines begins with its first line).
+    std::vector<int> missing, present;
+    for (const auto& f : ks) present.push_back(f.first);
+    for (int r : ranks) {
+      if (!std::binary_search(present.begin(), present.end(), r)) missing.push_back(r);
+    }
+    if (!missing.empty() && !ks.empty())
+      throw ControlError(fmt::format("attempt {}: no log file{} of rank{} {} (there {} rank{} {})", k,
+                                     missing.size() == 1 ? "" : "s", missing.size() == 1 ? "" : "s",
+                                     format_rank_list(missing), present.size() == 1 ? "is" : "are",
+                                     present.size() == 1 ? "" : "s", format_rank_list(present)));
+    auto header = fmt::format("job {}, attempt {}{}{}", job_id, k,
+                              k == folder->attempt ? (ended ? " (the last)" : " (the latest)") : "",
+                              ks.empty() ? fmt::format(": no log files in {}/attempt-{}", folder->job_dir, k) : "");
+    out.push_back({k, std::move(ks), std::move(header)});
+  }
+  return out;
+}
+
 std::vector<std::pair<int, std::string>> rank_files_of_attempt(const std::string& job_dir, int n) {
   std::vector<std::pair<int, std::string>> out;
   const auto dir = fmt::format("{}/attempt-{}", job_dir, n);
@@ -177,8 +216,9 @@ std::vector<std::pair<int, std::string>> rank_files_of_attempt(const std::string
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
     if (!name.starts_with("rank-") || !name.ends_with(".log")) continue;  // not rank-<r>.log.1: of_files adds it
-    const auto r = parse_int(name.substr(5, name.size() - 9));
-    if (!r || *r < 0 || *r > (1 << 20)) continue;
+    const auto digits = name.substr(5, name.size() - 9);
+    const auto r = parse_int(digits);
+    if (!r || *r < 0 || *r > (1 << 20) || std::to_string(*r) != digits) continue;  // rank-01.log is no rank's
     out.emplace_back(static_cast<int>(*r), fmt::format("{}/{}", dir, name));
   }
   ::closedir(d);

@@ -73,4 +73,18 @@ std::optional<AttemptFolder> attempt_folder_of(const std::vector<std::pair<int, 
 // world size has its own), nothing followed; empty when there is no such folder.
 std::vector<std::pair<int, std::string>> rank_files_of_attempt(const std::string& job_dir, int n);
 
+// `ddpctl logs --attempt`, wherever the files are (here, or a standing coordinator's): the
+// attempts asked for, in order, each with its files and the line said before its lines ("job
+// J, attempt 1 (the last)"), for a job whose current (or, `ended`, last) attempt's files are
+// `files`. `which`: an attempt's number, or kEveryAttempt. Throws ControlError saying what is
+// wrong (the files are not in attempt folders; no such attempt; a rank an attempt lacks)
+// before anything is read.
+struct AttemptLogs {
+  int attempt = 0;
+  std::vector<std::pair<int, std::string>> files;
+  std::string header;
+};
+std::vector<AttemptLogs> attempt_logs(const std::string& job_id, const std::vector<std::pair<int, std::string>>& files,
+                                      int which, const std::set<int>& ranks, bool ended);
+
 }  // namespace ddp::control

@@ -311,18 +311,25 @@ std::optional<Ended> ended_from_json(const nlohmann::json& j) {
     Ended e;
     e.job_id = j.at("job_id").get<std::string>();
     e.status = j.at("status").get<std::string>();
-    // A standing coordinator's answer, or a file: an int of int's range, nothing converted.
-    const auto int_in = [](const nlohmann::json& v, std::int64_t lo, std::int64_t hi) -> std::optional<int> {
+    // A standing coordinator's answer, or a file: an integer in range, nothing converted.
+    const auto int64_in = [](const nlohmann::json& v, std::int64_t lo, std::int64_t hi) -> std::optional<std::int64_t> {
       if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)))
         return std::nullopt;
       const auto x = v.get<std::int64_t>();
       if (x < lo || x > hi) return std::nullopt;
-      return static_cast<int>(x);
+      return x;
+    };
+    const auto int_in = [&](const nlohmann::json& v, std::int64_t lo, std::int64_t hi) -> std::optional<int> {
+      const auto x = int64_in(v, lo, hi);
+      return x ? std::optional<int>(static_cast<int>(*x)) : std::nullopt;
     };
     const auto code = int_in(j.at("exit_code"), std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
     if (!code) return std::nullopt;
     e.exit_code = *code;
-    e.ended_unix_ms = j.at("ended_unix_ms").get<std::int64_t>();
+    // Milliseconds since 1970, up to the year 33658: `ddpctl status` subtracts it from now.
+    const auto ended = int64_in(j.at("ended_unix_ms"), 0, std::int64_t{1} << 50);
+    if (!ended) return std::nullopt;
+    e.ended_unix_ms = *ended;
     e.logs = j.at("logs").get<std::string>();
     e.result_json = j.at("result_json").get<std::string>();
     if (auto f = j.find("files"); f != j.end()) {

@@ -42,10 +42,17 @@ Request parse_request(std::string_view line) {
     throw ControlError(fmt::format("unknown op '{}' (status, stop, logs or stacks)", name));
   for (const auto& [k, v] : j.items()) {
     if (k == "op") continue;
-    const bool takes = (r.op == Op::logs && (k == "ranks" || k == "follow")) ||
+    const bool takes = (r.op == Op::logs && (k == "ranks" || k == "follow" || k == "attempt")) ||
                        (r.op == Op::stacks && (k == "ranks" || k == "native"));
     if (!takes) throw ControlError(fmt::format("'{}' does not take '{}'", name, k));
-    if (k == "follow" || k == "native") {
+    if (k == "attempt") {
+      if (v.is_string() && v.get<std::string>() == "all")
+        r.attempt = kEveryAttempt;
+      else if (v.is_number_integer() && v.get<long long>() >= 0 && v.get<long long>() <= kMaxAttempt)
+        r.attempt = v.get<int>();
+      else
+        throw ControlError("'attempt' must be an attempt number (0 is the first) or \"all\"");
+    } else if (k == "follow" || k == "native") {
       if (!v.is_boolean()) throw ControlError(fmt::format("'{}' must be true or false", k));
       (k == "follow" ? r.follow : r.native) = v.get<bool>();
     } else {
@@ -66,6 +73,7 @@ std::string encode_request(const Request& r) {
   if (r.op == Op::logs) {
     j["ranks"] = r.ranks;
     j["follow"] = r.follow;
+    if (r.attempt) j["attempt"] = *r.attempt == kEveryAttempt ? json("all") : json(*r.attempt);
   }
   if (r.op == Op::stacks) {
     j["ranks"] = r.ranks;

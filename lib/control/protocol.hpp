@@ -37,11 +37,19 @@ inline constexpr std::size_t kMaxRequestBytes = 4096;
 
 enum class Op { status, stop, logs, stacks };
 
+// `logs --attempt all` in a request's "attempt" (one attempt is its number, 0 the first).
+inline constexpr int kEveryAttempt = -1;
+inline constexpr int kMaxAttempt = 1'000'000;
+
 struct Request {
   Op op = Op::status;
   std::set<int> ranks;  // logs, stacks: empty means every rank
   bool follow = false;
   bool native = false;  // stacks
+  // logs: an earlier attempt's lines (kEveryAttempt: every attempt's, in order), read where the
+  // files are (a standing coordinator's); none: the current attempt's. Sent only when set, so
+  // that a peer that knows no "attempt" is asked what it knows.
+  std::optional<int> attempt;
 };
 
 // Throws ControlError naming what is wrong.

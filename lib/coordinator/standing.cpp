@@ -113,6 +113,7 @@ struct Relay {
   std::size_t files = 0;  // log files its backlog may hold open (0 once the backlog is sent)
   bool answered = false;
   bool ended = false;
+  std::optional<control::Request> attempts;  // `logs --attempt`: read here from the job's folder (send_attempts)
 };
 
 class Standing {
@@ -624,8 +625,17 @@ class Standing {
     auto r = std::make_shared<Relay>(io_);
     r->job_id = id;
     r->user = user;
-    relays_[c] = r;
     auto line = b.value("line", std::string());
+    // `logs --attempt`: the job is asked for its current files only; the attempts' folders are
+    // found beside them and read here (a line it cannot parse goes as it is: the job says why).
+    try {
+      if (auto req = control::parse_request(line); req.op == control::Op::logs && req.attempt) {
+        r->attempts = req;
+        line = control::encode_request(control::Request{control::Op::logs, {}, false, false, std::nullopt});
+      }
+    } catch (const control::ControlError&) {
+    }
+    relays_[c] = r;
     if (line.empty() || line.back() != '\n') line += '\n';
     r->sock.async_connect(path, [this, c, r, line](boost::system::error_code ec) {
       if (r->ended) return;
@@ -661,6 +671,15 @@ class Standing {
            {"ended", std::move(shown)}};
     if (last) j["last"] = true;
     const auto& files = e.record.files;
+    if (req.op == control::Op::logs && req.attempt) {
+      auto plan = attempts_of(c, e.record.job_id, files, req, true);
+      if (!plan) return;
+      auto r = relay_for_backlog(c, e.record.job_id, max_files(*plan));
+      if (!r) return;
+      r->attempts = req;
+      control_reply(c, std::move(j), false);
+      return send_attempts(c, r, std::move(plan), 0);
+    }
     if (req.op != control::Op::logs || files.empty()) return control_reply(c, std::move(j), true);
     if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())))
       return control_reply(c, {{"ok", false}, {"error", *outside}}, true);
@@ -692,6 +711,7 @@ class Standing {
       r->buf.consume(n);
       auto j = json::parse(line, nullptr, false);
       if (j.is_discarded()) return end_relay(c, *r, "the job's control socket sent a malformed line");
+      if (r->attempts && !r->answered) return relay_attempts(c, r, std::move(j));
       if (r->answered) {
         control_reply(c, std::move(j), false);
         return paced(c, r, [this, c, r] { read_relay(c, r); });
@@ -727,21 +747,112 @@ class Standing {
     });
   }
 
-  // The files' lines, read as the client takes them (one line per rank held, never the files).
-  void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<control::LogMerge> merge) {
+  // ---- `ddpctl logs --attempt N|all --coordinator` ----
+  // The attempts' files are on this machine: found beside the job's current (or last) ones
+  // (control::attempt_logs, as ddpctl finds a local job's), and their lines sent attempt by
+  // attempt, each after {"attempt": N, "header": "job J, attempt N (the last)"}; then the end.
+
+  using AttemptPlan = std::shared_ptr<std::vector<control::AttemptLogs>>;
+
+  // Null (the client told why) where the plan cannot be made.
+  AttemptPlan attempts_of(Connection* c, const std::string& job_id,
+                          const std::vector<std::pair<int, std::string>>& files, const control::Request& req,
+                          bool ended) {
+    try {
+      return std::make_shared<std::vector<control::AttemptLogs>>(
+          control::attempt_logs(job_id, files, *req.attempt, req.ranks, ended));
+    } catch (const control::ControlError& e) {
+      control_reply(c, {{"ok", false}, {"error", e.what()}}, true);
+      return nullptr;
+    }
+  }
+
+  static std::size_t max_files(const std::vector<control::AttemptLogs>& plan) {
+    std::size_t n = 0;
+    for (const auto& a : plan) n = std::max(n, a.files.size());
+    return n;
+  }
+
+  // A relay with no job socket, for a backlog of `files` files at most; null (refused) past the limits.
+  std::shared_ptr<Relay> relay_for_backlog(Connection* c, const std::string& job_id, std::size_t files) {
+    const auto& user = *user_of(c);
+    auto why = refuse_relay(relay_limits_, relay_use(nullptr), relay_use(&user), user);
+    if (!why) why = refuse_backlog(relay_limits_, relay_use(nullptr), relay_use(&user), user, job_id, files);
+    if (why) {
+      log_->warn("{}: {}; refused", c->label(), *why);
+      c->refuse(proto::ErrorCode::bad_value, *why);
+      return nullptr;
+    }
+    auto r = std::make_shared<Relay>(io_);
+    r->job_id = job_id;
+    r->user = user;
+    r->answered = true;
+    r->files = files;
+    relays_[c] = r;
+    return r;
+  }
+
+  // A running job's answer to the plain `logs` asked in its place: its current files.
+  void relay_attempts(Connection* c, const std::shared_ptr<Relay>& r, json j) {
+    boost::system::error_code ignored;
+    r->sock.close(ignored);  // nothing more is wanted of the job
+    if (!j.value("ok", false) || !j["files"].is_array()) {
+      r->answered = true;
+      j["job_id"] = r->job_id;
+      control_reply(c, std::move(j), true);
+      r->ended = true;
+      return;
+    }
+    std::vector<std::pair<int, std::string>> files;
+    for (const auto& f : j["files"]) {
+      if (f.is_object()) files.emplace_back(f.value("rank", -1), f.value("path", std::string()));
+    }
+    auto plan = attempts_of(c, r->job_id, files, *r->attempts, false);
+    if (!plan) {
+      r->ended = true;
+      return;
+    }
+    if (auto why = refuse_backlog(relay_limits_, relay_use(nullptr), relay_use(&r->user), r->user, r->job_id,
+                                  max_files(*plan))) {
+      log_->warn("{}: {}; refused", c->label(), *why);
+      r->ended = true;
+      return c->refuse(proto::ErrorCode::bad_value, *why);
+    }
+    r->answered = true;
+    r->files = max_files(*plan);
+    j["job_id"] = r->job_id;
+    j["files"] = json::array();
+    control_reply(c, std::move(j), false);
+    send_attempts(c, r, std::move(plan), 0);
+  }
+
+  void send_attempts(Connection* c, const std::shared_ptr<Relay>& r, AttemptPlan plan, std::size_t i) {
+    if (r->ended) return;
+    if (i == plan->size()) return end_relay(c, *r, "");
+    const auto& a = (*plan)[i];
+    control_reply(c, {{"attempt", a.attempt}, {"header", a.header}}, false);
+    send_backlog(c, r, std::make_shared<control::LogMerge>(control::LogMerge::of_files(a.files, r->attempts->ranks)),
+                 [this, c, r, plan, i] { send_attempts(c, r, plan, i + 1); });
+  }
+
+  // The files' lines, read as the client takes them (one line per rank held, never the files);
+  // then `then`, else the live stream (a running job's) or the end (an ended job's).
+  void send_backlog(Connection* c, const std::shared_ptr<Relay>& r, std::shared_ptr<control::LogMerge> merge,
+                    std::function<void()> then = {}) {
     while (c->queued_bytes() < kRelayHighWater) {
       auto l = merge->next();
       if (!l) {
-        r->files = 0;  // every file read and closed
         // A file skipped (a link, a FIFO, not its folder's owner's), named as `ddpctl logs` names
         // one of a local job's.
         for (const auto& u : merge->unreadable()) control_reply(c, {{"unreadable", u}}, false);
+        if (then) return then();
+        r->files = 0;                                         // every file read and closed
         if (!r->sock.is_open()) return end_relay(c, *r, "");  // an ended job's: nothing follows
         return read_relay(c, r);
       }
       control_reply(c, {{"rank", l->rank}, {"stream", l->stream}, {"line", l->text}, {"time", l->time}}, false);
     }
-    paced(c, r, [this, c, r, merge] { send_backlog(c, r, merge); });
+    paced(c, r, [this, c, r, merge, then] { send_backlog(c, r, merge, then); });
   }
 
   // Carries on once the client has taken most of what is queued for it.

@@ -20,21 +20,6 @@ std::string printable_key(std::string_view key) {
   return out;
 }
 
-std::string format_rank_list(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += std::to_string(ranks[i]);
-    if (j > i) out += fmt::format("{}{}", j == i + 1 ? "," : "-", ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 std::string format_wait_report(const WaitReport& report, int world_size, Clock::time_point now) {
   struct Line {
     Clock::time_point oldest;

@@ -7,6 +7,8 @@
 // tie a connection to a rank, pids where it could only tie it to a process.
 #pragma once
 
+#include "common/strings.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -53,7 +55,6 @@ constexpr std::size_t kMaxReportLines = 20;
 // quote keys in messages) as \xNN.
 std::string printable_key(std::string_view key);
 
-// "0-3,5,7-8": sorted, de-duplicated, runs collapsed.
-std::string format_rank_list(std::vector<int> ranks);
+using ddp::format_rank_list;
 
 }  // namespace ddp::store

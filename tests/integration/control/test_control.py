@@ -386,7 +386,7 @@ def test_logs_of_earlier_attempts(tmp_path, rt):
     r = ctl(rt, "logs", "--attempt", "2", "rs-1")
     assert r.returncode == 1 and "job rs-1 has no attempt 2 (it has attempts 0-1)" in r.stderr, r.stderr
     r = ctl(rt, "logs", "--attempt", "0", "--ranks", "5", "rs-1")
-    assert r.returncode == 1 and "attempt 0: the job has no rank 5 (it has ranks 0-1)" in r.stderr, r.stderr
+    assert r.returncode == 1 and "attempt 0: no log file of rank 5 (there are ranks 0,1)" in r.stderr, r.stderr
     r = ctl(rt, "logs", "--attempt", "0", "-f", "rs-1")
     assert r.returncode == 2 and "--follow" in r.stderr, r.stderr
     r = ctl(rt, "logs", "--attempt", "", "rs-1")  # not taken for "the last attempt"

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -159,3 +160,69 @@ def test_a_user_is_remembered_for_their_last_64_jobs(site):
         assert r.returncode == 1 and f"job many-{i} ended" in r.stderr and "succeeded" in r.stderr, r.stderr
     r = site.ddpctl("status")
     assert "the last one: job many-65 ended" in r.stderr, r.stderr
+
+
+# Attempt 0: both ranks print, then fail together (each waits for the other's line first, so no
+# rank is stopped before it printed); attempt 1 prints and waits for the test's go.
+ATTEMPTS = ("import os, pathlib, sys, time\n"
+            "n, rank = os.environ['TORCHELASTIC_RESTART_COUNT'], os.environ['RANK']\n"
+            "print(f'attempt {n} rank {rank}', flush=True)\n"
+            "d = pathlib.Path(sys.argv[1])\n"
+            "(d / f'said-{n}-{rank}').touch()\n"
+            "deadline = time.monotonic() + 60\n"
+            "def wait(p):\n"
+            "    while not p.exists() and time.monotonic() < deadline:\n"
+            "        time.sleep(0.02)\n"
+            "if n == '0':\n"
+            "    wait(d / f'said-0-{1 - int(rank)}')\n"
+            "    sys.exit(3)\n"
+            "wait(d / 'go')\n")
+
+
+def test_earlier_attempts_lines_through_the_coordinator(site):
+    """`ddpctl logs --attempt N|all --coordinator`: the attempts' files are on the coordinator's
+    machine; it finds them beside the job's current (or last) ones and sends their lines, each
+    attempt after a line naming it, for a running job and for one that ended."""
+    worker = site.dir / "attempts.py"
+    worker.write_text(ATTEMPTS)
+    job = site.job("att", ["/usr/bin/python3", str(worker), str(site.dir)], nproc=2,
+                   extra="restart: {max_restarts: 1, backoff: 0.1s}\n")
+    p = site.submit(job, "--job-id", "att-1", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not all((site.dir / f"said-1-{r}").exists() for r in (0, 1)):
+            assert time.time() < deadline and p.poll() is None, site.logs()
+            time.sleep(0.05)
+        # Running, in attempt 1.
+        r = site.ddpctl("logs", "--attempt", "0", "att-1")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert sorted(r.stdout.splitlines()) == ["[0] attempt 0 rank 0", "[1] attempt 0 rank 1"], r.stdout + r.stderr
+        assert "ddpctl logs: job att-1, attempt 0\n" in r.stderr, r.stderr
+        deadline = time.time() + 30
+        while True:  # attempt 1's lines reach the coordinator's copy as they come
+            r = site.ddpctl("logs", "--attempt", "all", "--ranks", "1", "att-1")
+            if r.stdout.splitlines() == ["[1] attempt 0 rank 1", "[1] attempt 1 rank 1"] or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert r.returncode == 0 and r.stdout.splitlines() == ["[1] attempt 0 rank 1", "[1] attempt 1 rank 1"], \
+            r.stdout + r.stderr
+        assert "job att-1, attempt 1 (the latest)" in r.stderr, r.stderr
+        r = site.ddpctl("logs", "--attempt", "2", "att-1")
+        assert r.returncode == 1 and "job att-1 has no attempt 2 (it has attempts 0-1)" in r.stderr, r.stderr
+    finally:
+        (site.dir / "go").touch()
+    rc, _, err = finish(p, timeout=120)
+    assert rc == 0, err + site.logs()
+    # Ended: from its end record.
+    r = site.ddpctl("logs", "--attempt", "all", "att-1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert sorted(lines[:2]) == ["[0] attempt 0 rank 0", "[1] attempt 0 rank 1"], lines
+    assert sorted(lines[2:]) == ["[0] attempt 1 rank 0", "[1] attempt 1 rank 1"], lines
+    assert "job att-1, attempt 0\n" in r.stderr and "job att-1, attempt 1 (the last)" in r.stderr, r.stderr
+    r = site.ddpctl("logs", "--attempt", "0", "--ranks", "1", "att-1")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["[1] attempt 0 rank 1"], r.stdout + r.stderr
+    r = site.ddpctl("logs", "--attempt", "0", "--ranks", "4", "att-1")
+    assert r.returncode == 1 and "attempt 0: no log file of rank 4 (there are ranks 0,1)" in r.stderr, r.stderr
+    r = site.ddpctl("logs", "--attempt", "x", "att-1")
+    assert r.returncode == 2 and "--attempt: expected an attempt number" in r.stderr, r.stderr

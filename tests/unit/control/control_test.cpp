@@ -55,6 +55,23 @@ TEST(ControlProtocol, BadRequestsSayWhy) {
   EXPECT_EQ(msg(R"({"op": "logs", "ranks": [-1]})"), "'ranks' must be a list of rank numbers");
   EXPECT_EQ(msg(R"({"op": "logs", "follow": "yes"})"), "'follow' must be true or false");
   EXPECT_EQ(msg(std::string(kMaxRequestBytes + 1, ' ')), "request too long");
+  for (const char* bad : {R"("x")", "-1", "1000001", "1.5", "true"})
+    EXPECT_EQ(msg(std::string(R"({"op": "logs", "attempt": )") + bad + "}"),
+              "'attempt' must be an attempt number (0 is the first) or \"all\"")
+        << bad;
+  EXPECT_EQ(msg(R"({"op": "stacks", "attempt": 1})"), "'stacks' does not take 'attempt'");
+}
+
+TEST(ControlProtocol, AnAttemptGoesOnlyWhenAskedFor) {
+  // A launcher that knows no "attempt" refuses what it does not know: a plain request has none.
+  EXPECT_FALSE(json::parse(encode_request(Request{Op::logs, {1}, false})).contains("attempt"));
+  Request r{Op::logs, {1}, false};
+  r.attempt = 3;
+  EXPECT_EQ(json::parse(encode_request(r))["attempt"], 3);
+  EXPECT_EQ(parse_request(encode_request(r)).attempt, 3);
+  r.attempt = kEveryAttempt;
+  EXPECT_EQ(json::parse(encode_request(r))["attempt"], "all");
+  EXPECT_EQ(parse_request(encode_request(r)).attempt, kEveryAttempt);
 }
 
 TEST(ControlProtocol, StacksRequestRoundTrips) {
@@ -258,8 +275,10 @@ TEST(ControlPaths, TheGuardiansRecordIsARecordOnceItsTimeIsFilledIn) {
   EXPECT_EQ(back->message, e.message);
   // A number of another kind or range is no record (a standing coordinator's answer is read
   // with this; 1e300 converted to int was undefined).
-  for (const char* bad : {R"("exit_code": 1e300)", R"("exit_code": 4294967296)", R"("exit_code": "1")",
-                          R"("exit_code": 18446744073709551615)"}) {
+  for (const char* bad :
+       {R"("exit_code": 1e300)", R"("exit_code": 4294967296)", R"("exit_code": "1")",
+        R"("exit_code": 18446744073709551615)", R"("ended_unix_ms": 1e300)", R"("ended_unix_ms": 9223372036854775813)",
+        R"("ended_unix_ms": -5)", R"("ended_unix_ms": 1.5)"}) {
     auto k = j;
     k.merge_patch(nlohmann::json::parse(std::string("{") + bad + "}"));
     EXPECT_EQ(ended_from_json(k), std::nullopt) << bad;
@@ -600,4 +619,45 @@ TEST(LogAttempts, AnAttemptsRankFilesAreListedByRankNothingFollowed) {
   // An attempt folder that is a link (the job's own doing) is not read.
   std::filesystem::create_directory_symlink(d.p / "attempt-0", d.p / "attempt-1");
   EXPECT_TRUE(rank_files_of_attempt(d.p.string(), 1).empty());
+  // rank-02.log is not rank 2's (two files of one rank would be shown twice).
+  std::ofstream(d.p / "attempt-0" / "rank-02.log") << "x";
+  EXPECT_EQ(rank_files_of_attempt(d.p.string(), 0), want);
+}
+
+TEST(LogAttempts, WhichAttemptsAndWhatIsSaidBeforeEach) {
+  TempDir d;
+  for (const char* f :
+       {"attempt-0/rank-0.log", "attempt-0/rank-1.log", "attempt-0/rank-3.log", "attempt-2/rank-0.log"}) {
+    std::filesystem::create_directories((d.p / f).parent_path());
+    std::ofstream(d.p / f) << "x";
+  }
+  const std::vector<std::pair<int, std::string>> current{{0, (d.p / "attempt-2" / "rank-0.log").string()}};
+  auto all = attempt_logs("j", current, kEveryAttempt, {}, true);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].attempt, 0);
+  EXPECT_EQ(all[0].files.size(), 3u);
+  EXPECT_EQ(all[0].header, "job j, attempt 0");
+  EXPECT_EQ(all[1].header, fmt::format("job j, attempt 1: no log files in {}/attempt-1", d.p.string()));
+  EXPECT_TRUE(all[1].files.empty());
+  EXPECT_EQ(all[2].header, "job j, attempt 2 (the last)");
+  EXPECT_EQ(attempt_logs("j", current, 2, {}, false)[0].header, "job j, attempt 2 (the latest)");
+  // A rank with a file is found by its number, not by how many files there are (a multi-node
+  // launcher's copy of a rank begins with its first line: rank 3's without rank 2's).
+  auto one = attempt_logs("j", current, 0, {3}, true);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].files.size(), 3u);  // the merge takes the ranks asked for
+  auto error = [&](int which, std::set<int> ranks, std::vector<std::pair<int, std::string>> files) {
+    try {
+      attempt_logs("j", files, which, ranks, true);
+    } catch (const ControlError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(error(0, {2, 5}, current), "attempt 0: no log files of ranks 2,5 (there are ranks 0,1,3)");
+  EXPECT_EQ(error(kEveryAttempt, {1}, current), "attempt 2: no log file of rank 1 (there is rank 0)");
+  EXPECT_EQ(error(3, {}, current), "job j has no attempt 3 (it has attempts 0-2)");
+  EXPECT_EQ(error(0, {}, {}), "job j has no log files yet");
+  EXPECT_EQ(error(0, {}, {{0, "/elsewhere/rank-0.log"}}),
+            "job j's log files are not in its attempt folders, so its other attempts cannot be found");
 }
