@@ -283,18 +283,28 @@ class Coordinator {
   // (supervisor/guardian.hpp) with nothing to kill here (each node's agent stops its ranks once
   // it loses us) writes it when this process is gone. One per attempt: the record names the
   // attempt's log files.
-  void end_recorder() {
-    if (recorder_) {
-      recorder_->done();
-      recorders_ended_.push_back(recorder_->pid());
-      recorder_.reset();
+  void end_recorder() { retire(recorder_); }
+
+  void retire(std::optional<supervisor::Guardian>& g) {
+    if (g) {
+      g->done();
+      recorders_ended_.push_back(g->pid());
+      g.reset();
     }
     // Reaped once they exited (at once, told done): nothing else here reaps children.
     std::erase_if(recorders_ended_, [](pid_t p) { return ::waitpid(p, nullptr, WNOHANG) != 0; });
   }
 
+  // The last attempt's recorder is ended once this one runs: a launcher killed between the two
+  // leaves a record all the same (each writes under a name of its own; one record wins).
   void start_recorder(const rdzv::AssignRanks& a) {
-    end_recorder();
+    std::optional<supervisor::Guardian> last;
+    if (recorder_) last.emplace(std::move(*recorder_)), recorder_.reset();
+    start_new_recorder(a);
+    retire(last);
+  }
+
+  void start_new_recorder(const rdzv::AssignRanks& a) {
     if (!opts_.control_dir.empty() || !opts_.own_signals) return;
     std::vector<std::pair<int, std::string>> files;
     for (const auto& na : a.nodes) {
