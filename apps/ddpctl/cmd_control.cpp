@@ -82,9 +82,10 @@ std::string describe_ended(const control::Ended& e, bool remote = false) {
   const char* where = remote ? " on the coordinator's machine" : "";
   // Every field made safe for a terminal: a coordinator's answer, or a file.
   const auto shown = [](const std::string& s) { return ddp::clean_text(s, 1024); };
-  // A record with a message has no exit code to give (a launcher killed: its guardian wrote it).
-  const auto how = e.message.empty() ? fmt::format("{}, exit code {}", shown(e.status), e.exit_code)
-                                     : fmt::format("{}: {}", shown(e.status), ddp::clean_text(e.message, 512));
+  // A record may say why (a hang, a restart that could not start); one with exit code -1 has
+  // none to give (a launcher killed: its guardian wrote it).
+  auto how = e.exit_code >= 0 ? fmt::format("{}, exit code {}", shown(e.status), e.exit_code) : shown(e.status);
+  if (!e.message.empty()) how += ": " + ddp::clean_text(e.message, 512);
   return fmt::format("job {} ended {} ago ({}); {}logs{}: {}", shown(e.job_id), ago, how,
                      e.result_json.empty() ? "" : fmt::format("result{}: {}; ", where, shown(e.result_json)), where,
                      shown(e.logs));

@@ -675,10 +675,27 @@ class LocalLauncher {
   }
 
   control::Ended end_record() const {
-    return control::ended_now(report_.job_id, report_.status, report_.exit_code,
-                              fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+    auto e = control::ended_now(report_.job_id, report_.status, report_.exit_code,
+                                fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+    e.message = report_.message;  // a hang's cause, a restart that could not start
+    return e;
   }
 
+ public:
+  // A LaunchError out of run() once the job is known to `ddpctl status` (its control socket is
+  // open): a restart whose plan cannot be made (a GPU gone), say. The job's record says so, as
+  // its result file does, rather than the job vanishing.
+  void record_refusal(const LaunchError& e) {
+    if (done_ || !control_) return;
+    done_ = true;
+    report_.status = e.exit_code() == 2 ? "failed" : "stopped";
+    report_.exit_code = e.exit_code();
+    report_.message = e.what();
+    control_->end(report_.status, end_record());
+    end_last_guardian();
+  }
+
+ private:
   void done() {
     done_ = true;
     if (control_) control_->end(report_.status, end_record());
@@ -893,8 +910,9 @@ int run_local(LaunchOptions opts) {
   try {
     return launcher.run();
   } catch (const LaunchError& e) {
-    // Refused before any attempt (a program not found, a port taken, a container's preflight):
-    // the result file still says why, as docs/reference.md promises.
+    launcher.record_refusal(e);
+    // Refused before any attempt (a program not found, a port taken, a container's preflight),
+    // or a restart's: the result file still says why, as docs/reference.md promises.
     if (result_json) {
       JobReport r;
       r.job_id = launcher.job_id();

@@ -289,6 +289,24 @@ def test_a_launcher_killed_in_a_restarts_backoff_leaves_the_jobs_record(tmp_path
             p.wait()
 
 
+def test_a_restart_that_cannot_start_leaves_the_jobs_record_saying_why(tmp_path, rt):
+    # Attempt 0 leaves a file where attempt 1's log folder goes: the restart cannot start. The
+    # job must not vanish from `ddpctl status`: its record says why, with ddpctl's exit code.
+    worker = tmp_path / "block.py"
+    worker.write_text("import os\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'logs', 'rf-1', 'attempt-1'), 'w').close()\n"
+                      "raise SystemExit(3)\n")
+    job = write_job(tmp_path, f"name: rf\nnproc_per_node: 1\ncommand: [{PYTHON}, {worker}]\n"
+                              "restart: {max_restarts: 1, backoff: 0.1s}\nnccl: {unique_id: off}\n", name="rf.yaml")
+    r = launch(job, "-q", "--job-id", "rf-1", env=ctl_env(rt))
+    assert r.returncode == 2 and "cannot create the log directory" in r.stderr, r.stderr
+    r = ctl(rt, "status", "rf-1")
+    assert r.returncode == 1 and "(failed, exit code 2: cannot create the log directory" in r.stderr, r.stderr
+    record = json.loads(ctl(rt, "status", "--json", "rf-1").stdout)
+    assert record["status"] == "failed" and record["exit_code"] == 2, record
+    assert "cannot create the log directory" in record["message"], record
+
+
 def test_another_user_is_refused_even_with_the_socket_open(tmp_path):
     # A folder every user can traverse (pytest's tmp_path is private to root).
     rt = Path(tempfile.mkdtemp(prefix="ddp-ctl-", dir="/var/tmp"))
