@@ -179,18 +179,18 @@ class Checker {
               "; the job would stop at `import torch`: install PyTorch for that interpreter, or name one that has "
               "it with the job file's python: key",
           nodes);
-    for (const auto& [python, nodes] : no_torch_guessed)
-      add(Severity::warning, "python-no-torch",
-          "no torch in " + python + " on " + join(nodes, ", ") +
-              "; a job that runs it would stop at `import torch`: install PyTorch for it, or ask the job's own "
-              "interpreter (`ddpctl doctor --job FILE`; the job file's python: key names it)",
-          nodes);
-    for (const auto& [python, nodes] : no_torch_job_guess)
-      add(Severity::warning, "python-no-torch",
-          "no torch in " + python + " on " + join(nodes, ", ") +
-              "; a job that runs it would stop at `import torch`: install PyTorch for it, or name the job's "
-              "interpreter with the job file's python: key",
-          nodes);
+    const std::pair<const Groups*, const char*> guesses[] = {
+        {&no_torch_guessed,
+         "ask the job's own interpreter (`ddpctl doctor --job FILE`; the job file's python: key "
+         "names it)"},
+        {&no_torch_job_guess, "name the job's interpreter with the job file's python: key"}};
+    for (const auto& [groups, hint] : guesses) {
+      for (const auto& [python, nodes] : *groups)
+        add(Severity::warning, "python-no-torch",
+            "no torch in " + python + " on " + join(nodes, ", ") +
+                "; a job that runs it would stop at `import torch`: install PyTorch for it, or " + hint,
+            nodes);
+    }
     for (const auto& [why, nodes] : unknown)
       add(Severity::warning, "python-unknown",
           "the Python asked on " + join(nodes, ", ") + " did not answer, so its torch is not known: " + why, nodes);
