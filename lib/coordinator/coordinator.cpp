@@ -300,7 +300,12 @@ class Coordinator {
   void start_recorder(const rdzv::AssignRanks& a) {
     std::optional<supervisor::Guardian> last;
     if (recorder_) last.emplace(std::move(*recorder_)), recorder_.reset();
-    start_new_recorder(a);
+    try {
+      start_new_recorder(a);
+    } catch (...) {
+      retire(last);  // this process is not gone: no record of a death
+      throw;
+    }
     retire(last);
   }
 

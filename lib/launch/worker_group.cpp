@@ -75,9 +75,10 @@ void WorkerGroup::succeed(supervisor::Guardian predecessor) {
 
 std::optional<supervisor::Guardian> WorkerGroup::take_guardian() {
   std::optional<supervisor::Guardian> out;
-  if (!finished_ || !opts_.last_word || !guardian_) return out;
-  out.emplace(std::move(*guardian_));
-  guardian_.reset();
+  auto& g = guardian_ ? guardian_ : predecessor_;  // the word's holder
+  if (!finished_ || !opts_.last_word || !g) return out;
+  out.emplace(std::move(*g));
+  g.reset();
   return out;
 }
 
@@ -165,8 +166,11 @@ void WorkerGroup::start() {
   }
   // The last attempt's guardian, standing down, hands over the word at once (both writing it
   // would be a race the first to finish wins, with the last attempt's files).
-  if (predecessor_) predecessor_->done();
-  predecessor_.reset();
+  // (One that could not start leaves the word with the last one, naming its files: better than none.)
+  if (guardian_ || !opts_.last_word) {
+    if (predecessor_) predecessor_->done();
+    predecessor_.reset();
+  }
   if (guardian_) {
     // Without a cgroup, each rank's process group is what it can kill (each rank leads its
     // own); with one, cgroup.kill reaches everything and no group id is at risk of reuse.
