@@ -34,6 +34,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -344,6 +345,7 @@ std::optional<control::Ended> ended_in(const json& reply, bool& defaulted) {
   control::Ended unknown;  // malformed: said as such rather than taken for a running job
   unknown.job_id = job_id_in(reply, "?");
   unknown.status = "ended (the coordinator's record of it is malformed)";
+  unknown.exit_code = -1;  // not known: no "exit code 0" said of it
   return unknown;
 }
 
@@ -419,6 +421,7 @@ void print_merged(std::vector<control::LogMerge::Source> sources, bool timestamp
 // on stderr saying which. (Through a standing coordinator, it reads them and sends the lines.)
 int logs_of_attempts(const ControlArgs& a, const control::Request& req, Target& t, bool defaulted) {
   std::vector<std::pair<int, std::string>> files;
+  std::map<std::string, std::uint64_t> sizes;
   if (t.ended) {
     files = t.ended->files;
     std::cerr << "ddpctl logs: " << said_ended(*t.ended, defaulted) << "\n";
@@ -434,7 +437,10 @@ int logs_of_attempts(const ControlArgs& a, const control::Request& req, Target& 
       std::cerr << "ddpctl logs: the job's log files are not on this machine\n";
       return 1;
     }
-    for (const auto& f : (*reply)["files"]) files.emplace_back(f.value("rank", -1), f.value("path", ""));
+    for (const auto& f : (*reply)["files"]) {
+      files.emplace_back(f.value("rank", -1), f.value("path", ""));
+      sizes[files.back().second] = f.value("size", std::uint64_t{0});  // the latest attempt's, as they were
+    }
   }
   std::vector<control::AttemptLogs> attempts;
   try {
@@ -445,7 +451,7 @@ int logs_of_attempts(const ControlArgs& a, const control::Request& req, Target& 
   }
   for (const auto& at : attempts) {
     std::cerr << "ddpctl logs: " << at.header << "\n" << std::flush;
-    print_merged(control::LogMerge::of_files(at.files, req.ranks), a.timestamps);
+    print_merged(control::LogMerge::of_files(at.files, req.ranks, sizes), a.timestamps);
   }
   return 0;
 }

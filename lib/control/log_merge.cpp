@@ -62,7 +62,8 @@ struct LogMerge::Reader {
 };
 
 std::vector<LogMerge::Source> LogMerge::of_files(const std::vector<std::pair<int, std::string>>& files,
-                                                 const std::set<int>& ranks) {
+                                                 const std::set<int>& ranks,
+                                                 const std::map<std::string, std::uint64_t>& limits) {
   std::vector<Source> sources;
   for (const auto& [rank, path] : files) {
     if (!ranks.empty() && !ranks.contains(rank)) continue;
@@ -72,7 +73,8 @@ std::vector<LogMerge::Source> LogMerge::of_files(const std::vector<std::pair<int
     // target exists is not ours to tell).
     if (std::filesystem::symlink_status(path + ".1", ec).type() == std::filesystem::file_type::regular)
       chain.push_back({path + ".1"});
-    chain.push_back({path});
+    const auto limit = limits.find(path);
+    chain.push_back({path, limit == limits.end() ? UINT64_MAX : limit->second});
     sources.push_back({rank, std::move(chain)});
   }
   return sources;

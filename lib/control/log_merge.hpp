@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -38,9 +39,10 @@ class LogMerge {
   };
   static constexpr std::size_t kMaxLine = 256 * 1024;
   // An ended job's files as its end record lists them (rank, path), each after its rotated
-  // <file>.1 where there is one (logs.max_size); only `ranks` (every rank when empty).
-  static std::vector<Source> of_files(const std::vector<std::pair<int, std::string>>& files,
-                                      const std::set<int>& ranks);
+  // <file>.1 where there is one (logs.max_size); only `ranks` (every rank when empty). A file
+  // in `limits` is read up to the size given there (a running job's, as it answered).
+  static std::vector<Source> of_files(const std::vector<std::pair<int, std::string>>& files, const std::set<int>& ranks,
+                                      const std::map<std::string, std::uint64_t>& limits = {});
 
   explicit LogMerge(std::vector<Source> sources);
   ~LogMerge();

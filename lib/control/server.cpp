@@ -234,6 +234,12 @@ void Server::on_request(const std::shared_ptr<Client>& c, const std::string& lin
       return;
     }
     case Op::logs: {
+      if (r.attempt) {  // another attempt's files are read where they are (ddpctl logs --attempt)
+        c->send(
+            {{"ok", false}, {"error", "a launcher sends its current files; ddpctl logs --attempt reads the others"}});
+        c->finish();
+        return;
+      }
       if (auto missing = missing_ranks(r.ranks)) {
         c->send({{"ok", false}, {"error", *missing}});
         c->finish();

@@ -804,8 +804,12 @@ class Standing {
       return;
     }
     std::vector<std::pair<int, std::string>> files;
+    auto sizes = std::make_shared<std::map<std::string, std::uint64_t>>();
     for (const auto& f : j["files"]) {
-      if (f.is_object()) files.emplace_back(f.value("rank", -1), f.value("path", std::string()));
+      if (!f.is_object()) continue;
+      files.emplace_back(f.value("rank", -1), f.value("path", std::string()));
+      // The latest attempt's files are read up to what they held when asked, as plain `logs`.
+      (*sizes)[files.back().second] = f.value("size", std::uint64_t{0});
     }
     auto plan = attempts_of(c, r->job_id, files, *r->attempts, false);
     if (!plan) {
@@ -823,16 +827,21 @@ class Standing {
     j["job_id"] = r->job_id;
     j["files"] = json::array();
     control_reply(c, std::move(j), false);
-    send_attempts(c, r, std::move(plan), 0);
+    send_attempts(c, r, std::move(plan), 0, std::move(sizes));
   }
 
-  void send_attempts(Connection* c, const std::shared_ptr<Relay>& r, AttemptPlan plan, std::size_t i) {
+  using Sizes = std::shared_ptr<const std::map<std::string, std::uint64_t>>;
+
+  void send_attempts(Connection* c, const std::shared_ptr<Relay>& r, AttemptPlan plan, std::size_t i,
+                     Sizes sizes = nullptr) {
     if (r->ended) return;
     if (i == plan->size()) return end_relay(c, *r, "");
     const auto& a = (*plan)[i];
     control_reply(c, {{"attempt", a.attempt}, {"header", a.header}}, false);
-    send_backlog(c, r, std::make_shared<control::LogMerge>(control::LogMerge::of_files(a.files, r->attempts->ranks)),
-                 [this, c, r, plan, i] { send_attempts(c, r, plan, i + 1); });
+    auto sources = sizes ? control::LogMerge::of_files(a.files, r->attempts->ranks, *sizes)
+                         : control::LogMerge::of_files(a.files, r->attempts->ranks);
+    send_backlog(c, r, std::make_shared<control::LogMerge>(std::move(sources)),
+                 [this, c, r, plan, i, sizes] { send_attempts(c, r, plan, i + 1, sizes); });
   }
 
   // The files' lines, read as the client takes them (one line per rank held, never the files);

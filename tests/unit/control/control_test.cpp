@@ -384,6 +384,40 @@ TEST(ControlServer, EndLeavesTheLoopFreeOnceClientsHaveTheirLastLine) {
   std::filesystem::remove_all(dir);
 }
 
+// A launcher sends its current files; another attempt's are read where they are: a request for
+// one is refused, not answered with the current attempt's files.
+TEST(ControlServer, ALauncherRefusesARequestForAnotherAttempt) {
+  TempDir d;
+  const auto path = (d.p / "job.sock").string();
+  boost::asio::io_context io;
+  Server server(io, path,
+                Provider{[] { return json::object(); }, [](const std::string&) {},
+                         [](const std::set<int>&) {
+                           return std::vector<std::pair<int, std::string>>{{0, "/logs/j/attempt-1/rank-0.log"}};
+                         }});
+  auto ask = [&](const Request& r) {
+    boost::asio::local::stream_protocol::socket client(io);
+    client.connect(boost::asio::local::stream_protocol::endpoint(path));
+    boost::asio::write(client, boost::asio::buffer(encode_request(r)));
+    boost::asio::streambuf buf;
+    boost::system::error_code ec;
+    std::atomic<bool> answered{false};
+    std::thread reader([&] {
+      boost::asio::read_until(client, buf, '\n', ec);
+      answered = true;
+    });
+    for (int i = 0; i < 400 && !answered; ++i) io.run_for(std::chrono::milliseconds(5));
+    reader.join();
+    return json::parse(std::string(boost::asio::buffers_begin(buf.data()), boost::asio::buffers_end(buf.data())));
+  };
+  Request r{Op::logs, {}, false};
+  EXPECT_TRUE(ask(r).value("ok", false));
+  r.attempt = 0;
+  const auto refused = ask(r);
+  EXPECT_FALSE(refused.value("ok", true)) << refused;
+  EXPECT_NE(refused.value("error", "").find("ddpctl logs --attempt reads the others"), std::string::npos) << refused;
+}
+
 // `ddpctl status` (and a starting launcher's sweep) removes a socket that refuses connections as
 // a dead launcher's. A socket bound but not yet listening refuses too: a status at the moment a
 // job starts must not take its control socket away. Found as a flake of test_stacks_nodes, whose
