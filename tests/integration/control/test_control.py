@@ -227,6 +227,19 @@ def test_several_jobs_are_listed_and_each_is_reached_by_id(tmp_path, rt):
                 p.wait()
 
 
+def the_guardians_record(rt, job, pid):
+    """Waits for the end record a killed launcher's guardian leaves; checks it says the launcher
+    died, in text and JSON; returns `status --json`'s result."""
+    wait_for(lambda: "died while the job ran" in ctl(rt, "status", job).stderr, timeout=10,
+             what="the end record the guardian leaves")
+    r = ctl(rt, "status", "--json", job)
+    assert r.returncode == 1, r.stderr
+    record = json.loads(r.stdout)
+    assert record["state"] == "ended" and record["status"] == "failed", record
+    assert record["exit_code"] == -1 and record["message"].startswith(f"ddpctl (pid {pid}) died"), record
+    return r
+
+
 def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
     p = start_launch(job_file(tmp_path), "-q", "--job-id", "ctl-k", env=ctl_env(rt))
     try:
@@ -242,13 +255,7 @@ def test_a_killed_launchers_socket_is_taken_for_stale(tmp_path, rt):
         assert not sock.exists(), "a dead launcher's socket was left in place"
         # The attempt's guardian left the job's end record once it had killed the ranks: status
         # and logs still know the job, and say what happened to it.
-        wait_for(lambda: "died while the job ran" in ctl(rt, "status", "ctl-k").stderr, timeout=10,
-                 what="the end record the guardian leaves")
-        r = ctl(rt, "status", "--json", "ctl-k")
-        assert r.returncode == 1, r.stderr
-        record = json.loads(r.stdout)
-        assert record["state"] == "ended" and record["status"] == "failed", record
-        assert record["message"].startswith(f"ddpctl (pid {p.pid}) died"), record
+        r = the_guardians_record(rt, "ctl-k", p.pid)
         assert "(failed: ddpctl (pid" in r.stderr, r.stderr
         r = ctl(rt, "logs", "--ranks", "1", "ctl-k")
         assert r.returncode == 0 and "[1] tick 0 rank 1" in r.stdout.splitlines(), (r.stdout[:300], r.stderr)
@@ -275,12 +282,7 @@ def test_a_launcher_killed_in_a_restarts_backoff_leaves_the_jobs_record(tmp_path
         assert lines and "restarting the job in" in lines[-1], "".join(lines)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
-        wait_for(lambda: "died while the job ran" in ctl(rt, "status", "bk-1").stderr, timeout=10,
-                 what="the end record the stood-down guardian leaves")
-        r = ctl(rt, "status", "--json", "bk-1")
-        record = json.loads(r.stdout)
-        assert record["state"] == "ended" and record["status"] == "failed", record
-        assert record["message"].startswith(f"ddpctl (pid {p.pid}) died"), record
+        the_guardians_record(rt, "bk-1", p.pid)  # left by the stood-down guardian
         r = ctl(rt, "logs", "bk-1")
         assert r.returncode == 0 and "[0] first life" in r.stdout.splitlines(), (r.stdout[:300], r.stderr)
     finally:
