@@ -274,8 +274,10 @@ class Coordinator {
   rdzv::TimePoint now() const { return clock_.now(); }
 
   control::Ended end_record() const {
-    return control::ended_now(report_.job_id, report_.status, report_.exit_code,
-                              fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+    auto e = control::ended_now(report_.job_id, report_.status, report_.exit_code,
+                                fmt::format("{}/{}", opts_.spec.log_dir, opts_.job_id), opts_.result_json);
+    e.message = report_.message;  // why, as the result file says it (a preflight, a hang, a rank's failure)
+    return e;
   }
 
   // A launcher (not a standing coordinator's job) that is SIGKILLed leaves its job's end record

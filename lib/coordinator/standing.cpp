@@ -92,6 +92,7 @@ constexpr std::size_t kMaxEndedJobs = 1024;
 constexpr std::size_t kMaxEndedJobsPerUser = 64;
 constexpr std::size_t kMaxEndedBytes = 16u << 20;        // their records' paths, all told
 constexpr std::size_t kMaxEndedBytesPerUser = 4u << 20;  // one user's share of that
+constexpr std::size_t kMaxEndedMessage = 4096;           // a record's why (its job's launcher's message)
 // A run's record taken even when it says it ended this much before the job was submitted (the
 // wall clock stepped back meanwhile); an older one is an earlier run's.
 constexpr std::int64_t kClockSlackMs = 60'000;
@@ -440,9 +441,10 @@ class Standing {
     const std::string mine = job.logs + "/";
     std::erase_if(record.files, [&](const auto& f) { return !f.second.starts_with(mine); });
     if (!record.logs.starts_with(mine) && record.logs != job.logs) record.logs = job.logs;
+    if (record.message.size() > kMaxEndedMessage) record.message = clean_text(record.message, kMaxEndedMessage);
     EndedJob e{job.user, std::move(record)};
     auto count = [](const EndedJob& x) {
-      std::size_t n = sizeof(EndedJob) + x.record.logs.size() + x.record.result_json.size();
+      std::size_t n = sizeof(EndedJob) + x.record.logs.size() + x.record.result_json.size() + x.record.message.size();
       for (const auto& f : x.record.files) n += sizeof(f) + f.second.size();
       return n;
     };

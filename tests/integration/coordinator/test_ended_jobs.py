@@ -54,8 +54,8 @@ def test_an_ended_job_answers_status_logs_and_stop(site):
 
     r = site.ddpctl("status", "ends-1")
     assert r.returncode == 1, r.stdout + r.stderr  # not running
-    # The exit code the submitter's ddpctl gave.
-    assert "job ends-1 ended" in r.stderr and f"(failed, exit code {rc})" in r.stderr, (rc, r.stderr)
+    # The exit code the submitter's ddpctl gave, and why.
+    assert "job ends-1 ended" in r.stderr and f"(failed, exit code {rc}: rank 1 " in r.stderr, (rc, r.stderr)
     assert "logs on the coordinator's machine: " in r.stderr, r.stderr  # its paths are not ours
     assert "not running on this coordinator" not in r.stderr, r.stderr
 

@@ -272,7 +272,8 @@ def test_a_detached_launch_that_cannot_start_fails_with_its_reason(cluster):
     result = json.load(open(os.path.join(c.dir, "logs", "gone-1", "result.json")))
     assert result["status"] == "failed" and "/no/such/program" in result["message"], result
     rc, _, err = status(c, "gone-1")
-    assert rc == 1 and "job gone-1 ended" in err and "(failed, exit code 2)" in err, err
+    # The record says why, as the result file does.
+    assert rc == 1 and "job gone-1 ended" in err and "(failed, exit code 2: " in err and "/no/such/program" in err, err
 
 
 def detach(c, job_id, spec):
