@@ -86,7 +86,9 @@ std::optional<ddp::facts::PythonFacts> python_here(const DoctorArgs& a) {
   if (spec.container) return std::nullopt;  // the image's Python: not probed here yet
   ddp::pyenv::ProbeRequest req;
   if (a.job.empty()) {
-    req.choice = {{"python3"}, "python3 on PATH (give --job FILE to ask the job's own interpreter)", true};
+    req.choice = {{"python3"},
+                  std::string(ddp::facts::kNoJobSourcePrefix) + "give --job FILE to ask the job's own interpreter)",
+                  true};
   } else {
     req.choice = ddp::pyenv::choose_interpreter(spec);
   }

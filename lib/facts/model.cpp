@@ -456,7 +456,8 @@ NodeFacts from_json(const json& j, std::string_view source_view, std::vector<std
     py.version = r.str("version");
     py.torch = r.str("torch");
     py.error = r.str("error");
-    py.guessed = r.boolean("guessed").value_or(py.source.starts_with(kGuessedSourcePrefix));
+    py.guessed = r.boolean("guessed").value_or(py.source.starts_with(kGuessedSourcePrefix) ||
+                                               py.source.starts_with(kNoJobSourcePrefix));
     r.finish();
     f.python = std::move(py);
   }

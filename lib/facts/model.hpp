@@ -108,9 +108,11 @@ struct PythonFacts {
   bool guessed = false;                   // a guess (python3 on PATH), maybe not what the job runs
 };
 
-// How a guess's `source` begins (lib/pyenv): facts written before `guessed` existed are read
-// as a guess by it, not as the job's own interpreter.
+// How a guess's `source` begins: one made for a job whose command is not a Python (lib/pyenv),
+// and doctor's without --job. Facts written before `guessed` existed are read as a guess by
+// these, not as the job's own interpreter.
 inline constexpr std::string_view kGuessedSourcePrefix = "a guess:";
+inline constexpr std::string_view kNoJobSourcePrefix = "python3 on PATH (";
 
 struct NodeFacts {
   std::string hostname;

@@ -388,6 +388,8 @@ TEST(Report, ShowsTheJobsPython) {
   old["python"].erase("guessed");
   old["python"]["source"] = "a guess: python3 on the job's PATH, as the command is not a Python";
   EXPECT_TRUE(from_json(old, "t").python->guessed);
+  old["python"]["source"] = "python3 on PATH (give --job FILE to ask the job's own interpreter)";  // doctor's own
+  EXPECT_TRUE(from_json(old, "t").python->guessed);
   old["python"]["source"] = "the command's program";
   EXPECT_FALSE(from_json(old, "t").python->guessed);
 }
