@@ -157,7 +157,7 @@ std::optional<AttemptFolder> attempt_folder_of(const std::vector<std::pair<int, 
     constexpr std::string_view kPrefix = "attempt-";
     if (!folder.starts_with(kPrefix)) return std::nullopt;
     const auto n = parse_int(std::string_view(folder).substr(kPrefix.size()));
-    if (!n || *n < 0 || *n > 1'000'000) return std::nullopt;
+    if (!n || *n < 0 || *n > kMaxAttempt) return std::nullopt;
     AttemptFolder here{p.parent_path().parent_path().string(), static_cast<int>(*n)};
     if (found && (found->job_dir != here.job_dir || found->attempt != here.attempt)) return std::nullopt;
     found = std::move(here);

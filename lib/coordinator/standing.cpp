@@ -680,26 +680,14 @@ class Standing {
       if (!r) return;
       r->attempts = req;
       control_reply(c, std::move(j), false);
-      return send_attempts(c, r, std::move(plan), 0);
+      return send_attempts(c, r, std::move(plan), 0, std::make_shared<const std::map<std::string, std::uint64_t>>());
     }
     if (req.op != control::Op::logs || files.empty()) return control_reply(c, std::move(j), true);
     if (auto outside = control::ranks_outside(req.ranks, static_cast<int>(files.size())))
       return control_reply(c, {{"ok", false}, {"error", *outside}}, true);
     auto sources = control::LogMerge::of_files(files, req.ranks);
-    const auto& user = *user_of(c);
-    auto why = refuse_relay(relay_limits_, relay_use(nullptr), relay_use(&user), user);
-    if (!why)
-      why = refuse_backlog(relay_limits_, relay_use(nullptr), relay_use(&user), user, e.record.job_id, sources.size());
-    if (why) {
-      log_->warn("{}: {}; refused", c->label(), *why);
-      return c->refuse(proto::ErrorCode::bad_value, *why);
-    }
-    auto r = std::make_shared<Relay>(io_);  // no socket: the backlog is all there is
-    r->job_id = e.record.job_id;
-    r->user = user;
-    r->answered = true;
-    r->files = sources.size();
-    relays_[c] = r;
+    auto r = relay_for_backlog(c, e.record.job_id, sources.size());  // no socket: the backlog is all there is
+    if (!r) return;
     control_reply(c, std::move(j), false);
     send_backlog(c, r, std::make_shared<control::LogMerge>(std::move(sources)));
   }
@@ -834,15 +822,14 @@ class Standing {
 
   using Sizes = std::shared_ptr<const std::map<std::string, std::uint64_t>>;
 
-  void send_attempts(Connection* c, const std::shared_ptr<Relay>& r, AttemptPlan plan, std::size_t i,
-                     Sizes sizes = nullptr) {
+  // `sizes`: the running job's current files, read up to what they held (none for an ended job).
+  void send_attempts(Connection* c, const std::shared_ptr<Relay>& r, AttemptPlan plan, std::size_t i, Sizes sizes) {
     if (r->ended) return;
     if (i == plan->size()) return end_relay(c, *r, "");
     const auto& a = (*plan)[i];
     control_reply(c, {{"attempt", a.attempt}, {"header", a.header}}, false);
-    auto sources = sizes ? control::LogMerge::of_files(a.files, r->attempts->ranks, *sizes)
-                         : control::LogMerge::of_files(a.files, r->attempts->ranks);
-    send_backlog(c, r, std::make_shared<control::LogMerge>(std::move(sources)),
+    send_backlog(c, r,
+                 std::make_shared<control::LogMerge>(control::LogMerge::of_files(a.files, r->attempts->ranks, *sizes)),
                  [this, c, r, plan, i, sizes] { send_attempts(c, r, plan, i + 1, sizes); });
   }
 

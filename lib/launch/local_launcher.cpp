@@ -683,14 +683,14 @@ class LocalLauncher {
 
  public:
   // A LaunchError out of run() once the job is known to `ddpctl status` (its control socket is
-  // open): a restart whose plan cannot be made (a GPU gone), say. The job's record says so, as
-  // its result file does, rather than the job vanishing.
-  void record_refusal(const LaunchError& e) {
+  // open): a restart whose plan cannot be made (a GPU gone), say. The job's record says what
+  // `refused` (the result file's report) says, rather than the job vanishing.
+  void record_refusal(const JobReport& refused) {
     if (done_ || !control_) return;
     done_ = true;
-    report_.status = e.exit_code() == 2 ? "failed" : "stopped";
-    report_.exit_code = e.exit_code();
-    report_.message = e.what();
+    report_.status = refused.status;
+    report_.exit_code = refused.exit_code;
+    report_.message = refused.message;
     control_->end(report_.status, end_record());
     end_last_guardian();
   }
@@ -910,15 +910,15 @@ int run_local(LaunchOptions opts) {
   try {
     return launcher.run();
   } catch (const LaunchError& e) {
-    launcher.record_refusal(e);
     // Refused before any attempt (a program not found, a port taken, a container's preflight),
     // or a restart's: the result file still says why, as docs/reference.md promises.
+    JobReport r;
+    r.job_id = launcher.job_id();
+    r.exit_code = e.exit_code();
+    r.status = e.exit_code() == 2 ? "failed" : "stopped";
+    r.message = e.what();
+    launcher.record_refusal(r);
     if (result_json) {
-      JobReport r;
-      r.job_id = launcher.job_id();
-      r.exit_code = e.exit_code();
-      r.status = e.exit_code() == 2 ? "failed" : "stopped";
-      r.message = e.what();
       if (auto err = write_result_file(*result_json, to_json(r))) log::get("launch")->error("{}", *err);
     }
     throw;
